@@ -1,0 +1,73 @@
+# Tandem build. Public targets install missing Debian packages first (`deps`), then build.
+#   make            build bin/tandem
+#   make run        the main job on the default model (README)
+#   make test       the whole suite (tests/run.sh); last line "N passed, N failed"
+#   make cuda       also build the CUDA backend (needs nvcc) and its test binary
+CC      ?= gcc
+CXX     ?= g++
+NVCC    ?= nvcc
+OPT     ?= -O2 -march=native
+MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
+MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -I. -I/usr/include/x86_64-linux-gnu/openblas-pthread $(MPI_CFLAGS)
+CXXFLAGS+= -std=c++17 $(OPT) -Wall -Wextra -I.
+LDLIBS  += $(MPI_LIBS) -lopenblas -lsentencepiece -lcjson -lpcre2-8 -lcurl -lm -lstdc++
+
+DEB_PKGS = build-essential pkg-config libopenblas-dev libsentencepiece-dev sentencepiece \
+           libcurl4-openssl-dev libopenmpi-dev openmpi-bin libcjson-dev libpcre2-dev bats
+
+LIB_C   := $(wildcard runtime/*.c kernels/cpu/*.c tokenizer/*.c generate/*.c train/*.c rlhf/*.c eval/*.c)
+LIB_CXX := $(wildcard tokenizer/*.cpp)
+LIB_OBJ := $(patsubst %.c,build/%.o,$(LIB_C)) $(patsubst %.cpp,build/%.o,$(LIB_CXX))
+TEST_C  := $(wildcard tests/test_*.c)
+TEST_BIN:= $(patsubst tests/%.c,build/tests/%,$(TEST_C))
+
+.PHONY: all deps build run test cuda clean
+all: deps
+	@$(MAKE) --no-print-directory build
+build: bin/tandem $(TEST_BIN)
+
+# Installs only what is missing; a no-op when everything is present.
+deps:
+	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  S=""; [ "$$(id -u)" = 0 ] || S=sudo; \
+	  $$S apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$S apt-get install -y -qq $$missing; \
+	fi
+
+run: all
+	@bash examples/run_default.sh
+
+test: all
+	@bash tests/run.sh
+
+build/%.o: %.c $(wildcard */*.h */*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+build/%.o: %.cpp $(wildcard */*.h)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+build/libtandem.a: $(LIB_OBJ)
+	@rm -f $@; ar rcs $@ $^
+bin/tandem: build/tandem.o build/libtandem.a
+	@mkdir -p bin
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+build/tests/%: tests/%.c build/libtandem.a
+	@mkdir -p build/tests
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+# CUDA backend: kernels/cuda/*.cu behind the same interface as kernels/cpu (see kernels/kernels.h).
+CUDA_OBJ := $(patsubst %.cu,build/%.o,$(wildcard kernels/cuda/*.cu))
+NVFLAGS  ?= -O2 -std=c++17 -I. -arch=sm_90 -Xcompiler -Wall,-Wextra
+cuda: all
+	@$(MAKE) --no-print-directory build/tests/cuda_vs_cpu
+build/%.o: %.cu kernels/kernels.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+build/tests/cuda_vs_cpu: tests/cuda/cuda_vs_cpu.c $(CUDA_OBJ) build/libtandem.a
+	@mkdir -p build/tests
+	$(CC) $(CFLAGS) -DTANDEM_CUDA $^ -o $@ $(LDLIBS) -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublas -lstdc++
+
+clean:
+	rm -rf build bin

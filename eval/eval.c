@@ -1,0 +1,441 @@
+/* eval.c — `tandem eval`.
+ *   --reference REF.jsonl  compares Tandem's log_softmax with a Hugging Face reference (format in
+ *                          README.md, written by eval/hf_reference.py), then greedy decoding.
+ *   --data FILE.jsonl      mean next-token loss and perplexity of {"input_ids": [...]} lines.
+ * Records are spread over dp groups; every tp x pp layout gives the 1x1 numbers.
+ * Greedy decoding here is a full-recompute loop (the KV-cache engine is generate/'s job). */
+#include "eval/eval.h"
+#include "kernels/kernels.h"
+#include "runtime/args.h"
+#include "runtime/comm.h"
+#include "runtime/mesh.h"
+#include "runtime/model.h"
+#include "runtime/util.h"
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    char id[64];
+    int *ids;          /* (T) input_ids */
+    int T;
+    int *top_ids;      /* (n_top) flattened reference pairs */
+    float *top_lp;     /* (n_top) */
+    int *top_pos;      /* (n_top) position each pair belongs to */
+    int *top1;         /* (T) reference top-1 at each position, -1 if none listed */
+    int n_top;
+    int *greedy;       /* (G) reference greedy continuation */
+    float *greedy_gap; /* (G) reference top-2 logprob gap per greedy step, NAN if unknown */
+    int G;
+    int pair0;         /* offset of this record's pairs in the all-records logprob array */
+} Record;
+
+/* Per-record results, summed over dp ranks at the end (each record is owned by one dp rank). */
+typedef struct {
+    double max_diff, sum_diff;
+    int n_pairs, positions, top1_agree, top1_total;
+    int greedy_tokens, greedy_mismatches, greedy_ties;
+    double nll;        /* --data */
+    int nll_tokens;
+} Result;
+
+static int *json_int_array(cJSON *a, int *n, const char *file, int line, const char *field, int vocab) {
+    if (!cJSON_IsArray(a)) user_error("%s:%d: field \"%s\" must be a list of token ids", file, line, field);
+    *n = cJSON_GetArraySize(a);
+    int *out = xmalloc(sizeof(int) * (*n ? *n : 1)), i = 0;
+    cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble))
+            user_error("%s:%d: %s[%d] is not an integer", file, line, field, i);
+        if (e->valuedouble < 0 || e->valuedouble >= vocab)
+            user_error("%s:%d: %s[%d] = %.0f is outside the vocabulary (size %d)", file, line, field, i, e->valuedouble, vocab);
+        out[i++] = e->valueint;
+    }
+    return out;
+}
+
+/* Reads a list of [[id, logprob], ...] lists. Appends pairs for position p0 + k of list k. */
+static void json_top_lists(cJSON *a, const char *file, int line, const char *field, int vocab, int **ids, float **lp,
+                           int **pos, int *n, int expect_len) {
+    if (!cJSON_IsArray(a)) user_error("%s:%d: field \"%s\" must be a list (one entry per position)", file, line, field);
+    if (cJSON_GetArraySize(a) != expect_len)
+        user_error("%s:%d: field \"%s\" has %d entries, expected %d (one per position)", file, line, field,
+                   cJSON_GetArraySize(a), expect_len);
+    int t = 0;
+    cJSON *lst;
+    cJSON_ArrayForEach(lst, a) {
+        if (!cJSON_IsArray(lst)) user_error("%s:%d: %s[%d] must be a list of [token_id, logprob] pairs", file, line, field, t);
+        cJSON *pr;
+        cJSON_ArrayForEach(pr, lst) {
+            cJSON *i0 = cJSON_GetArrayItem(pr, 0), *l0 = cJSON_GetArrayItem(pr, 1);
+            if (!cJSON_IsArray(pr) || cJSON_GetArraySize(pr) != 2 || !cJSON_IsNumber(i0) || !cJSON_IsNumber(l0))
+                user_error("%s:%d: %s[%d] must hold [token_id, logprob] pairs", file, line, field, t);
+            if (i0->valuedouble < 0 || i0->valuedouble >= vocab)
+                user_error("%s:%d: %s[%d] names token %.0f, outside the vocabulary (size %d)", file, line, field, t,
+                           i0->valuedouble, vocab);
+            *ids = xrealloc(*ids, sizeof(int) * (*n + 1));
+            *lp = xrealloc(*lp, sizeof(float) * (*n + 1));
+            *pos = xrealloc(*pos, sizeof(int) * (*n + 1));
+            (*ids)[*n] = i0->valueint;
+            (*lp)[*n] = (float)l0->valuedouble;
+            (*pos)[*n] = t;
+            (*n)++;
+        }
+        t++;
+    }
+}
+
+/* Parses REF.jsonl (reference mode) or FILE.jsonl (data mode: input_ids only). */
+static Record *read_records(const char *path, int vocab, int reference, int *n_out) {
+    FILE *f = fopen(path, "r");
+    if (!f) user_error("%s: cannot open", path);
+    Record *recs = NULL;
+    int n = 0, line = 0;
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    while ((len = getline(&buf, &cap, f)) != -1) {
+        line++;
+        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' ')) buf[--len] = 0;
+        if (len == 0) continue;
+        cJSON *j = cJSON_Parse(buf);
+        if (!j || !cJSON_IsObject(j)) user_error("%s:%d: not a JSON object", path, line);
+        recs = xrealloc(recs, sizeof(Record) * (n + 1));
+        Record *r = &recs[n];
+        memset(r, 0, sizeof(*r));
+        cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
+        if (cJSON_IsString(id)) snprintf(r->id, sizeof(r->id), "%s", id->valuestring);
+        else snprintf(r->id, sizeof(r->id), "line%d", line);
+        cJSON *in = cJSON_GetObjectItemCaseSensitive(j, "input_ids");
+        if (!in) user_error("%s:%d: field \"input_ids\" missing", path, line);
+        r->ids = json_int_array(in, &r->T, path, line, "input_ids", vocab);
+        if (r->T == 0) user_error("%s:%d: field \"input_ids\" is empty", path, line);
+        if (reference) {
+            cJSON *top = cJSON_GetObjectItemCaseSensitive(j, "top_logprobs");
+            if (!top) user_error("%s:%d: field \"top_logprobs\" missing", path, line);
+            json_top_lists(top, path, line, "top_logprobs", vocab, &r->top_ids, &r->top_lp, &r->top_pos, &r->n_top, r->T);
+            r->top1 = xmalloc(sizeof(int) * r->T);
+            for (int t = 0; t < r->T; t++) r->top1[t] = -1;
+            float *best = xmalloc(sizeof(float) * r->T);
+            for (int i = 0; i < r->n_top; i++) {
+                int t = r->top_pos[i];
+                if (r->top1[t] < 0 || r->top_lp[i] > best[t]) { r->top1[t] = r->top_ids[i]; best[t] = r->top_lp[i]; }
+            }
+            free(best);
+            cJSON *g = cJSON_GetObjectItemCaseSensitive(j, "greedy_ids");
+            if (g) r->greedy = json_int_array(g, &r->G, path, line, "greedy_ids", vocab);
+            r->greedy_gap = xmalloc(sizeof(float) * (r->G ? r->G : 1));
+            for (int k = 0; k < r->G; k++) r->greedy_gap[k] = NAN;
+            cJSON *gt = cJSON_GetObjectItemCaseSensitive(j, "greedy_top_logprobs");
+            if (gt && r->G) {
+                int *gi = NULL, *gp = NULL, gn = 0;
+                float *gl = NULL;
+                json_top_lists(gt, path, line, "greedy_top_logprobs", vocab, &gi, &gl, &gp, &gn, r->G);
+                /* gap between the two largest listed logprobs of each step */
+                for (int k = 0; k < r->G; k++) {
+                    float a = -INFINITY, b = -INFINITY;
+                    for (int i = 0; i < gn; i++) {
+                        if (gp[i] != k) continue;
+                        if (gl[i] > a) { b = a; a = gl[i]; } else if (gl[i] > b) b = gl[i];
+                    }
+                    if (isfinite(b)) r->greedy_gap[k] = a - b;
+                }
+                free(gi); free(gl); free(gp);
+            }
+        }
+        cJSON_Delete(j);
+        n++;
+    }
+    free(buf);
+    fclose(f);
+    if (n == 0) user_error("%s: no records", path);
+    *n_out = n;
+    return recs;
+}
+
+static void scores_alloc(Scores *s, int N, int n_pairs) {
+    s->lse = xmalloc(sizeof(float) * N);
+    s->argmax = xmalloc(sizeof(int) * N);
+    s->argmax_logprob = xmalloc(sizeof(float) * N);
+    s->pair_logprob = xmalloc(sizeof(float) * (n_pairs ? n_pairs : 1));
+}
+static void scores_free(Scores *s) {
+    free(s->lse); free(s->argmax); free(s->argmax_logprob); free(s->pair_logprob);
+}
+
+/* Scores a group of records [a, b) packed into one forward: reference logprobs, top-1, NLL. */
+static void score_group(Model *m, Record *recs, int a, int b, Result *res, int reference, double *ours, int relative) {
+    int n_seqs = b - a, N = 0, n_pairs = 0;
+    int *start = xmalloc(sizeof(int) * (n_seqs + 1));
+    for (int i = a; i < b; i++) {
+        start[i - a] = N;
+        N += recs[i].T;
+        n_pairs += reference ? recs[i].n_top : recs[i].T - 1;
+    }
+    start[n_seqs] = N;
+    int *tokens = xmalloc(sizeof(int) * N), *row = xmalloc(sizeof(int) * (n_pairs + 1)), *tok = xmalloc(sizeof(int) * (n_pairs + 1));
+    int p = 0;
+    for (int i = a; i < b; i++) {
+        Record *r = &recs[i];
+        memcpy(tokens + start[i - a], r->ids, sizeof(int) * r->T);
+        if (reference) {
+            for (int k = 0; k < r->n_top; k++) { row[p] = start[i - a] + r->top_pos[k]; tok[p++] = r->top_ids[k]; }
+        } else {
+            for (int t = 0; t + 1 < r->T; t++) { row[p] = start[i - a] + t; tok[p++] = r->ids[t + 1]; }
+        }
+    }
+    Scores sc;
+    scores_alloc(&sc, N, n_pairs);
+    model_score(m, tokens, start, n_seqs, n_pairs, row, tok, &sc);
+    p = 0;
+    for (int i = a; i < b; i++) {
+        Record *r = &recs[i];
+        Result *o = &res[i];
+        if (reference) {
+            for (int k = 0; k < r->n_top; k++, p++) {
+                ours[r->pair0 + k] = sc.pair_logprob[p];
+                double d = fabs((double)sc.pair_logprob[p] - r->top_lp[k]);
+                if (relative) d /= fmax(1.0, fabs((double)r->top_lp[k]));
+                if (d > o->max_diff || isnan(d)) o->max_diff = isnan(d) ? INFINITY : d;
+                o->sum_diff += d;
+                o->n_pairs++;
+            }
+            o->positions = r->T;
+            for (int t = 0; t < r->T; t++) {
+                if (r->top1[t] < 0) continue;
+                o->top1_total++;
+                o->top1_agree += sc.argmax[start[i - a] + t] == r->top1[t];
+            }
+        } else {
+            for (int t = 0; t + 1 < r->T; t++, p++) o->nll -= sc.pair_logprob[p];
+            o->nll_tokens += r->T - 1;
+            o->positions = r->T;
+        }
+    }
+    scores_free(&sc);
+    free(start); free(tokens); free(row); free(tok);
+}
+
+/* Greedy decoding of every owned record with a reference continuation, all in one packed batch per
+ * step, teacher-forced with the reference tokens so each step is compared on the same prefix.
+ * A mismatch where the top-2 logprob gap is < tie_gap (the reference's gap when listed, else ours)
+ * is a tie, not an error. */
+static void greedy_check(Model *m, Record *recs, const int *own, int n_own, Result *res, float tie_gap) {
+    int G = 0, n_seqs = 0, maxN = 0;
+    for (int k = 0; k < n_own; k++) {
+        Record *r = &recs[own[k]];
+        if (!r->G) continue;
+        if (r->G > G) G = r->G;
+        n_seqs++;
+        maxN += r->T + r->G;
+    }
+    if (n_seqs == 0) return;
+    int *tokens = xmalloc(sizeof(int) * maxN), *start = xmalloc(sizeof(int) * (n_seqs + 1));
+    int *who = xmalloc(sizeof(int) * n_seqs), *row = xmalloc(sizeof(int) * n_seqs), *tok = xmalloc(sizeof(int) * n_seqs);
+    Scores sc;
+    scores_alloc(&sc, maxN, n_seqs);
+    for (int step = 0; step < G; step++) {
+        int N = 0, s = 0;
+        for (int k = 0; k < n_own; k++) {
+            Record *r = &recs[own[k]];
+            if (step >= r->G) continue;
+            start[s] = N;
+            memcpy(tokens + N, r->ids, sizeof(int) * r->T);
+            memcpy(tokens + N + r->T, r->greedy, sizeof(int) * step);
+            N += r->T + step;
+            row[s] = N - 1;
+            tok[s] = r->greedy[step];
+            who[s++] = own[k];
+        }
+        start[s] = N;
+        model_score(m, tokens, start, s, s, row, tok, &sc);
+        for (int i = 0; i < s; i++) {
+            Record *r = &recs[who[i]];
+            Result *o = &res[who[i]];
+            o->greedy_tokens++;
+            if (sc.argmax[row[i]] == r->greedy[step]) continue;
+            float gap = isnan(r->greedy_gap[step]) ? sc.argmax_logprob[row[i]] - sc.pair_logprob[i] : r->greedy_gap[step];
+            if (gap < tie_gap) o->greedy_ties++;
+            else o->greedy_mismatches++;
+        }
+    }
+    scores_free(&sc);
+    free(tokens); free(start); free(who); free(row); free(tok);
+}
+
+/* The same format as the input reference, with Tandem's logprobs for the same listed tokens and the
+ * same greedy ids: a 1x1 run written this way is the reference for every other layout. */
+static void write_reference(const char *path, const Record *recs, int n, const double *ours) {
+    size_t cap = 1 << 16, len = 0;
+    char *out = xmalloc(cap);
+#define EMIT(...) do { \
+        int need = snprintf(NULL, 0, __VA_ARGS__); \
+        while (len + need + 1 > cap) out = xrealloc(out, cap *= 2); \
+        len += snprintf(out + len, cap - len, __VA_ARGS__); \
+    } while (0)
+    for (int i = 0; i < n; i++) {
+        const Record *r = &recs[i];
+        EMIT("{\"id\": \"%s\", \"input_ids\": [", r->id);
+        for (int t = 0; t < r->T; t++) EMIT(t ? ", %d" : "%d", r->ids[t]);
+        EMIT("], \"top_logprobs\": [");
+        for (int t = 0, k = 0; t < r->T; t++) {
+            EMIT(t ? ", [" : "[");
+            for (int first = 1; k < r->n_top && r->top_pos[k] == t; k++, first = 0)
+                EMIT(first ? "[%d, %.9g]" : ", [%d, %.9g]", r->top_ids[k], ours[r->pair0 + k]);
+            EMIT("]");
+        }
+        EMIT("]");
+        if (r->G) {
+            EMIT(", \"greedy_ids\": [");
+            for (int k = 0; k < r->G; k++) EMIT(k ? ", %d" : "%d", r->greedy[k]);
+            EMIT("]");
+        }
+        EMIT("}\n");
+    }
+#undef EMIT
+    if (write_file_atomic(path, out, len)) user_error("%s: cannot write", path);
+    free(out);
+}
+
+int eval_main(int argc, char **argv) {
+    const char *model_dir = NULL, *ref = NULL, *data = NULL, *write_ref = NULL;
+    int tp, pp, threads, batch_tokens, quiet, relative;
+    float max_diff, tie_gap;
+    Option opts[] = {
+        {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory"},
+        {"--reference", OPT_STR, &ref, NULL, "reference jsonl written by eval/hf_reference.py"},
+        {"--data", OPT_STR, &data, NULL, "jsonl of {\"input_ids\": [...]}: report loss and perplexity"},
+        {"--tp", OPT_INT, &tp, "1", "tensor-parallel size"},
+        {"--pp", OPT_INT, &pp, "1", "pipeline-parallel size"},
+        {"--threads", OPT_INT, &threads, "1", "CPU threads per rank (OpenBLAS)"},
+        {"--max-logprob-diff", OPT_FLOAT, &max_diff, "1e-4", "fail (exit 1) above this |logprob difference|"},
+        {"--relative", OPT_FLAG, &relative, NULL, "measure |diff| / max(1, |reference logprob|) (fp32 rounding is relative)"},
+        {"--tie-gap", OPT_FLOAT, &tie_gap, "1e-4", "greedy mismatch with a top-2 gap below this is a tie"},
+        {"--batch-tokens", OPT_INT, &batch_tokens, "4096", "tokens per forward pass"},
+        {"--write-reference", OPT_STR, &write_ref, NULL, "write Tandem's own logprobs of the listed tokens as a reference file"},
+        {"--quiet", OPT_FLAG, &quiet, NULL, "only the final JSON line"},
+    };
+    int n_opts = sizeof(opts) / sizeof(opts[0]);
+    comm_init(&argc, &argv);
+    args_parse("usage: tandem eval --model DIR (--reference REF.jsonl | --data FILE.jsonl) [options]", opts, n_opts,
+               argc, argv);
+    if (!model_dir) user_error("eval: --model DIR is required");
+    if (!ref == !data) user_error("eval: give exactly one of --reference or --data");
+    if (threads < 1) user_error("--threads must be >= 1");
+    if (batch_tokens < 1) user_error("--batch-tokens must be >= 1");
+    cpu_set_threads(threads);
+
+    Mesh mesh;
+    mesh_init(&mesh, tp, pp);
+    Model m;
+    model_load(&m, model_dir, &mesh);
+    int reference = ref != NULL, n;
+    const char *path = reference ? ref : data;
+    Record *recs = read_records(path, m.cfg.vocab_size, reference, &n);
+    if (g_rank == 0 && !quiet) {
+        fprintf(stderr, "+------------------------+--------------------------------+\n");
+        args_print(opts, n_opts);
+        model_print_summary(&m);
+    }
+
+    int max_seq = 1, budget = batch_tokens;
+    for (int i = 0; i < n; i++) {
+        int len = recs[i].T + recs[i].G;
+        if (len > max_seq) max_seq = len;
+    }
+    int greedy_total = 0;
+    for (int i = 0; i < n; i++) greedy_total += (recs[i].T + recs[i].G);
+    if (budget < max_seq) budget = max_seq;
+    if (budget < greedy_total) budget = greedy_total; /* greedy packs all owned records per step */
+    model_alloc_state(&m, budget, max_seq);
+
+    /* records i with i % dp == dp_rank belong to this dp group */
+    int *own = xmalloc(sizeof(int) * n), n_own = 0;
+    for (int i = 0; i < n; i++) if (i % mesh.dp == mesh.dp_rank) own[n_own++] = i;
+    Result *res = xcalloc(n, sizeof(Result));
+    int n_pairs_all = 0;
+    for (int i = 0; i < n; i++) { recs[i].pair0 = n_pairs_all; n_pairs_all += recs[i].n_top; }
+    double *ours = xcalloc(n_pairs_all + 1, sizeof(double)); /* our logprob of every listed pair */
+    double t0 = now_seconds();
+    for (int k = 0; k < n_own;) {
+        /* pack consecutive owned records up to the token budget (records are contiguous in recs
+         * only for dp == 1; pack one at a time otherwise) */
+        int a = own[k], b = a + 1, tokens = recs[a].T;
+        k++;
+        while (mesh.dp == 1 && k < n_own && tokens + recs[own[k]].T <= batch_tokens) { tokens += recs[own[k]].T; b++; k++; }
+        score_group(&m, recs, a, b, res, reference, ours, relative);
+    }
+    if (reference) greedy_check(&m, recs, own, n_own, res, tie_gap);
+    double elapsed = now_seconds() - t0;
+
+    /* gather: each record's result lives on its dp group; sum over dp (others hold zeros) */
+    size_t nd = sizeof(Result) / sizeof(double);
+    (void)nd;
+    double *buf = xcalloc((size_t)n * 10, sizeof(double));
+    for (int i = 0; i < n; i++) {
+        Result *o = &res[i];
+        double v[10] = {o->max_diff, o->sum_diff, o->n_pairs, o->positions, o->top1_agree, o->top1_total,
+                        o->greedy_tokens, o->greedy_mismatches, o->greedy_ties, o->nll};
+        memcpy(buf + (size_t)i * 10, v, sizeof(v));
+    }
+    comm_all_reduce_sum_f64(&mesh.dp_comm, buf, (size_t)n * 10);
+    comm_all_reduce_sum_f64(&mesh.dp_comm, ours, (size_t)n_pairs_all);
+    if (g_rank == 0 && write_ref) write_reference(write_ref, recs, n, ours);
+    int failed = 0;
+    if (g_rank == 0) {
+        double max_all = 0, sum_all = 0, nll = 0;
+        long pairs = 0, positions = 0, agree = 0, total1 = 0, gt = 0, gm = 0, gties = 0, nll_tokens = 0;
+        if (!quiet) {
+            if (reference)
+                printf("%-16s %6s %12s %12s %8s %14s\n", "record", "tokens", "max|dlogp|", "mean|dlogp|", "top1", "greedy(mm/tie)");
+            else
+                printf("%-16s %6s %12s %12s\n", "record", "tokens", "loss", "ppl");
+        }
+        for (int i = 0; i < n; i++) {
+            double *v = buf + (size_t)i * 10;
+            max_all = v[0] > max_all ? v[0] : max_all;
+            sum_all += v[1]; pairs += (long)v[2]; positions += (long)v[3]; agree += (long)v[4]; total1 += (long)v[5];
+            gt += (long)v[6]; gm += (long)v[7]; gties += (long)v[8]; nll += v[9];
+            nll_tokens += recs[i].T - 1;
+            if (quiet) continue;
+            if (reference)
+                printf("%-16.16s %6d %12.3g %12.3g %8.3f %6d (%d/%d)\n", recs[i].id, recs[i].T, v[0], v[2] ? v[1] / v[2] : 0.0,
+                       v[5] ? v[4] / v[5] : 1.0, (int)v[6], (int)v[7], (int)v[8]);
+            else {
+                double l = recs[i].T > 1 ? v[9] / (recs[i].T - 1) : 0.0;
+                printf("%-16.16s %6d %12.6f %12.4f\n", recs[i].id, recs[i].T, l, exp(l));
+            }
+        }
+        if (reference) {
+            failed = !(max_all <= max_diff) || gm > 0;
+            printf("{\"records\": %d, \"positions\": %ld, \"max_abs_logprob_diff\": %.9g, \"mean_abs_logprob_diff\": %.9g, "
+                   "\"top1_agreement\": %.6f, \"greedy_tokens\": %ld, \"greedy_mismatches\": %ld, \"greedy_ties\": %ld, "
+                   "\"tp\": %d, \"pp\": %d, \"dp\": %d, \"seconds\": %.3f, \"pass\": %s}\n",
+                   n, positions, max_all, pairs ? sum_all / pairs : 0.0, total1 ? (double)agree / total1 : 1.0, gt, gm,
+                   gties, tp, pp, mesh.dp, elapsed, failed ? "false" : "true");
+            if (failed)
+                fprintf(stderr, "tandem: eval failed: max |logprob diff| %.3g (limit %.3g), %ld greedy mismatches\n",
+                        max_all, max_diff, gm);
+        } else {
+            double loss = nll_tokens ? nll / nll_tokens : 0.0;
+            printf("{\"records\": %d, \"tokens\": %ld, \"loss\": %.9g, \"ppl\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d, "
+                   "\"seconds\": %.3f}\n", n, nll_tokens, loss, exp(loss), tp, pp, mesh.dp, elapsed);
+        }
+        fflush(stdout);
+    }
+    comm_broadcast(&mesh.world, &failed, sizeof(int), 0);
+    free(buf);
+    free(ours);
+    free(res);
+    free(own);
+    for (int i = 0; i < n; i++) {
+        free(recs[i].ids); free(recs[i].top_ids); free(recs[i].top_lp); free(recs[i].top_pos);
+        free(recs[i].top1); free(recs[i].greedy); free(recs[i].greedy_gap);
+    }
+    free(recs);
+    model_free(&m);
+    mesh_free(&mesh);
+    comm_finalize();
+    return failed ? 1 : 0;
+}

@@ -1,0 +1,63 @@
+/* kernels.h — the kernel interface: pure math on pointers (STYLE.md 7).
+ * No communication, no allocation, no model knowledge. Row-major everywhere.
+ * CPU versions (kernels/cpu/) take host pointers and are the oracle; CUDA versions
+ * (kernels/cuda/, built by `make cuda`) have the same names with a cuda_ prefix, the same
+ * argument order, device pointers, and a trailing stream argument.
+ * Shape vocabulary: N tokens (packed over sequences), D model dim, F mlp dim, H / Hkv heads,
+ * Dh head dim, V vocab; `_local` = this TP rank's share. */
+#ifndef TANDEM_KERNELS_H
+#define TANDEM_KERNELS_H
+#include <stddef.h>
+
+void cpu_set_threads(int n);
+
+/* out (N, n_out) = x (N, n_in) @ w (n_out, n_in)^T [+ bias (n_out)]; bias may be NULL. OpenBLAS. */
+void cpu_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out);
+
+/* out (N, D) = x / sqrt(mean(x^2) + eps) * w, normalised in fp32 then multiplied (HF order). */
+void cpu_rmsnorm(float *out, const float *x, const float *w, int N, int D, float eps);
+
+/* In place on x (N, n_heads * Dh): HF rotate_half RoPE, pairs (i, i + Dh/2), angle pos[n] * inv_freq[i]
+ * in fp32. inv_freq (Dh/2). */
+void cpu_rope(float *x, const int *pos, const float *inv_freq, int N, int n_heads, int Dh);
+
+/* Causal attention for ONE sequence of T tokens at positions 0..T-1.
+ * q (T, H*Dh), k and v (T, Hkv*Dh), out (T, H*Dh); query head h uses kv head h / (H / Hkv).
+ * window > 0: key j visible to query i iff 0 <= i - j < window; window == 0: full causal.
+ * scratch: at least T floats. */
+void cpu_attention(float *out, const float *q, const float *k, const float *v, int T, int H, int Hkv,
+                   int Dh, int window, float *scratch);
+
+/* out (n) = silu(gate) * up */
+void cpu_swiglu(float *out, const float *gate, const float *up, size_t n);
+
+/* x += y, n floats */
+void cpu_add(float *x, const float *y, size_t n);
+
+/* Vocab-parallel lookup: out (N, D) = table rows for ids in [v0, v0 + V_local), zero elsewhere.
+ * table (V_local, D). */
+void cpu_embedding(float *out, const float *table, const int *ids, int N, int D, int v0, int V_local);
+
+#ifdef TANDEM_CUDA
+/* Defined in kernels/cuda/ (C++ .cu files), called from C: C linkage. cudaStream_t is spelled as in
+ * cuda_runtime.h so C callers need no CUDA headers; NULL is the default stream. */
+#ifdef __cplusplus
+extern "C" {
+#endif
+typedef struct CUstream_st *cudaStream_t;
+void cuda_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out,
+                 cudaStream_t stream);
+void cuda_rmsnorm(float *out, const float *x, const float *w, int N, int D, float eps, cudaStream_t stream);
+/* device memory helpers for tests and the runtime; each checks its CUDA call and stops the job on
+ * failure, except cuda_available: 1 if a CUDA device can be used, 0 (no abort) without driver or device */
+int cuda_available(void);
+void *cuda_alloc(size_t bytes);
+void cuda_free(void *p);
+void cuda_to_device(void *dst, const void *src, size_t bytes);
+void cuda_to_host(void *dst, const void *src, size_t bytes);
+void cuda_sync(void);
+#ifdef __cplusplus
+}
+#endif
+#endif
+#endif

@@ -1,0 +1,19 @@
+/* args.h — one option table per subcommand: defaults, parsing, --help and the echoed settings
+ * table all come from it (STYLE.md 12). Bad values are user errors naming the flag. */
+#ifndef TANDEM_ARGS_H
+#define TANDEM_ARGS_H
+
+typedef enum { OPT_INT, OPT_FLOAT, OPT_STR, OPT_FLAG } OptType;
+typedef struct {
+    const char *name;   /* "--tp" */
+    OptType type;
+    void *ptr;          /* int*, float*, const char**, int* */
+    const char *dflt;   /* default as text; NULL = unset (strings stay NULL, numbers 0) */
+    const char *help;
+} Option;
+
+/* Parses argv (argv[0] is the subcommand). --help prints usage and exits 0. */
+void args_parse(const char *usage, Option *opts, int n_opts, int argc, char **argv);
+/* Prints "| setting | value |" for every option to stderr (call on rank 0 only). */
+void args_print(const Option *opts, int n_opts);
+#endif

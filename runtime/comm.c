@@ -1,0 +1,92 @@
+/* comm.c — MPI backend of comm.h. Every call is checked; an MPI failure aborts the job. */
+#include "runtime/comm.h"
+#include "runtime/util.h"
+#include <limits.h>
+#include <mpi.h>
+#include <stdlib.h>
+
+#define MPI_CHECK(call) CHECK((call) == MPI_SUCCESS)
+#define HANDLE(c) (*(MPI_Comm *)(c)->handle)
+
+void comm_init(int *argc, char ***argv) {
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init) MPI_CHECK(MPI_Init(argc, argv));
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_world_size);
+}
+
+void comm_finalize(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Finalize();
+}
+
+Comm comm_world(void) {
+    Comm c;
+    MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, h));
+    c.handle = h;
+    MPI_Comm_rank(*h, &c.rank);
+    MPI_Comm_size(*h, &c.size);
+    return c;
+}
+
+Comm comm_split(const Comm *parent, int color, int key) {
+    Comm c;
+    MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
+    MPI_CHECK(MPI_Comm_split(HANDLE(parent), color, key, h));
+    c.handle = h;
+    MPI_Comm_rank(*h, &c.rank);
+    MPI_Comm_size(*h, &c.size);
+    return c;
+}
+
+void comm_free(Comm *c) {
+    if (!c->handle) return;
+    MPI_Comm_free((MPI_Comm *)c->handle);
+    free(c->handle);
+    c->handle = NULL;
+}
+
+static int count(size_t n) {
+    CHECK(n <= INT_MAX);
+    return (int)n;
+}
+
+void comm_all_reduce_sum(const Comm *c, float *buf, size_t n) {
+    if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_FLOAT, MPI_SUM, HANDLE(c)));
+}
+void comm_all_reduce_sum_f64(const Comm *c, double *buf, size_t n) {
+    if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_DOUBLE, MPI_SUM, HANDLE(c)));
+}
+void comm_all_reduce_max(const Comm *c, float *buf, size_t n) {
+    if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_FLOAT, MPI_MAX, HANDLE(c)));
+}
+void comm_all_reduce_sum_int(const Comm *c, int *buf, size_t n) {
+    if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_INT, MPI_SUM, HANDLE(c)));
+}
+void comm_all_reduce_maxloc(const Comm *c, float *val, int *idx, size_t n) {
+    if (c->size == 1) return;
+    struct { float v; int i; } *pair = xmalloc(sizeof(*pair) * n);
+    for (size_t k = 0; k < n; k++) { pair[k].v = val[k]; pair[k].i = idx[k]; }
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pair, count(n), MPI_FLOAT_INT, MPI_MAXLOC, HANDLE(c)));
+    for (size_t k = 0; k < n; k++) { val[k] = pair[k].v; idx[k] = pair[k].i; }
+    free(pair);
+}
+void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each) {
+    MPI_CHECK(MPI_Allgather(in, count(n_each), MPI_FLOAT, out, count(n_each), MPI_FLOAT, HANDLE(c)));
+}
+void comm_reduce_scatter_sum(const Comm *c, const float *in, float *out, size_t n_each) {
+    MPI_CHECK(MPI_Reduce_scatter_block(in, out, count(n_each), MPI_FLOAT, MPI_SUM, HANDLE(c)));
+}
+void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root) {
+    if (c->size > 1) MPI_CHECK(MPI_Bcast(buf, count(bytes), MPI_BYTE, root, HANDLE(c)));
+}
+void comm_send(const Comm *c, const void *buf, size_t bytes, int dst) {
+    MPI_CHECK(MPI_Send(buf, count(bytes), MPI_BYTE, dst, 0, HANDLE(c)));
+}
+void comm_recv(const Comm *c, void *buf, size_t bytes, int src) {
+    MPI_CHECK(MPI_Recv(buf, count(bytes), MPI_BYTE, src, 0, HANDLE(c), MPI_STATUS_IGNORE));
+}
+void comm_barrier(const Comm *c) { MPI_CHECK(MPI_Barrier(HANDLE(c))); }

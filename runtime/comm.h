@@ -1,0 +1,33 @@
+/* comm.h — the one communication API (ARCHITECTURE.md): all_reduce, all_gather, reduce_scatter,
+ * broadcast, send/recv, over a Comm (a group of ranks). MPI backend on host buffers; a single
+ * process needs no launcher (MPI singleton). MPI types stay inside comm.c.
+ * Does not own the rank algebra (runtime/mesh.c). */
+#ifndef TANDEM_COMM_H
+#define TANDEM_COMM_H
+#include <stddef.h>
+
+typedef struct {
+    int rank;      /* rank within this group */
+    int size;      /* ranks in this group */
+    void *handle;  /* the backend's communicator */
+} Comm;
+
+void comm_init(int *argc, char ***argv);   /* MPI_Init; sets g_rank / g_world_size */
+void comm_finalize(void);
+Comm comm_world(void);
+Comm comm_split(const Comm *parent, int color, int key);
+void comm_free(Comm *c);
+
+void comm_all_reduce_sum(const Comm *c, float *buf, size_t n);     /* in place */
+void comm_all_reduce_sum_f64(const Comm *c, double *buf, size_t n);
+void comm_all_reduce_max(const Comm *c, float *buf, size_t n);
+void comm_all_reduce_sum_int(const Comm *c, int *buf, size_t n);
+/* Per element: the max over ranks of val[i], and idx[i] from that rank (lowest rank on ties). */
+void comm_all_reduce_maxloc(const Comm *c, float *val, int *idx, size_t n);
+void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each);
+void comm_reduce_scatter_sum(const Comm *c, const float *in, float *out, size_t n_each);
+void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root);
+void comm_send(const Comm *c, const void *buf, size_t bytes, int dst);
+void comm_recv(const Comm *c, void *buf, size_t bytes, int src);
+void comm_barrier(const Comm *c);
+#endif

@@ -1,0 +1,175 @@
+/* config.c — see config.h. */
+#include "runtime/config.h"
+#include "runtime/util.h"
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *path;
+    cJSON *root;
+} Cfg;
+
+static cJSON *get(const Cfg *g, const char *key) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(g->root, key);
+    return (v && !cJSON_IsNull(v)) ? v : NULL;
+}
+static int get_int(const Cfg *g, const char *key, int required, int dflt) {
+    cJSON *v = get(g, key);
+    if (!v) {
+        if (required) user_error("%s: missing key \"%s\"", g->path, key);
+        return dflt;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0)
+        user_error("%s: \"%s\" must be a non-negative integer", g->path, key);
+    return (int)v->valuedouble;
+}
+static float get_float(const Cfg *g, const cJSON *obj, const char *key, int required, float dflt) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) user_error("%s: missing key \"%s\"", g->path, key);
+        return dflt;
+    }
+    if (!cJSON_IsNumber(v)) user_error("%s: \"%s\" must be a number", g->path, key);
+    return (float)v->valuedouble;
+}
+static int get_bool(const Cfg *g, const char *key, int dflt) {
+    cJSON *v = get(g, key);
+    if (!v) return dflt;
+    if (!cJSON_IsBool(v)) user_error("%s: \"%s\" must be true or false", g->path, key);
+    return cJSON_IsTrue(v);
+}
+
+void config_load(ModelConfig *c, const char *dir) {
+    memset(c, 0, sizeof(*c));
+    if (!dir_exists(dir)) user_error("%s: model directory not found", dir);
+    char *path = path_join(dir, "config.json");
+    char *text = read_file(path, NULL);
+    if (!text) user_error("%s: cannot read (not a Hugging Face model directory?)", path);
+    Cfg g = {path, cJSON_Parse(text)};
+    free(text);
+    if (!g.root || !cJSON_IsObject(g.root)) user_error("%s: not valid JSON", path);
+
+    cJSON *mt = get(&g, "model_type");
+    if (!mt || !cJSON_IsString(mt)) user_error("%s: missing key \"model_type\"", path);
+    if (strcmp(mt->valuestring, "llama") && strcmp(mt->valuestring, "mistral") && strcmp(mt->valuestring, "qwen2"))
+        user_error("%s: model_type \"%s\" is not supported (llama, mistral, qwen2)", path, mt->valuestring);
+    snprintf(c->model_type, sizeof(c->model_type), "%s", mt->valuestring);
+    int is_qwen2 = !strcmp(c->model_type, "qwen2"), is_mistral = !strcmp(c->model_type, "mistral");
+
+    c->dim = get_int(&g, "hidden_size", 1, 0);
+    c->hidden_dim = get_int(&g, "intermediate_size", 1, 0);
+    c->n_layers = get_int(&g, "num_hidden_layers", 1, 0);
+    c->n_heads = get_int(&g, "num_attention_heads", 1, 0);
+    c->n_heads_kv = get_int(&g, "num_key_value_heads", 0, c->n_heads);
+    c->vocab_size = get_int(&g, "vocab_size", 1, 0);
+    c->max_pos = get_int(&g, "max_position_embeddings", 0, 2048);
+    if (c->dim <= 0 || c->hidden_dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_heads_kv <= 0 || c->vocab_size <= 0)
+        user_error("%s: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
+                   "num_key_value_heads and vocab_size must be positive", path);
+    if (c->n_heads % c->n_heads_kv)
+        user_error("%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", path,
+                   c->n_heads, c->n_heads_kv);
+    c->head_dim = get_int(&g, "head_dim", 0, 0);
+    if (c->head_dim == 0) {
+        if (c->dim % c->n_heads) user_error("%s: hidden_size %% num_attention_heads != 0 and no head_dim", path);
+        c->head_dim = c->dim / c->n_heads;
+    }
+    if (c->head_dim % 2) user_error("%s: head_dim %d must be even for RoPE", path, c->head_dim);
+    c->norm_eps = get_float(&g, g.root, "rms_norm_eps", 0, 1e-6f);
+    c->rope_theta = get_float(&g, g.root, "rope_theta", 0, 10000.0f);
+
+    cJSON *act = get(&g, "hidden_act");
+    if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "silu") && strcmp(act->valuestring, "swish"))))
+        user_error("%s: hidden_act \"%s\" is not supported (silu)", path, cJSON_IsString(act) ? act->valuestring : "?");
+    if (get_bool(&g, "mlp_bias", 0)) user_error("%s: mlp_bias true is not supported", path);
+    if (cJSON_IsNumber(get(&g, "pretraining_tp")) && get_int(&g, "pretraining_tp", 0, 1) != 1)
+        user_error("%s: pretraining_tp != 1 is not supported", path);
+
+    cJSON *rs = get(&g, "rope_scaling");
+    c->rope_scaling = ROPE_DEFAULT;
+    c->rope_factor = 1.0f;
+    if (rs) {
+        if (!cJSON_IsObject(rs)) user_error("%s: rope_scaling must be an object or null", path);
+        cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+        if (!type) type = cJSON_GetObjectItemCaseSensitive(rs, "type");
+        if (!type || !cJSON_IsString(type)) user_error("%s: rope_scaling has no \"rope_type\"", path);
+        const char *t = type->valuestring;
+        if (!strcmp(t, "default")) {
+        } else if (!strcmp(t, "linear")) {
+            c->rope_scaling = ROPE_LINEAR;
+            c->rope_factor = get_float(&g, rs, "factor", 1, 1.0f);
+        } else if (!strcmp(t, "llama3")) {
+            c->rope_scaling = ROPE_LLAMA3;
+            c->rope_factor = get_float(&g, rs, "factor", 1, 1.0f);
+            c->rope_low_freq_factor = get_float(&g, rs, "low_freq_factor", 1, 1.0f);
+            c->rope_high_freq_factor = get_float(&g, rs, "high_freq_factor", 1, 4.0f);
+            c->rope_orig_max_pos = (int)get_float(&g, rs, "original_max_position_embeddings", 1, 8192);
+        } else {
+            user_error("%s: rope_scaling type \"%s\" is not supported (linear, llama3)", path, t);
+        }
+    }
+
+    /* qwen2 always has q/k/v biases; llama may via attention_bias */
+    c->qkv_bias = is_qwen2 ? 1 : get_bool(&g, "attention_bias", 0);
+    c->tie_embeddings = get_bool(&g, "tie_word_embeddings", is_qwen2 ? 0 : 0);
+
+    c->sliding_window = 0;
+    if (is_mistral) {
+        c->sliding_window = get_int(&g, "sliding_window", 0, 0);
+        c->window_from_layer = 0;
+    } else if (is_qwen2 && get_bool(&g, "use_sliding_window", 0)) {
+        c->sliding_window = get_int(&g, "sliding_window", 0, 0);
+        c->window_from_layer = get_int(&g, "max_window_layers", 0, 0);
+    }
+
+    c->bos_id = get_int(&g, "bos_token_id", 0, -1);
+    cJSON *eos = get(&g, "eos_token_id");
+    if (eos && cJSON_IsNumber(eos)) {
+        c->eos_ids[c->n_eos++] = eos->valueint;
+    } else if (eos && cJSON_IsArray(eos)) {
+        cJSON *e;
+        cJSON_ArrayForEach(e, eos) {
+            if (!cJSON_IsNumber(e)) user_error("%s: eos_token_id entries must be integers", path);
+            if (c->n_eos < MAX_EOS_IDS) c->eos_ids[c->n_eos++] = e->valueint;
+        }
+    } else if (eos) {
+        user_error("%s: eos_token_id must be an integer or a list", path);
+    }
+    cJSON *dt = get(&g, "torch_dtype");
+    snprintf(c->torch_dtype, sizeof(c->torch_dtype), "%s", dt && cJSON_IsString(dt) ? dt->valuestring : "float32");
+    cJSON_Delete(g.root);
+    free(path);
+}
+
+int config_layer_window(const ModelConfig *c, int l) {
+    return c->sliding_window > 0 && l >= c->window_from_layer;
+}
+
+char *config_to_json(const ModelConfig *c) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(o, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("LlamaForCausalLM"));
+    cJSON_AddStringToObject(o, "model_type", "llama");
+    cJSON_AddNumberToObject(o, "hidden_size", c->dim);
+    cJSON_AddNumberToObject(o, "intermediate_size", c->hidden_dim);
+    cJSON_AddNumberToObject(o, "num_hidden_layers", c->n_layers);
+    cJSON_AddNumberToObject(o, "num_attention_heads", c->n_heads);
+    cJSON_AddNumberToObject(o, "num_key_value_heads", c->n_heads_kv);
+    cJSON_AddNumberToObject(o, "head_dim", c->head_dim);
+    cJSON_AddNumberToObject(o, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(o, "max_position_embeddings", c->max_pos);
+    cJSON_AddNumberToObject(o, "rms_norm_eps", c->norm_eps);
+    cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+    cJSON_AddStringToObject(o, "hidden_act", "silu");
+    cJSON_AddBoolToObject(o, "tie_word_embeddings", c->tie_embeddings);
+    cJSON_AddBoolToObject(o, "attention_bias", c->qkv_bias);
+    cJSON_AddBoolToObject(o, "mlp_bias", 0);
+    if (c->bos_id >= 0) cJSON_AddNumberToObject(o, "bos_token_id", c->bos_id);
+    if (c->n_eos == 1) cJSON_AddNumberToObject(o, "eos_token_id", c->eos_ids[0]);
+    cJSON_AddStringToObject(o, "torch_dtype", "float32");
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}

@@ -1,0 +1,43 @@
+/* config.h — model hyperparameters from a Hugging Face config.json (never from flags).
+ * Owns parsing and validation of config.json for model_type llama, mistral, qwen2; anything it
+ * does not support is a user_error naming the key, never silently ignored. */
+#ifndef TANDEM_CONFIG_H
+#define TANDEM_CONFIG_H
+
+typedef enum { ROPE_DEFAULT = 0, ROPE_LINEAR, ROPE_LLAMA3 } RopeScaling;
+enum { MAX_EOS_IDS = 8 };
+
+typedef struct {
+    char model_type[16];   /* "llama" | "mistral" | "qwen2" */
+    int dim;               /* D: hidden_size */
+    int hidden_dim;        /* F: intermediate_size */
+    int n_layers;          /* L */
+    int n_heads;           /* H */
+    int n_heads_kv;        /* Hkv */
+    int head_dim;          /* Dh (explicit head_dim, else D / H) */
+    int vocab_size;        /* V */
+    int max_pos;           /* max_position_embeddings */
+    float norm_eps;
+    float rope_theta;
+    RopeScaling rope_scaling;
+    float rope_factor;             /* linear and llama3 */
+    float rope_low_freq_factor;    /* llama3 */
+    float rope_high_freq_factor;   /* llama3 */
+    int rope_orig_max_pos;         /* llama3 original_max_position_embeddings */
+    int tie_embeddings;
+    int qkv_bias;          /* qwen2, or llama's attention_bias */
+    int sliding_window;    /* W, 0 = full attention */
+    int window_from_layer; /* layers >= this use the window (qwen2 max_window_layers; 0 for mistral) */
+    int bos_id;            /* -1 if none */
+    int eos_ids[MAX_EOS_IDS];
+    int n_eos;
+    char torch_dtype[16];
+} ModelConfig;
+
+/* Reads DIR/config.json; user_error on a missing file, a missing or unsupported key. */
+void config_load(ModelConfig *c, const char *dir);
+/* 1 if layer l uses the sliding window */
+int config_layer_window(const ModelConfig *c, int l);
+/* Writes a llama config.json for c (used by convert and checkpoint export). Returns malloc'd text. */
+char *config_to_json(const ModelConfig *c);
+#endif

@@ -1,0 +1,405 @@
+/* model.c — see model.h. The parameter spec table below drives allocation, sharding and loading;
+ * training (gradients, optimizer, saving) walks the same table. */
+#include "runtime/model.h"
+#include "kernels/kernels.h"
+#include "runtime/safetensors.h"
+#include "runtime/util.h"
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the parameter spec table ------------------------------------------------------------ */
+
+typedef enum { DIM_1 = 0, DIM_D, DIM_F, DIM_V, DIM_QD, DIM_KVD } Dim;   /* DIM_1: 1-D tensor */
+typedef enum {
+    SHARD_NONE,     /* replicated on every tp rank */
+    SHARD_VOCAB,    /* rows by vocab, V padded to a multiple of tp */
+    SHARD_Q_ROWS,   /* rows by query heads (column-parallel q) */
+    SHARD_KV_ROWS,  /* rows by kv heads; one replicated head per rank when tp > Hkv */
+    SHARD_F_ROWS,   /* rows by intermediate dim (column-parallel gate / up) */
+    SHARD_Q_COLS,   /* columns by query heads (row-parallel o_proj) */
+    SHARD_F_COLS,   /* columns by intermediate dim (row-parallel down_proj) */
+} Shard;
+typedef enum { ON_LAYER, ON_FIRST, ON_LAST } Where;
+typedef enum { IF_ALWAYS, IF_QKV_BIAS, IF_UNTIED } When;
+
+typedef struct {
+    const char *hf_name;  /* %d = global layer index */
+    Where where;
+    When when;
+    size_t offset;        /* offsetof in LayerWeights (ON_LAYER) or ModelWeights */
+    Dim rows, cols;       /* global shape (rows) or (rows, cols) */
+    Shard shard;
+    int decay;            /* AdamW weight decay applies */
+} ParamSpec;
+
+#define LW(f) offsetof(LayerWeights, f)
+#define MW(f) offsetof(ModelWeights, f)
+static const ParamSpec SPECS[] = {
+    {"model.embed_tokens.weight", ON_FIRST, IF_ALWAYS, MW(embed), DIM_V, DIM_D, SHARD_VOCAB, 1},
+    {"model.layers.%d.input_layernorm.weight", ON_LAYER, IF_ALWAYS, LW(attn_norm), DIM_D, DIM_1, SHARD_NONE, 0},
+    {"model.layers.%d.self_attn.q_proj.weight", ON_LAYER, IF_ALWAYS, LW(wq), DIM_QD, DIM_D, SHARD_Q_ROWS, 1},
+    {"model.layers.%d.self_attn.q_proj.bias", ON_LAYER, IF_QKV_BIAS, LW(bq), DIM_QD, DIM_1, SHARD_Q_ROWS, 0},
+    {"model.layers.%d.self_attn.k_proj.weight", ON_LAYER, IF_ALWAYS, LW(wk), DIM_KVD, DIM_D, SHARD_KV_ROWS, 1},
+    {"model.layers.%d.self_attn.k_proj.bias", ON_LAYER, IF_QKV_BIAS, LW(bk), DIM_KVD, DIM_1, SHARD_KV_ROWS, 0},
+    {"model.layers.%d.self_attn.v_proj.weight", ON_LAYER, IF_ALWAYS, LW(wv), DIM_KVD, DIM_D, SHARD_KV_ROWS, 1},
+    {"model.layers.%d.self_attn.v_proj.bias", ON_LAYER, IF_QKV_BIAS, LW(bv), DIM_KVD, DIM_1, SHARD_KV_ROWS, 0},
+    {"model.layers.%d.self_attn.o_proj.weight", ON_LAYER, IF_ALWAYS, LW(wo), DIM_D, DIM_QD, SHARD_Q_COLS, 1},
+    {"model.layers.%d.post_attention_layernorm.weight", ON_LAYER, IF_ALWAYS, LW(mlp_norm), DIM_D, DIM_1, SHARD_NONE, 0},
+    {"model.layers.%d.mlp.gate_proj.weight", ON_LAYER, IF_ALWAYS, LW(w_gate), DIM_F, DIM_D, SHARD_F_ROWS, 1},
+    {"model.layers.%d.mlp.up_proj.weight", ON_LAYER, IF_ALWAYS, LW(w_up), DIM_F, DIM_D, SHARD_F_ROWS, 1},
+    {"model.layers.%d.mlp.down_proj.weight", ON_LAYER, IF_ALWAYS, LW(w_down), DIM_D, DIM_F, SHARD_F_COLS, 1},
+    {"model.norm.weight", ON_LAST, IF_ALWAYS, MW(final_norm), DIM_D, DIM_1, SHARD_NONE, 0},
+    /* tied: the last stage reads model.embed_tokens.weight here (see spec_source_name) */
+    {"lm_head.weight", ON_LAST, IF_ALWAYS, MW(lm_head), DIM_V, DIM_D, SHARD_VOCAB, 1},
+};
+#define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
+
+static int64_t dim_size(const Model *m, Dim d) {
+    const ModelConfig *c = &m->cfg;
+    switch (d) {
+    case DIM_D: return c->dim;
+    case DIM_F: return c->hidden_dim;
+    case DIM_V: return c->vocab_size;
+    case DIM_QD: return (int64_t)c->n_heads * c->head_dim;
+    case DIM_KVD: return (int64_t)c->n_heads_kv * c->head_dim;
+    default: return 0;
+    }
+}
+
+static int spec_present(const Model *m, const ParamSpec *p) {
+    if (p->when == IF_QKV_BIAS && !m->cfg.qkv_bias) return 0;
+    if (p->where == ON_FIRST) return m->is_first;
+    if (p->where == ON_LAST) return m->is_last;
+    return 1;
+}
+
+/* lm_head of a tied model is embed_tokens; it needs its own copy only on a different stage. */
+static int spec_aliased(const Model *m, const ParamSpec *p) {
+    return p->offset == MW(lm_head) && p->where == ON_LAST && m->cfg.tie_embeddings && m->is_first;
+}
+static const char *spec_source_name(const Model *m, const ParamSpec *p) {
+    if (p->offset == MW(lm_head) && p->where == ON_LAST && m->cfg.tie_embeddings) return SPECS[0].hf_name;
+    return p->hf_name;
+}
+
+/* This rank's block of the global (rows, cols) tensor: rows [r0, r0+nr), cols [c0, c0+nc). */
+static void spec_block(const Model *m, const ParamSpec *p, int64_t *r0, int64_t *nr, int64_t *c0, int64_t *nc) {
+    const ModelConfig *c = &m->cfg;
+    int tr = m->mesh->tp_rank, Dh = c->head_dim;
+    *r0 = 0; *nr = dim_size(m, p->rows);
+    *c0 = 0; *nc = p->cols ? dim_size(m, p->cols) : 1;
+    switch (p->shard) {
+    case SHARD_NONE: break;
+    case SHARD_VOCAB: *r0 = m->vocab_start; *nr = m->vocab_local; break;
+    case SHARD_Q_ROWS: *nr = (int64_t)m->n_heads_local * Dh; *r0 = tr * *nr; break;
+    case SHARD_KV_ROWS: {
+        int tp = m->mesh->tp, Hkv = c->n_heads_kv;
+        int first_head = tp <= Hkv ? tr * m->n_heads_kv_local : tr / (tp / Hkv);
+        *r0 = (int64_t)first_head * Dh;
+        *nr = (int64_t)m->n_heads_kv_local * Dh;
+        break;
+    }
+    case SHARD_F_ROWS: *nr = m->hidden_local; *r0 = (int64_t)tr * m->hidden_local; break;
+    case SHARD_Q_COLS: *nc = (int64_t)m->n_heads_local * Dh; *c0 = tr * *nc; break;
+    case SHARD_F_COLS: *nc = m->hidden_local; *c0 = (int64_t)tr * m->hidden_local; break;
+    }
+}
+
+/* Calls fn for every (spec, local layer) present on this rank, in arena order. */
+typedef void (*SpecFn)(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx);
+static void for_each_param(Model *m, SpecFn fn, void *ctx) {
+    for (int i = 0; i < N_SPECS; i++) {
+        const ParamSpec *p = &SPECS[i];
+        if (!spec_present(m, p)) continue;
+        int64_t r0, nr, c0, nc;
+        spec_block(m, p, &r0, &nr, &c0, &nc);
+        size_t numel = (size_t)nr * (size_t)nc;
+        if (p->where != ON_LAYER) {
+            fn(m, p, -1, (float **)((char *)&m->w + p->offset), numel, ctx);
+            continue;
+        }
+        for (int l = 0; l < m->n_layers_local; l++)
+            fn(m, p, m->layer_start + l, (float **)((char *)&m->w.layers[l] + p->offset), numel, ctx);
+    }
+}
+
+static void count_param(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
+    (void)layer; (void)slot;
+    if (!spec_aliased(m, p)) *(size_t *)ctx += numel;
+}
+static void place_param(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
+    (void)layer;
+    size_t *off = ctx;
+    if (spec_aliased(m, p)) { *slot = m->w.embed; return; }
+    *slot = m->params + *off;
+    *off += numel;
+}
+static void load_param(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
+    (void)numel;
+    if (spec_aliased(m, p)) return;
+    const SafeTensors *st = ctx;
+    char name[256];
+    snprintf(name, sizeof(name), spec_source_name(m, p), layer);
+    if (!st_find(st, name)) {
+        if (p->offset == MW(lm_head) && !m->cfg.tie_embeddings)
+            user_error("%s: tensor lm_head.weight not found and config.json says tie_word_embeddings is false",
+                       st->files[0].path);
+        user_error("%s: tensor %s not found", st->files[0].path, name);
+    }
+    int64_t r0, nr, c0, nc;
+    spec_block(m, p, &r0, &nr, &c0, &nc);
+    st_read_block(st, name, dim_size(m, p->rows), p->cols ? dim_size(m, p->cols) : 0, r0, nr, c0, nc, *slot);
+}
+
+/* ---- setup ------------------------------------------------------------------------------- */
+
+static void check_layout(const ModelConfig *c, const Mesh *mesh) {
+    int tp = mesh->tp, pp = mesh->pp;
+    if (c->n_heads % tp)
+        user_error("--tp %d does not divide num_attention_heads %d", tp, c->n_heads);
+    if (c->n_heads_kv % tp && tp % c->n_heads_kv)
+        user_error("--tp %d and num_key_value_heads %d: one must divide the other", tp, c->n_heads_kv);
+    if (c->hidden_dim % tp)
+        user_error("--tp %d does not divide intermediate_size %d", tp, c->hidden_dim);
+    if (pp > c->n_layers)
+        user_error("--pp %d is larger than num_hidden_layers %d", pp, c->n_layers);
+}
+
+static void rope_init(Model *m) {
+    const ModelConfig *c = &m->cfg;
+    int half = c->head_dim / 2;
+    m->inv_freq = xmalloc(sizeof(float) * half);
+    for (int i = 0; i < half; i++) {
+        /* HF: 1 / base ** (arange(0, Dh, 2) / Dh), all in fp32 */
+        float f = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
+        if (c->rope_scaling == ROPE_LINEAR) {
+            f /= c->rope_factor;
+        } else if (c->rope_scaling == ROPE_LLAMA3) {
+            /* transformers _compute_llama3_parameters: long wavelengths divided by factor, short
+             * ones kept, the band between smoothly interpolated. */
+            float old_ctx = (float)c->rope_orig_max_pos, factor = c->rope_factor;
+            float lo = c->rope_low_freq_factor, hi = c->rope_high_freq_factor;
+            float low_freq_wavelen = old_ctx / lo, high_freq_wavelen = old_ctx / hi;
+            float wavelen = 2.0f * (float)M_PI / f;
+            float scaled = wavelen > low_freq_wavelen ? f / factor : f;
+            float smooth = (old_ctx / wavelen - lo) / (hi - lo);
+            float smoothed = (1.0f - smooth) * scaled / factor + smooth * scaled;
+            int medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+            f = medium ? smoothed : scaled;
+        }
+        m->inv_freq[i] = f;
+    }
+}
+
+void model_load(Model *m, const char *dir, const Mesh *mesh) {
+    memset(m, 0, sizeof(*m));
+    m->mesh = mesh;
+    config_load(&m->cfg, dir);
+    const ModelConfig *c = &m->cfg;
+    check_layout(c, mesh);
+    int tp = mesh->tp, pp = mesh->pp, s = mesh->pp_rank;
+    m->n_heads_local = c->n_heads / tp;
+    m->n_heads_kv_local = tp <= c->n_heads_kv ? c->n_heads_kv / tp : 1;
+    m->hidden_local = c->hidden_dim / tp;
+    m->vocab_padded = (c->vocab_size + tp - 1) / tp * tp;
+    m->vocab_local = m->vocab_padded / tp;
+    m->vocab_start = mesh->tp_rank * m->vocab_local;
+    /* contiguous layer ranges, the first L % pp stages one layer longer */
+    int base = c->n_layers / pp, extra = c->n_layers % pp;
+    m->n_layers_local = base + (s < extra);
+    m->layer_start = s * base + (s < extra ? s : extra);
+    m->is_first = s == 0;
+    m->is_last = s == pp - 1;
+    m->w.layers = xcalloc(m->n_layers_local, sizeof(LayerWeights));
+
+    size_t n = 0, off = 0;
+    for_each_param(m, count_param, &n);
+    m->n_params = n;
+    m->params = xmalloc(sizeof(float) * n);
+    for_each_param(m, place_param, &off);
+    CHECK(off == n);
+    SafeTensors *st = st_open_dir(dir);
+    for_each_param(m, load_param, st);
+    st_close(st);
+    rope_init(m);
+}
+
+void model_alloc_state(Model *m, int max_tokens, int max_seq) {
+    const ModelConfig *c = &m->cfg;
+    size_t N = (size_t)max_tokens, D = c->dim, Dh = c->head_dim;
+    size_t qd = (size_t)m->n_heads_local * Dh, kvd = (size_t)m->n_heads_kv_local * Dh, F = m->hidden_local;
+    size_t V = m->is_last ? (size_t)m->vocab_local : 0;
+    /* one arena: sizes in the order of RunState's fields */
+    size_t sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * F, N * F, N * V, (size_t)max_seq};
+    float **slots[] = {&m->s.x, &m->s.xb, &m->s.q, &m->s.k, &m->s.v, &m->s.att, &m->s.xo, &m->s.hb, &m->s.hb2,
+                       &m->s.logits, &m->s.scratch};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) total += sizes[i];
+    free(m->acts);
+    free(m->s.pos);
+    m->acts = xmalloc(sizeof(float) * total);
+    m->n_acts = total;
+    float *p = m->acts;
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) { *slots[i] = p; p += sizes[i]; }
+    m->s.pos = xmalloc(sizeof(int) * N);
+    m->max_tokens = max_tokens;
+    m->max_seq = max_seq;
+}
+
+void model_free(Model *m) {
+    free(m->params);
+    free(m->acts);
+    free(m->s.pos);
+    free(m->w.layers);
+    free(m->inv_freq);
+    memset(m, 0, sizeof(*m));
+}
+
+void model_print_summary(const Model *m) {
+    if (m->mesh->world_rank != 0) return;
+    const ModelConfig *c = &m->cfg;
+    const char *rope = c->rope_scaling == ROPE_LLAMA3 ? "llama3" : c->rope_scaling == ROPE_LINEAR ? "linear" : "none";
+    fprintf(stderr, "+----------------------+------------+\n");
+    fprintf(stderr, "| %-20s | %-10s |\n", "model_type", c->model_type);
+    fprintf(stderr, "| %-20s | %10d |\n| %-20s | %10d |\n| %-20s | %10d |\n", "hidden_size D", c->dim,
+            "intermediate F", c->hidden_dim, "layers L", c->n_layers);
+    fprintf(stderr, "| %-20s | %10d |\n| %-20s | %10d |\n| %-20s | %10d |\n", "heads H", c->n_heads, "kv heads Hkv",
+            c->n_heads_kv, "head_dim Dh", c->head_dim);
+    fprintf(stderr, "| %-20s | %10d |\n| %-20s | %10d |\n", "vocab V", c->vocab_size, "sliding_window", c->sliding_window);
+    fprintf(stderr, "| %-20s | %-10s |\n| %-20s | %10d |\n", "rope_scaling", rope, "tied embeddings", c->tie_embeddings);
+    fprintf(stderr, "| %-20s | %10d |\n| %-20s | %10d |\n| %-20s | %10d |\n", "tp", m->mesh->tp, "pp", m->mesh->pp,
+            "dp", m->mesh->dp);
+    fprintf(stderr, "| %-20s | %10.2f |\n", "params MiB (rank 0)", m->n_params * 4.0 / (1 << 20));
+    fprintf(stderr, "| %-20s | %10.2f |\n", "acts MiB (rank 0)", m->n_acts * 4.0 / (1 << 20));
+    fprintf(stderr, "+----------------------+------------+\n");
+}
+
+/* ---- forward ----------------------------------------------------------------------------- */
+
+/* Row-parallel output: each tp rank holds a partial sum of the same (N, D) tensor. */
+static void tp_all_reduce(const Model *m, float *buf, size_t n) { comm_all_reduce_sum(&m->mesh->tp_comm, buf, n); }
+
+void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs) {
+    const ModelConfig *c = &m->cfg;
+    RunState *s = &m->s;
+    int N = seq_start[n_seqs], D = c->dim, Dh = c->head_dim, Fl = m->hidden_local;
+    int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
+    const Comm *pp = &m->mesh->pp_comm;
+    CHECK(N <= m->max_tokens);
+    for (int i = 0; i < n_seqs; i++) {
+        CHECK(seq_start[i + 1] - seq_start[i] <= m->max_seq);
+        for (int t = seq_start[i]; t < seq_start[i + 1]; t++) s->pos[t] = t - seq_start[i];
+    }
+
+    if (m->is_first) {
+        cpu_embedding(s->x, m->w.embed, tokens, N, D, m->vocab_start, m->vocab_local); /* rows this rank owns */
+        tp_all_reduce(m, s->x, (size_t)N * D);                                        /* vocab-parallel lookup */
+    } else {
+        comm_recv(pp, s->x, sizeof(float) * N * D, pp->rank - 1);                    /* activations from stage s-1 */
+    }
+
+    for (int l = 0; l < m->n_layers_local; l++) {
+        const LayerWeights *w = &m->w.layers[l];
+        int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
+        /* attention block: x += o_proj(attn(rope(q), rope(k), v)) */
+        cpu_rmsnorm(s->xb, s->x, w->attn_norm, N, D, c->norm_eps);
+        cpu_matmul(s->q, s->xb, w->wq, w->bq, N, D, qd);
+        cpu_matmul(s->k, s->xb, w->wk, w->bk, N, D, kvd);
+        cpu_matmul(s->v, s->xb, w->wv, w->bv, N, D, kvd);
+        cpu_rope(s->q, s->pos, m->inv_freq, N, Hl, Dh);
+        cpu_rope(s->k, s->pos, m->inv_freq, N, Hkvl, Dh);
+        for (int i = 0; i < n_seqs; i++) {
+            size_t t0 = seq_start[i];
+            cpu_attention(s->att + t0 * qd, s->q + t0 * qd, s->k + t0 * kvd, s->v + t0 * kvd,
+                          seq_start[i + 1] - seq_start[i], Hl, Hkvl, Dh, window, s->scratch);
+        }
+        cpu_matmul(s->xo, s->att, w->wo, NULL, N, qd, D);
+        tp_all_reduce(m, s->xo, (size_t)N * D);
+        cpu_add(s->x, s->xo, (size_t)N * D);
+        /* MLP block: x += down(silu(gate(x)) * up(x)) */
+        cpu_rmsnorm(s->xb, s->x, w->mlp_norm, N, D, c->norm_eps);
+        cpu_matmul(s->hb, s->xb, w->w_gate, NULL, N, D, Fl);
+        cpu_matmul(s->hb2, s->xb, w->w_up, NULL, N, D, Fl);
+        cpu_swiglu(s->hb, s->hb, s->hb2, (size_t)N * Fl);
+        cpu_matmul(s->xo, s->hb, w->w_down, NULL, N, Fl, D);
+        tp_all_reduce(m, s->xo, (size_t)N * D);
+        cpu_add(s->x, s->xo, (size_t)N * D);
+    }
+
+    if (!m->is_last) {
+        comm_send(pp, s->x, sizeof(float) * N * D, pp->rank + 1);                    /* to stage s+1 */
+        return;
+    }
+    cpu_rmsnorm(s->xb, s->x, m->w.final_norm, N, D, c->norm_eps);
+    cpu_matmul(s->logits, s->xb, m->w.lm_head, NULL, N, D, m->vocab_local);         /* vocab-parallel logits */
+    int valid = c->vocab_size - m->vocab_start;                                     /* padded rows -> -inf */
+    if (valid < m->vocab_local)
+        for (int n = 0; n < N; n++)
+            for (int v = valid < 0 ? 0 : valid; v < m->vocab_local; v++) s->logits[(size_t)n * m->vocab_local + v] = -INFINITY;
+}
+
+/* ---- vocab-parallel log-softmax pieces ---------------------------------------------------- */
+
+void model_logsumexp(Model *m, int N, float *lse) {
+    const Comm *tp = &m->mesh->tp_comm;
+    int Vl = m->vocab_local;
+    float *sum = xmalloc(sizeof(float) * N);
+    for (int n = 0; n < N; n++) {
+        const float *row = m->s.logits + (size_t)n * Vl;
+        float mx = -INFINITY;
+        for (int v = 0; v < Vl; v++) mx = row[v] > mx ? row[v] : mx;
+        lse[n] = mx;
+    }
+    comm_all_reduce_max(tp, lse, N);                  /* global row max */
+    for (int n = 0; n < N; n++) {
+        const float *row = m->s.logits + (size_t)n * Vl;
+        double acc = 0.0;
+        for (int v = 0; v < Vl; v++) acc += expf(row[v] - lse[n]);
+        sum[n] = (float)acc;
+    }
+    comm_all_reduce_sum(tp, sum, N);                  /* global sum of exp */
+    for (int n = 0; n < N; n++) lse[n] += logf(sum[n]);
+    free(sum);
+}
+
+void model_token_logits(Model *m, int n_pairs, const int *row, const int *tok, float *out) {
+    int Vl = m->vocab_local;
+    for (int i = 0; i < n_pairs; i++) {
+        int r = tok[i] - m->vocab_start;
+        out[i] = (r >= 0 && r < Vl) ? m->s.logits[(size_t)row[i] * Vl + r] : 0.0f; /* the owner contributes */
+    }
+    comm_all_reduce_sum(&m->mesh->tp_comm, out, (size_t)n_pairs);
+}
+
+void model_argmax(Model *m, int N, int *ids, float *vals) {
+    int Vl = m->vocab_local;
+    for (int n = 0; n < N; n++) {
+        const float *row = m->s.logits + (size_t)n * Vl;
+        int best = 0;
+        for (int v = 1; v < Vl; v++) if (row[v] > row[best]) best = v;
+        vals[n] = row[best];
+        ids[n] = m->vocab_start + best;
+    }
+    /* ties go to the lowest tp rank, i.e. the lowest vocab id, as torch.argmax */
+    comm_all_reduce_maxloc(&m->mesh->tp_comm, vals, ids, N);
+}
+
+void model_score(Model *m, const int *tokens, const int *seq_start, int n_seqs, int n_pairs, const int *row,
+                 const int *tok, Scores *out) {
+    int N = seq_start[n_seqs];
+    model_forward(m, tokens, seq_start, n_seqs);
+    if (m->is_last) {
+        model_logsumexp(m, N, out->lse);
+        model_argmax(m, N, out->argmax, out->argmax_logprob);
+        model_token_logits(m, n_pairs, row, tok, out->pair_logprob);
+        for (int n = 0; n < N; n++) out->argmax_logprob[n] -= out->lse[n];
+        for (int i = 0; i < n_pairs; i++) out->pair_logprob[i] -= out->lse[row[i]];
+    }
+    const Comm *pp = &m->mesh->pp_comm;                  /* results from the last stage to all */
+    comm_broadcast(pp, out->lse, sizeof(float) * N, pp->size - 1);
+    comm_broadcast(pp, out->argmax, sizeof(int) * N, pp->size - 1);
+    comm_broadcast(pp, out->argmax_logprob, sizeof(float) * N, pp->size - 1);
+    if (n_pairs) comm_broadcast(pp, out->pair_logprob, sizeof(float) * n_pairs, pp->size - 1);
+}

@@ -1,0 +1,97 @@
+/* model.h — a LLaMA-family model on a TP x PP mesh: the parameter spec table, this rank's shard
+ * of the weights (one arena), the activation arena, and the forward pass over a packed batch.
+ * Owns: sharding rules (ARCHITECTURE.md table), loading from an HF directory, forward, and the
+ * vocab-parallel log-softmax helpers. Does not own: sampling, KV cache, training, I/O formats.
+ * Shapes: N tokens packed over sequences, D, F, H, Hkv, Dh, V; `_local` = this TP rank's share. */
+#ifndef TANDEM_MODEL_H
+#define TANDEM_MODEL_H
+#include <stddef.h>
+#include "runtime/config.h"
+#include "runtime/mesh.h"
+
+typedef struct {
+    float *attn_norm;  /* (D) */
+    float *wq;         /* (H_local*Dh, D)    column-parallel by query heads */
+    float *bq;         /* (H_local*Dh)       qwen2 / attention_bias, else NULL */
+    float *wk;         /* (Hkv_local*Dh, D)  column-parallel by kv heads (replicated if tp > Hkv) */
+    float *bk;         /* (Hkv_local*Dh) */
+    float *wv;         /* (Hkv_local*Dh, D) */
+    float *bv;         /* (Hkv_local*Dh) */
+    float *wo;         /* (D, H_local*Dh)    row-parallel: partial sums, all-reduced over tp */
+    float *mlp_norm;   /* (D) */
+    float *w_gate;     /* (F_local, D)       column-parallel */
+    float *w_up;       /* (F_local, D)       column-parallel, split separately from gate */
+    float *w_down;     /* (D, F_local)       row-parallel */
+} LayerWeights;
+
+typedef struct {
+    float *embed;      /* (V_local, D) vocab rows [vocab_start, +V_local); first stage */
+    float *final_norm; /* (D) last stage */
+    float *lm_head;    /* (V_local, D) last stage; same pointer as embed when tied and pp == 1 */
+    LayerWeights *layers; /* (L_local) this stage's layers */
+} ModelWeights;
+
+typedef struct {
+    float *x;      /* (N, D) residual stream */
+    float *xb;     /* (N, D) normed input of a block */
+    float *q;      /* (N, H_local*Dh) */
+    float *k;      /* (N, Hkv_local*Dh) */
+    float *v;      /* (N, Hkv_local*Dh) */
+    float *att;    /* (N, H_local*Dh) attention output before o_proj */
+    float *xo;     /* (N, D) block output (partial sum before the tp all-reduce) */
+    float *hb;     /* (N, F_local) gate, then silu(gate) * up */
+    float *hb2;    /* (N, F_local) up */
+    float *logits; /* (N, V_local) last stage; padded vocab columns are -inf */
+    float *scratch;/* (max_seq) attention scores */
+    int *pos;      /* (N) position of each token in its sequence */
+} RunState;
+
+typedef struct {
+    ModelConfig cfg;
+    const Mesh *mesh;
+    int n_heads_local, n_heads_kv_local, hidden_local;  /* H_local, Hkv_local, F_local */
+    int vocab_padded, vocab_local, vocab_start;          /* V rounded up to tp; this rank's rows */
+    int layer_start, n_layers_local;                     /* this pp stage's layers */
+    int is_first, is_last;                               /* pp stage owns embedding / head */
+    ModelWeights w;
+    float *params;        /* the parameter arena */
+    size_t n_params;      /* floats in it */
+    float *inv_freq;      /* (Dh/2) RoPE inverse frequencies, scaling applied */
+    RunState s;
+    float *acts;          /* the activation arena */
+    size_t n_acts;
+    int max_tokens, max_seq;
+} Model;
+
+/* Loads this rank's shard from an HF directory. Checks the layout against the config first
+ * (tp must divide heads, pp <= layers, ...): a violation is one user_error on rank 0. */
+void model_load(Model *m, const char *dir, const Mesh *mesh);
+/* Sizes the activation arena for batches of up to max_tokens tokens, max_seq per sequence. */
+void model_alloc_state(Model *m, int max_tokens, int max_seq);
+void model_free(Model *m);
+/* Prints the parameter/value table and arena sizes (rank 0). */
+void model_print_summary(const Model *m);
+
+/* Forward over n_seqs sequences packed back to back: tokens (N), seq_start (n_seqs + 1) offsets,
+ * positions restart at 0 in each sequence. Every rank calls it; on the last pp stage it leaves
+ * s.logits (N, V_local) filled. */
+void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs);
+
+/* Vocab-parallel helpers over s.logits on the last stage (collectives on the tp group; call on
+ * every rank of the last stage). The full vocab is never gathered. */
+void model_logsumexp(Model *m, int N, float *lse);                      /* lse (N) */
+/* out[i] = logit of token tok[i] at packed position row[i], for i < n_pairs */
+void model_token_logits(Model *m, int n_pairs, const int *row, const int *tok, float *out);
+void model_argmax(Model *m, int N, int *ids, float *vals);              /* ids, vals (N) */
+
+/* What eval and scoring need from one forward, on EVERY rank (the last stage computes, then
+ * broadcasts over the pp group). Arrays are caller-allocated. */
+typedef struct {
+    float *lse;           /* (N) log-sum-exp of each position's logits */
+    int *argmax;          /* (N) greedy next token after each position */
+    float *argmax_logprob;/* (N) its logprob */
+    float *pair_logprob;  /* (n_pairs) logprob of tok[i] at position row[i] */
+} Scores;
+void model_score(Model *m, const int *tokens, const int *seq_start, int n_seqs, int n_pairs, const int *row,
+                 const int *tok, Scores *out);
+#endif

@@ -1,0 +1,184 @@
+/* util.c — see util.h. Owns error exits and small system helpers; knows nothing of models. */
+#include "runtime/util.h"
+#include <errno.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int g_rank = 0;
+int g_world_size = 1;
+
+static int mpi_up(void) {
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    return init && !fin;
+}
+
+_Noreturn static void stop_job(void) {
+    fflush(stdout);
+    fflush(stderr);
+    if (g_world_size > 1 && mpi_up()) MPI_Abort(MPI_COMM_WORLD, 1);
+    exit(1);
+}
+
+_Noreturn void user_error(const char *fmt, ...) {
+    if (g_rank == 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("tandem: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+        stop_job();
+    }
+    /* Other ranks saw the same input; rank 0 reports and aborts the job. Should rank 0 somehow
+     * not get here, give up after a while rather than hang. */
+    sleep(10);
+    stop_job();
+}
+
+_Noreturn void rank_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("tandem: ", stderr);
+    if (g_world_size > 1) fprintf(stderr, "[rank %d] ", g_rank);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    stop_job();
+}
+
+_Noreturn void check_failed(const char *expr, const char *file, int line) {
+    fprintf(stderr, "tandem: internal error [rank %d] %s:%d: CHECK(%s) failed%s%s\n", g_rank, file,
+            line, expr, errno ? ": " : "", errno ? strerror(errno) : "");
+    stop_job();
+}
+
+void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) rank_error("out of memory allocating %zu bytes", n);
+    return p;
+}
+void *xcalloc(size_t n, size_t sz) {
+    void *p = calloc(n ? n : 1, sz ? sz : 1);
+    if (!p) rank_error("out of memory allocating %zu x %zu bytes", n, sz);
+    return p;
+}
+void *xrealloc(void *p, size_t n) {
+    p = realloc(p, n ? n : 1);
+    if (!p) rank_error("out of memory allocating %zu bytes", n);
+    return p;
+}
+char *xstrdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    return memcpy(xmalloc(n), s, n);
+}
+
+char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap);
+    for (;;) {
+        if (n + 1 >= cap) buf = xrealloc(buf, cap *= 2);
+        size_t got = fread(buf + n, 1, cap - n - 1, f);
+        if (got == 0) break;
+        n += got;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) { free(buf); return NULL; }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+int file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+int dir_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+char *path_join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = xmalloc(a + b + 2);
+    memcpy(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+void mkdir_p(const char *path) {
+    char *p = xstrdup(path);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        mkdir(p, 0755);
+        *s = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST) user_error("%s: cannot create directory: %s", path, strerror(errno));
+    free(p);
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+double peak_rss_mib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0; /* ru_maxrss is KiB on Linux */
+}
+
+float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40); /* keep NaN a NaN */
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff, u;
+    if (exp == 0) {
+        float f = ldexpf((float)man, -24); /* zero or subnormal */
+        return sign ? -f : f;
+    } else if (exp == 31) {
+        u = sign | 0x7f800000 | (man << 13);
+    } else {
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+int write_file_atomic(const char *path, const void *data, size_t len) {
+    size_t n = strlen(path) + 32;
+    char *tmp = xmalloc(n);
+    snprintf(tmp, n, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) { free(tmp); return -1; }
+    int ok = fwrite(data, 1, len, f) == len;
+    ok = (fflush(f) == 0) && ok;
+    ok = (fsync(fileno(f)) == 0) && ok;
+    ok = (fclose(f) == 0) && ok;
+    if (ok) ok = rename(tmp, path) == 0;
+    if (!ok) unlink(tmp);
+    free(tmp);
+    return ok ? 0 : -1;
+}

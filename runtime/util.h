@@ -1,0 +1,44 @@
+/* util.h — error reporting, checked allocation, small helpers shared by every module.
+ *
+ * Two kinds of failure (STYLE.md 3 and 4):
+ *   CHECK(cond)         a bug or a system failure: names the statement, file, line and rank,
+ *                       then stops the whole job (MPI_Abort with several ranks).
+ *   user_error(...)     bad user input: one line "tandem: <message>", non-zero exit. Call it only
+ *                       where every rank sees the same input (config, flags, layout): rank 0 prints,
+ *                       every rank exits. rank_error(...) is for input only one rank sees (its own
+ *                       shard's bytes): that rank prints and aborts the job.
+ * This file does not own MPI setup (runtime/comm.c) nor any parsing. */
+#ifndef TANDEM_UTIL_H
+#define TANDEM_UTIL_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+extern int g_rank;        /* world rank, set by comm_init; 0 before it */
+extern int g_world_size;  /* world size, set by comm_init; 1 before it */
+
+_Noreturn void user_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+_Noreturn void rank_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+_Noreturn void check_failed(const char *expr, const char *file, int line);
+#define CHECK(cond) do { if (!(cond)) check_failed(#cond, __FILE__, __LINE__); } while (0)
+
+void *xmalloc(size_t n);            /* malloc or die */
+void *xcalloc(size_t n, size_t sz); /* calloc or die */
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+char *read_file(const char *path, size_t *len); /* whole file, NUL-terminated; NULL if unreadable */
+int file_exists(const char *path);
+int dir_exists(const char *path);
+char *path_join(const char *dir, const char *name); /* malloc'd "dir/name" */
+void mkdir_p(const char *path);     /* user_error if it cannot be created */
+double now_seconds(void);
+double peak_rss_mib(void);          /* peak resident memory of this process */
+
+/* bf16/f16 <-> f32 */
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);      /* round to nearest even */
+float f16_to_f32(uint16_t h);
+
+/* atomic file write: write to path.tmp.<pid>, fsync, rename. Returns 0 on success. */
+int write_file_atomic(const char *path, const void *data, size_t len);
+#endif

@@ -1,0 +1,39 @@
+/* tandem.c — the one binary. Only dispatches subcommands; every job lives in its module. */
+#include <stdio.h>
+#include <string.h>
+#include "eval/bench.h"
+#include "eval/eval.h"
+#include "runtime/convert.h"
+#include "tokenizer/tokenize_cli.h"
+
+typedef struct {
+    const char *name;
+    int (*main)(int argc, char **argv);
+    const char *help;
+} Command;
+
+static const Command commands[] = {
+    {"eval", eval_main, "Hugging Face parity (--reference) or loss/perplexity (--data) of a model"},
+    {"convert", convert_main, "import a llama2.c checkpoint into a Hugging Face directory"},
+    {"bench", bench_main, "prefill throughput and peak memory"},
+    {"tokenize", tokenize_main, "text <-> token ids with a model's tokenizer"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: tandem <command> [options]   (tandem <command> --help for its options)\n\n");
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\nSeveral ranks: mpirun -np N tandem <command> --tp T --pp P ...\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].main(argc - 1, argv + 1);
+    fprintf(stderr, "tandem: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,153 @@
+#!/usr/bin/env bats
+# tandem eval: Hugging Face parity on every fixture and real model, tp x pp layouts against the
+# 1x1 run, llama2.c import, perplexity, and one clear error per kind of bad input.
+load helpers
+
+FIXTURES="llama_gqa mistral_swa qwen2_bias qwen2_swa llama3_rope llama_linear_rope llama_sharded llama_mqa llama_odd_vocab"
+
+# Tolerance 1e-4 on |logprob| against HF (fp32 both sides): the only differences are summation
+# order in GEMMs and libm vs torch transcendental rounding; measured max is ~1e-5 here.
+hf_parity() { # MODEL REF [extra args]
+    run "$TANDEM" eval --model "$1" --reference "$2" --max-logprob-diff 1e-4 "${@:3}"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    echo "$output" | tail -1 | grep -q '"greedy_mismatches": 0'
+    echo "$output" | tail -1 | grep -q '"pass": true'
+}
+
+@test "eval: HF parity on every tiny fixture (logprobs <= 1e-4, greedy exact)" {
+    for f in $FIXTURES; do
+        hf_parity "$FIX/models/$f" "$FIX/refs/$f.jsonl" --quiet
+    done
+}
+
+@test "eval: HF parity on real stories260K-hf" {
+    need_assets
+    hf_parity "$ASSETS/models/stories260K-hf" "$FIX/refs/stories260K.jsonl"
+}
+
+@test "eval: HF parity on real tinystories-l2c-64d-500it-hf" {
+    need_assets
+    hf_parity "$ASSETS/models/tinystories-l2c-64d-500it-hf" "$FIX/refs/tinystories-l2c.jsonl"
+}
+
+@test "eval: a perturbed reference fails with exit 1" {
+    # the same reference with one logprob moved by 1e-3: eval must notice
+    sed -E '1s/(\[\[[0-9]+, )(-?[0-9.]+)/\1-99.0/' "$FIX/refs/llama_gqa.jsonl" > "$BATS_TEST_TMPDIR/bad.jsonl"
+    ! cmp -s "$FIX/refs/llama_gqa.jsonl" "$BATS_TEST_TMPDIR/bad.jsonl"
+    run "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/bad.jsonl" --quiet
+    [ "$status" -eq 1 ]
+    echo "$output" | grep -q '"pass": false'
+}
+
+@test "eval: greedy mismatch fails, reported" {
+    # replace the first greedy id of record 1 by the next token id (HF's top-2 gap there is > 1e-3)
+    perl -pe 's/"greedy_ids": \[(\d+)/"greedy_ids": [@{[($1 + 1) % 128]}/ if $. == 1' "$FIX/refs/llama_gqa.jsonl" > "$BATS_TEST_TMPDIR/g.jsonl"
+    ! cmp -s "$FIX/refs/llama_gqa.jsonl" "$BATS_TEST_TMPDIR/g.jsonl"
+    run "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/g.jsonl" --quiet
+    echo "$output"
+    [ "$status" -eq 1 ]
+    echo "$output" | tail -1 | grep -qE '"greedy_mismatches": [1-9]'
+}
+
+# Layouts: each layout must reproduce the 1x1 run's logprobs within 1e-5 (fp32; only the order of
+# the tp all-reduce sums differs) and HF greedy exactly.
+layouts_match_1x1() { # FIXTURE
+    local ref1="$BATS_TEST_TMPDIR/$1.1x1.jsonl"
+    "$TANDEM" eval --model "$FIX/models/$1" --reference "$FIX/refs/$1.jsonl" --write-reference "$ref1" --quiet
+    for l in "2 2 1" "2 1 2" "4 2 2"; do
+        set -- $l "$1"
+        run timeout 120 $MPIRUN "$1" "$TANDEM" eval --model "$FIX/models/$4" --reference "$ref1" --tp "$2" --pp "$3" \
+            --max-logprob-diff 1e-5 --quiet
+        echo "$4 np=$1 tp=$2 pp=$3: $output"
+        [ "$status" -eq 0 ]
+        run timeout 120 $MPIRUN "$1" "$TANDEM" eval --model "$FIX/models/$4" --reference "$FIX/refs/$4.jsonl" --tp "$2" \
+            --pp "$3" --quiet
+        [ "$status" -eq 0 ]
+        set -- "$4"
+    done
+}
+
+@test "eval: layouts (2,1) (1,2) (2,2) match 1x1 on every fixture" {
+    for f in $FIXTURES; do layouts_match_1x1 "$f"; done
+}
+
+@test "eval: tp=4 (kv-head replication when tp > n_kv_heads, vocab padding) and dp=2 match 1x1" {
+    for f in llama_gqa llama_mqa llama_odd_vocab qwen2_bias mistral_swa; do
+        ref1="$BATS_TEST_TMPDIR/$f.1x1.jsonl"
+        "$TANDEM" eval --model "$FIX/models/$f" --reference "$FIX/refs/$f.jsonl" --write-reference "$ref1" --quiet
+        run timeout 120 $MPIRUN 4 "$TANDEM" eval --model "$FIX/models/$f" --reference "$ref1" --tp 4 --max-logprob-diff 1e-5 --quiet
+        echo "$f tp=4: $output"
+        [ "$status" -eq 0 ]
+    done
+    run timeout 120 $MPIRUN 8 "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$FIX/refs/llama_gqa.jsonl" --tp 2 --pp 2 --quiet
+    echo "$output"
+    [ "$status" -eq 0 ]
+    echo "$output" | tail -1 | grep -q '"dp": 2'
+}
+
+# Real weights give logprobs down to about -25, where one fp32 ulp is 2e-6 and the tp all-reduce's
+# different summation order moves them by a few ulps: compare relative to max(1, |logprob|).
+@test "eval: real stories260K under tp=2 pp=2 matches 1x1 (1e-5 relative)" {
+    need_assets
+    ref1="$BATS_TEST_TMPDIR/s.jsonl"
+    "$TANDEM" eval --model "$ASSETS/models/stories260K-hf" --reference "$FIX/refs/stories260K.jsonl" --write-reference "$ref1" --quiet
+    run timeout 120 $MPIRUN 4 "$TANDEM" eval --model "$ASSETS/models/stories260K-hf" --reference "$ref1" --tp 2 --pp 2 --max-logprob-diff 1e-5 --relative --quiet
+    echo "$output"
+    [ "$status" -eq 0 ]
+}
+
+@test "convert: llama2.c legacy and v1 imports give the HF directory's logprobs" {
+    need_assets
+    "$TANDEM" convert --from llama2c "$ASSETS/models/stories260K/stories260K.bin" \
+        --tokenizer "$ASSETS/models/stories260K/tok512.model" --out "$BATS_TEST_TMPDIR/legacy"
+    "$TANDEM" convert --from llama2c "$ASSETS/models/stories260K/stories260K_v1.bin" --out "$BATS_TEST_TMPDIR/v1"
+    [ -f "$BATS_TEST_TMPDIR/legacy/tokenizer.model" ]
+    cmp "$BATS_TEST_TMPDIR/legacy/model.safetensors" "$BATS_TEST_TMPDIR/v1/model.safetensors"
+    # the HF directory's own logprobs (Tandem, 1x1) are the reference; the import must equal them
+    ref="$BATS_TEST_TMPDIR/hf.jsonl"
+    "$TANDEM" eval --model "$ASSETS/models/stories260K-hf" --reference "$FIX/refs/stories260K.jsonl" --write-reference "$ref" --quiet
+    run "$TANDEM" eval --model "$BATS_TEST_TMPDIR/legacy" --reference "$ref" --max-logprob-diff 1e-6 --quiet
+    echo "$output"
+    [ "$status" -eq 0 ]
+    # and HF's own reference
+    hf_parity "$BATS_TEST_TMPDIR/v1" "$FIX/refs/stories260K.jsonl" --quiet
+}
+
+@test "convert: llama2.c stories260K reproduces golden_greedy_200 from BOS" {
+    need_assets
+    "$TANDEM" convert --from llama2c "$ASSETS/models/stories260K/stories260K.bin" --out "$BATS_TEST_TMPDIR/m"
+    set -- $(cat "$ASSETS/models/stories260K/golden_greedy_200.ids")
+    [ "$#" -eq 201 ]
+    first=$1; shift
+    echo "{\"id\":\"golden\",\"input_ids\":[$first],\"top_logprobs\":[[]],\"greedy_ids\":[$(echo "$@" | tr ' ' ',')]}" > "$BATS_TEST_TMPDIR/golden.jsonl"
+    run "$TANDEM" eval --model "$BATS_TEST_TMPDIR/m" --reference "$BATS_TEST_TMPDIR/golden.jsonl" --quiet
+    echo "$output"
+    [ "$status" -eq 0 ]
+    echo "$output" | tail -1 | grep -q '"greedy_tokens": 200, "greedy_mismatches": 0, "greedy_ties": 0'
+}
+
+@test "convert: truncated llama2.c file and existing output are clear errors" {
+    need_assets
+    head -c 100000 "$ASSETS/models/stories260K/stories260K.bin" > "$BATS_TEST_TMPDIR/t.bin"
+    run "$TANDEM" convert "$BATS_TEST_TMPDIR/t.bin" --out "$BATS_TEST_TMPDIR/o"
+    [ "$status" -ne 0 ]
+    [[ "$output" == *"t.bin"*"truncated"* ]]
+    [ ! -e "$BATS_TEST_TMPDIR/o" ]
+    mkdir "$BATS_TEST_TMPDIR/exists"
+    run "$TANDEM" convert "$ASSETS/models/stories260K/stories260K.bin" --out "$BATS_TEST_TMPDIR/exists"
+    [ "$status" -ne 0 ]
+    [[ "$output" == *"already exists"* ]]
+}
+
+@test "eval --data: loss and perplexity equal HF's" {
+    for f in llama_gqa qwen2_bias; do
+        run "$TANDEM" eval --model "$FIX/models/$f" --data "$FIX/refs/$f.data.jsonl" --quiet
+        [ "$status" -eq 0 ]
+        got=$(echo "$output" | tail -1 | sed -E 's/.*"loss": ([-0-9.e+]+).*/\1/')
+        want=$(grep -oE '"loss": [-0-9.e+]+' "$FIX/refs/$f.data.expected.json" | cut -d' ' -f2)
+        echo "$f: loss $got, HF $want"
+        # mean of 72 per-token NLLs, each within 1e-4 of HF: the mean is too
+        awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 1e-4) }'
+    done
+}

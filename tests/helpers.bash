@@ -1,0 +1,11 @@
+# Shared by tests/*.bats: paths and small helpers.
+ROOT="$(cd "$(dirname "${BATS_TEST_FILENAME}")/.." && pwd)"
+TANDEM="$ROOT/bin/tandem"
+ASSETS="$ROOT/../shared/assets"
+FIX="$ROOT/tests/fixtures"
+# mpirun as CI needs it: root, 2 cores, more ranks than cores.
+MPIRUN="mpirun --allow-run-as-root --oversubscribe -np"
+
+need_assets() {
+    [ -d "$ASSETS/models" ] || skip "../shared/assets not present (real models and tokenizers live there)"
+}

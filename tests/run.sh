@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Runs every tests/*.bats file (bats-core, TAP output) and prints the closing line
+# "N passed, N failed, N skipped". A skipped test is never counted as a pass.
+# Usage: tests/run.sh [FILE.bats ...]
+set -u
+cd "$(dirname "$0")/.."
+files=("$@")
+[ ${#files[@]} -gt 0 ] || files=(tests/*.bats)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+log=$(mktemp)
+bats --tap "${files[@]}" 2>&1 | tee "$log"
+passed=$(grep -E '^ok ' "$log" | grep -vc '# skip')
+skipped=$(grep -E '^ok ' "$log" | grep -c '# skip')
+failed=$(grep -cE '^not ok ' "$log")
+rm -f "$log"
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
