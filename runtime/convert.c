@@ -38,14 +38,94 @@ static void copy_file(const char *src, const char *dst) {
     free(data);
 }
 
+/* Writes config.json, model.safetensors and the tokenizer into a temporary directory, then renames
+ * it to `out` (replacing an old one): a reader never sees a half-written model. */
+static void write_hf_dir(const ModelConfig *c, const StWriteTensor *t, int nt, const char *tok, const char *out) {
+    size_t tl = strlen(out) + 32;
+    char *tmp = xmalloc(tl);
+    snprintf(tmp, tl, "%s.tmp.%d", out, (int)getpid());
+    mkdir_p(tmp);
+    char *cfg_json = config_to_json(c);
+    char *cp = path_join(tmp, "config.json"), *sp = path_join(tmp, "model.safetensors");
+    if (write_file_atomic(cp, cfg_json, strlen(cfg_json))) user_error("%s: cannot write: %s", cp, strerror(errno));
+    if (st_write(sp, t, nt, ST_F32)) user_error("%s: cannot write: %s", sp, strerror(errno));
+    if (tok) {
+        char *tp = path_join(tmp, "tokenizer.model");
+        copy_file(tok, tp);
+        free(tp);
+    }
+    if (dir_exists(out)) {
+        char cmd[4096];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
+        if (system(cmd) != 0) user_error("%s: cannot remove the old directory", out);
+    }
+    if (rename(tmp, out)) user_error("%s: cannot rename %s into place: %s", out, tmp, strerror(errno));
+    free(cfg_json); free(cp); free(sp); free(tmp);
+}
+
+/* Random weights of a real shape (speed does not depend on values): uniform with std 0.02, unit
+ * norms, tied embeddings as in llama2.c's models. Shapes: 15M = llama2.c stories15M (288, 768, 6, 6, 6, 32000, 256),
+ * 110M = stories110M (768, 2048, 12, 12, 12, 32000, 1024). */
+static int write_random(const char *shape, int seed, const char *tok, const char *out) {
+    int s[7];
+    if (!strcmp(shape, "15M")) memcpy(s, (int[]){288, 768, 6, 6, 6, 32000, 256}, sizeof s);
+    else if (!strcmp(shape, "110M")) memcpy(s, (int[]){768, 2048, 12, 12, 12, 32000, 1024}, sizeof s);
+    else if (sscanf(shape, "%d,%d,%d,%d,%d,%d,%d", &s[0], &s[1], &s[2], &s[3], &s[4], &s[5], &s[6]) != 7)
+        user_error("--shape %s: expected 15M, 110M or dim,hidden,layers,heads,kv_heads,vocab,seq", shape);
+    for (int i = 0; i < 7; i++) if (s[i] <= 0) user_error("--shape %s: every entry must be positive", shape);
+    if (s[0] % s[3] || s[3] % s[4]) user_error("--shape %s: heads must divide dim and kv_heads must divide heads", shape);
+    ModelConfig c = {0};
+    c.dim = s[0]; c.hidden_dim = s[1]; c.n_layers = s[2]; c.n_heads = s[3]; c.n_heads_kv = s[4];
+    c.head_dim = s[0] / s[3]; c.vocab_size = s[5]; c.max_pos = s[6]; c.norm_eps = 1e-5f; c.rope_theta = 10000.0f;
+    c.bos_id = 1; c.eos_ids[0] = 2; c.n_eos = 1; c.tie_embeddings = 1;
+    int L = c.n_layers, nt = 2 + 9 * L, k = 0;
+    size_t D = c.dim, F = c.hidden_dim, qd = (size_t)c.n_heads * c.head_dim, kvd = (size_t)c.n_heads_kv * c.head_dim;
+    StWriteTensor *t = xcalloc(nt, sizeof(StWriteTensor));
+    char **names = xcalloc(nt, sizeof(char *));
+    uint64_t rng = 0x9E3779B97F4A7C15ull * (uint64_t)(seed + 1);
+#define ADD(nm, r, cc, norm) do { \
+        size_t n_ = (size_t)(r) * ((cc) ? (size_t)(cc) : 1); float *d_ = xmalloc(sizeof(float) * n_); \
+        for (size_t i_ = 0; i_ < n_; i_++) { \
+            if (norm) { d_[i_] = 1.0f; continue; } \
+            rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; \
+            d_[i_] = 0.02f * 1.7320508f * (2.0f * (float)((rng >> 40) * (1.0 / 16777216.0)) - 1.0f); /* std 0.02 */ \
+        } \
+        names[k] = xstrdup(nm); t[k] = (StWriteTensor){names[k], (cc) ? 2 : 1, {(int64_t)(r), (int64_t)(cc)}, d_}; k++; \
+    } while (0)
+    char nm[128];
+    ADD("model.embed_tokens.weight", c.vocab_size, D, 0);
+    for (int l = 0; l < L; l++) {
+        snprintf(nm, sizeof nm, "model.layers.%d.input_layernorm.weight", l); ADD(nm, D, 0, 1);
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.q_proj.weight", l); ADD(nm, qd, D, 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.k_proj.weight", l); ADD(nm, kvd, D, 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.v_proj.weight", l); ADD(nm, kvd, D, 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.self_attn.o_proj.weight", l); ADD(nm, D, qd, 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.post_attention_layernorm.weight", l); ADD(nm, D, 0, 1);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.gate_proj.weight", l); ADD(nm, F, D, 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.down_proj.weight", l); ADD(nm, D, F, 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.up_proj.weight", l); ADD(nm, F, D, 0);
+    }
+    ADD("model.norm.weight", D, 0, 1);
+#undef ADD
+    CHECK(k == nt);
+    write_hf_dir(&c, t, nt, tok, out);
+    fprintf(stderr, "random model (dim %d, hidden %d, layers %d, heads %d/%d, vocab %d) -> %s\n", c.dim, c.hidden_dim,
+            L, c.n_heads, c.n_heads_kv, c.vocab_size, out);
+    for (int i = 0; i < nt; i++) { free(names[i]); free((void *)t[i].data); }
+    free(names); free(t);
+    return 0;
+}
+
 int convert_main(int argc, char **argv) {
-    const char *from, *in = NULL, *tok = NULL, *out = NULL;
-    int overwrite;
+    const char *from, *in = NULL, *tok = NULL, *out = NULL, *shape = NULL;
+    int overwrite, seed;
     Option opts[] = {
-        {"--from", OPT_STR, &from, "llama2c", "source format (llama2c: legacy or v1 \"ak42\" .bin)"},
+        {"--from", OPT_STR, &from, "llama2c", "source: llama2c (legacy or v1 \"ak42\" .bin) or random (weights for benchmarks)"},
         {"--tokenizer", OPT_STR, &tok, NULL, "tokenizer.model to copy into the output directory"},
         {"--out", OPT_STR, &out, NULL, "output Hugging Face directory"},
         {"--overwrite", OPT_FLAG, &overwrite, NULL, "replace an existing output directory"},
+        {"--shape", OPT_STR, &shape, "15M", "--from random: 15M, 110M, or dim,hidden,layers,heads,kv_heads,vocab,seq"},
+        {"--seed", OPT_INT, &seed, "1", "--from random: RNG seed"},
     };
     /* the checkpoint is the one positional argument */
     char **rest = xmalloc(sizeof(char *) * (argc + 1));
@@ -57,13 +137,17 @@ int convert_main(int argc, char **argv) {
         }
         rest[nrest++] = argv[a];
     }
-    args_parse("usage: tandem convert --from llama2c MODEL.bin [--tokenizer tokenizer.model] --out DIR", opts, 4, nrest, rest);
+    args_parse("usage: tandem convert --from llama2c MODEL.bin [--tokenizer tokenizer.model] --out DIR\n"
+               "       tandem convert --from random --shape 15M|110M|D,F,L,H,Hkv,V,S --out DIR",
+               opts, sizeof(opts) / sizeof(opts[0]), nrest, rest);
     free(rest);
-    if (strcmp(from, "llama2c")) user_error("convert: --from %s is not supported (llama2c)", from);
-    if (!in) user_error("convert: no input checkpoint given");
+    if (strcmp(from, "llama2c") && strcmp(from, "random"))
+        user_error("convert: --from %s is not supported (llama2c, random)", from);
     if (!out) user_error("convert: --out DIR is required");
     if (tok && !file_exists(tok)) user_error("%s: tokenizer file not found", tok);
     if (dir_exists(out) && !overwrite) user_error("%s: already exists (use --overwrite to replace it)", out);
+    if (!strcmp(from, "random")) return write_random(shape, seed, tok, out);
+    if (!in) user_error("convert: no input checkpoint given");
 
     size_t size;
     char *buf = read_file(in, &size);
@@ -147,29 +231,11 @@ int convert_main(int argc, char **argv) {
     c.vocab_size = V; c.max_pos = S; c.norm_eps = 1e-5f; c.rope_theta = 10000.0f; c.tie_embeddings = shared;
     c.bos_id = 1; c.eos_ids[0] = 2; c.n_eos = 1;
 
-    size_t tl = strlen(out) + 32;
-    char *tmp = xmalloc(tl);
-    snprintf(tmp, tl, "%s.tmp.%d", out, (int)getpid());
-    mkdir_p(tmp);
-    char *cfg_json = config_to_json(&c);
-    char *cp = path_join(tmp, "config.json"), *sp = path_join(tmp, "model.safetensors");
-    if (write_file_atomic(cp, cfg_json, strlen(cfg_json))) user_error("%s: cannot write: %s", cp, strerror(errno));
-    if (st_write(sp, t, nt, ST_F32)) user_error("%s: cannot write: %s", sp, strerror(errno));
-    if (tok) {
-        char *tp = path_join(tmp, "tokenizer.model");
-        copy_file(tok, tp);
-        free(tp);
-    }
-    if (dir_exists(out)) {
-        char cmd[4096];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", out);
-        if (system(cmd) != 0) user_error("%s: cannot remove the old directory", out);
-    }
-    if (rename(tmp, out)) user_error("%s: cannot rename %s into place: %s", out, tmp, strerror(errno));
+    write_hf_dir(&c, t, nt, tok, out);
     fprintf(stderr, "converted %s (%s, dim %d, layers %d, heads %d/%d, vocab %d%s) -> %s\n", in, v1 ? "v1" : "legacy", D,
             L, H, Hkv, V, shared ? ", tied" : "", out);
     for (int i = 0; i < nt; i++) free(names[i]);
     for (int i = 0; i < 2 * L; i++) free(owned[i]);
-    free(names); free(owned); free(t); free(cfg_json); free(cp); free(sp); free(tmp); free(buf);
+    free(names); free(owned); free(t); free(buf);
     return 0;
 }

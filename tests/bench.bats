@@ -1,0 +1,30 @@
+#!/usr/bin/env bats
+# tandem bench and random-weight models: they run and report (speed itself is never asserted).
+load helpers
+
+@test "convert --from random writes a loadable model of the requested shape" {
+    "$TANDEM" convert --from random --shape 64,96,2,4,2,300,64 --out "$BATS_TEST_TMPDIR/r"
+    grep -q '"hidden_size": 64' "$BATS_TEST_TMPDIR/r/config.json"
+    grep -q '"num_key_value_heads": 2' "$BATS_TEST_TMPDIR/r/config.json"
+    echo '{"input_ids": [1, 5, 9, 200, 299]}' > "$BATS_TEST_TMPDIR/d.jsonl"
+    run "$TANDEM" eval --model "$BATS_TEST_TMPDIR/r" --data "$BATS_TEST_TMPDIR/d.jsonl" --quiet
+    echo "$output"
+    [ "$status" -eq 0 ]
+    # near-uniform random logits: loss close to ln(300) = 5.70
+    loss=$(echo "$output" | tail -1 | grep -oE '"loss": [0-9.e+-]+' | cut -d' ' -f2)
+    awk -v l="$loss" 'BEGIN { exit !(l > 5.5 && l < 5.9) }'
+    run "$TANDEM" convert --from random --shape 10,3 --out "$BATS_TEST_TMPDIR/bad"
+    [ "$status" -ne 0 ]
+    [[ "$output" == *"--shape 10,3: expected"* ]]
+}
+
+@test "bench: prefill tokens/s and peak memory, 1 rank and tp=2" {
+    run "$TANDEM" bench --model "$FIX/models/llama_gqa" --batch 2 --seq 16 --iters 2
+    echo "$output"
+    [ "$status" -eq 0 ]
+    echo "$output" | tail -1 | grep -qE '"tokens_per_s": [0-9]+\.[0-9]+, .*"peak_rss_mib_max_rank": [0-9]'
+    run timeout 60 $MPIRUN 2 "$TANDEM" bench --model "$FIX/models/llama_gqa" --batch 2 --seq 16 --iters 2 --tp 2
+    echo "$output"
+    [ "$status" -eq 0 ]
+    echo "$output" | tail -1 | grep -q '"tp": 2'
+}
