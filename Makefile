@@ -14,7 +14,7 @@ CXXFLAGS+= -std=c++17 $(OPT) -Wall -Wextra -I.
 LDLIBS  += $(MPI_LIBS) -lopenblas -lsentencepiece -lcjson -lpcre2-8 -lcurl -lm -lstdc++
 
 DEB_PKGS = build-essential pkg-config libopenblas-dev libsentencepiece-dev sentencepiece \
-           libcurl4-openssl-dev libopenmpi-dev openmpi-bin libcjson-dev libpcre2-dev bats
+           libcurl4-openssl-dev libopenmpi-dev openmpi-bin libcjson-dev libpcre2-dev bats jq
 
 LIB_C   := $(wildcard runtime/*.c kernels/cpu/*.c tokenizer/*.c generate/*.c train/*.c rlhf/*.c eval/*.c)
 LIB_CXX := $(wildcard tokenizer/*.cpp)

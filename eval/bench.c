@@ -8,6 +8,7 @@
 #include "runtime/mesh.h"
 #include "runtime/model.h"
 #include "runtime/util.h"
+#include "tokenizer/tokenizer.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,11 +17,34 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* --tokenizer A[,B...]: encode MB/s of each tokenizer on the same text (line by line, no BOS, as
+ * spm_encode does; bench/tokenizer.sh times spm_encode on the same file for the ratio). */
+static int bench_tokenizers(const char *list, const char *text_path, int iters) {
+    size_t len;
+    char *text = read_file(text_path, &len);
+    if (!text) user_error("%s: cannot read (--text)", text_path);
+    char *paths = xstrdup(list), *save = NULL;
+    for (char *p = strtok_r(paths, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        char err[512];
+        Tokenizer *t = tokenizer_open(p, err, sizeof err);
+        if (!t) user_error("%s", err);
+        double mbps = tokenizer_bench_mbps(t, text, len, iters);
+        printf("{\"bench\": \"tokenizer\", \"tokenizer\": \"%s\", \"kind\": \"%s\", \"text_bytes\": %zu, \"encode_mb_per_s\": %.3f}\n",
+               p, tokenizer_kind(t) == TOK_KIND_SPM ? "sentencepiece" : "bpe", len, mbps);
+        tokenizer_free(t);
+    }
+    free(paths);
+    free(text);
+    return 0;
+}
+
 int bench_main(int argc, char **argv) {
-    const char *model_dir;
+    const char *model_dir, *tok_list, *text_path;
     int tp, pp, threads, batch, seq, iters;
     Option opts[] = {
         {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory"},
+        {"--tokenizer", OPT_STR, &tok_list, NULL, "tokenizer files/dirs, comma-separated: encode MB/s instead"},
+        {"--text", OPT_STR, &text_path, "../shared/assets/data/pretrain/tinyshakespeare.txt", "text for --tokenizer"},
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards (median reported)"},
@@ -30,9 +54,15 @@ int bench_main(int argc, char **argv) {
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
-    args_parse("usage: tandem bench --model DIR [--batch B --seq T --iters N --tp T --pp P --threads N]", opts,
+    args_parse("usage: tandem bench --model DIR [--batch B --seq T --iters N --tp T --pp P --threads N]\n"
+               "       tandem bench --tokenizer FILE[,FILE...] [--text FILE]", opts,
                n_opts, argc, argv);
-    if (!model_dir) user_error("bench: --model DIR is required");
+    if (tok_list) {
+        int rc = bench_tokenizers(tok_list, text_path, iters);
+        comm_finalize();
+        return rc;
+    }
+    if (!model_dir) user_error("bench: --model DIR or --tokenizer FILE is required");
     if (batch < 1 || seq < 1 || iters < 1 || threads < 1) user_error("bench: --batch, --seq, --iters, --threads must be >= 1");
     cpu_set_threads(threads);
     Mesh mesh;

@@ -1,8 +1,220 @@
-/* tokenize_cli.c — `tandem tokenize` (placeholder until the tokenizer issue lands). */
+/* tokenize_cli.c — `tandem tokenize`: text <-> token ids on stdin/stdout, one record per line.
+ *   plain:   text line -> "id id id"           (--decode: "id id id" -> text line)
+ *   --jsonl: {"text"} -> {"input_ids"}          (--decode: {"input_ids"} -> {"text"})
+ *            {"messages": [{"role","content"}]} -> {"input_ids","mask"} via the chat template
+ * Bad input stops with one line "tandem: stdin:LINE: ..." and exit code 1; output already written
+ * for earlier lines stays (it is a stream). This file owns only flag and record handling. */
 #include "tokenizer/tokenize_cli.h"
+#include "tokenizer/tokenizer.h"
+#include "runtime/util.h"
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *model, *tokenizer, *chat_template;
+    int decode, jsonl, no_bos, add_eos, gen_prompt, skip_special;
+} TokenizeArgs;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: tandem tokenize (--model DIR | --tokenizer FILE) [options] < input\n"
+            "  --model DIR              HF model dir (tokenizer.model or tokenizer.json + configs)\n"
+            "  --tokenizer FILE         tokenizer.model (SentencePiece) or tokenizer.json (HF BPE)\n"
+            "  --decode                 ids -> text\n"
+            "  --jsonl                  JSON lines: {\"text\"} | {\"input_ids\"} | {\"messages\"}\n"
+            "  --no-bos                 do not add BOS (default: as the tokenizer's config says)\n"
+            "  --add-eos                append EOS\n"
+            "  --chat-template NAME     llama2 | mistral | chatml | chatml-think | llama3\n"
+            "                           (default: recognised from tokenizer_config.json)\n"
+            "  --add-generation-prompt  end rendered chats with the assistant header\n"
+            "  --skip-special-tokens    decode without special tokens (<s>, <|im_end|>, ...)\n");
+}
+
+static void parse_args(int argc, char **argv, TokenizeArgs *a) {
+    memset(a, 0, sizeof(*a));
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        int has_val = i + 1 < argc;
+        if (!strcmp(f, "--model") && has_val) a->model = argv[++i];
+        else if (!strcmp(f, "--tokenizer") && has_val) a->tokenizer = argv[++i];
+        else if (!strcmp(f, "--chat-template") && has_val) a->chat_template = argv[++i];
+        else if (!strcmp(f, "--decode")) a->decode = 1;
+        else if (!strcmp(f, "--jsonl")) a->jsonl = 1;
+        else if (!strcmp(f, "--no-bos")) a->no_bos = 1;
+        else if (!strcmp(f, "--add-eos")) a->add_eos = 1;
+        else if (!strcmp(f, "--add-generation-prompt")) a->gen_prompt = 1;
+        else if (!strcmp(f, "--skip-special-tokens")) a->skip_special = 1;
+        else if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); exit(0); }
+        else if (!strncmp(f, "--", 2) && !has_val &&
+                 (!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--chat-template")))
+            user_error("tokenize: %s needs a value", f);
+        else user_error("tokenize: unknown argument \"%s\" (see tandem tokenize --help)", f);
+    }
+    if (!a->model == !a->tokenizer) user_error("tokenize: give exactly one of --model DIR or --tokenizer FILE");
+}
+
+/* "12 7 99" -> ids; user_error on anything that is not an id of this vocabulary. */
+static void parse_id_line(const Tokenizer *t, char *line, long lineno, TokIds *ids) {
+    char *p = line;
+    for (;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\r') p++;
+        if (!*p) break;
+        errno = 0;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || (*end && *end != ' ' && *end != '\t' && *end != '\r'))
+            user_error("stdin:%ld: \"%.*s\" is not a token id", lineno, (int)strcspn(p, " \t\r"), p);
+        if (v < 0 || v >= tokenizer_vocab_size(t))
+            user_error("stdin:%ld: token id %ld out of range (vocab size %d)", lineno, v, tokenizer_vocab_size(t));
+        tok_ids_push(ids, (int32_t)v);
+        p = end;
+    }
+}
+
+/* "12 7 99\n" without printf: the CLI is often run over whole corpora. */
+static void print_id_line(const TokIds *v) {
+    static char *buf;
+    static size_t cap;
+    if (cap < v->n * 12 + 2) { cap = v->n * 12 + 64; buf = xrealloc(buf, cap); }
+    size_t n = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        char tmp[12];
+        int k = 0;
+        uint32_t x = (uint32_t)v->ids[i]; /* ids are non-negative */
+        do { tmp[k++] = (char)('0' + x % 10); x /= 10; } while (x);
+        if (i) buf[n++] = ' ';
+        while (k) buf[n++] = tmp[--k];
+    }
+    buf[n++] = '\n';
+    fwrite(buf, 1, n, stdout);
+}
+
+static cJSON *ids_to_json(const TokIds *v) {
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; i < v->n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(v->ids[i]));
+    return a;
+}
+
+static void print_json(cJSON *o) {
+    char *s = cJSON_PrintUnformatted(o);
+    CHECK(s != NULL);
+    fputs(s, stdout);
+    fputc('\n', stdout);
+    free(s);
+}
+
+static void jsonl_line(Tokenizer *t, const TokenizeArgs *a, int chat_format, const char *line,
+                       long lineno, unsigned enc_flags) {
+    cJSON *in = cJSON_Parse(line);
+    if (!cJSON_IsObject(in)) user_error("stdin:%ld: not a JSON object", lineno);
+    cJSON *out = cJSON_CreateObject();
+    TokIds ids = {0}, mask = {0};
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(in, "text");
+    const cJSON *in_ids = cJSON_GetObjectItemCaseSensitive(in, "input_ids");
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(in, "messages");
+    if (a->decode) {
+        if (!cJSON_IsArray(in_ids)) user_error("stdin:%ld: field \"input_ids\" missing or not an array", lineno);
+        const cJSON *e;
+        int k = 0;
+        cJSON_ArrayForEach(e, in_ids) {
+            if (!cJSON_IsNumber(e) || e->valuedouble != (double)e->valueint || e->valueint < 0 ||
+                e->valueint >= tokenizer_vocab_size(t))
+                user_error("stdin:%ld: input_ids[%d] is not a token id of this vocabulary (size %d)",
+                           lineno, k, tokenizer_vocab_size(t));
+            tok_ids_push(&ids, (int32_t)e->valueint);
+            k++;
+        }
+        size_t len;
+        char *s = tokenizer_decode(t, ids.ids, ids.n, a->skip_special, &len);
+        cJSON_AddStringToObject(out, "text", s);
+        free(s);
+    } else if (cJSON_IsString(text)) {
+        tokenizer_encode(t, text->valuestring, strlen(text->valuestring), enc_flags, &ids, NULL);
+        cJSON_AddItemToObject(out, "input_ids", ids_to_json(&ids));
+    } else if (cJSON_IsArray(msgs)) {
+        int n = cJSON_GetArraySize(msgs), k = 0;
+        ChatMessage *m = xcalloc((size_t)n + 1, sizeof(ChatMessage));
+        const cJSON *e;
+        cJSON_ArrayForEach(e, msgs) {
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role");
+            const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+            if (!cJSON_IsString(role)) user_error("stdin:%ld: messages[%d]: field \"role\" missing or not a string", lineno, k);
+            if (!cJSON_IsString(content) && !cJSON_IsNull(content))
+                user_error("stdin:%ld: messages[%d]: field \"content\" missing or not a string", lineno, k);
+            m[k].role = role->valuestring;
+            m[k].content = cJSON_IsString(content) ? content->valuestring : "";
+            k++;
+        }
+        if (chat_format < 0) {
+            char err[512];
+            chat_format_resolve(t, a->chat_template, err, sizeof(err));
+            user_error("%s", err);
+        }
+        char err[512];
+        if (chat_render(t, (ChatFormat)chat_format, m, n, a->gen_prompt, &ids, &mask, err, sizeof(err)))
+            user_error("stdin:%ld: %s", lineno, err);
+        free(m);
+        cJSON_AddItemToObject(out, "input_ids", ids_to_json(&ids));
+        cJSON_AddItemToObject(out, "mask", ids_to_json(&mask));
+    } else {
+        user_error("stdin:%ld: expected a field \"text\" (string) or \"messages\" (array)", lineno);
+    }
+    print_json(out);
+    cJSON_Delete(out);
+    cJSON_Delete(in);
+    tok_ids_free(&ids);
+    tok_ids_free(&mask);
+}
+
 int tokenize_main(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "tandem: tokenize is not implemented yet\n");
-    return 1;
+    TokenizeArgs a;
+    parse_args(argc, argv, &a);
+    char err[1024];
+    Tokenizer *t = tokenizer_open(a.model ? a.model : a.tokenizer, err, sizeof(err));
+    if (!t) user_error("%s", err);
+    /* The chat format is resolved up front when named (a bad name fails before any input is
+     * read) and lazily otherwise (plain-text runs need no template). */
+    int chat_format = -1;
+    if (a.chat_template) {
+        chat_format = chat_format_resolve(t, a.chat_template, err, sizeof(err));
+        if (chat_format < 0) user_error("%s", err);
+    } else if (tokenizer_chat_template(t)) {
+        chat_format = chat_format_detect(tokenizer_chat_template(t));
+    }
+    unsigned enc_flags = (!a.no_bos && tokenizer_add_bos_default(t) ? TOK_ADD_BOS : 0) |
+                         (a.add_eos ? TOK_ADD_EOS : 0);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long lineno = 0;
+    TokIds ids = {0};
+    while ((n = getline(&line, &cap, stdin)) >= 0) {
+        lineno++;
+        if (n > 0 && line[n - 1] == '\n') line[--n] = 0;
+        if (a.jsonl) {
+            if (n == 0) continue;
+            jsonl_line(t, &a, chat_format, line, lineno, enc_flags);
+            continue;
+        }
+        ids.n = 0;
+        if (a.decode) {
+            parse_id_line(t, line, lineno, &ids);
+            size_t len;
+            char *s = tokenizer_decode(t, ids.ids, ids.n, a.skip_special, &len);
+            fwrite(s, 1, len, stdout);
+            fputc('\n', stdout);
+            free(s);
+        } else {
+            tokenizer_encode(t, line, (size_t)n, enc_flags, &ids, NULL);
+            print_id_line(&ids);
+        }
+    }
+    free(line);
+    tok_ids_free(&ids);
+    tokenizer_free(t);
+    if (fflush(stdout)) user_error("tokenize: cannot write output");
+    return 0;
 }

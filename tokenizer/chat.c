@@ -1,0 +1,305 @@
+/* chat.c — chat templates without Jinja: recognise the common formats in a tokenizer_config.json
+ * chat_template (or take a name), render messages as transformers' apply_chat_template does, and
+ * mark the assistant tokens SFT trains on.
+ *
+ * Each format is a C function that appends text segments, each with a mask bit (1 = assistant
+ * output: content and its end-of-turn token). The whole text is then encoded once (special tokens
+ * in it are matched as in HF), and a token's mask is the mask of the byte where it starts.
+ * This file does not execute or parse Jinja, and does not read JSON (tokenize_cli.c does). */
+#include "tokenizer/tok_internal.h"
+#include "runtime/util.h"
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *FORMAT_NAMES[] = {"llama2", "mistral", "chatml", "chatml-think", "llama3"};
+
+int chat_format_from_name(const char *name) {
+    for (int i = 0; i < (int)(sizeof(FORMAT_NAMES) / sizeof(FORMAT_NAMES[0])); i++)
+        if (!strcmp(name, FORMAT_NAMES[i])) return i;
+    return -1;
+}
+
+const char *chat_format_name(ChatFormat f) { return FORMAT_NAMES[f]; }
+
+int chat_format_detect(const char *tpl) {
+    if (!tpl) return -1;
+    if (strstr(tpl, "<|start_header_id|>") && strstr(tpl, "<|eot_id|>")) return CHAT_LLAMA3;
+    if (strstr(tpl, "<|im_start|>") && strstr(tpl, "<|im_end|>"))
+        return strstr(tpl, "<think>") ? CHAT_CHATML_THINK : CHAT_CHATML;
+    if (strstr(tpl, "[INST]") && strstr(tpl, "[/INST]"))
+        return strstr(tpl, "<<SYS>>") ? CHAT_LLAMA2 : CHAT_MISTRAL;
+    return -1;
+}
+
+int chat_format_resolve(const Tokenizer *t, const char *name, char *err, size_t errlen) {
+    if (name) {
+        int f = chat_format_from_name(name);
+        if (f < 0)
+            snprintf(err, errlen, "unknown chat template \"%s\" (known: llama2, mistral, chatml, "
+                     "chatml-think, llama3)", name);
+        return f;
+    }
+    if (!t->chat_template) {
+        snprintf(err, errlen, "%s: no chat_template in tokenizer_config.json; pass --chat-template "
+                 "NAME (llama2, mistral, chatml, chatml-think, llama3)", t->path);
+        return -1;
+    }
+    int f = chat_format_detect(t->chat_template);
+    if (f < 0)
+        snprintf(err, errlen, "tokenizer_config.json: chat_template is not a known format (llama2, "
+                 "mistral, chatml, chatml-think, llama3); pass --chat-template NAME");
+    return f;
+}
+
+/* ---------------------------------------------------------------- text builder */
+
+typedef struct {
+    char *s;
+    unsigned char *m;
+    size_t n, cap;
+} Builder;
+
+static void put(Builder *b, const char *s, size_t n, int mask) {
+    if (b->n + n + 1 > b->cap) {
+        b->cap = (b->n + n + 1) * 2;
+        b->s = xrealloc(b->s, b->cap);
+        b->m = xrealloc(b->m, b->cap);
+    }
+    memcpy(b->s + b->n, s, n);
+    memset(b->m + b->n, mask, n);
+    b->n += n;
+    b->s[b->n] = 0;
+}
+static void puts0(Builder *b, const char *s) { put(b, s, strlen(s), 0); }
+static void puts1(Builder *b, const char *s) { put(b, s, strlen(s), 1); }
+
+static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+/* Python str.strip() / lstrip / rstrip over chars in set (ASCII whitespace when set is NULL). */
+static void strip_span(const char **s, size_t *n, int left, int right, const char *set) {
+    while (left && *n && (set ? strchr(set, **s) != NULL : is_ws(**s))) { (*s)++; (*n)--; }
+    while (right && *n && (set ? strchr(set, (*s)[*n - 1]) != NULL : is_ws((*s)[*n - 1]))) (*n)--;
+}
+
+static int role_is(const ChatMessage *m, const char *r) { return !strcmp(m->role, r); }
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* ---------------------------------------------------------------- formats */
+
+/* meta-llama/Llama-2-*-chat: the system prompt is folded into the first user turn. */
+static int render_llama2(const Tokenizer *t, Builder *b, const ChatMessage *msgs, int n, char *err, size_t errlen) {
+    const char *bos = t->bos_id >= 0 ? t->pieces[t->bos_id] : NULL;
+    const char *eos = t->eos_id >= 0 ? t->pieces[t->eos_id] : NULL;
+    if (!bos || !eos) return fail(err, errlen, "llama2 chat template needs bos and eos tokens");
+    const char *sys = NULL;
+    if (n > 0 && role_is(&msgs[0], "system")) { sys = msgs[0].content; msgs++; n--; }
+    for (int i = 0; i < n; i++) {
+        int user = role_is(&msgs[i], "user");
+        if (!user && !role_is(&msgs[i], "assistant"))
+            return fail(err, errlen, "messages[%d]: role \"%s\" is not supported by the llama2 template", i + (sys != NULL), msgs[i].role);
+        if (user != (i % 2 == 0))
+            return fail(err, errlen, "messages[%d]: conversation roles must alternate user/assistant/user/assistant/...", i + (sys != NULL));
+        char *content = NULL;
+        const char *c = msgs[i].content;
+        if (i == 0 && sys) {
+            size_t len = strlen(sys) + strlen(c) + 32;
+            content = xmalloc(len);
+            snprintf(content, len, "<<SYS>>\n%s\n<</SYS>>\n\n%s", sys, c);
+            c = content;
+        }
+        size_t cn = strlen(c);
+        strip_span(&c, &cn, 1, 1, NULL);
+        if (user) {
+            puts0(b, bos);
+            puts0(b, "[INST] ");
+            put(b, c, cn, 0);
+            puts0(b, " [/INST]");
+        } else {
+            puts1(b, " ");
+            put(b, c, cn, 1);
+            puts1(b, " ");
+            puts1(b, eos);
+        }
+        free(content);
+    }
+    return 0;
+}
+
+/* mistralai/Mistral-7B-Instruct-v0.1/v0.2: user/assistant only. */
+static int render_mistral(const Tokenizer *t, Builder *b, const ChatMessage *msgs, int n, char *err, size_t errlen) {
+    const char *bos = t->bos_id >= 0 ? t->pieces[t->bos_id] : NULL;
+    const char *eos = t->eos_id >= 0 ? t->pieces[t->eos_id] : NULL;
+    if (!bos || !eos) return fail(err, errlen, "mistral chat template needs bos and eos tokens");
+    puts0(b, bos);
+    for (int i = 0; i < n; i++) {
+        int user = role_is(&msgs[i], "user");
+        if (user != (i % 2 == 0) && (user || role_is(&msgs[i], "assistant")))
+            return fail(err, errlen, "messages[%d]: conversation roles must alternate user/assistant/user/assistant/...", i);
+        if (user) {
+            puts0(b, "[INST] ");
+            puts0(b, msgs[i].content);
+            puts0(b, " [/INST]");
+        } else if (role_is(&msgs[i], "assistant")) {
+            puts1(b, msgs[i].content);
+            puts1(b, eos);
+        } else {
+            return fail(err, errlen, "messages[%d]: role \"%s\": the mistral template supports only user and assistant roles", i, msgs[i].role);
+        }
+    }
+    return 0;
+}
+
+/* ChatML. Qwen2's template adds a default system turn when the first message is not one. */
+static int render_chatml(const Tokenizer *t, Builder *b, const ChatMessage *msgs, int n, int gen) {
+    int default_system = t->chat_template && strstr(t->chat_template, "You are a helpful assistant.") &&
+                         strstr(t->chat_template, "loop.first");
+    for (int i = 0; i < n; i++) {
+        if (i == 0 && default_system && !role_is(&msgs[0], "system"))
+            puts0(b, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
+        int asst = role_is(&msgs[i], "assistant");
+        puts0(b, "<|im_start|>");
+        puts0(b, msgs[i].role);
+        puts0(b, "\n");
+        put(b, msgs[i].content, strlen(msgs[i].content), asst);
+        put(b, "<|im_end|>", 10, asst);
+        puts0(b, "\n");
+    }
+    if (gen) puts0(b, "<|im_start|>assistant\n");
+    return 0;
+}
+
+/* MiniMind-2 / Qwen3-style ChatML: every assistant turn carries a <think> block, empty unless the
+ * content has one. The generation prompt ends with the empty block, so an empty block is prompt
+ * (mask 0) and a non-empty one is output (mask 1). */
+static int render_chatml_think(Builder *b, const ChatMessage *msgs, int n, int gen, char *err, size_t errlen) {
+    if (n > 0 && role_is(&msgs[0], "system")) {
+        puts0(b, "<|im_start|>system\n");
+        puts0(b, msgs[0].content);
+        puts0(b, "<|im_end|>\n");
+    }
+    for (int i = 0; i < n; i++) {
+        const ChatMessage *m = &msgs[i];
+        if (role_is(m, "user") || (role_is(m, "system") && i > 0)) {
+            puts0(b, "<|im_start|>");
+            puts0(b, m->role);
+            puts0(b, "\n");
+            puts0(b, m->content);
+            puts0(b, "<|im_end|>\n");
+        } else if (role_is(m, "assistant")) {
+            const char *c = m->content, *r = "";
+            size_t cn = strlen(c), rn = 0;
+            const char *end_think = strstr(c, "</think>");
+            if (end_think) {
+                /* reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
+                r = c;
+                rn = (size_t)(end_think - c);
+                strip_span(&r, &rn, 0, 1, "\n");
+                const char *p = r, *q; /* text after the last "<think>" */
+                while ((q = memmem(p, rn - (size_t)(p - r), "<think>", 7))) p = q + 7;
+                rn -= (size_t)(p - r);
+                r = p;
+                strip_span(&r, &rn, 1, 0, "\n");
+                /* content = content.split('</think>')[-1].lstrip('\n') */
+                const char *last = end_think;
+                while ((q = strstr(last + 8, "</think>"))) last = q;
+                c = last + 8;
+                cn = strlen(c);
+            }
+            strip_span(&r, &rn, 1, 1, "\n");
+            strip_span(&c, &cn, 1, 0, "\n");
+            puts0(b, "<|im_start|>assistant\n");
+            int think_mask = rn > 0;
+            put(b, "<think>\n", 8, think_mask);
+            put(b, r, rn, think_mask);
+            put(b, "\n</think>\n\n", 11, think_mask);
+            put(b, c, cn, 1);
+            puts1(b, "<|im_end|>");
+            puts0(b, "\n");
+        } else if (!role_is(m, "system")) {
+            return fail(err, errlen, "messages[%d]: role \"%s\" is not supported by the chatml-think template", i, m->role);
+        }
+    }
+    if (gen) puts0(b, "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    return 0;
+}
+
+/* meta-llama/Meta-Llama-3-8B-Instruct. */
+static int render_llama3(const Tokenizer *t, Builder *b, const ChatMessage *msgs, int n, int gen) {
+    for (int i = 0; i < n; i++) {
+        int asst = role_is(&msgs[i], "assistant");
+        if (i == 0 && t->bos_id >= 0) puts0(b, t->pieces[t->bos_id]);
+        puts0(b, "<|start_header_id|>");
+        puts0(b, msgs[i].role);
+        puts0(b, "<|end_header_id|>\n\n");
+        const char *c = msgs[i].content;
+        size_t cn = strlen(c);
+        strip_span(&c, &cn, 1, 1, NULL);
+        put(b, c, cn, asst);
+        put(b, "<|eot_id|>", 10, asst);
+    }
+    if (gen) puts0(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    return 0;
+}
+
+char *chat_render_text(const Tokenizer *t, ChatFormat f, const ChatMessage *msgs, int n_msgs,
+                       int add_generation_prompt, unsigned char **byte_mask, size_t *len,
+                       char *err, size_t errlen) {
+    Builder b = {0};
+    int rc = 0;
+    /* Invalid UTF-8 in a message becomes U+FFFD here, so byte offsets match what is encoded. */
+    ChatMessage *clean = xcalloc((size_t)n_msgs + 1, sizeof(ChatMessage));
+    char **owned = xcalloc((size_t)n_msgs + 1, sizeof(char *));
+    for (int i = 0; i < n_msgs; i++) {
+        size_t cl;
+        clean[i] = msgs[i];
+        if (!clean[i].content) clean[i].content = "";
+        if ((owned[i] = utf8_sanitize(clean[i].content, strlen(clean[i].content), &cl))) clean[i].content = owned[i];
+    }
+    put(&b, "", 0, 0);
+    switch (f) {
+    case CHAT_LLAMA2: rc = render_llama2(t, &b, clean, n_msgs, err, errlen); break;
+    case CHAT_MISTRAL: rc = render_mistral(t, &b, clean, n_msgs, err, errlen); break;
+    case CHAT_CHATML: rc = render_chatml(t, &b, clean, n_msgs, add_generation_prompt); break;
+    case CHAT_CHATML_THINK: rc = render_chatml_think(&b, clean, n_msgs, add_generation_prompt, err, errlen); break;
+    case CHAT_LLAMA3: rc = render_llama3(t, &b, clean, n_msgs, add_generation_prompt); break;
+    default: rc = fail(err, errlen, "chat format %d out of range", (int)f);
+    }
+    for (int i = 0; i < n_msgs; i++) free(owned[i]);
+    free(owned);
+    free(clean);
+    if (rc) {
+        free(b.s);
+        free(b.m);
+        return NULL;
+    }
+    *byte_mask = b.m;
+    *len = b.n;
+    return b.s;
+}
+
+int chat_render(Tokenizer *t, ChatFormat f, const ChatMessage *msgs, int n_msgs,
+                int add_generation_prompt, TokIds *ids, TokIds *mask, char *err, size_t errlen) {
+    unsigned char *bm;
+    size_t len;
+    char *text = chat_render_text(t, f, msgs, n_msgs, add_generation_prompt, &bm, &len, err, errlen);
+    if (!text) return -1;
+    TokIds starts = {0};
+    size_t first = ids->n;
+    tokenizer_encode(t, text, len, 0, ids, &starts);
+    for (size_t i = 0; i < ids->n - first; i++) {
+        size_t s = (size_t)starts.ids[i];
+        tok_ids_push(mask, s < len ? bm[s] : 0);
+    }
+    tok_ids_free(&starts);
+    free(text);
+    free(bm);
+    return 0;
+}
