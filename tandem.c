@@ -3,6 +3,7 @@
 #include <string.h>
 #include "eval/bench.h"
 #include "eval/eval.h"
+#include "generate/generate.h"
 #include "runtime/convert.h"
 #include "tokenizer/tokenize_cli.h"
 
@@ -13,6 +14,7 @@ typedef struct {
 } Command;
 
 static const Command commands[] = {
+    {"generate", generate_main, "offline batch generation from jsonl (sampling, KV cache, continuous batching)"},
     {"eval", eval_main, "Hugging Face parity (--reference) or loss/perplexity (--data) of a model"},
     {"convert", convert_main, "import a llama2.c checkpoint into a Hugging Face directory"},
     {"bench", bench_main, "prefill throughput and peak memory"},

@@ -5,6 +5,7 @@
  * Records are spread over dp groups; every tp x pp layout gives the 1x1 numbers.
  * Greedy decoding here is a full-recompute loop (the KV-cache engine is generate/'s job). */
 #include "eval/eval.h"
+#include "generate/engine.h"
 #include "kernels/kernels.h"
 #include "runtime/args.h"
 #include "runtime/comm.h"
@@ -217,51 +218,59 @@ static void score_group(Model *m, Record *recs, int a, int b, Result *res, int r
     free(start); free(tokens); free(row); free(tok);
 }
 
-/* Greedy decoding of every owned record with a reference continuation, all in one packed batch per
- * step, teacher-forced with the reference tokens so each step is compared on the same prefix.
- * A mismatch where the top-2 logprob gap is < tie_gap (the reference's gap when listed, else ours)
- * is a tie, not an error. */
+/* Greedy decoding of every owned record with a reference continuation on the generation engine
+ * (paged KV cache, continuous batching), teacher-forced with the reference tokens so each step is
+ * compared on the same prefix. A mismatch where the top-2 logprob gap is < tie_gap (the
+ * reference's gap when listed, else ours) is a tie, not an error. */
 static void greedy_check(Model *m, Record *recs, const int *own, int n_own, Result *res, float tie_gap) {
-    int G = 0, n_seqs = 0, maxN = 0;
+    int n_seqs = 0, max_len = 1, total = 0;
+    size_t blocks = 1;
     for (int k = 0; k < n_own; k++) {
         Record *r = &recs[own[k]];
         if (!r->G) continue;
-        if (r->G > G) G = r->G;
         n_seqs++;
-        maxN += r->T + r->G;
+        if (r->T + r->G > max_len) max_len = r->T + r->G;
+        blocks += (r->T + r->G + 15) / 16 + 1;
+        total += r->T + r->G;
     }
     if (n_seqs == 0) return;
-    int *tokens = xmalloc(sizeof(int) * maxN), *start = xmalloc(sizeof(int) * (n_seqs + 1));
-    int *who = xmalloc(sizeof(int) * n_seqs), *row = xmalloc(sizeof(int) * n_seqs), *tok = xmalloc(sizeof(int) * n_seqs);
-    Scores sc;
-    scores_alloc(&sc, maxN, n_seqs);
-    for (int step = 0; step < G; step++) {
-        int N = 0, s = 0;
-        for (int k = 0; k < n_own; k++) {
-            Record *r = &recs[own[k]];
-            if (step >= r->G) continue;
-            start[s] = N;
-            memcpy(tokens + N, r->ids, sizeof(int) * r->T);
-            memcpy(tokens + N + r->T, r->greedy, sizeof(int) * step);
-            N += r->T + step;
-            row[s] = N - 1;
-            tok[s] = r->greedy[step];
-            who[s++] = own[k];
-        }
-        start[s] = N;
-        model_score(m, tokens, start, s, s, row, tok, &sc);
-        for (int i = 0; i < s; i++) {
-            Record *r = &recs[who[i]];
-            Result *o = &res[who[i]];
+    size_t per_block = 2 * (size_t)m->n_layers_local * 16 * m->n_heads_kv_local * m->cfg.head_dim * sizeof(float);
+    EngineConfig ec = {n_seqs, total, blocks * per_block, 16, max_len + 1, NULL, NULL, NULL};
+    Engine *e = engine_new(m, &ec, max_len);
+    Seq *seqs = xcalloc(n_seqs, sizeof(Seq));
+    int *who = xmalloc(sizeof(int) * n_seqs), s = 0;
+    for (int k = 0; k < n_own; k++) {
+        Record *r = &recs[own[k]];
+        if (!r->G) continue;
+        Seq *q = &seqs[s];
+        q->index = s;
+        q->prompt = r->ids;
+        q->n_prompt = r->T;
+        sampling_params_default(&q->sp);
+        q->sp.temperature = 0.0f;
+        q->max_new = r->G;
+        q->forced = r->greedy;
+        seq_alloc_results(q);
+        engine_add(e, q);
+        who[s++] = own[k];
+    }
+    engine_run(e);
+    for (int i = 0; i < n_seqs; i++) {
+        Seq *q = &seqs[i];
+        Record *r = &recs[who[i]];
+        Result *o = &res[who[i]];
+        for (int step = 0; step < q->n_out; step++) {
             o->greedy_tokens++;
-            if (sc.argmax[row[i]] == r->greedy[step]) continue;
-            float gap = isnan(r->greedy_gap[step]) ? sc.argmax_logprob[row[i]] - sc.pair_logprob[i] : r->greedy_gap[step];
+            if (q->chosen[step] == r->greedy[step]) continue;
+            float gap = isnan(r->greedy_gap[step]) ? q->chosen_lp[step] - q->lp[step] : r->greedy_gap[step];
             if (gap < tie_gap) o->greedy_ties++;
             else o->greedy_mismatches++;
         }
+        seq_free(q);
     }
-    scores_free(&sc);
-    free(tokens); free(start); free(who); free(row); free(tok);
+    engine_free(e);
+    free(seqs);
+    free(who);
 }
 
 /* The same format as the input reference, with Tandem's logprobs for the same listed tokens and the

@@ -21,12 +21,16 @@ void cpu_rmsnorm(float *out, const float *x, const float *w, int N, int D, float
  * in fp32. inv_freq (Dh/2). */
 void cpu_rope(float *x, const int *pos, const float *inv_freq, int N, int n_heads, int Dh);
 
-/* Causal attention for ONE sequence of T tokens at positions 0..T-1.
- * q (T, H*Dh), k and v (T, Hkv*Dh), out (T, H*Dh); query head h uses kv head h / (H / Hkv).
- * window > 0: key j visible to query i iff 0 <= i - j < window; window == 0: full causal.
- * scratch: at least T floats. */
-void cpu_attention(float *out, const float *q, const float *k, const float *v, int T, int H, int Hkv,
-                   int Dh, int window, float *scratch);
+/* Causal attention for ONE sequence, keys read through a block table (paged KV cache).
+ * q (Tq, H*Dh): queries at positions q_pos0 .. q_pos0+Tq-1; out (Tq, H*Dh).
+ * Key/value at position j live at row (table[j / block] * block + j % block) of k, v (rows of
+ * Hkv*Dh floats); a contiguous sequence is table {0} with block >= its length.
+ * Query head h uses kv head h / (H / Hkv). window > 0: key j visible to query i iff
+ * 0 <= i - j < window; window == 0: full causal. scratch: at least q_pos0 + Tq floats.
+ * Scores are reduced over keys in increasing position order whatever the batch or paging, so
+ * the same tokens give the same numbers in training forward and in generation. */
+void cpu_attention(float *out, const float *q, const float *k, const float *v, const int *table, int block,
+                   int Tq, int q_pos0, int H, int Hkv, int Dh, int window, float *scratch);
 
 /* out (n) = silu(gate) * up */
 void cpu_swiglu(float *out, const float *gate, const float *up, size_t n);

@@ -281,25 +281,28 @@ void model_print_summary(const Model *m) {
 /* Row-parallel output: each tp rank holds a partial sum of the same (N, D) tensor. */
 static void tp_all_reduce(const Model *m, float *buf, size_t n) { comm_all_reduce_sum(&m->mesh->tp_comm, buf, n); }
 
-void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs) {
+void model_forward_batch(Model *m, KVCache *kv, const Batch *b) {
     const ModelConfig *c = &m->cfg;
     RunState *s = &m->s;
-    int N = seq_start[n_seqs], D = c->dim, Dh = c->head_dim, Fl = m->hidden_local;
+    int n_seqs = b->n_seqs, N = b->seq_start[n_seqs], D = c->dim, Dh = c->head_dim, Fl = m->hidden_local;
     int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
+    const int *start = b->seq_start;
     const Comm *pp = &m->mesh->pp_comm;
     CHECK(N <= m->max_tokens);
     for (int i = 0; i < n_seqs; i++) {
-        CHECK(seq_start[i + 1] - seq_start[i] <= m->max_seq);
-        for (int t = seq_start[i]; t < seq_start[i + 1]; t++) s->pos[t] = t - seq_start[i];
+        int p0 = b->pos0 ? b->pos0[i] : 0;
+        CHECK(p0 + start[i + 1] - start[i] <= m->max_seq);
+        for (int t = start[i]; t < start[i + 1]; t++) s->pos[t] = p0 + t - start[i];
     }
 
     if (m->is_first) {
-        cpu_embedding(s->x, m->w.embed, tokens, N, D, m->vocab_start, m->vocab_local); /* rows this rank owns */
-        tp_all_reduce(m, s->x, (size_t)N * D);                                        /* vocab-parallel lookup */
+        cpu_embedding(s->x, m->w.embed, b->tokens, N, D, m->vocab_start, m->vocab_local); /* rows this rank owns */
+        tp_all_reduce(m, s->x, (size_t)N * D);                                           /* vocab-parallel lookup */
     } else {
-        comm_recv(pp, s->x, sizeof(float) * N * D, pp->rank - 1);                    /* activations from stage s-1 */
+        comm_recv(pp, s->x, sizeof(float) * N * D, pp->rank - 1);                       /* activations from stage s-1 */
     }
 
+    static const int whole[1] = {0};  /* block table of a contiguous, uncached sequence */
     for (int l = 0; l < m->n_layers_local; l++) {
         const LayerWeights *w = &m->w.layers[l];
         int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
@@ -311,9 +314,23 @@ void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs
         cpu_rope(s->q, s->pos, m->inv_freq, N, Hl, Dh);
         cpu_rope(s->k, s->pos, m->inv_freq, N, Hkvl, Dh);
         for (int i = 0; i < n_seqs; i++) {
-            size_t t0 = seq_start[i];
-            cpu_attention(s->att + t0 * qd, s->q + t0 * qd, s->k + t0 * kvd, s->v + t0 * kvd,
-                          seq_start[i + 1] - seq_start[i], Hl, Hkvl, Dh, window, s->scratch);
+            size_t t0 = start[i];
+            int Tq = start[i + 1] - start[i];
+            if (!b->tables) {
+                cpu_attention(s->att + t0 * qd, s->q + t0 * qd, s->k + t0 * kvd, s->v + t0 * kvd, whole, m->max_seq,
+                              Tq, 0, Hl, Hkvl, Dh, window, s->scratch);
+                continue;
+            }
+            float *kc = kv->k + l * kv->layer_stride, *vc = kv->v + l * kv->layer_stride; /* (n_blocks*block, kvd) */
+            const int *table = b->tables[i];
+            for (int t = 0; t < Tq; t++) {                                                 /* append to the cache */
+                int p = s->pos[t0 + t];
+                size_t slot = (size_t)table[p / kv->block] * kv->block + p % kv->block;
+                memcpy(kc + slot * kvd, s->k + (t0 + t) * kvd, sizeof(float) * kvd);
+                memcpy(vc + slot * kvd, s->v + (t0 + t) * kvd, sizeof(float) * kvd);
+            }
+            cpu_attention(s->att + t0 * qd, s->q + t0 * qd, kc, vc, table, kv->block, Tq, s->pos[t0], Hl, Hkvl, Dh,
+                          window, s->scratch);
         }
         cpu_matmul(s->xo, s->att, w->wo, NULL, N, qd, D);
         tp_all_reduce(m, s->xo, (size_t)N * D);
@@ -329,15 +346,53 @@ void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs
     }
 
     if (!m->is_last) {
-        comm_send(pp, s->x, sizeof(float) * N * D, pp->rank + 1);                    /* to stage s+1 */
+        comm_send(pp, s->x, sizeof(float) * N * D, pp->rank + 1);                       /* to stage s+1 */
         return;
     }
-    cpu_rmsnorm(s->xb, s->x, m->w.final_norm, N, D, c->norm_eps);
-    cpu_matmul(s->logits, s->xb, m->w.lm_head, NULL, N, D, m->vocab_local);         /* vocab-parallel logits */
-    int valid = c->vocab_size - m->vocab_start;                                     /* padded rows -> -inf */
+    int R = b->logit_rows ? b->n_logit_rows : N;
+    if (b->logit_rows)                                                                 /* only the rows asked for */
+        for (int r = 0; r < R; r++) memcpy(s->xo + (size_t)r * D, s->x + (size_t)b->logit_rows[r] * D, sizeof(float) * D);
+    cpu_rmsnorm(s->xb, b->logit_rows ? s->xo : s->x, m->w.final_norm, R, D, c->norm_eps);
+    cpu_matmul(s->logits, s->xb, m->w.lm_head, NULL, R, D, m->vocab_local);            /* vocab-parallel logits */
+    int valid = c->vocab_size - m->vocab_start;                                        /* padded rows -> -inf */
     if (valid < m->vocab_local)
-        for (int n = 0; n < N; n++)
-            for (int v = valid < 0 ? 0 : valid; v < m->vocab_local; v++) s->logits[(size_t)n * m->vocab_local + v] = -INFINITY;
+        for (int r = 0; r < R; r++)
+            for (int v = valid < 0 ? 0 : valid; v < m->vocab_local; v++) s->logits[(size_t)r * m->vocab_local + v] = -INFINITY;
+}
+
+void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs) {
+    Batch b = {n_seqs, tokens, seq_start, NULL, NULL, NULL, 0};
+    model_forward_batch(m, NULL, &b);
+}
+
+/* ---- paged KV cache ---------------------------------------------------------------------- */
+
+void kv_init(KVCache *kv, const Model *m, size_t bytes, int block) {
+    memset(kv, 0, sizeof(*kv));
+    size_t kvd = (size_t)m->n_heads_kv_local * m->cfg.head_dim;
+    size_t per_block = 2 * (size_t)m->n_layers_local * block * kvd * sizeof(float);
+    float nb = (float)(bytes / per_block);
+    comm_all_reduce_max(&m->mesh->world, (nb = -nb, &nb), 1);   /* the minimum over ranks */
+    kv->n_blocks = (int)-nb;
+    if (kv->n_blocks < 1)
+        user_error("--kv-cache-mem: %.2f MiB holds no %d-token block (%.3f MiB per block on the largest stage)",
+                   bytes / 1048576.0, block, per_block / 1048576.0);
+    kv->block = block;
+    kv->layer_stride = (size_t)kv->n_blocks * block * kvd;
+    kv->k = xmalloc(sizeof(float) * kv->layer_stride * m->n_layers_local);
+    kv->v = xmalloc(sizeof(float) * kv->layer_stride * m->n_layers_local);
+    kv->free_ids = xmalloc(sizeof(int) * kv->n_blocks);
+    for (int i = 0; i < kv->n_blocks; i++) kv->free_ids[i] = kv->n_blocks - 1 - i;
+    kv->n_free = kv->n_blocks;
+}
+void kv_free(KVCache *kv) {
+    free(kv->k); free(kv->v); free(kv->free_ids);
+    memset(kv, 0, sizeof(*kv));
+}
+int kv_block_alloc(KVCache *kv) { return kv->n_free ? kv->free_ids[--kv->n_free] : -1; }
+void kv_block_release(KVCache *kv, int id) {
+    CHECK(id >= 0 && id < kv->n_blocks && kv->n_free < kv->n_blocks);
+    kv->free_ids[kv->n_free++] = id;
 }
 
 /* ---- vocab-parallel log-softmax pieces ---------------------------------------------------- */

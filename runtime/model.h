@@ -72,9 +72,39 @@ void model_free(Model *m);
 /* Prints the parameter/value table and arena sizes (rank 0). */
 void model_print_summary(const Model *m);
 
-/* Forward over n_seqs sequences packed back to back: tokens (N), seq_start (n_seqs + 1) offsets,
- * positions restart at 0 in each sequence. Every rank calls it; on the last pp stage it leaves
- * s.logits (N, V_local) filled. */
+/* Paged KV cache of this rank: its pp stage's layers, its tp rank's kv heads. Blocks of `block`
+ * token slots; sequences own blocks through block tables (generate/ manages them). */
+typedef struct {
+    int block;            /* token slots per block */
+    int n_blocks;         /* blocks in the pool (the same on every rank) */
+    size_t layer_stride;  /* floats per layer: n_blocks * block * Hkv_local * Dh */
+    float *k, *v;         /* (L_local, n_blocks, block, Hkv_local*Dh) */
+    int *free_ids;        /* (n_blocks) stack of free block ids */
+    int n_free;
+} KVCache;
+
+/* Sizes the pool from a byte budget per rank; n_blocks is the minimum over all ranks so every
+ * rank's scheduler makes the same decisions. user_error if not even one block fits. */
+void kv_init(KVCache *kv, const Model *m, size_t bytes, int block);
+void kv_free(KVCache *kv);
+int kv_block_alloc(KVCache *kv);             /* a free block id, or -1 */
+void kv_block_release(KVCache *kv, int id);
+
+/* One forward step over n_seqs sequences packed back to back. */
+typedef struct {
+    int n_seqs;
+    const int *tokens;     /* (N) new tokens, packed */
+    const int *seq_start;  /* (n_seqs + 1) offsets into tokens */
+    const int *pos0;       /* (n_seqs) position of each sequence's first new token; NULL = 0 */
+    int *const *tables;    /* (n_seqs) block tables; NULL = no cache: keys are this batch's tokens */
+    const int *logit_rows; /* rows (packed index) whose logits are wanted; NULL = all N */
+    int n_logit_rows;
+} Batch;
+
+/* Every rank calls it; on the last pp stage it leaves s.logits (rows, V_local) filled, one row per
+ * logit row in order. With a cache, the new tokens' k and v are written into their slots first. */
+void model_forward_batch(Model *m, KVCache *kv, const Batch *b);
+/* Whole sequences from position 0, no cache, logits for every token. */
 void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs);
 
 /* Vocab-parallel helpers over s.logits on the last stage (collectives on the tp group; call on

@@ -43,19 +43,20 @@ void cpu_rope(float *x, const int *pos, const float *inv_freq, int N, int n_head
     }
 }
 
-void cpu_attention(float *out, const float *q, const float *k, const float *v, int T, int H, int Hkv,
-                   int Dh, int window, float *scratch) {
+void cpu_attention(float *out, const float *q, const float *k, const float *v, const int *table, int block,
+                   int Tq, int q_pos0, int H, int Hkv, int Dh, int window, float *scratch) {
     int group = H / Hkv;
     float scale = 1.0f / sqrtf((float)Dh);
     size_t qs = (size_t)H * Dh, ks = (size_t)Hkv * Dh;
     for (int h = 0; h < H; h++) {
         int hk = h / group;
-        for (int i = 0; i < T; i++) {
-            const float *qi = q + i * qs + (size_t)h * Dh;
+        for (int t = 0; t < Tq; t++) {
+            int i = q_pos0 + t;
+            const float *qi = q + t * qs + (size_t)h * Dh;
             int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
             float mx = -INFINITY;
             for (int j = j0; j <= i; j++) {
-                const float *kj = k + j * ks + (size_t)hk * Dh;
+                const float *kj = k + ((size_t)table[j / block] * block + j % block) * ks + (size_t)hk * Dh;
                 float s = 0.0f;
                 for (int d = 0; d < Dh; d++) s += qi[d] * kj[d];
                 s *= scale;
@@ -64,10 +65,10 @@ void cpu_attention(float *out, const float *q, const float *k, const float *v, i
             }
             float sum = 0.0f;
             for (int j = j0; j <= i; j++) sum += (scratch[j] = expf(scratch[j] - mx));
-            float *oi = out + i * qs + (size_t)h * Dh;
+            float *oi = out + t * qs + (size_t)h * Dh;
             memset(oi, 0, sizeof(float) * Dh);
             for (int j = j0; j <= i; j++) {
-                const float *vj = v + j * ks + (size_t)hk * Dh;
+                const float *vj = v + ((size_t)table[j / block] * block + j % block) * ks + (size_t)hk * Dh;
                 float p = scratch[j] / sum;
                 for (int d = 0; d < Dh; d++) oi[d] += p * vj[d];
             }

@@ -1,0 +1,314 @@
+/* engine.c — see engine.h. One step:
+ *   1. every running sequence gets a KV block for its next token (preempting the latest admitted
+ *      sequence when the pool is empty: its blocks are freed and it is recomputed later);
+ *   2. waiting sequences are admitted while blocks, --max-batch and the token budget allow;
+ *   3. one packed forward: new tokens of every running sequence (whole context for the newly
+ *      admitted, one token for the others), logits only for each sequence's last token;
+ *   4. the last pp stage chooses tokens (greedy without gathering the vocab, or a full-row gather
+ *      and the sampler), broadcasts them over the pp group, and every rank applies them. */
+#include "generate/engine.h"
+#include "runtime/util.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct Engine {
+    Model *m;
+    EngineConfig cfg;
+    KVCache kv;
+    Seq **waiting;        /* FIFO; preempted sequences go back to the front */
+    int n_waiting, cap_waiting;
+    Seq **running;        /* in admission order */
+    int n_running;
+    int admit_counter, max_table, window;  /* window: every layer windowed -> W, else 0 */
+    /* step buffers, sized for max_batch sequences and max_tokens tokens */
+    int *tokens, *start, *pos0, *rows, **tables;
+    float *lse, *amax_val, *full, *res_f;  /* res_f per sequence: chosen lp, appended lp, top-K lps */
+    int *amax, *res_i;                     /* res_i per sequence: chosen id, top-K ids */
+    void *scratch;
+    EngineStats st;
+};
+
+static int ctx_len(const Seq *s) { return s->n_prompt + s->n_out; }
+static int ctx_tok(const Seq *s, int p) { return p < s->n_prompt ? s->prompt[p] : s->out[p - s->n_prompt]; }
+static int blocks_for(const Engine *e, int n_tokens) { return (n_tokens + e->kv.block - 1) / e->kv.block; }
+
+void seq_alloc_results(Seq *s) {
+    int n = s->max_new > 0 ? s->max_new : 1, k = s->logprobs_n > 0 ? s->logprobs_n : 1;
+    s->out = xcalloc(n, sizeof(int));
+    s->lp = xcalloc(n, sizeof(float));
+    s->chosen = xcalloc(n, sizeof(int));
+    s->chosen_lp = xcalloc(n, sizeof(float));
+    s->top_ids = xcalloc((size_t)n * k, sizeof(int));
+    s->top_lp = xcalloc((size_t)n * k, sizeof(float));
+}
+void seq_free(Seq *s) {
+    free(s->out); free(s->lp); free(s->chosen); free(s->chosen_lp); free(s->top_ids); free(s->top_lp);
+    free(s->table);
+    s->out = s->chosen = s->top_ids = s->table = NULL;
+    s->lp = s->chosen_lp = s->top_lp = NULL;
+}
+
+Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
+    Engine *e = xcalloc(1, sizeof(Engine));
+    e->m = m;
+    e->cfg = *cfg;
+    kv_init(&e->kv, m, cfg->kv_bytes, cfg->block);
+    const ModelConfig *c = &m->cfg;
+    int all = c->sliding_window > 0 && c->window_from_layer == 0;
+    e->window = all ? c->sliding_window : 0;
+    e->max_table = blocks_for(e, max_len) + 1;
+    int B = cfg->max_batch, T = cfg->max_batch_tokens > max_len ? cfg->max_batch_tokens : max_len;
+    model_alloc_state(m, T + B, max_len);
+    e->tokens = xmalloc(sizeof(int) * (T + B));
+    e->start = xmalloc(sizeof(int) * (B + 1));
+    e->pos0 = xmalloc(sizeof(int) * B);
+    e->rows = xmalloc(sizeof(int) * B);
+    e->tables = xmalloc(sizeof(int *) * B);
+    e->running = xmalloc(sizeof(Seq *) * B);
+    e->lse = xmalloc(sizeof(float) * B);
+    e->amax_val = xmalloc(sizeof(float) * B);
+    e->amax = xmalloc(sizeof(int) * B);
+    e->full = xmalloc(sizeof(float) * m->vocab_padded);
+    e->scratch = xmalloc(sampler_scratch_bytes(m->vocab_padded));
+    e->st.kv_blocks = e->kv.n_blocks;
+    e->st.kv_block_tokens = e->kv.block;
+    return e;
+}
+
+void engine_free(Engine *e) {
+    kv_free(&e->kv);
+    free(e->waiting); free(e->running); free(e->tokens); free(e->start); free(e->pos0); free(e->rows);
+    free(e->tables); free(e->lse); free(e->amax_val); free(e->amax); 
+    free(e->full); free(e->scratch); free(e->res_f); free(e->res_i);
+    free(e);
+}
+
+EngineStats engine_stats(const Engine *e) { return e->st; }
+
+void engine_add(Engine *e, Seq *s) {
+    int need = blocks_for(e, s->n_prompt + s->max_new);
+    if (e->window) {   /* the whole prompt during prefill, then only the window (+ partial blocks) */
+        int w = blocks_for(e, e->window) + 2, p = blocks_for(e, s->n_prompt + 1);
+        if (w < p) w = p;
+        if (w < need) need = w;
+    }
+    if (need > e->kv.n_blocks)
+        user_error("prompt %d: %d prompt + %d new tokens need %d KV blocks of %d tokens, the cache holds %d "
+                   "(raise --kv-cache-mem)", s->index, s->n_prompt, s->max_new, need, e->kv.block, e->kv.n_blocks);
+    s->table = xmalloc(sizeof(int) * e->max_table);
+    for (int i = 0; i < e->max_table; i++) s->table[i] = -1;
+    s->n_table = 0;
+    s->n_cached = 0;
+    s->n_out = 0;
+    s->finish = FINISH_NONE;
+    s->state = SEQ_WAITING;
+    if (e->n_waiting == e->cap_waiting) {
+        e->cap_waiting = e->cap_waiting ? 2 * e->cap_waiting : 64;
+        e->waiting = xrealloc(e->waiting, sizeof(Seq *) * e->cap_waiting);
+    }
+    e->waiting[e->n_waiting++] = s;
+}
+
+static void release_blocks(Engine *e, Seq *s) {
+    for (int i = 0; i < s->n_table; i++)
+        if (s->table[i] >= 0) { kv_block_release(&e->kv, s->table[i]); s->table[i] = -1; }
+    s->n_table = 0;
+}
+
+/* Blocks so that positions [0, n_tokens) have slots; 0 if the pool ran dry (nothing taken back). */
+static int grow_table(Engine *e, Seq *s, int n_tokens) {
+    int need = blocks_for(e, n_tokens);
+    int missing = 0;
+    for (int i = s->n_table; i < need; i++) missing++;
+    if (missing > e->kv.n_free) return 0;
+    for (; s->n_table < need; s->n_table++) s->table[s->n_table] = kv_block_alloc(&e->kv);
+    return 1;
+}
+
+static void preempt(Engine *e, int r) {
+    Seq *s = e->running[r];
+    release_blocks(e, s);
+    s->n_cached = 0;
+    s->state = SEQ_WAITING;
+    memmove(e->running + r, e->running + r + 1, sizeof(Seq *) * (e->n_running - r - 1));
+    e->n_running--;
+    if (e->n_waiting == e->cap_waiting) {
+        e->cap_waiting = e->cap_waiting ? 2 * e->cap_waiting : 64;
+        e->waiting = xrealloc(e->waiting, sizeof(Seq *) * e->cap_waiting);
+    }
+    memmove(e->waiting + 1, e->waiting, sizeof(Seq *) * e->n_waiting);
+    e->waiting[0] = s;
+    e->n_waiting++;
+    e->st.preemptions++;
+}
+
+/* Frees blocks that no future query can see: the next query is the last appended token, at
+ * position ctx_len - 1, and it sees keys from ctx_len - 1 - (W - 1) = ctx_len - W on. */
+static void drop_out_of_window(Engine *e, Seq *s) {
+    if (!e->window) return;
+    int lowest = ctx_len(s) - e->window;
+    for (int b = 0; b < s->n_table && (b + 1) * e->kv.block <= lowest; b++)
+        if (s->table[b] >= 0) { kv_block_release(&e->kv, s->table[b]); s->table[b] = -1; }
+}
+
+static void schedule(Engine *e) {
+    /* 1. running sequences first: a slot for each one's next token, preempting the latest admitted */
+    for (int r = 0; r < e->n_running;) {
+        Seq *s = e->running[r];
+        if (grow_table(e, s, ctx_len(s))) { r++; continue; }
+        int victim = r;
+        for (int i = 0; i < e->n_running; i++)
+            if (e->running[i]->admitted_at > e->running[victim]->admitted_at) victim = i;
+        preempt(e, victim);
+        if (victim < r) r--;
+    }
+    /* 2. admit from the queue */
+    int budget = e->cfg.max_batch_tokens - e->n_running;
+    while (e->n_waiting && e->n_running < e->cfg.max_batch) {
+        Seq *s = e->waiting[0];
+        int n = ctx_len(s);
+        if (n > budget && e->n_running > 0) break;
+        if (!grow_table(e, s, n)) break;
+        memmove(e->waiting, e->waiting + 1, sizeof(Seq *) * (e->n_waiting - 1));
+        e->n_waiting--;
+        s->state = SEQ_RUNNING;
+        s->admitted_at = e->admit_counter++;
+        e->running[e->n_running++] = s;
+        budget -= n;
+    }
+    CHECK(e->n_running > 0);
+}
+
+/* Chooses the next token of every running sequence (last pp stage; collectives over tp in the same
+ * order on every tp rank). Results go to res_i / res_f for the pp broadcast. */
+static void choose_tokens(Engine *e, int R) {
+    Model *m = e->m;
+    int Vl = m->vocab_local, V = m->cfg.vocab_size, K = 0;
+    for (int r = 0; r < R; r++) if (e->running[r]->logprobs_n > K) K = e->running[r]->logprobs_n;
+    model_logsumexp(m, R, e->lse);                              /* raw distribution, for logprobs */
+    for (int r = 0; r < R; r++) {                               /* min_new_tokens: no stop before it */
+        Seq *s = e->running[r];
+        if (s->n_out >= s->min_new) continue;
+        for (int k = 0; k < s->n_stop_ids; k++) {
+            int v = s->stop_ids[k] - m->vocab_start;
+            if (v >= 0 && v < Vl) m->s.logits[(size_t)r * Vl + v] = -INFINITY;
+        }
+    }
+    model_argmax(m, R, e->amax, e->amax_val);                   /* greedy without gathering the vocab */
+    for (int r = 0; r < R; r++) {
+        Seq *s = e->running[r];
+        const SamplingParams *p = &s->sp;
+        int plain_greedy = p->temperature == 0.0f && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+                           p->frequency_penalty == 0.0f && s->logprobs_n == 0;
+        int *ri = e->res_i + (size_t)r * (1 + K);
+        float *rf = e->res_f + (size_t)r * (2 + K);
+        if (plain_greedy) { ri[0] = e->amax[r]; continue; }
+        comm_all_gather(&m->mesh->tp_comm, m->s.logits + (size_t)r * Vl, e->full, Vl); /* the full row */
+        for (int k = 0; k < s->logprobs_n; k++) {               /* top-N of the model's distribution */
+            int best = -1;
+            for (int v = 0; v < V; v++) {
+                int taken = 0;
+                for (int j = 0; j < k && !taken; j++) taken = ri[1 + j] == v;
+                if (!taken && isfinite(e->full[v]) && (best < 0 || e->full[v] > e->full[best])) best = v;
+            }
+            ri[1 + k] = best;
+            rf[2 + k] = best >= 0 ? e->full[best] - e->lse[r] : -INFINITY;
+        }
+        sampler_process(e->full, V, p, s->prompt, s->n_prompt, s->out, s->n_out, e->scratch);
+        ri[0] = sampler_draw(e->full, V, p, s->n_out);
+    }
+    /* logprobs (raw distribution) of each chosen token and each appended (chosen or forced) one */
+    int *rows = xmalloc(sizeof(int) * 2 * R), *toks = xmalloc(sizeof(int) * 2 * R);
+    float *lp = xmalloc(sizeof(float) * 2 * R);
+    for (int r = 0; r < R; r++) {
+        const Seq *s = e->running[r];
+        rows[2 * r] = rows[2 * r + 1] = r;
+        toks[2 * r] = e->res_i[(size_t)r * (1 + K)];
+        toks[2 * r + 1] = s->forced ? s->forced[s->n_out] : toks[2 * r];
+    }
+    model_token_logits(m, 2 * R, rows, toks, lp);
+    for (int r = 0; r < R; r++) {
+        e->res_f[(size_t)r * (2 + K)] = lp[2 * r] - e->lse[r];
+        e->res_f[(size_t)r * (2 + K) + 1] = lp[2 * r + 1] - e->lse[r];
+    }
+    free(rows); free(toks); free(lp);
+}
+
+static int is_stop_id(const Seq *s, int tok) {
+    for (int k = 0; k < s->n_stop_ids; k++) if (s->stop_ids[k] == tok) return 1;
+    return 0;
+}
+
+static void step(Engine *e) {
+    Model *m = e->m;
+    schedule(e);
+    int R = e->n_running, N = 0, prefill = 0;
+    for (int r = 0; r < R; r++) {
+        Seq *s = e->running[r];
+        int n = ctx_len(s);
+        e->start[r] = N;
+        e->pos0[r] = s->n_cached;
+        e->tables[r] = s->table;
+        for (int p = s->n_cached; p < n; p++) e->tokens[N++] = ctx_tok(s, p);
+        e->rows[r] = N - 1;
+        prefill += n - s->n_cached > 1;
+    }
+    e->start[R] = N;
+    int K = 0;
+    for (int r = 0; r < R; r++) if (e->running[r]->logprobs_n > K) K = e->running[r]->logprobs_n;
+    e->res_i = xrealloc(e->res_i, sizeof(int) * R * (1 + K));
+    e->res_f = xrealloc(e->res_f, sizeof(float) * R * (2 + K));
+    int *logit_rows = xmalloc(sizeof(int) * R);
+    memcpy(logit_rows, e->rows, sizeof(int) * R);
+
+    double t0 = now_seconds();
+    Batch b = {R, e->tokens, e->start, e->pos0, e->tables, logit_rows, R};
+    model_forward_batch(m, &e->kv, &b);
+    if (m->is_last) choose_tokens(e, R);
+    const Comm *pp = &m->mesh->pp_comm;                         /* choices from the last stage to all */
+    comm_broadcast(pp, e->res_i, sizeof(int) * R * (1 + K), pp->size - 1);
+    comm_broadcast(pp, e->res_f, sizeof(float) * R * (2 + K), pp->size - 1);
+    free(logit_rows);
+    double dt = now_seconds() - t0;
+    if (prefill) { e->st.prefill_s += dt; e->st.prefill_tokens += N - (R - prefill); e->st.decode_tokens += R - prefill; }
+    else { e->st.decode_s += dt; e->st.decode_tokens += R; }
+    e->st.steps++;
+    int used = e->kv.n_blocks - e->kv.n_free;
+    if (used > e->st.peak_blocks_used) e->st.peak_blocks_used = used;
+
+    /* apply on every rank */
+    int keep = 0;
+    for (int r = 0; r < R; r++) {
+        Seq *s = e->running[r];
+        int *ri = e->res_i + (size_t)r * (1 + K);
+        float *rf = e->res_f + (size_t)r * (2 + K);
+        s->n_cached = ctx_len(s);
+        int k = s->n_out;
+        s->chosen[k] = ri[0];
+        s->chosen_lp[k] = rf[0];
+        for (int j = 0; j < s->logprobs_n; j++) {
+            s->top_ids[(size_t)k * s->logprobs_n + j] = ri[1 + j];
+            s->top_lp[(size_t)k * s->logprobs_n + j] = rf[2 + j];
+        }
+        s->out[k] = s->forced ? s->forced[k] : ri[0];
+        s->lp[k] = rf[1];
+        s->n_out++;
+        if (is_stop_id(s, s->out[k]) && s->n_out >= s->min_new) s->finish = FINISH_STOP;
+        else if (e->cfg.on_token && e->cfg.on_token(e->cfg.ctx, s)) s->finish = FINISH_STOP;
+        if (!s->finish && (s->n_out >= s->max_new || ctx_len(s) >= e->cfg.max_ctx)) s->finish = FINISH_LENGTH;
+        if (s->finish) {
+            release_blocks(e, s);
+            s->state = SEQ_DONE;
+            if (e->cfg.on_finish) e->cfg.on_finish(e->cfg.ctx, s);
+            continue;
+        }
+        drop_out_of_window(e, s);
+        e->running[keep++] = s;
+    }
+    e->n_running = keep;
+}
+
+void engine_run(Engine *e) {
+    while (e->n_running || e->n_waiting) step(e);
+}

@@ -1,0 +1,81 @@
+/* engine.h — the generation engine: a queue of sequences, a paged KV cache, and a scheduler that
+ * runs one forward step at a time over every running sequence (prefill of newly admitted ones and
+ * one decode token for the rest, in one packed batch: continuous batching).
+ * Owns: admission, block tables, preemption (recompute), sliding-window block freeing, sampling
+ * calls, EOS / stop-id / length stops. Does not own text: stop strings and output formatting come
+ * through callbacks (generate/generate.c). Every rank runs the same scheduler on the same inputs;
+ * only the last pp stage computes logits and its results are broadcast, so all ranks agree. */
+#ifndef TANDEM_ENGINE_H
+#define TANDEM_ENGINE_H
+#include "generate/sampler.h"
+#include "runtime/model.h"
+
+typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH } FinishReason;
+typedef enum { SEQ_WAITING = 0, SEQ_RUNNING, SEQ_DONE } SeqState;
+
+typedef struct {
+    int index;             /* input order */
+    int *prompt;           /* (n_prompt) */
+    int n_prompt;
+    SamplingParams sp;
+    int max_new, min_new;
+    int *stop_ids;         /* (n_stop_ids) EOS ids and --stop-token-ids: finish "stop" */
+    int n_stop_ids;
+    const int *forced;     /* (max_new) or NULL: append these instead of what is chosen (teacher forcing) */
+    int logprobs_n;        /* top-N alternatives per generated token (0 = none) */
+
+    /* results */
+    int *out;              /* (max_new) generated ids */
+    int n_out;
+    float *lp;             /* (max_new) logprob of each appended token under the model's raw distribution */
+    int *top_ids;          /* (max_new, logprobs_n) */
+    float *top_lp;         /* (max_new, logprobs_n) */
+    int *chosen;           /* (max_new) what the engine chose (differs from out only when forced) */
+    float *chosen_lp;      /* (max_new) its logprob */
+    FinishReason finish;
+
+    /* engine state */
+    SeqState state;
+    int *table;            /* block table: block ids by position / block, -1 = freed (out of window) */
+    int n_table;
+    int n_cached;          /* tokens of prompt ++ out whose k, v are in the cache */
+    int admitted_at;       /* admission counter, for choosing whom to preempt (latest first) */
+} Seq;
+
+typedef struct Engine Engine;
+/* Called on every rank after a token is appended to s (s->out[s->n_out - 1]); return 1 to finish
+ * the sequence with FINISH_STOP (stop strings). May be NULL. */
+typedef int (*StopFn)(void *ctx, Seq *s);
+/* Called on every rank when s finishes (its blocks are already released). */
+typedef void (*FinishFn)(void *ctx, Seq *s);
+
+typedef struct {
+    int max_batch;         /* running sequences at most */
+    int max_batch_tokens;  /* tokens in one forward step at most (a longer prompt runs alone) */
+    size_t kv_bytes;       /* KV cache budget per rank */
+    int block;             /* tokens per KV block */
+    int max_ctx;           /* positions per sequence at most (max_position_embeddings) */
+    StopFn on_token;
+    FinishFn on_finish;
+    void *ctx;
+} EngineConfig;
+
+/* Sizes the KV cache and the activation arena for `max_len`, the longest prompt + max_new of any
+ * sequence that will be added. */
+Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len);
+void engine_free(Engine *e);
+/* Queues s (the engine keeps the pointer; s must outlive the run). A sequence that could never fit
+ * in the KV cache is a user_error naming its index. */
+void engine_add(Engine *e, Seq *s);
+/* Runs until every queued sequence is done. */
+void engine_run(Engine *e);
+/* Counters for the report. */
+typedef struct {
+    long prefill_tokens, decode_tokens, steps, preemptions;
+    double prefill_s, decode_s;  /* time in steps with / without prefill tokens */
+    int kv_blocks, kv_block_tokens, peak_blocks_used;
+} EngineStats;
+EngineStats engine_stats(const Engine *e);
+void seq_alloc_results(Seq *s);  /* allocates out/lp/... for max_new and logprobs_n */
+void seq_free(Seq *s);
+#endif

@@ -1,0 +1,499 @@
+/* generate.c — `tandem generate --model DIR --input prompts.jsonl --output out.jsonl`.
+ * Owns: reading and validating input lines (prompt | messages | input_ids, per-line sampling
+ * overrides), tokenization, stop strings on decoded text, the output file (input order, whole lines,
+ * flushed as they complete, --resume), progress and the final report. The engine (engine.c) owns
+ * scheduling and the KV cache. Every rank reads the same input and runs the same schedule; rank 0
+ * alone writes. */
+#include "generate/generate.h"
+#include "generate/engine.h"
+#include "kernels/kernels.h"
+#include "runtime/args.h"
+#include "runtime/util.h"
+#include "tokenizer/tokenizer.h"
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { MAX_STOPS = 16 };
+
+typedef struct {
+    Seq seq;
+    char *id_json;        /* the "id" value as JSON text (given, or the 1-based line number) */
+    char *prompt_json;    /* the prompt field as given, JSON text */
+    char *stops[MAX_STOPS];
+    int n_stops;
+    char *text;           /* decoded completion so far (special tokens skipped) */
+    size_t len, cap;
+    TokStream ts;
+    int stopped;          /* finished by a stop string (the text is already cut) */
+    int skip;             /* already in the output file (--resume) */
+    int done;
+    char *line;           /* the finished output line (rank 0) */
+} Gen;
+
+typedef struct {
+    Gen *gens;
+    int n;
+    Tokenizer *tok;
+    int next_write;       /* first input index not yet written */
+    int fd;               /* output file (rank 0), O_APPEND */
+    const char *out_path;
+    int n_done, n_total, progress;
+    long gen_tokens;
+    double t0;
+} Run;
+
+/* ---- input ------------------------------------------------------------------------------ */
+
+static float get_num(cJSON *o, const char *key, float dflt, const char *file, int line) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return dflt;
+    if (!cJSON_IsNumber(v)) user_error("%s:%d: field \"%s\" must be a number", file, line, key);
+    return (float)v->valuedouble;
+}
+static int get_int(cJSON *o, const char *key, int dflt, const char *file, int line) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return dflt;
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
+        user_error("%s:%d: field \"%s\" must be an integer", file, line, key);
+    return (int)v->valuedouble;
+}
+
+static void add_stop(Gen *g, const char *s, const char *where) {
+    if (!*s) user_error("%s: empty stop string", where);
+    if (g->n_stops == MAX_STOPS) user_error("%s: more than %d stop strings", where, MAX_STOPS);
+    g->stops[g->n_stops++] = xstrdup(s);
+}
+static void parse_stops(Gen *g, cJSON *v, const char *where) {
+    if (cJSON_IsString(v)) { add_stop(g, v->valuestring, where); return; }
+    if (!cJSON_IsArray(v)) user_error("%s: \"stop\" must be a string or a list of strings", where);
+    cJSON *e;
+    cJSON_ArrayForEach(e, v) {
+        if (!cJSON_IsString(e)) user_error("%s: \"stop\" must be a string or a list of strings", where);
+        add_stop(g, e->valuestring, where);
+    }
+}
+static void parse_stop_ids(Seq *s, cJSON *v, const char *where, int vocab) {
+    if (!cJSON_IsArray(v)) user_error("%s: \"stop_token_ids\" must be a list of token ids", where);
+    cJSON *e;
+    cJSON_ArrayForEach(e, v) {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= vocab)
+            user_error("%s: \"stop_token_ids\" entries must be token ids in [0, %d)", where, vocab);
+        s->stop_ids = xrealloc(s->stop_ids, sizeof(int) * (s->n_stop_ids + 1));
+        s->stop_ids[s->n_stop_ids++] = e->valueint;
+    }
+}
+
+typedef struct {
+    SamplingParams sp;
+    int max_new, min_new, logprobs, truncate, no_bos, ignore_eos;
+    const char *key, *stop, *stop_ids, *chat_template;
+} Defaults;
+
+/* Tokenizes one line's prompt into s->prompt. */
+static void line_prompt(Run *run, Gen *g, cJSON *j, const Defaults *d, const char *file, int line, int vocab) {
+    Seq *s = &g->seq;
+    cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "input_ids");
+    cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
+    cJSON *text = cJSON_GetObjectItemCaseSensitive(j, d->key);
+    TokIds t = {0};
+    if (ids) {
+        if (!cJSON_IsArray(ids)) user_error("%s:%d: field \"input_ids\" must be a list of token ids", file, line);
+        cJSON *e;
+        cJSON_ArrayForEach(e, ids) {
+            if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 || e->valuedouble >= vocab)
+                user_error("%s:%d: \"input_ids\" entries must be token ids in [0, %d)", file, line, vocab);
+            tok_ids_push(&t, e->valueint);
+        }
+        g->prompt_json = cJSON_PrintUnformatted(ids);
+    } else if (msgs) {
+        if (!run->tok) user_error("%s:%d: \"messages\" needs a tokenizer in the model directory", file, line);
+        if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+            user_error("%s:%d: field \"messages\" must be a non-empty list", file, line);
+        int n = cJSON_GetArraySize(msgs), k = 0;
+        ChatMessage *m = xcalloc(n, sizeof(ChatMessage));
+        cJSON *e;
+        cJSON_ArrayForEach(e, msgs) {
+            cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role"), *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+            if (!cJSON_IsString(role) || !cJSON_IsString(content))
+                user_error("%s:%d: messages[%d] needs string fields \"role\" and \"content\"", file, line, k);
+            m[k++] = (ChatMessage){role->valuestring, content->valuestring};
+        }
+        char err[512];
+        int fmt = chat_format_resolve(run->tok, d->chat_template, err, sizeof err);
+        if (fmt < 0) user_error("%s:%d: %s", file, line, err);
+        TokIds mask = {0};
+        if (chat_render(run->tok, (ChatFormat)fmt, m, n, 1, &t, &mask, err, sizeof err))
+            user_error("%s:%d: %s", file, line, err);
+        tok_ids_free(&mask);
+        free(m);
+        g->prompt_json = cJSON_PrintUnformatted(msgs);
+    } else if (text) {
+        if (!cJSON_IsString(text)) user_error("%s:%d: field \"%s\" must be a string", file, line, d->key);
+        if (!run->tok) user_error("%s:%d: text prompts need a tokenizer in the model directory", file, line);
+        unsigned flags = (!d->no_bos && tokenizer_add_bos_default(run->tok)) ? TOK_ADD_BOS : 0;
+        tokenizer_encode(run->tok, text->valuestring, strlen(text->valuestring), flags, &t, NULL);
+        g->prompt_json = cJSON_PrintUnformatted(text);
+    } else {
+        user_error("%s:%d: field \"%s\" missing (or give \"messages\" or \"input_ids\")", file, line, d->key);
+    }
+    if (t.n == 0) user_error("%s:%d: the prompt is empty", file, line);
+    s->n_prompt = (int)t.n;
+    s->prompt = xmalloc(sizeof(int) * t.n);
+    for (size_t i = 0; i < t.n; i++) s->prompt[i] = t.ids[i];
+    tok_ids_free(&t);
+}
+
+static void read_input(Run *run, const char *path, const Defaults *d, const ModelConfig *cfg, const int *eos, int n_eos) {
+    FILE *f = fopen(path, "r");
+    if (!f) user_error("%s: cannot open: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int line = 0;
+    while ((len = getline(&buf, &cap, f)) != -1) {
+        line++;
+        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' ')) buf[--len] = 0;
+        if (len == 0) continue;
+        cJSON *j = cJSON_Parse(buf);
+        if (!j || !cJSON_IsObject(j)) user_error("%s:%d: not a JSON object", path, line);
+        run->gens = xrealloc(run->gens, sizeof(Gen) * (run->n + 1));
+        Gen *g = &run->gens[run->n];
+        memset(g, 0, sizeof(*g));
+        Seq *s = &g->seq;
+        s->index = run->n++;
+        char where[600];
+        snprintf(where, sizeof where, "%s:%d", path, line);
+        cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
+        if (id) g->id_json = cJSON_PrintUnformatted(id);
+        else { g->id_json = xmalloc(16); snprintf(g->id_json, 16, "%d", line); }
+        line_prompt(run, g, j, d, path, line, cfg->vocab_size);
+
+        s->sp = d->sp;
+        s->sp.temperature = get_num(j, "temperature", d->sp.temperature, path, line);
+        s->sp.top_k = get_int(j, "top_k", d->sp.top_k, path, line);
+        s->sp.top_p = get_num(j, "top_p", d->sp.top_p, path, line);
+        s->sp.min_p = get_num(j, "min_p", d->sp.min_p, path, line);
+        s->sp.repetition_penalty = get_num(j, "repetition_penalty", d->sp.repetition_penalty, path, line);
+        s->sp.presence_penalty = get_num(j, "presence_penalty", d->sp.presence_penalty, path, line);
+        s->sp.frequency_penalty = get_num(j, "frequency_penalty", d->sp.frequency_penalty, path, line);
+        cJSON *seed = cJSON_GetObjectItemCaseSensitive(j, "seed");
+        /* a sequence's draws depend only on its seed: the line's, else --seed mixed with the line index */
+        s->sp.seed = seed ? (uint64_t)get_int(j, "seed", 0, path, line)
+                          : d->sp.seed * 0x9E3779B97F4A7C15ull + (uint64_t)s->index + 1;
+        const char *bad = sampling_params_check(&s->sp);
+        if (bad) user_error("%s: %s", where, bad);
+        s->max_new = get_int(j, "max_new_tokens", d->max_new, path, line);
+        s->min_new = get_int(j, "min_new_tokens", d->min_new, path, line);
+        s->logprobs_n = get_int(j, "logprobs", d->logprobs, path, line);
+        if (s->max_new < 1) user_error("%s: max_new_tokens must be >= 1", where);
+        if (s->min_new < 0 || s->min_new > s->max_new) user_error("%s: min_new_tokens must be in [0, max_new_tokens]", where);
+        if (s->logprobs_n < 0 || s->logprobs_n > 20) user_error("%s: logprobs must be in [0, 20]", where);
+        for (int k = 0; k < n_eos && !d->ignore_eos; k++) {
+            s->stop_ids = xrealloc(s->stop_ids, sizeof(int) * (s->n_stop_ids + 1));
+            s->stop_ids[s->n_stop_ids++] = eos[k];
+        }
+        if (d->stop) {
+            cJSON *v = d->stop[0] == '[' ? cJSON_Parse(d->stop) : cJSON_CreateString(d->stop);
+            if (!v) user_error("--stop: not a string or a JSON list of strings");
+            parse_stops(g, v, "--stop");
+            cJSON_Delete(v);
+        }
+        if (d->stop_ids) {
+            char *txt = xmalloc(strlen(d->stop_ids) + 3);
+            sprintf(txt, "[%s]", d->stop_ids);
+            cJSON *v = cJSON_Parse(txt);
+            if (!v) user_error("--stop-token-ids: expected comma-separated token ids");
+            parse_stop_ids(s, v, "--stop-token-ids", cfg->vocab_size);
+            cJSON_Delete(v);
+            free(txt);
+        }
+        cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "stop");
+        if (st) parse_stops(g, st, where);
+        cJSON *sti = cJSON_GetObjectItemCaseSensitive(j, "stop_token_ids");
+        if (sti) parse_stop_ids(s, sti, where, cfg->vocab_size);
+        if (g->n_stops && !run->tok) user_error("%s: stop strings need a tokenizer in the model directory", where);
+
+        int limit = cfg->max_pos;
+        if (s->n_prompt + s->max_new > limit) {
+            if (!d->truncate)
+                user_error("%s: prompt of %d tokens + max_new_tokens %d exceeds max_position_embeddings %d "
+                           "(use --truncate to keep the prompt's last tokens)", where, s->n_prompt, s->max_new, limit);
+            int keep = limit - s->max_new;
+            if (keep < 1) user_error("%s: max_new_tokens %d leaves no room for the prompt (max positions %d)", where, s->max_new, limit);
+            memmove(s->prompt, s->prompt + s->n_prompt - keep, sizeof(int) * keep);
+            s->n_prompt = keep;
+        }
+        seq_alloc_results(s);
+        cJSON_Delete(j);
+    }
+    free(buf);
+    fclose(f);
+    if (run->n == 0) user_error("%s: no prompts", path);
+}
+
+/* ---- output ----------------------------------------------------------------------------- */
+
+/* --resume: ids already written. A last line cut off by a kill (no newline) is dropped from the
+ * file; any other malformed line is an error. */
+static void resume_scan(Run *run, const char *path) {
+    size_t len;
+    char *data = read_file(path, &len);
+    if (!data) return;                               /* nothing yet */
+    size_t good = 0, pos = 0;
+    int line = 0, skipped = 0;
+    while (pos < len) {
+        char *nl = memchr(data + pos, '\n', len - pos);
+        line++;
+        if (!nl) break;                              /* partial tail */
+        *nl = 0;
+        cJSON *j = cJSON_Parse(data + pos);
+        cJSON *id = j ? cJSON_GetObjectItemCaseSensitive(j, "id") : NULL;
+        if (!j || !id || !cJSON_GetObjectItemCaseSensitive(j, "completion_ids"))
+            user_error("%s:%d: not a complete output line; cannot --resume from this file", path, line);
+        char *key = cJSON_PrintUnformatted(id);
+        for (int i = 0; i < run->n; i++)
+            if (!run->gens[i].skip && !strcmp(run->gens[i].id_json, key)) { run->gens[i].skip = 1; skipped++; break; }
+        free(key);
+        cJSON_Delete(j);
+        pos = (size_t)(nl - data) + 1;
+        good = pos;
+    }
+    if (good < len && truncate(path, (off_t)good) != 0) user_error("%s: cannot drop the partial last line", path);
+    if (g_rank == 0) fprintf(stderr, "resume: %d of %d prompts already in %s\n", skipped, run->n, path);
+    free(data);
+}
+
+static void write_ready(Run *run) {
+    while (run->next_write < run->n && (run->gens[run->next_write].done || run->gens[run->next_write].skip)) {
+        Gen *g = &run->gens[run->next_write++];
+        if (g->skip || g_rank != 0) continue;
+        size_t n = strlen(g->line);
+        if (write(run->fd, g->line, n) != (ssize_t)n) user_error("%s: write failed: %s", run->out_path, strerror(errno));
+        free(g->line);
+        g->line = NULL;
+    }
+}
+
+static char *format_line(Run *run, Gen *g) {
+    Seq *s = &g->seq;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "id", cJSON_Parse(g->id_json));
+    cJSON_AddItemToObject(o, "prompt", cJSON_Parse(g->prompt_json));
+    cJSON_AddStringToObject(o, "completion", g->text ? g->text : "");
+    cJSON *ids = cJSON_AddArrayToObject(o, "completion_ids");
+    for (int k = 0; k < s->n_out; k++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(s->out[k]));
+    cJSON_AddStringToObject(o, "finish_reason", s->finish == FINISH_STOP ? "stop" : "length");
+    cJSON_AddNumberToObject(o, "prompt_tokens", s->n_prompt);
+    cJSON_AddNumberToObject(o, "completion_tokens", s->n_out);
+    if (s->logprobs_n > 0) {
+        cJSON *lps = cJSON_AddArrayToObject(o, "logprobs");
+        for (int k = 0; k < s->n_out; k++) {
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "token", s->out[k]);
+            cJSON_AddNumberToObject(e, "logprob", s->lp[k]);
+            cJSON *top = cJSON_AddArrayToObject(e, "top");
+            for (int j = 0; j < s->logprobs_n; j++) {
+                int t = s->top_ids[(size_t)k * s->logprobs_n + j];
+                if (t < 0) break;
+                cJSON *pair = cJSON_CreateArray();
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber(t));
+                cJSON_AddItemToArray(pair, cJSON_CreateNumber(s->top_lp[(size_t)k * s->logprobs_n + j]));
+                cJSON_AddItemToArray(top, pair);
+            }
+            cJSON_AddItemToArray(lps, e);
+        }
+    }
+    char *txt = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    size_t n = strlen(txt);
+    txt = xrealloc(txt, n + 2);
+    txt[n] = '\n';
+    txt[n + 1] = 0;
+    (void)run;
+    return txt;
+}
+
+static void progress(Run *run, int final) {
+    if (!run->progress || g_rank != 0) return;
+    double dt = now_seconds() - run->t0;
+    double rate = run->n_done / (dt > 0 ? dt : 1e-9);
+    fprintf(stderr, "\r[%d/%d prompts] %.1f tokens/s, ETA %.0f s   %s", run->n_done, run->n_total,
+            run->gen_tokens / (dt > 0 ? dt : 1e-9), rate > 0 ? (run->n_total - run->n_done) / rate : 0.0, final ? "\n" : "");
+    fflush(stderr);
+}
+
+/* ---- engine callbacks ------------------------------------------------------------------- */
+
+static int on_token(void *ctx, Seq *s) {
+    Run *run = ctx;
+    Gen *g = &run->gens[s->index];
+    if (!run->tok) return 0;
+    size_t before = g->len;
+    tok_stream_push(&g->ts, s->out[s->n_out - 1], &g->text, &g->len, &g->cap);
+    /* a stop string may straddle tokens: search from where the longest one could have begun */
+    for (int k = 0; k < g->n_stops; k++) {
+        size_t sl = strlen(g->stops[k]), from = before >= sl ? before - sl + 1 : 0;
+        char *hit = g->len >= sl ? memmem(g->text + from, g->len - from, g->stops[k], sl) : NULL;
+        if (hit) {                        /* cut the stop string and what follows it */
+            g->len = (size_t)(hit - g->text);
+            g->text[g->len] = 0;
+            g->stopped = 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void on_finish(void *ctx, Seq *s) {
+    Run *run = ctx;
+    Gen *g = &run->gens[s->index];
+    if (run->tok && !g->stopped) tok_stream_flush(&g->ts, &g->text, &g->len, &g->cap);
+    if (!run->tok) { g->text = xstrdup(""); }
+    g->done = 1;
+    run->n_done++;
+    run->gen_tokens += s->n_out;
+    if (g_rank == 0) g->line = format_line(run, g);
+    write_ready(run);
+    progress(run, 0);
+}
+
+/* ---- main ------------------------------------------------------------------------------- */
+
+int generate_main(int argc, char **argv) {
+    const char *model_dir, *in_path, *out_path;
+    Defaults d = {0};
+    int tp, pp, threads, greedy, resume, show_progress, max_batch, max_batch_tokens, block, seed;
+    float kv_mib;
+    Option opts[] = {
+        {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory"},
+        {"--input", OPT_STR, &in_path, NULL, "prompts jsonl: \"prompt\" | \"messages\" | \"input_ids\" per line"},
+        {"--output", OPT_STR, &out_path, NULL, "output jsonl (input order, one line per prompt)"},
+        {"--input-key", OPT_STR, &d.key, "prompt", "field holding the prompt text"},
+        {"--temperature", OPT_FLOAT, &d.sp.temperature, "1.0", "0 = greedy"},
+        {"--top-k", OPT_INT, &d.sp.top_k, "0", "0 = off"},
+        {"--top-p", OPT_FLOAT, &d.sp.top_p, "1.0", "nucleus, (0, 1]"},
+        {"--min-p", OPT_FLOAT, &d.sp.min_p, "0.0", "[0, 1]"},
+        {"--repetition-penalty", OPT_FLOAT, &d.sp.repetition_penalty, "1.0", "HF definition, > 0"},
+        {"--presence-penalty", OPT_FLOAT, &d.sp.presence_penalty, "0.0", "OpenAI definition"},
+        {"--frequency-penalty", OPT_FLOAT, &d.sp.frequency_penalty, "0.0", "OpenAI definition"},
+        {"--greedy", OPT_FLAG, &greedy, NULL, "same as --temperature 0"},
+        {"--seed", OPT_INT, &seed, "0", "base seed; a line's \"seed\" overrides it"},
+        {"--max-new-tokens", OPT_INT, &d.max_new, "128", "tokens to generate at most"},
+        {"--min-new-tokens", OPT_INT, &d.min_new, "0", "no EOS / stop id before this many"},
+        {"--stop", OPT_STR, &d.stop, NULL, "stop string, or a JSON list of them"},
+        {"--stop-token-ids", OPT_STR, &d.stop_ids, NULL, "comma-separated ids that end a sequence"},
+        {"--logprobs", OPT_INT, &d.logprobs, "0", "per generated token: its logprob and the top N"},
+        {"--chat-template", OPT_STR, &d.chat_template, NULL, "llama2 | mistral | chatml | llama3 (default: detected)"},
+        {"--ignore-eos", OPT_FLAG, &d.ignore_eos, NULL, "do not stop at EOS (parity runs against HF greedy)"},
+        {"--no-bos", OPT_FLAG, &d.no_bos, NULL, "do not add BOS to text prompts"},
+        {"--truncate", OPT_FLAG, &d.truncate, NULL, "keep the last tokens of prompts that are too long"},
+        {"--resume", OPT_FLAG, &resume, NULL, "skip ids already in --output"},
+        {"--progress", OPT_FLAG, &show_progress, NULL, "progress line on stderr even when not a terminal"},
+        {"--kv-cache-mem", OPT_FLOAT, &kv_mib, "512", "KV cache MiB per rank"},
+        {"--block-size", OPT_INT, &block, "16", "tokens per KV cache block"},
+        {"--max-batch", OPT_INT, &max_batch, "64", "running sequences at most"},
+        {"--max-batch-tokens", OPT_INT, &max_batch_tokens, "2048", "tokens per forward step at most"},
+        {"--tp", OPT_INT, &tp, "1", "tensor-parallel size"},
+        {"--pp", OPT_INT, &pp, "1", "pipeline-parallel size"},
+        {"--threads", OPT_INT, &threads, "1", "CPU threads per rank (OpenBLAS)"},
+    };
+    int n_opts = sizeof(opts) / sizeof(opts[0]);
+    comm_init(&argc, &argv);
+    sampling_params_default(&d.sp);
+    args_parse("usage: tandem generate --model DIR --input prompts.jsonl --output out.jsonl [options]", opts, n_opts, argc, argv);
+    if (!model_dir || !in_path || !out_path) user_error("generate: --model, --input and --output are required");
+    if (greedy) d.sp.temperature = 0.0f;
+    d.sp.seed = (uint64_t)(unsigned)seed;
+    const char *bad = sampling_params_check(&d.sp);
+    if (bad) user_error("generate: %s", bad);
+    if (d.max_new < 1) user_error("--max-new-tokens must be >= 1");
+    if (d.min_new < 0) user_error("--min-new-tokens must be >= 0");
+    if (block < 1 || max_batch < 1 || max_batch_tokens < 1 || threads < 1 || !(kv_mib > 0))
+        user_error("--block-size, --max-batch, --max-batch-tokens, --threads, --kv-cache-mem must be positive");
+    cpu_set_threads(threads);
+
+    Mesh mesh;
+    mesh_init(&mesh, tp, pp);
+    if (mesh.dp != 1)
+        user_error("generate: world size %d = tp*pp*dp with dp %d; data-parallel generation is not supported yet "
+                   "(use -np %d)", mesh.world_size, mesh.dp, tp * pp);
+    /* the output must be writable before any work */
+    Run run = {0};
+    run.out_path = out_path;
+    Model m;
+    model_load(&m, model_dir, &mesh);
+    char err[1024];
+    run.tok = tokenizer_open(model_dir, err, sizeof err);   /* optional: input_ids work without one */
+    int eos[MAX_EOS_IDS + 1], n_eos = 0;
+    for (int k = 0; k < m.cfg.n_eos; k++) eos[n_eos++] = m.cfg.eos_ids[k];
+    if (run.tok && tokenizer_eos_id(run.tok) >= 0) {
+        int e = tokenizer_eos_id(run.tok), have = 0;
+        for (int k = 0; k < n_eos; k++) have |= eos[k] == e;
+        if (!have) eos[n_eos++] = e;
+    }
+    read_input(&run, in_path, &d, &m.cfg, eos, n_eos);
+    if (resume) resume_scan(&run, out_path);
+    if (g_rank == 0) {
+        run.fd = open(out_path, O_WRONLY | O_CREAT | O_APPEND | (resume ? 0 : O_TRUNC), 0644);
+        if (run.fd < 0) user_error("%s: cannot open for writing: %s", out_path, strerror(errno));
+    }
+    comm_barrier(&mesh.world);
+    run.progress = show_progress || isatty(2);
+    if (g_rank == 0) {
+        fprintf(stderr, "+------------------------+--------------------------------+\n");
+        args_print(opts, n_opts);
+        model_print_summary(&m);
+    }
+
+    EngineConfig ec = {max_batch, max_batch_tokens, (size_t)(kv_mib * 1048576.0), block, m.cfg.max_pos,
+                       on_token, on_finish, &run};
+    int max_len = 1;
+    for (int i = 0; i < run.n; i++) {
+        Seq *s = &run.gens[i].seq;
+        if (s->n_prompt + s->max_new > max_len) max_len = s->n_prompt + s->max_new;
+    }
+    Engine *e = engine_new(&m, &ec, max_len);
+    for (int i = 0; i < run.n; i++) {
+        Gen *g = &run.gens[i];
+        if (g->skip) continue;
+        if (run.tok) tok_stream_init(&g->ts, run.tok, 1);
+        engine_add(e, &g->seq);
+        run.n_total++;
+    }
+    run.t0 = now_seconds();
+    write_ready(&run);
+    engine_run(e);
+    write_ready(&run);
+    progress(&run, 1);
+    EngineStats st = engine_stats(e);
+    double peak = peak_rss_mib();
+    float pk = (float)peak;
+    comm_all_reduce_max(&mesh.world, &pk, 1);
+    if (g_rank == 0) {
+        fprintf(stderr, "generated: %d prompts, %ld tokens in %.2f s | prefill %ld tokens %.1f tok/s | decode %ld tokens "
+                        "%.1f tok/s | %ld steps, %ld preemptions | KV %d blocks x %d tokens, peak %d used | peak RSS %.1f MiB/rank\n",
+                run.n_total, run.gen_tokens, now_seconds() - run.t0, st.prefill_tokens,
+                st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0, st.decode_tokens,
+                st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0.0, st.steps, st.preemptions, st.kv_blocks,
+                st.kv_block_tokens, st.peak_blocks_used, pk);
+        close(run.fd);
+    }
+    engine_free(e);
+    for (int i = 0; i < run.n; i++) {
+        Gen *g = &run.gens[i];
+        free(g->seq.prompt); free(g->seq.stop_ids); seq_free(&g->seq);
+        free(g->id_json); free(g->prompt_json); free(g->text); free(g->line);
+        for (int k = 0; k < g->n_stops; k++) free(g->stops[k]);
+    }
+    free(run.gens);
+    if (run.tok) tokenizer_free(run.tok);
+    model_free(&m);
+    mesh_free(&mesh);
+    comm_finalize();
+    return 0;
+}

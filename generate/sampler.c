@@ -1,0 +1,232 @@
+/* sampler.c — logits processors in Hugging Face's order and a counter-based draw (see sampler.h).
+ *
+ * Each processor copies the arithmetic of its transformers 4.47 counterpart in fp32, in the same
+ * order, so processed logits match HF bit for bit where the math is elementwise (penalties,
+ * temperature, top-k). Top-p and min-p compare softmax probabilities against a threshold; there our
+ * expf and sum differ from torch's SIMD ones in the last bits, so a token lying within ~1e-7 of the
+ * threshold may fall on the other side. Tests keep their cases away from such edges.
+ * Nothing here allocates except sampler_process given scratch == NULL. */
+#include "generate/sampler.h"
+#include "runtime/util.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    float v; /* a logit, later its exp(v - max) */
+    int id;  /* its token id */
+} SortEntry;
+
+void sampling_params_default(SamplingParams *p) {
+    p->temperature = 1.0f;
+    p->top_k = 0;
+    p->top_p = 1.0f;
+    p->min_p = 0.0f;
+    p->repetition_penalty = 1.0f;
+    p->presence_penalty = 0.0f;
+    p->frequency_penalty = 0.0f;
+    p->seed = 0;
+}
+
+const char *sampling_params_check(const SamplingParams *p) {
+    static char msg[128];
+    /* Written as !(valid) so that NaN, which fails every comparison, is rejected too. */
+    if (!(p->temperature >= 0.0f && isfinite(p->temperature)))
+        snprintf(msg, sizeof(msg), "temperature must be >= 0 and finite, got %g", p->temperature);
+    else if (p->top_k < 0)
+        snprintf(msg, sizeof(msg), "top_k must be >= 0 (0 = off), got %d", p->top_k);
+    else if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        snprintf(msg, sizeof(msg), "top_p must be in (0, 1], got %g", p->top_p);
+    else if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        snprintf(msg, sizeof(msg), "min_p must be in [0, 1], got %g", p->min_p);
+    else if (!(p->repetition_penalty > 0.0f && isfinite(p->repetition_penalty)))
+        snprintf(msg, sizeof(msg), "repetition_penalty must be > 0 and finite, got %g", p->repetition_penalty);
+    else if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        snprintf(msg, sizeof(msg), "presence_penalty must be in [-2, 2], got %g", p->presence_penalty);
+    else if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        snprintf(msg, sizeof(msg), "frequency_penalty must be in [-2, 2], got %g", p->frequency_penalty);
+    else
+        return NULL;
+    return msg;
+}
+
+size_t sampler_scratch_bytes(int V) {
+    return (size_t)V * sizeof(SortEntry) + (size_t)V * sizeof(float);
+}
+
+/* ---------------------------------------------------------------- processors */
+
+/* RepetitionPenaltyLogitsProcessor: gather, s < 0 ? s * r : s / r, scatter. A token repeated in the
+ * history is scattered with the same value, i.e. penalized once. seen (V) is scratch. */
+static void apply_repetition(float *logits, int V, float r, const int *prompt, int n_prompt,
+                             const int *output, int n_output, float *seen) {
+    memset(seen, 0, (size_t)V * sizeof(float));
+    for (int i = 0; i < n_prompt + n_output; i++) {
+        int id = i < n_prompt ? prompt[i] : output[i - n_prompt];
+        CHECK(id >= 0 && id < V);
+        if (seen[id] != 0.0f) continue;
+        seen[id] = 1.0f;
+        float s = logits[id];
+        logits[id] = s < 0.0f ? s * r : s / r;
+    }
+}
+
+/* OpenAI presence/frequency penalties over output tokens: s -= presence * (c > 0) + frequency * c.
+ * count (V) is scratch; counts are exact in fp32 up to 2^24. The penalty is built in two statements
+ * so that no compiler contracts it into an fma (the reference rounds the product first). */
+static void apply_presence_frequency(float *logits, int V, float presence, float frequency,
+                                     const int *output, int n_output, float *count) {
+    memset(count, 0, (size_t)V * sizeof(float));
+    for (int i = 0; i < n_output; i++) {
+        CHECK(output[i] >= 0 && output[i] < V);
+        count[output[i]] += 1.0f;
+    }
+    for (int i = 0; i < n_output; i++) {
+        int id = output[i];
+        float c = count[id];
+        if (c == 0.0f) continue; /* already done: a token is penalized once */
+        float pen = frequency * c;
+        pen = presence + pen;
+        logits[id] -= pen;
+        count[id] = 0.0f;
+    }
+}
+
+/* The k-th largest of x (n), k in [1, n], counting duplicates (torch.topk(x, k)[0][-1]).
+ * Quickselect with a three-way partition, so runs of equal values (-inf after earlier filters)
+ * cost O(n). Reorders x. */
+static float kth_largest(float *x, int n, int k) {
+    int lo = 0, hi = n - 1, want = k - 1; /* index in descending order */
+    while (lo < hi) {
+        float a = x[lo], b = x[lo + (hi - lo) / 2], c = x[hi];
+        float pivot = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+        /* [lo, gt) > pivot, [gt, i) == pivot, (lt, hi] < pivot */
+        int gt = lo, i = lo, lt = hi;
+        while (i <= lt) {
+            if (x[i] > pivot) { float t = x[i]; x[i] = x[gt]; x[gt] = t; gt++; i++; }
+            else if (x[i] < pivot) { float t = x[i]; x[i] = x[lt]; x[lt] = t; lt--; }
+            else i++;
+        }
+        if (want < gt) hi = gt - 1;
+        else if (want > lt) lo = lt + 1;
+        else return pivot;
+    }
+    return x[want];
+}
+
+/* TopKLogitsWarper: remove s < (k-th largest s). Ties with the k-th value all stay. copy (V) scratch. */
+static void apply_top_k(float *logits, int V, int k, float *copy) {
+    if (k >= V) return; /* the threshold would be the minimum: nothing is removed */
+    memcpy(copy, logits, (size_t)V * sizeof(float));
+    float thr = kth_largest(copy, V, k);
+    for (int i = 0; i < V; i++)
+        if (logits[i] < thr) logits[i] = -INFINITY;
+}
+
+/* Descending by value, ascending id among equal values. */
+static int cmp_entry_desc(const void *pa, const void *pb) {
+    const SortEntry *a = pa, *b = pb;
+    if (a->v != b->v) return a->v > b->v ? -1 : 1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* TopPLogitsWarper: sort ascending, probs = softmax, cumsum, remove cumsum <= 1 - top_p, keep the
+ * largest. torch's CPU cumsum accumulates in double and stores fp32, and compares against
+ * 1 - top_p computed in double and rounded to fp32; we do the same. Entries already -inf have
+ * probability 0 and stay removed, so only finite entries are sorted. Among equal values the
+ * higher id comes first in ascending order (is removed first); torch's sort leaves that order
+ * unspecified. ent (V) scratch. */
+static void apply_top_p(float *logits, int V, float top_p, SortEntry *ent) {
+    int n = 0;
+    for (int i = 0; i < V; i++)
+        if (logits[i] > -INFINITY) ent[n++] = (SortEntry){logits[i], i};
+    if (n <= 1) return;
+    qsort(ent, (size_t)n, sizeof(SortEntry), cmp_entry_desc);
+    float max = ent[0].v;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        ent[i].v = expf(ent[i].v - max);
+        sum += ent[i].v;
+    }
+    float inv = (float)(1.0 / sum);
+    float thr = (float)(1.0 - (double)top_p);
+    double cum = 0.0;
+    for (int i = n - 1; i > 0; i--) { /* ascending; i == 0 (the largest) is always kept */
+        cum += ent[i].v * inv;
+        if ((float)cum > thr) break;
+        logits[ent[i].id] = -INFINITY;
+    }
+}
+
+/* MinPLogitsWarper: probs = softmax(s); remove probs < min_p * max(probs). The largest token is
+ * never below the threshold (min_p <= 1), so HF's "keep at least one" needs no sort here. */
+static void apply_min_p(float *logits, int V, float min_p) {
+    float max = -INFINITY;
+    for (int i = 0; i < V; i++)
+        if (logits[i] > max) max = logits[i];
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) sum += expf(logits[i] - max);
+    float inv = (float)(1.0 / sum);
+    float thr = min_p * inv; /* min_p * max prob; max prob = exp(0) * inv */
+    for (int i = 0; i < V; i++)
+        if (expf(logits[i] - max) * inv < thr) logits[i] = -INFINITY;
+}
+
+void sampler_process(float *logits, int V, const SamplingParams *p, const int *prompt, int n_prompt,
+                     const int *output, int n_output, void *scratch) {
+    void *owned = NULL;
+    if (!scratch) scratch = owned = xmalloc(sampler_scratch_bytes(V));
+    SortEntry *ent = scratch;              /* (V) */
+    float *work = (float *)(ent + V);      /* (V) marks, counts, then a copy for top-k */
+
+    if (p->repetition_penalty != 1.0f)
+        apply_repetition(logits, V, p->repetition_penalty, prompt, n_prompt, output, n_output, work);
+    if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f)
+        apply_presence_frequency(logits, V, p->presence_penalty, p->frequency_penalty, output, n_output, work);
+    if (p->temperature == 0.0f) goto done; /* greedy: the draw is argmax of the penalized logits */
+    if (p->temperature != 1.0f)
+        for (int i = 0; i < V; i++) logits[i] /= p->temperature;
+    if (p->top_k > 0) apply_top_k(logits, V, p->top_k, work);
+    if (p->top_p < 1.0f) apply_top_p(logits, V, p->top_p, ent);
+    if (p->min_p > 0.0f) apply_min_p(logits, V, p->min_p);
+done:
+    free(owned);
+}
+
+/* ---------------------------------------------------------------- draw */
+
+static uint64_t mix64(uint64_t z) { /* splitmix64's output function */
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double sampler_uniform(uint64_t seed, uint64_t step) {
+    /* splitmix64 with state mix64(seed): output n is mix64(state + (n + 1) * golden gamma). Mixing the
+     * seed first keeps nearby seeds (0, 1, 2, ...) from being shifted copies of one stream. */
+    uint64_t z = mix64(mix64(seed) + (step + 1) * 0x9E3779B97F4A7C15ull);
+    return (double)(z >> 11) * 0x1.0p-53;
+}
+
+int sampler_draw(const float *logits, int V, const SamplingParams *p, int step) {
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i; /* strict: lowest id on ties */
+    if (p->temperature == 0.0f) return best;
+
+    /* Inverse CDF in double: the first i with cumsum(exp(s - max))[i] > u * sum. */
+    float max = logits[best];
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) sum += expf(logits[i] - max);
+    double target = sampler_uniform(p->seed, (uint64_t)step) * sum, cum = 0.0;
+    int last = best;
+    for (int i = 0; i < V; i++) {
+        float e = expf(logits[i] - max);
+        if (e == 0.0f) continue;
+        cum += e;
+        last = i;
+        if (cum > target) return i;
+    }
+    return last; /* u * sum rounded up to the total: the last token with nonzero probability */
+}
