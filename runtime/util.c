@@ -24,7 +24,10 @@ static int mpi_up(void) {
 _Noreturn static void stop_job(void) {
     fflush(stdout);
     fflush(stderr);
-    if (g_world_size > 1 && mpi_up()) MPI_Abort(MPI_COMM_WORLD, 1);
+    if (g_world_size > 1 && mpi_up()) {
+        usleep(300 * 1000); /* let mpirun forward our last line before the abort tears the job down */
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     exit(1);
 }
 
