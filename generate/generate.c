@@ -364,6 +364,28 @@ static void on_finish(void *ctx, Seq *s) {
 
 /* ---- main ------------------------------------------------------------------------------- */
 
+/* EOS ids of generation_config.json (int or list), added to eos[] without duplicates. */
+static int add_generation_eos(const char *dir, int *eos, int n_eos) {
+    char *path = path_join(dir, "generation_config.json");
+    char *text = read_file(path, NULL);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    if (text && !j) user_error("%s: not valid JSON", path);
+    cJSON *v = j ? cJSON_GetObjectItemCaseSensitive(j, "eos_token_id") : NULL, *e;
+    if (v && !cJSON_IsNumber(v) && !cJSON_IsArray(v)) user_error("%s: eos_token_id must be an integer or a list", path);
+    cJSON *one = cJSON_IsNumber(v) ? cJSON_CreateIntArray(&v->valueint, 1) : NULL, *list = one ? one : v;
+    cJSON_ArrayForEach(e, list) {
+        if (!cJSON_IsNumber(e)) user_error("%s: eos_token_id entries must be integers", path);
+        int have = 0;
+        for (int k = 0; k < n_eos; k++) have |= eos[k] == e->valueint;
+        if (!have && n_eos < 2 * MAX_EOS_IDS) eos[n_eos++] = e->valueint;
+    }
+    cJSON_Delete(one);
+    cJSON_Delete(j);
+    free(text);
+    free(path);
+    return n_eos;
+}
+
 int generate_main(int argc, char **argv) {
     const char *model_dir, *in_path, *out_path;
     Defaults d = {0};
@@ -429,8 +451,9 @@ int generate_main(int argc, char **argv) {
     model_load(&m, model_dir, &mesh);
     char err[1024];
     run.tok = tokenizer_open(model_dir, err, sizeof err);   /* optional: input_ids work without one */
-    int eos[MAX_EOS_IDS + 1], n_eos = 0;
+    int eos[3 * MAX_EOS_IDS + 1], n_eos = 0;
     for (int k = 0; k < m.cfg.n_eos; k++) eos[n_eos++] = m.cfg.eos_ids[k];
+    n_eos = add_generation_eos(model_dir, eos, n_eos);
     if (run.tok && tokenizer_eos_id(run.tok) >= 0) {
         int e = tokenizer_eos_id(run.tok), have = 0;
         for (int k = 0; k < n_eos; k++) have |= eos[k] == e;
@@ -438,11 +461,6 @@ int generate_main(int argc, char **argv) {
     }
     read_input(&run, in_path, &d, &m.cfg, eos, n_eos);
     if (resume) resume_scan(&run, out_path);
-    if (g_rank == 0) {
-        run.fd = open(out_path, O_WRONLY | O_CREAT | O_APPEND | (resume ? 0 : O_TRUNC), 0644);
-        if (run.fd < 0) user_error("%s: cannot open for writing: %s", out_path, strerror(errno));
-    }
-    comm_barrier(&mesh.world);
     run.progress = show_progress || isatty(2);
     if (g_rank == 0) {
         fprintf(stderr, "+------------------------+--------------------------------+\n");
@@ -461,10 +479,19 @@ int generate_main(int argc, char **argv) {
     for (int i = 0; i < run.n; i++) {
         Gen *g = &run.gens[i];
         if (g->skip) continue;
-        if (run.tok) tok_stream_init(&g->ts, run.tok, 1);
+        if (run.tok) {
+            tok_stream_init(&g->ts, run.tok, 1);
+            g->ts.n_seen = 1;  /* the completion continues the prompt: keep its first token's leading space */
+        }
         engine_add(e, &g->seq);
         run.n_total++;
     }
+    /* every input check is done: only now is the output file created */
+    if (g_rank == 0) {
+        run.fd = open(out_path, O_WRONLY | O_CREAT | O_APPEND | (resume ? 0 : O_TRUNC), 0644);
+        if (run.fd < 0) user_error("%s: cannot open for writing: %s", out_path, strerror(errno));
+    }
+    comm_barrier(&mesh.world);
     run.t0 = now_seconds();
     write_ready(&run);
     engine_run(e);

@@ -1,0 +1,206 @@
+#!/usr/bin/env bats
+# tandem generate: HF greedy parity through the KV-cache engine, invariance of outputs to batch size,
+# layout and KV-cache pressure, seeds, stops, logprobs, resume, and bad input.
+load helpers
+
+STORIES="$ASSETS/models/stories260K-hf"
+FIXTURES="llama_gqa mistral_swa qwen2_bias qwen2_swa llama3_rope llama_linear_rope llama_sharded llama_mqa llama_odd_vocab"
+
+# prompts_from_ref REF OUT: one {"id","input_ids","max_new_tokens"} line per reference record
+prompts_from_ref() {
+    jq -c '{id, input_ids, max_new_tokens: (.greedy_ids | length)}' "$1" > "$2"
+}
+# same_greedy REF OUT: every completion equals the reference's greedy_ids
+same_greedy() {
+    diff <(jq -c '[.id, .greedy_ids]' "$1") <(jq -c '[.id, .completion_ids]' "$2")
+}
+
+@test "generate: greedy equals HF on every fixture (KV cache, blocks of 2 and 16)" {
+    for f in $FIXTURES; do
+        prompts_from_ref "$FIX/refs/$f.jsonl" "$BATS_TEST_TMPDIR/p.jsonl"
+        for bs in 2 16; do
+            "$TANDEM" generate --model "$FIX/models/$f" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" \
+                --greedy --ignore-eos --block-size $bs 2>/dev/null
+            echo "$f block $bs"
+            same_greedy "$FIX/refs/$f.jsonl" "$BATS_TEST_TMPDIR/o.jsonl"
+        done
+    done
+}
+
+@test "generate: greedy equals HF on the real models" {
+    need_assets
+    for pair in "stories260K-hf stories260K" "tinystories-l2c-64d-500it-hf tinystories-l2c"; do
+        set -- $pair
+        prompts_from_ref "$FIX/refs/$2.jsonl" "$BATS_TEST_TMPDIR/p.jsonl"
+        "$TANDEM" generate --model "$ASSETS/models/$1" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" --greedy --ignore-eos 2>/dev/null
+        same_greedy "$FIX/refs/$2.jsonl" "$BATS_TEST_TMPDIR/o.jsonl"
+    done
+}
+
+@test "generate: stories260K reproduces golden_greedy_200 from a BOS-only prompt" {
+    need_assets
+    echo '{"input_ids": [1], "max_new_tokens": 200}' > "$BATS_TEST_TMPDIR/p.jsonl"
+    "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" --greedy 2>/dev/null
+    got=$(jq -r '.completion_ids | map(tostring) | join(" ")' "$BATS_TEST_TMPDIR/o.jsonl")
+    want=$(tail -n +2 <(tr ' ' '\n' < "$ASSETS/models/stories260K/golden_greedy_200.ids") | tr '\n' ' ' | sed 's/ *$//')
+    [ "$got" = "$want" ]
+    [ "$(jq -r .finish_reason "$BATS_TEST_TMPDIR/o.jsonl")" = length ]
+}
+
+# 40 text prompts of varied length for the invariance tests
+make_prompts() { # OUT EXTRA_JSON
+    for i in $(seq 1 40); do
+        words=$(printf 'the cat sat on the mat %.0s' $(seq 1 $((i % 7 + 1))))
+        echo "{\"id\": \"p$i\", \"prompt\": \"Once upon a time $words and\", \"max_new_tokens\": $((10 + i % 13))$2}"
+    done > "$1"
+}
+
+@test "generate: greedy output is identical for batch sizes 1, 7, 64 and layouts 2x1, 1x2, 2x2" {
+    need_assets
+    make_prompts "$BATS_TEST_TMPDIR/p.jsonl" ""
+    for b in 1 7 64; do
+        "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/b$b.jsonl" --greedy --max-batch $b 2>/dev/null
+    done
+    cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/b7.jsonl"
+    cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/b64.jsonl"
+    [ "$(wc -l < "$BATS_TEST_TMPDIR/b1.jsonl")" -eq 40 ]
+    for l in "2 2 1" "2 1 2" "4 2 2"; do
+        set -- $l
+        timeout 120 $MPIRUN $1 "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" \
+            --output "$BATS_TEST_TMPDIR/l.jsonl" --greedy --tp $2 --pp $3 2>/dev/null
+        echo "layout tp=$2 pp=$3"
+        cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/l.jsonl"
+    done
+}
+
+@test "generate: sampled tokens depend only on the seed (batch, order, layout, KV pressure)" {
+    need_assets
+    make_prompts "$BATS_TEST_TMPDIR/p.jsonl" ', "temperature": 0.9, "top_k": 40, "top_p": 0.95, "min_p": 0.02, "repetition_penalty": 1.1'
+    run_gen() { "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$1" --seed 11 "${@:2}" 2>/dev/null; }
+    run_gen "$BATS_TEST_TMPDIR/a.jsonl" --max-batch 64
+    run_gen "$BATS_TEST_TMPDIR/b.jsonl" --max-batch 3
+    cmp "$BATS_TEST_TMPDIR/a.jsonl" "$BATS_TEST_TMPDIR/b.jsonl"
+    # a different seed changes the text
+    "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/c.jsonl" --seed 12 2>/dev/null
+    ! cmp -s "$BATS_TEST_TMPDIR/a.jsonl" "$BATS_TEST_TMPDIR/c.jsonl"
+    # per-line seeds: reversed input order gives the same completion per id
+    jq -c '. + {seed: 5}' "$BATS_TEST_TMPDIR/p.jsonl" > "$BATS_TEST_TMPDIR/s.jsonl"
+    tac "$BATS_TEST_TMPDIR/s.jsonl" > "$BATS_TEST_TMPDIR/r.jsonl"
+    "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/s.jsonl" --output "$BATS_TEST_TMPDIR/s.out" 2>/dev/null
+    "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/r.jsonl" --output "$BATS_TEST_TMPDIR/r.out" --max-batch 5 2>/dev/null
+    diff <(jq -c '[.id, .completion_ids]' "$BATS_TEST_TMPDIR/s.out" | sort) <(jq -c '[.id, .completion_ids]' "$BATS_TEST_TMPDIR/r.out" | sort)
+    # KV cache of 12 blocks x 16 tokens: sequences wait and get preempted, tokens do not change
+    "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/k.jsonl" --seed 11 \
+        --kv-cache-mem 0.24 2> "$BATS_TEST_TMPDIR/k.err"
+    cat "$BATS_TEST_TMPDIR/k.err" | tail -1
+    grep -qE 'KV 12 blocks' "$BATS_TEST_TMPDIR/k.err"
+    cmp "$BATS_TEST_TMPDIR/a.jsonl" "$BATS_TEST_TMPDIR/k.jsonl"
+    # and a 2x2 layout
+    timeout 120 $MPIRUN 4 "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/l.jsonl" \
+        --seed 11 --tp 2 --pp 2 2>/dev/null
+    cmp "$BATS_TEST_TMPDIR/a.jsonl" "$BATS_TEST_TMPDIR/l.jsonl"
+}
+
+@test "generate: sliding window frees blocks outside the window" {
+    # mistral_swa has W = 4: with 2-token blocks a sequence never holds more than 4 blocks after prefill
+    echo '{"input_ids": [1, 5, 6, 7], "max_new_tokens": 60}' > "$BATS_TEST_TMPDIR/p.jsonl"
+    "$TANDEM" generate --model "$FIX/models/mistral_swa" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" \
+        --greedy --ignore-eos --block-size 2 2> "$BATS_TEST_TMPDIR/e"
+    tail -1 "$BATS_TEST_TMPDIR/e"
+    peak=$(grep -oE 'peak [0-9]+ used' "$BATS_TEST_TMPDIR/e" | cut -d' ' -f2)
+    [ "$peak" -le 4 ]
+    [ "$(jq '.completion_ids | length' "$BATS_TEST_TMPDIR/o.jsonl")" -eq 60 ]
+    # a model without a window holds all 32 blocks
+    "$TANDEM" generate --model "$FIX/models/llama_gqa" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" \
+        --greedy --ignore-eos --block-size 2 2> "$BATS_TEST_TMPDIR/e"
+    grep -q 'peak 32 used' "$BATS_TEST_TMPDIR/e"
+}
+
+@test "generate: stops (EOS, stop strings across tokens, stop ids, min/max new tokens)" {
+    need_assets
+    cat > "$BATS_TEST_TMPDIR/p.jsonl" <<'JSON'
+{"id": "eos", "prompt": "Once upon a time", "temperature": 0, "max_new_tokens": 400}
+{"id": "str", "prompt": "Once upon a time", "temperature": 0, "stop": ["Lily"]}
+{"id": "ids", "prompt": "Once upon a time", "temperature": 0, "stop_token_ids": [426]}
+{"id": "min", "prompt": "Once upon a time", "temperature": 0, "stop_token_ids": [426], "min_new_tokens": 20}
+{"id": "len", "prompt": "Once upon a time", "temperature": 0, "max_new_tokens": 5}
+JSON
+    # stories260K ends stories with BOS (1), llama2.c style: declare it an EOS in generation_config.json
+    cp -r "$STORIES" "$BATS_TEST_TMPDIR/m"
+    echo '{"eos_token_id": [1]}' > "$BATS_TEST_TMPDIR/m/generation_config.json"
+    "$TANDEM" generate --model "$BATS_TEST_TMPDIR/m" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" 2>/dev/null
+    cat "$BATS_TEST_TMPDIR/o.jsonl"
+    q() { jq -r "select(.id == \"$1\") | $2" "$BATS_TEST_TMPDIR/o.jsonl"; }
+    [ "$(q eos .finish_reason)" = stop ]
+    [ "$(q eos '.completion_ids[-1]')" = 1 ]              # EOS ends it, kept in the ids
+    [ "$(q eos '.completion_ids | map(select(. == 1)) | length')" = 1 ]
+    [ "$(q str .finish_reason)" = stop ]
+    [[ "$(q str .completion)" != *Lily* ]]               # the stop string and what follows are cut
+    [[ "$(q eos .completion)" == "$(q str .completion)"* ]]
+    [ "$(q ids '.completion_ids[-1]')" = 426 ]
+    [ "$(q ids '.completion_ids | map(select(. == 426)) | length')" = 1 ]
+    [ "$(q min '.completion_ids | length')" -ge 21 ]
+    [ "$(q min '.completion_ids[:20] | map(select(. == 426)) | length')" = 0 ]
+    [ "$(q len .finish_reason)" = length ]
+    [ "$(q len .completion_tokens)" = 5 ]
+}
+
+@test "generate: --logprobs match HF's greedy logprobs" {
+    prompts_from_ref "$FIX/refs/llama_gqa.jsonl" "$BATS_TEST_TMPDIR/p.jsonl"
+    "$TANDEM" generate --model "$FIX/models/llama_gqa" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" \
+        --greedy --ignore-eos --logprobs 3 2>/dev/null
+    # each step's top-3 equals HF's first 3 [id, logprob] entries within 1e-4 (fp32, see eval.bats)
+    paste -d '\n' <(jq -c '[.greedy_top_logprobs[] | .[:3]]' "$FIX/refs/llama_gqa.jsonl") \
+                  <(jq -c '[.logprobs[] | .top]' "$BATS_TEST_TMPDIR/o.jsonl") |
+    jq -s -e 'def chk(a; b): [range(0; a|length) as $i | range(0; 3) as $j |
+                  (a[$i][$j][0] == b[$i][$j][0]) and (((a[$i][$j][1] - b[$i][$j][1]) | fabs) < 1e-4)] | all;
+              [range(0; length; 2) as $k | chk(.[$k]; .[$k + 1])] | all'
+    jq -e '.logprobs | all(.logprob == .top[0][1] and .token == .top[0][0])' "$BATS_TEST_TMPDIR/o.jsonl"
+}
+
+@test "generate: --resume skips finished ids and drops a partial last line" {
+    need_assets
+    make_prompts "$BATS_TEST_TMPDIR/p.jsonl" ""
+    "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/full.jsonl" --greedy 2>/dev/null
+    head -5 "$BATS_TEST_TMPDIR/full.jsonl" > "$BATS_TEST_TMPDIR/o.jsonl"
+    sed -n 6p "$BATS_TEST_TMPDIR/full.jsonl" | head -c 30 >> "$BATS_TEST_TMPDIR/o.jsonl"   # killed mid-line
+    run "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" --greedy --resume
+    echo "$output" | grep 'resume: 5 of 40'
+    cmp "$BATS_TEST_TMPDIR/full.jsonl" "$BATS_TEST_TMPDIR/o.jsonl"
+    # a corrupt line in the middle is an error, and the file is left alone
+    sed -i '3s/.*/{"id": "p3", "oops"/' "$BATS_TEST_TMPDIR/o.jsonl"
+    cp "$BATS_TEST_TMPDIR/o.jsonl" "$BATS_TEST_TMPDIR/before"
+    run "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" --greedy --resume
+    [ "$status" -ne 0 ]
+    [[ "$output" == *"o.jsonl:3: not a complete output line; cannot --resume"* ]]
+    cmp "$BATS_TEST_TMPDIR/before" "$BATS_TEST_TMPDIR/o.jsonl"
+}
+
+@test "generate: bad input is one clear line naming the line and field" {
+    need_assets
+    P="$BATS_TEST_TMPDIR/p.jsonl" O="$BATS_TEST_TMPDIR/o.jsonl"
+    gen() { run "$TANDEM" generate --model "$STORIES" --input "$P" --output "$O" "$@"; echo "$output"; [ "$status" -ne 0 ]; [ ! -e "$O" ]; }
+    printf '{"prompt": "a"}\n{"prompt": "b"\n' > "$P";                  gen; [[ "$output" == *"p.jsonl:2: not a JSON object"* ]]
+    printf '{"prompt": "a"}\n{"text": "b"}\n' > "$P";                   gen; [[ "$output" == *"p.jsonl:2: field \"prompt\" missing"* ]]
+    printf '{"prompt": "a", "top_p": 1.5}\n' > "$P";                    gen; [[ "$output" == *"p.jsonl:1: "*"top_p"* ]]
+    printf '{"prompt": "a", "temperature": -1}\n' > "$P";               gen; [[ "$output" == *"p.jsonl:1: "*"temperature"* ]]
+    printf '{"prompt": "a", "top_k": -2}\n' > "$P";                     gen; [[ "$output" == *"p.jsonl:1: "*"top_k"* ]]
+    printf '{"prompt": "a", "repetition_penalty": 0}\n' > "$P";         gen; [[ "$output" == *"p.jsonl:1: "*"repetition_penalty"* ]]
+    printf '{"prompt": "a", "max_new_tokens": "x"}\n' > "$P";           gen; [[ "$output" == *"p.jsonl:1: field \"max_new_tokens\" must be an integer"* ]]
+    printf '{"messages": [{"role": "user", "content": "hi"}]}\n' > "$P"; gen --chat-template bogus; [[ "$output" == *"p.jsonl:1: "*"bogus"* ]]
+    printf '{"input_ids": [1, 600]}\n' > "$P";                          gen; [[ "$output" == *"p.jsonl:1: \"input_ids\" entries must be token ids in [0, 512)"* ]]
+    printf '{"prompt": "a"}\n' > "$P"
+    run "$TANDEM" generate --model "$STORIES" --input "$P" --output "$BATS_TEST_TMPDIR/no/such/dir/o.jsonl"
+    [ "$status" -ne 0 ]; [[ "$output" == *"o.jsonl: cannot open for writing"* ]]
+    gen --top-p 0;  [[ "$output" == *"top_p"* ]]
+    # too long for max_position_embeddings (512): error, or --truncate keeps the last tokens
+    python_free_long=$(printf 'Once upon a time %.0s' $(seq 1 200))
+    echo "{\"prompt\": \"$python_free_long\", \"max_new_tokens\": 20}" > "$P"
+    gen; [[ "$output" == *"p.jsonl:1: prompt of "*" exceeds max_position_embeddings 512"* ]]
+    run "$TANDEM" generate --model "$STORIES" --input "$P" --output "$O" --truncate --greedy
+    [ "$status" -eq 0 ]
+    [ "$(jq .prompt_tokens "$O")" -eq 492 ]
+    rm -f "$O"
+    echo '{"input_ids": [1, 2, 3], "max_new_tokens": 100}' > "$P"
+    gen --kv-cache-mem 0.05; [[ "$output" == *"prompt 0: 3 prompt + 100 new tokens need 7 KV blocks of 16 tokens, the cache holds 2"* ]]
+}
