@@ -14,7 +14,7 @@
 #include <string.h>
 
 typedef struct {
-    float v; /* a logit, later its exp(v - max) */
+    float v; /* a logit */
     int id;  /* its token id */
 } SortEntry;
 
@@ -93,67 +93,92 @@ static void apply_presence_frequency(float *logits, int V, float presence, float
     }
 }
 
-/* The k-th largest of x (n), k in [1, n], counting duplicates (torch.topk(x, k)[0][-1]).
- * Quickselect with a three-way partition, so runs of equal values (-inf after earlier filters)
- * cost O(n). Reorders x. */
-static float kth_largest(float *x, int n, int k) {
-    int lo = 0, hi = n - 1, want = k - 1; /* index in descending order */
+/* Moves the m largest entries of e (n) to the front, m in [1, n], in no particular order, followed
+ * by every other entry equal to the smallest of them; returns the new count m' >= m. e[m' - 1].v is
+ * then the m-th largest value (counting duplicates, torch.topk(x, m)[0][-1]) and every entry past
+ * m' is strictly smaller. Quickselect with a three-way partition: a run of equal values (-inf after
+ * earlier filters) stays together and costs O(n). Average O(n). */
+static int select_top(SortEntry *e, int n, int m) {
+    int lo = 0, hi = n - 1, want = m - 1; /* index in descending order */
     while (lo < hi) {
-        float a = x[lo], b = x[lo + (hi - lo) / 2], c = x[hi];
+        float a = e[lo].v, b = e[lo + (hi - lo) / 2].v, c = e[hi].v;
         float pivot = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
         /* [lo, gt) > pivot, [gt, i) == pivot, (lt, hi] < pivot */
         int gt = lo, i = lo, lt = hi;
         while (i <= lt) {
-            if (x[i] > pivot) { float t = x[i]; x[i] = x[gt]; x[gt] = t; gt++; i++; }
-            else if (x[i] < pivot) { float t = x[i]; x[i] = x[lt]; x[lt] = t; lt--; }
+            SortEntry t = e[i];
+            if (t.v > pivot) { e[i] = e[gt]; e[gt] = t; gt++; i++; }
+            else if (t.v < pivot) { e[i] = e[lt]; e[lt] = t; lt--; }
             else i++;
         }
         if (want < gt) hi = gt - 1;
         else if (want > lt) lo = lt + 1;
-        else return pivot;
+        else return lt + 1; /* [gt, lt] holds every entry equal to the pivot */
     }
-    return x[want];
+    return want + 1; /* a range of one: its value occurs nowhere else */
 }
 
-/* TopKLogitsWarper: remove s < (k-th largest s). Ties with the k-th value all stay. copy (V) scratch. */
-static void apply_top_k(float *logits, int V, int k, float *copy) {
+/* TopKLogitsWarper: remove s < (k-th largest s). Ties with the k-th value all stay. ent (V) scratch. */
+static void apply_top_k(float *logits, int V, int k, SortEntry *ent) {
     if (k >= V) return; /* the threshold would be the minimum: nothing is removed */
-    memcpy(copy, logits, (size_t)V * sizeof(float));
-    float thr = kth_largest(copy, V, k);
+    for (int i = 0; i < V; i++) ent[i] = (SortEntry){logits[i], i};
+    float thr = ent[select_top(ent, V, k) - 1].v;
     for (int i = 0; i < V; i++)
         if (logits[i] < thr) logits[i] = -INFINITY;
 }
 
-/* Descending by value, ascending id among equal values. */
+/* Descending by value, descending id among equal values: read backwards, ascending by (value, id),
+ * which is what a stable ascending sort gives. */
 static int cmp_entry_desc(const void *pa, const void *pb) {
     const SortEntry *a = pa, *b = pb;
     if (a->v != b->v) return a->v > b->v ? -1 : 1;
-    return (a->id > b->id) - (a->id < b->id);
+    return (a->id < b->id) - (a->id > b->id);
 }
 
 /* TopPLogitsWarper: sort ascending, probs = softmax, cumsum, remove cumsum <= 1 - top_p, keep the
  * largest. torch's CPU cumsum accumulates in double and stores fp32, and compares against
  * 1 - top_p computed in double and rounded to fp32; we do the same. Entries already -inf have
- * probability 0 and stay removed, so only finite entries are sorted. Among equal values the
- * higher id comes first in ascending order (is removed first); torch's sort leaves that order
- * unspecified. ent (V) scratch. */
+ * probability 0 and stay removed, so only finite entries take part. Among equal values the lower
+ * id comes first in ascending order and is removed first, as with torch.sort(stable=True); torch's
+ * default sort agrees for V <= 16 and is unspecified beyond. ent (V) scratch.
+ *
+ * Not a full sort: the kept tokens are the largest ones, usually few. We move the m largest to the
+ * front (select_top); if the probability of all the others, summed, is still <= 1 - top_p, they
+ * are all removed (each one's cumulative sum is at most that total) and only the m are sorted, the
+ * cumulative sum continuing from that total. Otherwise m grows 8x, up to a full sort. The total is
+ * summed in another order than a sort would, which can only matter for a double-precision rounding
+ * that lands exactly on an fp32 rounding boundary at the threshold. 128k vocab, Gaussian logits
+ * (std 3), temperature 0.8, top_p 0.9 (1114 kept): 17 ms per row with a full qsort, 5 ms this way,
+ * process and draw together (one core, -O2). */
 static void apply_top_p(float *logits, int V, float top_p, SortEntry *ent) {
     int n = 0;
-    for (int i = 0; i < V; i++)
-        if (logits[i] > -INFINITY) ent[n++] = (SortEntry){logits[i], i};
-    if (n <= 1) return;
-    qsort(ent, (size_t)n, sizeof(SortEntry), cmp_entry_desc);
-    float max = ent[0].v;
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) {
-        ent[i].v = expf(ent[i].v - max);
-        sum += ent[i].v;
+    float max = -INFINITY;
+    for (int i = 0; i < V; i++) {
+        if (logits[i] == -INFINITY) continue;
+        ent[n++] = (SortEntry){logits[i], i};
+        if (logits[i] > max) max = logits[i];
     }
-    float inv = (float)(1.0 / sum);
+    if (n <= 1) return;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += expf(ent[i].v - max);
+    float inv = (float)(1.0 / sum);                  /* softmax: exp(s - max) * (1 / sum), as torch */
     float thr = (float)(1.0 - (double)top_p);
-    double cum = 0.0;
-    for (int i = n - 1; i > 0; i--) { /* ascending; i == 0 (the largest) is always kept */
-        cum += ent[i].v * inv;
+    double cum = 0.0;                                /* cumulative prob of everything below ent[m) */
+    int m = n < 1024 ? n : 1024;
+    while (m < n) {
+        m = select_top(ent, n, m);
+        double rest = 0.0;
+        for (int i = m; i < n; i++) rest += expf(ent[i].v - max) * inv;
+        if ((float)rest <= thr) {
+            for (int i = m; i < n; i++) logits[ent[i].id] = -INFINITY;
+            cum = rest;
+            break;
+        }
+        m = m > n / 8 ? n : 8 * m;
+    }
+    qsort(ent, (size_t)m, sizeof(SortEntry), cmp_entry_desc);
+    for (int i = m - 1; i > 0; i--) { /* ascending; i == 0 (the largest) is always kept */
+        cum += expf(ent[i].v - max) * inv;
         if ((float)cum > thr) break;
         logits[ent[i].id] = -INFINITY;
     }
@@ -178,7 +203,7 @@ void sampler_process(float *logits, int V, const SamplingParams *p, const int *p
     void *owned = NULL;
     if (!scratch) scratch = owned = xmalloc(sampler_scratch_bytes(V));
     SortEntry *ent = scratch;              /* (V) */
-    float *work = (float *)(ent + V);      /* (V) marks, counts, then a copy for top-k */
+    float *work = (float *)(ent + V);      /* (V) repetition marks, then output token counts */
 
     if (p->repetition_penalty != 1.0f)
         apply_repetition(logits, V, p->repetition_penalty, prompt, n_prompt, output, n_output, work);
@@ -187,7 +212,7 @@ void sampler_process(float *logits, int V, const SamplingParams *p, const int *p
     if (p->temperature == 0.0f) goto done; /* greedy: the draw is argmax of the penalized logits */
     if (p->temperature != 1.0f)
         for (int i = 0; i < V; i++) logits[i] /= p->temperature;
-    if (p->top_k > 0) apply_top_k(logits, V, p->top_k, work);
+    if (p->top_k > 0) apply_top_k(logits, V, p->top_k, ent);
     if (p->top_p < 1.0f) apply_top_p(logits, V, p->top_p, ent);
     if (p->min_p > 0.0f) apply_min_p(logits, V, p->min_p);
 done:
@@ -218,10 +243,12 @@ int sampler_draw(const float *logits, int V, const SamplingParams *p, int step) 
     /* Inverse CDF in double: the first i with cumsum(exp(s - max))[i] > u * sum. */
     float max = logits[best];
     double sum = 0.0;
-    for (int i = 0; i < V; i++) sum += expf(logits[i] - max);
+    for (int i = 0; i < V; i++)
+        if (logits[i] != -INFINITY) sum += expf(logits[i] - max);
     double target = sampler_uniform(p->seed, (uint64_t)step) * sum, cum = 0.0;
     int last = best;
     for (int i = 0; i < V; i++) {
+        if (logits[i] == -INFINITY) continue;
         float e = expf(logits[i] - max);
         if (e == 0.0f) continue;
         cum += e;

@@ -55,8 +55,9 @@ size_t sampler_scratch_bytes(int V);
  *   output  (n_output)  ids generated so far, in [0, V)
  *   scratch             at least sampler_scratch_bytes(V) bytes, any alignment of a malloc'd block;
  *                       NULL to have it malloc'd and freed inside this call.
- * Work: O(V + n_prompt + n_output) plus a quickselect (top-k, average O(V)) and a sort of the
- * entries still finite when top-p runs (after top-k that is about k entries). */
+ * Work: O(V + n_prompt + n_output), a quickselect for top-k (average O(V)), and for top-p a
+ * quickselect plus a sort of the tokens near the nucleus (at least 1024 or all finite ones, fewer
+ * after top-k). */
 void sampler_process(float *logits, int V, const SamplingParams *p, const int *prompt, int n_prompt,
                      const int *output, int n_output, void *scratch);
 

@@ -2,18 +2,115 @@
  * Owns no memory and does no communication. */
 #include "kernels/kernels.h"
 #include <cblas.h>
+#include <omp.h>
 #include <math.h>
 #include <string.h>
 
-void cpu_set_threads(int n) { openblas_set_num_threads(n > 0 ? n : 1); }
+/* One thread pool: we link OpenBLAS's OpenMP build, so it and our kernels share libgomp's pool.
+ * (With the pthread build, two pools spinning on 2 cores halved both: 2-thread matmul fell from
+ * 93 to 25 GFLOP/s.) */
+void cpu_set_threads(int n) {
+    n = n > 0 ? n : 1;
+    openblas_set_num_threads(n);
+    omp_set_num_threads(n);
+}
+
+/* ---- batch-invariant matmul ---------------------------------------------------------------
+ * Every output element is dot(x_row, w_row) computed the same way wherever it sits: 16 lanes
+ * accumulate k = lane (mod 16) with fused multiply-adds in increasing k, the lanes are summed by a
+ * fixed tree, then the k tail is added in order, then the bias. Tiling (4 rows x 4 outputs, for
+ * register reuse), batch size and the thread split only choose WHICH elements are computed
+ * together, never how: the same token gives the same bits at batch 1 and batch 64, in generation
+ * and in training. (OpenBLAS's sgemm does not: its small-matrix path rounds differently.) This file
+ * is compiled with -ffp-contract=fast so `acc + x * w` is always one FMA. */
+typedef float v16 __attribute__((vector_size(64)));
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+/* the fixed tree: lanes i and i+8, then i and i+4, then i and i+2, then 0 and 1 */
+static inline float hsum16(v16 a) {
+    v8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
+    float d0 = c[0] + c[2], d1 = c[1] + c[3];
+    return d0 + d1;
+}
+
+static inline v16 ld16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* lanes -> one float, then the k tail [k, K) in order, then the bias: shared by both kernels */
+static inline float dot_finish(v16 acc, const float *x, const float *w, int k, int K, const float *bias) {
+    float s = hsum16(acc);
+    for (; k < K; k++) s = s + x[k] * w[k];
+    return bias ? s + *bias : s;
+}
+
+/* one element (edges) */
+static void mm_1x1(float *out, const float *x, const float *w, const float *bias, int K) {
+    v16 a = {0};
+    int k = 0;
+    for (; k + 16 <= K; k += 16) a = a + ld16(x + k) * ld16(w + k);
+    *out = dot_finish(a, x, w, k, K, bias);
+}
+
+/* 4 rows of x by 4 rows of w, 16 accumulators in registers */
+static void mm_4x4(float *out, size_t ldo, const float *x, size_t ldx, const float *w, size_t ldw,
+                   const float *bias, int K) {
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+    const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;
+    v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
+    v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0}, a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+        v16 p0 = ld16(x0 + k), p1 = ld16(x1 + k), p2 = ld16(x2 + k), p3 = ld16(x3 + k);
+        v16 q0 = ld16(w0 + k), q1 = ld16(w1 + k), q2 = ld16(w2 + k), q3 = ld16(w3 + k);
+        a00 = a00 + p0 * q0; a01 = a01 + p0 * q1; a02 = a02 + p0 * q2; a03 = a03 + p0 * q3;
+        a10 = a10 + p1 * q0; a11 = a11 + p1 * q1; a12 = a12 + p1 * q2; a13 = a13 + p1 * q3;
+        a20 = a20 + p2 * q0; a21 = a21 + p2 * q1; a22 = a22 + p2 * q2; a23 = a23 + p2 * q3;
+        a30 = a30 + p3 * q0; a31 = a31 + p3 * q1; a32 = a32 + p3 * q2; a33 = a33 + p3 * q3;
+    }
+    v16 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};
+    const float *xs[4] = {x0, x1, x2, x3}, *ws[4] = {w0, w1, w2, w3};
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) out[i * ldo + j] = dot_finish(acc[i][j], xs[i], ws[j], k, K, bias ? bias + j : NULL);
+}
 
 void cpu_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out) {
     if (N == 0 || n_out == 0) return;
-    if (bias) {
-        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * n_out, bias, sizeof(float) * n_out);
+    int n_otiles = (n_out + 3) / 4;
+    enum { ROW_BLOCK = 64 };   /* rows of x kept hot in cache while a thread sweeps its w rows */
+    for (int n0 = 0; n0 < N; n0 += ROW_BLOCK) {
+        int n1 = n0 + ROW_BLOCK < N ? n0 + ROW_BLOCK : N;
+#pragma omp parallel for schedule(static) if (n_otiles > 4)
+        for (int ot = 0; ot < n_otiles; ot++) {
+            int o = ot * 4, ro = n_out - o < 4 ? n_out - o : 4;
+            for (int n = n0; n < n1; n += 4) {
+                int rn = n1 - n < 4 ? n1 - n : 4;
+                if (rn == 4 && ro == 4) {
+                    mm_4x4(out + (size_t)n * n_out + o, n_out, x + (size_t)n * n_in, n_in, w + (size_t)o * n_in, n_in,
+                           bias ? bias + o : NULL, n_in);
+                    continue;
+                }
+                for (int i = 0; i < rn; i++)
+                    for (int j = 0; j < ro; j++)
+                        mm_1x1(out + (size_t)(n + i) * n_out + o + j, x + (size_t)(n + i) * n_in,
+                               w + (size_t)(o + j) * n_in, bias ? bias + o + j : NULL, n_in);
+            }
+        }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, x, n_in, w, n_in,
-                bias ? 1.0f : 0.0f, out, n_out);
+}
+
+/* OpenBLAS, for products whose reduction order does not matter (training's weight gradients). */
+void cpu_matmul_blas(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out) {
+    if (N == 0 || n_out == 0) return;
+    if (bias)
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * n_out, bias, sizeof(float) * n_out);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, x, n_in, w, n_in, bias ? 1.0f : 0.0f,
+                out, n_out);
 }
 
 void cpu_rmsnorm(float *out, const float *x, const float *w, int N, int D, float eps) {
