@@ -2,6 +2,7 @@
  * logits included) and peak resident memory, on any tp x pp layout. Reports the median of
  * --iters timed runs after one warm-up. Random token ids: speed does not depend on the text. */
 #include "eval/bench.h"
+#include "generate/engine.h"
 #include "kernels/kernels.h"
 #include "runtime/args.h"
 #include "runtime/comm.h"
@@ -9,6 +10,7 @@
 #include "runtime/model.h"
 #include "runtime/util.h"
 #include "tokenizer/tokenizer.h"
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,13 +40,120 @@ static int bench_tokenizers(const char *list, const char *text_path, int iters) 
     return 0;
 }
 
+/* Copy bandwidth (bytes copied per second, counted once) over a buffer far larger than the L3,
+ * with the run's threads: the yardstick for batch-1 decode, which must stream every weight once
+ * per token. Best of 5. */
+static double copy_bandwidth_gbs(void) {
+    size_t n = (size_t)256 << 20;
+    char *a = xmalloc(n), *b = xmalloc(n);
+    memset(a, 1, n);
+    memset(b, 2, n);
+    double best = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_seconds();
+#pragma omp parallel
+        {
+            int nt = omp_get_num_threads(), id = omp_get_thread_num();
+            size_t chunk = n / nt;
+            memcpy(b + id * chunk, a + id * chunk, id == nt - 1 ? n - id * chunk : chunk);
+        }
+        double gbs = n / (now_seconds() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+/* Decode throughput at batch B: B random prompts of P tokens, T greedy new tokens each (EOS
+ * ignored); decode and prefill tokens/s come from the engine's own step timers. */
+static EngineStats bench_decode(Model *m, int B, int P, int T) {
+    EngineConfig ec = {B, 4096, (size_t)1 << 30, 16, m->cfg.max_pos, NULL, NULL, NULL};
+    Engine *e = engine_new(m, &ec, P + T);
+    Seq *seqs = xcalloc(B, sizeof(Seq));
+    unsigned rng = 777;
+    for (int b = 0; b < B; b++) {
+        Seq *s = &seqs[b];
+        s->index = b;
+        s->n_prompt = P;
+        s->prompt = xmalloc(sizeof(int) * P);
+        for (int i = 0; i < P; i++) { rng = rng * 1103515245u + 12345u; s->prompt[i] = (int)((rng >> 8) % (unsigned)m->cfg.vocab_size); }
+        sampling_params_default(&s->sp);
+        s->sp.temperature = 0.0f;
+        s->max_new = T;
+        seq_alloc_results(s);
+        engine_add(e, s);
+    }
+    engine_run(e);
+    EngineStats st = engine_stats(e);
+    for (int b = 0; b < B; b++) { free(seqs[b].prompt); seq_free(&seqs[b]); }
+    free(seqs);
+    engine_free(e);
+    return st;
+}
+
+/* Read bandwidth: a vectorised sum over a buffer far larger than the L3, with the run's threads.
+ * Batch-1 decode only reads weights, so this (not copy) is its ceiling. Best of 5. */
+static double read_bandwidth_gbs(void) {
+    size_t n = (size_t)64 << 20;   /* floats: 256 MiB */
+    float *a = xmalloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) a[i] = (float)(i & 7);
+    double best = 0;
+    volatile float sink = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_seconds();
+        float total = 0;
+#pragma omp parallel for reduction(+ : total) schedule(static)
+        for (size_t blk = 0; blk < n / 1024; blk++) {
+            float s[16] = {0};
+            const float *p = a + blk * 1024;
+            for (int i = 0; i < 1024; i += 16)
+                for (int l = 0; l < 16; l++) s[l] += p[i + l];
+            for (int l = 0; l < 16; l++) total += s[l];
+        }
+        sink = total;
+        double gbs = sizeof(float) * n / (now_seconds() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    (void)sink;
+    free(a);
+    return best;
+}
+
+static int bench_generate(Model *m, int threads, int P, int T, int big) {
+    double bw = read_bandwidth_gbs(), copy = copy_bandwidth_gbs();
+    /* bytes of weights streamed per decode token: every matrix and norm; an untied embedding table
+     * is only looked up (one row), a tied one is read whole as the lm head */
+    double bytes = 4.0 * m->n_params - (m->cfg.tie_embeddings ? 0.0 : 4.0 * m->vocab_local * m->cfg.dim);
+    double bound = bw * 1e9 / bytes;
+    EngineStats s1 = bench_decode(m, 1, P, T);
+    EngineStats sb = bench_decode(m, big, P, T);
+    double d1 = s1.decode_tokens / s1.decode_s, db = sb.decode_tokens / sb.decode_s;
+    double pf = sb.prefill_tokens / sb.prefill_s;
+    if (g_rank == 0) {
+        printf("read bandwidth %.1f GB/s (copy %.1f); weights %.1f MB per token -> batch-1 bound %.1f tokens/s\n", bw, copy,
+               bytes / 1e6, bound);
+        printf("decode batch 1: %.1f tokens/s (%.0f%% of the bound); batch %d: %.1f tokens/s (%.2fx batch 1); prefill %.1f tokens/s\n",
+               d1, 100 * d1 / bound, big, db, db / d1, pf);
+        printf("{\"bench\": \"generate\", \"threads\": %d, \"prompt\": %d, \"new_tokens\": %d, \"read_gb_s\": %.2f, \"copy_gb_s\": %.2f, "
+               "\"weight_mb_per_token\": %.2f, \"bound_tokens_per_s\": %.1f, \"decode_b1_tokens_per_s\": %.1f, "
+               "\"fraction_of_bound\": %.3f, \"decode_b%d_tokens_per_s\": %.1f, \"batch_speedup\": %.2f, "
+               "\"prefill_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f}\n",
+               threads, P, T, bw, copy, bytes / 1e6, bound, d1, d1 / bound, big, db, db / d1, pf, peak_rss_mib());
+    }
+    return 0;
+}
+
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
-    int tp, pp, threads, batch, seq, iters;
+    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big;
     Option opts[] = {
         {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory"},
         {"--tokenizer", OPT_STR, &tok_list, NULL, "tokenizer files/dirs, comma-separated: encode MB/s instead"},
         {"--text", OPT_STR, &text_path, "../shared/assets/data/pretrain/tinyshakespeare.txt", "text for --tokenizer"},
+        {"--generate", OPT_FLAG, &generate, NULL, "decode tokens/s at batch 1 and --big-batch vs the bandwidth bound"},
+        {"--new-tokens", OPT_INT, &new_tokens, "128", "--generate: tokens generated per sequence"},
+        {"--big-batch", OPT_INT, &big, "32", "--generate: the large batch"},
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards (median reported)"},
@@ -69,6 +178,15 @@ int bench_main(int argc, char **argv) {
     mesh_init(&mesh, tp, pp);
     Model m;
     model_load(&m, model_dir, &mesh);
+    if (generate) {
+        if (mesh.world_size != 1) user_error("bench --generate runs on one rank");
+        if (new_tokens < 1 || big < 1) user_error("--new-tokens and --big-batch must be >= 1");
+        int rc = bench_generate(&m, threads, seq, new_tokens, big);
+        model_free(&m);
+        mesh_free(&mesh);
+        comm_finalize();
+        return rc;
+    }
     int N = batch * seq;
     model_alloc_state(&m, N, seq);
     if (g_rank == 0) {

@@ -31,7 +31,8 @@ void cpu_rope(float *x, const int *pos, const float *inv_freq, int N, int n_head
  * Key/value at position j live at row (table[j / block] * block + j % block) of k, v (rows of
  * Hkv*Dh floats); a contiguous sequence is table {0} with block >= its length.
  * Query head h uses kv head h / (H / Hkv). window > 0: key j visible to query i iff
- * 0 <= i - j < window; window == 0: full causal. scratch: at least q_pos0 + Tq floats.
+ * 0 <= i - j < window; window == 0: full causal. scratch: at least omp_get_max_threads() *
+ * (q_pos0 + Tq) floats (heads run in parallel; each head's arithmetic is the same either way).
  * Scores are reduced over keys in increasing position order whatever the batch or paging, so
  * the same tokens give the same numbers in training forward and in generation. */
 void cpu_attention(float *out, const float *q, const float *k, const float *v, const int *table, int block,

@@ -5,6 +5,7 @@
 #include "runtime/safetensors.h"
 #include "runtime/util.h"
 #include <math.h>
+#include <omp.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,7 +233,8 @@ void model_alloc_state(Model *m, int max_tokens, int max_seq) {
     size_t qd = (size_t)m->n_heads_local * Dh, kvd = (size_t)m->n_heads_kv_local * Dh, F = m->hidden_local;
     size_t V = m->is_last ? (size_t)m->vocab_local : 0;
     /* one arena: sizes in the order of RunState's fields */
-    size_t sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * F, N * F, N * V, (size_t)max_seq};
+    size_t sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * F, N * F, N * V,
+                      (size_t)max_seq * omp_get_max_threads()};
     float **slots[] = {&m->s.x, &m->s.xb, &m->s.q, &m->s.k, &m->s.v, &m->s.att, &m->s.xo, &m->s.hb, &m->s.hb2,
                        &m->s.logits, &m->s.scratch};
     size_t total = 0;
@@ -401,6 +403,7 @@ void model_logsumexp(Model *m, int N, float *lse) {
     const Comm *tp = &m->mesh->tp_comm;
     int Vl = m->vocab_local;
     float *sum = xmalloc(sizeof(float) * N);
+#pragma omp parallel for schedule(static) if (N > 1)
     for (int n = 0; n < N; n++) {
         const float *row = m->s.logits + (size_t)n * Vl;
         float mx = -INFINITY;
@@ -408,6 +411,7 @@ void model_logsumexp(Model *m, int N, float *lse) {
         lse[n] = mx;
     }
     comm_all_reduce_max(tp, lse, N);                  /* global row max */
+#pragma omp parallel for schedule(static) if (N > 1)
     for (int n = 0; n < N; n++) {
         const float *row = m->s.logits + (size_t)n * Vl;
         double acc = 0.0;
@@ -430,6 +434,7 @@ void model_token_logits(Model *m, int n_pairs, const int *row, const int *tok, f
 
 void model_argmax(Model *m, int N, int *ids, float *vals) {
     int Vl = m->vocab_local;
+#pragma omp parallel for schedule(static) if (N > 1)
     for (int n = 0; n < N; n++) {
         const float *row = m->s.logits + (size_t)n * Vl;
         int best = 0;

@@ -28,3 +28,20 @@ load helpers
     [ "$status" -eq 0 ]
     echo "$output" | tail -1 | grep -q '"tp": 2'
 }
+
+@test "bench --generate: decode at batch 1 and 32 against the measured bandwidth bound" {
+    run "$TANDEM" bench --generate --model "$FIX/models/llama_gqa" --seq 8 --new-tokens 8 --big-batch 4
+    echo "$output"
+    [ "$status" -eq 0 ]
+    echo "$output" | tail -1 | jq -e '.read_gb_s > 0 and .bound_tokens_per_s > 0 and .decode_b1_tokens_per_s > 0
+        and .decode_b4_tokens_per_s > 0 and .prefill_tokens_per_s > 0 and .peak_rss_mib > 0'
+}
+
+@test "bench --tokenizer: encode MB/s for both tokenizer kinds" {
+    need_assets
+    run "$TANDEM" bench --tokenizer "$ASSETS/tokenizers/llama2/tokenizer.model,$ASSETS/tokenizers/gpt2/tokenizer.json" \
+        --text "$ASSETS/data/pretrain/tinyshakespeare.txt" --iters 1
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ "$(echo "$output" | jq -s 'map(select(.encode_mb_per_s > 0)) | length')" -eq 2 ]
+}

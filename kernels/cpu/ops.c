@@ -142,11 +142,13 @@ void cpu_rope(float *x, const int *pos, const float *inv_freq, int N, int n_head
 
 void cpu_attention(float *out, const float *q, const float *k, const float *v, const int *table, int block,
                    int Tq, int q_pos0, int H, int Hkv, int Dh, int window, float *scratch) {
-    int group = H / Hkv;
+    int group = H / Hkv, n_keys = q_pos0 + Tq;
     float scale = 1.0f / sqrtf((float)Dh);
     size_t qs = (size_t)H * Dh, ks = (size_t)Hkv * Dh;
+#pragma omp parallel for schedule(static) if (H * Tq * n_keys > 4096)
     for (int h = 0; h < H; h++) {
         int hk = h / group;
+        float *sc = scratch + (size_t)omp_get_thread_num() * n_keys;   /* this thread's scores */
         for (int t = 0; t < Tq; t++) {
             int i = q_pos0 + t;
             const float *qi = q + t * qs + (size_t)h * Dh;
@@ -157,16 +159,16 @@ void cpu_attention(float *out, const float *q, const float *k, const float *v, c
                 float s = 0.0f;
                 for (int d = 0; d < Dh; d++) s += qi[d] * kj[d];
                 s *= scale;
-                scratch[j] = s;
+                sc[j] = s;
                 if (s > mx) mx = s;
             }
             float sum = 0.0f;
-            for (int j = j0; j <= i; j++) sum += (scratch[j] = expf(scratch[j] - mx));
+            for (int j = j0; j <= i; j++) sum += (sc[j] = expf(sc[j] - mx));
             float *oi = out + t * qs + (size_t)h * Dh;
             memset(oi, 0, sizeof(float) * Dh);
             for (int j = j0; j <= i; j++) {
                 const float *vj = v + ((size_t)table[j / block] * block + j % block) * ks + (size_t)hk * Dh;
-                float p = scratch[j] / sum;
+                float p = sc[j] / sum;
                 for (int d = 0; d < Dh; d++) oi[d] += p * vj[d];
             }
         }

@@ -1,0 +1,160 @@
+/* backward.c — CPU backward kernels for training (declared and derived in kernels/backward.h).
+ * Each mirrors its forward in ops.c: the same fp32 arithmetic where a forward quantity is
+ * recomputed (RMS scale, RoPE angles, attention probabilities), so the gradient is the gradient of
+ * exactly the function the forward computes. Parameter gradients accumulate, activation gradients
+ * are written. Owns no memory and does no communication; not batch-invariant (does not need to be). */
+#include "kernels/backward.h"
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+void cpu_matmul_backward(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w, int N,
+                         int n_in, int n_out) {
+    if (N == 0) return;                                  /* nothing to write, nothing to add */
+    if (dx && n_out == 0) memset(dx, 0, sizeof(float) * (size_t)N * n_in);
+    else if (dx)                                         /* dx (N, n_in) = dout (N, n_out) @ w (n_out, n_in) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, n_in, n_out, 1.0f, dout, n_out, w, n_in, 0.0f, dx,
+                    n_in);
+    /* dw (n_out, n_in) += dout^T (n_out, N) @ x (N, n_in) */
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, N, 1.0f, dout, n_out, x, n_in, 1.0f, dw, n_in);
+    if (db)
+        for (int n = 0; n < N; n++) {
+            const float *g = dout + (size_t)n * n_out;
+            for (int o = 0; o < n_out; o++) db[o] += g[o];
+        }
+}
+
+void cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int D,
+                          float eps) {
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * D, *g = dout + (size_t)n * D;
+        float *o = dx + (size_t)n * D;
+        float ss = 0.0f;                                 /* the forward's scale, the forward's way */
+        for (int i = 0; i < D; i++) ss += xr[i] * xr[i];
+        float r = 1.0f / sqrtf(ss / D + eps);
+        float dot = 0.0f;                                /* sum_i (dout * w)_i * xh_i */
+        for (int i = 0; i < D; i++) dot += g[i] * w[i] * (xr[i] * r);
+        float c = dot / D;
+        for (int i = 0; i < D; i++) {                    /* reads g[i] before writing o[i]: dx may alias dout */
+            float xh = xr[i] * r, gi = g[i];
+            dw[i] += gi * xh;
+            o[i] = r * (gi * w[i] - xh * c);
+        }
+    }
+}
+
+void cpu_rope_backward(float *dx, const int *pos, const float *inv_freq, int N, int n_heads, int Dh) {
+    int half = Dh / 2;
+    for (int n = 0; n < N; n++) {
+        for (int i = 0; i < half; i++) {
+            float angle = (float)pos[n] * inv_freq[i];   /* the forward's angle, bit for bit */
+            float c = cosf(angle), s = sinf(angle);
+            for (int h = 0; h < n_heads; h++) {
+                float *g = dx + ((size_t)n * n_heads + h) * Dh;
+                float a = g[i], b = g[i + half];
+                g[i] = a * c + b * s;                    /* transpose of [[c, -s], [s, c]] */
+                g[i + half] = b * c - a * s;
+            }
+        }
+    }
+}
+
+void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                            const float *v, int T, int H, int Hkv, int Dh, int window, float *scratch) {
+    int group = H / Hkv;
+    float scale = 1.0f / sqrtf((float)Dh);
+    size_t qs = (size_t)H * Dh, ks = (size_t)Hkv * Dh;
+    /* one kv head per iteration: it alone writes its dk, dv columns and its query heads' dq columns */
+#pragma omp parallel for schedule(static) if (Hkv > 1 && (size_t)H * T * T > 4096)
+    for (int hk = 0; hk < Hkv; hk++) {
+        float *p = scratch + (size_t)omp_get_thread_num() * 2 * T, *dp = p + T;   /* this thread's rows */
+        for (int j = 0; j < T; j++) {
+            memset(dk + j * ks + (size_t)hk * Dh, 0, sizeof(float) * Dh);
+            memset(dv + j * ks + (size_t)hk * Dh, 0, sizeof(float) * Dh);
+        }
+        for (int h = hk * group; h < (hk + 1) * group; h++) {
+            for (int i = 0; i < T; i++) {
+                const float *qi = q + i * qs + (size_t)h * Dh, *gi = dout + i * qs + (size_t)h * Dh;
+                int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
+                /* probabilities exactly as cpu_attention computes them */
+                float mx = -INFINITY;
+                for (int j = j0; j <= i; j++) {
+                    const float *kj = k + j * ks + (size_t)hk * Dh;
+                    float s = 0.0f;
+                    for (int d = 0; d < Dh; d++) s += qi[d] * kj[d];
+                    s *= scale;
+                    p[j] = s;
+                    if (s > mx) mx = s;
+                }
+                float sum = 0.0f;
+                for (int j = j0; j <= i; j++) sum += (p[j] = expf(p[j] - mx));
+                /* dp_j = dout_i . v_j; their p-weighted mean is dout_i . o_i */
+                float pdp = 0.0f;
+                for (int j = j0; j <= i; j++) {
+                    p[j] = p[j] / sum;
+                    const float *vj = v + j * ks + (size_t)hk * Dh;
+                    float s = 0.0f;
+                    for (int d = 0; d < Dh; d++) s += gi[d] * vj[d];
+                    dp[j] = s;
+                    pdp += p[j] * s;
+                }
+                float *dqi = dq + i * qs + (size_t)h * Dh;
+                memset(dqi, 0, sizeof(float) * Dh);
+                for (int j = j0; j <= i; j++) {
+                    const float *kj = k + j * ks + (size_t)hk * Dh;
+                    float *dkj = dk + j * ks + (size_t)hk * Dh, *dvj = dv + j * ks + (size_t)hk * Dh;
+                    float ds = p[j] * (dp[j] - pdp) * scale;   /* softmax backward, then the 1/sqrt(Dh) */
+                    for (int d = 0; d < Dh; d++) {
+                        dqi[d] += ds * kj[d];
+                        dkj[d] += ds * qi[d];
+                        dvj[d] += p[j] * gi[d];
+                    }
+                }
+            }
+        }
+    }
+}
+
+void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i], u = up[i], d = dout[i];
+        float sig = 1.0f / (1.0f + expf(-g));            /* expf overflow -> sig 0, both terms finite */
+        dgate[i] = d * u * sig * (1.0f + g * (1.0f - sig));
+        dup[i] = d * (g * sig);
+    }
+}
+
+void cpu_embedding_backward(float *dtable, const float *dout, const int *ids, int N, int D, int v0, int V_local) {
+    for (int n = 0; n < N; n++) {
+        int r = ids[n] - v0;
+        if (r < 0 || r >= V_local) continue;             /* another rank's row */
+        float *t = dtable + (size_t)r * D;
+        const float *g = dout + (size_t)n * D;
+        for (int i = 0; i < D; i++) t[i] += g[i];
+    }
+}
+
+void cpu_xent_target_logit(float *z, const float *logits, const int *targets, int N, int V_local, int v0) {
+    for (int n = 0; n < N; n++) {
+        int r = targets[n] - v0;
+        z[n] = (targets[n] >= 0 && r >= 0 && r < V_local) ? logits[(size_t)n * V_local + r] : 0.0f;
+    }
+}
+
+void cpu_xent_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+                       const float *weight, int N, int V_local, int v0) {
+#pragma omp parallel for schedule(static) if (N > 1 && (size_t)N * V_local > 65536)
+    for (int n = 0; n < N; n++) {
+        float *g = dlogits + (size_t)n * V_local;
+        const float *row = logits + (size_t)n * V_local;
+        if (targets[n] < 0) {                            /* ignored position: no loss, no gradient */
+            memset(g, 0, sizeof(float) * V_local);
+            continue;
+        }
+        float wn = weight[n], l = lse[n];
+        for (int c = 0; c < V_local; c++) g[c] = wn * expf(row[c] - l);
+        int r = targets[n] - v0;
+        if (r >= 0 && r < V_local) g[r] = wn * (expf(row[r] - l) - 1.0f);   /* p - 1, not p*w - w */
+    }
+}
