@@ -263,7 +263,7 @@ static void step(Engine *e) {
     memcpy(logit_rows, e->rows, sizeof(int) * R);
 
     double t0 = now_seconds();
-    Batch b = {R, e->tokens, e->start, e->pos0, e->tables, logit_rows, R};
+    Batch b = {R, e->tokens, e->start, e->pos0, e->tables, logit_rows, R, e->cfg.micro_batches};
     model_forward_batch(m, &e->kv, &b);
     if (m->is_last) choose_tokens(e, R);
     const Comm *pp = &m->mesh->pp_comm;                         /* choices from the last stage to all */

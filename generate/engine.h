@@ -55,6 +55,7 @@ typedef struct {
     size_t kv_bytes;       /* KV cache budget per rank */
     int block;             /* tokens per KV block */
     int max_ctx;           /* positions per sequence at most (max_position_embeddings) */
+    int micro_batches;     /* pp > 1: pipelined micro-batches per step (pp keeps every stage busy) */
     StopFn on_token;
     FinishFn on_finish;
     void *ctx;

@@ -389,7 +389,7 @@ static int add_generation_eos(const char *dir, int *eos, int n_eos) {
 int generate_main(int argc, char **argv) {
     const char *model_dir, *in_path, *out_path;
     Defaults d = {0};
-    int tp, pp, threads, greedy, resume, show_progress, max_batch, max_batch_tokens, block, seed;
+    int tp, pp, threads, greedy, resume, show_progress, max_batch, max_batch_tokens, block, seed, micro;
     float kv_mib;
     Option opts[] = {
         {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory"},
@@ -420,6 +420,7 @@ int generate_main(int argc, char **argv) {
         {"--block-size", OPT_INT, &block, "16", "tokens per KV cache block"},
         {"--max-batch", OPT_INT, &max_batch, "64", "running sequences at most"},
         {"--max-batch-tokens", OPT_INT, &max_batch_tokens, "2048", "tokens per forward step at most"},
+        {"--micro-batches", OPT_INT, &micro, "0", "pp > 1: pipelined micro-batches per step (0 = pp)"},
         {"--tp", OPT_INT, &tp, "1", "tensor-parallel size"},
         {"--pp", OPT_INT, &pp, "1", "pipeline-parallel size"},
         {"--threads", OPT_INT, &threads, "1", "CPU threads per rank (OpenBLAS)"},
@@ -469,7 +470,7 @@ int generate_main(int argc, char **argv) {
     }
 
     EngineConfig ec = {max_batch, max_batch_tokens, (size_t)(kv_mib * 1048576.0), block, m.cfg.max_pos,
-                       on_token, on_finish, &run};
+                       micro < 1 ? m.mesh->pp : micro, on_token, on_finish, &run};
     int max_len = 1;
     for (int i = 0; i < run.n; i++) {
         Seq *s = &run.gens[i].seq;

@@ -283,25 +283,28 @@ void model_print_summary(const Model *m) {
 /* Row-parallel output: each tp rank holds a partial sum of the same (N, D) tensor. */
 static void tp_all_reduce(const Model *m, float *buf, size_t n) { comm_all_reduce_sum(&m->mesh->tp_comm, buf, n); }
 
-void model_forward_batch(Model *m, KVCache *kv, const Batch *b) {
+/* This stage's part of the forward for sequences [lo, hi) of the batch: receive (or embed), run
+ * the local layers, send (or compute logits). Buffers are used at the group's token offset, so
+ * several groups can be in flight on different stages. row0: index of the group's first logit row. */
+static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi, int row0) {
     const ModelConfig *c = &m->cfg;
     RunState *s = &m->s;
-    int n_seqs = b->n_seqs, N = b->seq_start[n_seqs], D = c->dim, Dh = c->head_dim, Fl = m->hidden_local;
+    int D = c->dim, Dh = c->head_dim, Fl = m->hidden_local;
     int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
     const int *start = b->seq_start;
     const Comm *pp = &m->mesh->pp_comm;
-    CHECK(N <= m->max_tokens);
-    for (int i = 0; i < n_seqs; i++) {
-        int p0 = b->pos0 ? b->pos0[i] : 0;
-        CHECK(p0 + start[i + 1] - start[i] <= m->max_seq);
-        for (int t = start[i]; t < start[i + 1]; t++) s->pos[t] = p0 + t - start[i];
-    }
+    size_t g0 = start[lo];                               /* the group's first token */
+    int N = start[hi] - start[lo];
+    float *x = s->x + g0 * D, *xb = s->xb + g0 * D, *xo = s->xo + g0 * D;   /* (N, D) */
+    float *q = s->q + g0 * qd, *k = s->k + g0 * kvd, *v = s->v + g0 * kvd;  /* (N, qd) (N, kvd) */
+    float *att = s->att + g0 * qd, *hb = s->hb + g0 * Fl, *hb2 = s->hb2 + g0 * Fl;
+    const int *pos = s->pos + g0;
 
     if (m->is_first) {
-        cpu_embedding(s->x, m->w.embed, b->tokens, N, D, m->vocab_start, m->vocab_local); /* rows this rank owns */
-        tp_all_reduce(m, s->x, (size_t)N * D);                                           /* vocab-parallel lookup */
+        cpu_embedding(x, m->w.embed, b->tokens + g0, N, D, m->vocab_start, m->vocab_local); /* rows this rank owns */
+        tp_all_reduce(m, x, (size_t)N * D);                                                /* vocab-parallel lookup */
     } else {
-        comm_recv(pp, s->x, sizeof(float) * N * D, pp->rank - 1);                       /* activations from stage s-1 */
+        comm_recv(pp, x, sizeof(float) * N * D, pp->rank - 1);                           /* activations from stage s-1 */
     }
 
     static const int whole[1] = {0};  /* block table of a contiguous, uncached sequence */
@@ -309,61 +312,100 @@ void model_forward_batch(Model *m, KVCache *kv, const Batch *b) {
         const LayerWeights *w = &m->w.layers[l];
         int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
         /* attention block: x += o_proj(attn(rope(q), rope(k), v)) */
-        cpu_rmsnorm(s->xb, s->x, w->attn_norm, N, D, c->norm_eps);
-        cpu_matmul(s->q, s->xb, w->wq, w->bq, N, D, qd);
-        cpu_matmul(s->k, s->xb, w->wk, w->bk, N, D, kvd);
-        cpu_matmul(s->v, s->xb, w->wv, w->bv, N, D, kvd);
-        cpu_rope(s->q, s->pos, m->inv_freq, N, Hl, Dh);
-        cpu_rope(s->k, s->pos, m->inv_freq, N, Hkvl, Dh);
-        for (int i = 0; i < n_seqs; i++) {
-            size_t t0 = start[i];
+        cpu_rmsnorm(xb, x, w->attn_norm, N, D, c->norm_eps);
+        cpu_matmul(q, xb, w->wq, w->bq, N, D, qd);
+        cpu_matmul(k, xb, w->wk, w->bk, N, D, kvd);
+        cpu_matmul(v, xb, w->wv, w->bv, N, D, kvd);
+        cpu_rope(q, pos, m->inv_freq, N, Hl, Dh);
+        cpu_rope(k, pos, m->inv_freq, N, Hkvl, Dh);
+        for (int i = lo; i < hi; i++) {
+            size_t t0 = start[i] - g0;
             int Tq = start[i + 1] - start[i];
             if (!b->tables) {
-                cpu_attention(s->att + t0 * qd, s->q + t0 * qd, s->k + t0 * kvd, s->v + t0 * kvd, whole, m->max_seq,
-                              Tq, 0, Hl, Hkvl, Dh, window, s->scratch);
+                cpu_attention(att + t0 * qd, q + t0 * qd, k + t0 * kvd, v + t0 * kvd, whole, m->max_seq, Tq, 0, Hl,
+                              Hkvl, Dh, window, s->scratch);
                 continue;
             }
             float *kc = kv->k + l * kv->layer_stride, *vc = kv->v + l * kv->layer_stride; /* (n_blocks*block, kvd) */
             const int *table = b->tables[i];
             for (int t = 0; t < Tq; t++) {                                                 /* append to the cache */
-                int p = s->pos[t0 + t];
+                int p = pos[t0 + t];
                 size_t slot = (size_t)table[p / kv->block] * kv->block + p % kv->block;
-                memcpy(kc + slot * kvd, s->k + (t0 + t) * kvd, sizeof(float) * kvd);
-                memcpy(vc + slot * kvd, s->v + (t0 + t) * kvd, sizeof(float) * kvd);
+                memcpy(kc + slot * kvd, k + (t0 + t) * kvd, sizeof(float) * kvd);
+                memcpy(vc + slot * kvd, v + (t0 + t) * kvd, sizeof(float) * kvd);
             }
-            cpu_attention(s->att + t0 * qd, s->q + t0 * qd, kc, vc, table, kv->block, Tq, s->pos[t0], Hl, Hkvl, Dh,
-                          window, s->scratch);
+            cpu_attention(att + t0 * qd, q + t0 * qd, kc, vc, table, kv->block, Tq, pos[t0], Hl, Hkvl, Dh, window,
+                          s->scratch);
         }
-        cpu_matmul(s->xo, s->att, w->wo, NULL, N, qd, D);
-        tp_all_reduce(m, s->xo, (size_t)N * D);
-        cpu_add(s->x, s->xo, (size_t)N * D);
+        cpu_matmul(xo, att, w->wo, NULL, N, qd, D);
+        tp_all_reduce(m, xo, (size_t)N * D);
+        cpu_add(x, xo, (size_t)N * D);
         /* MLP block: x += down(silu(gate(x)) * up(x)) */
-        cpu_rmsnorm(s->xb, s->x, w->mlp_norm, N, D, c->norm_eps);
-        cpu_matmul(s->hb, s->xb, w->w_gate, NULL, N, D, Fl);
-        cpu_matmul(s->hb2, s->xb, w->w_up, NULL, N, D, Fl);
-        cpu_swiglu(s->hb, s->hb, s->hb2, (size_t)N * Fl);
-        cpu_matmul(s->xo, s->hb, w->w_down, NULL, N, Fl, D);
-        tp_all_reduce(m, s->xo, (size_t)N * D);
-        cpu_add(s->x, s->xo, (size_t)N * D);
+        cpu_rmsnorm(xb, x, w->mlp_norm, N, D, c->norm_eps);
+        cpu_matmul(hb, xb, w->w_gate, NULL, N, D, Fl);
+        cpu_matmul(hb2, xb, w->w_up, NULL, N, D, Fl);
+        cpu_swiglu(hb, hb, hb2, (size_t)N * Fl);
+        cpu_matmul(xo, hb, w->w_down, NULL, N, Fl, D);
+        tp_all_reduce(m, xo, (size_t)N * D);
+        cpu_add(x, xo, (size_t)N * D);
     }
 
     if (!m->is_last) {
-        comm_send(pp, s->x, sizeof(float) * N * D, pp->rank + 1);                       /* to stage s+1 */
+        comm_send(pp, x, sizeof(float) * N * D, pp->rank + 1);                           /* to stage s+1 */
         return;
     }
-    int R = b->logit_rows ? b->n_logit_rows : N;
-    if (b->logit_rows)                                                                 /* only the rows asked for */
-        for (int r = 0; r < R; r++) memcpy(s->xo + (size_t)r * D, s->x + (size_t)b->logit_rows[r] * D, sizeof(float) * D);
-    cpu_rmsnorm(s->xb, b->logit_rows ? s->xo : s->x, m->w.final_norm, R, D, c->norm_eps);
-    cpu_matmul(s->logits, s->xb, m->w.lm_head, NULL, R, D, m->vocab_local);            /* vocab-parallel logits */
-    int valid = c->vocab_size - m->vocab_start;                                        /* padded rows -> -inf */
+    /* logits only for the rows asked for (all of them when logit_rows is NULL) */
+    int R = 0;
+    const float *hx = x;
+    if (b->logit_rows) {
+        for (int r = row0; r < b->n_logit_rows && b->logit_rows[r] < start[hi]; r++, R++)
+            memcpy(xo + (size_t)R * D, s->x + (size_t)b->logit_rows[r] * D, sizeof(float) * D);
+        hx = xo;
+    } else {
+        R = N;
+    }
+    float *logits = s->logits + (size_t)row0 * m->vocab_local;                             /* (R, V_local) */
+    cpu_rmsnorm(xb, hx, m->w.final_norm, R, D, c->norm_eps);
+    cpu_matmul(logits, xb, m->w.lm_head, NULL, R, D, m->vocab_local);                    /* vocab-parallel logits */
+    int valid = c->vocab_size - m->vocab_start;                                          /* padded rows -> -inf */
     if (valid < m->vocab_local)
         for (int r = 0; r < R; r++)
-            for (int v = valid < 0 ? 0 : valid; v < m->vocab_local; v++) s->logits[(size_t)r * m->vocab_local + v] = -INFINITY;
+            for (int vv = valid < 0 ? 0 : valid; vv < m->vocab_local; vv++) logits[(size_t)r * m->vocab_local + vv] = -INFINITY;
+}
+
+void model_forward_batch(Model *m, KVCache *kv, const Batch *b) {
+    RunState *s = &m->s;
+    int n_seqs = b->n_seqs, N = b->seq_start[n_seqs];
+    CHECK(N <= m->max_tokens);
+    for (int i = 0; i < n_seqs; i++) {
+        int p0 = b->pos0 ? b->pos0[i] : 0;
+        CHECK(p0 + b->seq_start[i + 1] - b->seq_start[i] <= m->max_seq);
+        for (int t = b->seq_start[i]; t < b->seq_start[i + 1]; t++) s->pos[t] = p0 + t - b->seq_start[i];
+    }
+    int pp = m->mesh->pp, G = b->n_micro < n_seqs ? b->n_micro : n_seqs;
+    if (pp == 1 || G <= 1) {
+        stage_forward(m, kv, b, 0, n_seqs, 0);
+        return;
+    }
+    /* Pipelined micro-batches: G contiguous groups of sequences; in slot t stage s runs group
+     * t - s, so after pp - 1 slots of fill every stage works at once. */
+    int *lo = xmalloc(sizeof(int) * (G + 1)), *row0 = xmalloc(sizeof(int) * (G + 1));
+    for (int g = 0; g <= G; g++) lo[g] = (int)((long)n_seqs * g / G);
+    for (int g = 0, r = 0; g < G; g++) {
+        if (!b->logit_rows) { row0[g] = b->seq_start[lo[g]]; continue; }
+        while (r < b->n_logit_rows && b->logit_rows[r] < b->seq_start[lo[g]]) r++;
+        row0[g] = r;
+    }
+    for (int t = 0; t < G + pp - 1; t++) {
+        int g = t - m->mesh->pp_rank;
+        if (g >= 0 && g < G) stage_forward(m, kv, b, lo[g], lo[g + 1], row0[g]);
+    }
+    free(lo);
+    free(row0);
 }
 
 void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs) {
-    Batch b = {n_seqs, tokens, seq_start, NULL, NULL, NULL, 0};
+    Batch b = {n_seqs, tokens, seq_start, NULL, NULL, NULL, 0, 1};
     model_forward_batch(m, NULL, &b);
 }
 

@@ -97,8 +97,9 @@ typedef struct {
     const int *seq_start;  /* (n_seqs + 1) offsets into tokens */
     const int *pos0;       /* (n_seqs) position of each sequence's first new token; NULL = 0 */
     int *const *tables;    /* (n_seqs) block tables; NULL = no cache: keys are this batch's tokens */
-    const int *logit_rows; /* rows (packed index) whose logits are wanted; NULL = all N */
+    const int *logit_rows; /* rows (packed index, ascending) whose logits are wanted; NULL = all N */
     int n_logit_rows;
+    int n_micro;           /* pp > 1: split the sequences into this many pipelined micro-batches */
 } Batch;
 
 /* Every rank calls it; on the last pp stage it leaves s.logits (rows, V_local) filled, one row per
