@@ -204,3 +204,19 @@ JSON
     echo '{"input_ids": [1, 2, 3], "max_new_tokens": 100}' > "$P"
     gen --kv-cache-mem 0.05; [[ "$output" == *"prompt 0: 3 prompt + 100 new tokens need 7 KV blocks of 16 tokens, the cache holds 2"* ]]
 }
+
+@test "generate: chat messages are rendered with the model's template and generation prompt" {
+    need_assets
+    M="$BATS_TEST_TMPDIR/chat"
+    "$TANDEM" convert --from random --shape 64,128,2,4,2,6400,256 --out "$M" 2>/dev/null
+    cp "$ASSETS/tokenizers/minimind/tokenizer.json" "$ASSETS/tokenizers/minimind/tokenizer_config.json" "$M/"
+    msgs='[{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi there"}]'
+    echo "{\"id\": \"c\", \"messages\": $msgs, \"max_new_tokens\": 6}" > "$BATS_TEST_TMPDIR/p.jsonl"
+    "$TANDEM" generate --model "$M" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" --greedy --ignore-eos 2>/dev/null
+    # the prompt is exactly what tandem tokenize renders (checked against transformers in tokenizer.bats)
+    want=$(echo "{\"messages\": $msgs}" | "$TANDEM" tokenize --model "$M" --jsonl --add-generation-prompt | jq '.input_ids | length')
+    [ "$want" -gt 10 ]
+    [ "$(jq .prompt_tokens "$BATS_TEST_TMPDIR/o.jsonl")" -eq "$want" ]
+    [ "$(jq .completion_tokens "$BATS_TEST_TMPDIR/o.jsonl")" -eq 6 ]
+    [ "$(jq -c .prompt "$BATS_TEST_TMPDIR/o.jsonl")" = "$(echo "$msgs" | jq -c .)" ]
+}
