@@ -22,18 +22,18 @@ load helpers
     run "$TANDEM" bench --model "$FIX/models/llama_gqa" --batch 2 --seq 16 --iters 2
     echo "$output"
     [ "$status" -eq 0 ]
-    echo "$output" | tail -1 | grep -qE '"tokens_per_s": [0-9]+\.[0-9]+, .*"peak_rss_mib_max_rank": [0-9]'
+    echo "$output" | grep "^{\"bench\"" | grep -qE '"tokens_per_s": [0-9]+\.[0-9]+, .*"peak_rss_mib_max_rank": [0-9]'
     run timeout 60 $MPIRUN 2 "$TANDEM" bench --model "$FIX/models/llama_gqa" --batch 2 --seq 16 --iters 2 --tp 2
     echo "$output"
     [ "$status" -eq 0 ]
-    echo "$output" | tail -1 | grep -q '"tp": 2'
+    echo "$output" | grep "^{\"bench\"" | grep -q '"tp": 2'
 }
 
 @test "bench --generate: decode at batch 1 and 32 against the measured bandwidth bound" {
     run "$TANDEM" bench --generate --model "$FIX/models/llama_gqa" --seq 8 --new-tokens 8 --big-batch 4
     echo "$output"
     [ "$status" -eq 0 ]
-    echo "$output" | tail -1 | jq -e '.read_gb_s > 0 and .bound_tokens_per_s > 0 and .decode_b1_tokens_per_s > 0
+    echo "$output" | grep "^{\"bench\"" | jq -e '.read_gb_s > 0 and .bound_tokens_per_s > 0 and .decode_b1_tokens_per_s > 0
         and .decode_b4_tokens_per_s > 0 and .prefill_tokens_per_s > 0 and .peak_rss_mib > 0'
 }
 

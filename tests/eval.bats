@@ -11,8 +11,8 @@ hf_parity() { # MODEL REF [extra args]
     run "$TANDEM" eval --model "$1" --reference "$2" --max-logprob-diff 1e-4 "${@:3}"
     echo "$output"
     [ "$status" -eq 0 ]
-    echo "$output" | tail -1 | grep -q '"greedy_mismatches": 0'
-    echo "$output" | tail -1 | grep -q '"pass": true'
+    echo "$output" | grep '^{"records"' | grep -q '"greedy_mismatches": 0'
+    echo "$output" | grep '^{"records"' | grep -q '"pass": true'
 }
 
 @test "eval: HF parity on every tiny fixture (logprobs <= 1e-4, greedy exact)" {
@@ -47,7 +47,7 @@ hf_parity() { # MODEL REF [extra args]
     run "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/g.jsonl" --quiet
     echo "$output"
     [ "$status" -eq 1 ]
-    echo "$output" | tail -1 | grep -qE '"greedy_mismatches": [1-9]'
+    echo "$output" | grep '^{"records"' | grep -qE '"greedy_mismatches": [1-9]'
 }
 
 # Layouts: each layout must reproduce the 1x1 run's logprobs within 1e-5 (fp32; only the order of
@@ -83,7 +83,7 @@ layouts_match_1x1() { # FIXTURE
     run timeout 120 $MPIRUN 8 "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$FIX/refs/llama_gqa.jsonl" --tp 2 --pp 2 --quiet
     echo "$output"
     [ "$status" -eq 0 ]
-    echo "$output" | tail -1 | grep -q '"dp": 2'
+    echo "$output" | grep '^{"records"' | grep -q '"dp": 2'
 }
 
 # Real weights give logprobs down to about -25, where one fp32 ulp is 2e-6 and the tp all-reduce's
@@ -124,7 +124,7 @@ layouts_match_1x1() { # FIXTURE
     run "$TANDEM" eval --model "$BATS_TEST_TMPDIR/m" --reference "$BATS_TEST_TMPDIR/golden.jsonl" --quiet
     echo "$output"
     [ "$status" -eq 0 ]
-    echo "$output" | tail -1 | grep -q '"greedy_tokens": 200, "greedy_mismatches": 0, "greedy_ties": 0'
+    echo "$output" | grep '^{"records"' | grep -q '"greedy_tokens": 200, "greedy_mismatches": 0, "greedy_ties": 0'
 }
 
 @test "convert: truncated llama2.c file and existing output are clear errors" {
@@ -144,7 +144,7 @@ layouts_match_1x1() { # FIXTURE
     for f in llama_gqa qwen2_bias; do
         run "$TANDEM" eval --model "$FIX/models/$f" --data "$FIX/refs/$f.data.jsonl" --quiet
         [ "$status" -eq 0 ]
-        got=$(echo "$output" | tail -1 | sed -E 's/.*"loss": ([-0-9.e+]+).*/\1/')
+        got=$(echo "$output" | grep '^{"records"' | sed -E 's/.*"loss": ([-0-9.e+]+).*/\1/')
         want=$(grep -oE '"loss": [-0-9.e+]+' "$FIX/refs/$f.data.expected.json" | cut -d' ' -f2)
         echo "$f: loss $got, HF $want"
         # mean of 72 per-token NLLs, each within 1e-4 of HF: the mean is too
