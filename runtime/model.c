@@ -154,6 +154,61 @@ static void load_param(Model *m, const ParamSpec *p, int layer, float **slot, si
     st_read_block(st, name, dim_size(m, p->rows), p->cols ? dim_size(m, p->cols) : 0, r0, nr, c0, nc, *slot);
 }
 
+typedef struct {
+    ParamInfo *infos;
+    int n, max;
+    float *arena;
+    ModelWeights *w;
+    LayerWeights *layers;
+    size_t off;
+} ParamWalk;
+
+static void info_param(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
+    (void)slot;
+    ParamWalk *pw = ctx;
+    if (spec_aliased(m, p)) return;
+    if (pw->n < pw->max) {
+        ParamInfo *in = &pw->infos[pw->n];
+        snprintf(in->name, sizeof in->name, p->hf_name, layer);
+        in->offset = pw->off;
+        in->numel = numel;
+        in->decay = p->decay;
+        in->tp_replicated = p->shard == SHARD_NONE;
+        int64_t r0, nr, c0, nc;
+        spec_block(m, p, &r0, &nr, &c0, &nc);
+        in->rows = (int)nr;
+        in->cols = p->cols ? (int)nc : 0;
+    }
+    pw->n++;
+    pw->off += numel;
+}
+
+int model_param_infos(const Model *m, ParamInfo *infos, int max) {
+    ParamWalk pw = {infos, 0, max, NULL, NULL, NULL, 0};
+    for_each_param((Model *)m, info_param, &pw);
+    return pw.n;
+}
+
+static void place_other(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
+    ParamWalk *pw = ctx;
+    /* the same slot in the other struct: same offset from its base */
+    char *base = layer < 0 ? (char *)&m->w : (char *)&m->w.layers[layer - m->layer_start];
+    char *obase = layer < 0 ? (char *)pw->w : (char *)&pw->layers[layer - m->layer_start];
+    float **oslot = (float **)(obase + ((char *)slot - base));
+    if (spec_aliased(m, p)) { *oslot = pw->w->embed; return; }
+    *oslot = pw->arena + pw->off;
+    pw->off += numel;
+}
+
+void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWeights *layers) {
+    memset(w, 0, sizeof(*w));
+    memset(layers, 0, sizeof(LayerWeights) * m->n_layers_local);
+    w->layers = layers;
+    ParamWalk pw = {NULL, 0, 0, arena, w, layers, 0};
+    for_each_param((Model *)m, place_other, &pw);
+    CHECK(pw.off == m->n_params);
+}
+
 /* ---- setup ------------------------------------------------------------------------------- */
 
 static void check_layout(const ModelConfig *c, const Mesh *mesh) {

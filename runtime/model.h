@@ -63,6 +63,23 @@ typedef struct {
     int max_tokens, max_seq;
 } Model;
 
+/* One parameter tensor of this rank, as the spec table describes it (for gradients, the optimizer,
+ * gradient-norm clipping and saving). */
+typedef struct {
+    char name[96];        /* HF name, layer index filled in */
+    size_t offset;        /* floats from the start of the arena (params, grads and moments share it) */
+    size_t numel;         /* this rank's shard */
+    int decay;            /* AdamW weight decay applies (matrices, not norms or biases) */
+    int tp_replicated;    /* identical on every tp rank: count once in norms, average/sum grads */
+    int rows, cols;       /* local shape; cols 0 for 1-D */
+} ParamInfo;
+
+/* Fills infos (capacity max) in arena order; returns how many. A tied lm_head that aliases the
+ * embedding on the same stage is listed once. */
+int model_param_infos(const Model *m, ParamInfo *infos, int max);
+/* Points a ModelWeights at another arena with the parameter layout (gradients, Adam moments). */
+void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWeights *layers);
+
 /* Loads this rank's shard from an HF directory. Checks the layout against the config first
  * (tp must divide heads, pp <= layers, ...): a violation is one user_error on rank 0. */
 void model_load(Model *m, const char *dir, const Mesh *mesh);
