@@ -9,6 +9,7 @@
 #include "kernels/kernels.h"
 #include "runtime/args.h"
 #include "runtime/comm.h"
+#include "runtime/jsonl.h"
 #include "runtime/mesh.h"
 #include "runtime/model.h"
 #include "runtime/util.h"
@@ -89,19 +90,13 @@ static void json_top_lists(cJSON *a, const char *file, int line, const char *fie
 
 /* Parses REF.jsonl (reference mode) or FILE.jsonl (data mode: input_ids only). */
 static Record *read_records(const char *path, int vocab, int reference, int *n_out) {
-    FILE *f = fopen(path, "r");
-    if (!f) user_error("%s: cannot open", path);
+    JsonlReader rd;
+    jsonl_open(&rd, path);
     Record *recs = NULL;
-    int n = 0, line = 0;
-    char *buf = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    while ((len = getline(&buf, &cap, f)) != -1) {
-        line++;
-        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' ')) buf[--len] = 0;
-        if (len == 0) continue;
-        cJSON *j = cJSON_Parse(buf);
-        if (!j || !cJSON_IsObject(j)) user_error("%s:%d: not a JSON object", path, line);
+    int n = 0, line;
+    cJSON *j;
+    while ((j = jsonl_next(&rd))) {
+        line = rd.line;
         recs = xrealloc(recs, sizeof(Record) * (n + 1));
         Record *r = &recs[n];
         memset(r, 0, sizeof(*r));
@@ -148,8 +143,7 @@ static Record *read_records(const char *path, int vocab, int reference, int *n_o
         cJSON_Delete(j);
         n++;
     }
-    free(buf);
-    fclose(f);
+    jsonl_close(&rd);
     if (n == 0) user_error("%s: no records", path);
     *n_out = n;
     return recs;

@@ -8,6 +8,7 @@
 #include "generate/engine.h"
 #include "kernels/kernels.h"
 #include "runtime/args.h"
+#include "runtime/jsonl.h"
 #include "runtime/util.h"
 #include "tokenizer/tokenizer.h"
 #include <cjson/cJSON.h>
@@ -149,18 +150,11 @@ static void line_prompt(Run *run, Gen *g, cJSON *j, const Defaults *d, const cha
 }
 
 static void read_input(Run *run, const char *path, const Defaults *d, const ModelConfig *cfg, const int *eos, int n_eos) {
-    FILE *f = fopen(path, "r");
-    if (!f) user_error("%s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int line = 0;
-    while ((len = getline(&buf, &cap, f)) != -1) {
-        line++;
-        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' ')) buf[--len] = 0;
-        if (len == 0) continue;
-        cJSON *j = cJSON_Parse(buf);
-        if (!j || !cJSON_IsObject(j)) user_error("%s:%d: not a JSON object", path, line);
+    JsonlReader rd;
+    jsonl_open(&rd, path);
+    cJSON *j;
+    while ((j = jsonl_next(&rd))) {
+        int line = rd.line;
         run->gens = xrealloc(run->gens, sizeof(Gen) * (run->n + 1));
         Gen *g = &run->gens[run->n];
         memset(g, 0, sizeof(*g));
@@ -231,8 +225,7 @@ static void read_input(Run *run, const char *path, const Defaults *d, const Mode
         seq_alloc_results(s);
         cJSON_Delete(j);
     }
-    free(buf);
-    fclose(f);
+    jsonl_close(&rd);
     if (run->n == 0) user_error("%s: no prompts", path);
 }
 

@@ -4,6 +4,7 @@
  * exactly the function the forward computes. Parameter gradients accumulate, activation gradients
  * are written. Owns no memory and does no communication; not batch-invariant (does not need to be). */
 #include "kernels/backward.h"
+#include "kernels/cpu/attention_row.h"
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -78,17 +79,8 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                 const float *qi = q + i * qs + (size_t)h * Dh, *gi = dout + i * qs + (size_t)h * Dh;
                 int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
                 /* probabilities exactly as cpu_attention computes them */
-                float mx = -INFINITY;
-                for (int j = j0; j <= i; j++) {
-                    const float *kj = k + j * ks + (size_t)hk * Dh;
-                    float s = 0.0f;
-                    for (int d = 0; d < Dh; d++) s += qi[d] * kj[d];
-                    s *= scale;
-                    p[j] = s;
-                    if (s > mx) mx = s;
-                }
-                float sum = 0.0f;
-                for (int j = j0; j <= i; j++) sum += (p[j] = expf(p[j] - mx));
+                static const int whole[1] = {0};
+                float sum = attention_row_exp(qi, k, whole, T, ks, (size_t)hk * Dh, j0, i, Dh, scale, p);
                 /* dp_j = dout_i . v_j; their p-weighted mean is dout_i . o_i */
                 float pdp = 0.0f;
                 for (int j = j0; j <= i; j++) {

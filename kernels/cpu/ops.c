@@ -1,6 +1,7 @@
 /* ops.c — CPU kernels (the oracle for CUDA). Matmuls go to OpenBLAS; the rest are plain loops.
  * Owns no memory and does no communication. */
 #include "kernels/kernels.h"
+#include "kernels/cpu/attention_row.h"
 #include <cblas.h>
 #include <omp.h>
 #include <math.h>
@@ -153,17 +154,7 @@ void cpu_attention(float *out, const float *q, const float *k, const float *v, c
             int i = q_pos0 + t;
             const float *qi = q + t * qs + (size_t)h * Dh;
             int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
-            float mx = -INFINITY;
-            for (int j = j0; j <= i; j++) {
-                const float *kj = k + ((size_t)table[j / block] * block + j % block) * ks + (size_t)hk * Dh;
-                float s = 0.0f;
-                for (int d = 0; d < Dh; d++) s += qi[d] * kj[d];
-                s *= scale;
-                sc[j] = s;
-                if (s > mx) mx = s;
-            }
-            float sum = 0.0f;
-            for (int j = j0; j <= i; j++) sum += (sc[j] = expf(sc[j] - mx));
+            float sum = attention_row_exp(qi, k, table, block, ks, (size_t)hk * Dh, j0, i, Dh, scale, sc);
             float *oi = out + t * qs + (size_t)h * Dh;
             memset(oi, 0, sizeof(float) * Dh);
             for (int j = j0; j <= i; j++) {

@@ -1,0 +1,32 @@
+/* jsonl.c — see jsonl.h. */
+#include "runtime/jsonl.h"
+#include "runtime/util.h"
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+void jsonl_open(JsonlReader *r, const char *path) {
+    memset(r, 0, sizeof(*r));
+    r->path = path;
+    r->f = fopen(path, "r");
+    if (!r->f) user_error("%s: cannot open: %s", path, strerror(errno));
+}
+
+cJSON *jsonl_next(JsonlReader *r) {
+    ssize_t len;
+    while ((len = getline(&r->buf, &r->cap, r->f)) != -1) {
+        r->line++;
+        while (len > 0 && (r->buf[len - 1] == '\n' || r->buf[len - 1] == '\r' || r->buf[len - 1] == ' ')) r->buf[--len] = 0;
+        if (len == 0) continue;
+        cJSON *j = cJSON_Parse(r->buf);
+        if (!j || !cJSON_IsObject(j)) user_error("%s:%d: not a JSON object", r->path, r->line);
+        return j;
+    }
+    return NULL;
+}
+
+void jsonl_close(JsonlReader *r) {
+    if (r->f) fclose(r->f);
+    free(r->buf);
+    memset(r, 0, sizeof(*r));
+}

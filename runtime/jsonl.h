@@ -1,0 +1,21 @@
+/* jsonl.h — reading JSON-lines input: one object per non-blank line, errors name file:line. */
+#ifndef TANDEM_JSONL_H
+#define TANDEM_JSONL_H
+#include <cjson/cJSON.h>
+#include <stdio.h>
+
+typedef struct {
+    const char *path;
+    FILE *f;
+    int line;        /* 1-based number of the line last returned */
+    char *buf;
+    size_t cap;
+} JsonlReader;
+
+/* user_error if the file cannot be opened */
+void jsonl_open(JsonlReader *r, const char *path);
+/* The next line's object (caller cJSON_Deletes it), NULL at the end. Blank lines are skipped; a
+ * line that is not a JSON object is a user_error "path:line: not a JSON object". */
+cJSON *jsonl_next(JsonlReader *r);
+void jsonl_close(JsonlReader *r);
+#endif
