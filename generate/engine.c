@@ -186,7 +186,12 @@ static void choose_tokens(Engine *e, int R) {
     Model *m = e->m;
     int Vl = m->vocab_local, V = m->cfg.vocab_size, K = 0;
     for (int r = 0; r < R; r++) if (e->running[r]->logprobs_n > K) K = e->running[r]->logprobs_n;
-    model_logsumexp(m, R, e->lse);                              /* raw distribution, for logprobs */
+    /* log-sum-exp of the raw distribution, for logprobs: skipped when nobody reports them (plain
+     * greedy or sampling without --logprobs), which saves a pass of exp over the vocabulary */
+    int want_lp = e->cfg.want_logprobs;
+    for (int r = 0; r < R && !want_lp; r++) want_lp = e->running[r]->logprobs_n > 0 || e->running[r]->forced;
+    if (want_lp) model_logsumexp(m, R, e->lse);
+    else for (int r = 0; r < R; r++) e->lse[r] = NAN;
     for (int r = 0; r < R; r++) {                               /* min_new_tokens: no stop before it */
         Seq *s = e->running[r];
         if (s->n_out >= s->min_new) continue;
@@ -227,7 +232,8 @@ static void choose_tokens(Engine *e, int R) {
         toks[2 * r] = e->res_i[(size_t)r * (1 + K)];
         toks[2 * r + 1] = s->forced ? s->forced[s->n_out] : toks[2 * r];
     }
-    model_token_logits(m, 2 * R, rows, toks, lp);
+    if (want_lp) model_token_logits(m, 2 * R, rows, toks, lp);
+    else for (int i = 0; i < 2 * R; i++) lp[i] = NAN;
     for (int r = 0; r < R; r++) {
         e->res_f[(size_t)r * (2 + K)] = lp[2 * r] - e->lse[r];
         e->res_f[(size_t)r * (2 + K) + 1] = lp[2 * r + 1] - e->lse[r];

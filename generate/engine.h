@@ -27,7 +27,8 @@ typedef struct {
     /* results */
     int *out;              /* (max_new) generated ids */
     int n_out;
-    float *lp;             /* (max_new) logprob of each appended token under the model's raw distribution */
+    float *lp;             /* (max_new) logprob of each appended token under the model's raw distribution
+                            * (NaN unless logprobs_n > 0, forced, or EngineConfig.want_logprobs) */
     int *top_ids;          /* (max_new, logprobs_n) */
     float *top_lp;         /* (max_new, logprobs_n) */
     int *chosen;           /* (max_new) what the engine chose (differs from out only when forced) */
@@ -56,6 +57,7 @@ typedef struct {
     int block;             /* tokens per KV block */
     int max_ctx;           /* positions per sequence at most (max_position_embeddings) */
     int micro_batches;     /* pp > 1: pipelined micro-batches per step (pp keeps every stage busy) */
+    int want_logprobs;     /* compute every token's logprob even without --logprobs (else NaN) */
     StopFn on_token;
     FinishFn on_finish;
     void *ctx;

@@ -463,7 +463,7 @@ int generate_main(int argc, char **argv) {
     }
 
     EngineConfig ec = {max_batch, max_batch_tokens, (size_t)(kv_mib * 1048576.0), block, m.cfg.max_pos,
-                       micro < 1 ? m.mesh->pp : micro, on_token, on_finish, &run};
+                       micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run};
     int max_len = 1;
     for (int i = 0; i < run.n; i++) {
         Seq *s = &run.gens[i].seq;

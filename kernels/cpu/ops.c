@@ -160,7 +160,8 @@ void cpu_attention(float *out, const float *q, const float *k, const float *v, c
             for (int j = j0; j <= i; j++) {
                 const float *vj = v + ((size_t)table[j / block] * block + j % block) * ks + (size_t)hk * Dh;
                 float p = sc[j] / sum;
-                for (int d = 0; d < Dh; d++) oi[d] += p * vj[d];
+#pragma omp simd
+                for (int d = 0; d < Dh; d++) oi[d] += p * vj[d];   /* independent per d: same bits vectorised */
             }
         }
     }
