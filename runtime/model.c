@@ -178,6 +178,12 @@ static void info_param(Model *m, const ParamSpec *p, int layer, float **slot, si
         spec_block(m, p, &r0, &nr, &c0, &nc);
         in->rows = (int)nr;
         in->cols = p->cols ? (int)nc : 0;
+        in->row0 = (int)r0;
+        in->col0 = (int)c0;
+        in->rows_global = (int)dim_size(m, p->rows);
+        in->cols_global = p->cols ? (int)dim_size(m, p->cols) : 0;
+        int tp = m->mesh->tp, Hkv = m->cfg.n_heads_kv;
+        in->replicas = p->shard == SHARD_NONE ? tp : (p->shard == SHARD_KV_ROWS && tp > Hkv) ? tp / Hkv : 1;
     }
     pw->n++;
     pw->off += numel;

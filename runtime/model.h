@@ -70,8 +70,12 @@ typedef struct {
     size_t offset;        /* floats from the start of the arena (params, grads and moments share it) */
     size_t numel;         /* this rank's shard */
     int decay;            /* AdamW weight decay applies (matrices, not norms or biases) */
-    int tp_replicated;    /* identical on every tp rank: count once in norms, average/sum grads */
+    int tp_replicated;    /* identical on every tp rank (norms) */
+    int replicas;         /* tp ranks holding an identical copy: tp for norms, tp / Hkv for k/v when
+                           * tp > Hkv, else 1. A gradient norm counts each copy 1 / replicas. */
     int rows, cols;       /* local shape; cols 0 for 1-D */
+    int row0, col0;       /* where this shard starts in the HF tensor (rows past rows_global: vocab padding) */
+    int rows_global, cols_global; /* the HF tensor's shape (vocab unpadded); cols_global 0 for 1-D */
 } ParamInfo;
 
 /* Fills infos (capacity max) in arena order; returns how many. A tied lm_head that aliases the

@@ -1,0 +1,233 @@
+/* test_grad.c — checks behind tests/grad.bats for train/grad.c. Usage:
+ *   test_grad MODEL_DIR FIXTURE.json [TP PP]      (under mpirun with TP*PP ranks when > 1)
+ * FIXTURE.json is written by tests/fixtures/grad/make_grad_fixtures.py: a packed batch of two
+ * sequences, targets, weights, and PyTorch autograd's loss and every parameter gradient (HF names)
+ * of HF transformers' model in fp32.
+ * Every rank:
+ *   1. on the last pp stage: train_forward's logits are bit-identical (memcmp) to model_forward's;
+ *   2. the loss returned by train_loss_backward (on every rank) matches torch's;
+ *   3. every gradient shard it owns (model_param_infos) matches the same slice of torch's gradient,
+ *      cut by the sharding rules of runtime/model.c (padded vocab rows must have zero gradient);
+ *   4. replicated gradients (norms on every tp rank; k/v of a replicated kv head) are bit-identical
+ *      across the ranks that hold them.
+ * Prints one line per tensor with the measured max |diff|, then "ok: grad ..." per rank and exits
+ * 0, or names what failed and exits 1. */
+#include "runtime/mesh.h"
+#include "runtime/model.h"
+#include "runtime/util.h"
+#include "train/grad.h"
+#include "kernels/kernels.h"
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tolerance vs torch: |C - torch| <= 1e-5 * max(1, max |ref|) per tensor (and for the loss).
+ * Both sides are fp32 from the same fp32 weights and inputs; they differ in summation order
+ * (OpenBLAS vs torch's GEMMs, our fixed-lane forward matmul, per-row loops, the order of the tp
+ * all-reduce's partial sums) and in libm's expf/cosf vs torch's vectorised ones. Each forward value
+ * carries a few ulps (~1e-7 relative); through 2 layers, the lm_head, a softmax over the vocab and
+ * the backward chain those errors grow with the network's gain, to ~1e-6 absolute on gradients of
+ * size ~0.01..0.6. Measured maxima over the five fixtures and every layout in grad.bats: 1.6e-6
+ * (llama_odd_vocab tp=4), loss 5e-7. 1e-5 leaves a 6x margin and still fails any wrong term: a
+ * missing or doubled contribution (a skipped all-reduce, a replicated kv head counted twice, a tied
+ * use dropped) is of the size of the gradient itself (a dropped tied lm_head use: 0.21). */
+#define TOL 1e-5
+
+static int g_fail;
+static char g_tag[64];
+
+static const cJSON *item(const cJSON *o, const char *k) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v) { fprintf(stderr, "fixture: field %s missing\n", k); exit(1); }
+    return v;
+}
+
+static int *json_ints(const cJSON *arr, int *n) {
+    *n = cJSON_GetArraySize(arr);
+    int *x = xmalloc(sizeof(int) * (*n ? *n : 1)), i = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, arr) x[i++] = v->valueint;
+    return x;
+}
+
+/* base64 (RFC 4648, '=' padding) -> bytes; returns the byte count */
+static size_t b64_decode(const char *s, unsigned char *out) {
+    static signed char tab[256];
+    if (!tab['B']) {
+        memset(tab, -1, sizeof(tab));
+        const char *alpha = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        for (int i = 0; i < 64; i++) tab[(unsigned char)alpha[i]] = (signed char)i;
+    }
+    size_t n = 0;
+    unsigned acc = 0;
+    int bits = 0;
+    for (; *s && *s != '='; s++) {
+        int v = tab[(unsigned char)*s];
+        if (v < 0) { fprintf(stderr, "fixture: bad base64 character\n"); exit(1); }
+        acc = (acc << 6) | (unsigned)v;
+        bits += 6;
+        if (bits >= 8) { bits -= 8; out[n++] = (unsigned char)(acc >> bits); }
+    }
+    return n;
+}
+
+/* torch's gradient of `name`: (rows, cols) global, cols 1 for 1-D; NULL if absent */
+static float *ref_grad(const cJSON *grads, const char *name, int *rows, int *cols) {
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(grads, name);
+    if (!g) return NULL;
+    const cJSON *shape = item(g, "shape");
+    *rows = cJSON_GetArrayItem(shape, 0)->valueint;
+    *cols = cJSON_GetArraySize(shape) > 1 ? cJSON_GetArrayItem(shape, 1)->valueint : 1;
+    const char *b64 = item(g, "f32")->valuestring;
+    size_t want = sizeof(float) * (size_t)*rows * *cols;
+    unsigned char *buf = xmalloc(strlen(b64) * 3 / 4 + 4);
+    size_t got = b64_decode(b64, buf);
+    if (got != want) { fprintf(stderr, "fixture: %s has %zu bytes, expected %zu\n", name, got, want); exit(1); }
+    return (float *)buf;   /* little-endian fp32, as this machine */
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* This rank's block offset (r0, c0) in the global tensor, by the sharding rules of runtime/model.c
+ * (ARCHITECTURE.md table). A copy of spec_block's arithmetic: see the proposed ParamInfo.row0/col0
+ * in the report, which would replace it. */
+/* local shard g (rows, cols) vs ref (R, C) at (r0, c0); rows >= R (padded vocab) must be 0 */
+static void compare(const char *name, const float *g, int rows, int cols, const float *ref, int R, int C, int r0,
+                    int c0, double *worst_rel) {
+    double d = 0.0, mref = 0.0;
+    int pad_bad = 0;
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) {
+            float got = g[(size_t)i * cols + j];
+            if (r0 + i >= R) { pad_bad |= got != 0.0f; continue; }
+            double want = ref[(size_t)(r0 + i) * C + c0 + j], e = fabs((double)got - want);
+            if (!(e <= d)) d = isnan(e) ? INFINITY : e;
+            if (fabs(want) > mref) mref = fabs(want);
+        }
+    double tol = TOL * (mref > 1.0 ? mref : 1.0);
+    int ok = d <= tol && !pad_bad;
+    if (d / (mref > 1.0 ? mref : 1.0) > *worst_rel) *worst_rel = d / (mref > 1.0 ? mref : 1.0);
+    printf("%s %-48s (%4d,%3d)@(%3d,%3d) max|ref| %-9.3g max|diff| %-9.3g tol %.2g%s%s\n", g_tag, name, rows,
+           cols ? cols : 1, r0, c0, mref, d, tol, pad_bad ? "  padded vocab rows not zero" : "", ok ? "" : "  FAIL");
+    g_fail |= !ok;
+}
+
+/* the copy on rank 0 of c, bit for bit */
+static void same_across(const Comm *c, const char *name, const float *g, size_t n) {
+    if (c->size == 1) return;
+    float *b = xmalloc(sizeof(float) * n);
+    memcpy(b, g, sizeof(float) * n);
+    comm_broadcast(c, b, sizeof(float) * n, 0);
+    if (memcmp(b, g, sizeof(float) * n)) {
+        printf("%s %s: replicated gradient differs from the copy on the group's first rank  FAIL\n", g_tag, name);
+        g_fail = 1;
+    }
+    free(b);
+}
+
+int main(int argc, char **argv) {
+    comm_init(&argc, &argv);
+    if (argc != 3 && argc != 5) {
+        fprintf(stderr, "usage: test_grad MODEL_DIR FIXTURE.json [TP PP]\n");
+        return 2;
+    }
+    int tp = argc == 5 ? atoi(argv[3]) : 1, pp = argc == 5 ? atoi(argv[4]) : 1;
+    cpu_set_threads(g_world_size > 1 ? 1 : 2);
+    Mesh mesh;
+    mesh_init(&mesh, tp, pp);
+    snprintf(g_tag, sizeof g_tag, "[tp %d/%d pp %d/%d]", mesh.tp_rank, tp, mesh.pp_rank, pp);
+
+    size_t len;
+    char *text = read_file(argv[2], &len);
+    if (!text) { fprintf(stderr, "%s: cannot read\n", argv[2]); return 1; }
+    cJSON *fx = cJSON_Parse(text);
+    if (!fx) { fprintf(stderr, "%s: not JSON\n", argv[2]); return 1; }
+    int N, n_start, n_tgt;
+    int *tokens = json_ints(item(fx, "tokens"), &N), *seq_start = json_ints(item(fx, "seq_start"), &n_start);
+    int *targets = json_ints(item(fx, "targets"), &n_tgt);
+    int n_seqs = n_start - 1, max_seq = 0;
+    CHECK(n_tgt == N && seq_start[n_seqs] == N);
+    for (int i = 0; i < n_seqs; i++)
+        if (seq_start[i + 1] - seq_start[i] > max_seq) max_seq = seq_start[i + 1] - seq_start[i];
+    float *weight = xmalloc(sizeof(float) * N);
+    for (int n = 0; n < N; n++) weight[n] = (float)item(fx, "weight")->valuedouble;
+    double ref_loss = item(fx, "loss")->valuedouble;
+    const cJSON *grads_ref = item(fx, "grads");
+
+    Model m;
+    model_load(&m, argv[1], &mesh);
+    model_alloc_state(&m, N, max_seq);
+    TrainActs a;
+    train_acts_init(&a, &m, N, max_seq);
+
+    /* 1. logits: train_forward vs model_forward, bit for bit */
+    model_forward(&m, tokens, seq_start, n_seqs);
+    train_forward(&m, &a, tokens, seq_start, n_seqs);
+    if (m.is_last) {
+        size_t nl = (size_t)N * m.vocab_local;
+        int same = memcmp(a.logits, m.s.logits, sizeof(float) * nl) == 0;
+        printf("%s logits (%d, %d): train_forward %s model_forward%s\n", g_tag, N, m.vocab_local,
+               same ? "bit-identical to" : "DIFFERS from", same ? "" : "  FAIL");
+        g_fail |= !same;
+    }
+
+    /* 2. loss */
+    float *garena = xcalloc(m.n_params, sizeof(float));
+    ModelWeights gw;
+    LayerWeights *gl = xcalloc(m.n_layers_local, sizeof(LayerWeights));
+    model_weights_place(&m, garena, &gw, gl);
+    float loss = train_loss_backward(&m, &a, targets, weight, &gw);
+    train_tied_embedding_all_reduce(&m, &a, &gw);
+    double dl = fabs(loss - ref_loss), ltol = TOL * (fabs(ref_loss) > 1.0 ? fabs(ref_loss) : 1.0);
+    printf("%s loss %.7f torch %.7f |diff| %.3g tol %.2g%s\n", g_tag, loss, ref_loss, dl, ltol, dl <= ltol ? "" : "  FAIL");
+    g_fail |= !(dl <= ltol);
+
+    /* 3. every gradient shard of this rank vs the slice of torch's; 4. replicas identical */
+    int n_info = model_param_infos(&m, NULL, 0);
+    ParamInfo *info = xmalloc(sizeof(ParamInfo) * n_info);
+    model_param_infos(&m, info, n_info);
+    double worst = 0.0;
+    for (int i = 0; i < n_info; i++) {
+        const ParamInfo *p = &info[i];
+        const char *src = p->name;
+        /* a tied lm_head on its own stage is the embedding's second copy */
+        if (m.cfg.tie_embeddings && strcmp(src, "lm_head.weight") == 0) src = "model.embed_tokens.weight";
+        int R, C, r0, c0;
+        float *ref = ref_grad(grads_ref, src, &R, &C);
+        if (!ref) {
+            printf("%s %s: no torch gradient in the fixture  FAIL\n", g_tag, src);
+            g_fail = 1;
+            continue;
+        }
+        r0 = p->row0;
+        c0 = p->col0;
+        compare(p->name, garena + p->offset, p->rows, p->cols ? p->cols : 1, ref, R, C, r0, c0, &worst);
+        if (p->tp_replicated) same_across(&mesh.tp_comm, p->name, garena + p->offset, p->numel);
+        if (ends_with(p->name, "k_proj.weight") || ends_with(p->name, "v_proj.weight") ||
+            ends_with(p->name, "k_proj.bias") || ends_with(p->name, "v_proj.bias"))
+            same_across(&a.kv_comm, p->name, garena + p->offset, p->numel);
+        free(ref);
+    }
+    printf("%s worst max|diff| / max(1, max|ref|) over tensors: %.3g\n", g_tag, worst);
+
+    int fail = g_fail;
+    comm_all_reduce_sum_int(&mesh.world, &fail, 1);
+    if (!g_fail) printf("%s ok: grad loss, %d gradient tensors and logits match (%s)\n", g_tag, n_info, argv[1]);
+    fflush(stdout);
+    free(info);
+    free(garena);
+    free(gl);
+    train_acts_free(&a);
+    model_free(&m);
+    cJSON_Delete(fx);
+    free(text);
+    free(tokens); free(seq_start); free(targets); free(weight);
+    mesh_free(&mesh);
+    comm_finalize();
+    return fail ? 1 : 0;
+}

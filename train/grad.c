@@ -1,0 +1,287 @@
+/* grad.c — see grad.h. train_forward is runtime/model.c stage_forward's math for whole uncached
+ * sequences, one buffer per kept activation instead of one reused buffer, so its logits carry the
+ * same bits; train_loss_backward mirrors it in reverse, one backward kernel (kernels/backward.h)
+ * per forward kernel.
+ *
+ * Tensor parallel: Megatron's conjugate pair of collectives (tensor_parallel/mappings.py). With
+ * tp ranks r and a replicated input x (N, D):
+ *   column-parallel  y_r = x W_r^T      (q/k/v, gate/up, lm_head: W split by output rows)
+ *       forward  "copy":   x is used as is on every rank                         (identity)
+ *       backward          dx = sum_r dy_r W_r: each rank holds one term          (tp all-reduce)
+ *   row-parallel     y = sum_r h_r W_r^T  (o_proj, down: W split by input columns, h_r local)
+ *       forward  "reduce": y = all-reduce of the partial products                 (tp all-reduce)
+ *       backward          dh_r = dy W_r with dy the same on every rank            (identity)
+ * So each layer has exactly two all-reduces forward (after o_proj and down) and two backward (the
+ * input gradients of q/k/v and of gate/up), at the two norms' outputs. The vocab-parallel
+ * embedding is a "reduce" (each rank looks up its rows, zeros elsewhere, then all-reduce), so its
+ * backward is the identity: each rank adds dx into its own rows. Every dx on the residual stream
+ * is therefore identical on all tp ranks, and so are the gradients of the replicated norms.
+ *
+ * Replicated kv heads (tp > Hkv): kv_rep = tp / Hkv ranks hold the same k/v head, each for a
+ * different subset of the query heads that read it. Each computes a partial dk, dv (N, Dh) from its
+ * query heads; the head's true gradient is their sum. We all-reduce dk and dv over the ranks
+ * sharing the head (kv_comm) before the k/v matmul backward, so every replica accumulates the full
+ * dWk, dbk, dWv, dbv (identical on all replicas, as the optimizer needs to keep them identical).
+ * The input gradient dk W_k must then enter the tp all-reduce of dxb once, not kv_rep times: only
+ * the first rank of kv_comm adds it. */
+#include "train/grad.h"
+#include "kernels/backward.h"
+#include "kernels/kernels.h"
+#include "runtime/util.h"
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* "reduce" forward: the partial sums of a row-parallel output become the full sum on every rank. */
+static void tp_reduce_forward(const Model *m, float *y, size_t n) { comm_all_reduce_sum(&m->mesh->tp_comm, y, n); }
+/* "copy" backward: the partial input-gradients of a column-parallel layer become the full sum. */
+static void tp_copy_backward(const Model *m, float *dx, size_t n) { comm_all_reduce_sum(&m->mesh->tp_comm, dx, n); }
+
+/* ---- the arena ---------------------------------------------------------------------------- */
+
+void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq) {
+    memset(a, 0, sizeof(*a));
+    const ModelConfig *c = &m->cfg;
+    size_t N = (size_t)max_tokens, D = c->dim, Dh = c->head_dim, Ll = (size_t)m->n_layers_local;
+    size_t qd = (size_t)m->n_heads_local * Dh, kvd = (size_t)m->n_heads_kv_local * Dh, F = m->hidden_local;
+    size_t V = m->is_last ? (size_t)m->vocab_local : 0, Dl = m->is_last ? D : 0;
+    a->max_tokens = max_tokens;
+    a->max_seq = max_seq;
+    a->layers = xcalloc(Ll ? Ll : 1, sizeof(LayerActs));
+
+    /* per layer, in LayerActs' field order */
+    size_t layer_sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * D, N * F, N * F, N * F};
+    enum { N_LAYER = sizeof(layer_sizes) / sizeof(layer_sizes[0]) };
+    size_t per_layer = 0;
+    for (int i = 0; i < N_LAYER; i++) per_layer += layer_sizes[i];
+    /* the rest, in TrainActs' field order */
+    float **slots[] = {&a->x_final, &a->xb_final, &a->logits, &a->dx, &a->dxb, &a->dtmp, &a->dq, &a->datt,
+                       &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->dlogits, &a->lse, &a->z, &a->scratch};
+    size_t sizes[] = {N * D, N * Dl, N * V, N * D, N * D, N * D, N * qd, N * qd, N * kvd, N * kvd, N * F, N * F,
+                      N * F, N * V, N, N, (size_t)omp_get_max_threads() * 2 * max_seq};
+    enum { N_REST = sizeof(sizes) / sizeof(sizes[0]) };
+    size_t total = per_layer * Ll;
+    for (int i = 0; i < N_REST; i++) total += sizes[i];
+
+    a->arena = xmalloc(sizeof(float) * (total ? total : 1));
+    a->n_arena = total;
+    float *p = a->arena;
+    for (size_t l = 0; l < Ll; l++) {
+        LayerActs *la = &a->layers[l];
+        float **lslots[] = {&la->x_in, &la->xb1, &la->q, &la->k, &la->v, &la->att, &la->x_mid, &la->xb2,
+                            &la->gate, &la->up, &la->act};
+        for (int i = 0; i < N_LAYER; i++) { *lslots[i] = p; p += layer_sizes[i]; }
+    }
+    for (int i = 0; i < N_REST; i++) { *slots[i] = p; p += sizes[i]; }
+
+    a->iarena = xmalloc(sizeof(int) * (3 * N + 1));
+    a->tokens = a->iarena;
+    a->seq_start = a->tokens + N;
+    a->pos = a->seq_start + N + 1;
+
+    int tp = m->mesh->tp, Hkv = c->n_heads_kv;
+    a->kv_rep = tp > Hkv ? tp / Hkv : 1;
+    a->kv_comm = (Comm){0, 1, NULL};
+    if (a->kv_rep > 1)   /* the ranks holding kv head tp_rank / kv_rep (model.c SHARD_KV_ROWS) */
+        a->kv_comm = comm_split(&m->mesh->tp_comm, m->mesh->tp_rank / a->kv_rep, m->mesh->tp_rank);
+    a->emb_comm = (Comm){0, 1, NULL};
+    if (c->tie_embeddings && m->mesh->pp > 1)   /* color 0: first and last stage; 1: the middle ones */
+        a->emb_comm = comm_split(&m->mesh->pp_comm, !(m->is_first || m->is_last), m->mesh->pp_rank);
+
+    if (m->mesh->world_rank == 0)
+        fprintf(stderr, "train activations: %.2f MiB (rank 0: %d tokens, %zu layers, %.2f MiB per layer)\n",
+                total * 4.0 / (1 << 20), max_tokens, Ll, per_layer * 4.0 / (1 << 20));
+}
+
+void train_acts_free(TrainActs *a) {
+    comm_free(&a->kv_comm);
+    comm_free(&a->emb_comm);
+    free(a->arena);
+    free(a->iarena);
+    free(a->layers);
+    memset(a, 0, sizeof(*a));
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_start, int n_seqs) {
+    const ModelConfig *c = &m->cfg;
+    const Comm *pp = &m->mesh->pp_comm;
+    int D = c->dim, Dh = c->head_dim, Fl = m->hidden_local, Vl = m->vocab_local;
+    int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
+    int N = seq_start[n_seqs];
+    CHECK(N <= a->max_tokens && n_seqs <= a->max_tokens);
+    a->N = N;
+    a->n_seqs = n_seqs;
+    memcpy(a->tokens, tokens, sizeof(int) * N);
+    memcpy(a->seq_start, seq_start, sizeof(int) * (n_seqs + 1));
+    for (int i = 0; i < n_seqs; i++) {
+        CHECK(seq_start[i + 1] - seq_start[i] <= a->max_seq);
+        for (int t = seq_start[i]; t < seq_start[i + 1]; t++) a->pos[t] = t - seq_start[i];
+    }
+    const int *start = a->seq_start, *pos = a->pos;
+    float *xo = a->dtmp;   /* (N, D) a block's output before the residual add (backward scratch, free now) */
+
+    float *x0 = m->n_layers_local ? a->layers[0].x_in : a->x_final;
+    if (m->is_first) {
+        cpu_embedding(x0, m->w.embed, a->tokens, N, D, m->vocab_start, m->vocab_local);  /* rows this rank owns */
+        tp_reduce_forward(m, x0, (size_t)N * D);                                        /* vocab-parallel lookup */
+    } else {
+        comm_recv(pp, x0, sizeof(float) * N * D, pp->rank - 1);                        /* activations from stage s-1 */
+    }
+
+    static const int whole[1] = {0};  /* block table of a contiguous, uncached sequence */
+    for (int l = 0; l < m->n_layers_local; l++) {
+        const LayerWeights *w = &m->w.layers[l];
+        LayerActs *la = &a->layers[l];
+        float *x_out = l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final;   /* (N, D) */
+        int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
+        /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
+        cpu_rmsnorm(la->xb1, la->x_in, w->attn_norm, N, D, c->norm_eps);
+        cpu_matmul(la->q, la->xb1, w->wq, w->bq, N, D, qd);                             /* column-parallel ("copy") */
+        cpu_matmul(la->k, la->xb1, w->wk, w->bk, N, D, kvd);
+        cpu_matmul(la->v, la->xb1, w->wv, w->bv, N, D, kvd);
+        cpu_rope(la->q, pos, m->inv_freq, N, Hl, Dh);
+        cpu_rope(la->k, pos, m->inv_freq, N, Hkvl, Dh);
+        for (int i = 0; i < n_seqs; i++) {
+            size_t t0 = start[i];
+            cpu_attention(la->att + t0 * qd, la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, whole, a->max_seq,
+                          start[i + 1] - start[i], 0, Hl, Hkvl, Dh, window, a->scratch);
+        }
+        cpu_matmul(xo, la->att, w->wo, NULL, N, qd, D);                                 /* row-parallel: partial */
+        tp_reduce_forward(m, xo, (size_t)N * D);                                         /* "reduce" */
+        memcpy(la->x_mid, la->x_in, sizeof(float) * N * D);
+        cpu_add(la->x_mid, xo, (size_t)N * D);
+        /* MLP block: x_out = x_mid + down(silu(gate(xb2)) * up(xb2)) */
+        cpu_rmsnorm(la->xb2, la->x_mid, w->mlp_norm, N, D, c->norm_eps);
+        cpu_matmul(la->gate, la->xb2, w->w_gate, NULL, N, D, Fl);                       /* column-parallel ("copy") */
+        cpu_matmul(la->up, la->xb2, w->w_up, NULL, N, D, Fl);
+        cpu_swiglu(la->act, la->gate, la->up, (size_t)N * Fl);
+        cpu_matmul(xo, la->act, w->w_down, NULL, N, Fl, D);                             /* row-parallel: partial */
+        tp_reduce_forward(m, xo, (size_t)N * D);                                         /* "reduce" */
+        memcpy(x_out, la->x_mid, sizeof(float) * N * D);
+        cpu_add(x_out, xo, (size_t)N * D);
+    }
+
+    if (!m->is_last) {
+        comm_send(pp, a->x_final, sizeof(float) * N * D, pp->rank + 1);                 /* to stage s+1 */
+        return;
+    }
+    cpu_rmsnorm(a->xb_final, a->x_final, m->w.final_norm, N, D, c->norm_eps);
+    cpu_matmul(a->logits, a->xb_final, m->w.lm_head, NULL, N, D, Vl);                   /* vocab-parallel ("copy") */
+    int valid = c->vocab_size - m->vocab_start;                                          /* padded rows -> -inf */
+    if (valid < Vl)
+        for (int r = 0; r < N; r++)
+            for (int vv = valid < 0 ? 0 : valid; vv < Vl; vv++) a->logits[(size_t)r * Vl + vv] = -INFINITY;
+}
+
+/* ---- loss and backward -------------------------------------------------------------------- */
+
+/* Vocab-parallel cross-entropy (the protocol of kernels/backward.h): lse and the target logit by
+ * max / sum all-reduces over tp, never gathering the vocab; dlogits for this rank's shard. */
+static float xent_forward_backward(Model *m, TrainActs *a, const int *targets, const float *weight) {
+    const Comm *tp = &m->mesh->tp_comm;
+    int N = a->N, Vl = m->vocab_local;
+    float *lse = a->lse, *z = a->z;
+#pragma omp parallel for schedule(static) if (N > 1)
+    for (int n = 0; n < N; n++) {                                       /* 1. local row max */
+        const float *row = a->logits + (size_t)n * Vl;
+        float mx = -INFINITY;
+        for (int v = 0; v < Vl; v++) mx = row[v] > mx ? row[v] : mx;
+        lse[n] = mx;
+    }
+    comm_all_reduce_max(tp, lse, N);                                    /*    global row max */
+#pragma omp parallel for schedule(static) if (N > 1)
+    for (int n = 0; n < N; n++) {                                       /* 2. local sum of exp */
+        const float *row = a->logits + (size_t)n * Vl;
+        double acc = 0.0;
+        for (int v = 0; v < Vl; v++) acc += expf(row[v] - lse[n]);
+        z[n] = (float)acc;
+    }
+    comm_all_reduce_sum(tp, z, N);                                      /*    global sum of exp */
+    for (int n = 0; n < N; n++) lse[n] += logf(z[n]);
+    cpu_xent_target_logit(z, a->logits, targets, N, Vl, m->vocab_start); /* 3. target logit, owner only */
+    comm_all_reduce_sum(tp, z, N);
+    double loss = 0.0;
+    for (int n = 0; n < N; n++)
+        if (targets[n] >= 0) loss += (double)weight[n] * ((double)lse[n] - (double)z[n]);
+    cpu_xent_backward(a->dlogits, a->logits, lse, targets, weight, N, Vl, m->vocab_start); /* 4. no comm */
+    return (float)loss;
+}
+
+float train_loss_backward(Model *m, TrainActs *a, const int *targets, const float *weight, ModelWeights *grads) {
+    const ModelConfig *c = &m->cfg;
+    const Comm *pp = &m->mesh->pp_comm;
+    int D = c->dim, Dh = c->head_dim, Fl = m->hidden_local, Vl = m->vocab_local;
+    int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
+    int N = a->N;
+    size_t ND = (size_t)N * D;
+    const int *start = a->seq_start, *pos = a->pos;
+    float *dx = a->dx, *dxb = a->dxb, *dtmp = a->dtmp;   /* (N, D) */
+    int kv_lead = a->kv_comm.rank == 0;                  /* adds the k/v input gradient (see the top) */
+    float loss = 0.0f;
+
+    if (m->is_last) {
+        loss = xent_forward_backward(m, a, targets, weight);
+        /* logits = xb_final lm_head^T, lm_head split by vocab rows: column-parallel, so dxb is a
+         * partial sum on each rank ("copy" backward: all-reduce) */
+        cpu_matmul_backward(dxb, grads->lm_head, NULL, a->dlogits, a->xb_final, m->w.lm_head, N, D, Vl);
+        tp_copy_backward(m, dxb, ND);
+        cpu_rmsnorm_backward(dx, grads->final_norm, dxb, a->x_final, m->w.final_norm, N, D, c->norm_eps);
+    } else {
+        comm_recv(pp, dx, sizeof(float) * ND, pp->rank + 1);                            /* d(x) from stage s+1 */
+    }
+
+    for (int l = m->n_layers_local - 1; l >= 0; l--) {
+        const LayerWeights *w = &m->w.layers[l];
+        LayerWeights *g = &grads->layers[l];
+        const LayerActs *la = &a->layers[l];
+        int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
+        /* dx enters as d(x_out) and leaves as d(x_in); the residual adds pass it through. */
+        /* MLP block: x_out = x_mid + reduce(down(act)); reduce's backward is the identity: d(down's
+         * output) is dx on every rank */
+        cpu_matmul_backward(a->dact, g->w_down, NULL, dx, la->act, w->w_down, N, Fl, D);
+        cpu_swiglu_backward(a->dgate, a->dup, a->dact, la->gate, la->up, (size_t)N * Fl);
+        cpu_matmul_backward(dxb, g->w_gate, NULL, a->dgate, la->xb2, w->w_gate, N, D, Fl);
+        cpu_matmul_backward(dtmp, g->w_up, NULL, a->dup, la->xb2, w->w_up, N, D, Fl);
+        cpu_add(dxb, dtmp, ND);
+        tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
+        cpu_rmsnorm_backward(dtmp, g->mlp_norm, dxb, la->x_mid, w->mlp_norm, N, D, c->norm_eps);
+        cpu_add(dx, dtmp, ND);                                                           /* now d(x_mid) */
+        /* attention block: x_mid = x_in + reduce(o_proj(att)) */
+        cpu_matmul_backward(a->datt, g->wo, NULL, dx, la->att, w->wo, N, qd, D);
+        for (int i = 0; i < a->n_seqs; i++) {
+            size_t t0 = start[i];
+            cpu_attention_backward(a->dq + t0 * qd, a->dk + t0 * kvd, a->dv + t0 * kvd, a->datt + t0 * qd,
+                                   la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, start[i + 1] - start[i], Hl,
+                                   Hkvl, Dh, window, a->scratch);
+        }
+        cpu_rope_backward(a->dq, pos, m->inv_freq, N, Hl, Dh);
+        cpu_rope_backward(a->dk, pos, m->inv_freq, N, Hkvl, Dh);
+        comm_all_reduce_sum(&a->kv_comm, a->dk, (size_t)N * kvd);                      /* replicated kv head: */
+        comm_all_reduce_sum(&a->kv_comm, a->dv, (size_t)N * kvd);                      /* sum the query groups */
+        cpu_matmul_backward(dxb, g->wq, g->bq, a->dq, la->xb1, w->wq, N, D, qd);
+        cpu_matmul_backward(kv_lead ? dtmp : NULL, g->wk, g->bk, a->dk, la->xb1, w->wk, N, D, kvd);
+        if (kv_lead) cpu_add(dxb, dtmp, ND);
+        cpu_matmul_backward(kv_lead ? dtmp : NULL, g->wv, g->bv, a->dv, la->xb1, w->wv, N, D, kvd);
+        if (kv_lead) cpu_add(dxb, dtmp, ND);
+        tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
+        cpu_rmsnorm_backward(dtmp, g->attn_norm, dxb, la->x_in, w->attn_norm, N, D, c->norm_eps);
+        cpu_add(dx, dtmp, ND);                                                           /* now d(x_in) */
+    }
+
+    if (m->is_first)   /* the lookup was a "reduce": each rank adds dx into the rows it owns */
+        cpu_embedding_backward(grads->embed, dx, a->tokens, N, D, m->vocab_start, m->vocab_local);
+    else
+        comm_send(pp, dx, sizeof(float) * ND, pp->rank - 1);                            /* d(x) to stage s-1 */
+    comm_broadcast(pp, &loss, sizeof(loss), pp->size - 1);                              /* the loss to every stage */
+    return loss;
+}
+
+void train_tied_embedding_all_reduce(const Model *m, TrainActs *a, ModelWeights *grads) {
+    if (!m->cfg.tie_embeddings || m->mesh->pp == 1 || !(m->is_first || m->is_last)) return;
+    /* d(shared table) = d(embed use) + d(lm_head use): the same tp shard of vocab rows on both stages */
+    float *g = m->is_first ? grads->embed : grads->lm_head;
+    comm_all_reduce_sum(&a->emb_comm, g, (size_t)m->vocab_local * m->cfg.dim);
+}

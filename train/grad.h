@@ -1,0 +1,92 @@
+/* grad.h — the differentiable forward and the full-model backward of one packed batch.
+ * Owns: TrainActs (the activations backward needs, plus backward scratch: one arena sized up front),
+ * train_forward (model_forward's math, keeping every layer's intermediates), and
+ * train_loss_backward (vocab-parallel cross-entropy, then the backward through the final norm, every
+ * layer in reverse and the embedding, accumulating parameter gradients). Tensor parallel uses
+ * Megatron's conjugate collectives (see grad.c); pipeline parallel moves x forward and dx backward
+ * between neighbouring stages.
+ * Does not own: the optimizer, gradient clipping, data-parallel gradient reduction, micro-batch
+ * schedules (1F1B), nor zeroing the gradient arena (the caller does, once per step).
+ * Batch: whole sequences from position 0, packed back to back exactly as model_forward takes them:
+ * tokens (N), seq_start (n_seqs + 1); positions restart per sequence; attention never crosses
+ * sequences; no KV cache. Shapes: N D F H Hkv Dh V, `_local` = this TP rank's share. */
+#ifndef TANDEM_GRAD_H
+#define TANDEM_GRAD_H
+#include <stddef.h>
+#include "runtime/comm.h"
+#include "runtime/model.h"
+
+/* What the forward keeps for one local layer (pointers into TrainActs' arena). */
+typedef struct {
+    float *x_in;   /* (N, D) block input: the residual stream entering the layer */
+    float *xb1;    /* (N, D) rmsnorm(x_in) * attn_norm: input of q/k/v */
+    float *q;      /* (N, H_local*Dh) after RoPE */
+    float *k;      /* (N, Hkv_local*Dh) after RoPE */
+    float *v;      /* (N, Hkv_local*Dh) */
+    float *att;    /* (N, H_local*Dh) attention output: input of o_proj */
+    float *x_mid;  /* (N, D) residual after the attention block: input of the MLP norm */
+    float *xb2;    /* (N, D) rmsnorm(x_mid) * mlp_norm: input of gate/up */
+    float *gate;   /* (N, F_local) gate pre-activation */
+    float *up;     /* (N, F_local) up pre-activation */
+    float *act;    /* (N, F_local) silu(gate) * up: input of down_proj */
+} LayerActs;
+
+typedef struct {
+    int max_tokens, max_seq;   /* capacity: tokens per batch, tokens per sequence */
+    int N, n_seqs;             /* the batch of the last train_forward */
+    int *tokens;               /* (max_tokens) copy of the batch */
+    int *seq_start;            /* (max_tokens + 1) */
+    int *pos;                  /* (max_tokens) position of each token in its sequence */
+    LayerActs *layers;         /* (L_local) */
+    float *x_final;            /* (N, D) last stage: residual after the last layer */
+    float *xb_final;           /* (N, D) last stage: final-normed, input of lm_head */
+    float *logits;             /* (N, V_local) last stage; padded vocab columns are -inf */
+    /* backward scratch, written before it is read */
+    float *dx;                 /* (N, D) gradient of the residual stream */
+    float *dxb, *dtmp;         /* (N, D) gradient at a norm's output; a second input gradient */
+    float *dq, *datt;          /* (N, H_local*Dh) */
+    float *dk, *dv;            /* (N, Hkv_local*Dh) */
+    float *dgate, *dup, *dact; /* (N, F_local) */
+    float *dlogits;            /* (N, V_local) last stage */
+    float *lse, *z;            /* (N) log-sum-exp and target logit of each row */
+    float *scratch;            /* attention: omp threads * 2 * max_seq */
+    float *arena;              /* every float buffer above */
+    size_t n_arena;            /* floats in it */
+    int *iarena;               /* tokens, seq_start, pos */
+    /* tp > Hkv: the tp ranks that hold the same (replicated) kv head; size 1 otherwise */
+    Comm kv_comm;
+    int kv_rep;                /* tp ranks per kv head (1 when tp <= Hkv) */
+    /* tied embeddings with pp > 1: first and last stage (the two copies of the embedding); else size 1 */
+    Comm emb_comm;
+} TrainActs;
+
+/* Sizes the arena for batches of up to max_tokens tokens, max_seq per sequence, and prints its
+ * MiB (world rank 0). Collective over the tp group when tp > Hkv (splits kv_comm). */
+void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq);
+void train_acts_free(TrainActs *a);
+
+/* Forward of whole sequences from position 0; every rank of the mesh calls it. Keeps what backward
+ * needs in a. On the last pp stage a->logits (N, V_local) is bit-identical to s.logits after
+ * model_forward on the same input (the same kernels in the same order). A batch larger than the
+ * capacity of a is a CHECK failure (the caller sized it). */
+void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_start, int n_seqs);
+
+/* Loss and backward of the batch of the last train_forward; every rank calls it.
+ * targets (N): next token of each position, -1 = no loss there. weight (N): per-position loss weight
+ * (e.g. 1 / number of targets). Read on the last stage only; other stages may pass NULL.
+ *     loss = sum_n weight_n * (lse_n - logit[n, targets_n])   over n with targets_n >= 0
+ * Returns the loss on every rank (tp-reduced, then broadcast from the last pp stage).
+ * Gradients ACCUMULATE (+=) into grads, a ModelWeights placed by model_weights_place over a
+ * gradient arena (zeroed by the caller). Replicated parameters (norms; k/v of a replicated kv head)
+ * end with identical gradients on every tp rank that holds them. A tied lm_head on one stage is the
+ * embedding: both uses add into the same gradient. A tied lm_head on another pp stage gets only its
+ * own use: the caller sums the two once per step with train_tied_embedding_all_reduce. */
+float train_loss_backward(Model *m, TrainActs *a, const int *targets, const float *weight, ModelWeights *grads);
+
+/* Tied embeddings on a pp > 1 mesh: the first stage's embed and the last stage's lm_head are two
+ * copies of one parameter, each with the gradient of one use. Sums them (all-reduce between the
+ * two stages, Megatron's embedding group) so both hold the full gradient and stay identical after
+ * the optimizer. Call once per step, after the last micro-batch's backward; every rank calls it
+ * (a no-op where there is nothing to sum: untied, pp == 1, or a middle stage). */
+void train_tied_embedding_all_reduce(const Model *m, TrainActs *a, ModelWeights *grads);
+#endif
