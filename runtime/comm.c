@@ -86,6 +86,18 @@ void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root) {
 void comm_send(const Comm *c, const void *buf, size_t bytes, int dst) {
     MPI_CHECK(MPI_Send(buf, count(bytes), MPI_BYTE, dst, 0, HANDLE(c)));
 }
+void comm_isend(const Comm *c, const void *buf, size_t bytes, int dst, CommRequest *req) {
+    comm_wait(req);
+    MPI_Request *r = xmalloc(sizeof(MPI_Request));
+    MPI_CHECK(MPI_Isend(buf, count(bytes), MPI_BYTE, dst, 0, HANDLE(c), r));
+    req->handle = r;
+}
+void comm_wait(CommRequest *req) {
+    if (!req->handle) return;
+    MPI_CHECK(MPI_Wait((MPI_Request *)req->handle, MPI_STATUS_IGNORE));
+    free(req->handle);
+    req->handle = NULL;
+}
 void comm_recv(const Comm *c, void *buf, size_t bytes, int src) {
     MPI_CHECK(MPI_Recv(buf, count(bytes), MPI_BYTE, src, 0, HANDLE(c), MPI_STATUS_IGNORE));
 }

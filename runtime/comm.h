@@ -28,6 +28,11 @@ void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each);
 void comm_reduce_scatter_sum(const Comm *c, const float *in, float *out, size_t n_each);
 void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root);
 void comm_send(const Comm *c, const void *buf, size_t bytes, int dst);
+/* Non-blocking send: buf must stay untouched until comm_wait(req). A pipeline schedule posts its
+ * sends this way so neighbours sending to each other at once cannot deadlock. */
+typedef struct { void *handle; } CommRequest;
+void comm_isend(const Comm *c, const void *buf, size_t bytes, int dst, CommRequest *req);
+void comm_wait(CommRequest *req);   /* no-op when nothing is pending */
 void comm_recv(const Comm *c, void *buf, size_t bytes, int src);
 void comm_barrier(const Comm *c);
 #endif

@@ -16,6 +16,7 @@
 #include "runtime/model.h"
 #include "runtime/util.h"
 #include "train/grad.h"
+#include "train/schedule.h"
 #include "kernels/kernels.h"
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -132,11 +133,12 @@ static void same_across(const Comm *c, const char *name, const float *g, size_t 
 
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
-    if (argc != 3 && argc != 5) {
-        fprintf(stderr, "usage: test_grad MODEL_DIR FIXTURE.json [TP PP]\n");
+    if (argc != 3 && argc != 5 && argc != 6) {
+        fprintf(stderr, "usage: test_grad MODEL_DIR FIXTURE.json [TP PP [1f1b]]\n");
         return 2;
     }
-    int tp = argc == 5 ? atoi(argv[3]) : 1, pp = argc == 5 ? atoi(argv[4]) : 1;
+    int tp = argc >= 5 ? atoi(argv[3]) : 1, pp = argc >= 5 ? atoi(argv[4]) : 1;
+    int one_f_one_b = argc == 6 && !strcmp(argv[5], "1f1b");  /* each sequence its own micro-batch, 1F1B */
     cpu_set_threads(g_world_size > 1 ? 1 : 2);
     Mesh mesh;
     mesh_init(&mesh, tp, pp);
@@ -181,8 +183,29 @@ int main(int argc, char **argv) {
     ModelWeights gw;
     LayerWeights *gl = xcalloc(m.n_layers_local, sizeof(LayerWeights));
     model_weights_place(&m, garena, &gw, gl);
-    float loss = train_loss_backward(&m, &a, targets, weight, &gw);
-    train_tied_embedding_all_reduce(&m, &a, &gw);
+    float loss;
+    if (!one_f_one_b) {
+        loss = train_loss_share(&m, train_loss_backward(&m, &a, targets, weight, &gw));
+        train_tied_embedding_all_reduce(&m, &a, &gw);
+    } else {
+        /* the same batch as n_seqs micro-batches through schedule_1f1b: same loss and gradients
+         * up to summation order (gradients accumulate per micro-batch) */
+        int n_slots = pp < n_seqs ? pp : n_seqs;
+        TrainActs *slots = xcalloc(n_slots, sizeof(TrainActs));
+        for (int i = 0; i < n_slots; i++) train_acts_init(&slots[i], &m, N, max_seq);
+        MicroBatch *mbs = xcalloc(n_seqs, sizeof(MicroBatch));
+        int (*starts)[2] = xcalloc(n_seqs, sizeof(*starts));
+        for (int i = 0; i < n_seqs; i++) {
+            int t0 = seq_start[i];
+            starts[i][0] = 0;
+            starts[i][1] = seq_start[i + 1] - t0;
+            mbs[i] = (MicroBatch){tokens + t0, starts[i], 1, targets + t0, weight + t0};
+        }
+        loss = schedule_1f1b(&m, slots, n_slots, mbs, n_seqs, &gw);
+        for (int i = 0; i < n_slots; i++) train_acts_free(&slots[i]);
+        free(slots); free(mbs); free(starts);
+        strncat(g_tag, " 1f1b", sizeof g_tag - strlen(g_tag) - 1);
+    }
     double dl = fabs(loss - ref_loss), ltol = TOL * (fabs(ref_loss) > 1.0 ? fabs(ref_loss) : 1.0);
     printf("%s loss %.7f torch %.7f |diff| %.3g tol %.2g%s\n", g_tag, loss, ref_loss, dl, ltol, dl <= ltol ? "" : "  FAIL");
     g_fail |= !(dl <= ltol);

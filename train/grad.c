@@ -95,6 +95,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq) 
 }
 
 void train_acts_free(TrainActs *a) {
+    comm_wait(&a->send_req);
     comm_free(&a->kv_comm);
     comm_free(&a->emb_comm);
     free(a->arena);
@@ -112,6 +113,7 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
     int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
     int N = seq_start[n_seqs];
     CHECK(N <= a->max_tokens && n_seqs <= a->max_tokens);
+    comm_wait(&a->send_req);   /* this slot's previous send must be done before its buffers change */
     a->N = N;
     a->n_seqs = n_seqs;
     memcpy(a->tokens, tokens, sizeof(int) * N);
@@ -165,7 +167,7 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
     }
 
     if (!m->is_last) {
-        comm_send(pp, a->x_final, sizeof(float) * N * D, pp->rank + 1);                 /* to stage s+1 */
+        comm_isend(pp, a->x_final, sizeof(float) * N * D, pp->rank + 1, &a->send_req);  /* to stage s+1 */
         return;
     }
     cpu_rmsnorm(a->xb_final, a->x_final, m->w.final_norm, N, D, c->norm_eps);
@@ -221,6 +223,7 @@ float train_loss_backward(Model *m, TrainActs *a, const int *targets, const floa
     float *dx = a->dx, *dxb = a->dxb, *dtmp = a->dtmp;   /* (N, D) */
     int kv_lead = a->kv_comm.rank == 0;                  /* adds the k/v input gradient (see the top) */
     float loss = 0.0f;
+    comm_wait(&a->send_req);
 
     if (m->is_last) {
         loss = xent_forward_backward(m, a, targets, weight);
@@ -274,8 +277,15 @@ float train_loss_backward(Model *m, TrainActs *a, const int *targets, const floa
     if (m->is_first)   /* the lookup was a "reduce": each rank adds dx into the rows it owns */
         cpu_embedding_backward(grads->embed, dx, a->tokens, N, D, m->vocab_start, m->vocab_local);
     else
-        comm_send(pp, dx, sizeof(float) * ND, pp->rank - 1);                            /* d(x) to stage s-1 */
-    comm_broadcast(pp, &loss, sizeof(loss), pp->size - 1);                              /* the loss to every stage */
+        comm_isend(pp, dx, sizeof(float) * ND, pp->rank - 1, &a->send_req);             /* d(x) to stage s-1 */
+    return loss;   /* the last stage's; train_loss_share gives it to every stage once per step */
+}
+
+void train_acts_wait(TrainActs *a) { comm_wait(&a->send_req); }
+
+float train_loss_share(const Model *m, float loss) {
+    const Comm *pp = &m->mesh->pp_comm;
+    comm_broadcast(pp, &loss, sizeof(loss), pp->size - 1);
     return loss;
 }
 

@@ -58,6 +58,7 @@ typedef struct {
     int kv_rep;                /* tp ranks per kv head (1 when tp <= Hkv) */
     /* tied embeddings with pp > 1: first and last stage (the two copies of the embedding); else size 1 */
     Comm emb_comm;
+    CommRequest send_req;      /* the pending pipeline send of this slot (x forward or dx backward) */
 } TrainActs;
 
 /* Sizes the arena for batches of up to max_tokens tokens, max_seq per sequence, and prints its
@@ -88,5 +89,9 @@ float train_loss_backward(Model *m, TrainActs *a, const int *targets, const floa
  * two stages, Megatron's embedding group) so both hold the full gradient and stay identical after
  * the optimizer. Call once per step, after the last micro-batch's backward; every rank calls it
  * (a no-op where there is nothing to sum: untied, pp == 1, or a middle stage). */
+/* Waits for this slot's pending pipeline send (call before freeing or at the end of a step). */
+void train_acts_wait(TrainActs *a);
+/* The last stage's loss to every rank of the pp group (once per step, not per micro-batch). */
+float train_loss_share(const Model *m, float loss);
 void train_tied_embedding_all_reduce(const Model *m, TrainActs *a, ModelWeights *grads);
 #endif

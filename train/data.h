@@ -1,0 +1,182 @@
+/* data.h — SFT data: jsonl / JSON-array files -> token ids + loss masks -> shuffled, packed
+ * micro-batches (tokens, seq_start, targets) for the train loop, with a resumable cursor.
+ * Owns: record parsing and format detection, tokenization of each record (once, at open),
+ * over-long policy, bad-record policy, per-epoch shuffle, packing, batching, the cursor.
+ * Does not own: the tokenizer (the caller opens and frees it; Data does not keep it), the model,
+ * the loss, nor splitting batches over data-parallel ranks.
+ *
+ * ---- Files ----
+ * The first non-blank character decides: '[' -> one JSON array of objects (Alpaca / LLaMA-Factory
+ * .json files); anything else -> JSON lines (one object per non-blank line). Errors name the line
+ * where the record (the array element) begins. The whole file is read into memory at open.
+ *
+ * ---- Records (detected per record, first match wins; key names are DataConfig fields) ----
+ *   1. prompt/response  {"prompt": str, "response": str}
+ *   2. Alpaca           {"instruction": str, "input": str (optional, null = ""), "output": str}
+ *                       becomes prompt/response with
+ *                           prompt   = instruction                    when input is ""
+ *                           prompt   = instruction + "\n\n" + input   otherwise
+ *                           response = output
+ *                       (the one Alpaca template, used everywhere; other keys are ignored)
+ *   3. chat             {"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...]}
+ *   4. ShareGPT         {"conversations": [{"from": str, "value": str}, ...], "system": str (opt.)}
+ *                       from human|user -> user, gpt|assistant -> assistant, system -> system;
+ *                       a top-level "system" string becomes a leading system message.
+ *
+ * ---- Sample = ids + mask (mask 1 = the model is trained to produce this token) ----
+ *   prompt/response: ids  = [BOS] + encode(prompt) + encode(response) + [EOS]
+ *                    mask = 0 on BOS and prompt, 1 on response and EOS.
+ *                    BOS is added when the tokenizer has one (encode never adds it itself; each
+ *                    encode() is a separate call, so SentencePiece gives each part its dummy "▁").
+ *                    With pairs_as_chat the pair is rendered instead as the chat
+ *                    [user: prompt, assistant: response] (below).
+ *   chat / ShareGPT: ids and mask from chat_render(tokenizer, chat format, messages, no generation
+ *                    prompt): mask 1 on assistant content and its end-of-turn token — exactly the
+ *                    ids and mask `tandem tokenize --jsonl` prints for {"messages": ...}.
+ *   train_on_prompt: mask = 1 on every token but the first (which is never a target anyway).
+ *
+ * Targets (what data_next_batch returns): within one sample of n tokens
+ *     target[t] = mask[t+1] ? ids[t+1] : -1   for t < n-1,      target[n-1] = -1
+ * so a sample never predicts across its end, and the loss counts exactly the mask-1 tokens
+ * after the first (n_loss = number of targets >= 0).
+ *
+ * ---- Bad records (skip_bad_records = 0: user_error "FILE:LINE: what", exit 1;
+ *                   skip_bad_records = 1: skipped, counted in stats.n_bad; the first 5 are printed
+ *                   as warnings) ----
+ *   invalid JSON; not an object; none of the four formats' keys; a field missing or not a string
+ *   (null "input" / "content" count as ""); messages/conversations not an array or empty, an
+ *   entry not an object; unknown role / "from"; no assistant turn; an empty response / output /
+ *   assistant content (it would train only the end token: a data bug, not a sample); a role order
+ *   the chat format rejects. A JSON array that never closes is always an error (file truncated).
+ *   A missing chat format (chat records, no chat_template name, none recognised in the tokenizer)
+ *   and a prompt/response record with a tokenizer without EOS are configuration errors: always
+ *   user_error.
+ *
+ * ---- Over-long samples (more than seq_len tokens) ----
+ *   OVERLONG_TRUNCATE: keep the first seq_len tokens (stats.n_truncated); if no mask-1 token is
+ *                      left after the first, drop it (stats.n_dropped_no_loss).
+ *   OVERLONG_DROP:     drop it (stats.n_dropped_long).
+ *
+ * ---- Epochs, shuffle, packing, batches ----
+ *   Epoch e visits every sample once in order[e]: the identity without shuffle, else a Fisher-Yates
+ *   shuffle of the identity driven by splitmix64 (Steele, Lea, Flood 2014) with the state
+ *       s = seed ^ splitmix64_mix(e + 1),  j = next(s) % (i + 1)  for i = n-1 .. 1
+ *   so order[e] depends on (seed, e) only (the modulo bias, < n / 2^64, is ignored).
+ *   A row is one sample (pack = 0) or, with pack = 1, as many consecutive samples of the order as
+ *   fit in seq_len tokens together (greedy: a sample that does not fit starts the next row).
+ *   A micro-batch is up to batch_size rows, so n_tokens <= batch_size * seq_len
+ *   (data_max_batch_tokens). Each SAMPLE is its own sequence in seq_start (positions restart,
+ *   attention never crosses samples); rows only decide how many samples a batch takes. Batches do
+ *   not cross epochs: an epoch's last batch may be smaller.
+ *   The cursor (epoch, position in that epoch's order) is all the iteration state: the batches
+ *   after a restored cursor are the batches the saved run would have seen next. */
+#ifndef TANDEM_DATA_H
+#define TANDEM_DATA_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "tokenizer/tokenizer.h"
+
+typedef enum { OVERLONG_TRUNCATE, OVERLONG_DROP } OverlongPolicy;
+
+typedef struct {
+    int seq_len;              /* max tokens per sample and per packed row (>= 2) */
+    int batch_size;           /* rows per micro-batch (>= 1) */
+    int pack;                 /* 1: pack samples into rows of <= seq_len tokens */
+    int shuffle;              /* 1: shuffle each epoch by seed (eval: 0) */
+    uint64_t seed;
+    int n_epochs;             /* data_next_batch returns 0 after this many; 0 = never ends */
+    OverlongPolicy overlong;
+    int train_on_prompt;      /* 1: mask 1 on every token but the first */
+    int skip_bad_records;     /* 1: skip and count bad records instead of stopping */
+    int pairs_as_chat;        /* 1: prompt/response and Alpaca records go through the chat template */
+    const char *chat_template; /* chat format name (chat_format_from_name); NULL = the tokenizer's */
+    /* record keys; NULL = the default in quotes */
+    const char *prompt_key, *response_key;                 /* "prompt", "response" */
+    const char *instruction_key, *input_key, *output_key;  /* "instruction", "input", "output" */
+    const char *messages_key, *role_key, *content_key;     /* "messages", "role", "content" */
+    const char *conversations_key, *from_key, *value_key;  /* "conversations", "from", "value" */
+    const char *system_key;                                /* "system" (ShareGPT top level) */
+} DataConfig;
+
+/* seq_len 1024, batch_size 8, pack 1, shuffle 1, seed 1234, n_epochs 1, truncate, everything else
+ * 0 / NULL. */
+void data_config_default(DataConfig *c);
+
+typedef struct {
+    int n_records;           /* records read (non-blank lines / array elements) */
+    int n_bad;               /* bad records skipped (skip_bad_records) */
+    int n_truncated;         /* over-long samples cut to seq_len (kept or then dropped) */
+    int n_dropped_long;      /* over-long samples dropped (OVERLONG_DROP) */
+    int n_dropped_no_loss;   /* truncated samples dropped: no loss token left */
+    int n_samples;           /* kept */
+    int64_t n_tokens;        /* in kept samples */
+    int64_t n_loss_tokens;   /* targets >= 0 over kept samples, once each */
+} DataStats;
+
+typedef struct {
+    uint64_t epoch;          /* epochs finished */
+    uint64_t position;       /* samples of this epoch's order already returned */
+} DataCursor;
+
+/* One micro-batch. Pointers are Data's buffers: valid until the next data_next_batch / data_free. */
+typedef struct {
+    const int *tokens;       /* (N) samples back to back */
+    const int *seq_start;    /* (n_seqs + 1) offsets of the samples in tokens; seq_start[n_seqs] = N */
+    const int *targets;      /* (N) next token within the sample, -1 = no loss (see top) */
+    const int *sample_index; /* (n_seqs) index of each sample in load order (data_sample) */
+    int n_tokens;            /* N */
+    int n_seqs;              /* samples */
+    int n_rows;              /* rows (== n_seqs without packing) */
+    int n_loss;              /* targets >= 0 */
+    uint64_t epoch;          /* the epoch the batch belongs to */
+} DataBatch;
+
+typedef struct {
+    char *path;
+    DataConfig cfg;          /* key pointers are not kept: only the numeric settings are valid */
+    DataStats stats;
+    int n_samples;
+    int64_t *sample_off;     /* (n_samples + 1) offsets into ids / mask */
+    int32_t *ids;            /* (n_tokens) every sample's ids, back to back */
+    uint8_t *mask;           /* (n_tokens) */
+    int *sample_line;        /* (n_samples) file line the sample came from */
+    /* iteration */
+    DataCursor cur;
+    int *order;              /* (n_samples) order of epoch order_epoch */
+    uint64_t order_epoch;
+    int *b_tokens, *b_seq_start, *b_targets, *b_sample; /* batch buffers */
+} Data;
+
+/* Reads and tokenizes every record of path (see top). Bad input: user_error naming path:line and
+ * the field (unless cfg->skip_bad_records), or when no sample is left. t is used only here. */
+void data_open(Data *d, const char *path, Tokenizer *t, const DataConfig *cfg);
+void data_free(Data *d);
+
+/* One line: records, samples, bad / truncated / dropped counts, tokens, loss tokens. */
+void data_print_summary(const Data *d, FILE *f);
+
+/* Sample i in load order: its ids and mask (n tokens), and the line it came from. */
+int data_sample(const Data *d, int i, const int32_t **ids, const uint8_t **mask);
+
+/* Most tokens a batch can have: batch_size * seq_len (size the training activations with it). */
+int data_max_batch_tokens(const Data *d);
+
+/* The next micro-batch into b; returns 1, or 0 when n_epochs epochs are done (b untouched). */
+int data_next_batch(Data *d, DataBatch *b);
+
+/* The order of epoch e (n_samples sample indices), written into out. */
+void data_epoch_order(const Data *d, uint64_t epoch, int *out);
+
+/* ---- cursor ----
+ * Saved form, DATA_CURSOR_BYTES little-endian bytes: magic "TDCR", version 1, epoch, position,
+ * and what the order depends on (n_samples, n_tokens, seed, shuffle). A cursor fits another
+ * batch_size or pack setting (it counts samples, not batches) but not other data or seed. */
+#define DATA_CURSOR_BYTES 56
+DataCursor data_cursor(const Data *d);
+void data_rewind(Data *d);  /* back to epoch 0, position 0 (e.g. before each eval pass) */
+void data_cursor_save(const Data *d, uint8_t buf[DATA_CURSOR_BYTES]);
+/* Returns 0, or -1 with one line in err (bad magic / version, or saved for other data or seed);
+ * d is unchanged then. The caller prefixes the checkpoint file name. */
+int data_cursor_restore(Data *d, const uint8_t *buf, size_t len, char *err, size_t errlen);
+#endif
