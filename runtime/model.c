@@ -502,13 +502,13 @@ void kv_block_release(KVCache *kv, int id) {
 
 /* ---- vocab-parallel log-softmax pieces ---------------------------------------------------- */
 
-void model_logsumexp(Model *m, int N, float *lse) {
+void model_logits_lse(const Model *m, const float *logits, int N, float *lse) {
     const Comm *tp = &m->mesh->tp_comm;
     int Vl = m->vocab_local;
     float *sum = xmalloc(sizeof(float) * N);
 #pragma omp parallel for schedule(static) if (N > 1)
     for (int n = 0; n < N; n++) {
-        const float *row = m->s.logits + (size_t)n * Vl;
+        const float *row = logits + (size_t)n * Vl;
         float mx = -INFINITY;
         for (int v = 0; v < Vl; v++) mx = row[v] > mx ? row[v] : mx;
         lse[n] = mx;
@@ -516,7 +516,7 @@ void model_logsumexp(Model *m, int N, float *lse) {
     comm_all_reduce_max(tp, lse, N);                  /* global row max */
 #pragma omp parallel for schedule(static) if (N > 1)
     for (int n = 0; n < N; n++) {
-        const float *row = m->s.logits + (size_t)n * Vl;
+        const float *row = logits + (size_t)n * Vl;
         double acc = 0.0;
         for (int v = 0; v < Vl; v++) acc += expf(row[v] - lse[n]);
         sum[n] = (float)acc;
@@ -525,6 +525,8 @@ void model_logsumexp(Model *m, int N, float *lse) {
     for (int n = 0; n < N; n++) lse[n] += logf(sum[n]);
     free(sum);
 }
+
+void model_logsumexp(Model *m, int N, float *lse) { model_logits_lse(m, m->s.logits, N, lse); }
 
 void model_token_logits(Model *m, int n_pairs, const int *row, const int *tok, float *out) {
     int Vl = m->vocab_local;

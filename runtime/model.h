@@ -132,6 +132,8 @@ void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs
 /* Vocab-parallel helpers over s.logits on the last stage (collectives on the tp group; call on
  * every rank of the last stage). The full vocab is never gathered. */
 void model_logsumexp(Model *m, int N, float *lse);                      /* lse (N) */
+/* The same for any logits buffer (N, V_local) laid out like s.logits (training keeps its own). */
+void model_logits_lse(const Model *m, const float *logits, int N, float *lse);
 /* out[i] = logit of token tok[i] at packed position row[i], for i < n_pairs */
 void model_token_logits(Model *m, int n_pairs, const int *row, const int *tok, float *out);
 void model_argmax(Model *m, int N, int *ids, float *vals);              /* ids, vals (N) */

@@ -182,34 +182,35 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
 
 /* Vocab-parallel cross-entropy (the protocol of kernels/backward.h): lse and the target logit by
  * max / sum all-reduces over tp, never gathering the vocab; dlogits for this rank's shard. */
-static float xent_forward_backward(Model *m, TrainActs *a, const int *targets, const float *weight) {
+/* lse (N) and the target logits z (N) of the last train_forward, all-reduced over tp */
+static void xent_lse_and_target(Model *m, TrainActs *a, const int *targets) {
     const Comm *tp = &m->mesh->tp_comm;
-    int N = a->N, Vl = m->vocab_local;
-    float *lse = a->lse, *z = a->z;
-#pragma omp parallel for schedule(static) if (N > 1)
-    for (int n = 0; n < N; n++) {                                       /* 1. local row max */
-        const float *row = a->logits + (size_t)n * Vl;
-        float mx = -INFINITY;
-        for (int v = 0; v < Vl; v++) mx = row[v] > mx ? row[v] : mx;
-        lse[n] = mx;
-    }
-    comm_all_reduce_max(tp, lse, N);                                    /*    global row max */
-#pragma omp parallel for schedule(static) if (N > 1)
-    for (int n = 0; n < N; n++) {                                       /* 2. local sum of exp */
-        const float *row = a->logits + (size_t)n * Vl;
-        double acc = 0.0;
-        for (int v = 0; v < Vl; v++) acc += expf(row[v] - lse[n]);
-        z[n] = (float)acc;
-    }
-    comm_all_reduce_sum(tp, z, N);                                      /*    global sum of exp */
-    for (int n = 0; n < N; n++) lse[n] += logf(z[n]);
-    cpu_xent_target_logit(z, a->logits, targets, N, Vl, m->vocab_start); /* 3. target logit, owner only */
-    comm_all_reduce_sum(tp, z, N);
+    int N = a->N;
+    model_logits_lse(m, a->logits, N, a->lse);                                 /* 1-2. max, sum of exp */
+    cpu_xent_target_logit(a->z, a->logits, targets, N, m->vocab_local, m->vocab_start); /* 3. owner only */
+    comm_all_reduce_sum(tp, a->z, N);
+}
+
+static float xent_forward_backward(Model *m, TrainActs *a, const int *targets, const float *weight) {
+    int N = a->N;
+    xent_lse_and_target(m, a, targets);
     double loss = 0.0;
     for (int n = 0; n < N; n++)
-        if (targets[n] >= 0) loss += (double)weight[n] * ((double)lse[n] - (double)z[n]);
-    cpu_xent_backward(a->dlogits, a->logits, lse, targets, weight, N, Vl, m->vocab_start); /* 4. no comm */
+        if (targets[n] >= 0) loss += (double)weight[n] * ((double)a->lse[n] - (double)a->z[n]);
+    cpu_xent_backward(a->dlogits, a->logits, a->lse, targets, weight, N, m->vocab_local, m->vocab_start); /* 4. */
     return (float)loss;
+}
+
+double train_eval_loss_sum(Model *m, TrainActs *a, const int *targets) {
+    double loss = 0.0;
+    if (m->is_last) {
+        xent_lse_and_target(m, a, targets);
+        for (int n = 0; n < a->N; n++)
+            if (targets[n] >= 0) loss += (double)a->lse[n] - (double)a->z[n];
+    }
+    const Comm *pp = &m->mesh->pp_comm;
+    comm_broadcast(pp, &loss, sizeof(loss), pp->size - 1);
+    return loss;
 }
 
 float train_loss_backward(Model *m, TrainActs *a, const int *targets, const float *weight, ModelWeights *grads) {

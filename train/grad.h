@@ -89,6 +89,9 @@ float train_loss_backward(Model *m, TrainActs *a, const int *targets, const floa
  * two stages, Megatron's embedding group) so both hold the full gradient and stay identical after
  * the optimizer. Call once per step, after the last micro-batch's backward; every rank calls it
  * (a no-op where there is nothing to sum: untied, pp == 1, or a middle stage). */
+/* Forward only (after train_forward): the summed cross-entropy of every position with a target
+ * (>= 0), unweighted, on every rank. */
+double train_eval_loss_sum(Model *m, TrainActs *a, const int *targets);
 /* Waits for this slot's pending pipeline send (call before freeing or at the end of a step). */
 void train_acts_wait(TrainActs *a);
 /* The last stage's loss to every rank of the pp group (once per step, not per micro-batch). */
