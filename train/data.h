@@ -44,10 +44,10 @@
  *                   skip_bad_records = 1: skipped, counted in stats.n_bad; the first 5 are printed
  *                   as warnings) ----
  *   invalid JSON; not an object; none of the four formats' keys; a field missing or not a string
- *   (null "input" / "content" count as ""); messages/conversations not an array or empty, an
- *   entry not an object; unknown role / "from"; no assistant turn; an empty response / output /
- *   assistant content (it would train only the end token: a data bug, not a sample); a role order
- *   the chat format rejects. A JSON array that never closes is always an error (file truncated).
+ *   (null "input" / "content" count as ""; an empty prompt / instruction is allowed);
+ *   messages / conversations not an array or empty, an entry not an object; unknown role / "from";
+ *   no assistant turn; an empty response / output / assistant content (it would train only the end
+ *   token: a data bug, not a sample); a role order the chat format rejects. A JSON array that never closes is always an error (file truncated).
  *   A missing chat format (chat records, no chat_template name, none recognised in the tokenizer)
  *   and a prompt/response record with a tokenizer without EOS are configuration errors: always
  *   user_error.
@@ -59,8 +59,9 @@
  *
  * ---- Epochs, shuffle, packing, batches ----
  *   Epoch e visits every sample once in order[e]: the identity without shuffle, else a Fisher-Yates
- *   shuffle of the identity driven by splitmix64 (Steele, Lea, Flood 2014) with the state
- *       s = seed ^ splitmix64_mix(e + 1),  j = next(s) % (i + 1)  for i = n-1 .. 1
+ *   shuffle of the identity driven by splitmix64 (Steele, Lea, Flood 2014; Vigna's constants):
+ *       s = seed ^ (first splitmix64 output from state e)
+ *       for i = n-1 down to 1: j = splitmix64(&s) % (i + 1); swap(order[i], order[j])
  *   so order[e] depends on (seed, e) only (the modulo bias, < n / 2^64, is ignored).
  *   A row is one sample (pack = 0) or, with pack = 1, as many consecutive samples of the order as
  *   fit in seq_len tokens together (greedy: a sample that does not fit starts the next row).
@@ -156,7 +157,8 @@ void data_free(Data *d);
 /* One line: records, samples, bad / truncated / dropped counts, tokens, loss tokens. */
 void data_print_summary(const Data *d, FILE *f);
 
-/* Sample i in load order: its ids and mask (n tokens), and the line it came from. */
+/* Sample i in load order: returns its length n and points ids / mask (either may be NULL) at its
+ * n ids and mask bytes. d->sample_line[i] is the file line it came from. */
 int data_sample(const Data *d, int i, const int32_t **ids, const uint8_t **mask);
 
 /* Most tokens a batch can have: batch_size * seq_len (size the training activations with it). */

@@ -1,0 +1,214 @@
+/* test_checkpoint.c — checks behind tests/checkpoint.bats for train/checkpoint.c. Usage:
+ *   test_checkpoint save MODEL_DIR OUT_DIR [TP PP [overwrite | fail-last-stage]]   (mpirun when > 1 rank)
+ *       loads MODEL_DIR at TP x PP (dp = ranks / (TP*PP)), saves it to OUT_DIR; every rank prints
+ *       "ok: saved ..." when checkpoint_save_model returned 0, else exits 1.
+ *       fail-last-stage: the last stage's writer fails (a file-size limit, as a full disk would): the
+ *       save must return -1 on every rank and leave nothing; then, limit lifted, the same process
+ *       saves again and must succeed (a training loop goes on after a failed save). Prints
+ *       "ok: failed save returned -1 ..." before the second save's line.
+ *   test_checkpoint compare ORIG_DIR SAVED_DIR [OTHER_SAVED_DIR ...]     (one process)
+ *       1. ORIG and SAVED loaded at 1x1: the parameter arenas have the same layout and every
+ *          parameter is bit-identical (memcmp; fp32 in memory both ways, bf16 -> f32 is exact);
+ *       2. SAVED's safetensors hold exactly the 1x1 model's tensors (no lm_head.weight when tied,
+ *          no padded vocab rows), each F32 with the HF shape and the original's values bit for bit;
+ *       3. SAVED's index: weight_map names every tensor and only those, each in the file that holds
+ *          it, files named model-0000s-of-0000P.safetensors, metadata.total_size the sum of sizes;
+ *       4. each OTHER_SAVED_DIR (the same model saved at another layout) holds the same tensor
+ *          names, shapes and bytes as SAVED.
+ *       Prints one line per check and "ok: compare ..." and exits 0, or names what differs, exit 1. */
+#include "runtime/mesh.h"
+#include "runtime/model.h"
+#include "runtime/safetensors.h"
+#include "runtime/util.h"
+#include "train/checkpoint.h"
+#include "kernels/kernels.h"
+#include <cjson/cJSON.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+static int g_fail;
+
+#define EXPECT(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) { fprintf(stderr, "FAIL: " __VA_ARGS__); fputc('\n', stderr); g_fail = 1; }  \
+    } while (0)
+
+static int cmd_save(int argc, char **argv) {
+    int tp = argc >= 6 ? atoi(argv[4]) : 1, pp = argc >= 6 ? atoi(argv[5]) : 1;
+    int overwrite = argc >= 7 && strcmp(argv[6], "overwrite") == 0;
+    int fail_last = argc >= 7 && strcmp(argv[6], "fail-last-stage") == 0;
+    Mesh mesh;
+    mesh_init(&mesh, tp, pp);
+    Model m;
+    model_load(&m, argv[2], &mesh);
+    if (fail_last) {
+        /* after MPI_Init and the load: only the checkpoint's own writes hit the limit (EFBIG) */
+        struct rlimit old, lim;
+        int last = mesh.pp_rank == pp - 1 && mesh.tp_rank == 0 && mesh.dp_rank == 0;
+        signal(SIGXFSZ, SIG_IGN);
+        CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
+        lim = (struct rlimit){4096, old.rlim_max};  /* the soft limit only: it can be lifted again */
+        if (last) CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
+        int rc = checkpoint_save_model(&m, argv[2], argv[3], 0);
+        if (last) CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
+        if (rc != -1) { fprintf(stderr, "FAIL: the save with a failing writer returned %d\n", rc); return 1; }
+        if (mesh.world_rank == 0) {
+            char tmp[4096];
+            snprintf(tmp, sizeof tmp, "%s.tmp.%d", argv[3], (int)getpid());
+            if (access(argv[3], F_OK) == 0 || access(tmp, F_OK) == 0) {
+                fprintf(stderr, "FAIL: the failed save left %s behind\n", access(tmp, F_OK) == 0 ? tmp : argv[3]);
+                return 1;
+            }
+        }
+        printf("ok: failed save returned -1 [rank %d]\n", mesh.world_rank);
+        fflush(stdout);
+        comm_barrier(&mesh.world);  /* every rank's line before the second save */
+    }
+    int rc = checkpoint_save_model(&m, argv[2], argv[3], overwrite);
+    if (rc == 0)
+        printf("ok: saved [tp %d/%d pp %d/%d dp %d/%d]\n", mesh.tp_rank, tp, mesh.pp_rank, pp, mesh.dp_rank, mesh.dp);
+    fflush(stdout);
+    model_free(&m);
+    mesh_free(&mesh);
+    return rc == 0 ? 0 : 1;
+}
+
+/* 1. both loaded at 1x1: every parameter bit-identical */
+static void check_params(const Model *a, const Model *b) {
+    int n = model_param_infos(a, NULL, 0);
+    ParamInfo *ia = xmalloc(sizeof(ParamInfo) * n), *ib = xmalloc(sizeof(ParamInfo) * n);
+    EXPECT(model_param_infos(b, NULL, 0) == n && a->n_params == b->n_params, "parameter layouts differ");
+    if (g_fail) return;
+    int fail0 = g_fail;
+    model_param_infos(a, ia, n);
+    model_param_infos(b, ib, n);
+    for (int i = 0; i < n; i++) {
+        EXPECT(strcmp(ia[i].name, ib[i].name) == 0 && ia[i].numel == ib[i].numel, "tensor %d: %s vs %s", i,
+               ia[i].name, ib[i].name);
+        EXPECT(memcmp(a->params + ia[i].offset, b->params + ib[i].offset, sizeof(float) * ia[i].numel) == 0,
+               "%s: loaded values differ from the original's", ia[i].name);
+    }
+    if (g_fail == fail0)
+        printf("params: %d tensors (%zu floats) bit-identical after the round trip\n", n, a->n_params);
+    free(ia);
+    free(ib);
+}
+
+/* full HF tensor `name` of shape (rows, cols) as f32 (cols 0 = 1-D) */
+static float *read_full(const SafeTensors *st, const char *name, int rows, int cols) {
+    float *x = xmalloc(sizeof(float) * (size_t)rows * (cols ? cols : 1));
+    st_read_block(st, name, rows, cols, 0, rows, 0, cols ? cols : 1, x);
+    return x;
+}
+
+/* 2. + 3. the saved files against the original's tensors; the index */
+static void check_files(const Model *orig, const char *orig_dir, const char *saved_dir) {
+    SafeTensors *so = st_open_dir(orig_dir), *ss = st_open_dir(saved_dir);
+    int fail0 = g_fail, n = model_param_infos(orig, NULL, 0);
+    ParamInfo *in = xmalloc(sizeof(ParamInfo) * n);
+    model_param_infos(orig, in, n);
+    EXPECT(ss->n_tensors == n, "%s holds %d tensors, the model has %d", saved_dir, ss->n_tensors, n);
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const StTensor *t = st_find(ss, in[i].name);
+        EXPECT(t, "%s: tensor %s missing", saved_dir, in[i].name);
+        if (!t) continue;
+        EXPECT(t->dtype == ST_F32, "%s: not F32", in[i].name);
+        int ndim = in[i].cols_global ? 2 : 1;
+        EXPECT(t->ndim == ndim && t->shape[0] == in[i].rows_global && (ndim == 1 || t->shape[1] == in[i].cols_global),
+               "%s: saved shape differs from the HF shape [%d, %d]", in[i].name, in[i].rows_global, in[i].cols_global);
+        /* the original may store it in bf16 and, tied, under embed_tokens for both uses */
+        float *a = read_full(so, in[i].name, in[i].rows_global, in[i].cols_global);
+        float *b = read_full(ss, in[i].name, in[i].rows_global, in[i].cols_global);
+        size_t numel = (size_t)in[i].rows_global * (in[i].cols_global ? in[i].cols_global : 1);
+        EXPECT(memcmp(a, b, sizeof(float) * numel) == 0, "%s: saved values differ from the original file's",
+               in[i].name);
+        total += (int64_t)(4 * numel);
+        free(a);
+        free(b);
+    }
+    EXPECT(!orig->cfg.tie_embeddings || !st_find(ss, "lm_head.weight"), "tied model: lm_head.weight was written");
+    if (g_fail == fail0) printf("files: %d tensors, F32, HF shapes, values equal to %s\n", n, orig_dir);
+
+    char *ipath = path_join(saved_dir, "model.safetensors.index.json");
+    char *text = read_file(ipath, NULL);
+    cJSON *idx = text ? cJSON_Parse(text) : NULL;
+    EXPECT(idx, "%s: missing or not JSON", ipath);
+    if (idx) {
+        const cJSON *meta = cJSON_GetObjectItemCaseSensitive(idx, "metadata");
+        const cJSON *ts = meta ? cJSON_GetObjectItemCaseSensitive(meta, "total_size") : NULL;
+        EXPECT(cJSON_IsNumber(ts) && (int64_t)ts->valuedouble == total, "index: metadata.total_size is not %lld",
+               (long long)total);
+        const cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
+        EXPECT(cJSON_GetArraySize(wm) == n, "index: weight_map has %d entries, expected %d", cJSON_GetArraySize(wm), n);
+        const cJSON *e;
+        cJSON_ArrayForEach(e, wm) {
+            const StTensor *t = st_find(ss, e->string);
+            int stage, of;
+            EXPECT(t && cJSON_IsString(e) && sscanf(e->valuestring, "model-%5d-of-%5d.safetensors", &stage, &of) == 2,
+                   "index: %s -> %s", e->string, cJSON_IsString(e) ? e->valuestring : "?");
+            if (!t || !cJSON_IsString(e)) continue;
+            const char *file = strrchr(ss->files[t->file].path, '/');
+            EXPECT(file && strcmp(file + 1, e->valuestring) == 0, "index: %s is not in %s", e->string, e->valuestring);
+        }
+        if (g_fail == fail0) printf("index: %d entries, total_size %lld\n", n, (long long)total);
+    }
+    cJSON_Delete(idx);
+    free(text);
+    free(ipath);
+    free(in);
+    st_close(so);
+    st_close(ss);
+}
+
+/* 4. two saved dirs: the same names, shapes and bytes */
+static void check_same(const char *a_dir, const char *b_dir) {
+    SafeTensors *a = st_open_dir(a_dir), *b = st_open_dir(b_dir);
+    int fail0 = g_fail;
+    EXPECT(a->n_tensors == b->n_tensors, "%s has %d tensors, %s %d", a_dir, a->n_tensors, b_dir, b->n_tensors);
+    for (int i = 0; i < a->n_tensors; i++) {
+        const StTensor *x = &a->tensors[i], *y = st_find(b, x->name);
+        EXPECT(y, "%s: %s missing", b_dir, x->name);
+        if (!y) continue;
+        size_t numel = 1;
+        for (int d = 0; d < x->ndim; d++) numel *= (size_t)x->shape[d];
+        EXPECT(x->dtype == y->dtype && x->ndim == y->ndim && !memcmp(x->shape, y->shape, sizeof x->shape) &&
+                   !memcmp(x->data, y->data, 4 * numel),
+               "%s: differs between %s and %s", x->name, a_dir, b_dir);
+    }
+    if (g_fail == fail0) printf("same: %s and %s hold identical tensors\n", a_dir, b_dir);
+    st_close(a);
+    st_close(b);
+}
+
+static int cmd_compare(int argc, char **argv) {
+    Mesh mesh;
+    mesh_init(&mesh, 1, 1);
+    Model orig, saved;
+    model_load(&orig, argv[2], &mesh);
+    model_load(&saved, argv[3], &mesh);
+    check_params(&orig, &saved);
+    check_files(&orig, argv[2], argv[3]);
+    for (int i = 4; i < argc; i++) check_same(argv[3], argv[i]);
+    if (!g_fail) printf("ok: compare %s %s\n", argv[2], argv[3]);
+    model_free(&orig);
+    model_free(&saved);
+    mesh_free(&mesh);
+    return g_fail;
+}
+
+int main(int argc, char **argv) {
+    comm_init(&argc, &argv);
+    cpu_set_threads(g_world_size > 1 ? 1 : 2);
+    int rc = 2;
+    if (argc >= 4 && strcmp(argv[1], "save") == 0 && argc != 5 && argc <= 7) rc = cmd_save(argc, argv);
+    else if (argc >= 4 && strcmp(argv[1], "compare") == 0) rc = cmd_compare(argc, argv);
+    else fprintf(stderr, "usage: test_checkpoint save MODEL_DIR OUT_DIR [TP PP [overwrite | fail-last-stage]]\n"
+                         "       test_checkpoint compare ORIG_DIR SAVED_DIR [OTHER_SAVED_DIR ...]\n");
+    comm_finalize();
+    return rc;
+}

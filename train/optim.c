@@ -1,0 +1,339 @@
+/* optim.c — see optim.h. The step is five visible phases (dp reduction, norm, clip factor, AdamW,
+ * ZeRO-1 all-gather); the arithmetic is in three pure functions on arrays (lr_schedule,
+ * sum_squares + clip_scale, adamw_update) that tests/test_optim.c checks against torch.
+ *
+ * ZeRO-1 (Megatron's distributed optimizer, without its bucketing): the flat gradient arena of
+ * n_grad floats (n_params padded to a multiple of 16 * dp) is reduce-scattered over dp, so dp rank r
+ * holds the dp-sum of arena floats [r * S, (r + 1) * S), S = n_grad / dp. It keeps Adam moments for
+ * that slice only (S floats each instead of n_params), updates those params, and the dp group
+ * all-gathers the updated slices. A slice boundary may cut a tensor: each tensor's part in the slice
+ * is updated with that tensor's decay flag. The element-wise math is the same as plain data
+ * parallel, so both modes give the same params whenever their dp sums agree (always for dp = 2,
+ * where a + b is commutative; for dp > 2 MPI's all-reduce and reduce-scatter may add in different
+ * orders, ~1 ulp on the averaged gradient). */
+#include "train/optim.h"
+#include "runtime/util.h"
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NORM_CHUNK 65536   /* floats per partial sum of the norm */
+#define ARENA_ALIGN 16     /* floats: ZeRO-1 slices start on 64-byte boundaries */
+
+/* ---- the pieces on plain arrays -------------------------------------------------------------- */
+
+double lr_schedule(const OptimConfig *c, int step) {
+    if (step < c->warmup) return c->lr * ((double)step / (double)c->warmup);   /* HF: lr * lambda */
+    int decay_steps = c->total_steps - c->warmup > 1 ? c->total_steps - c->warmup : 1;
+    double progress = (double)(step - c->warmup) / (double)decay_steps;
+    if (progress > 1.0) progress = 1.0;
+    switch (c->schedule) {
+    case LR_COSINE: return c->min_lr + (c->lr - c->min_lr) * (0.5 * (1.0 + cos(M_PI * progress)));
+    case LR_LINEAR: {
+        double left = (double)(c->total_steps - step) / (double)decay_steps;
+        return c->min_lr + (c->lr - c->min_lr) * (left > 0.0 ? left : 0.0);
+    }
+    case LR_CONSTANT: return c->lr;
+    }
+    return c->lr;
+}
+
+void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float grad_scale, double lr,
+                  double beta1, double beta2, double eps, double weight_decay, int t) {
+    /* torch's Python-float scalars, each rounded to fp32 once where it meets a tensor */
+    const float decay = (float)(1.0 - lr * weight_decay);
+    const float b1 = (float)beta1, one_minus_b1 = (float)(1.0 - beta1);
+    const float b2 = (float)beta2, one_minus_b2 = (float)(1.0 - beta2);
+    const float neg_step_size = (float)(-(lr / (1.0 - pow(beta1, t))));
+    const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t));
+    const float epsf = (float)eps;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) {
+        float gi = g[i] * grad_scale;
+        float mi = fmaf(gi, one_minus_b1, m[i] * b1);       /* torch's vectorised add: fmadd */
+        float vi = fmaf(one_minus_b2 * gi, gi, v[i] * b2);   /* torch's addcmul: fma too */
+        float denom = sqrtf(vi) / bc2_sqrt + epsf;           /* eps outside the sqrt */
+        p[i] = p[i] * decay + (neg_step_size * mi) / denom;  /* addcdiv: value * t1 / t2 */
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+double sum_squares(const float *x, size_t n, double *partials) {
+    size_t n_chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
+#pragma omp parallel for schedule(static) if (n_chunks > 1)
+    for (size_t c = 0; c < n_chunks; c++) {
+        size_t lo = c * NORM_CHUNK, hi = lo + NORM_CHUNK < n ? lo + NORM_CHUNK : n;
+        double acc[8] = {0};   /* 8 fixed lanes: a fixed order that still pipelines */
+        size_t i = lo;
+        for (; i + 8 <= hi; i += 8)
+            for (int k = 0; k < 8; k++) acc[k] += (double)x[i + k] * (double)x[i + k];
+        for (; i < hi; i++) acc[0] += (double)x[i] * (double)x[i];
+        partials[c] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+    double total = 0.0;
+    for (size_t c = 0; c < n_chunks; c++) total += partials[c];
+    return total;
+}
+
+float clip_scale(float norm, double max_norm) {
+    if (max_norm <= 0.0) return 1.0f;
+    /* torch: clamp(max_norm / (total_norm + 1e-6), max=1) with a 0-dim fp32 tensor; Tensor's
+     * __rdiv__ is reciprocal() * max_norm */
+    float coef = (1.0f / (norm + 1e-6f)) * (float)max_norm;
+    return coef < 1.0f ? coef : 1.0f;
+}
+
+int optim_counts_in_norm(const Model *m, const ParamInfo *info) {
+    const Mesh *mesh = m->mesh;
+    int tp = mesh->tp, n_kv = m->cfg.n_heads_kv;
+    if (info->tp_replicated) return mesh->tp_rank == 0;
+    /* tp > Hkv: ranks tr with the same tr / (tp / Hkv) hold one kv head (runtime/model.c) */
+    if (tp > n_kv && (strstr(info->name, ".self_attn.k_proj.") || strstr(info->name, ".self_attn.v_proj.")))
+        return mesh->tp_rank % (tp / n_kv) == 0;
+    if (m->cfg.tie_embeddings && !m->is_first && strcmp(info->name, "lm_head.weight") == 0) return 0;
+    return 1;
+}
+
+/* ---- setup ------------------------------------------------------------------------------------ */
+
+OptimConfig optim_config_default(void) {
+    OptimConfig c = {0};
+    c.lr = 1e-5;
+    c.min_lr = 0.0;
+    c.warmup = 0;
+    c.total_steps = 1000;
+    c.schedule = LR_COSINE;
+    c.beta1 = 0.9;
+    c.beta2 = 0.95;
+    c.eps = 1e-8;
+    c.weight_decay = 0.1;
+    c.clip = 1.0;
+    c.zero = 0;
+    return c;
+}
+
+static void check_config(const OptimConfig *c) {
+    if (!(c->lr >= 0.0)) user_error("optimizer: lr %g must be >= 0", c->lr);
+    if (!(c->min_lr >= 0.0 && c->min_lr <= c->lr)) user_error("optimizer: min_lr %g must be in [0, lr = %g]", c->min_lr, c->lr);
+    if (c->warmup < 0 || c->total_steps < 0) user_error("optimizer: warmup %d and total_steps %d must be >= 0", c->warmup, c->total_steps);
+    if (c->warmup > c->total_steps)
+        user_error("optimizer: warmup %d is longer than total_steps %d", c->warmup, c->total_steps);
+    if (!(c->beta1 >= 0.0 && c->beta1 < 1.0) || !(c->beta2 >= 0.0 && c->beta2 < 1.0))
+        user_error("optimizer: betas (%g, %g) must be in [0, 1)", c->beta1, c->beta2);
+    if (!(c->eps > 0.0)) user_error("optimizer: eps %g must be > 0", c->eps);
+    if (!(c->weight_decay >= 0.0)) user_error("optimizer: weight_decay %g must be >= 0", c->weight_decay);
+    if (!(c->clip >= 0.0)) user_error("optimizer: clip %g must be >= 0 (0 = off)", c->clip);
+    if (c->zero != 0 && c->zero != 1) user_error("optimizer: zero %d must be 0 or 1", c->zero);
+    if (c->schedule != LR_COSINE && c->schedule != LR_LINEAR && c->schedule != LR_CONSTANT)
+        user_error("optimizer: unknown lr schedule %d", (int)c->schedule);
+}
+
+/* The optimizer state file (optim_save), little-endian, and the head of Optim.state. */
+#define OPTIM_MAGIC "TNDMOPTM"
+#define OPTIM_VERSION 1u
+typedef struct {
+    char magic[8];                          /* OPTIM_MAGIC */
+    uint32_t version;                       /* OPTIM_VERSION */
+    uint32_t zero;                          /* 1: the moments are this dp rank's ZeRO-1 slice */
+    int32_t tp, pp, dp;                     /* the mesh that wrote it */
+    int32_t tp_rank, pp_rank, dp_rank;      /* the rank that wrote it */
+    int64_t step;                           /* optimizer steps taken */
+    uint64_t n_params;                      /* floats in the rank's parameter arena */
+    uint64_t n_state;                       /* floats per moment; then m (n_state), v (n_state) */
+} OptimHeader;
+_Static_assert(sizeof(OptimHeader) == 64, "OptimHeader is the 64-byte file header");
+
+Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
+    check_config(&cfg);
+    Optim *o = xcalloc(1, sizeof(Optim));
+    o->cfg = cfg;
+    o->mesh = mesh;
+    o->n_params = m->n_params;
+    size_t quantum = (size_t)ARENA_ALIGN * mesh->dp;
+    o->n_grad = (m->n_params + quantum - 1) / quantum * quantum;
+    if (cfg.zero) {
+        o->n_state = o->n_grad / mesh->dp;
+        o->slice_lo = (size_t)mesh->dp_rank * o->n_state;
+        o->slice_hi = o->slice_lo + o->n_state;
+        o->slice = xmalloc(sizeof(float) * o->n_state);
+    } else {
+        o->n_state = m->n_params;
+        o->slice_lo = 0;
+        o->slice_hi = m->n_params;
+    }
+    o->state = xcalloc(1, sizeof(OptimHeader) + 2 * sizeof(float) * o->n_state);
+    o->m = (float *)((char *)o->state + sizeof(OptimHeader));
+    o->v = o->m + o->n_state;
+
+    int n_info = model_param_infos(m, NULL, 0);
+    ParamInfo *infos = xmalloc(sizeof(ParamInfo) * n_info);
+    model_param_infos(m, infos, n_info);
+    o->ranges = xmalloc(sizeof(OptimRange) * n_info);
+    o->n_ranges = n_info;
+    size_t end = 0;
+    for (int i = 0; i < n_info; i++) {
+        CHECK(infos[i].offset == end);   /* the infos tile the arena in order */
+        o->ranges[i] = (OptimRange){infos[i].offset, infos[i].offset + infos[i].numel, infos[i].decay,
+                                    optim_counts_in_norm(m, &infos[i])};
+        end += infos[i].numel;
+    }
+    CHECK(end == m->n_params);
+    free(infos);
+    o->partials = xmalloc(sizeof(double) * (o->n_state / NORM_CHUNK + 2));
+    return o;
+}
+
+void optim_free(Optim *o) {
+    if (!o) return;
+    free(o->state);
+    free(o->slice);
+    free(o->ranges);
+    free(o->partials);
+    free(o);
+}
+
+size_t optim_grad_floats(const Optim *o) { return o->n_grad; }
+size_t optim_state_bytes(const Optim *o) {
+    return sizeof(float) * o->n_state * (o->cfg.zero ? 3 : 2);
+}
+void optim_zero_grad(const Optim *o, float *grads) { memset(grads, 0, sizeof(float) * o->n_grad); }
+double optim_lr(const Optim *o, int step) { return lr_schedule(&o->cfg, step); }
+
+void optim_print_summary(const Optim *o) {
+    if (o->mesh->world_rank != 0) return;
+    const OptimConfig *c = &o->cfg;
+    const char *sched = c->schedule == LR_COSINE ? "cosine" : c->schedule == LR_LINEAR ? "linear" : "constant";
+    fprintf(stderr, "+----------------------+------------+\n");
+    fprintf(stderr, "| %-20s | %-10s |\n", "optimizer", c->zero ? "AdamW ZeRO1" : "AdamW");
+    fprintf(stderr, "| %-20s | %10.3g |\n| %-20s | %10.3g |\n", "lr", c->lr, "min_lr", c->min_lr);
+    fprintf(stderr, "| %-20s | %-10s |\n| %-20s | %10d |\n| %-20s | %10d |\n", "schedule", sched, "warmup",
+            c->warmup, "total_steps", c->total_steps);
+    fprintf(stderr, "| %-20s | %10.3g |\n| %-20s | %10.3g |\n| %-20s | %10.3g |\n", "beta1", c->beta1, "beta2",
+            c->beta2, "eps", c->eps);
+    fprintf(stderr, "| %-20s | %10.3g |\n| %-20s | %10.3g |\n", "weight_decay", c->weight_decay, "clip", c->clip);
+    fprintf(stderr, "| %-20s | %10.1f |\n", "state MiB / rank", (double)optim_state_bytes(o) / (1 << 20));
+    fprintf(stderr, "+----------------------+------------+\n");
+}
+
+/* ---- the step -------------------------------------------------------------------------------- */
+
+float optim_step(Optim *o, Model *m, float *grads) {
+    const Mesh *mesh = o->mesh;
+    const OptimConfig *c = &o->cfg;
+    CHECK(m->n_params == o->n_params);
+
+    /* 1. mean over dp; held[i - slice_lo] is the reduced gradient of arena float i */
+    float *held;
+    if (c->zero) {
+        comm_reduce_scatter_sum(&mesh->dp_comm, grads, o->slice, o->n_state);
+        held = o->slice;
+    } else {
+        comm_all_reduce_sum(&mesh->dp_comm, grads, o->n_params);   /* no-op for dp = 1 */
+        held = grads;
+    }
+    if (mesh->dp > 1) {
+        float dp = (float)mesh->dp;
+        size_t n = o->slice_hi - o->slice_lo;
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (size_t i = 0; i < n; i++) held[i] /= dp;
+    }
+
+    /* 2. global norm: each element of the global model once, over tp and pp (and dp for ZeRO-1) */
+    double sumsq = 0.0;
+    for (int r = 0; r < o->n_ranges; r++) {
+        const OptimRange *rg = &o->ranges[r];
+        size_t lo = rg->lo > o->slice_lo ? rg->lo : o->slice_lo, hi = rg->hi < o->slice_hi ? rg->hi : o->slice_hi;
+        if (rg->in_norm && lo < hi) sumsq += sum_squares(held + (lo - o->slice_lo), hi - lo, o->partials);
+    }
+    comm_all_reduce_sum_f64(&mesh->tp_comm, &sumsq, 1);
+    comm_all_reduce_sum_f64(&mesh->pp_comm, &sumsq, 1);
+    if (c->zero) comm_all_reduce_sum_f64(&mesh->dp_comm, &sumsq, 1);
+    float norm = (float)sqrt(sumsq);
+
+    /* 3. clip factor, folded into the update (grads are not rescaled in place) */
+    float scale = clip_scale(norm, c->clip);
+
+    /* 4. AdamW on this rank's slice, tensor by tensor (decay flag per tensor) */
+    double lr = lr_schedule(c, o->step);
+    for (int r = 0; r < o->n_ranges; r++) {
+        const OptimRange *rg = &o->ranges[r];
+        size_t lo = rg->lo > o->slice_lo ? rg->lo : o->slice_lo, hi = rg->hi < o->slice_hi ? rg->hi : o->slice_hi;
+        if (lo >= hi) continue;
+        size_t k = lo - o->slice_lo;
+        adamw_update(m->params + lo, held + k, o->m + k, o->v + k, hi - lo, scale, lr, c->beta1, c->beta2, c->eps,
+                     rg->decay ? c->weight_decay : 0.0, o->step + 1);
+    }
+
+    /* 5. ZeRO-1: every dp rank gets every slice back (the grads arena is the gather buffer) */
+    if (c->zero) {
+        size_t own = o->slice_lo >= o->n_params ? 0
+                   : (o->slice_hi < o->n_params ? o->slice_hi : o->n_params) - o->slice_lo;
+        memcpy(o->slice, m->params + o->slice_lo, sizeof(float) * own);
+        memset(o->slice + own, 0, sizeof(float) * (o->n_state - own));
+        comm_all_gather(&mesh->dp_comm, o->slice, grads, o->n_state);
+        memcpy(m->params, grads, sizeof(float) * o->n_params);
+    }
+    o->step++;
+    return norm;
+}
+
+/* ---- save / load ----------------------------------------------------------------------------- */
+
+static void header_fill(const Optim *o, OptimHeader *h) {
+    const Mesh *mesh = o->mesh;
+    memset(h, 0, sizeof(*h));
+    memcpy(h->magic, OPTIM_MAGIC, 8);
+    h->version = OPTIM_VERSION;
+    h->zero = (uint32_t)o->cfg.zero;
+    h->tp = mesh->tp; h->pp = mesh->pp; h->dp = mesh->dp;
+    h->tp_rank = mesh->tp_rank; h->pp_rank = mesh->pp_rank; h->dp_rank = mesh->dp_rank;
+    h->step = o->step;
+    h->n_params = o->n_params;
+    h->n_state = o->n_state;
+}
+
+int optim_save(Optim *o, const char *path) {
+    header_fill(o, (OptimHeader *)o->state);
+    return write_file_atomic(path, o->state, sizeof(OptimHeader) + 2 * sizeof(float) * o->n_state);
+}
+
+int optim_load(Optim *o, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    CHECK(fseek(f, 0, SEEK_END) == 0);
+    long size = ftell(f);
+    CHECK(size >= 0 && fseek(f, 0, SEEK_SET) == 0);
+    OptimHeader h, want;
+    header_fill(o, &want);
+    size_t want_bytes = sizeof(OptimHeader) + 2 * sizeof(float) * o->n_state;
+    if ((size_t)size < sizeof h || fread(&h, sizeof h, 1, f) != 1)
+        rank_error("%s: %ld bytes, shorter than the %zu-byte optimizer state header (an interrupted copy?); "
+                   "restore it from the checkpoint, or resume without optimizer state", path, size, sizeof h);
+    if (memcmp(h.magic, OPTIM_MAGIC, 8) != 0)
+        rank_error("%s: not a Tandem optimizer state file (it does not start with \"" OPTIM_MAGIC "\"); "
+                   "pass the optim.rank<N>.bin that optim_save wrote for this rank", path);
+    if (h.version != OPTIM_VERSION)
+        rank_error("%s: optimizer state format version %u; this build reads version %u: resume with the build "
+                   "that saved it, or resume without optimizer state (moments restart from zero)",
+                   path, h.version, OPTIM_VERSION);
+    if (h.tp != want.tp || h.pp != want.pp || h.dp != want.dp || h.zero != want.zero || h.tp_rank != want.tp_rank ||
+        h.pp_rank != want.pp_rank || h.dp_rank != want.dp_rank)
+        rank_error("%s: saved by a tp=%d pp=%d dp=%d zero=%u run (rank tp %d, dp %d, pp %d); this is tp=%d pp=%d dp=%d "
+                   "zero=%u (rank tp %d, dp %d, pp %d): resume with the same --tp, --pp, number of ranks and ZeRO "
+                   "setting, and each rank's own file", path, h.tp, h.pp, h.dp, h.zero, h.tp_rank, h.dp_rank,
+                   h.pp_rank, want.tp, want.pp, want.dp, want.zero, want.tp_rank, want.dp_rank, want.pp_rank);
+    if (h.n_params != want.n_params || h.n_state != want.n_state)
+        rank_error("%s: state for %llu parameters on this rank (%llu per moment); this model has %llu: "
+                   "saved for another model or config.json", path, (unsigned long long)h.n_params,
+                   (unsigned long long)h.n_state, (unsigned long long)want.n_params);
+    if ((size_t)size != want_bytes)
+        rank_error("%s: %ld bytes, expected %zu (64-byte header + 2 moments x %llu floats): truncated or "
+                   "corrupt; restore it from the checkpoint", path, size, want_bytes, (unsigned long long)h.n_state);
+    if (fread(o->m, sizeof(float), 2 * o->n_state, f) != 2 * o->n_state)
+        rank_error("%s: read failed: %s", path, strerror(errno));
+    fclose(f);
+    o->step = (int)h.step;
+    return 0;
+}

@@ -1,0 +1,145 @@
+/* optim.h — the optimizer of one rank: AdamW with torch.optim.AdamW's arithmetic, global
+ * gradient-norm clipping over the whole mesh (torch.nn.utils.clip_grad_norm_), the learning-rate
+ * schedule, and the data-parallel gradient reduction: plain (all-reduce, full Adam moments on every
+ * dp rank) or ZeRO-1 (Megatron's distributed optimizer: reduce-scatter, each dp rank owns the
+ * moments of 1/dp of the flat arena and updates only that slice, then all-gather). Saves and loads
+ * this rank's moments and step.
+ * Does not own: computing or accumulating gradients (train/grad.c), summing a tied embedding's two
+ * copies across pp stages (train_tied_embedding_all_reduce, called before optim_step), mixed
+ * precision (params are fp32 and are the master weights), the training loop or its checkpoints of
+ * the weights themselves.
+ *
+ * One step, in this order (optim_step):
+ *   1. dp reduction: grads = mean over the dp group (sum, then / dp). Plain: every rank gets the
+ *      whole arena. ZeRO-1: reduce-scatter, rank r gets arena slice r only.
+ *   2. global norm of the reduced gradient: every element of the global model counted ONCE:
+ *      sum of squares over what this rank holds, skipping copies (see optim_counts_in_norm), in
+ *      double, all-reduced over tp and pp (and dp under ZeRO-1, where each rank holds 1/dp).
+ *   3. clip: scale = min(1, clip / (norm + 1e-6)) (torch: (1 / (norm + 1e-6)) * clip in fp32).
+ *   4. AdamW on the slice this rank updates, lr from the schedule at the current step.
+ *   5. ZeRO-1: all-gather of the updated slices, so every dp rank again holds all its params.
+ * Replicas (dp ranks; tp copies of norms and of replicated kv heads; a tied embedding's copy on the
+ * last stage) see identical gradients and identical state, so they stay bit-identical.
+ *
+ * Arena layout: grads and the Adam moments use the parameter arena's layout (model_param_infos
+ * offsets). The gradient arena passed to optim_step must hold optim_grad_floats(o) floats: the
+ * parameter count rounded up to a multiple of 16 * dp (ZeRO-1 splits it into dp equal slices that
+ * start on 64-byte boundaries; the tail is padding that optim_zero_grad keeps zero). */
+#ifndef TANDEM_OPTIM_H
+#define TANDEM_OPTIM_H
+#include <stddef.h>
+#include <stdint.h>
+#include "runtime/mesh.h"
+#include "runtime/model.h"
+
+typedef enum { LR_COSINE = 0, LR_LINEAR, LR_CONSTANT } LrSchedule;
+
+/* Scalars are double because torch computes them in Python floats: 1 - beta1 in double and then
+ * rounded to fp32 differs from 1 - (float)beta1 (0.1f vs 0.100000024f). */
+typedef struct {
+    double lr;            /* peak learning rate, reached at step `warmup` */
+    double min_lr;        /* floor of the cosine / linear decay (0 = HF's schedules) */
+    int warmup;           /* steps of linear warmup from 0 */
+    int total_steps;      /* steps over which the decay reaches min_lr; later steps stay there */
+    LrSchedule schedule;
+    double beta1, beta2, eps;
+    double weight_decay;  /* decoupled (AdamW), on ParamInfo.decay tensors only */
+    double clip;          /* max global gradient norm; 0 = no clipping (the norm is still returned) */
+    int zero;             /* 1 = ZeRO-1 (moments sharded over dp), 0 = plain data parallel */
+} OptimConfig;
+
+/* torch.optim.AdamW(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1), warmup + cosine, clip 1. */
+OptimConfig optim_config_default(void);
+
+/* One run of consecutive arena floats [lo, hi) with the same treatment (one ParamInfo). */
+typedef struct {
+    size_t lo, hi;
+    int decay;            /* weight decay applies */
+    int in_norm;          /* counted in the global gradient norm on this rank */
+} OptimRange;
+
+typedef struct {
+    OptimConfig cfg;
+    const Mesh *mesh;
+    int step;                 /* optimizer steps taken; the next step uses lr_schedule(cfg, step) */
+    size_t n_params;          /* floats in this rank's parameter arena */
+    size_t n_grad;            /* n_params rounded up to a multiple of 16 * dp (optim_grad_floats) */
+    size_t slice_lo, slice_hi;/* arena floats this rank updates: [0, n_params) plain; ZeRO-1:
+                                 [r * n_grad / dp, (r + 1) * n_grad / dp) for dp rank r */
+    size_t n_state;           /* floats per moment: n_params plain, n_grad / dp ZeRO-1 */
+    void *state;              /* one block laid out as the file optim_save writes: header, m, v */
+    float *m, *v;             /* (n_state) Adam moments of arena floats slice_lo + i */
+    float *slice;             /* (n_state) ZeRO-1: the reduced gradient slice, then the updated
+                                 params for the all-gather; NULL plain */
+    OptimRange *ranges;       /* (n_ranges) the parameter tensors in arena order */
+    int n_ranges;
+    double *partials;         /* chunk sums of the norm (fixed chunking: deterministic sums) */
+} Optim;
+
+/* Allocates everything the steps need (optim_step allocates nothing); not collective. A bad
+ * config value (lr < 0, beta outside [0, 1), warmup > total_steps, ...) is a user_error. */
+Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg);
+void optim_free(Optim *o);
+/* Prints the optimizer's settings and state MiB per rank (world rank 0). */
+void optim_print_summary(const Optim *o);
+
+size_t optim_grad_floats(const Optim *o);   /* floats the gradient arena must hold */
+size_t optim_state_bytes(const Optim *o);   /* bytes of moments (+ the ZeRO-1 slice buffer) */
+void optim_zero_grad(const Optim *o, float *grads);   /* zeroes optim_grad_floats(o) floats */
+double optim_lr(const Optim *o, int step);  /* lr_schedule(&o->cfg, step) */
+
+/* One optimizer step on every rank of the mesh (collective). grads: this rank's gradient arena
+ * (optim_grad_floats floats), summed over this rank's micro-batches, NOT yet reduced over dp, and
+ * with a tied embedding's copies already summed across stages. Updates m->params in place.
+ * Returns the global gradient norm before clipping, the same on every rank. Afterwards grads hold
+ * scratch (dp-reduced values, or under ZeRO-1 the gathered params): zero them before accumulating
+ * the next step. Increments o->step. */
+float optim_step(Optim *o, Model *m, float *grads);
+
+/* Writes this rank's moments and step (the rank's own file, e.g. optim.rank3.bin) atomically
+ * (temp file + rename). Returns 0, or -1 if it cannot be written (errno says why). */
+int optim_save(Optim *o, const char *path);
+/* Reads what optim_save wrote. Returns 0, or -1 if the file cannot be opened (the caller decides:
+ * other ranks may have found theirs). A file that is not ours, of another format version, of
+ * another layout (tp/pp/dp/zero, rank) or another model, or truncated, is a rank_error naming the
+ * file, the mismatch and what to run. */
+int optim_load(Optim *o, const char *path);
+
+/* ---- the pieces, on plain arrays (tested against torch by tests/test_optim.c) -------------- */
+
+/* Learning rate at step (0-based: the first optimizer step is step 0), lr_max = cfg->lr:
+ *   step < W:          lr_max * step / W                            (linear warmup from 0)
+ *   then p = min(1, (step - W) / max(1, T - W))  with T = total_steps, and
+ *     LR_COSINE:       min_lr + (lr_max - min_lr) * 0.5 * (1 + cos(pi * p))
+ *     LR_LINEAR:       min_lr + (lr_max - min_lr) * (T - step) / max(1, T - W)   (clamped at p = 1)
+ *     LR_CONSTANT:     lr_max
+ * With min_lr = 0 these are HF transformers' get_{cosine,linear,constant}_schedule_with_warmup
+ * under torch's LambdaLR (the lr of optimizer step k is lambda(k), so step 0 has lr 0 when W > 0);
+ * with min_lr > 0 the cosine is HF's get_cosine_with_min_lr_schedule_with_warmup (min_lr_rate =
+ * min_lr / lr_max) and Megatron's. After T steps the lr stays at min_lr (HF's cosine would rise
+ * again; its linear would stay at 0). */
+double lr_schedule(const OptimConfig *cfg, int step);
+
+/* AdamW on n elements, exactly torch 1.13's _single_tensor_adamw in fp32, step t (1-based):
+ *   g = g_in * grad_scale                        (clip_grad_norm_'s in-place grad.mul_)
+ *   p = p * (1 - lr * wd)                        (decoupled weight decay, before the moments)
+ *   m = fma(g, 1 - beta1, m * beta1)             (exp_avg.mul_(beta1).add_(g, alpha=1 - beta1))
+ *   v = fma((1 - beta2) * g, g, v * beta2)       (exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2))
+ *   p = p + (-lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+ * Scalars are computed in double and rounded to fp32 once, as torch does with Python floats. */
+void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float grad_scale, double lr,
+                  double beta1, double beta2, double eps, double weight_decay, int t);
+
+/* sum of x[i]^2 in double, summed in fixed chunks of 64Ki floats (then the chunks in order), so the
+ * result does not depend on the thread count. partials: ceil(n / 65536) doubles of scratch. */
+double sum_squares(const float *x, size_t n, double *partials);
+/* clip_grad_norm_'s factor: min(1, (1 / (norm + 1e-6)) * max_norm) in fp32; 1 when max_norm <= 0. */
+float clip_scale(float norm, double max_norm);
+
+/* Whether this rank's copy of a parameter counts in the global norm: every element of the global
+ * model exactly once. Not counted: tp-replicated tensors (norms) off tp rank 0; k/v weights and
+ * biases of a kv head replicated over tp / Hkv ranks (tp > Hkv) except on the first of them; the
+ * last stage's copy of a tied embedding (lm_head.weight on a pp > 1 mesh; the first stage's embed
+ * counts). dp replicas are not in question: the norm is taken after the dp reduction. */
+int optim_counts_in_norm(const Model *m, const ParamInfo *info);
+#endif

@@ -1,0 +1,377 @@
+/* sft.c — `tandem sft --model DIR --data train.jsonl [--eval-data val.jsonl] --out DIR`.
+ * One optimizer step = M micro-batches on each of the dp ranks: every rank reads the same data
+ * stream (train/data.c, deterministic by seed) and dp rank r takes micro-batches r, r + dp, ...;
+ * each micro-batch's positions are weighted by 1 / (loss tokens of the whole step) so the step's
+ * loss is the token mean over all of them. The pipeline runs them in 1F1B order
+ * (train/schedule.c); the optimizer (train/optim.c) reduces gradients over dp, clips the global
+ * norm and applies AdamW. Owns: the loop, evaluation, logging (progress line + metrics.jsonl),
+ * the output directory and resume. */
+#include "train/sft.h"
+#include "kernels/kernels.h"
+#include "runtime/args.h"
+#include "runtime/util.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/grad.h"
+#include "train/optim.h"
+#include "train/schedule.h"
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* M micro-batches of this dp rank, copied out of Data's buffers */
+typedef struct {
+    MicroBatch *mbs;            /* (M) */
+    int *tokens, *seq_start, *targets;  /* per micro-batch: (max_tokens), (max_tokens + 1), (max_tokens) */
+    float *weight;              /* (max_tokens) per micro-batch */
+    int M, max_tokens, n;       /* n: how many were filled */
+    long loss_tokens, n_tokens; /* over the whole step (all dp ranks) */
+} Step;
+
+static void step_alloc(Step *s, int M, int max_tokens) {
+    memset(s, 0, sizeof(*s));
+    s->M = M;
+    s->max_tokens = max_tokens;
+    s->mbs = xcalloc(M, sizeof(MicroBatch));
+    s->tokens = xmalloc(sizeof(int) * (size_t)M * max_tokens);
+    s->seq_start = xmalloc(sizeof(int) * (size_t)M * (max_tokens + 1));
+    s->targets = xmalloc(sizeof(int) * (size_t)M * max_tokens);
+    s->weight = xmalloc(sizeof(float) * (size_t)M * max_tokens);
+}
+static void step_free(Step *s) {
+    free(s->mbs); free(s->tokens); free(s->seq_start); free(s->targets); free(s->weight);
+}
+
+/* Reads the step's M * dp micro-batches; keeps this dp rank's. Returns 0 when the data has ended
+ * before a full step (the partial step is dropped: every dp rank must run the same M). */
+static int step_fill(Step *s, Data *d, const Mesh *mesh) {
+    s->n = 0;
+    s->loss_tokens = s->n_tokens = 0;
+    DataBatch b;
+    for (int k = 0; k < s->M * mesh->dp; k++) {
+        if (!data_next_batch(d, &b)) return 0;
+        s->loss_tokens += b.n_loss;
+        s->n_tokens += b.n_tokens;
+        if (k % mesh->dp != mesh->dp_rank) continue;
+        int i = s->n++;
+        int *tok = s->tokens + (size_t)i * s->max_tokens, *st = s->seq_start + (size_t)i * (s->max_tokens + 1);
+        int *tg = s->targets + (size_t)i * s->max_tokens;
+        memcpy(tok, b.tokens, sizeof(int) * b.n_tokens);
+        memcpy(st, b.seq_start, sizeof(int) * (b.n_seqs + 1));
+        memcpy(tg, b.targets, sizeof(int) * b.n_tokens);
+        s->mbs[i] = (MicroBatch){tok, st, b.n_seqs, tg, s->weight + (size_t)i * s->max_tokens};
+    }
+    /* every position weighs 1 / (the step's loss tokens over all micro-batches and dp ranks) */
+    float w = s->loss_tokens ? 1.0f / (float)s->loss_tokens : 0.0f;
+    for (int i = 0; i < s->n; i++) {
+        float *wt = s->weight + (size_t)i * s->max_tokens;
+        int N = s->mbs[i].seq_start[s->mbs[i].n_seqs];
+        for (int t = 0; t < N; t++) wt[t] = s->mbs[i].targets[t] >= 0 ? w : 0.0f;
+    }
+    return 1;
+}
+
+/* Mean next-token loss over a whole eval set (forward only), spread over dp ranks. */
+static double eval_loss(Model *m, TrainActs *a, Data *d, const Mesh *mesh) {
+    data_rewind(d);
+    DataBatch b;
+    double sum = 0.0, n = 0.0;
+    for (int k = 0; data_next_batch(d, &b); k++) {
+        if (k % mesh->dp != mesh->dp_rank) continue;
+        train_forward(m, a, b.tokens, b.seq_start, b.n_seqs);
+        sum += train_eval_loss_sum(m, a, b.targets);
+        n += b.n_loss;
+    }
+    double v[2] = {sum, n};
+    comm_all_reduce_sum_f64(&mesh->dp_comm, v, 2);
+    return v[1] > 0 ? v[0] / v[1] : NAN;
+}
+
+/* ---- checkpoints: out/checkpoint-STEP = HF model + this layout's training state ----------- */
+
+typedef struct {
+    int step, tp, pp, dp, zero;
+    uint8_t cursor[DATA_CURSOR_BYTES];
+} TrainerState;
+
+/* trainer_state.json is written last (rank 0, atomic): a checkpoint without it is incomplete. */
+static void save_checkpoint(Model *m, Optim *o, Data *d, const char *model_dir, const char *out, int step) {
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s/checkpoint-%d", out, step);
+    if (checkpoint_save_model(m, model_dir, dir, 1)) return;   /* the failing rank said why; go on */
+    snprintf(path, sizeof path, "%s/optim.rank%d.bin", dir, m->mesh->world_rank);
+    if (optim_save(o, path)) rank_error("%s: cannot write: %s", path, strerror(errno));
+    comm_barrier(&m->mesh->world);
+    if (m->mesh->world_rank != 0) return;
+    uint8_t cur[DATA_CURSOR_BYTES];
+    data_cursor_save(d, cur);
+    char hex[2 * DATA_CURSOR_BYTES + 1];
+    for (int i = 0; i < DATA_CURSOR_BYTES; i++) sprintf(hex + 2 * i, "%02x", cur[i]);
+    char json[1024];
+    int n = snprintf(json, sizeof json,
+                     "{\"format\": \"tandem-trainer-state\", \"version\": 1, \"step\": %d, \"tp\": %d, \"pp\": %d, "
+                     "\"dp\": %d, \"zero\": %d, \"data_cursor\": \"%s\"}\n",
+                     step, m->mesh->tp, m->mesh->pp, m->mesh->dp, o->cfg.zero, hex);
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    if (write_file_atomic(path, json, (size_t)n)) user_error("%s: cannot write: %s", path, strerror(errno));
+    fprintf(stderr, "saved %s\n", dir);
+}
+
+/* Reads DIR/trainer_state.json; user_error when it is missing or not ours. */
+static void load_trainer_state(const char *dir, TrainerState *ts) {
+    char *path = path_join(dir, "trainer_state.json");
+    char *text = read_file(path, NULL);
+    if (!text) user_error("%s: missing: not a complete checkpoint (was the run killed while saving?)", path);
+    int v = 0;
+    char hex[2 * DATA_CURSOR_BYTES + 8] = "";
+    const char *p = strstr(text, "\"data_cursor\": \"");
+    if (!strstr(text, "\"tandem-trainer-state\"") ||
+        sscanf(strstr(text, "\"version\":") ? strstr(text, "\"version\":") : "", "\"version\": %d", &v) != 1 || v != 1 ||
+        sscanf(strstr(text, "\"step\":"), "\"step\": %d, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"zero\": %d", &ts->step,
+               &ts->tp, &ts->pp, &ts->dp, &ts->zero) != 5 || !p || sscanf(p + 16, "%112[0-9a-f]", hex) != 1 ||
+        strlen(hex) != 2 * DATA_CURSOR_BYTES)
+        user_error("%s: not a tandem trainer state of version 1", path);
+    for (int i = 0; i < DATA_CURSOR_BYTES; i++) {
+        unsigned b;
+        sscanf(hex + 2 * i, "%2x", &b);
+        ts->cursor[i] = (uint8_t)b;
+    }
+    free(text);
+    free(path);
+}
+
+/* The resume directory must hold the same architecture as --model (its config.json). */
+static void check_same_model(const char *model_dir, const char *resume_dir) {
+    ModelConfig a, b;
+    config_load(&a, model_dir);
+    config_load(&b, resume_dir);
+    if (a.dim != b.dim || a.hidden_dim != b.hidden_dim || a.n_layers != b.n_layers || a.n_heads != b.n_heads ||
+        a.n_heads_kv != b.n_heads_kv || a.head_dim != b.head_dim || a.vocab_size != b.vocab_size ||
+        strcmp(a.model_type, b.model_type))
+        user_error("--resume %s: a checkpoint of another model (%s %dx%d, %d layers) than --model %s (%s %dx%d, %d layers)",
+                   resume_dir, b.model_type, b.dim, b.hidden_dim, b.n_layers, model_dir, a.model_type, a.dim, a.hidden_dim,
+                   a.n_layers);
+}
+
+/* ---- main --------------------------------------------------------------------------------- */
+
+int sft_main(int argc, char **argv) {
+    const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template;
+    int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, eval_every, save_every, warmup, zero, seed;
+    int pack, train_on_prompt, skip_bad, drop_long, overwrite, stop_after, log_every;
+    float lr, min_lr, wd, beta1, beta2, eps, clip;
+    Option opts[] = {
+        {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory to start from"},
+        {"--data", OPT_STR, &data_path, NULL, "training data: jsonl or JSON array (prompt/response, Alpaca, messages, ShareGPT)"},
+        {"--eval-data", OPT_STR, &eval_path, NULL, "held-out data: eval loss before, every --eval-every steps, after"},
+        {"--out", OPT_STR, &out, NULL, "output directory: checkpoint-STEP/ (HF model + state), metrics.jsonl"},
+        {"--resume", OPT_STR, &resume, NULL, "continue from a checkpoint directory (out/checkpoint-STEP)"},
+        {"--overwrite", OPT_FLAG, &overwrite, NULL, "allow an existing --out"},
+        {"--seq-len", OPT_INT, &seq_len, "512", "tokens per sample / packed row at most"},
+        {"--batch-size", OPT_INT, &batch_size, "4", "rows per micro-batch"},
+        {"--micro-batches", OPT_INT, &M, "1", "micro-batches per step per dp rank (accumulation; pipeline)"},
+        {"--epochs", OPT_INT, &epochs, "1", "passes over the data"},
+        {"--max-steps", OPT_INT, &max_steps, "0", "optimizer steps (0 = what --epochs gives); sets the LR schedule"},
+        {"--stop-after", OPT_INT, &stop_after, "0", "stop (saving) after this step, as if killed there (0 = off)"},
+        {"--lr", OPT_FLOAT, &lr, "1e-4", "peak learning rate"},
+        {"--min-lr", OPT_FLOAT, &min_lr, "0", "learning-rate floor"},
+        {"--warmup", OPT_INT, &warmup, "0", "linear warmup steps"},
+        {"--lr-schedule", OPT_STR, &schedule_name, "cosine", "cosine | linear | constant"},
+        {"--weight-decay", OPT_FLOAT, &wd, "0.0", "AdamW decoupled weight decay (not on norms and biases)"},
+        {"--beta1", OPT_FLOAT, &beta1, "0.9", "AdamW"},
+        {"--beta2", OPT_FLOAT, &beta2, "0.999", "AdamW"},
+        {"--eps", OPT_FLOAT, &eps, "1e-8", "AdamW"},
+        {"--clip", OPT_FLOAT, &clip, "1.0", "global gradient-norm clipping (0 = off)"},
+        {"--zero", OPT_INT, &zero, "0", "1 = ZeRO-1: optimizer state sharded over data-parallel ranks"},
+        {"--pack", OPT_FLAG, &pack, NULL, "pack several samples per row (positions restart, no cross-attention)"},
+        {"--train-on-prompt", OPT_FLAG, &train_on_prompt, NULL, "loss on prompt tokens too"},
+        {"--skip-bad-lines", OPT_FLAG, &skip_bad, NULL, "skip malformed records (counted) instead of stopping"},
+        {"--drop-long", OPT_FLAG, &drop_long, NULL, "drop samples longer than --seq-len (default: truncate)"},
+        {"--chat-template", OPT_STR, &chat_template, NULL, "chat format for messages (default: the tokenizer's)"},
+        {"--seed", OPT_INT, &seed, "1234", "data shuffling seed"},
+        {"--eval-every", OPT_INT, &eval_every, "0", "steps between evals (0 = only before and after)"},
+        {"--save-every", OPT_INT, &save_every, "0", "steps between checkpoints (0 = only at the end)"},
+        {"--log-every", OPT_INT, &log_every, "1", "steps between progress lines"},
+        {"--tp", OPT_INT, &tp, "1", "tensor-parallel size"},
+        {"--pp", OPT_INT, &pp, "1", "pipeline-parallel size"},
+        {"--threads", OPT_INT, &threads, "1", "CPU threads per rank"},
+    };
+    int n_opts = sizeof(opts) / sizeof(opts[0]);
+    comm_init(&argc, &argv);
+    args_parse("usage: tandem sft --model DIR --data train.jsonl [--eval-data val.jsonl] --out DIR [options]", opts,
+               n_opts, argc, argv);
+    if (!model_dir || !data_path || !out) user_error("sft: --model, --data and --out are required");
+    if (seq_len < 2 || batch_size < 1 || M < 1 || epochs < 1 || max_steps < 0 || threads < 1 || warmup < 0)
+        user_error("sft: --seq-len >= 2, --batch-size, --micro-batches, --epochs, --threads >= 1 required");
+    if (!(lr > 0) || min_lr < 0 || wd < 0 || clip < 0 || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps > 0))
+        user_error("sft: invalid optimizer setting (--lr > 0, --min-lr/--weight-decay/--clip >= 0, betas in [0, 1), --eps > 0)");
+    LrSchedule sched = !strcmp(schedule_name, "cosine") ? LR_COSINE : !strcmp(schedule_name, "linear") ? LR_LINEAR
+                     : !strcmp(schedule_name, "constant") ? LR_CONSTANT : (LrSchedule)-1;
+    if ((int)sched < 0) user_error("--lr-schedule %s: expected cosine, linear or constant", schedule_name);
+    if (zero != 0 && zero != 1) user_error("--zero must be 0 or 1");
+    if (dir_exists(out) && !overwrite && !resume)
+        user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", out);
+    if (resume) check_same_model(model_dir, resume);
+    cpu_set_threads(threads);
+
+    Mesh mesh;
+    mesh_init(&mesh, tp, pp);
+    Model m;
+    model_load(&m, resume ? resume : model_dir, &mesh);
+    char err[1024];
+    Tokenizer *tok = tokenizer_open(model_dir, err, sizeof err);
+    if (!tok) user_error("%s", err);
+    DataConfig dc;
+    data_config_default(&dc);
+    dc.seq_len = seq_len; dc.batch_size = batch_size; dc.pack = pack; dc.shuffle = 1; dc.seed = (uint64_t)seed;
+    dc.n_epochs = epochs; dc.overlong = drop_long ? OVERLONG_DROP : OVERLONG_TRUNCATE; dc.train_on_prompt = train_on_prompt;
+    dc.skip_bad_records = skip_bad; dc.chat_template = chat_template;
+    Data train, val;
+    data_open(&train, data_path, tok, &dc);
+    int have_eval = eval_path != NULL;
+    if (have_eval) {
+        DataConfig ec = dc;
+        ec.shuffle = 0;
+        ec.n_epochs = 1;
+        data_open(&val, eval_path, tok, &ec);
+    }
+    tokenizer_free(tok);
+
+    /* steps: --max-steps, else every full step the epochs give */
+    int steps_total = max_steps;
+    if (!steps_total) {
+        DataBatch b;
+        long n = 0;
+        while (data_next_batch(&train, &b)) n++;
+        data_rewind(&train);
+        steps_total = (int)(n / ((long)M * mesh.dp));
+        if (steps_total < 1) user_error("%s: %ld micro-batches make no full step of %d x dp %d", data_path, n, M, mesh.dp);
+    } else {
+        train.cfg.n_epochs = 0;   /* --max-steps decides: the data repeats as needed */
+    }
+
+    OptimConfig oc = optim_config_default();
+    oc.lr = lr; oc.min_lr = min_lr; oc.warmup = warmup; oc.total_steps = steps_total; oc.schedule = sched;
+    oc.beta1 = beta1; oc.beta2 = beta2; oc.eps = eps; oc.weight_decay = wd; oc.clip = clip; oc.zero = zero;
+    Optim *o = optim_new(&m, &mesh, oc);
+    int step0 = 0;
+    if (resume) {
+        TrainerState ts;
+        load_trainer_state(resume, &ts);
+        step0 = ts.step;
+        if (data_cursor_restore(&train, ts.cursor, DATA_CURSOR_BYTES, err, sizeof err))
+            user_error("%s/trainer_state.json: %s", resume, err);
+        if (ts.tp == tp && ts.pp == pp && ts.dp == mesh.dp && ts.zero == zero) {
+            char path[4200];
+            snprintf(path, sizeof path, "%s/optim.rank%d.bin", resume, mesh.world_rank);
+            if (optim_load(o, path)) rank_error("%s: cannot read", path);
+        } else {
+            o->step = step0;
+            if (g_rank == 0)
+                fprintf(stderr, "resume: saved with tp=%d pp=%d dp=%d zero=%d, now tp=%d pp=%d dp=%d zero=%d: weights and "
+                                "data position continue, the optimizer state restarts\n",
+                        ts.tp, ts.pp, ts.dp, ts.zero, tp, pp, mesh.dp, zero);
+        }
+    }
+    mkdir_p(out);
+
+    int max_tokens = data_max_batch_tokens(&train);
+    int n_slots = pp < M ? pp : M;
+    TrainActs *slots = xcalloc(n_slots, sizeof(TrainActs));
+    for (int i = 0; i < n_slots; i++) train_acts_init(&slots[i], &m, max_tokens, seq_len);
+    float *grads = xcalloc(optim_grad_floats(o), sizeof(float));
+    ModelWeights gw;
+    LayerWeights *gl = xcalloc(m.n_layers_local, sizeof(LayerWeights));
+    model_weights_place(&m, grads, &gw, gl);
+    Step st;
+    step_alloc(&st, M, max_tokens);
+    if (g_rank == 0) {
+        fprintf(stderr, "+------------------------+--------------------------------+\n");
+        args_print(opts, n_opts);
+        model_print_summary(&m);
+        data_print_summary(&train, stderr);
+        if (have_eval) data_print_summary(&val, stderr);
+        optim_print_summary(o);
+        fprintf(stderr, "steps %d (from %d), %d micro-batches of <= %d tokens per step per dp rank\n", steps_total,
+                step0, M, max_tokens);
+    }
+    FILE *metrics = NULL;
+    if (g_rank == 0) {
+        char *mp = path_join(out, "metrics.jsonl");
+        metrics = fopen(mp, resume ? "a" : "w");
+        if (!metrics) user_error("%s: cannot open for writing: %s", mp, strerror(errno));
+        free(mp);
+    }
+    double eval0 = have_eval ? eval_loss(&m, &slots[0], &val, &mesh) : NAN;
+    if (g_rank == 0 && have_eval) {
+        fprintf(stderr, "eval loss before: %.4f\n", eval0);
+        fprintf(metrics, "{\"step\": %d, \"eval_loss\": %.6f}\n", step0, eval0);
+        fflush(metrics);
+    }
+
+    double t_start = now_seconds();
+    long tokens_done = 0;
+    int step = step0, last = steps_total;
+    if (stop_after > 0 && stop_after < last) last = stop_after;
+    while (step < last && step_fill(&st, &train, &mesh)) {
+        double t0 = now_seconds();
+        optim_zero_grad(o, grads);
+        /* each dp rank weighs its positions by dp / L so optim_step's dp mean gives 1 / L overall */
+        for (int i = 0; i < st.n; i++) {
+            float *w = (float *)st.mbs[i].weight;
+            int N = st.mbs[i].seq_start[st.mbs[i].n_seqs];
+            for (int t = 0; t < N; t++) w[t] *= (float)mesh.dp;
+        }
+        float loss = schedule_1f1b(&m, slots, n_slots, st.mbs, st.n, &gw);
+        double lsum = loss;
+        comm_all_reduce_sum_f64(&mesh.dp_comm, &lsum, 1);
+        loss = (float)(lsum / mesh.dp);
+        float lr_now = (float)optim_lr(o, o->step);
+        float gnorm = optim_step(o, &m, grads);
+        step++;
+        tokens_done += st.n_tokens;
+        double dt = now_seconds() - t0, el = now_seconds() - t_start;
+        double eta = (last - step) * (el / (step - step0));
+        if (g_rank == 0) {
+            if (step % log_every == 0 || step == last)
+                fprintf(stderr, "step %d/%d | loss %.4f | lr %.3g | grad norm %.3f | %.0f tok/s | ETA %.0f s\n", step,
+                        steps_total, loss, lr_now, gnorm, st.n_tokens / dt, eta);
+            fprintf(metrics, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %ld, "
+                             "\"tokens_per_s\": %.1f}\n", step, loss, lr_now, gnorm, st.n_tokens, st.n_tokens / dt);
+            fflush(metrics);
+        }
+        if (have_eval && eval_every > 0 && step % eval_every == 0 && step != last) {
+            double ev = eval_loss(&m, &slots[0], &val, &mesh);
+            if (g_rank == 0) {
+                fprintf(stderr, "step %d eval loss %.4f\n", step, ev);
+                fprintf(metrics, "{\"step\": %d, \"eval_loss\": %.6f}\n", step, ev);
+                fflush(metrics);
+            }
+        }
+        if (save_every > 0 && step % save_every == 0 && step != last) save_checkpoint(&m, o, &train, model_dir, out, step);
+    }
+    double ev1 = have_eval ? eval_loss(&m, &slots[0], &val, &mesh) : NAN;
+    if (g_rank == 0 && have_eval) {
+        fprintf(stderr, "eval loss after: %.4f (before %.4f)\n", ev1, eval0);
+        fprintf(metrics, "{\"step\": %d, \"eval_loss\": %.6f}\n", step, ev1);
+    }
+    save_checkpoint(&m, o, &train, model_dir, out, step);
+    if (g_rank == 0) {
+        double el = now_seconds() - t_start;
+        fprintf(stderr, "trained %d steps, %ld tokens in %.1f s (%.0f tok/s), peak RSS %.1f MiB\n", step - step0,
+                tokens_done, el, tokens_done / (el > 0 ? el : 1), peak_rss_mib());
+        fclose(metrics);
+    }
+    step_free(&st);
+    for (int i = 0; i < n_slots; i++) train_acts_free(&slots[i]);
+    free(slots); free(grads); free(gl);
+    optim_free(o);
+    data_free(&train);
+    if (have_eval) data_free(&val);
+    model_free(&m);
+    mesh_free(&mesh);
+    comm_finalize();
+    return 0;
+}
