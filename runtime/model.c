@@ -184,6 +184,8 @@ static void info_param(Model *m, const ParamSpec *p, int layer, float **slot, si
         in->cols_global = p->cols ? (int)dim_size(m, p->cols) : 0;
         int tp = m->mesh->tp, Hkv = m->cfg.n_heads_kv;
         in->replicas = p->shard == SHARD_NONE ? tp : (p->shard == SHARD_KV_ROWS && tp > Hkv) ? tp / Hkv : 1;
+        in->norm_once = m->mesh->tp_rank % in->replicas == 0;
+        if (p->offset == MW(lm_head) && p->where == ON_LAST && m->cfg.tie_embeddings) in->norm_once = 0; /* the table's 2nd copy */
     }
     pw->n++;
     pw->off += numel;

@@ -73,6 +73,8 @@ typedef struct {
     int tp_replicated;    /* identical on every tp rank (norms) */
     int replicas;         /* tp ranks holding an identical copy: tp for norms, tp / Hkv for k/v when
                            * tp > Hkv, else 1. A gradient norm counts each copy 1 / replicas. */
+    int norm_once;        /* 1 on exactly one holder of each global element (tp rank 0 of a replica
+                           * group; 0 for a tied lm_head's copy on the last stage): count it in norms */
     int rows, cols;       /* local shape; cols 0 for 1-D */
     int row0, col0;       /* where this shard starts in the HF tensor (rows past rows_global: vocab padding) */
     int rows_global, cols_global; /* the HF tensor's shape (vocab unpadded); cols_global 0 for 1-D */

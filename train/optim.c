@@ -86,14 +86,8 @@ float clip_scale(float norm, double max_norm) {
 }
 
 int optim_counts_in_norm(const Model *m, const ParamInfo *info) {
-    const Mesh *mesh = m->mesh;
-    int tp = mesh->tp, n_kv = m->cfg.n_heads_kv;
-    if (info->tp_replicated) return mesh->tp_rank == 0;
-    /* tp > Hkv: ranks tr with the same tr / (tp / Hkv) hold one kv head (runtime/model.c) */
-    if (tp > n_kv && (strstr(info->name, ".self_attn.k_proj.") || strstr(info->name, ".self_attn.v_proj.")))
-        return mesh->tp_rank % (tp / n_kv) == 0;
-    if (m->cfg.tie_embeddings && !m->is_first && strcmp(info->name, "lm_head.weight") == 0) return 0;
-    return 1;
+    (void)m;
+    return info->norm_once;   /* the spec table decides (runtime/model.c info_param) */
 }
 
 /* ---- setup ------------------------------------------------------------------------------------ */
