@@ -89,3 +89,10 @@ grad_1f1b() {
     run "$TG" "$FIX/models/llama_mqa" "$FIX/grad/llama_mqa.json" 1 1 1f1b
     [ "$status" -eq 0 ]
 }
+
+@test "grad --recompute full: only layer inputs kept, backward re-runs each layer: same gradients (1x1, tp2 x pp2, 1F1B)" {
+    export TANDEM_TEST_RECOMPUTE=1
+    grad_run llama_gqa 1 1
+    grad_run mistral_swa 2 2
+    grad_1f1b qwen2_bias 1 2
+}

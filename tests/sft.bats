@@ -120,3 +120,14 @@ losses() { jq -r 'select(.loss != null) | .loss' "$1/metrics.jsonl"; }
     run "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" --data "$BATS_TEST_TMPDIR/bad.jsonl" --out "$BATS_TEST_TMPDIR/o3" --skip-bad-lines --max-steps 1 --batch-size 2
     [ "$status" -eq 0 ]; [[ "$output" == *"1 bad records skipped"* ]]
 }
+
+@test "sft --recompute full: the same losses bit for bit" {
+    need_tok
+    random_model "$BATS_TEST_TMPDIR/m"
+    A="--data $BATS_FILE_TMPDIR/rev_train.jsonl --seq-len 32 --batch-size 16 --max-steps 6 --lr 3e-3"
+    "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" $A --out "$BATS_TEST_TMPDIR/a" 2>/dev/null
+    "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" $A --out "$BATS_TEST_TMPDIR/b" --recompute full 2>/dev/null
+    diff <(losses "$BATS_TEST_TMPDIR/a") <(losses "$BATS_TEST_TMPDIR/b")
+    run "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" $A --out "$BATS_TEST_TMPDIR/c" --recompute some
+    [ "$status" -ne 0 ]; [[ "$output" == *"--recompute some: expected full or none"* ]]
+}

@@ -139,6 +139,7 @@ int main(int argc, char **argv) {
     }
     int tp = argc >= 5 ? atoi(argv[3]) : 1, pp = argc >= 5 ? atoi(argv[4]) : 1;
     int one_f_one_b = argc == 6 && !strcmp(argv[5], "1f1b");  /* each sequence its own micro-batch, 1F1B */
+    int recompute = getenv("TANDEM_TEST_RECOMPUTE") != NULL;   /* --recompute full: the same numbers */
     cpu_set_threads(g_world_size > 1 ? 1 : 2);
     Mesh mesh;
     mesh_init(&mesh, tp, pp);
@@ -165,7 +166,7 @@ int main(int argc, char **argv) {
     model_load(&m, argv[1], &mesh);
     model_alloc_state(&m, N, max_seq);
     TrainActs a;
-    train_acts_init(&a, &m, N, max_seq);
+    train_acts_init(&a, &m, N, max_seq, recompute);
 
     /* 1. logits: train_forward vs model_forward, bit for bit */
     model_forward(&m, tokens, seq_start, n_seqs);
@@ -192,7 +193,7 @@ int main(int argc, char **argv) {
          * up to summation order (gradients accumulate per micro-batch) */
         int n_slots = pp < n_seqs ? pp : n_seqs;
         TrainActs *slots = xcalloc(n_slots, sizeof(TrainActs));
-        for (int i = 0; i < n_slots; i++) train_acts_init(&slots[i], &m, N, max_seq);
+        for (int i = 0; i < n_slots; i++) train_acts_init(&slots[i], &m, N, max_seq, recompute);
         MicroBatch *mbs = xcalloc(n_seqs, sizeof(MicroBatch));
         int (*starts)[2] = xcalloc(n_seqs, sizeof(*starts));
         for (int i = 0; i < n_seqs; i++) {

@@ -40,7 +40,7 @@ static void tp_copy_backward(const Model *m, float *dx, size_t n) { comm_all_red
 
 /* ---- the arena ---------------------------------------------------------------------------- */
 
-void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq) {
+void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, int recompute) {
     memset(a, 0, sizeof(*a));
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)max_tokens, D = c->dim, Dh = c->head_dim, Ll = (size_t)m->n_layers_local;
@@ -48,6 +48,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq) 
     size_t V = m->is_last ? (size_t)m->vocab_local : 0, Dl = m->is_last ? D : 0;
     a->max_tokens = max_tokens;
     a->max_seq = max_seq;
+    a->recompute = recompute;
     a->layers = xcalloc(Ll ? Ll : 1, sizeof(LayerActs));
 
     /* per layer, in LayerActs' field order */
@@ -61,7 +62,8 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq) 
     size_t sizes[] = {N * D, N * Dl, N * V, N * D, N * D, N * D, N * qd, N * qd, N * kvd, N * kvd, N * F, N * F,
                       N * F, N * V, N, N, (size_t)omp_get_max_threads() * 2 * max_seq};
     enum { N_REST = sizeof(sizes) / sizeof(sizes[0]) };
-    size_t total = per_layer * Ll;
+    /* recompute: every layer keeps its input x_in; the other ten buffers are one shared set */
+    size_t total = recompute ? layer_sizes[0] * Ll + (per_layer - layer_sizes[0]) : per_layer * Ll;
     for (int i = 0; i < N_REST; i++) total += sizes[i];
 
     a->arena = xmalloc(sizeof(float) * (total ? total : 1));
@@ -71,7 +73,11 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq) 
         LayerActs *la = &a->layers[l];
         float **lslots[] = {&la->x_in, &la->xb1, &la->q, &la->k, &la->v, &la->att, &la->x_mid, &la->xb2,
                             &la->gate, &la->up, &la->act};
-        for (int i = 0; i < N_LAYER; i++) { *lslots[i] = p; p += layer_sizes[i]; }
+        for (int i = 0; i < N_LAYER; i++) {
+            if (recompute && l > 0 && i > 0) { *lslots[i] = *(&a->layers[0].x_in + i); continue; } /* shared */
+            *lslots[i] = p;
+            p += layer_sizes[i];
+        }
     }
     for (int i = 0; i < N_REST; i++) { *slots[i] = p; p += sizes[i]; }
 
@@ -90,8 +96,9 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq) 
         a->emb_comm = comm_split(&m->mesh->pp_comm, !(m->is_first || m->is_last), m->mesh->pp_rank);
 
     if (m->mesh->world_rank == 0)
-        fprintf(stderr, "train activations: %.2f MiB (rank 0: %d tokens, %zu layers, %.2f MiB per layer)\n",
-                total * 4.0 / (1 << 20), max_tokens, Ll, per_layer * 4.0 / (1 << 20));
+        fprintf(stderr, "train activations: %.2f MiB (rank 0: %d tokens, %zu layers, %.2f MiB per layer%s)\n",
+                total * 4.0 / (1 << 20), max_tokens, Ll, per_layer * 4.0 / (1 << 20),
+                recompute ? "; recompute: only layer inputs kept" : "");
 }
 
 void train_acts_free(TrainActs *a) {
@@ -106,11 +113,50 @@ void train_acts_free(TrainActs *a) {
 
 /* ---- forward ------------------------------------------------------------------------------ */
 
+/* Layer l of this stage: x_out (N, D) = layer(x_in), keeping what backward needs in a->layers[l]
+ * (with recompute, one shared set of buffers that backward refills by calling this again). */
+static void layer_forward(Model *m, TrainActs *a, int l, float *x_out) {
+    const ModelConfig *c = &m->cfg;
+    int D = c->dim, Dh = c->head_dim, Fl = m->hidden_local;
+    int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
+    int N = a->N, n_seqs = a->n_seqs;
+    const int *start = a->seq_start, *pos = a->pos;
+    float *xo = a->dtmp;   /* (N, D) a block's output before the residual add (backward scratch, free now) */
+    static const int whole[1] = {0};  /* block table of a contiguous, uncached sequence */
+    const LayerWeights *w = &m->w.layers[l];
+    LayerActs *la = &a->layers[l];
+    int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
+    /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
+    cpu_rmsnorm(la->xb1, la->x_in, w->attn_norm, N, D, c->norm_eps);
+    cpu_matmul(la->q, la->xb1, w->wq, w->bq, N, D, qd);                             /* column-parallel ("copy") */
+    cpu_matmul(la->k, la->xb1, w->wk, w->bk, N, D, kvd);
+    cpu_matmul(la->v, la->xb1, w->wv, w->bv, N, D, kvd);
+    cpu_rope(la->q, pos, m->inv_freq, N, Hl, Dh);
+    cpu_rope(la->k, pos, m->inv_freq, N, Hkvl, Dh);
+    for (int i = 0; i < n_seqs; i++) {
+        size_t t0 = start[i];
+        cpu_attention(la->att + t0 * qd, la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, whole, a->max_seq,
+                      start[i + 1] - start[i], 0, Hl, Hkvl, Dh, window, a->scratch);
+    }
+    cpu_matmul(xo, la->att, w->wo, NULL, N, qd, D);                                 /* row-parallel: partial */
+    tp_reduce_forward(m, xo, (size_t)N * D);                                         /* "reduce" */
+    memcpy(la->x_mid, la->x_in, sizeof(float) * N * D);
+    cpu_add(la->x_mid, xo, (size_t)N * D);
+    /* MLP block: x_out = x_mid + down(silu(gate(xb2)) * up(xb2)) */
+    cpu_rmsnorm(la->xb2, la->x_mid, w->mlp_norm, N, D, c->norm_eps);
+    cpu_matmul(la->gate, la->xb2, w->w_gate, NULL, N, D, Fl);                       /* column-parallel ("copy") */
+    cpu_matmul(la->up, la->xb2, w->w_up, NULL, N, D, Fl);
+    cpu_swiglu(la->act, la->gate, la->up, (size_t)N * Fl);
+    cpu_matmul(xo, la->act, w->w_down, NULL, N, Fl, D);                             /* row-parallel: partial */
+    tp_reduce_forward(m, xo, (size_t)N * D);                                         /* "reduce" */
+    memcpy(x_out, la->x_mid, sizeof(float) * N * D);
+    cpu_add(x_out, xo, (size_t)N * D);
+}
+
 void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_start, int n_seqs) {
     const ModelConfig *c = &m->cfg;
     const Comm *pp = &m->mesh->pp_comm;
-    int D = c->dim, Dh = c->head_dim, Fl = m->hidden_local, Vl = m->vocab_local;
-    int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
+    int D = c->dim, Vl = m->vocab_local;
     int N = seq_start[n_seqs];
     CHECK(N <= a->max_tokens && n_seqs <= a->max_tokens);
     comm_wait(&a->send_req);   /* this slot's previous send must be done before its buffers change */
@@ -122,9 +168,6 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
         CHECK(seq_start[i + 1] - seq_start[i] <= a->max_seq);
         for (int t = seq_start[i]; t < seq_start[i + 1]; t++) a->pos[t] = t - seq_start[i];
     }
-    const int *start = a->seq_start, *pos = a->pos;
-    float *xo = a->dtmp;   /* (N, D) a block's output before the residual add (backward scratch, free now) */
-
     float *x0 = m->n_layers_local ? a->layers[0].x_in : a->x_final;
     if (m->is_first) {
         cpu_embedding(x0, m->w.embed, a->tokens, N, D, m->vocab_start, m->vocab_local);  /* rows this rank owns */
@@ -133,38 +176,8 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
         comm_recv(pp, x0, sizeof(float) * N * D, pp->rank - 1);                        /* activations from stage s-1 */
     }
 
-    static const int whole[1] = {0};  /* block table of a contiguous, uncached sequence */
-    for (int l = 0; l < m->n_layers_local; l++) {
-        const LayerWeights *w = &m->w.layers[l];
-        LayerActs *la = &a->layers[l];
-        float *x_out = l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final;   /* (N, D) */
-        int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
-        /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
-        cpu_rmsnorm(la->xb1, la->x_in, w->attn_norm, N, D, c->norm_eps);
-        cpu_matmul(la->q, la->xb1, w->wq, w->bq, N, D, qd);                             /* column-parallel ("copy") */
-        cpu_matmul(la->k, la->xb1, w->wk, w->bk, N, D, kvd);
-        cpu_matmul(la->v, la->xb1, w->wv, w->bv, N, D, kvd);
-        cpu_rope(la->q, pos, m->inv_freq, N, Hl, Dh);
-        cpu_rope(la->k, pos, m->inv_freq, N, Hkvl, Dh);
-        for (int i = 0; i < n_seqs; i++) {
-            size_t t0 = start[i];
-            cpu_attention(la->att + t0 * qd, la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, whole, a->max_seq,
-                          start[i + 1] - start[i], 0, Hl, Hkvl, Dh, window, a->scratch);
-        }
-        cpu_matmul(xo, la->att, w->wo, NULL, N, qd, D);                                 /* row-parallel: partial */
-        tp_reduce_forward(m, xo, (size_t)N * D);                                         /* "reduce" */
-        memcpy(la->x_mid, la->x_in, sizeof(float) * N * D);
-        cpu_add(la->x_mid, xo, (size_t)N * D);
-        /* MLP block: x_out = x_mid + down(silu(gate(xb2)) * up(xb2)) */
-        cpu_rmsnorm(la->xb2, la->x_mid, w->mlp_norm, N, D, c->norm_eps);
-        cpu_matmul(la->gate, la->xb2, w->w_gate, NULL, N, D, Fl);                       /* column-parallel ("copy") */
-        cpu_matmul(la->up, la->xb2, w->w_up, NULL, N, D, Fl);
-        cpu_swiglu(la->act, la->gate, la->up, (size_t)N * Fl);
-        cpu_matmul(xo, la->act, w->w_down, NULL, N, Fl, D);                             /* row-parallel: partial */
-        tp_reduce_forward(m, xo, (size_t)N * D);                                         /* "reduce" */
-        memcpy(x_out, la->x_mid, sizeof(float) * N * D);
-        cpu_add(x_out, xo, (size_t)N * D);
-    }
+    for (int l = 0; l < m->n_layers_local; l++)
+        layer_forward(m, a, l, l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final);
 
     if (!m->is_last) {
         comm_isend(pp, a->x_final, sizeof(float) * N * D, pp->rank + 1, &a->send_req);  /* to stage s+1 */
@@ -238,6 +251,8 @@ float train_loss_backward(Model *m, TrainActs *a, const int *targets, const floa
     }
 
     for (int l = m->n_layers_local - 1; l >= 0; l--) {
+        if (a->recompute)   /* refill the shared activations from this layer's input: the same bits */
+            layer_forward(m, a, l, l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final);
         const LayerWeights *w = &m->w.layers[l];
         LayerWeights *g = &grads->layers[l];
         const LayerActs *la = &a->layers[l];

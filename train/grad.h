@@ -34,6 +34,7 @@ typedef struct {
 typedef struct {
     int max_tokens, max_seq;   /* capacity: tokens per batch, tokens per sequence */
     int N, n_seqs;             /* the batch of the last train_forward */
+    int recompute;             /* 1: keep only each layer's input; backward re-runs the layer first */
     int *tokens;               /* (max_tokens) copy of the batch */
     int *seq_start;            /* (max_tokens + 1) */
     int *pos;                  /* (max_tokens) position of each token in its sequence */
@@ -63,7 +64,7 @@ typedef struct {
 
 /* Sizes the arena for batches of up to max_tokens tokens, max_seq per sequence, and prints its
  * MiB (world rank 0). Collective over the tp group when tp > Hkv (splits kv_comm). */
-void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq);
+void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, int recompute);
 void train_acts_free(TrainActs *a);
 
 /* Forward of whole sequences from position 0; every rank of the mesh calls it. Keeps what backward

@@ -160,7 +160,8 @@ static void check_same_model(const char *model_dir, const char *resume_dir) {
 int sft_main(int argc, char **argv) {
     const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template;
     int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, eval_every, save_every, warmup, zero, seed;
-    int pack, train_on_prompt, skip_bad, drop_long, overwrite, stop_after, log_every;
+    int pack, train_on_prompt, skip_bad, drop_long, overwrite, stop_after, log_every, recompute;
+    const char *recompute_name;
     float lr, min_lr, wd, beta1, beta2, eps, clip;
     Option opts[] = {
         {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory to start from"},
@@ -184,6 +185,7 @@ int sft_main(int argc, char **argv) {
         {"--beta2", OPT_FLOAT, &beta2, "0.999", "AdamW"},
         {"--eps", OPT_FLOAT, &eps, "1e-8", "AdamW"},
         {"--clip", OPT_FLOAT, &clip, "1.0", "global gradient-norm clipping (0 = off)"},
+        {"--recompute", OPT_STR, &recompute_name, "none", "full: keep only layer inputs, recompute in backward (less memory)"},
         {"--zero", OPT_INT, &zero, "0", "1 = ZeRO-1: optimizer state sharded over data-parallel ranks"},
         {"--pack", OPT_FLAG, &pack, NULL, "pack several samples per row (positions restart, no cross-attention)"},
         {"--train-on-prompt", OPT_FLAG, &train_on_prompt, NULL, "loss on prompt tokens too"},
@@ -211,6 +213,9 @@ int sft_main(int argc, char **argv) {
                      : !strcmp(schedule_name, "constant") ? LR_CONSTANT : (LrSchedule)-1;
     if ((int)sched < 0) user_error("--lr-schedule %s: expected cosine, linear or constant", schedule_name);
     if (zero != 0 && zero != 1) user_error("--zero must be 0 or 1");
+    if (strcmp(recompute_name, "none") && strcmp(recompute_name, "full"))
+        user_error("--recompute %s: expected full or none", recompute_name);
+    recompute = !strcmp(recompute_name, "full");
     if (dir_exists(out) && !overwrite && !resume)
         user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", out);
     if (resume) check_same_model(model_dir, resume);
@@ -280,7 +285,7 @@ int sft_main(int argc, char **argv) {
     int max_tokens = data_max_batch_tokens(&train);
     int n_slots = pp < M ? pp : M;
     TrainActs *slots = xcalloc(n_slots, sizeof(TrainActs));
-    for (int i = 0; i < n_slots; i++) train_acts_init(&slots[i], &m, max_tokens, seq_len);
+    for (int i = 0; i < n_slots; i++) train_acts_init(&slots[i], &m, max_tokens, seq_len, recompute);
     float *grads = xcalloc(optim_grad_floats(o), sizeof(float));
     ModelWeights gw;
     LayerWeights *gl = xcalloc(m.n_layers_local, sizeof(LayerWeights));
