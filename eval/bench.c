@@ -3,6 +3,8 @@
  * --iters timed runs after one warm-up. Random token ids: speed does not depend on the text. */
 #include "eval/bench.h"
 #include "generate/engine.h"
+#include "train/grad.h"
+#include "train/optim.h"
 #include "kernels/kernels.h"
 #include "runtime/args.h"
 #include "runtime/comm.h"
@@ -144,9 +146,62 @@ static int bench_generate(Model *m, int threads, int P, int T, int big) {
     return 0;
 }
 
+/* Training step throughput: B random sequences of T tokens, next-token loss on every position,
+ * forward + backward + AdamW, median of iters steps after one warm-up; the activation arena and
+ * the peak RSS (run --recompute full and none in separate processes to compare peaks). */
+static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int recompute, int threads) {
+    int N = B * T;
+    TrainActs a;
+    train_acts_init(&a, m, N, T, recompute);
+    OptimConfig oc = optim_config_default();
+    oc.lr = 1e-4;
+    Optim *o = optim_new(m, mesh, oc);
+    float *grads = xcalloc(optim_grad_floats(o), sizeof(float));
+    ModelWeights gw;
+    LayerWeights *gl = xcalloc(m->n_layers_local, sizeof(LayerWeights));
+    model_weights_place(m, grads, &gw, gl);
+    int *tokens = xmalloc(sizeof(int) * N), *start = xmalloc(sizeof(int) * (B + 1)), *targets = xmalloc(sizeof(int) * N);
+    float *weight = xmalloc(sizeof(float) * N);
+    unsigned rng = 4242;
+    for (int i = 0; i < N; i++) { rng = rng * 1103515245u + 12345u; tokens[i] = (int)((rng >> 8) % (unsigned)m->cfg.vocab_size); }
+    for (int b = 0; b <= B; b++) start[b] = b * T;
+    for (int i = 0; i < N; i++) {
+        targets[i] = (i + 1) % T ? tokens[i + 1] : -1;
+        weight[i] = 1.0f / (float)(B * (T - 1));
+    }
+    double *times = xmalloc(sizeof(double) * iters), loss = 0;
+    for (int it = -1; it < iters; it++) {
+        comm_barrier(&mesh->world);
+        double t0 = now_seconds();
+        optim_zero_grad(o, grads);
+        train_forward(m, &a, tokens, start, B);
+        loss = train_loss_share(m, train_loss_backward(m, &a, targets, weight, &gw));
+        train_acts_wait(&a);
+        train_tied_embedding_all_reduce(m, &a, &gw);
+        optim_step(o, m, grads);
+        comm_barrier(&mesh->world);
+        if (it >= 0) times[it] = now_seconds() - t0;
+    }
+    qsort(times, iters, sizeof(double), cmp_double);
+    double med = times[iters / 2];
+    float pk = (float)peak_rss_mib();
+    comm_all_reduce_max(&mesh->world, &pk, 1);
+    if (g_rank == 0)
+        printf("{\"bench\": \"train\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"recompute\": \"%s\", "
+               "\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"activations_mib\": %.1f, \"peak_rss_mib\": %.1f, "
+               "\"last_loss\": %.4f, \"tp\": %d, \"pp\": %d, \"dp\": %d}\n",
+               B, T, threads, recompute ? "full" : "none", N * mesh->dp / med, med, a.n_arena * 4.0 / (1 << 20), pk, loss,
+               mesh->tp, mesh->pp, mesh->dp);
+    train_acts_free(&a);
+    optim_free(o);
+    free(grads); free(gl); free(tokens); free(start); free(targets); free(weight); free(times);
+    return 0;
+}
+
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
-    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big;
+    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train;
+    const char *recompute;
     Option opts[] = {
         {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory"},
         {"--tokenizer", OPT_STR, &tok_list, NULL, "tokenizer files/dirs, comma-separated: encode MB/s instead"},
@@ -154,6 +209,8 @@ int bench_main(int argc, char **argv) {
         {"--generate", OPT_FLAG, &generate, NULL, "decode tokens/s at batch 1 and --big-batch vs the bandwidth bound"},
         {"--new-tokens", OPT_INT, &new_tokens, "128", "--generate: tokens generated per sequence"},
         {"--big-batch", OPT_INT, &big, "32", "--generate: the large batch"},
+        {"--train", OPT_FLAG, &train, NULL, "training step tokens/s (forward + backward + AdamW) and memory"},
+        {"--recompute", OPT_STR, &recompute, "none", "--train: none | full (activation recomputation)"},
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards (median reported)"},
@@ -178,6 +235,14 @@ int bench_main(int argc, char **argv) {
     mesh_init(&mesh, tp, pp);
     Model m;
     model_load(&m, model_dir, &mesh);
+    if (train) {
+        if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
+        int rc = bench_train(&m, &mesh, batch, seq, iters, !strcmp(recompute, "full"), threads);
+        model_free(&m);
+        mesh_free(&mesh);
+        comm_finalize();
+        return rc;
+    }
     if (generate) {
         if (mesh.world_size != 1) user_error("bench --generate runs on one rank");
         if (new_tokens < 1 || big < 1) user_error("--new-tokens and --big-batch must be >= 1");

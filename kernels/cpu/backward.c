@@ -86,8 +86,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                 for (int j = j0; j <= i; j++) {
                     p[j] = p[j] / sum;
                     const float *vj = v + j * ks + (size_t)hk * Dh;
-                    float s = 0.0f;
-                    for (int d = 0; d < Dh; d++) s += gi[d] * vj[d];
+                    float s = dot_fixed(gi, vj, Dh);
                     dp[j] = s;
                     pdp += p[j] * s;
                 }
@@ -97,7 +96,8 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                     const float *kj = k + j * ks + (size_t)hk * Dh;
                     float *dkj = dk + j * ks + (size_t)hk * Dh, *dvj = dv + j * ks + (size_t)hk * Dh;
                     float ds = p[j] * (dp[j] - pdp) * scale;   /* softmax backward, then the 1/sqrt(Dh) */
-                    for (int d = 0; d < Dh; d++) {
+#pragma omp simd
+                    for (int d = 0; d < Dh; d++) {   /* independent per d: vectorised, same bits */
                         dqi[d] += ds * kj[d];
                         dkj[d] += ds * qi[d];
                         dvj[d] += p[j] * gi[d];
