@@ -45,3 +45,14 @@ load helpers
     [ "$status" -eq 0 ]
     [ "$(echo "$output" | jq -s 'map(select(.encode_mb_per_s > 0)) | length')" -eq 2 ]
 }
+
+@test "bench --train: training tokens/s and memory, recompute none and full report the same loss" {
+    for rc in none full; do
+        run "$TANDEM" bench --train --model "$FIX/models/llama_gqa" --batch 2 --seq 16 --iters 2 --recompute $rc
+        echo "$output"
+        [ "$status" -eq 0 ]
+        echo "$output" | grep '^{"bench"' | jq -e '.tokens_per_s > 0 and .peak_rss_mib > 0 and .activations_mib > 0' >/dev/null
+        echo "$output" | grep '^{"bench"' | jq -r .last_loss >> "$BATS_TEST_TMPDIR/losses"
+    done
+    [ "$(sort -u "$BATS_TEST_TMPDIR/losses" | wc -l)" -eq 1 ]
+}
