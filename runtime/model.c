@@ -381,12 +381,16 @@ static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi,
         cpu_matmul(v, xb, w->wv, w->bv, N, D, kvd);
         cpu_rope(q, pos, m->inv_freq, N, Hl, Dh);
         cpu_rope(k, pos, m->inv_freq, N, Hkvl, Dh);
+        /* sequences in parallel (decode: many small ones); a lone sequence parallelises over heads
+         * inside cpu_attention instead. Each thread has its own max_seq floats of scratch. */
+#pragma omp parallel for schedule(dynamic) if (hi - lo > 1)
         for (int i = lo; i < hi; i++) {
             size_t t0 = start[i] - g0;
             int Tq = start[i + 1] - start[i];
+            float *sc = s->scratch + (size_t)omp_get_thread_num() * m->max_seq;
             if (!b->tables) {
                 cpu_attention(att + t0 * qd, q + t0 * qd, k + t0 * kvd, v + t0 * kvd, whole, m->max_seq, Tq, 0, Hl,
-                              Hkvl, Dh, window, s->scratch);
+                              Hkvl, Dh, window, sc);
                 continue;
             }
             float *kc = kv->k + l * kv->layer_stride, *vc = kv->v + l * kv->layer_stride; /* (n_blocks*block, kvd) */
@@ -397,8 +401,7 @@ static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi,
                 memcpy(kc + slot * kvd, k + (t0 + t) * kvd, sizeof(float) * kvd);
                 memcpy(vc + slot * kvd, v + (t0 + t) * kvd, sizeof(float) * kvd);
             }
-            cpu_attention(att + t0 * qd, q + t0 * qd, kc, vc, table, kv->block, Tq, pos[t0], Hl, Hkvl, Dh, window,
-                          s->scratch);
+            cpu_attention(att + t0 * qd, q + t0 * qd, kc, vc, table, kv->block, Tq, pos[t0], Hl, Hkvl, Dh, window, sc);
         }
         cpu_matmul(xo, att, w->wo, NULL, N, qd, D);
         tp_all_reduce(m, xo, (size_t)N * D);

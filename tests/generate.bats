@@ -55,7 +55,7 @@ make_prompts() { # OUT EXTRA_JSON
     done > "$1"
 }
 
-@test "generate: greedy output is identical for batch sizes 1, 7, 64 and layouts 2x1, 1x2, 2x2" {
+@test "generate: greedy output is identical for batch sizes 1, 7, 64, 1 or 2 threads, and layouts 2x1, 1x2, 2x2" {
     need_assets
     make_prompts "$BATS_TEST_TMPDIR/p.jsonl" ""
     for b in 1 7 64; do
@@ -64,6 +64,9 @@ make_prompts() { # OUT EXTRA_JSON
     cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/b7.jsonl"
     cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/b64.jsonl"
     [ "$(wc -l < "$BATS_TEST_TMPDIR/b1.jsonl")" -eq 40 ]
+    # threads split heads, sequences and matmul rows differently, never one element's arithmetic
+    "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/t2.jsonl" --greedy --threads 2 2>/dev/null
+    cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/t2.jsonl"
     for l in "2 2 1" "2 1 2" "4 2 2"; do
         set -- $l
         timeout 120 $MPIRUN $1 "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" \

@@ -133,10 +133,12 @@ static void layer_forward(Model *m, TrainActs *a, int l, float *x_out) {
     cpu_matmul(la->v, la->xb1, w->wv, w->bv, N, D, kvd);
     cpu_rope(la->q, pos, m->inv_freq, N, Hl, Dh);
     cpu_rope(la->k, pos, m->inv_freq, N, Hkvl, Dh);
+#pragma omp parallel for schedule(dynamic) if (n_seqs > 1)   /* sequences in parallel, own scratch */
     for (int i = 0; i < n_seqs; i++) {
         size_t t0 = start[i];
         cpu_attention(la->att + t0 * qd, la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, whole, a->max_seq,
-                      start[i + 1] - start[i], 0, Hl, Hkvl, Dh, window, a->scratch);
+                      start[i + 1] - start[i], 0, Hl, Hkvl, Dh, window,
+                      a->scratch + (size_t)omp_get_thread_num() * 2 * a->max_seq);
     }
     cpu_matmul(xo, la->att, w->wo, NULL, N, qd, D);                                 /* row-parallel: partial */
     tp_reduce_forward(m, xo, (size_t)N * D);                                         /* "reduce" */
@@ -270,11 +272,12 @@ float train_loss_backward(Model *m, TrainActs *a, const int *targets, const floa
         cpu_add(dx, dtmp, ND);                                                           /* now d(x_mid) */
         /* attention block: x_mid = x_in + reduce(o_proj(att)) */
         cpu_matmul_backward(a->datt, g->wo, NULL, dx, la->att, w->wo, N, qd, D);
+#pragma omp parallel for schedule(dynamic) if (a->n_seqs > 1)   /* sequences in parallel, own scratch */
         for (int i = 0; i < a->n_seqs; i++) {
             size_t t0 = start[i];
             cpu_attention_backward(a->dq + t0 * qd, a->dk + t0 * kvd, a->dv + t0 * kvd, a->datt + t0 * qd,
                                    la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, start[i + 1] - start[i], Hl,
-                                   Hkvl, Dh, window, a->scratch);
+                                   Hkvl, Dh, window, a->scratch + (size_t)omp_get_thread_num() * 2 * a->max_seq);
         }
         cpu_rope_backward(a->dq, pos, m->inv_freq, N, Hl, Dh);
         cpu_rope_backward(a->dk, pos, m->inv_freq, N, Hkvl, Dh);
