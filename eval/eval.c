@@ -373,8 +373,6 @@ int eval_main(int argc, char **argv) {
     double elapsed = now_seconds() - t0;
 
     /* gather: each record's result lives on its dp group; sum over dp (others hold zeros) */
-    size_t nd = sizeof(Result) / sizeof(double);
-    (void)nd;
     double *buf = xcalloc((size_t)n * 10, sizeof(double));
     for (int i = 0; i < n; i++) {
         Result *o = &res[i];

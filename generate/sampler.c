@@ -221,16 +221,10 @@ done:
 
 /* ---------------------------------------------------------------- draw */
 
-static uint64_t mix64(uint64_t z) { /* splitmix64's output function */
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 double sampler_uniform(uint64_t seed, uint64_t step) {
-    /* splitmix64 with state mix64(seed): output n is mix64(state + (n + 1) * golden gamma). Mixing the
+    /* splitmix64 with state mix(seed): output n is mix(state + (n + 1) * gamma). Mixing the
      * seed first keeps nearby seeds (0, 1, 2, ...) from being shifted copies of one stream. */
-    uint64_t z = mix64(mix64(seed) + (step + 1) * 0x9E3779B97F4A7C15ull);
+    uint64_t z = splitmix64_mix(splitmix64_mix(seed) + (step + 1) * SPLITMIX64_GAMMA);
     return (double)(z >> 11) * 0x1.0p-53;
 }
 

@@ -39,6 +39,16 @@ float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);      /* round to nearest even */
 float f16_to_f32(uint16_t h);
 
+/* splitmix64 (Steele, Lea, Flood 2014; Vigna's constants): the one PRNG of the project.
+ * splitmix64_mix is its output function; splitmix64_next advances a state by the golden gamma. */
+#define SPLITMIX64_GAMMA 0x9E3779B97F4A7C15ull
+static inline uint64_t splitmix64_mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline uint64_t splitmix64_next(uint64_t *state) { return splitmix64_mix(*state += SPLITMIX64_GAMMA); }
+
 /* atomic file write: write to path.tmp.<pid>, fsync, rename. Returns 0 on success. */
 int write_file_atomic(const char *path, const void *data, size_t len);
 #endif

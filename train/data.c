@@ -391,14 +391,6 @@ int data_max_batch_tokens(const Data *d) { return d->cfg.batch_size * d->cfg.seq
 
 /* ---------------------------------------------------------------- iteration */
 
-/* splitmix64 (Steele, Lea, Flood 2014; Vigna's reference constants). */
-static uint64_t splitmix64_next(uint64_t *state) {
-    uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
 void data_epoch_order(const Data *d, uint64_t epoch, int *out) {
     int n = d->n_samples;
     for (int i = 0; i < n; i++) out[i] = i;
