@@ -275,10 +275,10 @@ stage() {
     run "$TANDEM" tokenize --tokenizer "$t/ms.json"
     [ "$status" -eq 1 ]
     [[ "$output" == "tandem: $t/ms.json: pre_tokenizer type \"Metaspace\" is not supported"* ]]
-    jq -c '.normalizer = {"type": "NFC"}' "$TOKA/minimind/tokenizer.json" > "$t/nfc.json"
-    run "$TANDEM" tokenize --tokenizer "$t/nfc.json"
+    jq -c '.normalizer = {"type": "Lowercase"}' "$TOKA/minimind/tokenizer.json" > "$t/lc.json"
+    run "$TANDEM" tokenize --tokenizer "$t/lc.json"
     [ "$status" -eq 1 ]
-    [[ "$output" == "tandem: $t/nfc.json: normalizer type \"NFC\" is not supported"* ]]
+    [[ "$output" == "tandem: $t/lc.json: normalizer type \"Lowercase\" is not supported"* ]]
     run bash -c "printf '1 2\n3 x 4\n' | '$TANDEM' tokenize --tokenizer '$TOKA/llama2/tokenizer.model' --decode"
     [ "$status" -eq 1 ]
     [[ "$output" == *'tandem: stdin:2: "x" is not a token id'* ]]
@@ -315,4 +315,19 @@ stage() {
     run timeout 20 bash -c "'$TANDEM' tokenize --tokenizer '$TOKA/gpt2/tokenizer.json' < '$BATS_TEST_TMPDIR/long.txt' | wc -w"
     [ "$status" -eq 0 ]
     [ "$output" -eq 250000 ]     # "aaaa" is GPT-2's longest all-"a" token
+}
+
+@test "tokenizer.json with an NFC normalizer (Qwen2): composed before BPE, ids equal HF tokenizers'" {
+    need_assets
+    # minimind's tokenizer with Qwen2's normalizer; expected ids from HF tokenizers (fixture)
+    jq '.normalizer = {"type": "NFC"}' "$ASSETS/tokenizers/minimind/tokenizer.json" > "$BATS_TEST_TMPDIR/tokenizer.json"
+    jq -c '{text}' "$ROOT/tests/fixtures/tokenizer/nfc_cases.jsonl" |
+        "$TANDEM" tokenize --tokenizer "$BATS_TEST_TMPDIR/tokenizer.json" --jsonl --no-bos > "$BATS_TEST_TMPDIR/got.jsonl"
+    diff <(jq -c .input_ids "$ROOT/tests/fixtures/tokenizer/nfc_cases.jsonl") <(jq -c .input_ids "$BATS_TEST_TMPDIR/got.jsonl")
+    # the decomposed and composed spellings give the same ids
+    [ "$(sed -n 1p "$BATS_TEST_TMPDIR/got.jsonl")" = "$(sed -n 2p "$BATS_TEST_TMPDIR/got.jsonl")" ]
+    # other normalizers stay a clear error
+    jq '.normalizer = {"type": "NFKC"}' "$ASSETS/tokenizers/minimind/tokenizer.json" > "$BATS_TEST_TMPDIR/t2.json"
+    run "$TANDEM" tokenize --tokenizer "$BATS_TEST_TMPDIR/t2.json" <<< "x"
+    [ "$status" -ne 0 ]; [[ "$output" == *'normalizer type "NFKC" is not supported (supported: none, NFC)'* ]]
 }

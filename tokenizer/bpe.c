@@ -4,7 +4,7 @@
  *   pre-tokenizer regex splits (PCRE2, UTF + UCP: \p{L} \p{N} \s are Unicode) -> each piece's bytes
  *   -> byte-to-unicode characters (GPT-2's table) -> ranked merges -> ids.
  * Supported: model BPE (merges as "a b" strings or ["a", "b"] pairs, ignore_merges), normalizer
- * null, pre_tokenizer ByteLevel or Sequence of Split(Regex, Isolated) + ByteLevel, decoder
+ * null or NFC (Qwen2; libutf8proc, applied to text outside added tokens as HF does), pre_tokenizer ByteLevel or Sequence of Split(Regex, Isolated) + ByteLevel, decoder
  * ByteLevel (or null), post_processor ByteLevel / TemplateProcessing (its leading special token is
  * the BOS). Anything else is refused with an error naming the type. JSON is read with cJSON. */
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -12,6 +12,7 @@
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
 #include <pcre2.h>
+#include <utf8proc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,7 @@ struct Bpe {
     size_t pairs_cap;
     int ignore_merges;
     int add_prefix_space;
+    int nfc;                /* normalizer NFC: compose the text before splitting */
     pcre2_code *splits[MAX_SPLITS];
     int n_splits;
     pcre2_match_data *md;
@@ -194,10 +196,16 @@ Bpe *bpe_load(Tokenizer *t, const char *path, const char *json_text, char *err, 
         goto fail;
     }
     const cJSON *norm = cJSON_GetObjectItemCaseSensitive(j, "normalizer");
+    int nfc = 0;
     if (norm && !cJSON_IsNull(norm)) {
-        snprintf(err, errlen, "%s: normalizer type \"%s\" is not supported (supported: none)", path, type_of(norm));
-        goto fail;
+        if (strcmp(type_of(norm), "NFC")) {
+            snprintf(err, errlen, "%s: normalizer type \"%s\" is not supported (supported: none, NFC)", path,
+                     type_of(norm));
+            goto fail;
+        }
+        nfc = 1;
     }
+    b->nfc = nfc;
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer");
     if (!cJSON_IsObject(pre)) {
         snprintf(err, errlen, "%s: pre_tokenizer missing (only byte-level BPE is supported)", path);
@@ -466,8 +474,25 @@ static void split_level(Bpe *b, int level, const char *s, size_t len, size_t bas
     if (gap < len) split_level(b, level + 1, s + gap, len - gap, base + gap, out, starts);
 }
 
-void bpe_encode_chunk(Bpe *b, const char *text, size_t len, size_t base, TokIds *out,
-                      TokIds *starts) {
+static void encode_chunk(Bpe *b, const char *text, size_t len, size_t base, TokIds *out, TokIds *starts);
+
+/* NFC first when the tokenizer asks for it (text here is valid UTF-8: tokenizer.c replaced invalid
+ * bytes). Token offsets then refer to the composed text; they are exact whenever the text was
+ * already NFC, which composing leaves byte for byte unchanged. */
+void bpe_encode_chunk(Bpe *b, const char *text, size_t len, size_t base, TokIds *out, TokIds *starts) {
+    if (b->nfc && len) {
+        utf8proc_uint8_t *n = NULL;
+        utf8proc_ssize_t nl = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len, &n,
+                                           UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        CHECK(nl >= 0);
+        encode_chunk(b, (const char *)n, (size_t)nl, base, out, starts);
+        free(n);
+        return;
+    }
+    encode_chunk(b, text, len, base, out, starts);
+}
+
+static void encode_chunk(Bpe *b, const char *text, size_t len, size_t base, TokIds *out, TokIds *starts) {
     if (b->add_prefix_space && text[0] != ' ') {
         /* ByteLevel add_prefix_space: the stretch is encoded as " " + text; the extra space
          * belongs to the first token (offset base). */
