@@ -13,6 +13,7 @@
 #include "runtime/mesh.h"
 #include "runtime/model.h"
 #include "runtime/util.h"
+#include "tokenizer/tokenizer.h"
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -89,7 +90,19 @@ static void json_top_lists(cJSON *a, const char *file, int line, const char *fie
 }
 
 /* Parses REF.jsonl (reference mode) or FILE.jsonl (data mode: input_ids only). */
-static Record *read_records(const char *path, int vocab, int reference, int *n_out) {
+/* --data lines may hold "text" instead of "input_ids": encoded with the model's tokenizer, BOS as
+ * the tokenizer's config says. */
+static int *encode_text(Tokenizer *tok, const char *text, int *n) {
+    TokIds t = {0};
+    tokenizer_encode(tok, text, strlen(text), tokenizer_add_bos_default(tok) ? TOK_ADD_BOS : 0, &t, NULL);
+    int *ids = xmalloc(sizeof(int) * (t.n ? t.n : 1));
+    for (size_t i = 0; i < t.n; i++) ids[i] = t.ids[i];
+    *n = (int)t.n;
+    tok_ids_free(&t);
+    return ids;
+}
+
+static Record *read_records(const char *path, int vocab, int reference, Tokenizer *tok, int *n_out) {
     JsonlReader rd;
     jsonl_open(&rd, path);
     Record *recs = NULL;
@@ -103,9 +116,14 @@ static Record *read_records(const char *path, int vocab, int reference, int *n_o
         cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
         if (cJSON_IsString(id)) snprintf(r->id, sizeof(r->id), "%s", id->valuestring);
         else snprintf(r->id, sizeof(r->id), "line%d", line);
-        cJSON *in = cJSON_GetObjectItemCaseSensitive(j, "input_ids");
-        if (!in) user_error("%s:%d: field \"input_ids\" missing", path, line);
-        r->ids = json_int_array(in, &r->T, path, line, "input_ids", vocab);
+        cJSON *in = cJSON_GetObjectItemCaseSensitive(j, "input_ids"), *text = cJSON_GetObjectItemCaseSensitive(j, "text");
+        if (!in && !reference && cJSON_IsString(text)) {
+            if (!tok) user_error("%s:%d: \"text\" needs a tokenizer in the model directory (or give \"input_ids\")", path, line);
+            r->ids = encode_text(tok, text->valuestring, &r->T);
+        } else {
+            if (!in) user_error("%s:%d: field \"input_ids\" missing%s", path, line, reference ? "" : " (or give \"text\")");
+            r->ids = json_int_array(in, &r->T, path, line, "input_ids", vocab);
+        }
         if (r->T == 0) user_error("%s:%d: field \"input_ids\" is empty", path, line);
         if (reference) {
             cJSON *top = cJSON_GetObjectItemCaseSensitive(j, "top_logprobs");
@@ -335,7 +353,10 @@ int eval_main(int argc, char **argv) {
     model_load(&m, model_dir, &mesh);
     int reference = ref != NULL, n;
     const char *path = reference ? ref : data;
-    Record *recs = read_records(path, m.cfg.vocab_size, reference, &n);
+    char terr[512];
+    Tokenizer *tok = reference ? NULL : tokenizer_open(model_dir, terr, sizeof terr);  /* optional */
+    Record *recs = read_records(path, m.cfg.vocab_size, reference, tok, &n);
+    if (tok) tokenizer_free(tok);
     if (g_rank == 0 && !quiet) {
         fprintf(stderr, "+------------------------+--------------------------------+\n");
         args_print(opts, n_opts);

@@ -151,3 +151,16 @@ layouts_match_1x1() { # FIXTURE
         awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 1e-4) }'
     done
 }
+
+@test "eval --data: text lines are tokenized with the model's tokenizer (same loss as their input_ids)" {
+    need_assets
+    printf '{"text": "Once upon a time, there was a little girl named Lily."}\n{"text": "The cat sat on the mat. It was happy."}\n' > "$BATS_TEST_TMPDIR/t.jsonl"
+    "$TANDEM" tokenize --model "$ASSETS/models/stories260K-hf" --jsonl < "$BATS_TEST_TMPDIR/t.jsonl" | jq -c '{input_ids}' > "$BATS_TEST_TMPDIR/i.jsonl"
+    a=$("$TANDEM" eval --model "$ASSETS/models/stories260K-hf" --data "$BATS_TEST_TMPDIR/t.jsonl" --quiet | jq .loss)
+    b=$("$TANDEM" eval --model "$ASSETS/models/stories260K-hf" --data "$BATS_TEST_TMPDIR/i.jsonl" --quiet | jq .loss)
+    echo "text $a ids $b"
+    [ "$a" = "$b" ]
+    printf '{"txt": "x"}\n' > "$BATS_TEST_TMPDIR/bad.jsonl"
+    run "$TANDEM" eval --model "$ASSETS/models/stories260K-hf" --data "$BATS_TEST_TMPDIR/bad.jsonl"
+    [ "$status" -ne 0 ]; [[ "$output" == *'bad.jsonl:1: field "input_ids" missing (or give "text")'* ]]
+}
