@@ -70,7 +70,7 @@ static double copy_bandwidth_gbs(void) {
 /* Decode throughput at batch B: B random prompts of P tokens, T greedy new tokens each (EOS
  * ignored); decode and prefill tokens/s come from the engine's own step timers. */
 static EngineStats bench_decode(Model *m, int B, int P, int T) {
-    EngineConfig ec = {B, 4096, (size_t)1 << 30, 16, m->cfg.max_pos, 1, 0, NULL, NULL, NULL};
+    EngineConfig ec = {B, 4096, (size_t)1 << 30, 16, m->cfg.max_pos, 1, 0, NULL, NULL, NULL, NULL};
     Engine *e = engine_new(m, &ec, P + T);
     Seq *seqs = xcalloc(B, sizeof(Seq));
     unsigned rng = 777;

@@ -247,7 +247,7 @@ static void greedy_check(Model *m, Record *recs, const int *own, int n_own, Resu
     }
     if (n_seqs == 0) return;
     size_t per_block = 2 * (size_t)m->n_layers_local * 16 * m->n_heads_kv_local * m->cfg.head_dim * sizeof(float);
-    EngineConfig ec = {n_seqs, total, blocks * per_block, 16, max_len + 1, m->mesh->pp, 1, NULL, NULL, NULL};
+    EngineConfig ec = {n_seqs, total, blocks * per_block, 16, max_len + 1, m->mesh->pp, 1, NULL, NULL, NULL, NULL};
     Engine *e = engine_new(m, &ec, max_len);
     Seq *seqs = xcalloc(n_seqs, sizeof(Seq));
     int *who = xmalloc(sizeof(int) * n_seqs), s = 0;

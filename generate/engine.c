@@ -316,5 +316,8 @@ static void step(Engine *e) {
 }
 
 void engine_run(Engine *e) {
-    while (e->n_running || e->n_waiting) step(e);
+    while (e->n_running || e->n_waiting) {
+        step(e);
+        if (e->cfg.on_step) e->cfg.on_step(e->cfg.ctx);
+    }
 }

@@ -49,6 +49,8 @@ typedef struct Engine Engine;
 typedef int (*StopFn)(void *ctx, Seq *s);
 /* Called on every rank when s finishes (its blocks are already released). */
 typedef void (*FinishFn)(void *ctx, Seq *s);
+/* Called on every rank after each step (e.g. to collect other data-parallel groups' output). */
+typedef void (*StepFn)(void *ctx);
 
 typedef struct {
     int max_batch;         /* running sequences at most */
@@ -61,6 +63,7 @@ typedef struct {
     StopFn on_token;
     FinishFn on_finish;
     void *ctx;
+    StepFn on_step;        /* may be NULL */
 } EngineConfig;
 
 /* Sizes the KV cache and the activation arena for `max_len`, the longest prompt + max_new of any

@@ -46,7 +46,17 @@ typedef struct {
     int n_done, n_total, progress;
     long gen_tokens;
     double t0;
+    /* data parallel: dp group g generates the prompts i with i % dp == g; each group's leader
+     * (tp 0, pp 0) sends finished lines to world rank 0, which writes them in input order */
+    const Mesh *mesh;
+    int leader;           /* this rank formats its group's lines */
+    int n_remote;         /* rank 0: lines still to receive from other groups */
+    CommRequest *reqs;    /* a leader's pending sends, one per line (their buffers in outbox) */
+    char **outbox;
+    int n_out;
 } Run;
+
+enum { TAG_LINE = 7 };  /* message: 4-byte input index, then the line */
 
 /* ---- input ------------------------------------------------------------------------------ */
 
@@ -350,9 +360,56 @@ static void on_finish(void *ctx, Seq *s) {
     g->done = 1;
     run->n_done++;
     run->gen_tokens += s->n_out;
-    if (g_rank == 0) g->line = format_line(run, g);
-    write_ready(run);
-    progress(run, 0);
+    if (!run->leader) return;
+    char *line = format_line(run, g);
+    if (g_rank == 0) {
+        g->line = line;
+        write_ready(run);
+        progress(run, 0);
+        return;
+    }
+    /* another group's leader: to rank 0, [index][line] */
+    size_t n = strlen(line);
+    char *msg = xmalloc(4 + n);
+    int32_t idx = s->index;
+    memcpy(msg, &idx, 4);
+    memcpy(msg + 4, line, n);
+    free(line);
+    run->outbox = xrealloc(run->outbox, sizeof(char *) * (run->n_out + 1));
+    run->reqs = xrealloc(run->reqs, sizeof(CommRequest) * (run->n_out + 1));
+    run->outbox[run->n_out] = msg;
+    run->reqs[run->n_out] = (CommRequest){NULL};
+    comm_isend_tag(&run->mesh->world, msg, 4 + n, 0, TAG_LINE, &run->reqs[run->n_out]);
+    run->n_out++;
+}
+
+/* Rank 0: take in other groups' finished lines (blocking until `want` more have come). */
+static void collect_lines(Run *run, int want) {
+    int src;
+    size_t bytes;
+    while (run->n_remote > 0 && comm_probe(&run->mesh->world, TAG_LINE, want > 0, &src, &bytes)) {
+        char *msg = xmalloc(bytes + 1);
+        comm_recv_tag(&run->mesh->world, msg, bytes, src, TAG_LINE);
+        int32_t idx;
+        memcpy(&idx, msg, 4);
+        CHECK(idx >= 0 && idx < run->n && !run->gens[idx].done);
+        Gen *g = &run->gens[idx];
+        g->line = xmalloc(bytes - 4 + 1);
+        memcpy(g->line, msg + 4, bytes - 4);
+        g->line[bytes - 4] = 0;
+        g->done = 1;
+        free(msg);
+        run->n_remote--;
+        run->n_done++;
+        want--;
+        write_ready(run);
+        progress(run, 0);
+    }
+}
+
+static void on_step(void *ctx) {
+    Run *run = ctx;
+    if (g_rank == 0 && run->n_remote) collect_lines(run, 0);
 }
 
 /* ---- main ------------------------------------------------------------------------------- */
@@ -435,12 +492,10 @@ int generate_main(int argc, char **argv) {
 
     Mesh mesh;
     mesh_init(&mesh, tp, pp);
-    if (mesh.dp != 1)
-        user_error("generate: world size %d = tp*pp*dp with dp %d; data-parallel generation is not supported yet "
-                   "(use -np %d)", mesh.world_size, mesh.dp, tp * pp);
-    /* the output must be writable before any work */
     Run run = {0};
     run.out_path = out_path;
+    run.mesh = &mesh;
+    run.leader = mesh.tp_rank == 0 && mesh.pp_rank == 0;
     Model m;
     model_load(&m, model_dir, &mesh);
     char err[1024];
@@ -463,7 +518,7 @@ int generate_main(int argc, char **argv) {
     }
 
     EngineConfig ec = {max_batch, max_batch_tokens, (size_t)(kv_mib * 1048576.0), block, m.cfg.max_pos,
-                       micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run};
+                       micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run, on_step};
     int max_len = 1;
     for (int i = 0; i < run.n; i++) {
         Seq *s = &run.gens[i].seq;
@@ -477,8 +532,12 @@ int generate_main(int argc, char **argv) {
             tok_stream_init(&g->ts, run.tok, 1);
             g->ts.n_seen = 1;  /* the completion continues the prompt: keep its first token's leading space */
         }
-        engine_add(e, &g->seq);
         run.n_total++;
+        if (i % mesh.dp != mesh.dp_rank) {   /* another data-parallel group's prompt */
+            run.n_remote++;
+            continue;
+        }
+        engine_add(e, &g->seq);
     }
     /* every input check is done: only now is the output file created */
     if (g_rank == 0) {
@@ -489,9 +548,22 @@ int generate_main(int argc, char **argv) {
     run.t0 = now_seconds();
     write_ready(&run);
     engine_run(e);
+    if (g_rank == 0) collect_lines(&run, run.n_remote);   /* the other groups' last lines */
+    else run.n_remote = 0;
+    for (int i = 0; i < run.n_out; i++) { comm_wait(&run.reqs[i]); free(run.outbox[i]); }
+    free(run.reqs);
+    free(run.outbox);
     write_ready(&run);
     progress(&run, 1);
     EngineStats st = engine_stats(e);
+    /* the report sums the data-parallel groups (each group's ranks hold the same numbers) */
+    double agg[6] = {(double)run.gen_tokens, (double)st.prefill_tokens, st.prefill_s, (double)st.decode_tokens,
+                     st.decode_s, (double)st.preemptions};
+    if (!run.leader) memset(agg, 0, sizeof agg);
+    comm_all_reduce_sum_f64(&mesh.world, agg, 6);
+    run.gen_tokens = (long)agg[0];
+    st.prefill_tokens = (long)agg[1]; st.decode_tokens = (long)agg[3]; st.preemptions = (long)agg[5];
+    st.prefill_s = agg[2] / mesh.dp; st.decode_s = agg[4] / mesh.dp;   /* groups run at the same time */
     double peak = peak_rss_mib();
     float pk = (float)peak;
     comm_all_reduce_max(&mesh.world, &pk, 1);

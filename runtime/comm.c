@@ -92,6 +92,26 @@ void comm_isend(const Comm *c, const void *buf, size_t bytes, int dst, CommReque
     MPI_CHECK(MPI_Isend(buf, count(bytes), MPI_BYTE, dst, 0, HANDLE(c), r));
     req->handle = r;
 }
+void comm_isend_tag(const Comm *c, const void *buf, size_t bytes, int dst, int tag, CommRequest *req) {
+    comm_wait(req);
+    MPI_Request *r = xmalloc(sizeof(MPI_Request));
+    MPI_CHECK(MPI_Isend(buf, count(bytes), MPI_BYTE, dst, tag, HANDLE(c), r));
+    req->handle = r;
+}
+int comm_probe(const Comm *c, int tag, int blocking, int *src, size_t *bytes) {
+    MPI_Status st;
+    int flag = 1, n = 0;
+    if (blocking) MPI_CHECK(MPI_Probe(MPI_ANY_SOURCE, tag, HANDLE(c), &st));
+    else MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, tag, HANDLE(c), &flag, &st));
+    if (!flag) return 0;
+    MPI_Get_count(&st, MPI_BYTE, &n);
+    *src = st.MPI_SOURCE;
+    *bytes = (size_t)n;
+    return 1;
+}
+void comm_recv_tag(const Comm *c, void *buf, size_t bytes, int src, int tag) {
+    MPI_CHECK(MPI_Recv(buf, count(bytes), MPI_BYTE, src, tag, HANDLE(c), MPI_STATUS_IGNORE));
+}
 void comm_wait(CommRequest *req) {
     if (!req->handle) return;
     MPI_CHECK(MPI_Wait((MPI_Request *)req->handle, MPI_STATUS_IGNORE));

@@ -33,6 +33,12 @@ void comm_send(const Comm *c, const void *buf, size_t bytes, int dst);
 typedef struct { void *handle; } CommRequest;
 void comm_isend(const Comm *c, const void *buf, size_t bytes, int dst, CommRequest *req);
 void comm_wait(CommRequest *req);   /* no-op when nothing is pending */
+/* Tagged messages of sizes the receiver does not know in advance (e.g. finished output lines sent
+ * to the writing rank). comm_probe: 1 and the sender and size when a message with this tag is
+ * waiting (blocking: waits for one), else 0. */
+void comm_isend_tag(const Comm *c, const void *buf, size_t bytes, int dst, int tag, CommRequest *req);
+int comm_probe(const Comm *c, int tag, int blocking, int *src, size_t *bytes);
+void comm_recv_tag(const Comm *c, void *buf, size_t bytes, int src, int tag);
 void comm_recv(const Comm *c, void *buf, size_t bytes, int src);
 void comm_barrier(const Comm *c);
 #endif

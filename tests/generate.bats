@@ -55,7 +55,7 @@ make_prompts() { # OUT EXTRA_JSON
     done > "$1"
 }
 
-@test "generate: greedy output is identical for batch sizes 1, 7, 64, 1 or 2 threads, and layouts 2x1, 1x2, 2x2" {
+@test "generate: greedy output is identical for batch sizes 1, 7, 64, 1 or 2 threads, layouts 2x1, 1x2, 2x2, dp 2" {
     need_assets
     make_prompts "$BATS_TEST_TMPDIR/p.jsonl" ""
     for b in 1 7 64; do
@@ -67,11 +67,12 @@ make_prompts() { # OUT EXTRA_JSON
     # threads split heads, sequences and matmul rows differently, never one element's arithmetic
     "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/t2.jsonl" --greedy --threads 2 2>/dev/null
     cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/t2.jsonl"
-    for l in "2 2 1" "2 1 2" "4 2 2"; do
+    # layouts, data parallel ones included (dp groups take every dp-th prompt; rank 0 writes in order)
+    for l in "2 2 1" "2 1 2" "4 2 2" "2 1 1" "4 2 1"; do
         set -- $l
         timeout 120 $MPIRUN $1 "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" \
             --output "$BATS_TEST_TMPDIR/l.jsonl" --greedy --tp $2 --pp $3 2>/dev/null
-        echo "layout tp=$2 pp=$3"
+        echo "layout np=$1 tp=$2 pp=$3"
         cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/l.jsonl"
     done
 }
@@ -98,10 +99,13 @@ make_prompts() { # OUT EXTRA_JSON
     cat "$BATS_TEST_TMPDIR/k.err" | tail -1
     grep -qE 'KV 12 blocks' "$BATS_TEST_TMPDIR/k.err"
     cmp "$BATS_TEST_TMPDIR/a.jsonl" "$BATS_TEST_TMPDIR/k.jsonl"
-    # and a 2x2 layout
+    # and a 2x2 layout, and data parallel
     timeout 120 $MPIRUN 4 "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/l.jsonl" \
         --seed 11 --tp 2 --pp 2 2>/dev/null
     cmp "$BATS_TEST_TMPDIR/a.jsonl" "$BATS_TEST_TMPDIR/l.jsonl"
+    timeout 120 $MPIRUN 2 "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/d.jsonl" \
+        --seed 11 2>/dev/null
+    cmp "$BATS_TEST_TMPDIR/a.jsonl" "$BATS_TEST_TMPDIR/d.jsonl"
 }
 
 @test "generate: sliding window frees blocks outside the window" {
