@@ -37,6 +37,25 @@ static inline float hsum16(v16 a) {
     return d0 + d1;
 }
 
+/* hsum16 of four vectors, the same additions in the same order, results to out[0..3] */
+static inline __attribute__((always_inline)) void hsum4(float *out, v16 a, v16 b, v16 c, v16 d) {
+    v8 a8 = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+    v8 b8 = __builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(b, b, 8, 9, 10, 11, 12, 13, 14, 15);
+    v8 c8 = __builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15);
+    v8 d8 = __builtin_shufflevector(d, d, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(d, d, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4 a4 = __builtin_shufflevector(a8, a8, 0, 1, 2, 3) + __builtin_shufflevector(a8, a8, 4, 5, 6, 7);
+    v4 b4 = __builtin_shufflevector(b8, b8, 0, 1, 2, 3) + __builtin_shufflevector(b8, b8, 4, 5, 6, 7);
+    v4 c4 = __builtin_shufflevector(c8, c8, 0, 1, 2, 3) + __builtin_shufflevector(c8, c8, 4, 5, 6, 7);
+    v4 d4 = __builtin_shufflevector(d8, d8, 0, 1, 2, 3) + __builtin_shufflevector(d8, d8, 4, 5, 6, 7);
+    /* transpose: tK holds lane K of a4, b4, c4, d4 */
+    v4 ab_lo = __builtin_shufflevector(a4, b4, 0, 4, 1, 5), ab_hi = __builtin_shufflevector(a4, b4, 2, 6, 3, 7);
+    v4 cd_lo = __builtin_shufflevector(c4, d4, 0, 4, 1, 5), cd_hi = __builtin_shufflevector(c4, d4, 2, 6, 3, 7);
+    v4 t0 = __builtin_shufflevector(ab_lo, cd_lo, 0, 1, 4, 5), t1 = __builtin_shufflevector(ab_lo, cd_lo, 2, 3, 6, 7);
+    v4 t2 = __builtin_shufflevector(ab_hi, cd_hi, 0, 1, 4, 5), t3 = __builtin_shufflevector(ab_hi, cd_hi, 2, 3, 6, 7);
+    v4 r = (t0 + t2) + (t1 + t3);   /* (lane0 + lane2) + (lane1 + lane3), as hsum16 */
+    memcpy(out, &r, sizeof r);
+}
+
 static inline v16 ld16(const float *p) {
     v16 v;
     memcpy(&v, p, sizeof v);
@@ -69,15 +88,29 @@ static void mm_4x4(float *out, size_t ldo, const float *x, size_t ldx, const flo
     for (; k + 16 <= K; k += 16) {
         v16 p0 = ld16(x0 + k), p1 = ld16(x1 + k), p2 = ld16(x2 + k), p3 = ld16(x3 + k);
         v16 q0 = ld16(w0 + k), q1 = ld16(w1 + k), q2 = ld16(w2 + k), q3 = ld16(w3 + k);
+        /* keep the loaded vectors in registers: folded into each FMA they would be loaded 4 times,
+         * and the loop becomes load-bound */
+        __asm__("" : "+v"(p0), "+v"(p1), "+v"(p2), "+v"(p3), "+v"(q0), "+v"(q1), "+v"(q2), "+v"(q3));
         a00 = a00 + p0 * q0; a01 = a01 + p0 * q1; a02 = a02 + p0 * q2; a03 = a03 + p0 * q3;
         a10 = a10 + p1 * q0; a11 = a11 + p1 * q1; a12 = a12 + p1 * q2; a13 = a13 + p1 * q3;
         a20 = a20 + p2 * q0; a21 = a21 + p2 * q1; a22 = a22 + p2 * q2; a23 = a23 + p2 * q3;
         a30 = a30 + p3 * q0; a31 = a31 + p3 * q1; a32 = a32 + p3 * q2; a33 = a33 + p3 * q3;
     }
-    v16 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13}, {a20, a21, a22, a23}, {a30, a31, a32, a33}};
-    const float *xs[4] = {x0, x1, x2, x3}, *ws[4] = {w0, w1, w2, w3};
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) out[i * ldo + j] = dot_finish(acc[i][j], xs[i], ws[j], k, K, bias ? bias + j : NULL);
+    /* lane sums of a row's four accumulators at once (hsum16's tree), then the k tail in order and
+     * the bias: exactly dot_finish's arithmetic per element */
+    hsum4(out, a00, a01, a02, a03);
+    hsum4(out + ldo, a10, a11, a12, a13);
+    hsum4(out + 2 * ldo, a20, a21, a22, a23);
+    hsum4(out + 3 * ldo, a30, a31, a32, a33);
+    if (k < K || bias) {
+        const float *xs[4] = {x0, x1, x2, x3}, *ws[4] = {w0, w1, w2, w3};
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) {
+                float s = out[i * ldo + j];
+                for (int kk = k; kk < K; kk++) s = s + xs[i][kk] * ws[j][kk];
+                out[i * ldo + j] = bias ? s + bias[j] : s;
+            }
+    }
 }
 
 void cpu_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out) {
