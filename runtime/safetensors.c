@@ -178,10 +178,20 @@ void st_read_block(const SafeTensors *st, const char *name, int64_t rows, int64_
     }
 }
 
-int st_write(const char *path, const StWriteTensor *t, int n, StDtype dtype) {
+struct StWriter {
+    FILE *f;
+    char *tmp, *path;
+    StDtype dtype;
+    size_t *numel;   /* (n) expected size of each tensor, in order */
+    int n, next, ok;
+};
+
+StWriter *st_writer_open(const char *path, const StWriteTensor *t, int n, StDtype dtype) {
     cJSON *h = cJSON_CreateObject();
     cJSON *meta = cJSON_AddObjectToObject(h, "__metadata__");
     cJSON_AddStringToObject(meta, "format", "pt");
+    StWriter *w = xcalloc(1, sizeof(StWriter));
+    w->numel = xmalloc(sizeof(size_t) * (n ? n : 1));
     size_t off = 0, ds = dtype_size(dtype);
     for (int i = 0; i < n; i++) {
         cJSON *e = cJSON_AddObjectToObject(h, t[i].name);
@@ -192,6 +202,7 @@ int st_write(const char *path, const StWriteTensor *t, int n, StDtype dtype) {
             cJSON_AddItemToArray(s, cJSON_CreateNumber((double)t[i].shape[d]));
             numel *= (size_t)t[i].shape[d];
         }
+        w->numel[i] = numel;
         cJSON *o = cJSON_AddArrayToObject(e, "data_offsets");
         cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
         off += numel * ds;
@@ -199,34 +210,61 @@ int st_write(const char *path, const StWriteTensor *t, int n, StDtype dtype) {
     }
     char *hj = cJSON_PrintUnformatted(h);
     cJSON_Delete(h);
-    size_t hlen = strlen(hj), padded = (hlen + 7) / 8 * 8;
-    size_t plen = strlen(path) + 32;
-    char *tmp = xmalloc(plen);
-    snprintf(tmp, plen, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) { free(hj); free(tmp); return -1; }
+    size_t hlen = strlen(hj), padded = (hlen + 7) / 8 * 8, plen = strlen(path) + 32;
+    w->n = n;
+    w->dtype = dtype;
+    w->path = xstrdup(path);
+    w->tmp = xmalloc(plen);
+    snprintf(w->tmp, plen, "%s.tmp.%d", path, (int)getpid());
+    w->f = fopen(w->tmp, "wb");
+    int ok = w->f != NULL;
     uint8_t len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    int ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hj, 1, hlen, f) == hlen;
-    for (size_t i = hlen; i < padded && ok; i++) ok = fputc(' ', f) != EOF;
-    for (int i = 0; i < n && ok; i++) {
-        size_t numel = 1;
-        for (int d = 0; d < t[i].ndim; d++) numel *= (size_t)t[i].shape[d];
-        if (dtype == ST_F32) {
-            ok = fwrite(t[i].data, 4, numel, f) == numel;
-        } else {
-            for (size_t j = 0; j < numel && ok; j++) {
-                uint16_t b = f32_to_bf16(t[i].data[j]);
-                ok = fwrite(&b, 2, 1, f) == 1;
-            }
+    ok = ok && fwrite(len8, 1, 8, w->f) == 8 && fwrite(hj, 1, hlen, w->f) == hlen;
+    for (size_t i = hlen; i < padded && ok; i++) ok = fputc(' ', w->f) != EOF;   /* data 8-byte aligned */
+    free(hj);
+    w->ok = ok;
+    if (!ok) {
+        int e = errno;
+        if (w->f) { fclose(w->f); unlink(w->tmp); }
+        free(w->tmp); free(w->path); free(w->numel); free(w);
+        errno = e;
+        return NULL;
+    }
+    return w;
+}
+
+int st_writer_put(StWriter *w, const float *data, size_t numel) {
+    CHECK(w->next < w->n && numel == w->numel[w->next]);
+    w->next++;
+    if (!w->ok) return -1;
+    if (w->dtype == ST_F32) {
+        w->ok = fwrite(data, sizeof(float), numel, w->f) == numel;
+    } else {
+        for (size_t j = 0; j < numel && w->ok; j++) {
+            uint16_t b = f32_to_bf16(data[j]);
+            w->ok = fwrite(&b, 2, 1, w->f) == 1;
         }
     }
-    ok = fflush(f) == 0 && ok;
-    ok = fsync(fileno(f)) == 0 && ok;
-    ok = fclose(f) == 0 && ok;
-    if (ok) ok = rename(tmp, path) == 0;
-    if (!ok) unlink(tmp);
-    free(tmp);
-    free(hj);
+    return w->ok ? 0 : -1;
+}
+
+int st_writer_close(StWriter *w) {
+    int ok = w->ok && w->next == w->n;
+    ok = fflush(w->f) == 0 && ok;
+    ok = fsync(fileno(w->f)) == 0 && ok;
+    ok = fclose(w->f) == 0 && ok;
+    if (ok) ok = rename(w->tmp, w->path) == 0;
+    int e = errno;
+    if (!ok) unlink(w->tmp);
+    free(w->tmp); free(w->path); free(w->numel); free(w);
+    errno = e;
     return ok ? 0 : -1;
+}
+
+int st_write(const char *path, const StWriteTensor *t, int n, StDtype dtype) {
+    StWriter *w = st_writer_open(path, t, n, dtype);
+    if (!w) return -1;
+    for (int i = 0; i < n; i++) st_writer_put(w, t[i].data, w->numel[i]);
+    return st_writer_close(w);
 }

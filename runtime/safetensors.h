@@ -55,4 +55,14 @@ typedef struct {
 } StWriteTensor;
 /* Writes atomically (temp file + rename). Returns 0, or -1 with errno set. */
 int st_write(const char *path, const StWriteTensor *t, int n, StDtype dtype);
+
+/* The same, streamed: the header comes from the names and shapes (data ignored), then each
+ * tensor's data in that order, so a writer never holds more than one tensor.
+ * open: NULL with errno on failure. put: -1 with errno (later puts are no-ops, close fails).
+ * close: 0 once the file is complete, fsync'ed and renamed into place, else -1 and no file
+ * (the temp file is removed). Always frees w. */
+typedef struct StWriter StWriter;
+StWriter *st_writer_open(const char *path, const StWriteTensor *t, int n, StDtype dtype);
+int st_writer_put(StWriter *w, const float *data, size_t numel);
+int st_writer_close(StWriter *w);
 #endif

@@ -229,8 +229,32 @@ static int save_stage(const Model *m, const char *tmp, StageList *list) {
     ParamInfo *infos = xmalloc(sizeof(ParamInfo) * (size_t)n);
     CHECK(model_param_infos(m, infos, n) == n);
 
-    StWriteTensor *t = writer ? xcalloc((size_t)n, sizeof(StWriteTensor)) : NULL;
-    int nt = 0;
+    /* the writer streams the stage file: header from the shapes, then each tensor as it is gathered,
+     * so it never holds more than one full tensor */
+    int failed = 0;
+    StWriter *w = NULL;
+    char *path = NULL;
+    if (writer) {
+        StWriteTensor *hdr = xcalloc((size_t)n, sizeof(StWriteTensor));
+        int nh = 0;
+        for (int i = 0; i < n; i++) {
+            if (skip_tensor(m, &infos[i])) continue;
+            hdr[nh++] = (StWriteTensor){infos[i].name, infos[i].cols_global ? 2 : 1,
+                                        {infos[i].rows_global, infos[i].cols_global}, NULL};
+        }
+        char name[64];
+        snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", mesh->pp_rank + 1, mesh->pp);
+        path = path_join(tmp, name);
+        if (!dir_exists(tmp)) {
+            fprintf(stderr, "tandem: [rank %d] %s: directory not visible from this rank (the output must be "
+                    "on a filesystem every rank sees)\n", mesh->world_rank, tmp);
+            failed = 1;
+        } else if (!(w = st_writer_open(path, hdr, nh, ST_F32))) {
+            fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->world_rank, path, strerror(errno));
+            failed = 1;
+        }
+        free(hdr);
+    }
     size_t cap = 0, names_cap = 0;
     float *recv_buf = NULL;     /* one shard from another tp rank */
     for (int i = 0; i < n; i++) {
@@ -259,36 +283,23 @@ static int save_stage(const Model *m, const char *tmp, StageList *list) {
             placed += place_shard(full, &rin, recv_buf);
         }
         CHECK(placed == numel_global);  /* the shards tile the tensor exactly once */
-        StWriteTensor *w = &t[nt++];
-        w->name = in->name;
-        w->ndim = in->cols_global ? 2 : 1;
-        w->shape[0] = in->rows_global;
-        w->shape[1] = in->cols_global;
-        w->data = full;
+        /* a failed write still gathers the rest: the other tp ranks are sending */
+        if (w && st_writer_put(w, full, numel_global) != 0 && !failed) {
+            fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->world_rank, path, strerror(errno));
+            failed = 1;
+        }
+        free(full);
         size_t need = list->len + strlen(in->name) + 2;
         if (need > names_cap) list->names = xrealloc(list->names, names_cap = 2 * need);
         list->len += (size_t)snprintf(list->names + list->len, names_cap - list->len, "%s\n", in->name);
         list->bytes += (int64_t)(sizeof(float) * numel_global);
     }
     free(recv_buf);
-
-    int failed = 0;
-    if (writer) {
-        char name[64], *path;
-        snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", mesh->pp_rank + 1, mesh->pp);
-        path = path_join(tmp, name);
-        if (!dir_exists(tmp)) {
-            fprintf(stderr, "tandem: [rank %d] %s: directory not visible from this rank (the output must be "
-                    "on a filesystem every rank sees)\n", mesh->world_rank, tmp);
-            failed = 1;
-        } else if (st_write(path, t, nt, ST_F32) != 0) {
-            fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->world_rank, path, strerror(errno));
-            failed = 1;
-        }
-        free(path);
-        for (int i = 0; i < nt; i++) free((float *)t[i].data);
-        free(t);
+    if (w && st_writer_close(w) != 0 && !failed) {
+        fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->world_rank, path, strerror(errno));
+        failed = 1;
     }
+    free(path);
     free(infos);
     return failed;
 }
