@@ -18,13 +18,18 @@ struct Engine {
     KVCache kv;
     Seq **waiting;        /* FIFO; preempted sequences go back to the front */
     int n_waiting, cap_waiting;
-    Seq **running;        /* in admission order */
+    Seq **running;        /* in admission order: the last one is the latest admitted */
     int n_running;
-    int admit_counter, max_table, window;  /* window: every layer windowed -> W, else 0 */
+    int max_table, window;  /* window: every layer windowed -> W, else 0 */
+    int K;                  /* most logprobs alternatives any added sequence asks for */
     /* step buffers, sized for max_batch sequences and max_tokens tokens */
     int *tokens, *start, *pos0, *rows, **tables;
-    float *lse, *amax_val, *full, *res_f;  /* res_f per sequence: chosen lp, appended lp, top-K lps */
-    int *amax, *res_i;                     /* res_i per sequence: chosen id, top-K ids */
+    float *lse, *amax_val, *full;
+    int *amax;
+    int *res_i;             /* (max_batch, 1 + K) per sequence: chosen id, top-K ids */
+    float *res_f;           /* (max_batch, 2 + K) per sequence: chosen lp, appended lp, top-K lps */
+    int *lp_rows, *lp_toks; /* (2 * max_batch) the (row, token) pairs whose logprobs are wanted */
+    float *lp_vals;         /* (2 * max_batch) */
     void *scratch;
     EngineStats st;
 };
@@ -70,6 +75,11 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
     e->amax_val = xmalloc(sizeof(float) * B);
     e->amax = xmalloc(sizeof(int) * B);
     e->full = xmalloc(sizeof(float) * m->vocab_padded);
+    e->lp_rows = xmalloc(sizeof(int) * 2 * B);
+    e->lp_toks = xmalloc(sizeof(int) * 2 * B);
+    e->lp_vals = xmalloc(sizeof(float) * 2 * B);
+    e->res_i = xmalloc(sizeof(int) * B);
+    e->res_f = xmalloc(sizeof(float) * 2 * B);
     e->scratch = xmalloc(sampler_scratch_bytes(m->vocab_padded));
     e->st.kv_blocks = e->kv.n_blocks;
     e->st.kv_block_tokens = e->kv.block;
@@ -79,12 +89,24 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
 void engine_free(Engine *e) {
     kv_free(&e->kv);
     free(e->waiting); free(e->running); free(e->tokens); free(e->start); free(e->pos0); free(e->rows);
-    free(e->tables); free(e->lse); free(e->amax_val); free(e->amax); 
+    free(e->tables); free(e->lse); free(e->amax_val); free(e->amax);
     free(e->full); free(e->scratch); free(e->res_f); free(e->res_i);
+    free(e->lp_rows); free(e->lp_toks); free(e->lp_vals);
     free(e);
 }
 
 EngineStats engine_stats(const Engine *e) { return e->st; }
+
+/* Queues s at the back, or at the front (a preempted sequence goes first). */
+static void waiting_push(Engine *e, Seq *s, int front) {
+    if (e->n_waiting == e->cap_waiting) {
+        e->cap_waiting = e->cap_waiting ? 2 * e->cap_waiting : 64;
+        e->waiting = xrealloc(e->waiting, sizeof(Seq *) * e->cap_waiting);
+    }
+    if (front) memmove(e->waiting + 1, e->waiting, sizeof(Seq *) * e->n_waiting);
+    e->waiting[front ? 0 : e->n_waiting] = s;
+    e->n_waiting++;
+}
 
 void engine_add(Engine *e, Seq *s) {
     int need = blocks_for(e, s->n_prompt + s->max_new);
@@ -102,12 +124,12 @@ void engine_add(Engine *e, Seq *s) {
     s->n_cached = 0;
     s->n_out = 0;
     s->finish = FINISH_NONE;
-    s->state = SEQ_WAITING;
-    if (e->n_waiting == e->cap_waiting) {
-        e->cap_waiting = e->cap_waiting ? 2 * e->cap_waiting : 64;
-        e->waiting = xrealloc(e->waiting, sizeof(Seq *) * e->cap_waiting);
+    if (s->logprobs_n > e->K) {   /* widen the per-step result rows once, here, not per step */
+        e->K = s->logprobs_n;
+        e->res_i = xrealloc(e->res_i, sizeof(int) * e->cfg.max_batch * (1 + e->K));
+        e->res_f = xrealloc(e->res_f, sizeof(float) * e->cfg.max_batch * (2 + e->K));
     }
-    e->waiting[e->n_waiting++] = s;
+    waiting_push(e, s, 0);
 }
 
 static void release_blocks(Engine *e, Seq *s) {
@@ -119,9 +141,7 @@ static void release_blocks(Engine *e, Seq *s) {
 /* Blocks so that positions [0, n_tokens) have slots; 0 if the pool ran dry (nothing taken back). */
 static int grow_table(Engine *e, Seq *s, int n_tokens) {
     int need = blocks_for(e, n_tokens);
-    int missing = 0;
-    for (int i = s->n_table; i < need; i++) missing++;
-    if (missing > e->kv.n_free) return 0;
+    if (need - s->n_table > e->kv.n_free) return 0;
     for (; s->n_table < need; s->n_table++) s->table[s->n_table] = kv_block_alloc(&e->kv);
     return 1;
 }
@@ -130,16 +150,9 @@ static void preempt(Engine *e, int r) {
     Seq *s = e->running[r];
     release_blocks(e, s);
     s->n_cached = 0;
-    s->state = SEQ_WAITING;
     memmove(e->running + r, e->running + r + 1, sizeof(Seq *) * (e->n_running - r - 1));
     e->n_running--;
-    if (e->n_waiting == e->cap_waiting) {
-        e->cap_waiting = e->cap_waiting ? 2 * e->cap_waiting : 64;
-        e->waiting = xrealloc(e->waiting, sizeof(Seq *) * e->cap_waiting);
-    }
-    memmove(e->waiting + 1, e->waiting, sizeof(Seq *) * e->n_waiting);
-    e->waiting[0] = s;
-    e->n_waiting++;
+    waiting_push(e, s, 1);
     e->st.preemptions++;
 }
 
@@ -157,11 +170,7 @@ static void schedule(Engine *e) {
     for (int r = 0; r < e->n_running;) {
         Seq *s = e->running[r];
         if (grow_table(e, s, ctx_len(s))) { r++; continue; }
-        int victim = r;
-        for (int i = 0; i < e->n_running; i++)
-            if (e->running[i]->admitted_at > e->running[victim]->admitted_at) victim = i;
-        preempt(e, victim);
-        if (victim < r) r--;
+        preempt(e, e->n_running - 1);   /* the latest admitted (possibly s itself) */
     }
     /* 2. admit from the queue */
     int budget = e->cfg.max_batch_tokens - e->n_running;
@@ -172,8 +181,6 @@ static void schedule(Engine *e) {
         if (!grow_table(e, s, n)) break;
         memmove(e->waiting, e->waiting + 1, sizeof(Seq *) * (e->n_waiting - 1));
         e->n_waiting--;
-        s->state = SEQ_RUNNING;
-        s->admitted_at = e->admit_counter++;
         e->running[e->n_running++] = s;
         budget -= n;
     }
@@ -184,8 +191,7 @@ static void schedule(Engine *e) {
  * order on every tp rank). Results go to res_i / res_f for the pp broadcast. */
 static void choose_tokens(Engine *e, int R) {
     Model *m = e->m;
-    int Vl = m->vocab_local, V = m->cfg.vocab_size, K = 0;
-    for (int r = 0; r < R; r++) if (e->running[r]->logprobs_n > K) K = e->running[r]->logprobs_n;
+    int Vl = m->vocab_local, V = m->cfg.vocab_size, K = e->K;
     /* log-sum-exp of the raw distribution, for logprobs: skipped when nobody reports them (plain
      * greedy or sampling without --logprobs), which saves a pass of exp over the vocabulary */
     int want_lp = e->cfg.want_logprobs;
@@ -210,22 +216,24 @@ static void choose_tokens(Engine *e, int R) {
         float *rf = e->res_f + (size_t)r * (2 + K);
         if (plain_greedy) { ri[0] = e->amax[r]; continue; }
         comm_all_gather(&m->mesh->tp_comm, m->s.logits + (size_t)r * Vl, e->full, Vl); /* the full row */
-        for (int k = 0; k < s->logprobs_n; k++) {               /* top-N of the model's distribution */
-            int best = -1;
-            for (int v = 0; v < V; v++) {
-                int taken = 0;
-                for (int j = 0; j < k && !taken; j++) taken = ri[1 + j] == v;
-                if (!taken && isfinite(e->full[v]) && (best < 0 || e->full[v] > e->full[best])) best = v;
-            }
-            ri[1 + k] = best;
-            rf[2 + k] = best >= 0 ? e->full[best] - e->lse[r] : -INFINITY;
+        int nt = 0, *top = ri + 1;                               /* top-N of the model's distribution: */
+        for (int v = 0; v < V && s->logprobs_n > 0; v++) {     /* one pass, insertion into a sorted list */
+            if (!isfinite(e->full[v])) continue;
+            if (nt == s->logprobs_n && e->full[v] <= e->full[top[nt - 1]]) continue;
+            int j = nt < s->logprobs_n ? nt++ : nt - 1;         /* lowest id first among equals */
+            for (; j > 0 && e->full[top[j - 1]] < e->full[v]; j--) top[j] = top[j - 1];
+            top[j] = v;
+        }
+        for (int k = 0; k < s->logprobs_n; k++) {
+            if (k >= nt) top[k] = -1;
+            rf[2 + k] = k < nt ? e->full[top[k]] - e->lse[r] : -INFINITY;
         }
         sampler_process(e->full, V, p, s->prompt, s->n_prompt, s->out, s->n_out, e->scratch);
         ri[0] = sampler_draw(e->full, V, p, s->n_out);
     }
     /* logprobs (raw distribution) of each chosen token and each appended (chosen or forced) one */
-    int *rows = xmalloc(sizeof(int) * 2 * R), *toks = xmalloc(sizeof(int) * 2 * R);
-    float *lp = xmalloc(sizeof(float) * 2 * R);
+    int *rows = e->lp_rows, *toks = e->lp_toks;
+    float *lp = e->lp_vals;
     for (int r = 0; r < R; r++) {
         const Seq *s = e->running[r];
         rows[2 * r] = rows[2 * r + 1] = r;
@@ -238,7 +246,6 @@ static void choose_tokens(Engine *e, int R) {
         e->res_f[(size_t)r * (2 + K)] = lp[2 * r] - e->lse[r];
         e->res_f[(size_t)r * (2 + K) + 1] = lp[2 * r + 1] - e->lse[r];
     }
-    free(rows); free(toks); free(lp);
 }
 
 static int is_stop_id(const Seq *s, int tok) {
@@ -261,21 +268,15 @@ static void step(Engine *e) {
         prefill += n - s->n_cached > 1;
     }
     e->start[R] = N;
-    int K = 0;
-    for (int r = 0; r < R; r++) if (e->running[r]->logprobs_n > K) K = e->running[r]->logprobs_n;
-    e->res_i = xrealloc(e->res_i, sizeof(int) * R * (1 + K));
-    e->res_f = xrealloc(e->res_f, sizeof(float) * R * (2 + K));
-    int *logit_rows = xmalloc(sizeof(int) * R);
-    memcpy(logit_rows, e->rows, sizeof(int) * R);
+    int K = e->K;
 
     double t0 = now_seconds();
-    Batch b = {R, e->tokens, e->start, e->pos0, e->tables, logit_rows, R, e->cfg.micro_batches};
+    Batch b = {R, e->tokens, e->start, e->pos0, e->tables, e->rows, R, e->cfg.micro_batches};
     model_forward_batch(m, &e->kv, &b);
     if (m->is_last) choose_tokens(e, R);
     const Comm *pp = &m->mesh->pp_comm;                         /* choices from the last stage to all */
     comm_broadcast(pp, e->res_i, sizeof(int) * R * (1 + K), pp->size - 1);
     comm_broadcast(pp, e->res_f, sizeof(float) * R * (2 + K), pp->size - 1);
-    free(logit_rows);
     double dt = now_seconds() - t0;
     if (prefill) { e->st.prefill_s += dt; e->st.prefill_tokens += N - (R - prefill); e->st.decode_tokens += R - prefill; }
     else { e->st.decode_s += dt; e->st.decode_tokens += R; }
@@ -305,7 +306,6 @@ static void step(Engine *e) {
         if (!s->finish && (s->n_out >= s->max_new || ctx_len(s) >= e->cfg.max_ctx)) s->finish = FINISH_LENGTH;
         if (s->finish) {
             release_blocks(e, s);
-            s->state = SEQ_DONE;
             if (e->cfg.on_finish) e->cfg.on_finish(e->cfg.ctx, s);
             continue;
         }

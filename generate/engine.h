@@ -11,7 +11,6 @@
 #include "runtime/model.h"
 
 typedef enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH } FinishReason;
-typedef enum { SEQ_WAITING = 0, SEQ_RUNNING, SEQ_DONE } SeqState;
 
 typedef struct {
     int index;             /* input order */
@@ -36,11 +35,9 @@ typedef struct {
     FinishReason finish;
 
     /* engine state */
-    SeqState state;
     int *table;            /* block table: block ids by position / block, -1 = freed (out of window) */
     int n_table;
     int n_cached;          /* tokens of prompt ++ out whose k, v are in the cache */
-    int admitted_at;       /* admission counter, for choosing whom to preempt (latest first) */
 } Seq;
 
 typedef struct Engine Engine;
