@@ -18,8 +18,11 @@ cJSON *jsonl_next(JsonlReader *r) {
         r->line++;
         while (len > 0 && (r->buf[len - 1] == '\n' || r->buf[len - 1] == '\r' || r->buf[len - 1] == ' ')) r->buf[--len] = 0;
         if (len == 0) continue;
-        cJSON *j = cJSON_Parse(r->buf);
+        const char *end = NULL;
+        cJSON *j = cJSON_ParseWithOpts(r->buf, &end, 0);
         if (!j || !cJSON_IsObject(j)) user_error("%s:%d: not a JSON object", r->path, r->line);
+        end += strspn(end, " \t\r");
+        if (*end) user_error("%s:%d: text after the JSON object (one object per line)", r->path, r->line);
         return j;
     }
     return NULL;

@@ -15,7 +15,7 @@ typedef struct {
 /* user_error if the file cannot be opened */
 void jsonl_open(JsonlReader *r, const char *path);
 /* The next line's object (caller cJSON_Deletes it), NULL at the end. Blank lines are skipped; a
- * line that is not a JSON object is a user_error "path:line: not a JSON object". */
+ * line that is not a JSON object, or holds more than one, is a user_error naming path:line. */
 cJSON *jsonl_next(JsonlReader *r);
 void jsonl_close(JsonlReader *r);
 #endif

@@ -189,6 +189,7 @@ JSON
     gen() { run "$TANDEM" generate --model "$STORIES" --input "$P" --output "$O" "$@"; echo "$output"; [ "$status" -ne 0 ]; [ ! -e "$O" ]; }
     printf '{"prompt": "a"}\n{"prompt": "b"\n' > "$P";                  gen; [[ "$output" == *"p.jsonl:2: not a JSON object"* ]]
     printf '{"prompt": "a"}\n{"text": "b"}\n' > "$P";                   gen; [[ "$output" == *"p.jsonl:2: field \"prompt\" missing"* ]]
+    printf '{"prompt": "a"} {"prompt": "b"}\n' > "$P";                 gen; [[ "$output" == *"p.jsonl:1: text after the JSON object (one object per line)"* ]]
     printf '{"prompt": "a", "top_p": 1.5}\n' > "$P";                    gen; [[ "$output" == *"p.jsonl:1: "*"top_p"* ]]
     printf '{"prompt": "a", "temperature": -1}\n' > "$P";               gen; [[ "$output" == *"p.jsonl:1: "*"temperature"* ]]
     printf '{"prompt": "a", "top_k": -2}\n' > "$P";                     gen; [[ "$output" == *"p.jsonl:1: "*"top_k"* ]]

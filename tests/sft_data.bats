@@ -342,3 +342,16 @@ BAD_MSGS=(
     [ "$status" -eq 1 ]
     [ "$output" = "tandem: $LF/dpo_en_demo.json:2: field \"conversations\": no assistant turn (nothing to train on)" ]
 }
+
+@test "sft data: a line holding more than one JSON object is a bad record, not a silently dropped one" {
+    need_sft_assets
+    f="$BATS_TEST_TMPDIR/two.jsonl"
+    printf '{"prompt": "Hi", "response": "Hello"} {"prompt": "lost", "response": "record"}\n' > "$f"
+    run "$SD" dump "$LLAMA" "$f"
+    [ "$status" -eq 1 ]
+    [ "$output" = "tandem: $f:1: text after the JSON object (one record per line)" ]
+    printf '{"prompt": "Hi", "response": "Hello"}  \n{"prompt": "a", "response": "b"} junk\n' > "$f"
+    run "$SD" dump "$LLAMA" "$f" skip_bad=1
+    [ "$status" -eq 0 ]
+    [[ "${lines[-1]}" == "stats records=2 samples=1 bad=1 "* ]]
+}

@@ -230,7 +230,16 @@ static void keep_record(Loader *L, int line) {
 /* text[0..len) holds one record starting at line `line` of the file. */
 static void load_record(Loader *L, const char *text, size_t len, int line) {
     L->d->stats.n_records++;
-    cJSON *o = cJSON_ParseWithLength(text, len);
+    const char *end = NULL;
+    cJSON *o = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (o) {   /* one record per line: anything but whitespace after it is a bad record too */
+        while (end < text + len && (*end == ' ' || *end == '\t' || *end == '\r' || *end == '\n')) end++;
+        if (end < text + len) {
+            cJSON_Delete(o);
+            bad(L, line, "text after the JSON object (one record per line)");
+            return;
+        }
+    }
     if (!o) {
         /* name the line of the error when cJSON points into this record */
         const char *ep = cJSON_GetErrorPtr();
