@@ -119,16 +119,22 @@ char *path_join(const char *dir, const char *name) {
     memcpy(p + a + 1, name, b + 1);
     return p;
 }
-void mkdir_p(const char *path) {
+int mkdir_parents(const char *path) {
     char *p = xstrdup(path);
-    for (char *s = p + 1; *s; s++) {
+    int rc = 0;
+    for (char *s = p + 1; *s && rc == 0; s++) {
         if (*s != '/') continue;
         *s = 0;
-        mkdir(p, 0755);
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) rc = -1;
         *s = '/';
     }
-    if (mkdir(p, 0755) != 0 && errno != EEXIST) user_error("%s: cannot create directory: %s", path, strerror(errno));
     free(p);
+    return rc;
+}
+
+void mkdir_p(const char *path) {
+    if (mkdir_parents(path) != 0 || (mkdir(path, 0755) != 0 && errno != EEXIST))
+        user_error("%s: cannot create directory: %s", path, strerror(errno));
 }
 
 double now_seconds(void) {

@@ -31,6 +31,7 @@ int file_exists(const char *path);
 int dir_exists(const char *path);
 char *path_join(const char *dir, const char *name); /* malloc'd "dir/name" */
 void mkdir_p(const char *path);     /* user_error if it cannot be created */
+int mkdir_parents(const char *path); /* the missing parents of path (not path): 0, or -1 with errno */
 double now_seconds(void);
 double peak_rss_mib(void);          /* peak resident memory of this process */
 

@@ -23,7 +23,7 @@
  *     ranks, a tied copy counted twice, a ZeRO slice updated twice or not at all).
  *   - padded vocab rows (vocab not divisible by tp) get zero gradient, as train/grad.c gives them.
  * World rank 0 prints "norm STEP HEXFLOAT" per step and "checksum A B C D": the sum over every
- * element of the global model, counted once (optim_counts_in_norm, dp rank 0, no padded rows), of a
+ * element of the global model, counted once (ParamInfo.norm_once, dp rank 0, no padded rows), of a
  * 64-bit hash of (name, initial value, final value), kept as four exact 16-bit column sums, so it
  * does not depend on how elements are split across ranks. optim.bats compares these lines between
  * layouts. Every rank also checks that its dp replicas and its tp-replicated tensors are
@@ -203,12 +203,7 @@ static int test_torch(const char *path) {
 #define VDP 4                                        /* virtual dp ranks of the gradient */
 static const float STEP_SCALE[] = {1.0f, 0.25f, 2.0f, 0.5f, 1.0f, 4.0f};   /* powers of two: exact */
 
-static uint64_t mix64(uint64_t x) {   /* splitmix64's finaliser */
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
+static uint64_t mix64(uint64_t x) { return splitmix64_mix(x + SPLITMIX64_GAMMA); }
 static uint64_t str_hash(const char *s) {   /* FNV-1a */
     uint64_t h = 0xcbf29ce484222325ull;
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
@@ -306,7 +301,7 @@ static void print_checksum(Run *r) {
     if (r->mesh.dp_rank == 0)
         for (int t = 0; t < r->n_info; t++) {
             const ParamInfo *in = &r->infos[t];
-            if (!optim_counts_in_norm(m, in)) continue;
+            if (!in->norm_once) continue;
             for (size_t i = 0; i < in->numel; i++) {
                 if (is_pad_row(m, in, i)) continue;
                 float now = m->params[in->offset + i];

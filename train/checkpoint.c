@@ -42,20 +42,6 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
 /* Deletes a directory tree we created (or swapped out); links are removed, never followed. */
 static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
-/* Creates the missing parent directories of path (not path itself). Returns 0, or -1 with errno. */
-static int make_parents(const char *path) {
-    char *p = xstrdup(path);
-    int rc = 0;
-    for (char *s = p + 1; *s && rc == 0; s++) {
-        if (*s != '/') continue;
-        *s = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) rc = -1;
-        *s = '/';
-    }
-    free(p);
-    return rc;
-}
-
 /* fsync a directory so a rename inside it survives a crash; best effort (some filesystems refuse). */
 static void fsync_dir(const char *dir) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY);
@@ -173,7 +159,7 @@ static void prepare(const char *src_dir, const char *out_dir, int overwrite, Pre
 
     snprintf(p->tmp, sizeof p->tmp, "%s.tmp.%d", out_dir, (int)getpid());
     if (stat(p->tmp, &st) == 0) remove_tree(p->tmp);  /* left by a killed run that had our pid */
-    if (make_parents(p->tmp) != 0 || mkdir(p->tmp, 0755) != 0) {
+    if (mkdir_parents(p->tmp) != 0 || mkdir(p->tmp, 0755) != 0) {
         prep_fail(p, PREP_USER_ERROR, "%s: cannot create directory: %s", p->tmp, strerror(errno));
         free(cfg_out);
         return;

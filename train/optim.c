@@ -85,11 +85,6 @@ float clip_scale(float norm, double max_norm) {
     return coef < 1.0f ? coef : 1.0f;
 }
 
-int optim_counts_in_norm(const Model *m, const ParamInfo *info) {
-    (void)m;
-    return info->norm_once;   /* the spec table decides (runtime/model.c info_param) */
-}
-
 /* ---- setup ------------------------------------------------------------------------------------ */
 
 OptimConfig optim_config_default(void) {
@@ -170,7 +165,7 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
     for (int i = 0; i < n_info; i++) {
         CHECK(infos[i].offset == end);   /* the infos tile the arena in order */
         o->ranges[i] = (OptimRange){infos[i].offset, infos[i].offset + infos[i].numel, infos[i].decay,
-                                    optim_counts_in_norm(m, &infos[i])};
+                                    infos[i].norm_once};
         end += infos[i].numel;
     }
     CHECK(end == m->n_params);

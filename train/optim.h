@@ -13,7 +13,7 @@
  *   1. dp reduction: grads = mean over the dp group (sum, then / dp). Plain: every rank gets the
  *      whole arena. ZeRO-1: reduce-scatter, rank r gets arena slice r only.
  *   2. global norm of the reduced gradient: every element of the global model counted ONCE:
- *      sum of squares over what this rank holds, skipping copies (see optim_counts_in_norm), in
+ *      sum of squares over what this rank holds, skipping copies (ParamInfo.norm_once), in
  *      double, all-reduced over tp and pp (and dp under ZeRO-1, where each rank holds 1/dp).
  *   3. clip: scale = min(1, clip / (norm + 1e-6)) (torch: (1 / (norm + 1e-6)) * clip in fp32).
  *   4. AdamW on the slice this rank updates, lr from the schedule at the current step.
@@ -136,10 +136,4 @@ double sum_squares(const float *x, size_t n, double *partials);
 /* clip_grad_norm_'s factor: min(1, (1 / (norm + 1e-6)) * max_norm) in fp32; 1 when max_norm <= 0. */
 float clip_scale(float norm, double max_norm);
 
-/* Whether this rank's copy of a parameter counts in the global norm: every element of the global
- * model exactly once. Not counted: tp-replicated tensors (norms) off tp rank 0; k/v weights and
- * biases of a kv head replicated over tp / Hkv ranks (tp > Hkv) except on the first of them; the
- * last stage's copy of a tied embedding (lm_head.weight on a pp > 1 mesh; the first stage's embed
- * counts). dp replicas are not in question: the norm is taken after the dp reduction. */
-int optim_counts_in_norm(const Model *m, const ParamInfo *info);
 #endif
