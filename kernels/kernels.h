@@ -15,9 +15,6 @@ void cpu_set_threads(int n);
  * Batch-invariant: each element's bits depend only on its x row, w row and bias, never on N, the
  * tiling or the threads (fixed 16-lane FMA order, fixed lane tree). Used by every forward pass. */
 void cpu_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out);
-/* The same product through OpenBLAS sgemm: faster for large N but NOT batch-invariant (its
- * small-matrix path rounds differently); for reductions where that does not matter. */
-void cpu_matmul_blas(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out);
 
 /* out (N, D) = x / sqrt(mean(x^2) + eps) * w, normalised in fp32 then multiplied (HF order). */
 void cpu_rmsnorm(float *out, const float *x, const float *w, int N, int D, float eps);

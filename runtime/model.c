@@ -430,13 +430,18 @@ static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi,
     } else {
         R = N;
     }
-    float *logits = s->logits + (size_t)row0 * m->vocab_local;                             /* (R, V_local) */
-    cpu_rmsnorm(xb, hx, m->w.final_norm, R, D, c->norm_eps);
-    cpu_matmul(logits, xb, m->w.lm_head, NULL, R, D, m->vocab_local);                    /* vocab-parallel logits */
+    model_head(m, s->logits + (size_t)row0 * m->vocab_local, xb, hx, R);
+}
+
+void model_head(const Model *m, float *logits, float *xb, const float *x, int R) {
+    const ModelConfig *c = &m->cfg;
+    int Vl = m->vocab_local;
+    cpu_rmsnorm(xb, x, m->w.final_norm, R, c->dim, c->norm_eps);
+    cpu_matmul(logits, xb, m->w.lm_head, NULL, R, c->dim, Vl);                          /* vocab-parallel logits */
     int valid = c->vocab_size - m->vocab_start;                                          /* padded rows -> -inf */
-    if (valid < m->vocab_local)
+    if (valid < Vl)
         for (int r = 0; r < R; r++)
-            for (int vv = valid < 0 ? 0 : valid; vv < m->vocab_local; vv++) logits[(size_t)r * m->vocab_local + vv] = -INFINITY;
+            for (int v = valid < 0 ? 0 : valid; v < Vl; v++) logits[(size_t)r * Vl + v] = -INFINITY;
 }
 
 void model_forward_batch(Model *m, KVCache *kv, const Batch *b) {

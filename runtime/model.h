@@ -128,6 +128,9 @@ typedef struct {
 /* Every rank calls it; on the last pp stage it leaves s.logits (rows, V_local) filled, one row per
  * logit row in order. With a cache, the new tokens' k and v are written into their slots first. */
 void model_forward_batch(Model *m, KVCache *kv, const Batch *b);
+/* The last stage's head on R rows: xb (R, D) = rmsnorm(x) * final_norm, logits (R, V_local) =
+ * xb lm_head^T, padded vocab columns -inf. Shared by inference and training (same bits). */
+void model_head(const Model *m, float *logits, float *xb, const float *x, int R);
 /* Whole sequences from position 0, no cache, logits for every token. */
 void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs);
 

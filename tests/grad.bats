@@ -93,6 +93,8 @@ grad_1f1b() {
 @test "grad --recompute full: only layer inputs kept, backward re-runs each layer: same gradients (1x1, tp2 x pp2, 1F1B)" {
     export TANDEM_TEST_RECOMPUTE=1
     grad_run llama_gqa 1 1
+    [ "$(grep -c 'recompute: gradients and loss bit-identical' <<<"$output")" -eq 1 ]
     grad_run mistral_swa 2 2
+    [ "$(grep -c 'recompute: gradients and loss bit-identical' <<<"$output")" -eq 4 ]
     grad_1f1b qwen2_bias 1 2
 }

@@ -5,7 +5,7 @@
  * of HF transformers' model in fp32.
  * Every rank:
  *   1. on the last pp stage: train_forward's logits are bit-identical (memcmp) to model_forward's;
- *   2. the loss returned by train_loss_backward (on every rank) matches torch's;
+ *   2. the loss (train_loss_backward, shared by train_loss_share) matches torch's on every rank;
  *   3. every gradient shard it owns (model_param_infos) matches the same slice of torch's gradient,
  *      cut by the sharding rules of runtime/model.c (padded vocab rows must have zero gradient);
  *   4. replicated gradients (norms on every tp rank; k/v of a replicated kv head) are bit-identical
@@ -94,9 +94,6 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* This rank's block offset (r0, c0) in the global tensor, by the sharding rules of runtime/model.c
- * (ARCHITECTURE.md table). A copy of spec_block's arithmetic: see the proposed ParamInfo.row0/col0
- * in the report, which would replace it. */
 /* local shard g (rows, cols) vs ref (R, C) at (r0, c0); rows >= R (padded vocab) must be 0 */
 static void compare(const char *name, const float *g, int rows, int cols, const float *ref, int R, int C, int r0,
                     int c0, double *worst_rel) {
@@ -206,6 +203,25 @@ int main(int argc, char **argv) {
         for (int i = 0; i < n_slots; i++) train_acts_free(&slots[i]);
         free(slots); free(mbs); free(starts);
         strncat(g_tag, " 1f1b", sizeof g_tag - strlen(g_tag) - 1);
+    }
+    if (recompute && !one_f_one_b) {
+        /* recompute promises the same numbers, not just torch's within 1e-5: compare bit for bit
+         * with a run that keeps every activation */
+        float *g2 = xcalloc(m.n_params, sizeof(float));
+        ModelWeights gw2;
+        LayerWeights *gl2 = xcalloc(m.n_layers_local, sizeof(LayerWeights));
+        model_weights_place(&m, g2, &gw2, gl2);
+        TrainActs full;
+        train_acts_init(&full, &m, N, max_seq, 0);
+        train_forward(&m, &full, tokens, seq_start, n_seqs);
+        float loss2 = train_loss_share(&m, train_loss_backward(&m, &full, targets, weight, &gw2));
+        train_tied_embedding_all_reduce(&m, &full, &gw2);
+        int same = memcmp(garena, g2, sizeof(float) * m.n_params) == 0 && loss2 == loss;
+        printf("%s recompute: gradients and loss %s the run that keeps every activation%s\n", g_tag,
+               same ? "bit-identical to" : "DIFFER from", same ? "" : "  FAIL");
+        g_fail |= !same;
+        train_acts_free(&full);
+        free(g2); free(gl2);
     }
     double dl = fabs(loss - ref_loss), ltol = TOL * (fabs(ref_loss) > 1.0 ? fabs(ref_loss) : 1.0);
     printf("%s loss %.7f torch %.7f |diff| %.3g tol %.2g%s\n", g_tag, loss, ref_loss, dl, ltol, dl <= ltol ? "" : "  FAIL");

@@ -158,7 +158,7 @@ static void layer_forward(Model *m, TrainActs *a, int l, float *x_out) {
 void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_start, int n_seqs) {
     const ModelConfig *c = &m->cfg;
     const Comm *pp = &m->mesh->pp_comm;
-    int D = c->dim, Vl = m->vocab_local;
+    int D = c->dim;
     int N = seq_start[n_seqs];
     CHECK(N <= a->max_tokens && n_seqs <= a->max_tokens);
     comm_wait(&a->send_req);   /* this slot's previous send must be done before its buffers change */
@@ -185,12 +185,7 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
         comm_isend(pp, a->x_final, sizeof(float) * N * D, pp->rank + 1, &a->send_req);  /* to stage s+1 */
         return;
     }
-    cpu_rmsnorm(a->xb_final, a->x_final, m->w.final_norm, N, D, c->norm_eps);
-    cpu_matmul(a->logits, a->xb_final, m->w.lm_head, NULL, N, D, Vl);                   /* vocab-parallel ("copy") */
-    int valid = c->vocab_size - m->vocab_start;                                          /* padded rows -> -inf */
-    if (valid < Vl)
-        for (int r = 0; r < N; r++)
-            for (int vv = valid < 0 ? 0 : valid; vv < Vl; vv++) a->logits[(size_t)r * Vl + vv] = -INFINITY;
+    model_head(m, a->logits, a->xb_final, a->x_final, N);                               /* vocab-parallel ("copy") */
 }
 
 /* ---- loss and backward -------------------------------------------------------------------- */
@@ -218,13 +213,10 @@ static float xent_forward_backward(Model *m, TrainActs *a, const int *targets, c
 
 double train_eval_loss_sum(Model *m, TrainActs *a, const int *targets) {
     double loss = 0.0;
-    if (m->is_last) {
-        xent_lse_and_target(m, a, targets);
-        for (int n = 0; n < a->N; n++)
-            if (targets[n] >= 0) loss += (double)a->lse[n] - (double)a->z[n];
-    }
-    const Comm *pp = &m->mesh->pp_comm;
-    comm_broadcast(pp, &loss, sizeof(loss), pp->size - 1);
+    if (!m->is_last) return loss;
+    xent_lse_and_target(m, a, targets);
+    for (int n = 0; n < a->N; n++)
+        if (targets[n] >= 0) loss += (double)a->lse[n] - (double)a->z[n];
     return loss;
 }
 
@@ -253,7 +245,9 @@ float train_loss_backward(Model *m, TrainActs *a, const int *targets, const floa
     }
 
     for (int l = m->n_layers_local - 1; l >= 0; l--) {
-        if (a->recompute)   /* refill the shared activations from this layer's input: the same bits */
+        /* recompute: refill the shared activations from this layer's input (the same bits); the
+         * last layer's are still there from the forward */
+        if (a->recompute && l + 1 < m->n_layers_local)
             layer_forward(m, a, l, l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final);
         const LayerWeights *w = &m->w.layers[l];
         LayerWeights *g = &grads->layers[l];

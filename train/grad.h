@@ -77,7 +77,8 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
  * targets (N): next token of each position, -1 = no loss there. weight (N): per-position loss weight
  * (e.g. 1 / number of targets). Read on the last stage only; other stages may pass NULL.
  *     loss = sum_n weight_n * (lse_n - logit[n, targets_n])   over n with targets_n >= 0
- * Returns the loss on every rank (tp-reduced, then broadcast from the last pp stage).
+ * Returns the loss on the last pp stage (tp-reduced), 0 on the others: train_loss_share gives the
+ * step's total to every rank once per step, not per micro-batch.
  * Gradients ACCUMULATE (+=) into grads, a ModelWeights placed by model_weights_place over a
  * gradient arena (zeroed by the caller). Replicated parameters (norms; k/v of a replicated kv head)
  * end with identical gradients on every tp rank that holds them. A tied lm_head on one stage is the
@@ -85,17 +86,17 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
  * own use: the caller sums the two once per step with train_tied_embedding_all_reduce. */
 float train_loss_backward(Model *m, TrainActs *a, const int *targets, const float *weight, ModelWeights *grads);
 
-/* Tied embeddings on a pp > 1 mesh: the first stage's embed and the last stage's lm_head are two
- * copies of one parameter, each with the gradient of one use. Sums them (all-reduce between the
- * two stages, Megatron's embedding group) so both hold the full gradient and stay identical after
- * the optimizer. Call once per step, after the last micro-batch's backward; every rank calls it
- * (a no-op where there is nothing to sum: untied, pp == 1, or a middle stage). */
 /* Forward only (after train_forward): the summed cross-entropy of every position with a target
- * (>= 0), unweighted, on every rank. */
+ * (>= 0), unweighted, on the last stage (0 elsewhere: the caller shares a total once). */
 double train_eval_loss_sum(Model *m, TrainActs *a, const int *targets);
 /* Waits for this slot's pending pipeline send (call before freeing or at the end of a step). */
 void train_acts_wait(TrainActs *a);
 /* The last stage's loss to every rank of the pp group (once per step, not per micro-batch). */
 float train_loss_share(const Model *m, float loss);
+/* Tied embeddings on a pp > 1 mesh: the first stage's embed and the last stage's lm_head are two
+ * copies of one parameter, each with the gradient of one use. Sums them (all-reduce between the
+ * two stages, Megatron's embedding group) so both hold the full gradient and stay identical after
+ * the optimizer. Call once per step, after the last micro-batch's backward; every rank calls it
+ * (a no-op where there is nothing to sum: untied, pp == 1, or a middle stage). */
 void train_tied_embedding_all_reduce(const Model *m, TrainActs *a, ModelWeights *grads);
 #endif

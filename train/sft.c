@@ -84,6 +84,8 @@ static double eval_loss(Model *m, TrainActs *a, Data *d, const Mesh *mesh) {
         sum += train_eval_loss_sum(m, a, b.targets);
         n += b.n_loss;
     }
+    const Comm *pp = &mesh->pp_comm;
+    comm_broadcast(pp, &sum, sizeof(sum), pp->size - 1);   /* the last stage's sum, once per eval */
     double v[2] = {sum, n};
     comm_all_reduce_sum_f64(&mesh->dp_comm, v, 2);
     return v[1] > 0 ? v[0] / v[1] : NAN;

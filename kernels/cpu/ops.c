@@ -138,15 +138,6 @@ void cpu_matmul(float *out, const float *x, const float *w, const float *bias, i
     }
 }
 
-/* OpenBLAS, for products whose reduction order does not matter (training's weight gradients). */
-void cpu_matmul_blas(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out) {
-    if (N == 0 || n_out == 0) return;
-    if (bias)
-        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * n_out, bias, sizeof(float) * n_out);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, x, n_in, w, n_in, bias ? 1.0f : 0.0f,
-                out, n_out);
-}
-
 void cpu_rmsnorm(float *out, const float *x, const float *w, int N, int D, float eps) {
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * D;

@@ -95,7 +95,7 @@ static cublasHandle_t blas_handle(void) {
  * with the same leading dimension c. So we ask cuBLAS for the column-major out^T (n_out, N):
  *   out^T = w @ x^T,  where w = op_T(w as column-major (n_in, n_out), ld n_in)
  *                     and x^T = op_N(x as column-major (n_in, N), ld n_in).
- * The bias is a separate broadcast add (cpu_matmul preloads it and uses beta = 1; same math). */
+ * The bias is a separate broadcast add after the product, as cpu_matmul adds it after the dot. */
 extern "C" void cuda_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in,
                             int n_out, cudaStream_t stream) {
     if (N == 0 || n_out == 0) return;
