@@ -12,6 +12,13 @@ void jsonl_open(JsonlReader *r, const char *path) {
     if (!r->f) user_error("%s: cannot open: %s", path, strerror(errno));
 }
 
+void jsonl_attach(JsonlReader *r, FILE *f, const char *name) {
+    memset(r, 0, sizeof(*r));
+    r->path = name;
+    r->f = f;
+    r->borrowed = 1;
+}
+
 cJSON *jsonl_next(JsonlReader *r) {
     ssize_t len;
     while ((len = getline(&r->buf, &r->cap, r->f)) != -1) {
@@ -29,7 +36,7 @@ cJSON *jsonl_next(JsonlReader *r) {
 }
 
 void jsonl_close(JsonlReader *r) {
-    if (r->f) fclose(r->f);
+    if (r->f && !r->borrowed) fclose(r->f);
     free(r->buf);
     memset(r, 0, sizeof(*r));
 }

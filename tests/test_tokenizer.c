@@ -94,13 +94,8 @@ static int cmd_vectors(const char *tok, const char *inp, const char *outp) {
 
 /* ---------------------------------------------------------------- corpus */
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ULL;
-static uint32_t rnd(uint32_t n) { /* xorshift64*, deterministic across runs */
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return (uint32_t)((rng_state * 2685821657736338717ULL) >> 33) % n;
-}
+static uint64_t rng_state = 1;
+static uint32_t rnd(uint32_t n) { return (uint32_t)(splitmix64_next(&rng_state) >> 32) % n; } /* deterministic */
 
 static void put_cp(char *b, size_t *n, uint32_t cp) {
     if (cp < 0x80) b[(*n)++] = (char)cp;

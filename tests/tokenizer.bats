@@ -137,7 +137,11 @@ VEC="$ASSETS/tokenizers/testvectors"
     need_assets
     run bash -c "printf 'Hello world\n\n  Hello world\n' | '$TANDEM' tokenize --model '$ASSETS/models/stories260K-hf'"
     [ "$status" -eq 0 ]
-    [ "${lines[0]}" = "$(printf 'Hello world\n' | "$TANDEM" tokenize --tokenizer "$ASSETS/models/stories260K-hf/tokenizer.model")" ]
+    # ids as Debian's spm_encode gives them for tok512 (its normaliser drops the extra spaces), + BOS
+    [ "${lines[0]}" = "1 346 306 414 263 304 341" ]
+    [ "${lines[1]}" = "1" ]
+    [ "${lines[2]}" = "1 346 306 414 263 304 341" ]
+    [ "$(printf 'Hello world\n' | "$TANDEM" tokenize --tokenizer "$ASSETS/models/stories260K-hf/tokenizer.model")" = "${lines[0]}" ]
     run bash -c "printf 'Hello world\n\n Hello world\n' | '$TANDEM' tokenize --tokenizer '$TOKA/llama2/tokenizer.model'"
     [ "$status" -eq 0 ]
     [ "${lines[0]}" = "1 15043 3186" ]

@@ -247,12 +247,7 @@ Bpe *bpe_load(Tokenizer *t, const char *path, const char *json_text, char *err, 
         }
         if (id->valueint + 1 > V) V = id->valueint + 1;
     }
-    t->n_vocab = V;
-    t->pieces = xcalloc((size_t)V, sizeof(char *));
-    t->tok_bytes = xcalloc((size_t)V, sizeof(char *));
-    t->tok_len = xcalloc((size_t)V, sizeof(uint32_t));
-    t->flags = xcalloc((size_t)V, 1);
-    strmap_init(&t->piece_ids, (size_t)V);
+    tok_alloc_vocab(t, V);
     cJSON_ArrayForEach(e, vocab) {
         int id = e->valueint;
         free(t->pieces[id]);

@@ -159,10 +159,8 @@ static int render_mistral(const Tokenizer *t, Builder *b, const ChatMessage *msg
 
 /* ChatML. Qwen2's template adds a default system turn when the first message is not one. */
 static int render_chatml(const Tokenizer *t, Builder *b, const ChatMessage *msgs, int n, int gen) {
-    int default_system = t->chat_template && strstr(t->chat_template, "You are a helpful assistant.") &&
-                         strstr(t->chat_template, "loop.first");
     for (int i = 0; i < n; i++) {
-        if (i == 0 && default_system && !role_is(&msgs[0], "system"))
+        if (i == 0 && t->chatml_default_system && !role_is(&msgs[0], "system"))
             puts0(b, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
         int asst = role_is(&msgs[i], "assistant");
         puts0(b, "<|im_start|>");

@@ -16,6 +16,9 @@ typedef struct {
     size_t cap, n; /* cap is a power of two */
 } StrMap;
 void strmap_init(StrMap *m, size_t expected);
+/* The per-token tables of a V-token vocabulary (pieces, bytes, lengths, flags, piece -> id), zeroed. */
+struct Tokenizer;
+void tok_alloc_vocab(struct Tokenizer *t, int V);
 void strmap_free(StrMap *m);
 void strmap_put(StrMap *m, const char *key, size_t len, int32_t val); /* overwrites */
 int32_t strmap_get(const StrMap *m, const char *key, size_t len);     /* -1 if absent */
@@ -46,6 +49,7 @@ struct Tokenizer {
     int bos_id, eos_id, pad_id;
     int add_bos;            /* default for callers that follow HF (tokenizer(text)) */
     char *chat_template;    /* from tokenizer_config.json, or NULL */
+    int chatml_default_system; /* the template adds Qwen2's default system turn (read once at load) */
     SpecialTok *specials;   /* longest first */
     int n_specials;
     unsigned char special_first[256]; /* 1 if some special starts with this byte */

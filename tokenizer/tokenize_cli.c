@@ -6,6 +6,7 @@
  * for earlier lines stays (it is a stream). This file owns only flag and record handling. */
 #include "tokenizer/tokenize_cli.h"
 #include "tokenizer/tokenizer.h"
+#include "runtime/jsonl.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -106,10 +107,10 @@ static void print_json(cJSON *o) {
     free(s);
 }
 
-static void jsonl_line(Tokenizer *t, const TokenizeArgs *a, int chat_format, const char *line,
+/* One {"text"} | {"input_ids"} | {"messages"} object of stdin line lineno. chat_format < 0: no chat
+ * format could be resolved, and chat_err says why (reported only if a line has messages). */
+static void jsonl_line(Tokenizer *t, const TokenizeArgs *a, int chat_format, const char *chat_err, cJSON *in,
                        long lineno, unsigned enc_flags) {
-    cJSON *in = cJSON_Parse(line);
-    if (!cJSON_IsObject(in)) user_error("stdin:%ld: not a JSON object", lineno);
     cJSON *out = cJSON_CreateObject();
     TokIds ids = {0}, mask = {0};
     const cJSON *text = cJSON_GetObjectItemCaseSensitive(in, "text");
@@ -148,11 +149,7 @@ static void jsonl_line(Tokenizer *t, const TokenizeArgs *a, int chat_format, con
             m[k].content = cJSON_IsString(content) ? content->valuestring : "";
             k++;
         }
-        if (chat_format < 0) {
-            char err[512];
-            chat_format_resolve(t, a->chat_template, err, sizeof(err));
-            user_error("%s", err);
-        }
+        if (chat_format < 0) user_error("%s", chat_err);
         char err[512];
         if (chat_render(t, (ChatFormat)chat_format, m, n, a->gen_prompt, &ids, &mask, err, sizeof(err)))
             user_error("stdin:%ld: %s", lineno, err);
@@ -175,17 +172,23 @@ int tokenize_main(int argc, char **argv) {
     char err[1024];
     Tokenizer *t = tokenizer_open(a.model ? a.model : a.tokenizer, err, sizeof(err));
     if (!t) user_error("%s", err);
-    /* The chat format is resolved up front when named (a bad name fails before any input is
-     * read) and lazily otherwise (plain-text runs need no template). */
-    int chat_format = -1;
-    if (a.chat_template) {
-        chat_format = chat_format_resolve(t, a.chat_template, err, sizeof(err));
-        if (chat_format < 0) user_error("%s", err);
-    } else if (tokenizer_chat_template(t)) {
-        chat_format = chat_format_detect(tokenizer_chat_template(t));
-    }
+    /* The chat format, resolved once: a bad name fails before any input is read; a tokenizer
+     * without a recognised template fails only when a line has messages (plain text needs none). */
+    char chat_err[512] = "";
+    int chat_format = chat_format_resolve(t, a.chat_template, chat_err, sizeof(chat_err));
+    if (chat_format < 0 && a.chat_template) user_error("%s", chat_err);
     unsigned enc_flags = (!a.no_bos && tokenizer_add_bos_default(t) ? TOK_ADD_BOS : 0) |
                          (a.add_eos ? TOK_ADD_EOS : 0);
+    if (a.jsonl) {
+        JsonlReader r;
+        jsonl_attach(&r, stdin, "stdin");
+        cJSON *in;
+        while ((in = jsonl_next(&r))) jsonl_line(t, &a, chat_format, chat_err, in, r.line, enc_flags);
+        jsonl_close(&r);
+        tokenizer_free(t);
+        if (fflush(stdout)) user_error("tokenize: cannot write output");
+        return 0;
+    }
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
@@ -194,11 +197,6 @@ int tokenize_main(int argc, char **argv) {
     while ((n = getline(&line, &cap, stdin)) >= 0) {
         lineno++;
         if (n > 0 && line[n - 1] == '\n') line[--n] = 0;
-        if (a.jsonl) {
-            if (n == 0) continue;
-            jsonl_line(t, &a, chat_format, line, lineno, enc_flags);
-            continue;
-        }
         ids.n = 0;
         if (a.decode) {
             parse_id_line(t, line, lineno, &ids);

@@ -174,13 +174,18 @@ static int ends_with(const char *s, const char *suf) {
  * spm decodes it), control -> its piece text (dropped when decoding with skip_special).
  * Control and unknown pieces written in text ("<s>", "</s>", "<unk>") are matched as specials, as
  * HF's LlamaTokenizer does; spm_encode alone would split them as ordinary text. */
-static void spm_fill_vocab(Tokenizer *t) {
-    int V = t->n_vocab = spm_vocab_size(t->spm);
+void tok_alloc_vocab(Tokenizer *t, int V) {
+    t->n_vocab = V;
     t->pieces = xcalloc((size_t)V, sizeof(char *));
     t->tok_bytes = xcalloc((size_t)V, sizeof(char *));
     t->tok_len = xcalloc((size_t)V, sizeof(uint32_t));
     t->flags = xcalloc((size_t)V, 1);
     strmap_init(&t->piece_ids, (size_t)V);
+}
+
+static void spm_fill_vocab(Tokenizer *t) {
+    int V = spm_vocab_size(t->spm);
+    tok_alloc_vocab(t, V);
     for (int id = 0; id < V; id++) {
         const char *p = spm_piece(t->spm, id);
         int type = spm_piece_type(t->spm, id);
@@ -276,7 +281,12 @@ static void read_config_files(Tokenizer *t, const char *dir) {
             }
         }
     }
-    if (cJSON_IsString(ct)) t->chat_template = xstrdup(ct->valuestring);
+    if (cJSON_IsString(ct)) {
+        t->chat_template = xstrdup(ct->valuestring);
+        /* Qwen2's ChatML template opens with a default system turn when the first message is not one */
+        t->chatml_default_system = strstr(ct->valuestring, "You are a helpful assistant.") &&
+                                   strstr(ct->valuestring, "loop.first");
+    }
     /* added_tokens_decoder entries that the model file does not know are not supported here:
      * tokens must come from tokenizer.json / tokenizer.model. */
     cJSON_Delete(j);
