@@ -445,25 +445,29 @@ void tok_stream_init(TokStream *s, const Tokenizer *t, int skip_special) {
     s->skip_special = skip_special;
 }
 
-/* Emit complete characters from pending+bytes; keep an unfinished tail in pending. */
+/* Emits the complete characters at the front of pending, and invalid bytes as U+FFFD (one per
+ * maximal subpart). A valid but unfinished tail waits for more bytes, unless final. */
+static void drain(TokStream *s, OutBuf *o, int final) {
+    while (s->n_pending) {
+        int bad = 0;
+        int k = utf8_seq_len(s->pending, (size_t)s->n_pending, &bad);
+        if (k) {
+            out_append(o, (char *)s->pending, (size_t)k);   /* a whole character */
+        } else if (!final && bad >= s->n_pending) {
+            break;                                          /* wait for the rest of it */
+        } else {
+            out_append(o, "\xEF\xBF\xBD", 3);
+            k = bad;
+        }
+        memmove(s->pending, s->pending + k, (size_t)(s->n_pending - k));
+        s->n_pending -= k;
+    }
+}
+
 static void stream_bytes(TokStream *s, const unsigned char *b, size_t n, OutBuf *o) {
     for (size_t i = 0; i < n; i++) {
         s->pending[s->n_pending++] = b[i];
-        for (;;) {
-            int bad = 0;
-            if (!s->n_pending) break;
-            int k = utf8_seq_len(s->pending, (size_t)s->n_pending, &bad);
-            if (k) { /* whole character */
-                out_append(o, (char *)s->pending, (size_t)k);
-            } else if (bad >= s->n_pending) {
-                break; /* a valid but unfinished prefix: wait for more bytes */
-            } else {
-                out_append(o, "\xEF\xBF\xBD", 3);
-                k = bad;
-            }
-            memmove(s->pending, s->pending + k, (size_t)(s->n_pending - k));
-            s->n_pending -= k;
-        }
+        drain(s, o, 0);
     }
 }
 
@@ -483,14 +487,7 @@ void tok_stream_push(TokStream *s, int id, char **buf, size_t *len, size_t *cap)
 
 void tok_stream_flush(TokStream *s, char **buf, size_t *len, size_t *cap) {
     OutBuf o = {buf, len, cap};
-    while (s->n_pending) { /* an unfinished character at the end: one U+FFFD per maximal subpart */
-        int bad = 0;
-        int k = utf8_seq_len(s->pending, (size_t)s->n_pending, &bad);
-        if (k) out_append(&o, (char *)s->pending, (size_t)k);
-        else { out_append(&o, "\xEF\xBF\xBD", 3); k = bad; }
-        memmove(s->pending, s->pending + k, (size_t)(s->n_pending - k));
-        s->n_pending -= k;
-    }
+    drain(s, &o, 1);   /* an unfinished character at the end becomes U+FFFD */
 }
 
 char *tokenizer_decode(Tokenizer *t, const int32_t *ids, size_t n, int skip_special,
