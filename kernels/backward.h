@@ -79,7 +79,8 @@ void cpu_embedding_backward(float *dtable, const float *dout, const int *ids, in
  * logits (N, V_local), targets (N). */
 void cpu_xent_target_logit(float *z, const float *logits, const int *targets, int N, int V_local, int v0);
 
-/* dlogits (N, V_local) = w_n * (exp(logits - lse_n) - [v0 + c == t_n]), written; rows with
+/* dlogits (N, V_local) = w_n * (exp(logits - lse_n) - [v0 + c == t_n]), written (dlogits may be
+ * logits itself: computed in place); rows with
  * t_n == -1 get 0. logits (N, V_local), lse (N) global (after step 2), targets (N), weight (N). */
 void cpu_xent_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
                        const float *weight, int N, int V_local, int v0);

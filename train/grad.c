@@ -58,9 +58,9 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     for (int i = 0; i < N_LAYER; i++) per_layer += layer_sizes[i];
     /* the rest, in TrainActs' field order */
     float **slots[] = {&a->x_final, &a->xb_final, &a->logits, &a->dx, &a->dxb, &a->dtmp, &a->dq, &a->datt,
-                       &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->dlogits, &a->lse, &a->z, &a->scratch};
+                       &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->lse, &a->z, &a->scratch};
     size_t sizes[] = {N * D, N * Dl, N * V, N * D, N * D, N * D, N * qd, N * qd, N * kvd, N * kvd, N * F, N * F,
-                      N * F, N * V, N, N, (size_t)omp_get_max_threads() * 2 * max_seq};
+                      N * F, N, N, (size_t)omp_get_max_threads() * 2 * max_seq};
     enum { N_REST = sizeof(sizes) / sizeof(sizes[0]) };
     /* recompute: every layer keeps its input x_in; the other ten buffers are one shared set */
     size_t total = recompute ? layer_sizes[0] * Ll + (per_layer - layer_sizes[0]) : per_layer * Ll;
@@ -80,6 +80,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
         }
     }
     for (int i = 0; i < N_REST; i++) { *slots[i] = p; p += sizes[i]; }
+    a->dlogits = a->logits;   /* the cross-entropy backward overwrites the logits in place */
 
     a->iarena = xmalloc(sizeof(int) * (3 * N + 1));
     a->tokens = a->iarena;

@@ -48,7 +48,7 @@ typedef struct {
     float *dq, *datt;          /* (N, H_local*Dh) */
     float *dk, *dv;            /* (N, Hkv_local*Dh) */
     float *dgate, *dup, *dact; /* (N, F_local) */
-    float *dlogits;            /* (N, V_local) last stage */
+    float *dlogits;            /* (N, V_local) last stage: the logits buffer, overwritten by the backward */
     float *lse, *z;            /* (N) log-sum-exp and target logit of each row */
     float *scratch;            /* attention: omp threads * 2 * max_seq */
     float *arena;              /* every float buffer above */

@@ -145,8 +145,9 @@ void cpu_xent_backward(float *dlogits, const float *logits, const float *lse, co
             continue;
         }
         float wn = weight[n], l = lse[n];
+        int r = targets[n] - v0, owned = r >= 0 && r < V_local;
+        float zt = owned ? row[r] : 0.0f;                /* read before g may overwrite it (in place) */
         for (int c = 0; c < V_local; c++) g[c] = wn * expf(row[c] - l);
-        int r = targets[n] - v0;
-        if (r >= 0 && r < V_local) g[r] = wn * (expf(row[r] - l) - 1.0f);   /* p - 1, not p*w - w */
+        if (owned) g[r] = wn * (expf(zt - l) - 1.0f);    /* p - 1, not p*w - w */
     }
 }
