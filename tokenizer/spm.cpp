@@ -13,7 +13,6 @@
 
 struct SpmModel {
     sentencepiece::SentencePieceProcessor sp;
-    std::vector<std::string> pieces;
     std::vector<int> ids; // scratch
 };
 
@@ -36,9 +35,6 @@ extern "C" SpmModel *spm_load(const char *path, char *err, size_t errlen) {
         delete m;
         return nullptr;
     }
-    int n = m->sp.GetPieceSize();
-    m->pieces.resize(n);
-    for (int i = 0; i < n; i++) m->pieces[i] = m->sp.IdToPiece(i);
     return m;
 }
 
@@ -51,7 +47,8 @@ extern "C" int spm_piece_type(const SpmModel *m, int id) {
     if (m->sp.IsUnused(id)) return 4;
     return 0;
 }
-extern "C" const char *spm_piece(const SpmModel *m, int id) { return m->pieces[id].c_str(); }
+// IdToPiece returns a reference into the model, which lives as long as m: no copy needed.
+extern "C" const char *spm_piece(const SpmModel *m, int id) { return m->sp.IdToPiece(id).c_str(); }
 extern "C" int spm_bos_id(const SpmModel *m) { return m->sp.bos_id(); }
 extern "C" int spm_eos_id(const SpmModel *m) { return m->sp.eos_id(); }
 extern "C" int spm_pad_id(const SpmModel *m) { return m->sp.pad_id(); }
