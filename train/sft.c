@@ -233,7 +233,8 @@ int sft_main(int argc, char **argv) {
     DataConfig dc;
     data_config_default(&dc);
     dc.seq_len = seq_len; dc.batch_size = batch_size; dc.pack = pack; dc.shuffle = 1; dc.seed = (uint64_t)seed;
-    dc.n_epochs = epochs; dc.overlong = drop_long ? OVERLONG_DROP : OVERLONG_TRUNCATE; dc.train_on_prompt = train_on_prompt;
+    dc.n_epochs = max_steps ? 0 : epochs;   /* --max-steps decides: the data repeats as needed */
+    dc.overlong = drop_long ? OVERLONG_DROP : OVERLONG_TRUNCATE; dc.train_on_prompt = train_on_prompt;
     dc.skip_bad_records = skip_bad; dc.chat_template = chat_template;
     Data train, val;
     data_open(&train, data_path, tok, &dc);
@@ -255,8 +256,6 @@ int sft_main(int argc, char **argv) {
         data_rewind(&train);
         steps_total = (int)(n / ((long)M * mesh.dp));
         if (steps_total < 1) user_error("%s: %ld micro-batches make no full step of %d x dp %d", data_path, n, M, mesh.dp);
-    } else {
-        train.cfg.n_epochs = 0;   /* --max-steps decides: the data repeats as needed */
     }
 
     OptimConfig oc = optim_config_default();
