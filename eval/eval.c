@@ -34,13 +34,13 @@ typedef struct {
     int pair0;         /* offset of this record's pairs in the all-records logprob array */
 } Record;
 
-/* Per-record results, summed over dp ranks at the end (each record is owned by one dp rank). */
+/* Per-record results, summed over dp ranks at the end (each record is owned by one dp rank, the
+ * others hold zeros). All doubles, so an array of them is reduced as one buffer. */
 typedef struct {
     double max_diff, sum_diff;
-    int n_pairs, positions, top1_agree, top1_total;
-    int greedy_tokens, greedy_mismatches, greedy_ties;
+    double n_pairs, positions, top1_agree, top1_total;
+    double greedy_tokens, greedy_mismatches, greedy_ties;
     double nll;        /* --data */
-    int nll_tokens;
 } Result;
 
 static int *json_int_array(cJSON *a, int *n, const char *file, int line, const char *field, int vocab) {
@@ -222,7 +222,6 @@ static void score_group(Model *m, Record *recs, int a, int b, Result *res, int r
             }
         } else {
             for (int t = 0; t + 1 < r->T; t++, p++) o->nll -= sc.pair_logprob[p];
-            o->nll_tokens += r->T - 1;
             o->positions = r->T;
         }
     }
@@ -394,14 +393,7 @@ int eval_main(int argc, char **argv) {
     double elapsed = now_seconds() - t0;
 
     /* gather: each record's result lives on its dp group; sum over dp (others hold zeros) */
-    double *buf = xcalloc((size_t)n * 10, sizeof(double));
-    for (int i = 0; i < n; i++) {
-        Result *o = &res[i];
-        double v[10] = {o->max_diff, o->sum_diff, o->n_pairs, o->positions, o->top1_agree, o->top1_total,
-                        o->greedy_tokens, o->greedy_mismatches, o->greedy_ties, o->nll};
-        memcpy(buf + (size_t)i * 10, v, sizeof(v));
-    }
-    comm_all_reduce_sum_f64(&mesh.dp_comm, buf, (size_t)n * 10);
+    comm_all_reduce_sum_f64(&mesh.dp_comm, (double *)res, (size_t)n * sizeof(Result) / sizeof(double));
     comm_all_reduce_sum_f64(&mesh.dp_comm, ours, (size_t)n_pairs_all);
     if (g_rank == 0 && write_ref) write_reference(write_ref, recs, n, ours);
     int failed = 0;
@@ -415,17 +407,19 @@ int eval_main(int argc, char **argv) {
                 printf("%-16s %6s %12s %12s\n", "record", "tokens", "loss", "ppl");
         }
         for (int i = 0; i < n; i++) {
-            double *v = buf + (size_t)i * 10;
-            max_all = v[0] > max_all ? v[0] : max_all;
-            sum_all += v[1]; pairs += (long)v[2]; positions += (long)v[3]; agree += (long)v[4]; total1 += (long)v[5];
-            gt += (long)v[6]; gm += (long)v[7]; gties += (long)v[8]; nll += v[9];
+            const Result *v = &res[i];
+            max_all = v->max_diff > max_all ? v->max_diff : max_all;
+            sum_all += v->sum_diff; pairs += (long)v->n_pairs; positions += (long)v->positions;
+            agree += (long)v->top1_agree; total1 += (long)v->top1_total;
+            gt += (long)v->greedy_tokens; gm += (long)v->greedy_mismatches; gties += (long)v->greedy_ties; nll += v->nll;
             nll_tokens += recs[i].T - 1;
             if (quiet) continue;
             if (reference)
-                printf("%-16.16s %6d %12.3g %12.3g %8.3f %6d (%d/%d)\n", recs[i].id, recs[i].T, v[0], v[2] ? v[1] / v[2] : 0.0,
-                       v[5] ? v[4] / v[5] : 1.0, (int)v[6], (int)v[7], (int)v[8]);
+                printf("%-16.16s %6d %12.3g %12.3g %8.3f %6d (%d/%d)\n", recs[i].id, recs[i].T, v->max_diff,
+                       v->n_pairs ? v->sum_diff / v->n_pairs : 0.0, v->top1_total ? v->top1_agree / v->top1_total : 1.0,
+                       (int)v->greedy_tokens, (int)v->greedy_mismatches, (int)v->greedy_ties);
             else {
-                double l = recs[i].T > 1 ? v[9] / (recs[i].T - 1) : 0.0;
+                double l = recs[i].T > 1 ? v->nll / (recs[i].T - 1) : 0.0;
                 printf("%-16.16s %6d %12.6f %12.4f\n", recs[i].id, recs[i].T, l, exp(l));
             }
         }
@@ -447,7 +441,6 @@ int eval_main(int argc, char **argv) {
         fflush(stdout);
     }
     comm_broadcast(&mesh.world, &failed, sizeof(int), 0);
-    free(buf);
     free(ours);
     free(res);
     free(own);
