@@ -282,8 +282,8 @@ static void write_ready(Run *run) {
     }
 }
 
-static char *format_line(Run *run, Gen *g) {
-    Seq *s = &g->seq;
+static char *format_line(const Gen *g) {
+    const Seq *s = &g->seq;
     cJSON *o = cJSON_CreateObject();
     cJSON_AddItemToObject(o, "id", cJSON_Parse(g->id_json));
     cJSON_AddItemToObject(o, "prompt", cJSON_Parse(g->prompt_json));
@@ -317,7 +317,6 @@ static char *format_line(Run *run, Gen *g) {
     txt = xrealloc(txt, n + 2);
     txt[n] = '\n';
     txt[n + 1] = 0;
-    (void)run;
     return txt;
 }
 
@@ -361,7 +360,7 @@ static void on_finish(void *ctx, Seq *s) {
     run->n_done++;
     run->gen_tokens += s->n_out;
     if (!run->leader) return;
-    char *line = format_line(run, g);
+    char *line = format_line(g);
     if (g_rank == 0) {
         g->line = line;
         write_ready(run);
