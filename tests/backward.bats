@@ -12,102 +12,75 @@ load helpers
 TB="$ROOT/build/tests/test_backward"
 CASES="$FIX/backward/cases.json"
 
-@test "backward matmul: matches torch autograd (dx = dout w, dw += dout^T x, db += column sums (OpenBLAS))" {
-    run "$TB" matmul torch "$CASES"
+# vs_torch KERNEL / vs_fd KERNEL: test_backward's check of one kernel against torch autograd (the
+# fixture) or against finite differences of our own forward kernel; it prints one ok line.
+vs_torch() {
+    run "$TB" "$1" torch "$CASES"
     echo "$output"
     [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: matmul forward and backward match torch"* ]]
+    [[ "$output" == *"ok: $1 forward and backward match torch"* ]]
+}
+vs_fd() {
+    run "$TB" "$1" fd
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"ok: $1 backward matches finite differences of the forward"* ]]
+}
+
+@test "backward matmul: matches torch autograd (dx = dout w, dw += dout^T x, db += column sums (OpenBLAS))" {
+    vs_torch matmul
 }
 
 @test "backward matmul: matches finite differences of the forward kernel" {
-    run "$TB" matmul fd
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: matmul backward matches finite differences of the forward"* ]]
+    vs_fd matmul
 }
 
 @test "backward rmsnorm: matches torch autograd (dx = r (g - xh mean(g xh)), dw += dout xh, HF order, a row where eps matters)" {
-    run "$TB" rmsnorm torch "$CASES"
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: rmsnorm forward and backward match torch"* ]]
+    vs_torch rmsnorm
 }
 
 @test "backward rmsnorm: matches finite differences of the forward kernel" {
-    run "$TB" rmsnorm fd
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: rmsnorm backward matches finite differences of the forward"* ]]
+    vs_fd rmsnorm
 }
 
 @test "backward rope: matches torch autograd (inverse rotation of rotate_half pairs (i, i + Dh/2))" {
-    run "$TB" rope torch "$CASES"
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: rope forward and backward match torch"* ]]
+    vs_torch rope
 }
 
 @test "backward rope: matches finite differences of the forward kernel" {
-    run "$TB" rope fd
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: rope backward matches finite differences of the forward"* ]]
+    vs_fd rope
 }
 
 @test "backward attention: matches torch autograd (dq, dk, dv with GQA, causal and sliding window)" {
-    run "$TB" attention torch "$CASES"
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: attention forward and backward match torch"* ]]
+    vs_torch attention
 }
 
 @test "backward attention: matches finite differences of the forward kernel" {
-    run "$TB" attention fd
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: attention backward matches finite differences of the forward"* ]]
+    vs_fd attention
 }
 
 @test "backward swiglu: matches torch autograd (dgate, dup of silu(gate) * up)" {
-    run "$TB" swiglu torch "$CASES"
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: swiglu forward and backward match torch"* ]]
+    vs_torch swiglu
 }
 
 @test "backward swiglu: matches finite differences of the forward kernel" {
-    run "$TB" swiglu fd
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: swiglu backward matches finite differences of the forward"* ]]
+    vs_fd swiglu
 }
 
 @test "backward embedding: matches torch autograd (vocab-parallel dtable += over 3 shards, repeated ids)" {
-    run "$TB" embedding torch "$CASES"
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: embedding forward and backward match torch"* ]]
+    vs_torch embedding
 }
 
 @test "backward embedding: matches finite differences of the forward kernel" {
-    run "$TB" embedding fd
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: embedding backward matches finite differences of the forward"* ]]
+    vs_fd embedding
 }
 
 @test "backward xent: matches torch autograd (vocab-parallel cross-entropy over 3 shards: lse protocol, loss and dlogits)" {
-    run "$TB" xent torch "$CASES"
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: xent forward and backward match torch"* ]]
+    vs_torch xent
 }
 
 @test "backward xent: matches finite differences of the forward kernel" {
-    run "$TB" xent fd
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: xent backward matches finite differences of the forward"* ]]
+    vs_fd xent
 }
 
 @test "backward: fixture generator is present and the fixtures are small" {

@@ -7,39 +7,34 @@ load helpers
 
 TS="$ROOT/build/tests/test_sampler"
 
-@test "sampler: 29 processor cases match transformers 4.47 (finite entries within 1e-6, -inf exactly)" {
-    run "$TS" fixtures "$FIX/sampler/cases.json"
+# sampler_check EXPECTED ARGS...: runs test_sampler ARGS; it must exit 0 and print EXPECTED
+sampler_check() {
+    local want=$1
+    shift
+    run "$TS" "$@"
     echo "$output"
     [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: 29/29 cases match transformers"* ]]
+    [[ "$output" == *"$want"* ]]
+}
+
+@test "sampler: 29 processor cases match transformers 4.47 (finite entries within 1e-6, -inf exactly)" {
+    sampler_check "ok: 29/29 cases match transformers" fixtures "$FIX/sampler/cases.json"
 }
 
 @test "sampler: top-p's partial sort (V > 1024) equals a full stable sort on tie-heavy rows" {
-    run "$TS" topp_ties
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: top-p with a partial sort equals a full stable sort"* ]]
+    sampler_check "ok: top-p with a partial sort equals a full stable sort" topp_ties
 }
 
 @test "sampler: draw frequencies match the processed softmax (chi-square, 0.999 quantile)" {
-    run "$TS" chisq
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: draw frequencies match"* ]]
+    sampler_check "ok: draw frequencies match" chisq
 }
 
 @test "sampler: the chi-square check rejects a wrong distribution and a biased draw" {
-    run "$TS" negative
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: wrong distributions are rejected"* ]]
+    sampler_check "ok: wrong distributions are rejected" negative
 }
 
 @test "sampler: a token is a pure function of (seed, step); different seeds differ" {
-    run "$TS" determinism
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: tokens are a pure function of (seed, step)"* ]]
+    sampler_check "ok: tokens are a pure function of (seed, step)" determinism
 }
 
 @test "sampler: sampler_uniform is uniform over steps and over seeds" {
@@ -55,10 +50,7 @@ TS="$ROOT/build/tests/test_sampler"
 }
 
 @test "sampler: sampling_params_check rejects bad fields (NaN too) and names them" {
-    run "$TS" check
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: 18 invalid params rejected"* ]]
+    sampler_check "ok: 18 invalid params rejected" check
 }
 
 @test "sampler: fixture generator is present and the fixtures are small" {
