@@ -3,44 +3,28 @@
  * Private to kernels/cpu. */
 #ifndef TANDEM_ATTENTION_ROW_H
 #define TANDEM_ATTENTION_ROW_H
+#include "kernels/cpu/vec.h"
 #include <math.h>
 #include <stddef.h>
 
-/* dot(a, b) over n floats in a fixed order: 16 lanes over k = lane (mod 16), the lanes summed by
- * a fixed tree, then the tail in order. Vectorises without depending on the compiler's choices. */
-typedef float attn_v16 __attribute__((vector_size(64)));
-static inline float dot_fixed(const float *a, const float *b, int n) {
-    attn_v16 acc = {0};
-    int k = 0;
-    for (; k + 16 <= n; k += 16) {
-        attn_v16 x, y;
-        __builtin_memcpy(&x, a + k, sizeof x);
-        __builtin_memcpy(&y, b + k, sizeof y);
-        acc = acc + x * y;
-    }
-    float s[16];
-    __builtin_memcpy(s, &acc, sizeof s);
-    for (int w = 8; w >= 1; w /= 2)
-        for (int i = 0; i < w; i++) s[i] = s[i] + s[i + w];
-    float r = s[0];
-    for (; k < n; k++) r = r + a[k] * b[k];
-    return r;
-}
-
 /* For query qi (Dh) at position i and keys j0..i (key j at row table[j / block] * block + j % block
  * of k, rows ks floats apart, this head's columns at koff): p[j] = exp(s_j - max s), s_j =
- * scale * qi.k_j. Returns sum_j p[j]. */
+ * scale * dot_fixed(qi, k_j). Returns sum_j p[j]. Scores are computed four keys at a time (the
+ * same bits as one at a time: dot_fixed4). */
 static inline float attention_row_exp(const float *qi, const float *k, const int *table, int block, size_t ks,
                                       size_t koff, int j0, int i, int Dh, float scale, float *p) {
+#define KEY_ROW(j) (k + ((size_t)table[(j) / block] * block + (j) % block) * ks + koff)
+    int j = j0;
+    for (; j + 3 <= i; j += 4) dot_fixed4(p + j, qi, KEY_ROW(j), KEY_ROW(j + 1), KEY_ROW(j + 2), KEY_ROW(j + 3), Dh);
+    for (; j <= i; j++) p[j] = dot_fixed(qi, KEY_ROW(j), Dh);
+#undef KEY_ROW
     float mx = -INFINITY;
-    for (int j = j0; j <= i; j++) {
-        const float *kj = k + ((size_t)table[j / block] * block + j % block) * ks + koff;
-        float s = dot_fixed(qi, kj, Dh) * scale;
-        p[j] = s;
-        if (s > mx) mx = s;
+    for (j = j0; j <= i; j++) {
+        p[j] = p[j] * scale;
+        if (p[j] > mx) mx = p[j];
     }
     float sum = 0.0f;
-    for (int j = j0; j <= i; j++) sum += (p[j] = expf(p[j] - mx));
+    for (j = j0; j <= i; j++) sum += (p[j] = expf(p[j] - mx));
     return sum;
 }
 #endif

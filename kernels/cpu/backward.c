@@ -5,6 +5,7 @@
  * are written. Owns no memory and does no communication; not batch-invariant (does not need to be). */
 #include "kernels/backward.h"
 #include "kernels/cpu/attention_row.h"
+#include "kernels/cpu/vec.h"
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>

@@ -1,7 +1,8 @@
-/* ops.c — CPU kernels (the oracle for CUDA). Matmuls go to OpenBLAS; the rest are plain loops.
- * Owns no memory and does no communication. */
+/* ops.c — CPU forward kernels (the oracle for CUDA): the batch-invariant matmul, attention over the
+ * paged cache, and plain loops for the rest. Owns no memory and does no communication. */
 #include "kernels/kernels.h"
 #include "kernels/cpu/attention_row.h"
+#include "kernels/cpu/vec.h"
 #include <cblas.h>
 #include <omp.h>
 #include <math.h>
@@ -22,59 +23,13 @@ void cpu_set_threads(int n) {
  * fixed tree, then the k tail is added in order, then the bias. Tiling (4 rows x 4 outputs, for
  * register reuse), batch size and the thread split only choose WHICH elements are computed
  * together, never how: the same token gives the same bits at batch 1 and batch 64, in generation
- * and in training. (OpenBLAS's sgemm does not: its small-matrix path rounds differently.) This file
- * is compiled with -ffp-contract=fast so `acc + x * w` is always one FMA. */
-typedef float v16 __attribute__((vector_size(64)));
+ * and in training. (OpenBLAS's sgemm does not: its small-matrix path rounds differently.) The lanes
+ * and the tree are vec.h's, shared with attention. */
 
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
-
-/* the fixed tree: lanes i and i+8, then i and i+4, then i and i+2, then 0 and 1 */
-static inline float hsum16(v16 a) {
-    v8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
-    v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
-    float d0 = c[0] + c[2], d1 = c[1] + c[3];
-    return d0 + d1;
-}
-
-/* hsum16 of four vectors, the same additions in the same order, results to out[0..3] */
-static inline __attribute__((always_inline)) void hsum4(float *out, v16 a, v16 b, v16 c, v16 d) {
-    v8 a8 = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
-    v8 b8 = __builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(b, b, 8, 9, 10, 11, 12, 13, 14, 15);
-    v8 c8 = __builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15);
-    v8 d8 = __builtin_shufflevector(d, d, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(d, d, 8, 9, 10, 11, 12, 13, 14, 15);
-    v4 a4 = __builtin_shufflevector(a8, a8, 0, 1, 2, 3) + __builtin_shufflevector(a8, a8, 4, 5, 6, 7);
-    v4 b4 = __builtin_shufflevector(b8, b8, 0, 1, 2, 3) + __builtin_shufflevector(b8, b8, 4, 5, 6, 7);
-    v4 c4 = __builtin_shufflevector(c8, c8, 0, 1, 2, 3) + __builtin_shufflevector(c8, c8, 4, 5, 6, 7);
-    v4 d4 = __builtin_shufflevector(d8, d8, 0, 1, 2, 3) + __builtin_shufflevector(d8, d8, 4, 5, 6, 7);
-    /* transpose: tK holds lane K of a4, b4, c4, d4 */
-    v4 ab_lo = __builtin_shufflevector(a4, b4, 0, 4, 1, 5), ab_hi = __builtin_shufflevector(a4, b4, 2, 6, 3, 7);
-    v4 cd_lo = __builtin_shufflevector(c4, d4, 0, 4, 1, 5), cd_hi = __builtin_shufflevector(c4, d4, 2, 6, 3, 7);
-    v4 t0 = __builtin_shufflevector(ab_lo, cd_lo, 0, 1, 4, 5), t1 = __builtin_shufflevector(ab_lo, cd_lo, 2, 3, 6, 7);
-    v4 t2 = __builtin_shufflevector(ab_hi, cd_hi, 0, 1, 4, 5), t3 = __builtin_shufflevector(ab_hi, cd_hi, 2, 3, 6, 7);
-    v4 r = (t0 + t2) + (t1 + t3);   /* (lane0 + lane2) + (lane1 + lane3), as hsum16 */
-    memcpy(out, &r, sizeof r);
-}
-
-static inline v16 ld16(const float *p) {
-    v16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-/* lanes -> one float, then the k tail [k, K) in order, then the bias: shared by both kernels */
-static inline float dot_finish(v16 acc, const float *x, const float *w, int k, int K, const float *bias) {
-    float s = hsum16(acc);
-    for (; k < K; k++) s = s + x[k] * w[k];
-    return bias ? s + *bias : s;
-}
-
-/* one element (edges) */
+/* one element (edges): dot_fixed, then the bias */
 static void mm_1x1(float *out, const float *x, const float *w, const float *bias, int K) {
-    v16 a = {0};
-    int k = 0;
-    for (; k + 16 <= K; k += 16) a = a + ld16(x + k) * ld16(w + k);
-    *out = dot_finish(a, x, w, k, K, bias);
+    float s = dot_fixed(x, w, K);
+    *out = bias ? s + *bias : s;
 }
 
 /* 4 rows of x by 4 rows of w, 16 accumulators in registers */
@@ -107,7 +62,7 @@ static void mm_4x4(float *out, size_t ldo, const float *x, size_t ldx, const flo
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 4; j++) {
                 float s = out[i * ldo + j];
-                for (int kk = k; kk < K; kk++) s = s + xs[i][kk] * ws[j][kk];
+                for (int kk = k; kk < K; kk++) s = fmaf(xs[i][kk], ws[j][kk], s);
                 out[i * ldo + j] = bias ? s + bias[j] : s;
             }
     }
@@ -124,6 +79,16 @@ void cpu_matmul(float *out, const float *x, const float *w, const float *bias, i
             int o = ot * 4, ro = n_out - o < 4 ? n_out - o : 4;
             for (int n = n0; n < n1; n += 4) {
                 int rn = n1 - n < 4 ? n1 - n : 4;
+                /* this tile's w rows are read from memory once and then reused from cache by every
+                 * row group: fetch the next tile's rows into L2 ahead, a share per row group, so the
+                 * first group does not wait on DRAM (at N <= 4 the hardware prefetcher streams w
+                 * better alone). Only speed: the arithmetic is unchanged. */
+                if (ot + 1 < n_otiles && n1 - n0 > 4) {
+                    size_t tile = (size_t)4 * n_in * sizeof(float), groups = (size_t)(n1 - n0 + 3) / 4;
+                    size_t g = (size_t)(n - n0) / 4, a = tile * g / groups, z = tile * (g + 1) / groups;
+                    const char *next = (const char *)(w + (size_t)(o + 4) * n_in);
+                    for (size_t byte = a & ~(size_t)63; byte < z; byte += 64) __builtin_prefetch(next + byte, 0, 2);
+                }
                 if (rn == 4 && ro == 4) {
                     mm_4x4(out + (size_t)n * n_out + o, n_out, x + (size_t)n * n_in, n_in, w + (size_t)o * n_in, n_in,
                            bias ? bias + o : NULL, n_in);
@@ -179,13 +144,34 @@ void cpu_attention(float *out, const float *q, const float *k, const float *v, c
             const float *qi = q + t * qs + (size_t)h * Dh;
             int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
             float sum = attention_row_exp(qi, k, table, block, ks, (size_t)hk * Dh, j0, i, Dh, scale, sc);
+            for (int j = j0; j <= i; j++) sc[j] = sc[j] / sum;                      /* probabilities */
+            /* o_i[d] = sum_j p_j v_j[d], one FMA per key in increasing j for every d; the columns are
+             * accumulated in registers 64, then 16 at a time, then one at a time (the same bits) */
             float *oi = out + t * qs + (size_t)h * Dh;
-            memset(oi, 0, sizeof(float) * Dh);
-            for (int j = j0; j <= i; j++) {
-                const float *vj = v + ((size_t)table[j / block] * block + j % block) * ks + (size_t)hk * Dh;
-                float p = sc[j] / sum;
-#pragma omp simd
-                for (int d = 0; d < Dh; d++) oi[d] += p * vj[d];   /* independent per d: same bits vectorised */
+            size_t voff = (size_t)hk * Dh;
+            int d0 = 0;
+            for (; d0 + 64 <= Dh; d0 += 64) {
+                v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+                for (int j = j0; j <= i; j++) {
+                    const float *vj = v + ((size_t)table[j / block] * block + j % block) * ks + voff + d0;
+                    float p = sc[j];
+                    a0 = a0 + p * ld16(vj); a1 = a1 + p * ld16(vj + 16); a2 = a2 + p * ld16(vj + 32); a3 = a3 + p * ld16(vj + 48);
+                }
+                memcpy(oi + d0, &a0, sizeof a0); memcpy(oi + d0 + 16, &a1, sizeof a1);
+                memcpy(oi + d0 + 32, &a2, sizeof a2); memcpy(oi + d0 + 48, &a3, sizeof a3);
+            }
+            for (; d0 + 16 <= Dh; d0 += 16) {
+                v16 a0 = {0};
+                for (int j = j0; j <= i; j++)
+                    a0 = a0 + sc[j] * ld16(v + ((size_t)table[j / block] * block + j % block) * ks + voff + d0);
+                memcpy(oi + d0, &a0, sizeof a0);
+            }
+            if (d0 < Dh) {
+                memset(oi + d0, 0, sizeof(float) * (Dh - d0));
+                for (int j = j0; j <= i; j++) {
+                    const float *vj = v + ((size_t)table[j / block] * block + j % block) * ks + voff;
+                    for (int d = d0; d < Dh; d++) oi[d] = fmaf(sc[j], vj[d], oi[d]);
+                }
             }
         }
     }

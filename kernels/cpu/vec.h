@@ -1,0 +1,80 @@
+/* vec.h — the 16-lane vector type and the one fixed summation tree that every CPU dot product
+ * uses (matmul, attention scores, their backward). Private to kernels/cpu. These files are compiled
+ * with KERNEL_FLAGS (Makefile) so that every `acc + x * y` is one fused multiply-add; scalar tails
+ * also say fmaf outright, since a dot product must round the same way in every call site. */
+#ifndef TANDEM_VEC_H
+#define TANDEM_VEC_H
+#include <math.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+static inline v16 ld16(const float *p) {
+    v16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* the fixed tree: lanes i and i+8, then i and i+4, then i and i+2, then 0 and 1 */
+static inline float hsum16(v16 a) {
+    v8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
+    float d0 = c[0] + c[2], d1 = c[1] + c[3];
+    return d0 + d1;
+}
+
+/* hsum16 of four vectors, the same additions in the same order, results to out[0..3] */
+static inline __attribute__((always_inline)) void hsum4(float *out, v16 a, v16 b, v16 c, v16 d) {
+    v8 a8 = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+    v8 b8 = __builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(b, b, 8, 9, 10, 11, 12, 13, 14, 15);
+    v8 c8 = __builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15);
+    v8 d8 = __builtin_shufflevector(d, d, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(d, d, 8, 9, 10, 11, 12, 13, 14, 15);
+    v4 a4 = __builtin_shufflevector(a8, a8, 0, 1, 2, 3) + __builtin_shufflevector(a8, a8, 4, 5, 6, 7);
+    v4 b4 = __builtin_shufflevector(b8, b8, 0, 1, 2, 3) + __builtin_shufflevector(b8, b8, 4, 5, 6, 7);
+    v4 c4 = __builtin_shufflevector(c8, c8, 0, 1, 2, 3) + __builtin_shufflevector(c8, c8, 4, 5, 6, 7);
+    v4 d4 = __builtin_shufflevector(d8, d8, 0, 1, 2, 3) + __builtin_shufflevector(d8, d8, 4, 5, 6, 7);
+    /* transpose: tK holds lane K of a4, b4, c4, d4 */
+    v4 ab_lo = __builtin_shufflevector(a4, b4, 0, 4, 1, 5), ab_hi = __builtin_shufflevector(a4, b4, 2, 6, 3, 7);
+    v4 cd_lo = __builtin_shufflevector(c4, d4, 0, 4, 1, 5), cd_hi = __builtin_shufflevector(c4, d4, 2, 6, 3, 7);
+    v4 t0 = __builtin_shufflevector(ab_lo, cd_lo, 0, 1, 4, 5), t1 = __builtin_shufflevector(ab_lo, cd_lo, 2, 3, 6, 7);
+    v4 t2 = __builtin_shufflevector(ab_hi, cd_hi, 0, 1, 4, 5), t3 = __builtin_shufflevector(ab_hi, cd_hi, 2, 3, 6, 7);
+    v4 r = (t0 + t2) + (t1 + t3);   /* (lane0 + lane2) + (lane1 + lane3), as hsum16 */
+    memcpy(out, &r, sizeof r);
+}
+
+/* dot(a, b) over n floats in the fixed order: 16 lanes over k = lane (mod 16) in increasing k,
+ * hsum16, then the tail [n - n % 16, n) in order */
+static inline float dot_fixed(const float *a, const float *b, int n) {
+    v16 acc = {0};
+    int k = 0;
+    for (; k + 16 <= n; k += 16) acc = acc + ld16(a + k) * ld16(b + k);
+    float s = hsum16(acc);
+    for (; k < n; k++) s = fmaf(a[k], b[k], s);
+    return s;
+}
+
+/* dot_fixed(a, b[i], n) for four b at once (four independent chains), results to out[0..3] */
+static inline void dot_fixed4(float *out, const float *a, const float *b0, const float *b1, const float *b2,
+                              const float *b3, int n) {
+    v16 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    int k = 0;
+    for (; k + 16 <= n; k += 16) {
+        v16 x = ld16(a + k);
+        s0 = s0 + x * ld16(b0 + k);
+        s1 = s1 + x * ld16(b1 + k);
+        s2 = s2 + x * ld16(b2 + k);
+        s3 = s3 + x * ld16(b3 + k);
+    }
+    float r[4];
+    hsum4(r, s0, s1, s2, s3);
+    for (; k < n; k++) {
+        r[0] = fmaf(a[k], b0[k], r[0]);
+        r[1] = fmaf(a[k], b1[k], r[1]);
+        r[2] = fmaf(a[k], b2[k], r[2]);
+        r[3] = fmaf(a[k], b3[k], r[3]);
+    }
+    memcpy(out, r, sizeof r);
+}
+#endif
