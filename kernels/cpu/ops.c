@@ -130,6 +130,26 @@ void cpu_rope(float *x, const int *pos, const float *inv_freq, int N, int n_head
     }
 }
 
+/* o[c * 16 .. c * 16 + 15] for c < nch (a constant after inlining: the accumulators stay in
+ * registers) = sum over keys j0..i of p[j] * v_j[off + ...], one FMA per key in increasing j */
+static inline __attribute__((always_inline)) void pv_cols(float *o, const float *p, const float *v, const int *table,
+                                                          int block, size_t ks, size_t off, int j0, int i, int nch) {
+    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};   /* named, not an array: GCC keeps them in registers */
+    int b = j0 / block, slot = j0 % block;
+    for (int j = j0; j <= i; j++) {
+        const float *vj = v + key_row_next(table, block, &b, &slot) * ks + off;
+        float pj = p[j];
+        a0 = a0 + pj * ld16(vj);
+        if (nch > 1) a1 = a1 + pj * ld16(vj + 16);
+        if (nch > 2) a2 = a2 + pj * ld16(vj + 32);
+        if (nch > 3) a3 = a3 + pj * ld16(vj + 48);
+    }
+    memcpy(o, &a0, sizeof a0);
+    if (nch > 1) memcpy(o + 16, &a1, sizeof a1);
+    if (nch > 2) memcpy(o + 32, &a2, sizeof a2);
+    if (nch > 3) memcpy(o + 48, &a3, sizeof a3);
+}
+
 void cpu_attention(float *out, const float *q, const float *k, const float *v, const int *table, int block,
                    int Tq, int q_pos0, int H, int Hkv, int Dh, int window, float *scratch) {
     int group = H / Hkv, n_keys = q_pos0 + Tq;
@@ -144,32 +164,27 @@ void cpu_attention(float *out, const float *q, const float *k, const float *v, c
             const float *qi = q + t * qs + (size_t)h * Dh;
             int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
             float sum = attention_row_exp(qi, k, table, block, ks, (size_t)hk * Dh, j0, i, Dh, scale, sc);
-            for (int j = j0; j <= i; j++) sc[j] = sc[j] / sum;                      /* probabilities */
-            /* o_i[d] = sum_j p_j v_j[d], one FMA per key in increasing j for every d; the columns are
-             * accumulated in registers 64, then 16 at a time, then one at a time (the same bits) */
+#pragma omp simd
+            for (int j = j0; j <= i; j++) sc[j] = sc[j] / sum;   /* probabilities (exact per element: vectorised) */
+            /* o_i = sum_j p_j v_j: up to 64 columns at a time in registers, then singly */
             float *oi = out + t * qs + (size_t)h * Dh;
             size_t voff = (size_t)hk * Dh;
             int d0 = 0;
-            for (; d0 + 64 <= Dh; d0 += 64) {
-                v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-                for (int j = j0; j <= i; j++) {
-                    const float *vj = v + ((size_t)table[j / block] * block + j % block) * ks + voff + d0;
-                    float p = sc[j];
-                    a0 = a0 + p * ld16(vj); a1 = a1 + p * ld16(vj + 16); a2 = a2 + p * ld16(vj + 32); a3 = a3 + p * ld16(vj + 48);
+            for (int nch; (nch = (Dh - d0) / 16) > 0; d0 += 16 * (nch < 4 ? nch : 4)) {
+                float *o = oi + d0;
+                size_t off = voff + d0;
+                switch (nch) {
+                case 1: pv_cols(o, sc, v, table, block, ks, off, j0, i, 1); break;
+                case 2: pv_cols(o, sc, v, table, block, ks, off, j0, i, 2); break;
+                case 3: pv_cols(o, sc, v, table, block, ks, off, j0, i, 3); break;
+                default: pv_cols(o, sc, v, table, block, ks, off, j0, i, 4); break;
                 }
-                memcpy(oi + d0, &a0, sizeof a0); memcpy(oi + d0 + 16, &a1, sizeof a1);
-                memcpy(oi + d0 + 32, &a2, sizeof a2); memcpy(oi + d0 + 48, &a3, sizeof a3);
-            }
-            for (; d0 + 16 <= Dh; d0 += 16) {
-                v16 a0 = {0};
-                for (int j = j0; j <= i; j++)
-                    a0 = a0 + sc[j] * ld16(v + ((size_t)table[j / block] * block + j % block) * ks + voff + d0);
-                memcpy(oi + d0, &a0, sizeof a0);
             }
             if (d0 < Dh) {
                 memset(oi + d0, 0, sizeof(float) * (Dh - d0));
+                int b = j0 / block, slot = j0 % block;
                 for (int j = j0; j <= i; j++) {
-                    const float *vj = v + ((size_t)table[j / block] * block + j % block) * ks + voff;
+                    const float *vj = v + key_row_next(table, block, &b, &slot) * ks + voff;
                     for (int d = d0; d < Dh; d++) oi[d] = fmaf(sc[j], vj[d], oi[d]);
                 }
             }
