@@ -23,17 +23,32 @@ void cpu_rmsnorm(float *out, const float *x, const float *w, int N, int D, float
  * in fp32. inv_freq (Dh/2). */
 void cpu_rope(float *x, const int *pos, const float *inv_freq, int N, int n_heads, int Dh);
 
-/* Causal attention for ONE sequence, keys read through a block table (paged KV cache).
+/* Where key / value j of kv head hk lives in k, v:
+ *   table[j / block] * block * Hkv * Dh  +  (j % block) * row  +  hk * head.
+ * A contiguous (T, Hkv*Dh) sequence: kv_rows(). The paged cache keeps each block head-major,
+ * (Hkv, block, Dh), so one head's keys in a block are one run of memory: kv_paged(). */
+typedef struct {
+    const int *table;   /* block ids by position / block */
+    int block;          /* positions per block */
+    size_t row, head;   /* floats between consecutive positions / kv heads */
+} KVLayout;
+static inline KVLayout kv_rows(int T, int Hkv, int Dh) {
+    static const int whole[1] = {0};
+    return (KVLayout){whole, T, (size_t)Hkv * Dh, (size_t)Dh};
+}
+static inline KVLayout kv_paged(const int *table, int block, int Dh) {
+    return (KVLayout){table, block, (size_t)Dh, (size_t)block * Dh};
+}
+
+/* Causal attention for ONE sequence, keys and values found through `kv` (above).
  * q (Tq, H*Dh): queries at positions q_pos0 .. q_pos0+Tq-1; out (Tq, H*Dh).
- * Key/value at position j live at row (table[j / block] * block + j % block) of k, v (rows of
- * Hkv*Dh floats); a contiguous sequence is table {0} with block >= its length.
  * Query head h uses kv head h / (H / Hkv). window > 0: key j visible to query i iff
  * 0 <= i - j < window; window == 0: full causal. scratch: at least omp_get_max_threads() *
  * (q_pos0 + Tq) floats (heads run in parallel; each head's arithmetic is the same either way).
- * Scores are reduced over keys in increasing position order whatever the batch or paging, so
- * the same tokens give the same numbers in training forward and in generation. */
-void cpu_attention(float *out, const float *q, const float *k, const float *v, const int *table, int block,
-                   int Tq, int q_pos0, int H, int Hkv, int Dh, int window, float *scratch);
+ * Scores are reduced over keys in increasing position order whatever the batch, paging or
+ * layout, so the same tokens give the same bits in training forward and in generation. */
+void cpu_attention(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,
+                   int q_pos0, int H, int Hkv, int Dh, int window, float *scratch);
 
 /* out (n) = silu(gate) * up */
 void cpu_swiglu(float *out, const float *gate, const float *up, size_t n);

@@ -370,7 +370,6 @@ static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi,
         comm_recv(pp, x, sizeof(float) * N * D, pp->rank - 1);                           /* activations from stage s-1 */
     }
 
-    static const int whole[1] = {0};  /* block table of a contiguous, uncached sequence */
     for (int l = 0; l < m->n_layers_local; l++) {
         const LayerWeights *w = &m->w.layers[l];
         int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
@@ -389,19 +388,22 @@ static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi,
             int Tq = start[i + 1] - start[i];
             float *sc = s->scratch + (size_t)omp_get_thread_num() * m->max_seq;
             if (!b->tables) {
-                cpu_attention(att + t0 * qd, q + t0 * qd, k + t0 * kvd, v + t0 * kvd, whole, m->max_seq, Tq, 0, Hl,
-                              Hkvl, Dh, window, sc);
+                KVLayout rows = kv_rows(Tq, Hkvl, Dh);
+                cpu_attention(att + t0 * qd, q + t0 * qd, k + t0 * kvd, v + t0 * kvd, &rows, Tq, 0, Hl, Hkvl, Dh, window, sc);
                 continue;
             }
-            float *kc = kv->k + l * kv->layer_stride, *vc = kv->v + l * kv->layer_stride; /* (n_blocks*block, kvd) */
-            const int *table = b->tables[i];
-            for (int t = 0; t < Tq; t++) {                                                 /* append to the cache */
+            /* append to the cache: block table[p / block], slot p % block, head-major in the block */
+            float *kc = kv->k + l * kv->layer_stride, *vc = kv->v + l * kv->layer_stride; /* (n_blocks, Hkvl, block, Dh) */
+            KVLayout paged = kv_paged(b->tables[i], kv->block, Dh);
+            for (int t = 0; t < Tq; t++) {
                 int p = pos[t0 + t];
-                size_t slot = (size_t)table[p / kv->block] * kv->block + p % kv->block;
-                memcpy(kc + slot * kvd, k + (t0 + t) * kvd, sizeof(float) * kvd);
-                memcpy(vc + slot * kvd, v + (t0 + t) * kvd, sizeof(float) * kvd);
+                size_t slot = (size_t)paged.table[p / kv->block] * kv->block * kvd + (size_t)(p % kv->block) * Dh;
+                for (int h = 0; h < Hkvl; h++) {
+                    memcpy(kc + slot + h * paged.head, k + (t0 + t) * kvd + h * Dh, sizeof(float) * Dh);
+                    memcpy(vc + slot + h * paged.head, v + (t0 + t) * kvd + h * Dh, sizeof(float) * Dh);
+                }
             }
-            cpu_attention(att + t0 * qd, q + t0 * qd, kc, vc, table, kv->block, Tq, pos[t0], Hl, Hkvl, Dh, window, sc);
+            cpu_attention(att + t0 * qd, q + t0 * qd, kc, vc, &paged, Tq, pos[t0], Hl, Hkvl, Dh, window, sc);
         }
         cpu_matmul(xo, att, w->wo, NULL, N, qd, D);
         tp_all_reduce(m, xo, (size_t)N * D);
@@ -552,8 +554,12 @@ void model_argmax(Model *m, int N, int *ids, float *vals) {
 #pragma omp parallel for schedule(static) if (N > 1)
     for (int n = 0; n < N; n++) {
         const float *row = m->s.logits + (size_t)n * Vl;
-        int best = 0;
-        for (int v = 1; v < Vl; v++) if (row[v] > row[best]) best = v;
+        float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+        for (int v = 0; v < Vl; v++) mx = row[v] > mx ? row[v] : mx;   /* order-free: vectorised */
+        int best = 0;                                                     /* its first occurrence */
+        for (int v = 0; v < Vl; v++)
+            if (row[v] == mx) { best = v; break; }
         vals[n] = row[best];
         ids[n] = m->vocab_start + best;
     }

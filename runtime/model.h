@@ -101,7 +101,7 @@ typedef struct {
     int block;            /* token slots per block */
     int n_blocks;         /* blocks in the pool (the same on every rank) */
     size_t layer_stride;  /* floats per layer: n_blocks * block * Hkv_local * Dh */
-    float *k, *v;         /* (L_local, n_blocks, block, Hkv_local*Dh) */
+    float *k, *v;         /* (L_local, n_blocks, Hkv_local, block, Dh): head-major blocks (kv_paged) */
     int *free_ids;        /* (n_blocks) stack of free block ids */
     int n_free;
 } KVCache;

@@ -3,9 +3,11 @@
 # batch size, offset and thread count. This is what lets generation and training agree exactly.
 load helpers
 
-@test "cpu_matmul and cpu_attention are batch- and thread-invariant, bit for bit" {
+@test "cpu_matmul and cpu_attention are batch-, thread- and layout-invariant, bit for bit" {
     run "$ROOT/build/tests/test_kernels"
     echo "$output"
     [ "$status" -eq 0 ]
-    [ "$(grep -c 'bit-identical' <<<"$output")" -eq 9 ]
+    # 7 matmul shapes, then 6 head sizes x 2 windows of attention (threads; paged layout)
+    [ "$(grep -c '^cpu_matmul.*: bit-identical' <<<"$output")" -eq 7 ]
+    [ "$(grep -c 'threads bit-identical; paged prefill and decode bit-identical' <<<"$output")" -eq 12 ]
 }

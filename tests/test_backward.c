@@ -293,8 +293,8 @@ static void rope_fd(void) {
 typedef struct { int T, H, Hkv, Dh, window; float *q, *k, *v, *g, *out, *scratch; } AttnCtx;
 static double attn_loss(void *p) {
     AttnCtx *c = p;
-    int table[1] = {0};
-    cpu_attention(c->out, c->q, c->k, c->v, table, c->T, c->T, 0, c->H, c->Hkv, c->Dh, c->window, c->scratch);
+    KVLayout rows = kv_rows(c->T, c->Hkv, c->Dh);
+    cpu_attention(c->out, c->q, c->k, c->v, &rows, c->T, 0, c->H, c->Hkv, c->Dh, c->window, c->scratch);
     return dot_g(c->out, c->g, (size_t)c->T * c->H * c->Dh);
 }
 /* enough for the forward (threads * T) and the backward (threads * 2T) */
@@ -311,8 +311,8 @@ static void attention_torch(void) {
         size_t nq = (size_t)T * H * Dh, nk = (size_t)T * Hkv * Dh;
         float *q = in_f("q", nq), *k = in_f("k", nk), *v = in_f("v", nk), *g = in_f("dout", nq);
         float *out = falloc(nq), *dq = falloc(nq), *dk = falloc(nk), *dv = falloc(nk), *scratch = attn_scratch(T);
-        int table[1] = {0};
-        cpu_attention(out, q, k, v, table, T, T, 0, H, Hkv, Dh, window, scratch);
+        KVLayout rows = kv_rows(T, Hkv, Dh);
+        cpu_attention(out, q, k, v, &rows, T, 0, H, Hkv, Dh, window, scratch);
         vs_torch("out", out, nq, 1.0);
         fill_nan(dq, nq); fill_nan(dk, nk); fill_nan(dv, nk);
         cpu_attention_backward(dq, dk, dv, g, q, k, v, T, H, Hkv, Dh, window, scratch);

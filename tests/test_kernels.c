@@ -1,7 +1,8 @@
 /* test_kernels.c — the batch-invariance contract of the CPU forward kernels (kernels/kernels.h):
  * cpu_matmul gives each output row the same bits whether the row is computed alone, inside a batch
  * of any size and offset (4x4 tiles vs the 1x1 edge kernel), or with 1 or 2 threads; the same for
- * cpu_attention across thread counts. Exact comparison: the contract is bitwise.
+ * cpu_attention across thread counts, and across the contiguous and paged layouts. Exact
+ * comparison: the contract is bitwise.
  * Usage: test_kernels  (prints one line per shape, exits 1 on any difference) */
 #include "kernels/kernels.h"
 #include "runtime/util.h"
@@ -48,23 +49,52 @@ int main(void) {
         fail |= bad != 0;
         free(x); free(w); free(b); free(ref); free(out);
     }
-    /* attention: 1 vs 2 threads (heads split differently), one sequence of 50 tokens, window 0 and 7 */
-    int T = 50, H = 6, Hkv = 2, Dh = 40;
-    size_t qn = (size_t)T * H * Dh, kn = (size_t)T * Hkv * Dh;
-    float *q = xmalloc(sizeof(float) * qn), *k = xmalloc(sizeof(float) * kn), *v = xmalloc(sizeof(float) * kn);
-    float *o1 = xmalloc(sizeof(float) * qn), *o2 = xmalloc(sizeof(float) * qn), *sc = xmalloc(sizeof(float) * 4 * T);
-    for (size_t i = 0; i < qn; i++) q[i] = frand(&seed);
-    for (size_t i = 0; i < kn; i++) { k[i] = frand(&seed); v[i] = frand(&seed); }
-    static const int whole[1] = {0};
-    for (int window = 0; window <= 7; window += 7) {
-        cpu_set_threads(1);
-        cpu_attention(o1, q, k, v, whole, T, T, 0, H, Hkv, Dh, window, sc);
-        cpu_set_threads(2);
-        cpu_attention(o2, q, k, v, whole, T, T, 0, H, Hkv, Dh, window, sc);
-        int same = !memcmp(o1, o2, sizeof(float) * qn);
-        printf("cpu_attention window %d: 1 vs 2 threads %s\n", window, same ? "bit-identical" : "DIFFERENT");
-        fail |= !same;
+    /* attention, one sequence of T tokens, window 0 and 7, for head sizes that take every path of
+     * the P.V code (1-4 register chunks of 16 columns, a scalar tail, tail only): the contiguous
+     * layout with 1 thread is the reference; 2 threads, and the paged head-major layout (blocks of
+     * 16 and 5, in a scrambled table) as one prefill and as T one-token decode steps, must give the
+     * same bits: that is what makes generation's logprobs equal training's */
+    const int head_dims[] = {8, 16, 40, 48, 64, 80};
+    int T = 50, H = 6, Hkv = 2;
+    for (size_t di = 0; di < sizeof head_dims / sizeof head_dims[0]; di++) {
+        int Dh = head_dims[di];
+        size_t qn = (size_t)T * H * Dh, kn = (size_t)T * Hkv * Dh;
+        float *q = xmalloc(sizeof(float) * qn), *k = xmalloc(sizeof(float) * kn), *v = xmalloc(sizeof(float) * kn);
+        float *ref = xmalloc(sizeof(float) * qn), *o = xmalloc(sizeof(float) * qn), *sc = xmalloc(sizeof(float) * 4 * T);
+        for (size_t i = 0; i < qn; i++) q[i] = frand(&seed);
+        for (size_t i = 0; i < kn; i++) { k[i] = frand(&seed); v[i] = frand(&seed); }
+        KVLayout rows = kv_rows(T, Hkv, Dh);
+        for (int window = 0; window <= 7; window += 7) {
+            cpu_set_threads(1);
+            cpu_attention(ref, q, k, v, &rows, T, 0, H, Hkv, Dh, window, sc);
+            cpu_set_threads(2);
+            cpu_attention(o, q, k, v, &rows, T, 0, H, Hkv, Dh, window, sc);
+            int bad_threads = memcmp(o, ref, sizeof(float) * qn) != 0, bad_paged = 0;
+            for (int block = 16; block >= 5; block -= 11) {
+                int nb = (T + block - 1) / block, *table = xmalloc(sizeof(int) * nb);
+                for (int b = 0; b < nb; b++) table[b] = (b * 7 + 3) % nb;   /* 7 is prime to nb: a permutation */
+                float *kc = xcalloc((size_t)nb * block * Hkv * Dh, sizeof(float)), *vc = xcalloc((size_t)nb * block * Hkv * Dh, sizeof(float));
+                KVLayout paged = kv_paged(table, block, Dh);
+                for (int j = 0; j < T; j++)
+                    for (int h = 0; h < Hkv; h++) {
+                        size_t at = (size_t)table[j / block] * block * Hkv * Dh + (size_t)(j % block) * paged.row + h * paged.head;
+                        memcpy(kc + at, k + ((size_t)j * Hkv + h) * Dh, sizeof(float) * Dh);
+                        memcpy(vc + at, v + ((size_t)j * Hkv + h) * Dh, sizeof(float) * Dh);
+                    }
+                cpu_attention(o, q, kc, vc, &paged, T, 0, H, Hkv, Dh, window, sc);
+                bad_paged |= memcmp(o, ref, sizeof(float) * qn) != 0;
+                for (int t = 0; t < T; t++) {
+                    size_t row = (size_t)t * H * Dh;
+                    cpu_attention(o + row, q + row, kc, vc, &paged, 1, t, H, Hkv, Dh, window, sc);
+                }
+                bad_paged |= memcmp(o, ref, sizeof(float) * qn) != 0;
+                free(table); free(kc); free(vc);
+            }
+            printf("cpu_attention Dh=%-3d window %d: 1 vs 2 threads %s; paged prefill and decode %s\n", Dh, window,
+                   bad_threads ? "DIFFERENT" : "bit-identical", bad_paged ? "DIFFERENT" : "bit-identical");
+            fail |= bad_threads | bad_paged;
+        }
+        free(q); free(k); free(v); free(ref); free(o); free(sc);
     }
-    free(q); free(k); free(v); free(o1); free(o2); free(sc);
     return fail;
 }

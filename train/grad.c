@@ -123,7 +123,6 @@ static void layer_forward(Model *m, TrainActs *a, int l, float *x_out) {
     int N = a->N, n_seqs = a->n_seqs;
     const int *start = a->seq_start, *pos = a->pos;
     float *xo = a->dtmp;   /* (N, D) a block's output before the residual add (backward scratch, free now) */
-    static const int whole[1] = {0};  /* block table of a contiguous, uncached sequence */
     const LayerWeights *w = &m->w.layers[l];
     LayerActs *la = &a->layers[l];
     int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
@@ -137,9 +136,10 @@ static void layer_forward(Model *m, TrainActs *a, int l, float *x_out) {
 #pragma omp parallel for schedule(dynamic) if (n_seqs > 1)   /* sequences in parallel, own scratch */
     for (int i = 0; i < n_seqs; i++) {
         size_t t0 = start[i];
-        cpu_attention(la->att + t0 * qd, la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, whole, a->max_seq,
-                      start[i + 1] - start[i], 0, Hl, Hkvl, Dh, window,
-                      a->scratch + (size_t)omp_get_thread_num() * 2 * a->max_seq);
+        int T = start[i + 1] - start[i];
+        KVLayout rows = kv_rows(T, Hkvl, Dh);
+        cpu_attention(la->att + t0 * qd, la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, &rows, T, 0, Hl, Hkvl, Dh,
+                      window, a->scratch + (size_t)omp_get_thread_num() * 2 * a->max_seq);
     }
     cpu_matmul(xo, la->att, w->wo, NULL, N, qd, D);                                 /* row-parallel: partial */
     tp_reduce_forward(m, xo, (size_t)N * D);                                         /* "reduce" */

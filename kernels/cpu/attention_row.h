@@ -3,32 +3,36 @@
  * Private to kernels/cpu. */
 #ifndef TANDEM_ATTENTION_ROW_H
 #define TANDEM_ATTENTION_ROW_H
+#include "kernels/kernels.h"
 #include "kernels/cpu/vec.h"
 #include <math.h>
 #include <stddef.h>
 
-/* Keys live in a paged cache: key j is row table[j / block] * block + j % block. Loops over keys
- * step (*b, *o) = (j / block, j % block) along with j, so no key costs a division. */
-static inline size_t key_row_next(const int *table, int block, int *b, int *o) {
-    size_t r = (size_t)table[*b] * block + *o;
-    if (++*o == block) { *o = 0; ++*b; }
+/* Offset of key j0 + n (n = 0, 1, ... on successive calls), kv head 0: the walk keeps
+ * (b, o) = (j / block, j % block), so no key costs a division. */
+typedef struct { const KVLayout *kv; size_t block_floats; int b, o; } KeyWalk;
+static inline KeyWalk key_walk(const KVLayout *kv, int Hkv, int Dh, int j0) {
+    return (KeyWalk){kv, (size_t)kv->block * Hkv * Dh, j0 / kv->block, j0 % kv->block};
+}
+static inline size_t key_next(KeyWalk *w) {
+    size_t r = (size_t)w->kv->table[w->b] * w->block_floats + (size_t)w->o * w->kv->row;
+    if (++w->o == w->kv->block) { w->o = 0; ++w->b; }
     return r;
 }
 
-/* For query qi (Dh) at position i and keys j0..i (rows of k ks floats apart, this head's columns at
- * koff): p[j] = exp(s_j - max s), s_j = scale * dot_fixed(qi, k_j). Returns sum_j p[j]. Scores
- * are computed four keys at a time (the same bits as one at a time: dot_fixed4). */
-static inline float attention_row_exp(const float *qi, const float *k, const int *table, int block, size_t ks,
-                                      size_t koff, int j0, int i, int Dh, float scale, float *p) {
-    int b = j0 / block, o = j0 % block, j = j0;
+/* For query qi (Dh) at position i and keys j0..i of kv head hk: p[j] = exp(s_j - max s),
+ * s_j = scale * dot_fixed(qi, k_j). Returns sum_j p[j]. Scores are computed four keys at a time
+ * (the same bits as one at a time: dot_fixed4). */
+static inline float attention_row_exp(const float *qi, const float *k, const KVLayout *kv, int Hkv, int hk, int j0,
+                                      int i, int Dh, float scale, float *p) {
+    KeyWalk w = key_walk(kv, Hkv, Dh, j0);
+    k += (size_t)hk * kv->head;
+    int j = j0;
     for (; j + 3 <= i; j += 4) {
-        const float *k0 = k + key_row_next(table, block, &b, &o) * ks + koff;
-        const float *k1 = k + key_row_next(table, block, &b, &o) * ks + koff;
-        const float *k2 = k + key_row_next(table, block, &b, &o) * ks + koff;
-        const float *k3 = k + key_row_next(table, block, &b, &o) * ks + koff;
+        const float *k0 = k + key_next(&w), *k1 = k + key_next(&w), *k2 = k + key_next(&w), *k3 = k + key_next(&w);
         dot_fixed4(p + j, qi, k0, k1, k2, k3, Dh);
     }
-    for (; j <= i; j++) p[j] = dot_fixed(qi, k + key_row_next(table, block, &b, &o) * ks + koff, Dh);
+    for (; j <= i; j++) p[j] = dot_fixed(qi, k + key_next(&w), Dh);
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
     for (j = j0; j <= i; j++) {   /* exact per element, and max is order-free: vectorised */

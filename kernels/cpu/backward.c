@@ -67,6 +67,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
     int group = H / Hkv;
     float scale = 1.0f / sqrtf((float)Dh);
     size_t qs = (size_t)H * Dh, ks = (size_t)Hkv * Dh;
+    KVLayout rows = kv_rows(T, Hkv, Dh);
     /* one kv head per iteration: it alone writes its dk, dv columns and its query heads' dq columns */
 #pragma omp parallel for schedule(static) if (Hkv > 1 && (size_t)H * T * T > 4096)
     for (int hk = 0; hk < Hkv; hk++) {
@@ -80,8 +81,7 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
                 const float *qi = q + i * qs + (size_t)h * Dh, *gi = dout + i * qs + (size_t)h * Dh;
                 int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
                 /* probabilities exactly as cpu_attention computes them */
-                static const int whole[1] = {0};
-                float sum = attention_row_exp(qi, k, whole, T, ks, (size_t)hk * Dh, j0, i, Dh, scale, p);
+                float sum = attention_row_exp(qi, k, &rows, Hkv, hk, j0, i, Dh, scale, p);
                 /* dp_j = dout_i . v_j; their p-weighted mean is dout_i . o_i */
                 float pdp = 0.0f;
                 for (int j = j0; j <= i; j++) {

@@ -103,7 +103,12 @@ void cpu_matmul(float *out, const float *x, const float *w, const float *bias, i
     }
 }
 
+/* Elementwise kernels split rows or elements over threads only when there is enough work to pay
+ * for waking them; each element's arithmetic is the same either way. */
+enum { PAR_MIN = 1 << 14 };
+
 void cpu_rmsnorm(float *out, const float *x, const float *w, int N, int D, float eps) {
+#pragma omp parallel for schedule(static) if ((size_t)N * D >= PAR_MIN)
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * D;
         float *o = out + (size_t)n * D;
@@ -130,14 +135,13 @@ void cpu_rope(float *x, const int *pos, const float *inv_freq, int N, int n_head
     }
 }
 
-/* o[c * 16 .. c * 16 + 15] for c < nch (a constant after inlining: the accumulators stay in
- * registers) = sum over keys j0..i of p[j] * v_j[off + ...], one FMA per key in increasing j */
-static inline __attribute__((always_inline)) void pv_cols(float *o, const float *p, const float *v, const int *table,
-                                                          int block, size_t ks, size_t off, int j0, int i, int nch) {
+/* o[c * 16 .. c * 16 + 15] for c < nch (a constant after inlining) = sum over keys j0..i of
+ * p[j] * v_j[c * 16 ...], one FMA per key in increasing j; v already points at the head and column */
+static inline __attribute__((always_inline)) void pv_cols(float *o, const float *p, const float *v, KeyWalk w, int j0,
+                                                          int i, int nch) {
     v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};   /* named, not an array: GCC keeps them in registers */
-    int b = j0 / block, slot = j0 % block;
     for (int j = j0; j <= i; j++) {
-        const float *vj = v + key_row_next(table, block, &b, &slot) * ks + off;
+        const float *vj = v + key_next(&w);
         float pj = p[j];
         a0 = a0 + pj * ld16(vj);
         if (nch > 1) a1 = a1 + pj * ld16(vj + 16);
@@ -150,41 +154,39 @@ static inline __attribute__((always_inline)) void pv_cols(float *o, const float 
     if (nch > 3) memcpy(o + 48, &a3, sizeof a3);
 }
 
-void cpu_attention(float *out, const float *q, const float *k, const float *v, const int *table, int block,
-                   int Tq, int q_pos0, int H, int Hkv, int Dh, int window, float *scratch) {
+void cpu_attention(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,
+                   int q_pos0, int H, int Hkv, int Dh, int window, float *scratch) {
     int group = H / Hkv, n_keys = q_pos0 + Tq;
     float scale = 1.0f / sqrtf((float)Dh);
-    size_t qs = (size_t)H * Dh, ks = (size_t)Hkv * Dh;
+    size_t qs = (size_t)H * Dh;
 #pragma omp parallel for schedule(static) if (H * Tq * n_keys > 4096)
     for (int h = 0; h < H; h++) {
         int hk = h / group;
         float *sc = scratch + (size_t)omp_get_thread_num() * n_keys;   /* this thread's scores */
+        const float *vh = v + (size_t)hk * kv->head;                     /* this head's values */
         for (int t = 0; t < Tq; t++) {
             int i = q_pos0 + t;
             const float *qi = q + t * qs + (size_t)h * Dh;
             int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
-            float sum = attention_row_exp(qi, k, table, block, ks, (size_t)hk * Dh, j0, i, Dh, scale, sc);
+            float sum = attention_row_exp(qi, k, kv, Hkv, hk, j0, i, Dh, scale, sc);
 #pragma omp simd
             for (int j = j0; j <= i; j++) sc[j] = sc[j] / sum;   /* probabilities (exact per element: vectorised) */
             /* o_i = sum_j p_j v_j: up to 64 columns at a time in registers, then singly */
             float *oi = out + t * qs + (size_t)h * Dh;
-            size_t voff = (size_t)hk * Dh;
+            KeyWalk w = key_walk(kv, Hkv, Dh, j0);
             int d0 = 0;
             for (int nch; (nch = (Dh - d0) / 16) > 0; d0 += 16 * (nch < 4 ? nch : 4)) {
-                float *o = oi + d0;
-                size_t off = voff + d0;
                 switch (nch) {
-                case 1: pv_cols(o, sc, v, table, block, ks, off, j0, i, 1); break;
-                case 2: pv_cols(o, sc, v, table, block, ks, off, j0, i, 2); break;
-                case 3: pv_cols(o, sc, v, table, block, ks, off, j0, i, 3); break;
-                default: pv_cols(o, sc, v, table, block, ks, off, j0, i, 4); break;
+                case 1: pv_cols(oi + d0, sc, vh + d0, w, j0, i, 1); break;
+                case 2: pv_cols(oi + d0, sc, vh + d0, w, j0, i, 2); break;
+                case 3: pv_cols(oi + d0, sc, vh + d0, w, j0, i, 3); break;
+                default: pv_cols(oi + d0, sc, vh + d0, w, j0, i, 4); break;
                 }
             }
             if (d0 < Dh) {
                 memset(oi + d0, 0, sizeof(float) * (Dh - d0));
-                int b = j0 / block, slot = j0 % block;
                 for (int j = j0; j <= i; j++) {
-                    const float *vj = v + key_row_next(table, block, &b, &slot) * ks + voff;
+                    const float *vj = vh + key_next(&w);
                     for (int d = d0; d < Dh; d++) oi[d] = fmaf(sc[j], vj[d], oi[d]);
                 }
             }
@@ -193,6 +195,7 @@ void cpu_attention(float *out, const float *q, const float *k, const float *v, c
 }
 
 void cpu_swiglu(float *out, const float *gate, const float *up, size_t n) {
+#pragma omp parallel for schedule(static) if (n >= PAR_MIN)
     for (size_t i = 0; i < n; i++) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
