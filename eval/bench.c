@@ -136,27 +136,46 @@ static double read_bandwidth_gbs(void) {
     return best;
 }
 
-static int bench_generate(Model *m, int threads, int P, int T, int big) {
+static double median(double *v, int n) {
+    qsort(v, n, sizeof(double), cmp_double);
+    return v[n / 2];
+}
+
+/* Batch 1 and batch `big`, alternated for `rounds` rounds so that both see the same machine (this
+ * one's bandwidth drifts between runs); medians are reported, and the range of the per-round
+ * speedups. */
+static int bench_generate(Model *m, int threads, int P, int T, int big, int rounds) {
     double bw = read_bandwidth_gbs(), copy = copy_bandwidth_gbs();
     /* bytes of weights streamed per decode token: every matrix and norm; an untied embedding table
      * is only looked up (one row), a tied one is read whole as the lm head */
     double bytes = 4.0 * m->n_params - (m->cfg.tie_embeddings ? 0.0 : 4.0 * m->vocab_local * m->cfg.dim);
     double bound = bw * 1e9 / bytes;
-    EngineStats s1 = bench_decode(m, 1, P, T);
-    EngineStats sb = bench_decode(m, big, P, T);
-    double d1 = s1.decode_tokens / s1.decode_s, db = sb.decode_tokens / sb.decode_s;
-    double pf = sb.prefill_tokens / sb.prefill_s;
+    double *d1 = xmalloc(sizeof(double) * rounds), *db = xmalloc(sizeof(double) * rounds);
+    double *pf = xmalloc(sizeof(double) * rounds), *ratio = xmalloc(sizeof(double) * rounds);
+    for (int r = 0; r < rounds; r++) {
+        EngineStats s1 = bench_decode(m, 1, P, T), sb = bench_decode(m, big, P, T);
+        d1[r] = s1.decode_tokens / s1.decode_s;
+        db[r] = sb.decode_tokens / sb.decode_s;
+        pf[r] = sb.prefill_tokens / sb.prefill_s;
+        ratio[r] = db[r] / d1[r];
+    }
+    double m1 = median(d1, rounds), mb = median(db, rounds), mpf = median(pf, rounds);
+    median(ratio, rounds);   /* sorted: ratio[0] and ratio[rounds - 1] are the extremes */
     if (g_rank == 0) {
         printf("read bandwidth %.1f GB/s (copy %.1f); weights %.1f MB per token -> batch-1 bound %.1f tokens/s\n", bw, copy,
                bytes / 1e6, bound);
-        printf("decode batch 1: %.1f tokens/s (%.0f%% of the bound); batch %d: %.1f tokens/s (%.2fx batch 1); prefill %.1f tokens/s\n",
-               d1, 100 * d1 / bound, big, db, db / d1, pf);
-        printf("{\"bench\": \"generate\", \"threads\": %d, \"prompt\": %d, \"new_tokens\": %d, \"read_gb_s\": %.2f, \"copy_gb_s\": %.2f, "
-               "\"weight_mb_per_token\": %.2f, \"bound_tokens_per_s\": %.1f, \"decode_b1_tokens_per_s\": %.1f, "
-               "\"fraction_of_bound\": %.3f, \"decode_b%d_tokens_per_s\": %.1f, \"batch_speedup\": %.2f, "
+        printf("median of %d rounds: decode batch 1: %.1f tokens/s (%.0f%% of the bound); batch %d: %.1f tokens/s "
+               "(%.2fx batch 1; per round %.2f-%.2fx); prefill %.1f tokens/s\n",
+               rounds, m1, 100 * m1 / bound, big, mb, mb / m1, ratio[0], ratio[rounds - 1], mpf);
+        printf("{\"bench\": \"generate\", \"threads\": %d, \"prompt\": %d, \"new_tokens\": %d, \"rounds\": %d, "
+               "\"read_gb_s\": %.2f, \"copy_gb_s\": %.2f, \"weight_mb_per_token\": %.2f, \"bound_tokens_per_s\": %.1f, "
+               "\"decode_b1_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f, \"decode_b%d_tokens_per_s\": %.1f, "
+               "\"batch_speedup\": %.2f, \"batch_speedup_min\": %.2f, \"batch_speedup_max\": %.2f, "
                "\"prefill_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f}\n",
-               threads, P, T, bw, copy, bytes / 1e6, bound, d1, d1 / bound, big, db, db / d1, pf, peak_rss_mib());
+               threads, P, T, rounds, bw, copy, bytes / 1e6, bound, m1, m1 / bound, big, mb, mb / m1, ratio[0],
+               ratio[rounds - 1], mpf, peak_rss_mib());
     }
+    free(d1); free(db); free(pf); free(ratio);
     return 0;
 }
 
@@ -196,8 +215,7 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
         comm_barrier(&mesh->world);
         if (it >= 0) times[it] = now_seconds() - t0;
     }
-    qsort(times, iters, sizeof(double), cmp_double);
-    double med = times[iters / 2];
+    double med = median(times, iters);
     float pk = (float)peak_rss_mib();
     comm_all_reduce_max(&mesh->world, &pk, 1);
     if (g_rank == 0)
@@ -227,7 +245,7 @@ int bench_main(int argc, char **argv) {
         {"--recompute", OPT_STR, &recompute, "none", "--train: none | full (activation recomputation)"},
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
-        {"--iters", OPT_INT, &iters, "5", "timed forwards (median reported)"},
+        {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
         {"--tp", OPT_INT, &tp, "1", "tensor-parallel size"},
         {"--pp", OPT_INT, &pp, "1", "pipeline-parallel size"},
         {"--threads", OPT_INT, &threads, "1", "CPU threads per rank (OpenBLAS)"},
@@ -260,7 +278,7 @@ int bench_main(int argc, char **argv) {
     if (generate) {
         if (mesh.world_size != 1) user_error("bench --generate runs on one rank");
         if (new_tokens < 1 || big < 1) user_error("--new-tokens and --big-batch must be >= 1");
-        int rc = bench_generate(&m, threads, seq, new_tokens, big);
+        int rc = bench_generate(&m, threads, seq, new_tokens, big, iters);
         model_free(&m);
         mesh_free(&mesh);
         comm_finalize();
@@ -285,8 +303,7 @@ int bench_main(int argc, char **argv) {
         comm_barrier(&mesh.world);
         if (it >= 0) times[it] = now_seconds() - t0;
     }
-    qsort(times, iters, sizeof(double), cmp_double);
-    double med = times[iters / 2];
+    double med = median(times, iters);
     double peak = peak_rss_mib(), peak_max = peak;
     comm_all_reduce_sum_f64(&mesh.world, &peak, 1);
     float pm = (float)peak_max;

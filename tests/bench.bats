@@ -30,11 +30,12 @@ load helpers
 }
 
 @test "bench --generate: decode at batch 1 and 32 against the measured bandwidth bound" {
-    run "$TANDEM" bench --generate --model "$FIX/models/llama_gqa" --seq 8 --new-tokens 8 --big-batch 4
+    run "$TANDEM" bench --generate --model "$FIX/models/llama_gqa" --seq 8 --new-tokens 8 --big-batch 4 --iters 3
     echo "$output"
     [ "$status" -eq 0 ]
     echo "$output" | grep "^{\"bench\"" | jq -e '.read_gb_s > 0 and .bound_tokens_per_s > 0 and .decode_b1_tokens_per_s > 0
-        and .decode_b4_tokens_per_s > 0 and .prefill_tokens_per_s > 0 and .peak_rss_mib > 0'
+        and .decode_b4_tokens_per_s > 0 and .prefill_tokens_per_s > 0 and .peak_rss_mib > 0 and .rounds == 3
+        and .batch_speedup_min <= .batch_speedup_max and .batch_speedup_min > 0'
 }
 
 @test "bench --tokenizer: encode MB/s for both tokenizer kinds" {
