@@ -281,7 +281,7 @@ void model_load(Model *m, const char *dir, const Mesh *mesh) {
     size_t n = 0, off = 0;
     for_each_param(m, count_param, &n);
     m->n_params = n;
-    m->params = xmalloc(sizeof(float) * n);
+    m->params = xmalloc_huge(sizeof(float) * n);
     for_each_param(m, place_param, &off);
     CHECK(off == n);
     SafeTensors *st = st_open_dir(dir);
@@ -496,8 +496,8 @@ void kv_init(KVCache *kv, const Model *m, size_t bytes, int block) {
                    bytes / 1048576.0, block, per_block / 1048576.0);
     kv->block = block;
     kv->layer_stride = (size_t)kv->n_blocks * block * kvd;
-    kv->k = xmalloc(sizeof(float) * kv->layer_stride * m->n_layers_local);
-    kv->v = xmalloc(sizeof(float) * kv->layer_stride * m->n_layers_local);
+    kv->k = xmalloc_huge(sizeof(float) * kv->layer_stride * m->n_layers_local);
+    kv->v = xmalloc_huge(sizeof(float) * kv->layer_stride * m->n_layers_local);
     kv->free_ids = xmalloc(sizeof(int) * kv->n_blocks);
     for (int i = 0; i < kv->n_blocks; i++) kv->free_ids[i] = kv->n_blocks - 1 - i;
     kv->n_free = kv->n_blocks;
