@@ -165,6 +165,34 @@ JSON
     jq -e '.logprobs | all(.logprob == .top[0][1] and .token == .top[0][0])' "$BATS_TEST_TMPDIR/o.jsonl"
 }
 
+@test "generate: sampled tokens' logprobs equal the whole-sequence forward's, bit for bit (paged decode vs eval)" {
+    # generation decodes through the paged head-major KV cache, two sequences per step; eval runs the
+    # teacher-forced forward over each whole sequence with contiguous k, v. The logprob of every
+    # sampled token must be the same float (diff 0, no tolerance): what PPO's actor needs.
+    # head_dim 8 (stories260K: scalar tails), 16 with a sliding window (mistral_swa), 64 (llama3_rope)
+    printf '{"input_ids":[1,5,9,13,2,7]}\n{"input_ids":[1,9,13]}\n{"input_ids":[1,3]}\n' > "$BATS_TEST_TMPDIR/p.jsonl"
+    models="$FIX/models/mistral_swa $FIX/models/llama3_rope"
+    if [ -d "$STORIES" ]; then models="$models $STORIES"; else echo "stories260K absent: fixtures only"; fi
+    for m in $models; do
+        "$TANDEM" generate --model "$m" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/g.jsonl" \
+            --max-new-tokens 24 --ignore-eos --logprobs 1 --temperature 0.9 --seed 5 --max-batch 2 2>/dev/null
+        # reference records: the sampled token and its logprob at each generated position
+        jq -c '{input_ids: (.prompt + .completion_ids),
+                top_logprobs: (([range(0; (.prompt | length) - 1)] | map([])) + [.logprobs[] | [[.token, .logprob]]] + [[]])}' \
+            "$BATS_TEST_TMPDIR/g.jsonl" > "$BATS_TEST_TMPDIR/ref.jsonl"
+        run "$TANDEM" eval --model "$m" --reference "$BATS_TEST_TMPDIR/ref.jsonl" --max-logprob-diff 0
+        echo "$m: $output"
+        [ "$status" -eq 0 ]
+        echo "$output" | tail -1 | jq -e '.records == 3 and .max_abs_logprob_diff == 0'
+        # the comparison is live: the same records with every logprob moved by 1e-6 fail it
+        jq -c '.top_logprobs |= (to_entries | map(if .value != [] then .value[0][1] += 1e-6 else . end | .value))' \
+            "$BATS_TEST_TMPDIR/ref.jsonl" > "$BATS_TEST_TMPDIR/bad.jsonl"
+        run "$TANDEM" eval --model "$m" --reference "$BATS_TEST_TMPDIR/bad.jsonl" --max-logprob-diff 0
+        [ "$status" -eq 1 ]
+        echo "$output" | tail -1 | jq -e '.pass == false and .max_abs_logprob_diff > 0'
+    done
+}
+
 @test "generate: --resume skips finished ids and drops a partial last line" {
     need_assets
     make_prompts "$BATS_TEST_TMPDIR/p.jsonl" ""
