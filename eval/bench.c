@@ -250,9 +250,7 @@ int bench_main(int argc, char **argv) {
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
-        {"--tp", OPT_INT, &tp, "1", "tensor-parallel size"},
-        {"--pp", OPT_INT, &pp, "1", "pipeline-parallel size"},
-        {"--threads", OPT_INT, &threads, "1", "CPU threads per rank (OpenBLAS)"},
+        MESH_OPTIONS(&tp, &pp, &threads),
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);

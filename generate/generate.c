@@ -470,9 +470,7 @@ int generate_main(int argc, char **argv) {
         {"--max-batch", OPT_INT, &max_batch, "64", "running sequences at most"},
         {"--max-batch-tokens", OPT_INT, &max_batch_tokens, "2048", "tokens per forward step at most"},
         {"--micro-batches", OPT_INT, &micro, "0", "pp > 1: pipelined micro-batches per step (0 = pp)"},
-        {"--tp", OPT_INT, &tp, "1", "tensor-parallel size"},
-        {"--pp", OPT_INT, &pp, "1", "pipeline-parallel size"},
-        {"--threads", OPT_INT, &threads, "1", "CPU threads per rank (OpenBLAS)"},
+        MESH_OPTIONS(&tp, &pp, &threads),
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);

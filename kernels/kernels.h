@@ -39,6 +39,10 @@ static inline KVLayout kv_rows(int T, int Hkv, int Dh) {
 static inline KVLayout kv_paged(const int *table, int block, int Dh) {
     return (KVLayout){table, block, (size_t)Dh, (size_t)block * Dh};
 }
+/* Offset of position j's kv head 0 in k or v (head hk: + hk * kv->head); kvd = Hkv * Dh */
+static inline size_t kv_offset(const KVLayout *kv, size_t kvd, int j) {
+    return (size_t)kv->table[j / kv->block] * kv->block * kvd + (size_t)(j % kv->block) * kv->row;
+}
 
 /* Causal attention for ONE sequence, keys and values found through `kv` (above).
  * q (Tq, H*Dh): queries at positions q_pos0 .. q_pos0+Tq-1; out (Tq, H*Dh).

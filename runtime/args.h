@@ -12,6 +12,12 @@ typedef struct {
     const char *help;
 } Option;
 
+/* The three rows every model-running subcommand shares (int *tp, *pp, *threads). */
+#define MESH_OPTIONS(tp, pp, threads)                                             \
+    {"--tp", OPT_INT, tp, "1", "tensor-parallel size"},                           \
+    {"--pp", OPT_INT, pp, "1", "pipeline-parallel size"},                         \
+    {"--threads", OPT_INT, threads, "1", "CPU threads per rank (kernels and OpenBLAS)"}
+
 /* Parses argv (argv[0] is the subcommand). --help prints usage and exits 0. */
 void args_parse(const char *usage, Option *opts, int n_opts, int argc, char **argv);
 /* Prints "| setting | value |" for every option to stderr (call on rank 0 only). */

@@ -396,8 +396,7 @@ static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi,
             float *kc = kv->k + l * kv->layer_stride, *vc = kv->v + l * kv->layer_stride; /* (n_blocks, Hkvl, block, Dh) */
             KVLayout paged = kv_paged(b->tables[i], kv->block, Dh);
             for (int t = 0; t < Tq; t++) {
-                int p = pos[t0 + t];
-                size_t slot = (size_t)paged.table[p / kv->block] * kv->block * kvd + (size_t)(p % kv->block) * Dh;
+                size_t slot = kv_offset(&paged, kvd, pos[t0 + t]);
                 for (int h = 0; h < Hkvl; h++) {
                     memcpy(kc + slot + h * paged.head, k + (t0 + t) * kvd + h * Dh, sizeof(float) * Dh);
                     memcpy(vc + slot + h * paged.head, v + (t0 + t) * kvd + h * Dh, sizeof(float) * Dh);

@@ -77,7 +77,7 @@ int main(void) {
                 KVLayout paged = kv_paged(table, block, Dh);
                 for (int j = 0; j < T; j++)
                     for (int h = 0; h < Hkv; h++) {
-                        size_t at = (size_t)table[j / block] * block * Hkv * Dh + (size_t)(j % block) * paged.row + h * paged.head;
+                        size_t at = kv_offset(&paged, (size_t)Hkv * Dh, j) + h * paged.head;
                         memcpy(kc + at, k + ((size_t)j * Hkv + h) * Dh, sizeof(float) * Dh);
                         memcpy(vc + at, v + ((size_t)j * Hkv + h) * Dh, sizeof(float) * Dh);
                     }

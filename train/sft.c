@@ -198,9 +198,7 @@ int sft_main(int argc, char **argv) {
         {"--eval-every", OPT_INT, &eval_every, "0", "steps between evals (0 = only before and after)"},
         {"--save-every", OPT_INT, &save_every, "0", "steps between checkpoints (0 = only at the end)"},
         {"--log-every", OPT_INT, &log_every, "1", "steps between progress lines"},
-        {"--tp", OPT_INT, &tp, "1", "tensor-parallel size"},
-        {"--pp", OPT_INT, &pp, "1", "pipeline-parallel size"},
-        {"--threads", OPT_INT, &threads, "1", "CPU threads per rank"},
+        MESH_OPTIONS(&tp, &pp, &threads),
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
