@@ -52,7 +52,7 @@ static void mm_4x4(float *out, size_t ldo, const float *x, size_t ldx, const flo
         a30 = a30 + p3 * q0; a31 = a31 + p3 * q1; a32 = a32 + p3 * q2; a33 = a33 + p3 * q3;
     }
     /* lane sums of a row's four accumulators at once (hsum16's tree), then the k tail in order and
-     * the bias: exactly dot_finish's arithmetic per element */
+     * the bias: exactly mm_1x1's arithmetic (dot_fixed, then the bias) per element */
     hsum4(out, a00, a01, a02, a03);
     hsum4(out + ldo, a10, a11, a12, a13);
     hsum4(out + 2 * ldo, a20, a21, a22, a23);
