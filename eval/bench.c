@@ -136,6 +136,25 @@ static double read_bandwidth_gbs(void) {
     return best;
 }
 
+/* The matmul kernel's FLOP/s at batch N with its weights hot in L2 (n_out rows of K = dim, shared by
+ * the threads): the most that batched decode can reach, so batch-B decode is also reported against
+ * peak / (2 flops x matmul weight per token). Best of 5 sweeps of 64 calls. */
+static double matmul_peak_gflops(int N, int K) {
+    int O = 256;
+    float *w = xmalloc(sizeof(float) * O * K), *x = xmalloc(sizeof(float) * N * K), *y = xmalloc(sizeof(float) * N * O);
+    for (size_t i = 0; i < (size_t)O * K; i++) w[i] = (float)(i % 13) * 0.01f;
+    for (size_t i = 0; i < (size_t)N * K; i++) x[i] = (float)(i % 7) * 0.01f;
+    double best = 0;
+    for (int rep = 0; rep < 6; rep++) {
+        double t0 = now_seconds();
+        for (int it = 0; it < 64; it++) cpu_matmul(y, x, w, NULL, N, K, O);
+        double gf = 64 * 2.0 * N * K * O / (now_seconds() - t0) / 1e9;
+        if (rep > 0 && gf > best) best = gf;   /* rep 0 warms the caches */
+    }
+    free(w); free(x); free(y);
+    return best;
+}
+
 static double median(double *v, int n) {
     qsort(v, n, sizeof(double), cmp_double);
     return v[n / 2];
@@ -150,6 +169,7 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
     /* bytes of weights streamed per decode token: every matrix and norm; an untied embedding table
      * is only looked up (one row), a tied one is read whole as the lm head */
     double bytes = 4.0 * m->n_params - (m->cfg.tie_embeddings ? 0.0 : 4.0 * m->vocab_local * m->cfg.dim);
+    double peak = matmul_peak_gflops(big, m->cfg.dim), ceiling = peak * 1e9 / (2.0 * bytes / 4.0);
     double *bw = xmalloc(sizeof(double) * rounds), *d1 = xmalloc(sizeof(double) * rounds);
     double *db = xmalloc(sizeof(double) * rounds), *pf = xmalloc(sizeof(double) * rounds);
     double *ratio = xmalloc(sizeof(double) * rounds), *frac = xmalloc(sizeof(double) * rounds);
@@ -171,13 +191,16 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
         printf("median of %d rounds: decode batch 1: %.1f tokens/s (%.0f%% of its round's bound); batch %d: %.1f tokens/s "
                "(%.2fx batch 1; per round %.2f-%.2fx); prefill %.1f tokens/s\n",
                rounds, m1, 100 * mfrac, big, mb, mb / m1, ratio[0], ratio[rounds - 1], mpf);
+        printf("compute ceiling: matmul %.1f GFLOP/s hot at batch %d -> %.1f tokens/s (%.2fx batch 1); batch %d reaches %.0f%% of it\n",
+               peak, big, ceiling, ceiling / m1, big, 100 * mb / ceiling);
         printf("{\"bench\": \"generate\", \"threads\": %d, \"prompt\": %d, \"new_tokens\": %d, \"rounds\": %d, "
                "\"read_gb_s\": %.2f, \"copy_gb_s\": %.2f, \"weight_mb_per_token\": %.2f, \"bound_tokens_per_s\": %.1f, "
                "\"decode_b1_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f, \"decode_b%d_tokens_per_s\": %.1f, "
                "\"batch_speedup\": %.2f, \"batch_speedup_min\": %.2f, \"batch_speedup_max\": %.2f, "
+               "\"matmul_peak_gflops\": %.1f, \"compute_ceiling_tokens_per_s\": %.1f, "
                "\"prefill_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f}\n",
                threads, P, T, rounds, mbw, copy, bytes / 1e6, bound, m1, mfrac, big, mb, mb / m1, ratio[0],
-               ratio[rounds - 1], mpf, peak_rss_mib());
+               ratio[rounds - 1], peak, ceiling, mpf, peak_rss_mib());
     }
     free(bw); free(d1); free(db); free(pf); free(ratio); free(frac);
     return 0;
