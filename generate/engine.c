@@ -187,6 +187,27 @@ static void schedule(Engine *e) {
     CHECK(e->n_running > 0);
 }
 
+static int held_back(const Seq *s) { return s->n_out < s->min_new && s->n_stop_ids > 0; }
+
+/* Sets s's stop ids to -inf in row (vocabulary ids v0 .. v0+n-1), their values appended to saved
+ * (when given); unmask_stop_ids puts them back, walking the same sequences in reverse order. */
+static float *mask_stop_ids(const Seq *s, float *row, int v0, int n, float *saved) {
+    for (int k = 0; k < s->n_stop_ids; k++) {
+        int v = s->stop_ids[k] - v0;
+        if (saved) *saved++ = v >= 0 && v < n ? row[v] : 0.0f;
+        if (v >= 0 && v < n) row[v] = -INFINITY;
+    }
+    return saved;
+}
+static float *unmask_stop_ids(const Seq *s, float *row, int v0, int n, float *saved) {
+    for (int k = s->n_stop_ids - 1; k >= 0; k--) {
+        int v = s->stop_ids[k] - v0;
+        saved--;
+        if (v >= 0 && v < n) row[v] = *saved;
+    }
+    return saved;
+}
+
 /* Chooses the next token of every running sequence (last pp stage; collectives over tp in the same
  * order on every tp rank). Results go to res_i / res_f for the pp broadcast. */
 static void choose_tokens(Engine *e, int R) {
@@ -198,19 +219,22 @@ static void choose_tokens(Engine *e, int R) {
     for (int r = 0; r < R && !want_lp; r++) want_lp = e->running[r]->logprobs_n > 0 || e->running[r]->forced;
     if (want_lp) model_logsumexp(m, R, e->lse);
     else for (int r = 0; r < R; r++) e->lse[r] = NAN;
-    for (int r = 0; r < R; r++) {                               /* min_new_tokens: no stop before it */
-        Seq *s = e->running[r];
-        if (s->n_out >= s->min_new) continue;
-        for (int k = 0; k < s->n_stop_ids; k++) {
-            int v = s->stop_ids[k] - m->vocab_start;
-            if (v >= 0 && v < Vl) m->s.logits[(size_t)r * Vl + v] = -INFINITY;
-        }
-    }
+    /* min_new_tokens: no stop id before it. The logits stay raw for logprobs; the draw alone sees the
+     * stop ids at -inf: masked here around the argmax (saved values put back after it), masked in
+     * the gathered row below */
+    int n_held = 0;
+    for (int r = 0; r < R; r++) n_held += held_back(e->running[r]) ? e->running[r]->n_stop_ids : 0;
+    float *saved = n_held ? xmalloc(sizeof(float) * n_held) : NULL, *sv = saved;
+    for (int r = 0; r < R; r++)
+        if (held_back(e->running[r])) sv = mask_stop_ids(e->running[r], m->s.logits + (size_t)r * Vl, m->vocab_start, Vl, sv);
     model_argmax(m, R, e->amax, e->amax_val);                   /* greedy without gathering the vocab */
+    for (int r = R - 1; r >= 0; r--)
+        if (held_back(e->running[r])) sv = unmask_stop_ids(e->running[r], m->s.logits + (size_t)r * Vl, m->vocab_start, Vl, sv);
+    free(saved);
     for (int r = 0; r < R; r++) {
         Seq *s = e->running[r];
         const SamplingParams *p = &s->sp;
-        int plain_greedy = p->temperature == 0.0f && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+        int plain_greedy = sampler_is_greedy(p) && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
                            p->frequency_penalty == 0.0f && s->logprobs_n == 0;
         int *ri = e->res_i + (size_t)r * (1 + K);
         float *rf = e->res_f + (size_t)r * (2 + K);
@@ -228,8 +252,10 @@ static void choose_tokens(Engine *e, int R) {
             if (k >= nt) top[k] = -1;
             rf[2 + k] = k < nt ? e->full[top[k]] - e->lse[r] : -INFINITY;
         }
+        if (held_back(s)) mask_stop_ids(s, e->full, 0, V, NULL);
         sampler_process(e->full, V, p, s->prompt, s->n_prompt, s->out, s->n_out, e->scratch);
         ri[0] = sampler_draw(e->full, V, p, s->n_out);
+        if (ri[0] < 0) rank_error("input line %d: the model's logits are not finite (NaN or inf) at output token %d", s->index + 1, s->n_out + 1);
     }
     /* logprobs (raw distribution) of each chosen token and each appended (chosen or forced) one */
     int *rows = e->lp_rows, *toks = e->lp_toks;

@@ -14,6 +14,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,9 +70,16 @@ static float get_num(cJSON *o, const char *key, float dflt, const char *file, in
 static int get_int(cJSON *o, const char *key, int dflt, const char *file, int line) {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     if (!v || cJSON_IsNull(v)) return dflt;
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
-        user_error("%s:%d: field \"%s\" must be an integer", file, line, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > INT_MAX)
+        user_error("%s:%d: field \"%s\" must be an integer in [%d, %d]", file, line, key, -INT_MAX, INT_MAX);
     return (int)v->valuedouble;
+}
+/* A seed is any integer a double holds exactly (|seed| <= 2^53; JSON readers keep no more), taken
+ * modulo 2^64 as the --seed option is: -1 and 2^64 - 1 are the same seed. */
+static uint64_t get_seed(cJSON *v, const char *file, int line) {
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 0x1p53)
+        user_error("%s:%d: field \"seed\" must be an integer in [-2^53, 2^53]", file, line);
+    return (uint64_t)(int64_t)v->valuedouble;
 }
 
 static void add_stop(Gen *g, const char *s, const char *where) {
@@ -187,7 +195,7 @@ static void read_input(Run *run, const char *path, const Defaults *d, const Mode
         s->sp.frequency_penalty = get_num(j, "frequency_penalty", d->sp.frequency_penalty, path, line);
         cJSON *seed = cJSON_GetObjectItemCaseSensitive(j, "seed");
         /* a sequence's draws depend only on its seed: the line's, else --seed mixed with the line index */
-        s->sp.seed = seed ? (uint64_t)get_int(j, "seed", 0, path, line)
+        s->sp.seed = seed && !cJSON_IsNull(seed) ? get_seed(seed, path, line)
                           : d->sp.seed * 0x9E3779B97F4A7C15ull + (uint64_t)s->index + 1;
         const char *bad = sampling_params_check(&s->sp);
         if (bad) user_error("%s: %s", where, bad);
@@ -337,18 +345,20 @@ static int on_token(void *ctx, Seq *s) {
     if (!run->tok) return 0;
     size_t before = g->len;
     tok_stream_push(&g->ts, s->out[s->n_out - 1], &g->text, &g->len, &g->cap);
-    /* a stop string may straddle tokens: search from where the longest one could have begun */
+    if (s->n_out < s->min_new) return 0;   /* min_new_tokens holds back every stop, as in vLLM */
+    /* a stop string may straddle tokens: search from where it could have begun; of all the stop
+     * strings found, the one that begins first in the text wins */
+    char *first = NULL;
     for (int k = 0; k < g->n_stops; k++) {
         size_t sl = strlen(g->stops[k]), from = before >= sl ? before - sl + 1 : 0;
         char *hit = g->len >= sl ? memmem(g->text + from, g->len - from, g->stops[k], sl) : NULL;
-        if (hit) {                        /* cut the stop string and what follows it */
-            g->len = (size_t)(hit - g->text);
-            g->text[g->len] = 0;
-            g->stopped = 1;
-            return 1;
-        }
+        if (hit && (!first || hit < first)) first = hit;
     }
-    return 0;
+    if (!first) return 0;
+    g->len = (size_t)(first - g->text);   /* cut the stop string and what follows it */
+    g->text[g->len] = 0;
+    g->stopped = 1;
+    return 1;
 }
 
 static void on_finish(void *ctx, Seq *s) {
@@ -420,6 +430,7 @@ static int add_generation_eos(const char *dir, int *eos, int n_eos) {
     cJSON *j = text ? cJSON_Parse(text) : NULL;
     if (text && !j) user_error("%s: not valid JSON", path);
     cJSON *v = j ? cJSON_GetObjectItemCaseSensitive(j, "eos_token_id") : NULL, *e;
+    if (cJSON_IsNull(v)) v = NULL;   /* null: none given, as config.json's reader and HF take it */
     if (v && !cJSON_IsNumber(v) && !cJSON_IsArray(v)) user_error("%s: eos_token_id must be an integer or a list", path);
     cJSON *one = cJSON_IsNumber(v) ? cJSON_CreateIntArray(&v->valueint, 1) : NULL, *list = one ? one : v;
     cJSON_ArrayForEach(e, list) {
@@ -455,7 +466,7 @@ int generate_main(int argc, char **argv) {
         {"--greedy", OPT_FLAG, &greedy, NULL, "same as --temperature 0"},
         {"--seed", OPT_INT, &seed, "0", "base seed; a line's \"seed\" overrides it"},
         {"--max-new-tokens", OPT_INT, &d.max_new, "128", "tokens to generate at most"},
-        {"--min-new-tokens", OPT_INT, &d.min_new, "0", "no EOS / stop id before this many"},
+        {"--min-new-tokens", OPT_INT, &d.min_new, "0", "no EOS, stop id or stop string before this many"},
         {"--stop", OPT_STR, &d.stop, NULL, "stop string, or a JSON list of them"},
         {"--stop-token-ids", OPT_STR, &d.stop_ids, NULL, "comma-separated ids that end a sequence"},
         {"--logprobs", OPT_INT, &d.logprobs, "0", "per generated token: its logprob and the top N"},
@@ -478,7 +489,7 @@ int generate_main(int argc, char **argv) {
     args_parse("usage: tandem generate --model DIR --input prompts.jsonl --output out.jsonl [options]", opts, n_opts, argc, argv);
     if (!model_dir || !in_path || !out_path) user_error("generate: --model, --input and --output are required");
     if (greedy) d.sp.temperature = 0.0f;
-    d.sp.seed = (uint64_t)(unsigned)seed;
+    d.sp.seed = (uint64_t)(int64_t)seed;
     const char *bad = sampling_params_check(&d.sp);
     if (bad) user_error("generate: %s", bad);
     if (d.max_new < 1) user_error("--max-new-tokens must be >= 1");

@@ -209,7 +209,7 @@ void sampler_process(float *logits, int V, const SamplingParams *p, const int *p
         apply_repetition(logits, V, p->repetition_penalty, prompt, n_prompt, output, n_output, work);
     if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f)
         apply_presence_frequency(logits, V, p->presence_penalty, p->frequency_penalty, output, n_output, work);
-    if (p->temperature == 0.0f) goto done; /* greedy: the draw is argmax of the penalized logits */
+    if (sampler_is_greedy(p)) goto done;   /* greedy: the draw is argmax of the penalized logits */
     if (p->temperature != 1.0f)
         for (int i = 0; i < V; i++) logits[i] /= p->temperature;
     if (p->top_k > 0) apply_top_k(logits, V, p->top_k, ent);
@@ -231,14 +231,15 @@ double sampler_uniform(uint64_t seed, uint64_t step) {
 int sampler_draw(const float *logits, int V, const SamplingParams *p, int step) {
     int best = 0;
     for (int i = 1; i < V; i++)
-        if (logits[i] > logits[best]) best = i; /* strict: lowest id on ties */
-    if (p->temperature == 0.0f) return best;
+        if (logits[i] > logits[best] || isnan(logits[best])) best = i; /* strict: lowest id on ties */
+    if (sampler_is_greedy(p)) return best;
 
     /* Inverse CDF in double: the first i with cumsum(exp(s - max))[i] > u * sum. */
     float max = logits[best];
     double sum = 0.0;
     for (int i = 0; i < V; i++)
         if (logits[i] != -INFINITY) sum += expf(logits[i] - max);
+    if (!isfinite(max) || !isfinite(sum)) return -1;   /* NaN or +inf somewhere, or all -inf */
     double target = sampler_uniform(p->seed, (uint64_t)step) * sum, cum = 0.0;
     int last = best;
     for (int i = 0; i < V; i++) {

@@ -28,7 +28,7 @@
 #include <stdint.h>
 
 typedef struct {
-    float temperature;        /* 0 = greedy (argmax); valid >= 0 */
+    float temperature;        /* 0 = greedy (argmax), and so is anything below 1e-5; valid >= 0 */
     int top_k;                /* 0 = off; valid >= 0 */
     float top_p;              /* 1 = off; valid (0, 1] */
     float min_p;              /* 0 = off; valid [0, 1] */
@@ -46,6 +46,10 @@ void sampling_params_default(SamplingParams *p);
  * buffer (not thread-safe); copy it before the next call. */
 const char *sampling_params_check(const SamplingParams *p);
 
+/* Greedy: temperature below 1e-5 (vLLM's _SAMPLING_EPS). Dividing by a smaller one would push
+ * logits to +-inf (1e-40 turns a whole row into inf - inf = NaN), and the softmax is then an argmax. */
+static inline int sampler_is_greedy(const SamplingParams *p) { return p->temperature < 1e-5f; }
+
 /* Bytes of scratch sampler_process needs for a row of V: V floats + V (float, int) pairs. */
 size_t sampler_scratch_bytes(int V);
 
@@ -62,8 +66,9 @@ void sampler_process(float *logits, int V, const SamplingParams *p, const int *p
                      const int *output, int n_output, void *scratch);
 
 /* One token drawn from softmax(logits) (V) by inverse CDF with u = sampler_uniform(p->seed, step).
- * Greedy (p->temperature == 0): argmax, lowest id on ties. -INFINITY entries are never drawn.
- * At least one entry must be finite. */
+ * Greedy (sampler_is_greedy): argmax, lowest id on ties, NaN never chosen (as model_argmax).
+ * -INFINITY entries are never drawn. Returns -1 when there is nothing to draw from: a NaN or +inf
+ * logit, or no finite one (a broken model: the caller reports it). */
 int sampler_draw(const float *logits, int V, const SamplingParams *p, int step);
 
 /* Uniform in [0, 1) with 53 random bits: splitmix64 output number `step` of a stream whose start is

@@ -93,6 +93,10 @@ make_prompts() { # OUT EXTRA_JSON
     "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/s.jsonl" --output "$BATS_TEST_TMPDIR/s.out" 2>/dev/null
     "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/r.jsonl" --output "$BATS_TEST_TMPDIR/r.out" --max-batch 5 2>/dev/null
     diff <(jq -c '[.id, .completion_ids]' "$BATS_TEST_TMPDIR/s.out" | sort) <(jq -c '[.id, .completion_ids]' "$BATS_TEST_TMPDIR/r.out" | sort)
+    # seeds beyond 32 bits are seeds of their own (3e9 and 5e9 once both became INT_MIN)
+    printf '{"prompt": "Once", "seed": 3000000000, "temperature": 2}\n{"prompt": "Once", "seed": 5000000000, "temperature": 2}\n' > "$BATS_TEST_TMPDIR/big.jsonl"
+    "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/big.jsonl" --output "$BATS_TEST_TMPDIR/big.out" 2>/dev/null
+    [ "$(jq -s '.[0].completion_ids != .[1].completion_ids' "$BATS_TEST_TMPDIR/big.out")" = true ]
     # KV cache of 12 blocks x 16 tokens: sequences wait and get preempted, tokens do not change
     "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/k.jsonl" --seed 11 \
         --kv-cache-mem 0.24 2> "$BATS_TEST_TMPDIR/k.err"
@@ -128,9 +132,12 @@ make_prompts() { # OUT EXTRA_JSON
     cat > "$BATS_TEST_TMPDIR/p.jsonl" <<'JSON'
 {"id": "eos", "prompt": "Once upon a time", "temperature": 0, "max_new_tokens": 400}
 {"id": "str", "prompt": "Once upon a time", "temperature": 0, "stop": ["Lily"]}
-{"id": "ids", "prompt": "Once upon a time", "temperature": 0, "stop_token_ids": [426]}
-{"id": "min", "prompt": "Once upon a time", "temperature": 0, "stop_token_ids": [426], "min_new_tokens": 20}
+{"id": "two", "prompt": "Once upon a time", "temperature": 0, "stop": ["ere", "the"]}
+{"id": "ids", "prompt": "Once upon a time", "temperature": 0, "stop_token_ids": [426], "logprobs": 3}
+{"id": "min", "prompt": "Once upon a time", "temperature": 0, "stop_token_ids": [426], "min_new_tokens": 20, "logprobs": 3}
+{"id": "minstr", "prompt": "Once upon a time", "temperature": 0, "stop": ["Lily"], "min_new_tokens": 20}
 {"id": "len", "prompt": "Once upon a time", "temperature": 0, "max_new_tokens": 5}
+{"id": "cold", "prompt": "Once upon a time", "temperature": 1e-40, "max_new_tokens": 30}
 JSON
     # stories260K ends stories with BOS (1), llama2.c style: declare it an EOS in generation_config.json
     cp -r "$STORIES" "$BATS_TEST_TMPDIR/m"
@@ -141,13 +148,29 @@ JSON
     [ "$(q eos .finish_reason)" = stop ]
     [ "$(q eos '.completion_ids[-1]')" = 1 ]              # EOS ends it, kept in the ids
     [ "$(q eos '.completion_ids | map(select(. == 1)) | length')" = 1 ]
+    # a stop string and what follows it are cut: exactly the greedy text before its first occurrence
     [ "$(q str .finish_reason)" = stop ]
-    [[ "$(q str .completion)" != *Lily* ]]               # the stop string and what follows are cut
-    [[ "$(q eos .completion)" == "$(q str .completion)"* ]]
+    [ "$(q str .completion)" = "$(q eos '.completion | split("Lily")[0]')" ]
+    # of several stop strings the first in the text wins, whatever their order in the list (here
+    # both end in the same token: ", there")
+    [ "$(q two .completion)" = "$(q eos '.completion as $c | $c[:([("ere", "the") as $s | $c | index($s)] | min)]')" ]
     [ "$(q ids '.completion_ids[-1]')" = 426 ]
     [ "$(q ids '.completion_ids | map(select(. == 426)) | length')" = 1 ]
     [ "$(q min '.completion_ids | length')" -ge 21 ]
     [ "$(q min '.completion_ids[:20] | map(select(. == 426)) | length')" = 0 ]
+    # min_new_tokens holds back stop strings too (vLLM's min_tokens), and the logprobs stay those
+    # of the raw distribution: where ids stopped on 426, min reports 426 as the top alternative
+    [ "$(q minstr '.completion_tokens')" -ge 20 ]
+    [[ "$(q minstr .completion)" == "$(q eos '.completion | split("Lily")[0]')Lily"* ]]
+    n=$(q ids '.completion_tokens')
+    [ "$(q ids '[.logprobs[].top]')" = "$(q min "[.logprobs[:$n][].top]")" ]
+    [ "$(q ids '.logprobs[-1].top[0][0]')" = 426 ]
+    # a temperature below 1e-5 is greedy (1e-40 would overflow the logits into NaN)
+    [ "$(q cold .completion_ids)" = "$(q eos '.completion_ids[:30]')" ]
+    # generation_config.json's "eos_token_id": null means none given (as in HF), not an error
+    echo '{"eos_token_id": null}' > "$BATS_TEST_TMPDIR/m/generation_config.json"
+    "$TANDEM" generate --model "$BATS_TEST_TMPDIR/m" --input <(echo '{"prompt": "Once", "max_new_tokens": 3}') --output "$BATS_TEST_TMPDIR/n.jsonl" 2>/dev/null
+    [ "$(jq .completion_tokens "$BATS_TEST_TMPDIR/n.jsonl")" = 3 ]
     [ "$(q len .finish_reason)" = length ]
     [ "$(q len .completion_tokens)" = 5 ]
 }
@@ -223,6 +246,8 @@ JSON
     printf '{"prompt": "a", "top_k": -2}\n' > "$P";                     gen; [[ "$output" == *"p.jsonl:1: "*"top_k"* ]]
     printf '{"prompt": "a", "repetition_penalty": 0}\n' > "$P";         gen; [[ "$output" == *"p.jsonl:1: "*"repetition_penalty"* ]]
     printf '{"prompt": "a", "max_new_tokens": "x"}\n' > "$P";           gen; [[ "$output" == *"p.jsonl:1: field \"max_new_tokens\" must be an integer"* ]]
+    printf '{"prompt": "a", "max_new_tokens": 3e9}\n' > "$P";           gen; [[ "$output" == *"p.jsonl:1: field \"max_new_tokens\" must be an integer in"* ]]
+    printf '{"prompt": "a", "seed": 1e300}\n' > "$P";                   gen; [[ "$output" == *"p.jsonl:1: field \"seed\" must be an integer in [-2^53, 2^53]"* ]]
     printf '{"messages": [{"role": "user", "content": "hi"}]}\n' > "$P"; gen --chat-template bogus; [[ "$output" == *"p.jsonl:1: "*"bogus"* ]]
     printf '{"input_ids": [1, 600]}\n' > "$P";                          gen; [[ "$output" == *"p.jsonl:1: \"input_ids\" entries must be token ids in [0, 512)"* ]]
     printf '{"prompt": "a"}\n' > "$P"

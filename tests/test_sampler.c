@@ -9,7 +9,8 @@
  *                        error; a biased inverse CDF), so it can fail
  *   determinism          a token is a pure function of (logits, seed, step); seeds differ
  *   uniform              sampler_uniform is uniform over steps and over seeds at a fixed step
- *   greedy               temperature 0: argmax, lowest id on ties, -inf never drawn
+ *   greedy               temperature 0 (or < 1e-5): argmax, lowest id on ties, -inf never drawn,
+ *                        NaN never chosen; a draw from a NaN / +inf / all -inf row returns -1
  *   check                sampling_params_check accepts the valid edges and names each bad field
  * Each prints what failed and exits 1, or prints one "ok" summary line. */
 #include "generate/sampler.h"
@@ -457,8 +458,28 @@ static int cmd_greedy(void) {
     float want[5] = {1.0f, 1.5f, 2.0f, -1.0f, 0.0f};
     fails += memcmp(z, want, sizeof(z)) != 0;
     fails += sampler_draw(z, 5, &p, 0) != 2;
+    /* A temperature below 1e-5 is greedy: 1e-40 would turn {0.5, 3, -1, 1, 0.2} into inf - inf. */
+    float w[5] = {0.5f, 3.0f, -1.0f, 1.0f, 0.2f}, w0[5];
+    memcpy(w0, w, sizeof(w));
+    SamplingParams c;
+    sampling_params_default(&c);
+    for (int k = 0; k < 2; k++) {
+        c.temperature = k ? 1e-40f : 9e-6f;
+        sampler_process(w, 5, &c, NULL, 0, NULL, 0, NULL);
+        if (memcmp(w, w0, sizeof(w))) { fprintf(stderr, "temperature %g changed the row\n", c.temperature); fails++; }
+        for (int t = 0; t < 100; t++) fails += sampler_draw(w, 5, &c, t) != 1;
+    }
+    /* Non-finite logits: greedy skips NaN (as model_argmax); a draw reports -1 for NaN, +inf and a
+     * row with no finite entry, instead of a token from arithmetic on NaN. */
+    float nan_row[4] = {NAN, 1.0f, 2.0f, NAN}, inf_row[3] = {0.0f, INFINITY, 1.0f}, none[2] = {-INFINITY, -INFINITY};
+    fails += sampler_draw(nan_row, 4, &c, 0) != 2;
+    c.temperature = 1.0f;
+    for (int t = 0; t < 10; t++)
+        fails += (sampler_draw(nan_row, 4, &c, t) != -1) + (sampler_draw(inf_row, 3, &c, t) != -1) +
+                 (sampler_draw(none, 2, &c, t) != -1);
     if (fails) { fprintf(stderr, "%d greedy checks failed\n", fails); return 1; }
-    printf("ok: greedy is argmax with lowest id on ties; -inf never drawn\n");
+    printf("ok: greedy is argmax with lowest id on ties (also below temperature 1e-5); -inf never drawn; "
+           "non-finite rows refused\n");
     return 0;
 }
 
