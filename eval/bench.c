@@ -80,7 +80,8 @@ static void decode_batch(Engine *e, const Model *m, Seq *seqs, int B, int P, int
         s->sp.temperature = 0.0f;
         s->max_new = T;
         seq_alloc_results(s);
-        engine_add(e, s);
+        char err[256];
+        if (engine_add(e, s, err, sizeof err)) user_error("bench: %s", err);
     }
     engine_run(e);
     for (int b = 0; b < B; b++) { free(seqs[b].prompt); seq_free(&seqs[b]); }

@@ -262,7 +262,8 @@ static void greedy_check(Model *m, Record *recs, const int *own, int n_own, Resu
         q->max_new = r->G;
         q->forced = r->greedy;
         seq_alloc_results(q);
-        engine_add(e, q);
+        char err[256];
+        if (engine_add(e, q, err, sizeof err)) user_error("eval: reference %d: %s", s + 1, err);
         who[s++] = own[k];
     }
     engine_run(e);

@@ -108,16 +108,18 @@ static void waiting_push(Engine *e, Seq *s, int front) {
     e->n_waiting++;
 }
 
-void engine_add(Engine *e, Seq *s) {
+int engine_add(Engine *e, Seq *s, char *err, size_t errlen) {
     int need = blocks_for(e, s->n_prompt + s->max_new);
     if (e->window) {   /* the whole prompt during prefill, then only the window (+ partial blocks) */
         int w = blocks_for(e, e->window) + 2, p = blocks_for(e, s->n_prompt + 1);
         if (w < p) w = p;
         if (w < need) need = w;
     }
-    if (need > e->kv.n_blocks)
-        user_error("prompt %d: %d prompt + %d new tokens need %d KV blocks of %d tokens, the cache holds %d "
-                   "(raise --kv-cache-mem)", s->index, s->n_prompt, s->max_new, need, e->kv.block, e->kv.n_blocks);
+    if (need > e->kv.n_blocks) {
+        snprintf(err, errlen, "%d prompt + %d new tokens need %d KV blocks of %d tokens, the cache holds %d "
+                 "(raise --kv-cache-mem)", s->n_prompt, s->max_new, need, e->kv.block, e->kv.n_blocks);
+        return -1;
+    }
     s->table = xmalloc(sizeof(int) * e->max_table);
     for (int i = 0; i < e->max_table; i++) s->table[i] = -1;
     s->n_table = 0;
@@ -130,6 +132,7 @@ void engine_add(Engine *e, Seq *s) {
         e->res_f = xrealloc(e->res_f, sizeof(float) * e->cfg.max_batch * (2 + e->K));
     }
     waiting_push(e, s, 0);
+    return 0;
 }
 
 static void release_blocks(Engine *e, Seq *s) {

@@ -67,9 +67,10 @@ typedef struct {
  * sequence that will be added. */
 Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len);
 void engine_free(Engine *e);
-/* Queues s (the engine keeps the pointer; s must outlive the run). A sequence that could never fit
- * in the KV cache is a user_error naming its index. */
-void engine_add(Engine *e, Seq *s);
+/* Queues s (the engine keeps the pointer; s must outlive the run) and returns 0; a sequence that
+ * could never fit in the KV cache is not queued: the message (for the caller to report with the
+ * input's name and line) is written to err and -1 returned. */
+int engine_add(Engine *e, Seq *s, char *err, size_t errlen);
 /* Runs until every queued sequence is done. */
 void engine_run(Engine *e);
 /* Counters for the report. */

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@ enum { MAX_STOPS = 16 };
 typedef struct {
     Seq seq;
     char *id_json;        /* the "id" value as JSON text (given, or the 1-based line number) */
+    int in_line;          /* its line in --input */
     char *prompt_json;    /* the prompt field as given, JSON text */
     char *stops[MAX_STOPS];
     int n_stops;
@@ -44,6 +46,7 @@ typedef struct {
     int next_write;       /* first input index not yet written */
     int fd;               /* output file (rank 0), O_APPEND */
     const char *out_path;
+    long resume_keep;     /* --resume: bytes of --output kept (a partial last line dropped); -1: all */
     int n_done, n_total, progress;
     long gen_tokens;
     double t0;
@@ -61,15 +64,21 @@ enum { TAG_LINE = 7 };  /* message: 4-byte input index, then the line */
 
 /* ---- input ------------------------------------------------------------------------------ */
 
-static float get_num(cJSON *o, const char *key, float dflt, const char *file, int line) {
+/* A line's field; null counts as absent (the default applies), for every field. */
+static cJSON *field(const cJSON *o, const char *key) {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) return dflt;
+    return cJSON_IsNull(v) ? NULL : v;
+}
+
+static float get_num(cJSON *o, const char *key, float dflt, const char *file, int line) {
+    cJSON *v = field(o, key);
+    if (!v) return dflt;
     if (!cJSON_IsNumber(v)) user_error("%s:%d: field \"%s\" must be a number", file, line, key);
     return (float)v->valuedouble;
 }
 static int get_int(cJSON *o, const char *key, int dflt, const char *file, int line) {
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v || cJSON_IsNull(v)) return dflt;
+    cJSON *v = field(o, key);
+    if (!v) return dflt;
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > INT_MAX)
         user_error("%s:%d: field \"%s\" must be an integer in [%d, %d]", file, line, key, -INT_MAX, INT_MAX);
     return (int)v->valuedouble;
@@ -80,6 +89,18 @@ static uint64_t get_seed(cJSON *v, const char *file, int line) {
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 0x1p53)
         user_error("%s:%d: field \"seed\" must be an integer in [-2^53, 2^53]", file, line);
     return (uint64_t)(int64_t)v->valuedouble;
+}
+
+/* An "id" as JSON text, the key --resume matches on. Numbers are printed exactly (cJSON's own
+ * printing rounds to 15 digits, which merges ids such as 9007199254740990 and ...991), so a numeric
+ * id must be an integer a double holds exactly; larger ones must be strings. */
+static char *id_text(const cJSON *id, const char *where) {
+    if (!cJSON_IsNumber(id)) return cJSON_PrintUnformatted(id);
+    double v = id->valuedouble;
+    if (v != floor(v) || fabs(v) > 0x1p53) user_error("%s: a numeric \"id\" must be an integer within +-2^53 (use a string)", where);
+    char *t = xmalloc(24);
+    snprintf(t, 24, "%.0f", v);
+    return t;
 }
 
 static void add_stop(Gen *g, const char *s, const char *where) {
@@ -97,10 +118,11 @@ static void parse_stops(Gen *g, cJSON *v, const char *where) {
     }
 }
 static void parse_stop_ids(Seq *s, cJSON *v, const char *where, int vocab) {
+    if (!v) return;
     if (!cJSON_IsArray(v)) user_error("%s: \"stop_token_ids\" must be a list of token ids", where);
     cJSON *e;
     cJSON_ArrayForEach(e, v) {
-        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= vocab)
+        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 || e->valuedouble >= vocab)
             user_error("%s: \"stop_token_ids\" entries must be token ids in [0, %d)", where, vocab);
         s->stop_ids = xrealloc(s->stop_ids, sizeof(int) * (s->n_stop_ids + 1));
         s->stop_ids[s->n_stop_ids++] = e->valueint;
@@ -110,15 +132,14 @@ static void parse_stop_ids(Seq *s, cJSON *v, const char *where, int vocab) {
 typedef struct {
     SamplingParams sp;
     int max_new, min_new, logprobs, truncate, no_bos, ignore_eos;
-    const char *key, *stop, *stop_ids, *chat_template;
+    const char *key, *chat_template;
+    cJSON *stop, *stop_ids;   /* --stop, --stop-token-ids, parsed (NULL: not given) */
 } Defaults;
 
 /* Tokenizes one line's prompt into s->prompt. */
 static void line_prompt(Run *run, Gen *g, cJSON *j, const Defaults *d, const char *file, int line, int vocab) {
     Seq *s = &g->seq;
-    cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "input_ids");
-    cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
-    cJSON *text = cJSON_GetObjectItemCaseSensitive(j, d->key);
+    cJSON *ids = field(j, "input_ids"), *msgs = field(j, "messages"), *text = field(j, d->key);
     TokIds t = {0};
     if (ids) {
         if (!cJSON_IsArray(ids)) user_error("%s:%d: field \"input_ids\" must be a list of token ids", file, line);
@@ -180,8 +201,9 @@ static void read_input(Run *run, const char *path, const Defaults *d, const Mode
         s->index = run->n++;
         char where[600];
         snprintf(where, sizeof where, "%s:%d", path, line);
-        cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
-        if (id) g->id_json = cJSON_PrintUnformatted(id);
+        g->in_line = line;
+        cJSON *id = field(j, "id");
+        if (id) g->id_json = id_text(id, where);
         else { g->id_json = xmalloc(16); snprintf(g->id_json, 16, "%d", line); }
         line_prompt(run, g, j, d, path, line, cfg->vocab_size);
 
@@ -193,9 +215,9 @@ static void read_input(Run *run, const char *path, const Defaults *d, const Mode
         s->sp.repetition_penalty = get_num(j, "repetition_penalty", d->sp.repetition_penalty, path, line);
         s->sp.presence_penalty = get_num(j, "presence_penalty", d->sp.presence_penalty, path, line);
         s->sp.frequency_penalty = get_num(j, "frequency_penalty", d->sp.frequency_penalty, path, line);
-        cJSON *seed = cJSON_GetObjectItemCaseSensitive(j, "seed");
+        cJSON *seed = field(j, "seed");
         /* a sequence's draws depend only on its seed: the line's, else --seed mixed with the line index */
-        s->sp.seed = seed && !cJSON_IsNull(seed) ? get_seed(seed, path, line)
+        s->sp.seed = seed ? get_seed(seed, path, line)
                           : d->sp.seed * 0x9E3779B97F4A7C15ull + (uint64_t)s->index + 1;
         const char *bad = sampling_params_check(&s->sp);
         if (bad) user_error("%s: %s", where, bad);
@@ -209,29 +231,15 @@ static void read_input(Run *run, const char *path, const Defaults *d, const Mode
             s->stop_ids = xrealloc(s->stop_ids, sizeof(int) * (s->n_stop_ids + 1));
             s->stop_ids[s->n_stop_ids++] = eos[k];
         }
-        if (d->stop) {
-            cJSON *v = d->stop[0] == '[' ? cJSON_Parse(d->stop) : cJSON_CreateString(d->stop);
-            if (!v) user_error("--stop: not a string or a JSON list of strings");
-            parse_stops(g, v, "--stop");
-            cJSON_Delete(v);
-        }
-        if (d->stop_ids) {
-            char *txt = xmalloc(strlen(d->stop_ids) + 3);
-            sprintf(txt, "[%s]", d->stop_ids);
-            cJSON *v = cJSON_Parse(txt);
-            if (!v) user_error("--stop-token-ids: expected comma-separated token ids");
-            parse_stop_ids(s, v, "--stop-token-ids", cfg->vocab_size);
-            cJSON_Delete(v);
-            free(txt);
-        }
-        cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "stop");
+        /* a line's "stop" / "stop_token_ids" replace --stop / --stop-token-ids (EOS ids stay) */
+        cJSON *st = field(j, "stop"), *sti = field(j, "stop_token_ids");
         if (st) parse_stops(g, st, where);
-        cJSON *sti = cJSON_GetObjectItemCaseSensitive(j, "stop_token_ids");
-        if (sti) parse_stop_ids(s, sti, where, cfg->vocab_size);
+        else if (d->stop) parse_stops(g, d->stop, "--stop");
+        parse_stop_ids(s, sti ? sti : d->stop_ids, sti ? where : "--stop-token-ids", cfg->vocab_size);
         if (g->n_stops && !run->tok) user_error("%s: stop strings need a tokenizer in the model directory", where);
 
         int limit = cfg->max_pos;
-        if (s->n_prompt + s->max_new > limit) {
+        if ((long)s->n_prompt + s->max_new > limit) {   /* long: max_new may be up to INT_MAX */
             if (!d->truncate)
                 user_error("%s: prompt of %d tokens + max_new_tokens %d exceeds max_position_embeddings %d "
                            "(use --truncate to keep the prompt's last tokens)", where, s->n_prompt, s->max_new, limit);
@@ -249,12 +257,28 @@ static void read_input(Run *run, const char *path, const Defaults *d, const Mode
 
 /* ---- output ----------------------------------------------------------------------------- */
 
-/* --resume: ids already written. A last line cut off by a kill (no newline) is dropped from the
- * file; any other malformed line is an error. */
+static const Gen *g_sort_gens;   /* for cmp_by_id */
+static int cmp_by_id(const void *a, const void *b) {
+    int i = *(const int *)a, j = *(const int *)b, c = strcmp(g_sort_gens[i].id_json, g_sort_gens[j].id_json);
+    return c ? c : (i > j) - (i < j);
+}
+
+/* --resume: ids already written. A last line cut off by a kill (no newline) is to be dropped from
+ * the file (run->resume_keep, done when the output is opened, after every check); any other
+ * malformed line is an error. Each output line marks the first input line with its id not yet
+ * marked (ids sorted once: n log n, not n x m). */
 static void resume_scan(Run *run, const char *path) {
     size_t len;
+    run->resume_keep = -1;
     char *data = read_file(path, &len);
-    if (!data) return;                               /* nothing yet */
+    if (!data) {
+        if (errno != ENOENT) user_error("%s: cannot read for --resume: %s", path, strerror(errno));
+        return;                                      /* nothing yet */
+    }
+    int *order = xmalloc(sizeof(int) * run->n);
+    for (int i = 0; i < run->n; i++) order[i] = i;
+    g_sort_gens = run->gens;
+    qsort(order, run->n, sizeof(int), cmp_by_id);
     size_t good = 0, pos = 0;
     int line = 0, skipped = 0;
     while (pos < len) {
@@ -262,20 +286,28 @@ static void resume_scan(Run *run, const char *path) {
         line++;
         if (!nl) break;                              /* partial tail */
         *nl = 0;
-        cJSON *j = cJSON_Parse(data + pos);
+        cJSON *j = cJSON_ParseWithOpts(data + pos, NULL, 1);
         cJSON *id = j ? cJSON_GetObjectItemCaseSensitive(j, "id") : NULL;
         if (!j || !id || !cJSON_GetObjectItemCaseSensitive(j, "completion_ids"))
             user_error("%s:%d: not a complete output line; cannot --resume from this file", path, line);
-        char *key = cJSON_PrintUnformatted(id);
-        for (int i = 0; i < run->n; i++)
-            if (!run->gens[i].skip && !strcmp(run->gens[i].id_json, key)) { run->gens[i].skip = 1; skipped++; break; }
+        char where[600];
+        snprintf(where, sizeof where, "%s:%d", path, line);
+        char *key = id_text(id, where);
+        int lo = 0, hi = run->n;                     /* first sorted position with id >= key */
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (strcmp(run->gens[order[mid]].id_json, key) < 0) lo = mid + 1; else hi = mid;
+        }
+        for (; lo < run->n && !strcmp(run->gens[order[lo]].id_json, key); lo++)
+            if (!run->gens[order[lo]].skip) { run->gens[order[lo]].skip = 1; skipped++; break; }
         free(key);
         cJSON_Delete(j);
         pos = (size_t)(nl - data) + 1;
         good = pos;
     }
-    if (good < len && truncate(path, (off_t)good) != 0) user_error("%s: cannot drop the partial last line", path);
+    if (good < len) run->resume_keep = (long)good;
     if (g_rank == 0) fprintf(stderr, "resume: %d of %d prompts already in %s\n", skipped, run->n, path);
+    free(order);
     free(data);
 }
 
@@ -283,8 +315,19 @@ static void write_ready(Run *run) {
     while (run->next_write < run->n && (run->gens[run->next_write].done || run->gens[run->next_write].skip)) {
         Gen *g = &run->gens[run->next_write++];
         if (g->skip || g_rank != 0) continue;
-        size_t n = strlen(g->line);
-        if (write(run->fd, g->line, n) != (ssize_t)n) user_error("%s: write failed: %s", run->out_path, strerror(errno));
+        /* the whole line or nothing: a failed or short write (disk full) is cut back off the file */
+        size_t n = strlen(g->line), put = 0;
+        off_t end = lseek(run->fd, 0, SEEK_END);
+        while (put < n) {
+            ssize_t w = write(run->fd, g->line + put, n - put);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                int err = w < 0 ? errno : ENOSPC;
+                if (ftruncate(run->fd, end) != 0) { /* nothing more to do: the error below names the file */ }
+                user_error("%s: write failed: %s", run->out_path, strerror(err));
+            }
+            put += (size_t)w;
+        }
         free(g->line);
         g->line = NULL;
     }
@@ -293,7 +336,7 @@ static void write_ready(Run *run) {
 static char *format_line(const Gen *g) {
     const Seq *s = &g->seq;
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddItemToObject(o, "id", cJSON_Parse(g->id_json));
+    cJSON_AddItemToObject(o, "id", cJSON_CreateRaw(g->id_json));   /* as id_text printed it */
     cJSON_AddItemToObject(o, "prompt", cJSON_Parse(g->prompt_json));
     cJSON_AddStringToObject(o, "completion", g->text ? g->text : "");
     cJSON *ids = cJSON_AddArrayToObject(o, "completion_ids");
@@ -421,6 +464,13 @@ static void on_step(void *ctx) {
     if (g_rank == 0 && run->n_remote) collect_lines(run, 0);
 }
 
+/* --output must not be --input (that would overwrite the prompts as they are read). */
+static void same_file_check(const char *in, const char *out) {
+    struct stat a, b;
+    if (stat(in, &a) == 0 && stat(out, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        user_error("%s: --output is the --input file", out);
+}
+
 /* ---- main ------------------------------------------------------------------------------- */
 
 /* EOS ids of generation_config.json (int or list), added to eos[] without duplicates. */
@@ -449,6 +499,7 @@ static int add_generation_eos(const char *dir, int *eos, int n_eos) {
 int generate_main(int argc, char **argv) {
     const char *model_dir, *in_path, *out_path;
     Defaults d = {0};
+    const char *stop = NULL, *stop_ids = NULL;
     int tp, pp, threads, greedy, resume, show_progress, max_batch, max_batch_tokens, block, seed, micro;
     float kv_mib;
     Option opts[] = {
@@ -467,8 +518,8 @@ int generate_main(int argc, char **argv) {
         {"--seed", OPT_INT, &seed, "0", "base seed; a line's \"seed\" overrides it"},
         {"--max-new-tokens", OPT_INT, &d.max_new, "128", "tokens to generate at most"},
         {"--min-new-tokens", OPT_INT, &d.min_new, "0", "no EOS, stop id or stop string before this many"},
-        {"--stop", OPT_STR, &d.stop, NULL, "stop string, or a JSON list of them"},
-        {"--stop-token-ids", OPT_STR, &d.stop_ids, NULL, "comma-separated ids that end a sequence"},
+        {"--stop", OPT_STR, &stop, NULL, "stop string, or a JSON list of them"},
+        {"--stop-token-ids", OPT_STR, &stop_ids, NULL, "comma-separated ids that end a sequence"},
         {"--logprobs", OPT_INT, &d.logprobs, "0", "per generated token: its logprob and the top N"},
         {"--chat-template", OPT_STR, &d.chat_template, NULL, "llama2 | mistral | chatml | llama3 (default: detected)"},
         {"--ignore-eos", OPT_FLAG, &d.ignore_eos, NULL, "do not stop at EOS (parity runs against HF greedy)"},
@@ -493,7 +544,21 @@ int generate_main(int argc, char **argv) {
     const char *bad = sampling_params_check(&d.sp);
     if (bad) user_error("generate: %s", bad);
     if (d.max_new < 1) user_error("--max-new-tokens must be >= 1");
-    if (d.min_new < 0) user_error("--min-new-tokens must be >= 0");
+    if (d.min_new < 0 || d.min_new > d.max_new) user_error("--min-new-tokens must be in [0, --max-new-tokens]");
+    if (d.logprobs < 0 || d.logprobs > 20) user_error("--logprobs must be in [0, 20]");
+    /* --stop: a JSON list of strings, else the text itself (so "[END]" is a stop string) */
+    if (stop) {
+        d.stop = cJSON_ParseWithOpts(stop, NULL, 1);
+        if (!cJSON_IsArray(d.stop)) { cJSON_Delete(d.stop); d.stop = cJSON_CreateString(stop); }
+    }
+    if (stop_ids) {
+        char *txt = xmalloc(strlen(stop_ids) + 3);
+        sprintf(txt, "[%s]", stop_ids);
+        d.stop_ids = cJSON_ParseWithOpts(txt, NULL, 1);
+        if (!d.stop_ids) user_error("--stop-token-ids: expected comma-separated token ids, got \"%s\"", stop_ids);
+        free(txt);
+    }
+    same_file_check(in_path, out_path);
     if (block < 1 || max_batch < 1 || max_batch_tokens < 1 || threads < 1 || !(kv_mib > 0))
         user_error("--block-size, --max-batch, --max-batch-tokens, --threads, --kv-cache-mem must be positive");
     cpu_set_threads(threads);
@@ -508,6 +573,8 @@ int generate_main(int argc, char **argv) {
     model_load(&m, model_dir, &mesh);
     char err[1024];
     run.tok = tokenizer_open(model_dir, err, sizeof err);   /* optional: input_ids work without one */
+    if (d.chat_template && run.tok && chat_format_resolve(run.tok, d.chat_template, err, sizeof err) < 0)
+        user_error("--chat-template: %s", err);        /* checked even when no line has "messages" */
     int eos[3 * MAX_EOS_IDS + 1], n_eos = 0;
     for (int k = 0; k < m.cfg.n_eos; k++) eos[n_eos++] = m.cfg.eos_ids[k];
     n_eos = add_generation_eos(model_dir, eos, n_eos);
@@ -545,12 +612,15 @@ int generate_main(int argc, char **argv) {
             run.n_remote++;
             continue;
         }
-        engine_add(e, &g->seq);
+        char err[256];
+        if (engine_add(e, &g->seq, err, sizeof err)) user_error("%s:%d: %s", in_path, g->in_line, err);
     }
     /* every input check is done: only now is the output file created */
     if (g_rank == 0) {
         run.fd = open(out_path, O_WRONLY | O_CREAT | O_APPEND | (resume ? 0 : O_TRUNC), 0644);
         if (run.fd < 0) user_error("%s: cannot open for writing: %s", out_path, strerror(errno));
+        if (run.resume_keep >= 0 && ftruncate(run.fd, (off_t)run.resume_keep) != 0)
+            user_error("%s: cannot drop the partial last line: %s", out_path, strerror(errno));
     }
     comm_barrier(&mesh.world);
     run.t0 = now_seconds();
@@ -593,6 +663,8 @@ int generate_main(int argc, char **argv) {
     }
     free(run.gens);
     if (run.tok) tokenizer_free(run.tok);
+    cJSON_Delete(d.stop);
+    cJSON_Delete(d.stop_ids);
     model_free(&m);
     mesh_free(&mesh);
     comm_finalize();

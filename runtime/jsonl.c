@@ -23,6 +23,7 @@ cJSON *jsonl_next(JsonlReader *r) {
     ssize_t len;
     while ((len = getline(&r->buf, &r->cap, r->f)) != -1) {
         r->line++;
+        if (strlen(r->buf) != (size_t)len) user_error("%s:%d: a NUL byte in the line", r->path, r->line);
         while (len > 0 && (r->buf[len - 1] == '\n' || r->buf[len - 1] == '\r' || r->buf[len - 1] == ' ')) r->buf[--len] = 0;
         if (len == 0) continue;
         const char *end = NULL;
@@ -32,6 +33,7 @@ cJSON *jsonl_next(JsonlReader *r) {
         if (*end) user_error("%s:%d: text after the JSON object (one object per line)", r->path, r->line);
         return j;
     }
+    if (ferror(r->f)) user_error("%s: cannot read after line %d: %s", r->path, r->line, strerror(errno));
     return NULL;
 }
 

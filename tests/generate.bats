@@ -248,7 +248,6 @@ JSON
     printf '{"prompt": "a", "max_new_tokens": "x"}\n' > "$P";           gen; [[ "$output" == *"p.jsonl:1: field \"max_new_tokens\" must be an integer"* ]]
     printf '{"prompt": "a", "max_new_tokens": 3e9}\n' > "$P";           gen; [[ "$output" == *"p.jsonl:1: field \"max_new_tokens\" must be an integer in"* ]]
     printf '{"prompt": "a", "seed": 1e300}\n' > "$P";                   gen; [[ "$output" == *"p.jsonl:1: field \"seed\" must be an integer in [-2^53, 2^53]"* ]]
-    printf '{"messages": [{"role": "user", "content": "hi"}]}\n' > "$P"; gen --chat-template bogus; [[ "$output" == *"p.jsonl:1: "*"bogus"* ]]
     printf '{"input_ids": [1, 600]}\n' > "$P";                          gen; [[ "$output" == *"p.jsonl:1: \"input_ids\" entries must be token ids in [0, 512)"* ]]
     printf '{"prompt": "a"}\n' > "$P"
     run "$TANDEM" generate --model "$STORIES" --input "$P" --output "$BATS_TEST_TMPDIR/no/such/dir/o.jsonl"
@@ -263,7 +262,56 @@ JSON
     [ "$(jq .prompt_tokens "$O")" -eq 492 ]
     rm -f "$O"
     echo '{"input_ids": [1, 2, 3], "max_new_tokens": 100}' > "$P"
-    gen --kv-cache-mem 0.05; [[ "$output" == *"prompt 0: 3 prompt + 100 new tokens need 7 KV blocks of 16 tokens, the cache holds 2"* ]]
+    gen --kv-cache-mem 0.05; [[ "$output" == *"p.jsonl:1: 3 prompt + 100 new tokens need 7 KV blocks of 16 tokens, the cache holds 2"* ]]
+    # max_new_tokens near INT_MAX must not wrap past the max-positions check
+    echo '{"prompt": "a", "max_new_tokens": 2147483645}' > "$P"; gen; [[ "$output" == *"p.jsonl:1: prompt of 2 tokens + max_new_tokens 2147483645 exceeds"* ]]
+    printf '{"prompt": "a"}\n{"id": 1e17, "prompt": "b"}\n' > "$P";  gen; [[ "$output" == *"p.jsonl:2: a numeric \"id\" must be an integer within +-2^53"* ]]
+    printf '{"prompt": "a\0b"}\n' > "$P";                             gen; [[ "$output" == *"p.jsonl:1: a NUL byte in the line"* ]]
+    printf '{"prompt": "a"}\n' > "$P"
+    gen --chat-template bogus;           [[ "$output" == *"--chat-template: unknown chat template \"bogus\""* ]]
+    gen --logprobs 50;                   [[ "$output" == "tandem: --logprobs must be in [0, 20]" ]]
+    gen --min-new-tokens 9 --max-new-tokens 3; [[ "$output" == "tandem: --min-new-tokens must be in [0, --max-new-tokens]" ]]
+    gen --stop-token-ids '407] junk';    [[ "$output" == *"--stop-token-ids: expected comma-separated token ids"* ]]
+    gen --stop-token-ids 407.5;          [[ "$output" == *"--stop-token-ids: \"stop_token_ids\" entries must be token ids"* ]]
+    run "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR" --output "$O"
+    [ "$status" -ne 0 ]; [[ "$output" == *"cannot read after line 0: Is a directory"* ]]
+    # --output naming the --input file would overwrite the prompts: refused, the file untouched
+    cp "$P" "$BATS_TEST_TMPDIR/keep"
+    run "$TANDEM" generate --model "$STORIES" --input "$P" --output "$P"
+    [ "$status" -ne 0 ]; [[ "$output" == *"p.jsonl: --output is the --input file"* ]]
+    cmp "$P" "$BATS_TEST_TMPDIR/keep"
+    # a failing run leaves an existing output file as it was
+    echo PRECIOUS > "$O"
+    echo '{"prompt": "a", "top_p": 2}' > "$P"
+    run "$TANDEM" generate --model "$STORIES" --input "$P" --output "$O"
+    [ "$status" -ne 0 ]; [ "$(cat "$O")" = PRECIOUS ]
+}
+
+@test "generate: ids print exactly, null fields take the default, a line's stops replace --stop" {
+    need_assets
+    P="$BATS_TEST_TMPDIR/p.jsonl" O="$BATS_TEST_TMPDIR/o.jsonl"
+    gen() { "$TANDEM" generate --model "$STORIES" --input "$P" --output "$O" --greedy "$@" 2>/dev/null; }
+    # ids up to 2^53 come back digit for digit, and --resume tells neighbours apart
+    printf '{"id": 9007199254740991, "prompt": "Once", "max_new_tokens": 2}\n{"id": 9007199254740990, "prompt": "Once", "max_new_tokens": 2}\n' > "$P"
+    gen
+    [ "$(cut -c1-23 "$O")" = "$(printf '{"id":9007199254740991,\n{"id":9007199254740990,')" ]
+    head -1 "$O" > "$BATS_TEST_TMPDIR/half" && mv "$BATS_TEST_TMPDIR/half" "$O"
+    gen --resume
+    [ "$(jq -c .id "$O" | tr '\n' ' ')" = "9007199254740991 9007199254740990 " ]
+    # null means "not given": the default seed, stops, prompt source
+    printf '{"id": "a", "prompt": "Once", "max_new_tokens": 6, "temperature": 1, "seed": null, "stop": null, "input_ids": null, "messages": null}\n' > "$P"
+    gen --seed 3
+    printf '{"id": "a", "prompt": "Once", "max_new_tokens": 6, "temperature": 1}\n' > "$P"
+    cp "$O" "$BATS_TEST_TMPDIR/null.jsonl"
+    gen --seed 3
+    cmp "$O" "$BATS_TEST_TMPDIR/null.jsonl"
+    # --stop "[END]" is a stop string (not JSON); a line's "stop" replaces --stop, not adds to it
+    printf '{"id": "x", "prompt": "Once upon a time", "max_new_tokens": 8, "stop": "xyz"}\n{"id": "y", "prompt": "Once upon a time", "max_new_tokens": 8}\n' > "$P"
+    gen --stop ' was'
+    [ "$(jq -r 'select(.id == "x") | .finish_reason' "$O")" = length ]
+    [ "$(jq -r 'select(.id == "y") | .completion' "$O")" = ", there" ]
+    gen --stop '[END]'
+    [ "$(jq -r 'select(.id == "y") | .finish_reason' "$O")" = length ]
 }
 
 @test "generate: chat messages are rendered with the model's template and generation prompt" {
