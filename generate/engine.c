@@ -1,9 +1,12 @@
 /* engine.c — see engine.h. One step:
- *   1. every running sequence gets a KV block for its next token (preempting the latest admitted
- *      sequence when the pool is empty: its blocks are freed and it is recomputed later);
- *   2. waiting sequences are admitted while blocks, --max-batch and the token budget allow;
- *   3. one packed forward: new tokens of every running sequence (whole context for the newly
- *      admitted, one token for the others), logits only for each sequence's last token;
+ *   1. every running sequence gets KV slots for the tokens it feeds this step: one while decoding,
+ *      the rest of its context while that goes in chunks (preempting the latest admitted sequence
+ *      when the pool is empty: its blocks are freed and it is recomputed later);
+ *   2. waiting sequences are admitted while blocks, --max-batch and the token budget allow: with
+ *      others, their whole context at once; alone, as much as fits, the rest in later steps (a
+ *      prompt over the budget, or a recompute under a sliding window that outgrew the pool);
+ *   3. one packed forward: new tokens of every running sequence, logits only for each sequence's
+ *      last token (a sequence part-way through its context chooses nothing this step);
  *   4. the last pp stage chooses tokens (greedy without gathering the vocab, or a full-row gather
  *      and the sampler), broadcasts them over the pp group, and every rank applies them. */
 #include "generate/engine.h"
@@ -24,6 +27,7 @@ struct Engine {
     int K;                  /* most logprobs alternatives any added sequence asks for */
     /* step buffers, sized for max_batch sequences and max_tokens tokens */
     int *tokens, *start, *pos0, *rows, **tables;
+    int *partial;           /* (max_batch) 1: the row feeds part of its context, no token this step */
     float *lse, *amax_val, *full;
     int *amax;
     int *res_i;             /* (max_batch, 1 + K) per sequence: chosen id, top-K ids */
@@ -69,6 +73,7 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
     e->start = xmalloc(sizeof(int) * (B + 1));
     e->pos0 = xmalloc(sizeof(int) * B);
     e->rows = xmalloc(sizeof(int) * B);
+    e->partial = xmalloc(sizeof(int) * B);
     e->tables = xmalloc(sizeof(int *) * B);
     e->running = xmalloc(sizeof(Seq *) * B);
     e->lse = xmalloc(sizeof(float) * B);
@@ -88,7 +93,7 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
 
 void engine_free(Engine *e) {
     kv_free(&e->kv);
-    free(e->waiting); free(e->running); free(e->tokens); free(e->start); free(e->pos0); free(e->rows);
+    free(e->waiting); free(e->running); free(e->tokens); free(e->start); free(e->pos0); free(e->rows); free(e->partial);
     free(e->tables); free(e->lse); free(e->amax_val); free(e->amax);
     free(e->full); free(e->scratch); free(e->res_f); free(e->res_i);
     free(e->lp_rows); free(e->lp_toks); free(e->lp_vals);
@@ -108,11 +113,13 @@ static void waiting_push(Engine *e, Seq *s, int front) {
     e->n_waiting++;
 }
 
-int engine_add(Engine *e, Seq *s, char *err, size_t errlen) {
-    int need = blocks_for(e, s->n_prompt + s->max_new);
-    if (e->window) {   /* the whole prompt during prefill, then only the window (+ partial blocks) */
-        int w = blocks_for(e, e->window) + 2, p = blocks_for(e, s->n_prompt + 1);
-        if (w < p) w = p;
+int engine_check(const Engine *e, const Seq *s, char *err, size_t errlen) {
+    /* the last token is appended, never fed: n_prompt + max_new - 1 positions are cached at most;
+     * under a sliding window a query sees W positions, which span at most ceil((W - 1) / block) + 1
+     * blocks, and a context that outgrows the pool is fed in chunks when it runs alone */
+    int need = blocks_for(e, s->n_prompt + s->max_new - 1);
+    if (e->window) {
+        int w = (e->window - 1 + e->kv.block - 1) / e->kv.block + 1;
         if (w < need) need = w;
     }
     if (need > e->kv.n_blocks) {
@@ -120,6 +127,11 @@ int engine_add(Engine *e, Seq *s, char *err, size_t errlen) {
                  "(raise --kv-cache-mem)", s->n_prompt, s->max_new, need, e->kv.block, e->kv.n_blocks);
         return -1;
     }
+    return 0;
+}
+
+int engine_add(Engine *e, Seq *s, char *err, size_t errlen) {
+    if (engine_check(e, s, err, errlen)) return -1;
     s->table = xmalloc(sizeof(int) * e->max_table);
     for (int i = 0; i < e->max_table; i++) s->table[i] = -1;
     s->n_table = 0;
@@ -159,33 +171,46 @@ static void preempt(Engine *e, int r) {
     e->st.preemptions++;
 }
 
-/* Frees blocks that no future query can see: the next query is the last appended token, at
- * position ctx_len - 1, and it sees keys from ctx_len - 1 - (W - 1) = ctx_len - W on. */
+/* Frees blocks that no future query can see: the next query is at position n_cached (the first
+ * token not yet fed), and it sees keys from n_cached - (W - 1) on. */
 static void drop_out_of_window(Engine *e, Seq *s) {
     if (!e->window) return;
-    int lowest = ctx_len(s) - e->window;
+    int lowest = s->n_cached - e->window + 1;
     for (int b = 0; b < s->n_table && (b + 1) * e->kv.block <= lowest; b++)
         if (s->table[b] >= 0) { kv_block_release(&e->kv, s->table[b]); s->table[b] = -1; }
 }
 
+/* Tokens s could feed next from the blocks it holds and the free pool. */
+static int fit_tokens(const Engine *e, const Seq *s) {
+    return (s->n_table + e->kv.n_free) * e->kv.block - s->n_cached;
+}
+
 static void schedule(Engine *e) {
-    /* 1. running sequences first: a slot for each one's next token, preempting the latest admitted */
+    /* 1. running sequences first: slots for what each feeds this step (s->n_step: one token, or as
+     * much of an unfinished context as fits), preempting the latest admitted when none fits */
+    int budget = e->cfg.max_batch_tokens;
     for (int r = 0; r < e->n_running;) {
         Seq *s = e->running[r];
-        if (grow_table(e, s, ctx_len(s))) { r++; continue; }
+        int left = ctx_len(s) - s->n_cached, fit = fit_tokens(e, s), c = left < fit ? left : fit;
+        if (c >= 1 && grow_table(e, s, s->n_cached + c)) { s->n_step = c; budget -= c; r++; continue; }
         preempt(e, e->n_running - 1);   /* the latest admitted (possibly s itself) */
     }
-    /* 2. admit from the queue */
-    int budget = e->cfg.max_batch_tokens - e->n_running;
+    /* 2. admit from the queue: beside others, a whole context within the budget; alone, as much as
+     * fits (all of the pool is free then, and engine_add made sure that one token always fits) */
     while (e->n_waiting && e->n_running < e->cfg.max_batch) {
         Seq *s = e->waiting[0];
-        int n = ctx_len(s);
-        if (n > budget && e->n_running > 0) break;
-        if (!grow_table(e, s, n)) break;
+        int n = ctx_len(s), c = n;
+        if (e->n_running > 0) {
+            if (n > budget || !grow_table(e, s, n)) break;
+        } else {
+            if (c > fit_tokens(e, s)) c = fit_tokens(e, s);
+            CHECK(c >= 1 && grow_table(e, s, c));
+        }
+        s->n_step = c;
         memmove(e->waiting, e->waiting + 1, sizeof(Seq *) * (e->n_waiting - 1));
         e->n_waiting--;
         e->running[e->n_running++] = s;
-        budget -= n;
+        budget -= c;
     }
     CHECK(e->n_running > 0);
 }
@@ -241,6 +266,7 @@ static void choose_tokens(Engine *e, int R) {
                            p->frequency_penalty == 0.0f && s->logprobs_n == 0;
         int *ri = e->res_i + (size_t)r * (1 + K);
         float *rf = e->res_f + (size_t)r * (2 + K);
+        if (e->partial[r]) { ri[0] = 0; continue; }           /* no token this step */
         if (plain_greedy) { ri[0] = e->amax[r]; continue; }
         comm_all_gather(&m->mesh->tp_comm, m->s.logits + (size_t)r * Vl, e->full, Vl); /* the full row */
         int nt = 0, *top = ri + 1;                               /* top-N of the model's distribution: */
@@ -258,7 +284,7 @@ static void choose_tokens(Engine *e, int R) {
         if (held_back(s)) mask_stop_ids(s, e->full, 0, V, NULL);
         sampler_process(e->full, V, p, s->prompt, s->n_prompt, s->out, s->n_out, e->scratch);
         ri[0] = sampler_draw(e->full, V, p, s->n_out);
-        if (ri[0] < 0) rank_error("input line %d: the model's logits are not finite (NaN or inf) at output token %d", s->index + 1, s->n_out + 1);
+        if (ri[0] < 0) rank_error("prompt %d of the input: the model's logits are not finite (NaN or inf) at output token %d", s->index + 1, s->n_out + 1);
     }
     /* logprobs (raw distribution) of each chosen token and each appended (chosen or forced) one */
     int *rows = e->lp_rows, *toks = e->lp_toks;
@@ -285,16 +311,20 @@ static int is_stop_id(const Seq *s, int tok) {
 static void step(Engine *e) {
     Model *m = e->m;
     schedule(e);
-    int R = e->n_running, N = 0, prefill = 0;
+    int R = e->n_running, N = 0;
+    long prefill_tokens = 0, decode_tokens = 0;
     for (int r = 0; r < R; r++) {
         Seq *s = e->running[r];
-        int n = ctx_len(s);
+        int n = s->n_cached + s->n_step;
         e->start[r] = N;
         e->pos0[r] = s->n_cached;
         e->tables[r] = s->table;
         for (int p = s->n_cached; p < n; p++) e->tokens[N++] = ctx_tok(s, p);
         e->rows[r] = N - 1;
-        prefill += n - s->n_cached > 1;
+        e->partial[r] = n < ctx_len(s);
+        /* prefill: the prompt, or a recompute; decode: one generated token fed */
+        if (s->n_out == 0 || s->n_cached < ctx_len(s) - 1) prefill_tokens += s->n_step;
+        else decode_tokens++;
     }
     e->start[R] = N;
     int K = e->K;
@@ -307,8 +337,10 @@ static void step(Engine *e) {
     comm_broadcast(pp, e->res_i, sizeof(int) * R * (1 + K), pp->size - 1);
     comm_broadcast(pp, e->res_f, sizeof(float) * R * (2 + K), pp->size - 1);
     double dt = now_seconds() - t0;
-    if (prefill) { e->st.prefill_s += dt; e->st.prefill_tokens += N - (R - prefill); e->st.decode_tokens += R - prefill; }
-    else { e->st.decode_s += dt; e->st.decode_tokens += R; }
+    if (prefill_tokens) e->st.prefill_s += dt;   /* steps with prefill count as prefill time */
+    else e->st.decode_s += dt;
+    e->st.prefill_tokens += prefill_tokens;
+    e->st.decode_tokens += decode_tokens;
     e->st.steps++;
     int used = e->kv.n_blocks - e->kv.n_free;
     if (used > e->st.peak_blocks_used) e->st.peak_blocks_used = used;
@@ -319,6 +351,12 @@ static void step(Engine *e) {
         Seq *s = e->running[r];
         int *ri = e->res_i + (size_t)r * (1 + K);
         float *rf = e->res_f + (size_t)r * (2 + K);
+        if (e->partial[r]) {                                   /* fed part of its context */
+            s->n_cached += s->n_step;
+            drop_out_of_window(e, s);
+            e->running[keep++] = s;
+            continue;
+        }
         s->n_cached = ctx_len(s);
         int k = s->n_out;
         s->chosen[k] = ri[0];

@@ -38,6 +38,7 @@ typedef struct {
     int *table;            /* block table: block ids by position / block, -1 = freed (out of window) */
     int n_table;
     int n_cached;          /* tokens of prompt ++ out whose k, v are in the cache */
+    int n_step;            /* tokens fed in the current step */
 } Seq;
 
 typedef struct Engine Engine;
@@ -71,6 +72,9 @@ void engine_free(Engine *e);
  * could never fit in the KV cache is not queued: the message (for the caller to report with the
  * input's name and line) is written to err and -1 returned. */
 int engine_add(Engine *e, Seq *s, char *err, size_t errlen);
+/* engine_add's fit check alone (for sequences another data-parallel group runs: every rank checks
+ * every prompt, so the error comes from rank 0 whichever group owns the prompt). */
+int engine_check(const Engine *e, const Seq *s, char *err, size_t errlen);
 /* Runs until every queued sequence is done. */
 void engine_run(Engine *e);
 /* Counters for the report. */

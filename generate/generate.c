@@ -608,12 +608,13 @@ int generate_main(int argc, char **argv) {
             g->ts.n_seen = 1;  /* the completion continues the prompt: keep its first token's leading space */
         }
         run.n_total++;
+        char err[256];
+        if (engine_check(e, &g->seq, err, sizeof err)) user_error("%s:%d: %s", in_path, g->in_line, err);
         if (i % mesh.dp != mesh.dp_rank) {   /* another data-parallel group's prompt */
             run.n_remote++;
             continue;
         }
-        char err[256];
-        if (engine_add(e, &g->seq, err, sizeof err)) user_error("%s:%d: %s", in_path, g->in_line, err);
+        CHECK(engine_add(e, &g->seq, err, sizeof err) == 0);
     }
     /* every input check is done: only now is the output file created */
     if (g_rank == 0) {
