@@ -35,7 +35,12 @@ load helpers
     [ "$status" -eq 0 ]
     echo "$output" | grep "^{\"bench\"" | jq -e '.read_gb_s > 0 and .bound_tokens_per_s > 0 and .decode_b1_tokens_per_s > 0
         and .decode_b4_tokens_per_s > 0 and .prefill_tokens_per_s > 0 and .peak_rss_mib > 0 and .rounds == 3
-        and .batch_speedup_min <= .batch_speedup_max and .batch_speedup_min > 0'
+        and .batch_speedup_min <= .batch_speedup_max and .batch_speedup_min > 0
+        and .matmul_peak_gflops > 0 and .compute_ceiling_tokens_per_s > 0'
+    # the ceiling is the kernel's FLOP/s over 2 flops per weight per token, the weights being those
+    # the bandwidth bound counts
+    echo "$output" | grep "^{\"bench\"" | jq -e '((.compute_ceiling_tokens_per_s * 2 * .weight_mb_per_token / 4 * 1e6 / 1e9)
+        - .matmul_peak_gflops | fabs) < 0.01 * .matmul_peak_gflops'
 }
 
 @test "bench --tokenizer: encode MB/s for both tokenizer kinds" {
