@@ -301,6 +301,8 @@ JSON
     echo '{"prompt": "a", "max_new_tokens": 2147483645}' > "$P"; gen; [[ "$output" == *"p.jsonl:1: prompt of 2 tokens + max_new_tokens 2147483645 exceeds"* ]]
     printf '{"prompt": "a"}\n{"id": 1e17, "prompt": "b"}\n' > "$P";  gen; [[ "$output" == *"p.jsonl:2: a numeric \"id\" must be an integer within +-2^53"* ]]
     printf '{"prompt": "a\0b"}\n' > "$P";                             gen; [[ "$output" == *"p.jsonl:1: a NUL byte in the line"* ]]
+    printf '{"prompt": "a\\u0000b"}\n' > "$P";                        gen; [[ "$output" == *"p.jsonl:1: a string holds \\u0000 (NUL)"* ]]
+    printf '{"prompt": "a \\ud800 b"}\n' > "$P";                       gen; [[ "$output" == *"p.jsonl:1: not a JSON object (invalid JSON at column 15)"* ]]
     printf '{"prompt": "a"}\n' > "$P"
     gen --chat-template bogus;           [[ "$output" == *"--chat-template: unknown chat template \"bogus\""* ]]
     gen --logprobs 50;                   [[ "$output" == "tandem: --logprobs must be in [0, 20]" ]]
