@@ -233,23 +233,26 @@ static void score_group(Model *m, Record *recs, int a, int b, Result *res, int r
  * (paged KV cache, continuous batching), teacher-forced with the reference tokens so each step is
  * compared on the same prefix. A mismatch where the top-2 logprob gap is < tie_gap (the
  * reference's gap when listed, else ours) is a tie, not an error. */
-static void greedy_check(Model *m, Record *recs, const int *own, int n_own, Result *res, float tie_gap) {
-    int n_seqs = 0, max_len = 1, total = 0;
+static void greedy_check(Model *m, Record *recs, int n, const int *own, int n_own, Result *res, float tie_gap) {
+    /* the engine is sized from every record, not this group's: kv_init agrees on one pool size over
+     * all ranks, and a group without greedy records must still take part in it */
+    int n_seqs = 0, n_any = 0, max_len = 1, total = 0;
     size_t blocks = 1;
-    for (int k = 0; k < n_own; k++) {
-        Record *r = &recs[own[k]];
+    for (int i = 0; i < n; i++) {
+        Record *r = &recs[i];
         if (!r->G) continue;
-        n_seqs++;
+        n_any++;
         if (r->T + r->G > max_len) max_len = r->T + r->G;
         blocks += (r->T + r->G + 15) / 16 + 1;
         total += r->T + r->G;
     }
-    if (n_seqs == 0) return;
+    for (int k = 0; k < n_own; k++) n_seqs += recs[own[k]].G > 0;
+    if (n_any == 0) return;                               /* the same on every rank */
     size_t per_block = 2 * (size_t)m->n_layers_local * 16 * m->n_heads_kv_local * m->cfg.head_dim * sizeof(float);
-    EngineConfig ec = {n_seqs, total, blocks * per_block, 16, max_len + 1, m->mesh->pp, 1, NULL, NULL, NULL, NULL};
+    EngineConfig ec = {n_seqs > 0 ? n_seqs : 1, total, blocks * per_block, 16, max_len + 1, m->mesh->pp, 1, NULL, NULL, NULL, NULL};
     Engine *e = engine_new(m, &ec, max_len);
-    Seq *seqs = xcalloc(n_seqs, sizeof(Seq));
-    int *who = xmalloc(sizeof(int) * n_seqs), s = 0;
+    Seq *seqs = xcalloc(n_seqs + 1, sizeof(Seq));
+    int *who = xmalloc(sizeof(int) * (n_seqs + 1)), s = 0;
     for (int k = 0; k < n_own; k++) {
         Record *r = &recs[own[k]];
         if (!r->G) continue;
@@ -263,7 +266,7 @@ static void greedy_check(Model *m, Record *recs, const int *own, int n_own, Resu
         q->forced = r->greedy;
         seq_alloc_results(q);
         char err[256];
-        if (engine_add(e, q, err, sizeof err)) user_error("eval: reference %d: %s", s + 1, err);
+        CHECK(engine_add(e, q, err, sizeof err) == 0);   /* the pool holds every record at once */
         who[s++] = own[k];
     }
     engine_run(e);
@@ -388,7 +391,7 @@ int eval_main(int argc, char **argv) {
         while (mesh.dp == 1 && k < n_own && tokens + recs[own[k]].T <= batch_tokens) { tokens += recs[own[k]].T; b++; k++; }
         score_group(&m, recs, a, b, res, reference, ours, relative);
     }
-    if (reference) greedy_check(&m, recs, own, n_own, res, tie_gap);
+    if (reference) greedy_check(&m, recs, n, own, n_own, res, tie_gap);
     double elapsed = now_seconds() - t0;
 
     /* gather: each record's result lives on its dp group; sum over dp (others hold zeros) */

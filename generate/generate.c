@@ -222,7 +222,8 @@ static void read_input(Run *run, const char *path, const Defaults *d, const Mode
         const char *bad = sampling_params_check(&s->sp);
         if (bad) user_error("%s: %s", where, bad);
         s->max_new = get_int(j, "max_new_tokens", d->max_new, path, line);
-        s->min_new = get_int(j, "min_new_tokens", d->min_new, path, line);
+        /* --min-new-tokens yields to a line's smaller max_new_tokens; a line's own min_new_tokens must fit */
+        s->min_new = get_int(j, "min_new_tokens", d->min_new < s->max_new ? d->min_new : s->max_new, path, line);
         s->logprobs_n = get_int(j, "logprobs", d->logprobs, path, line);
         if (s->max_new < 1) user_error("%s: max_new_tokens must be >= 1", where);
         if (s->min_new < 0 || s->min_new > s->max_new) user_error("%s: min_new_tokens must be in [0, max_new_tokens]", where);
@@ -388,7 +389,8 @@ static int on_token(void *ctx, Seq *s) {
     if (!run->tok) return 0;
     size_t before = g->len;
     tok_stream_push(&g->ts, s->out[s->n_out - 1], &g->text, &g->len, &g->cap);
-    if (s->n_out < s->min_new) return 0;   /* min_new_tokens holds back every stop, as in vLLM */
+    if (s->n_out <= s->min_new) return 0;  /* min_new_tokens: as for stop ids, the first min_new tokens
+                                             * cannot end a stop (vLLM's min_tokens holds stop strings too) */
     /* a stop string may straddle tokens: search from where it could have begun; of all the stop
      * strings found, the one that begins first in the text wins */
     char *first = NULL;
@@ -467,7 +469,7 @@ static void on_step(void *ctx) {
 /* --output must not be --input (that would overwrite the prompts as they are read). */
 static void same_file_check(const char *in, const char *out) {
     struct stat a, b;
-    if (stat(in, &a) == 0 && stat(out, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+    if (stat(in, &a) == 0 && stat(out, &b) == 0 && S_ISREG(a.st_mode) && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
         user_error("%s: --output is the --input file", out);
 }
 

@@ -40,8 +40,8 @@ const char *sampling_params_check(const SamplingParams *p) {
         snprintf(msg, sizeof(msg), "top_p must be in (0, 1], got %g", p->top_p);
     else if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
         snprintf(msg, sizeof(msg), "min_p must be in [0, 1], got %g", p->min_p);
-    else if (!(p->repetition_penalty > 0.0f && isfinite(p->repetition_penalty)))
-        snprintf(msg, sizeof(msg), "repetition_penalty must be > 0 and finite, got %g", p->repetition_penalty);
+    else if (!(p->repetition_penalty >= 1e-6f && isfinite(p->repetition_penalty)))   /* s / 1e-40 is inf */
+        snprintf(msg, sizeof(msg), "repetition_penalty must be > 0 (at least 1e-6) and finite, got %g", p->repetition_penalty);
     else if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
         snprintf(msg, sizeof(msg), "presence_penalty must be in [-2, 2], got %g", p->presence_penalty);
     else if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
@@ -232,7 +232,7 @@ int sampler_draw(const float *logits, int V, const SamplingParams *p, int step) 
     int best = 0;
     for (int i = 1; i < V; i++)
         if (logits[i] > logits[best] || isnan(logits[best])) best = i; /* strict: lowest id on ties */
-    if (sampler_is_greedy(p)) return best;
+    if (sampler_is_greedy(p)) return isnan(logits[best]) ? -1 : best;   /* all NaN: nothing to choose */
 
     /* Inverse CDF in double: the first i with cumsum(exp(s - max))[i] > u * sum. */
     float max = logits[best];

@@ -32,7 +32,7 @@ typedef struct {
     int top_k;                /* 0 = off; valid >= 0 */
     float top_p;              /* 1 = off; valid (0, 1] */
     float min_p;              /* 0 = off; valid [0, 1] */
-    float repetition_penalty; /* 1 = off; valid > 0 */
+    float repetition_penalty; /* 1 = off; valid >= 1e-6 (smaller ones overflow positive logits to inf) */
     float presence_penalty;   /* 0 = off; valid [-2, 2] (OpenAI) */
     float frequency_penalty;  /* 0 = off; valid [-2, 2] (OpenAI) */
     uint64_t seed;

@@ -28,12 +28,12 @@ cJSON *jsonl_next(JsonlReader *r) {
         if (len == 0) continue;
         const char *end = NULL;
         cJSON *j = cJSON_ParseWithOpts(r->buf, &end, 0);
-        if (!j) user_error("%s:%d: not a JSON object (invalid JSON at column %d)", r->path, r->line, (int)(end - r->buf) + 1);
+        if (!j) user_error("%s:%d: not a JSON object (invalid JSON near column %d)", r->path, r->line, (int)(end - r->buf) + 1);
         if (!cJSON_IsObject(j)) user_error("%s:%d: not a JSON object", r->path, r->line);
         /* C strings end at NUL: an escaped \u0000 would silently cut a string short */
         for (const char *u = strstr(r->buf, "\\u0000"); u; u = strstr(u + 1, "\\u0000")) {
-            int slashes = 1;
-            while (u - slashes >= r->buf && u[-slashes] == '\\') slashes++;
+            size_t at = (size_t)(u - r->buf), slashes = 1;   /* the backslashes ending at u */
+            while (slashes <= at && r->buf[at - slashes] == '\\') slashes++;
             if (slashes % 2) user_error("%s:%d: a string holds \\u0000 (NUL), which is not supported", r->path, r->line);
         }
         end += strspn(end, " \t\r");

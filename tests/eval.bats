@@ -84,6 +84,14 @@ layouts_match_1x1() { # FIXTURE
     echo "$output"
     [ "$status" -eq 0 ]
     echo "$output" | grep '^{"records"' | grep -q '"dp": 2'
+    # dp=2 where the second group has no greedy records: it still joins the KV pool's collective
+    # set-up (it used to return early and leave the first group waiting forever)
+    jq -c 'if input_line_number % 2 == 0 then del(.greedy_ids, .greedy_top_logprobs) else . end' \
+        "$FIX/refs/llama_gqa.jsonl" | head -2 > "$BATS_TEST_TMPDIR/half.jsonl"
+    run timeout 60 $MPIRUN 2 "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/half.jsonl" --quiet
+    echo "$output"
+    [ "$status" -eq 0 ]
+    echo "$output" | grep '^{"records"' | jq -e '.records == 2 and .greedy_tokens > 0 and .dp == 2'
 }
 
 # Real weights give logprobs down to about -25, where one fp32 ulp is 2e-6 and the tp all-reduce's

@@ -170,6 +170,7 @@ make_prompts() { # OUT EXTRA_JSON
 {"id": "ids", "prompt": "Once upon a time", "temperature": 0, "stop_token_ids": [426], "logprobs": 3}
 {"id": "min", "prompt": "Once upon a time", "temperature": 0, "stop_token_ids": [426], "min_new_tokens": 20, "logprobs": 3}
 {"id": "minstr", "prompt": "Once upon a time", "temperature": 0, "stop": ["Lily"], "min_new_tokens": 20}
+{"id": "min5", "prompt": "Once upon a time", "temperature": 0, "stop": ["little"], "min_new_tokens": 5, "max_new_tokens": 12}
 {"id": "len", "prompt": "Once upon a time", "temperature": 0, "max_new_tokens": 5}
 {"id": "cold", "prompt": "Once upon a time", "temperature": 1e-40, "max_new_tokens": 30}
 JSON
@@ -195,12 +196,20 @@ JSON
     # min_new_tokens holds back stop strings too (vLLM's min_tokens), and the logprobs stay those
     # of the raw distribution: where ids stopped on 426, min reports 426 as the top alternative
     [ "$(q minstr '.completion_tokens')" -ge 20 ]
+    # as for stop ids, the first min_new_tokens tokens cannot end a stop: "little" is token 5 here
+    [ "$(q eos '.completion_ids[4]')" = 376 ]
+    [ "$(q min5 .finish_reason)" = length ]
+    [[ "$(q min5 .completion)" == ", there was a little"* ]]
     [[ "$(q minstr .completion)" == "$(q eos '.completion | split("Lily")[0]')Lily"* ]]
     n=$(q ids '.completion_tokens')
     [ "$(q ids '[.logprobs[].top]')" = "$(q min "[.logprobs[:$n][].top]")" ]
     [ "$(q ids '.logprobs[-1].top[0][0]')" = 426 ]
     # a temperature below 1e-5 is greedy (1e-40 would overflow the logits into NaN)
     [ "$(q cold .completion_ids)" = "$(q eos '.completion_ids[:30]')" ]
+    # --min-new-tokens yields to a line's smaller max_new_tokens
+    "$TANDEM" generate --model "$BATS_TEST_TMPDIR/m" --input <(echo '{"prompt": "Once", "max_new_tokens": 3}') --output "$BATS_TEST_TMPDIR/n.jsonl" \
+        --min-new-tokens 9 2>/dev/null
+    [ "$(jq .completion_tokens "$BATS_TEST_TMPDIR/n.jsonl")" = 3 ]
     # generation_config.json's "eos_token_id": null means none given (as in HF), not an error
     echo '{"eos_token_id": null}' > "$BATS_TEST_TMPDIR/m/generation_config.json"
     "$TANDEM" generate --model "$BATS_TEST_TMPDIR/m" --input <(echo '{"prompt": "Once", "max_new_tokens": 3}') --output "$BATS_TEST_TMPDIR/n.jsonl" 2>/dev/null
@@ -302,7 +311,7 @@ JSON
     printf '{"prompt": "a"}\n{"id": 1e17, "prompt": "b"}\n' > "$P";  gen; [[ "$output" == *"p.jsonl:2: a numeric \"id\" must be an integer within +-2^53"* ]]
     printf '{"prompt": "a\0b"}\n' > "$P";                             gen; [[ "$output" == *"p.jsonl:1: a NUL byte in the line"* ]]
     printf '{"prompt": "a\\u0000b"}\n' > "$P";                        gen; [[ "$output" == *"p.jsonl:1: a string holds \\u0000 (NUL)"* ]]
-    printf '{"prompt": "a \\ud800 b"}\n' > "$P";                       gen; [[ "$output" == *"p.jsonl:1: not a JSON object (invalid JSON at column 15)"* ]]
+    printf '{"prompt": "a \\ud800 b"}\n' > "$P";                       gen; [[ "$output" == *"p.jsonl:1: not a JSON object (invalid JSON near column 15)"* ]]
     printf '{"prompt": "a"}\n' > "$P"
     gen --chat-template bogus;           [[ "$output" == *"--chat-template: unknown chat template \"bogus\""* ]]
     gen --logprobs 50;                   [[ "$output" == "tandem: --logprobs must be in [0, 20]" ]]

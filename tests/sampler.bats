@@ -48,7 +48,7 @@ sampler_check() {
 }
 
 @test "sampler: sampling_params_check rejects bad fields (NaN too) and names them" {
-    sampler_check "ok: 18 invalid params rejected" check
+    sampler_check "ok: 19 invalid params rejected" check
 }
 
 @test "sampler: fixture generator is present and the fixtures are small" {

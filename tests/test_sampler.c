@@ -473,6 +473,8 @@ static int cmd_greedy(void) {
      * row with no finite entry, instead of a token from arithmetic on NaN. */
     float nan_row[4] = {NAN, 1.0f, 2.0f, NAN}, inf_row[3] = {0.0f, INFINITY, 1.0f}, none[2] = {-INFINITY, -INFINITY};
     fails += sampler_draw(nan_row, 4, &c, 0) != 2;
+    float all_nan[3] = {NAN, NAN, NAN};
+    fails += sampler_draw(all_nan, 3, &c, 0) != -1;
     c.temperature = 1.0f;
     for (int t = 0; t < 10; t++)
         fails += (sampler_draw(nan_row, 4, &c, t) != -1) + (sampler_draw(inf_row, 3, &c, t) != -1) +
@@ -495,6 +497,7 @@ static int cmd_check(void) {
         {"min_p", -0.01f, "min_p must be in [0, 1]"}, {"min_p", 1.01f, "min_p"}, {"min_p", NAN, "min_p"},
         {"repetition_penalty", 0.0f, "repetition_penalty must be > 0"},
         {"repetition_penalty", -1.0f, "repetition_penalty"}, {"repetition_penalty", NAN, "repetition_penalty"},
+        {"repetition_penalty", 1e-7f, "repetition_penalty must be > 0 (at least 1e-6)"},
         {"presence_penalty", 2.5f, "presence_penalty must be in [-2, 2]"},
         {"presence_penalty", NAN, "presence_penalty"},
         {"frequency_penalty", -2.01f, "frequency_penalty must be in [-2, 2]"},
