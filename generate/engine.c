@@ -337,10 +337,10 @@ static void step(Engine *e) {
     comm_broadcast(pp, e->res_i, sizeof(int) * R * (1 + K), pp->size - 1);
     comm_broadcast(pp, e->res_f, sizeof(float) * R * (2 + K), pp->size - 1);
     double dt = now_seconds() - t0;
-    if (prefill_tokens) e->st.prefill_s += dt;   /* steps with prefill count as prefill time */
-    else e->st.decode_s += dt;
-    e->st.prefill_tokens += prefill_tokens;
-    e->st.decode_tokens += decode_tokens;
+    /* a step with any prefill is a prefill step, all its tokens included: each rate is its steps'
+     * tokens over their time */
+    if (prefill_tokens) { e->st.prefill_s += dt; e->st.prefill_tokens += prefill_tokens + decode_tokens; }
+    else { e->st.decode_s += dt; e->st.decode_tokens += decode_tokens; }
     e->st.steps++;
     int used = e->kv.n_blocks - e->kv.n_free;
     if (used > e->st.peak_blocks_used) e->st.peak_blocks_used = used;

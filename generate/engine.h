@@ -79,7 +79,7 @@ int engine_check(const Engine *e, const Seq *s, char *err, size_t errlen);
 void engine_run(Engine *e);
 /* Counters for the report. */
 typedef struct {
-    long prefill_tokens, decode_tokens, steps, preemptions;
+    long prefill_tokens, decode_tokens, steps, preemptions;   /* tokens fed in steps with / without prefill */
     double prefill_s, decode_s;  /* time in steps with / without prefill tokens */
     int kv_blocks, kv_block_tokens, peak_blocks_used;
 } EngineStats;

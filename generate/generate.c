@@ -649,7 +649,7 @@ int generate_main(int argc, char **argv) {
     float pk = (float)peak;
     comm_all_reduce_max(&mesh.world, &pk, 1);
     if (g_rank == 0) {
-        fprintf(stderr, "generated: %d prompts, %ld tokens in %.2f s | prefill %ld tokens %.1f tok/s | decode %ld tokens "
+        fprintf(stderr, "generated: %d prompts, %ld tokens in %.2f s | prefill steps %ld tokens %.1f tok/s | decode steps %ld tokens "
                         "%.1f tok/s | %ld steps, %ld preemptions | KV %d blocks x %d tokens, peak %d used | peak RSS %.1f MiB/rank\n",
                 run.n_total, run.gen_tokens, now_seconds() - run.t0, st.prefill_tokens,
                 st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0, st.decode_tokens,
