@@ -1,6 +1,7 @@
 /* engine.h — the generation engine: a queue of sequences, a paged KV cache, and a scheduler that
  * runs one forward step at a time over every running sequence (prefill of newly admitted ones and
- * one decode token for the rest, in one packed batch: continuous batching).
+ * one decode token for the rest, in one packed batch: continuous batching; a context larger than
+ * the free pool runs alone and is fed in chunks).
  * Owns: admission, block tables, preemption (recompute), sliding-window block freeing, sampling
  * calls, EOS / stop-id / length stops. Does not own text: stop strings and output formatting come
  * through callbacks (generate/generate.c). Every rank runs the same scheduler on the same inputs;
@@ -52,7 +53,8 @@ typedef void (*StepFn)(void *ctx);
 
 typedef struct {
     int max_batch;         /* running sequences at most */
-    int max_batch_tokens;  /* tokens in one forward step at most (a longer prompt runs alone) */
+    int max_batch_tokens;  /* tokens in one forward step at most (a longer prompt runs alone, whole
+                            * when the pool holds it, else in chunks) */
     size_t kv_bytes;       /* KV cache budget per rank */
     int block;             /* tokens per KV block */
     int max_ctx;           /* positions per sequence at most (max_position_embeddings) */
