@@ -235,21 +235,24 @@ static void score_group(Model *m, Record *recs, int a, int b, Result *res, int r
  * reference's gap when listed, else ours) is a tie, not an error. */
 static void greedy_check(Model *m, Record *recs, int n, const int *own, int n_own, Result *res, float tie_gap) {
     /* the engine is sized from every record, not this group's: kv_init agrees on one pool size over
-     * all ranks, and a group without greedy records must still take part in it */
-    int n_seqs = 0, n_any = 0, max_len = 1, total = 0;
-    size_t blocks = 1;
+     * all ranks, and a group without greedy records must still take part in it. At most MAX_RUN
+     * sequences run at once (the rest wait), and the pool holds MAX_RUN of the longest, so memory
+     * does not grow with the size of the reference file. */
+    enum { MAX_RUN = 64, MAX_STEP_TOKENS = 4096 };
+    int n_seqs = 0, n_any = 0, max_len = 1;
+    size_t most = 0;
     for (int i = 0; i < n; i++) {
         Record *r = &recs[i];
         if (!r->G) continue;
         n_any++;
         if (r->T + r->G > max_len) max_len = r->T + r->G;
-        blocks += (r->T + r->G + 15) / 16 + 1;
-        total += r->T + r->G;
+        if ((size_t)(r->T + r->G + 15) / 16 + 1 > most) most = (size_t)(r->T + r->G + 15) / 16 + 1;
     }
     for (int k = 0; k < n_own; k++) n_seqs += recs[own[k]].G > 0;
     if (n_any == 0) return;                               /* the same on every rank */
     size_t per_block = 2 * (size_t)m->n_layers_local * 16 * m->n_heads_kv_local * m->cfg.head_dim * sizeof(float);
-    EngineConfig ec = {n_seqs > 0 ? n_seqs : 1, total, blocks * per_block, 16, max_len + 1, m->mesh->pp, 1, NULL, NULL, NULL, NULL};
+    size_t blocks = most * (size_t)(n_any < MAX_RUN ? n_any : MAX_RUN);
+    EngineConfig ec = {MAX_RUN, MAX_STEP_TOKENS, blocks * per_block, 16, max_len + 1, m->mesh->pp, 1, NULL, NULL, NULL, NULL};
     Engine *e = engine_new(m, &ec, max_len);
     Seq *seqs = xcalloc(n_seqs + 1, sizeof(Seq));
     int *who = xmalloc(sizeof(int) * (n_seqs + 1)), s = 0;
@@ -266,7 +269,7 @@ static void greedy_check(Model *m, Record *recs, int n, const int *own, int n_ow
         q->forced = r->greedy;
         seq_alloc_results(q);
         char err[256];
-        CHECK(engine_add(e, q, err, sizeof err) == 0);   /* the pool holds every record at once */
+        CHECK(engine_add(e, q, err, sizeof err) == 0);   /* the pool holds the longest record */
         who[s++] = own[k];
     }
     engine_run(e);

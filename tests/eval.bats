@@ -94,6 +94,18 @@ layouts_match_1x1() { # FIXTURE
     echo "$output" | grep '^{"records"' | jq -e '.records == 2 and .greedy_tokens > 0 and .dp == 2'
 }
 
+@test "eval: more greedy records than run at once (64) wait their turn: same counts as one by one" {
+    ref="$FIX/refs/llama_gqa.jsonl"
+    one=$("$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$ref" --quiet | grep '^{"records"')
+    for i in $(seq 1 40); do cat "$ref"; done > "$BATS_TEST_TMPDIR/many.jsonl"
+    run "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/many.jsonl" --quiet
+    echo "$output"
+    [ "$status" -eq 0 ]
+    n=$(wc -l < "$ref")
+    echo "$output" | grep '^{"records"' | jq -e --argjson one "$one" --argjson n "$n" \
+        '.records == 40 * $n and .records > 64 and .greedy_tokens == 40 * $one.greedy_tokens and .greedy_mismatches == 0'
+}
+
 # Real weights give logprobs down to about -25, where one fp32 ulp is 2e-6 and the tp all-reduce's
 # different summation order moves them by a few ulps: compare relative to max(1, |logprob|).
 @test "eval: real stories260K under tp=2 pp=2 matches 1x1 (1e-5 relative)" {
