@@ -78,7 +78,7 @@ snapshot() { (cd "$1" && find . -type f | LC_ALL=C sort | xargs md5sum); }
 @test "checkpoint qwen2_bias: tied (no lm_head.weight, the last stage's copy not written), q/k/v biases, bf16 on disk -> F32 exact" {
     roundtrip qwen2_bias
     local d="$BATS_TEST_TMPDIR/qwen2_bias-2x2"
-    ! grep -q lm_head "$d/model.safetensors.index.json"
+    run ! grep -q lm_head "$d/model.safetensors.index.json"
     # config.json: the source's text, only torch_dtype changed (bfloat16 -> float32: the stored dtype)
     grep -q '"torch_dtype": "bfloat16"' "$FIX/models/qwen2_bias/config.json"
     grep -q '"torch_dtype": "float32"' "$d/config.json"

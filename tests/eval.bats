@@ -34,7 +34,7 @@ hf_parity() { # MODEL REF [extra args]
 @test "eval: a perturbed reference fails with exit 1" {
     # the same reference with one logprob moved by 1e-3: eval must notice
     sed -E '1s/(\[\[[0-9]+, )(-?[0-9.]+)/\1-99.0/' "$FIX/refs/llama_gqa.jsonl" > "$BATS_TEST_TMPDIR/bad.jsonl"
-    ! cmp -s "$FIX/refs/llama_gqa.jsonl" "$BATS_TEST_TMPDIR/bad.jsonl"
+    run ! cmp -s "$FIX/refs/llama_gqa.jsonl" "$BATS_TEST_TMPDIR/bad.jsonl"
     run "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/bad.jsonl" --quiet
     [ "$status" -eq 1 ]
     echo "$output" | grep -q '"pass": false'
@@ -43,7 +43,7 @@ hf_parity() { # MODEL REF [extra args]
 @test "eval: greedy mismatch fails, reported" {
     # replace the first greedy id of record 1 by the next token id (HF's top-2 gap there is > 1e-3)
     perl -pe 's/"greedy_ids": \[(\d+)/"greedy_ids": [@{[($1 + 1) % 128]}/ if $. == 1' "$FIX/refs/llama_gqa.jsonl" > "$BATS_TEST_TMPDIR/g.jsonl"
-    ! cmp -s "$FIX/refs/llama_gqa.jsonl" "$BATS_TEST_TMPDIR/g.jsonl"
+    run ! cmp -s "$FIX/refs/llama_gqa.jsonl" "$BATS_TEST_TMPDIR/g.jsonl"
     run "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/g.jsonl" --quiet
     echo "$output"
     [ "$status" -eq 1 ]

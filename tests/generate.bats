@@ -86,7 +86,7 @@ make_prompts() { # OUT EXTRA_JSON
     cmp "$BATS_TEST_TMPDIR/a.jsonl" "$BATS_TEST_TMPDIR/b.jsonl"
     # a different seed changes the text
     "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/c.jsonl" --seed 12 2>/dev/null
-    ! cmp -s "$BATS_TEST_TMPDIR/a.jsonl" "$BATS_TEST_TMPDIR/c.jsonl"
+    run ! cmp -s "$BATS_TEST_TMPDIR/a.jsonl" "$BATS_TEST_TMPDIR/c.jsonl"
     # per-line seeds: reversed input order gives the same completion per id
     jq -c '. + {seed: 5}' "$BATS_TEST_TMPDIR/p.jsonl" > "$BATS_TEST_TMPDIR/s.jsonl"
     tac "$BATS_TEST_TMPDIR/s.jsonl" > "$BATS_TEST_TMPDIR/r.jsonl"
@@ -134,7 +134,7 @@ make_prompts() { # OUT EXTRA_JSON
     gen --model "$FIX/models/mistral_swa" --output "$BATS_TEST_TMPDIR/small.jsonl" --block-size 5 --kv-cache-mem 0.008544921875 2> "$BATS_TEST_TMPDIR/e"
     tail -1 "$BATS_TEST_TMPDIR/e"
     grep -q 'KV 3 blocks x 5 tokens' "$BATS_TEST_TMPDIR/e"
-    ! grep -q ' 0 preemptions' "$BATS_TEST_TMPDIR/e"
+    run ! grep -q ' 0 preemptions' "$BATS_TEST_TMPDIR/e"
     cmp "$BATS_TEST_TMPDIR/big.jsonl" "$BATS_TEST_TMPDIR/small.jsonl"
     # data parallel: a prompt another group owns that can never fit is still one line from rank 0
     printf '%s\n' '{"input_ids": [1, 2], "max_new_tokens": 2}' '{"input_ids": [1, 2], "max_new_tokens": 200}' > "$P"

@@ -1,4 +1,5 @@
 # Shared by tests/*.bats: paths and small helpers.
+bats_require_minimum_version 1.5.0   # `run ! cmd`: a negated bare command would not fail a test (set -e ignores it)
 ROOT="$(cd "$(dirname "${BATS_TEST_FILENAME}")/.." && pwd)"
 TANDEM="$ROOT/bin/tandem"
 ASSETS="$ROOT/../shared/assets"
