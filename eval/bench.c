@@ -249,7 +249,7 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
     if (g_rank == 0)
         printf("{\"bench\": \"train\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"recompute\": \"%s\", "
                "\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"activations_mib\": %.1f, \"peak_rss_mib\": %.1f, "
-               "\"last_loss\": %.4f, \"tp\": %d, \"pp\": %d, \"dp\": %d}\n",
+               "\"last_loss\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d}\n",
                B, T, threads, recompute ? "full" : "none", N * mesh->dp / med, med, a.n_arena * 4.0 / (1 << 20), pk, loss,
                mesh->tp, mesh->pp, mesh->dp);
     train_acts_free(&a);

@@ -58,7 +58,8 @@ load helpers
         echo "$output"
         [ "$status" -eq 0 ]
         echo "$output" | grep '^{"bench"' | jq -e '.tokens_per_s > 0 and .peak_rss_mib > 0 and .activations_mib > 0' >/dev/null
-        echo "$output" | grep '^{"bench"' | jq -r .last_loss >> "$BATS_TEST_TMPDIR/losses"
+        echo "$output" | grep '^{"bench"' | jq -e '.last_loss | numbers' >> "$BATS_TEST_TMPDIR/losses"
     done
-    [ "$(sort -u "$BATS_TEST_TMPDIR/losses" | wc -l)" -eq 1 ]
+    [ "$(wc -l < "$BATS_TEST_TMPDIR/losses")" -eq 2 ]
+    [ "$(sort -u "$BATS_TEST_TMPDIR/losses" | wc -l)" -eq 1 ]   # printed with 9 digits: the same float
 }

@@ -45,6 +45,7 @@ same_as_1x1() {
     grep -q '(26784 of 26784 params changed)' <<<"$output"
     grep -q '^norm 0 .*clip x0\.' <<<"$output"
     grep -q '^norm 1 .*clip x1)' <<<"$output"
+    grep -q '^norm 2 .*clip x0\.' <<<"$output"
 }
 
 @test "optim dp=2: plain all-reduce and ZeRO-1 (reduce-scatter, 1/dp moments, all-gather) both equal dp=1 bit for bit" {

@@ -17,6 +17,8 @@ random_model() { "$TANDEM" convert --from random --shape 64,256,2,4,4,512,64 --t
 # eval loss after (the last "eval_loss" in metrics.jsonl)
 eval_after() { grep eval_loss "$1/metrics.jsonl" | tail -1 | jq .eval_loss; }
 eval_before() { grep eval_loss "$1/metrics.jsonl" | head -1 | jq .eval_loss; }
+# below A X: A is a number (not an empty or null read) and A < X
+below() { [[ "$1" =~ ^[0-9.]+([eE][-+]?[0-9]+)?$ ]] && awk -v a="$1" -v x="$2" 'BEGIN { exit !(a < x) }'; }
 
 REV="--seq-len 32 --batch-size 32 --max-steps 300 --lr 3e-3 --warmup 20 --log-every 100"
 
@@ -26,8 +28,10 @@ REV="--seq-len 32 --batch-size 32 --max-steps 300 --lr 3e-3 --warmup 20 --log-ev
     "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --eval-data "$BATS_FILE_TMPDIR/rev_val.jsonl" \
         --out "$BATS_TEST_TMPDIR/o" $REV --threads 2 2>/dev/null
     echo "eval loss: $(eval_before "$BATS_TEST_TMPDIR/o") -> $(eval_after "$BATS_TEST_TMPDIR/o")"
-    awk -v a="$(eval_after "$BATS_TEST_TMPDIR/o")" 'BEGIN { exit !(a < 0.05) }'
-    # the saved model greedily reverses held-out strings
+    # measured 0.014 (README): 0.05 leaves a 3.5x margin for thread-count rounding, and a model
+    # that has not learned the task stays above 1
+    below "$(eval_after "$BATS_TEST_TMPDIR/o")" 0.05
+    # the saved model greedily reverses held-out strings (measured 20 / 20; 18 allows two slips)
     head -20 "$BATS_FILE_TMPDIR/rev_val.jsonl" | jq -c '{id: .response, prompt: .prompt, max_new_tokens: 6}' > "$BATS_TEST_TMPDIR/p.jsonl"
     "$TANDEM" generate --model "$BATS_TEST_TMPDIR/o/checkpoint-300" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/g.jsonl" --greedy 2>/dev/null
     right=$(jq -r 'select((.completion | gsub("^ "; "")) == .id) | .id' "$BATS_TEST_TMPDIR/g.jsonl" | wc -l)
@@ -42,7 +46,7 @@ REV="--seq-len 32 --batch-size 32 --max-steps 300 --lr 3e-3 --warmup 20 --log-ev
         --eval-data "$BATS_FILE_TMPDIR/rev_val.jsonl" --out "$BATS_TEST_TMPDIR/o" $REV --batch-size 16 --micro-batches 2 --tp 2 --pp 2
     [ "$status" -eq 0 ]
     echo "eval loss: $(eval_before "$BATS_TEST_TMPDIR/o") -> $(eval_after "$BATS_TEST_TMPDIR/o")"
-    awk -v a="$(eval_after "$BATS_TEST_TMPDIR/o")" 'BEGIN { exit !(a < 0.05) }'
+    below "$(eval_after "$BATS_TEST_TMPDIR/o")" 0.05   # as at 1x1
 }
 
 @test "sft: stories260K on held-out TinyStories: eval loss goes down" {
@@ -56,6 +60,9 @@ REV="--seq-len 32 --batch-size 32 --max-steps 300 --lr 3e-3 --warmup 20 --log-ev
         --out "$BATS_TEST_TMPDIR/o" --seq-len 256 --batch-size 8 --max-steps 30 --lr 2e-3 --warmup 3 --threads 2 2>/dev/null
     b=$(eval_before "$BATS_TEST_TMPDIR/o"); a=$(eval_after "$BATS_TEST_TMPDIR/o")
     echo "eval loss $b -> $a"
+    # measured 2.047 -> 1.876 (README): a drop of 0.17; 0.1 is well above run-to-run noise (the data
+    # and seed are fixed, only thread rounding differs)
+    [[ "$a" =~ ^[0-9.]+$ && "$b" =~ ^[0-9.]+$ ]]
     awk -v a="$a" -v b="$b" 'BEGIN { exit !(b - a > 0.1) }'
 }
 
@@ -94,6 +101,8 @@ losses() { jq -r 'select(.loss != null) | .loss' "$1/metrics.jsonl"; }
         echo "np=$1 tp=$2 pp=$3 M=$4 zero=$5: $(losses "$BATS_TEST_TMPDIR/l" | tr '\n' ' ') vs $(losses "$BATS_TEST_TMPDIR/ref" | tr '\n' ' ')"
         # fp32 with other summation orders (tp all-reduces, per-micro-batch gradient sums), carried
         # through 4 AdamW steps: within 1e-5 relative (measured: 1e-7)
+        [ "$(losses "$BATS_TEST_TMPDIR/l" | wc -l)" -eq 4 ]
+        [ "$(losses "$BATS_TEST_TMPDIR/ref" | wc -l)" -eq 4 ]
         paste <(losses "$BATS_TEST_TMPDIR/ref") <(losses "$BATS_TEST_TMPDIR/l") |
             awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad = 1 } END { exit bad }'
         rm -rf "$BATS_TEST_TMPDIR/l"
@@ -127,6 +136,7 @@ losses() { jq -r 'select(.loss != null) | .loss' "$1/metrics.jsonl"; }
     A="--data $BATS_FILE_TMPDIR/rev_train.jsonl --seq-len 32 --batch-size 16 --max-steps 6 --lr 3e-3"
     "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" $A --out "$BATS_TEST_TMPDIR/a" 2>/dev/null
     "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" $A --out "$BATS_TEST_TMPDIR/b" --recompute full 2>/dev/null
+    [ "$(losses "$BATS_TEST_TMPDIR/a" | wc -l)" -eq 6 ]
     diff <(losses "$BATS_TEST_TMPDIR/a") <(losses "$BATS_TEST_TMPDIR/b")
     run "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" $A --out "$BATS_TEST_TMPDIR/c" --recompute some
     [ "$status" -ne 0 ]; [[ "$output" == *"--recompute some: expected full or none"* ]]

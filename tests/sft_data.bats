@@ -20,8 +20,9 @@ need_sft_assets() {
 
 # sample N TOK FILE [opts]: {"input_ids","mask"} of the N-th sample (1-based) of a dump
 sample() {
-    local n="$1"; shift
-    "$SD" dump "$@" 2>/dev/null | sed -n "${n}p" | jq -c '{input_ids, mask}'
+    local n="$1" out; shift
+    out=$("$SD" dump "$@" 2>/dev/null) || return 1   # a failing dump must not read as an empty sample
+    echo "$out" | sed -n "${n}p" | jq -e -c '{input_ids, mask}'
 }
 
 # ids TOK TEXT: `tandem tokenize` ids of TEXT without BOS, comma-separated
@@ -165,7 +166,9 @@ ids() {
     all=$("$SD" dump "$LLAMA" "$SFIX/pr.jsonl" 2>/dev/null | grep '^{' | jq -r '.input_ids | join(",")' | paste -sd,)
     [ "${lines[2]}" = "  tokens $all" ]
     t=(${lines[3]#  targets }); t=(${t//,/ })
-    [ "${t[6]}" = -1 ] && [ "${t[17]}" = -1 ] && [ "${t[33]}" = -1 ]   # no sample predicts the next one's BOS
+    [ "${t[6]}" = -1 ]   # no sample predicts the next one's BOS
+    [ "${t[17]}" = -1 ]
+    [ "${t[33]}" = -1 ]
     [[ "$output" == *"0 failures"* ]]
     # batch_size 1: one row per batch -> [7 11] then [16]
     run "$SD" batches "$LLAMA" "$SFIX/pr.jsonl" seq_len=20 batch_size=1 pack=1 shuffle=0
@@ -331,6 +334,10 @@ BAD_MSGS=(
             [[ "$output" == "stats records=$want samples=$want bad=0 "* ]]
         done
     done
+    # a DPO file is not SFT data: refused at its first record, clearly
+    run "$SD" dump "$LLAMA" "$LF/dpo_en_demo.json"
+    [ "$status" -eq 1 ]
+    [ "$output" = "tandem: $LF/dpo_en_demo.json:2: field \"conversations\": no assistant turn (nothing to train on)" ]
     # Stanford Alpaca's first 2000 hold 4 empty outputs: an error by default (documented), skipped with skip_bad
     a="$ASSETS/data/alpaca/alpaca_data_first2000.json"
     [ -e "$a" ] || skip "$a not present"
@@ -339,10 +346,6 @@ BAD_MSGS=(
     [ "$output" = "tandem: $a:1422: field \"output\" is empty" ]
     run bash -c "'$SD' dump '$LLAMA' '$a' skip_bad=1 2>/dev/null | tail -1"
     [[ "$output" == "stats records=2000 samples=1996 bad=4 "* ]]
-    # a DPO file is not SFT data: refused at its first record, clearly
-    run "$SD" dump "$LLAMA" "$LF/dpo_en_demo.json"
-    [ "$status" -eq 1 ]
-    [ "$output" = "tandem: $LF/dpo_en_demo.json:2: field \"conversations\": no assistant turn (nothing to train on)" ]
 }
 
 @test "sft data: a line holding more than one JSON object is a bad record, not a silently dropped one" {

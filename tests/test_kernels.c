@@ -7,6 +7,7 @@
 #include "kernels/kernels.h"
 #include "runtime/util.h"
 #include <omp.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,8 +82,10 @@ int main(void) {
                         memcpy(kc + at, k + ((size_t)j * Hkv + h) * Dh, sizeof(float) * Dh);
                         memcpy(vc + at, v + ((size_t)j * Hkv + h) * Dh, sizeof(float) * Dh);
                     }
+                for (size_t i = 0; i < qn; i++) o[i] = NAN;   /* a kernel that writes nothing must fail */
                 cpu_attention(o, q, kc, vc, &paged, T, 0, H, Hkv, Dh, window, sc);
                 bad_paged |= memcmp(o, ref, sizeof(float) * qn) != 0;
+                for (size_t i = 0; i < qn; i++) o[i] = NAN;
                 for (int t = 0; t < T; t++) {
                     size_t row = (size_t)t * H * Dh;
                     cpu_attention(o + row, q + row, kc, vc, &paged, 1, t, H, Hkv, Dh, window, sc);

@@ -230,6 +230,8 @@ stage() {
     [ "$(echo "$output" | jq -c ".input_ids | index($think)")" = "null" ]
     [ "$(echo "$output" | jq -c '.mask | add')" -ge 2 ]
     run bash -c "echo '$msgs' | '$TANDEM' tokenize --model '$TOKA/minimind' --jsonl"
+    [ "$status" -eq 0 ]
+    [[ "$think" =~ ^[0-9]+$ ]]
     [ "$(echo "$output" | jq -c ".input_ids | index($think)")" != "null" ]
     # unknown name
     run bash -c "echo '$msgs' | '$TANDEM' tokenize --model '$TOKA/minimind' --jsonl --chat-template vicuna"
