@@ -44,6 +44,19 @@ grad_run() {
     grad_run llama_odd_vocab 1 1
 }
 
+@test "grad 1x1 qwen2_swa: a window on some layers only (max_window_layers), q/k/v bias" {
+    grad_run qwen2_swa 1 1
+}
+
+@test "grad 1x1 llama3_rope and llama_linear_rope: scaled RoPE frequencies in the backward" {
+    grad_run llama3_rope 1 1
+    grad_run llama_linear_rope 1 1
+}
+
+@test "grad tp=2 x pp=2: qwen2_swa, llama3_rope, llama_linear_rope" {
+    for m in qwen2_swa llama3_rope llama_linear_rope; do grad_run $m 2 2; done
+}
+
 @test "grad tp=2: every fixture, each rank's shards match torch's slices (conjugate copy/reduce all-reduces)" {
     for m in llama_gqa qwen2_bias mistral_swa llama_mqa llama_odd_vocab; do grad_run $m 2 1; done
 }
