@@ -80,9 +80,9 @@ grad_run() {
     grad_run llama_mqa 2 2
 }
 
-@test "grad: fixture generator is present and the fixtures are small (< 1 MB together)" {
+@test "grad: fixture generator is present and the fixtures are small (< 2 MB together)" {
     [ -f "$FIX/grad/make_grad_fixtures.py" ]
-    [ "$(cat "$FIX"/grad/*.json | wc -c)" -lt 1000000 ]
+    [ "$(cat "$FIX"/grad/*.json | wc -c)" -lt 2000000 ]   # eight models, 1.5 MB
 }
 
 # 1F1B: the same batch as one micro-batch per sequence through train/schedule.c's 1F1B order;
