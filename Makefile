@@ -1,7 +1,7 @@
 # Tandem build. Public targets install missing Debian packages first (`deps`), then build.
 #   make            build bin/tandem
 #   make run        the main job on the default model (README)
-#   make test       the whole suite (tests/run.sh); last line "N passed, N failed"
+#   make test       the whole suite (tests/run.sh); last line "N passed, N failed, N skipped"
 #   make cuda       also build the CUDA backend (needs nvcc) and its test binary
 CC      ?= gcc
 CXX     ?= g++

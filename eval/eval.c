@@ -1,9 +1,9 @@
 /* eval.c — `tandem eval`.
  *   --reference REF.jsonl  compares Tandem's log_softmax with a Hugging Face reference (format in
  *                          README.md, written by eval/hf_reference.py), then greedy decoding.
- *   --data FILE.jsonl      mean next-token loss and perplexity of {"input_ids": [...]} lines.
+ *   --data FILE.jsonl      mean next-token loss and perplexity of {"input_ids": [...]} or {"text"} lines.
  * Records are spread over dp groups; every tp x pp layout gives the 1x1 numbers.
- * Greedy decoding here is a full-recompute loop (the KV-cache engine is generate/'s job). */
+ * Greedy decoding runs on the generation engine (generate/engine.c), teacher-forced. */
 #include "eval/eval.h"
 #include "generate/engine.h"
 #include "kernels/kernels.h"
@@ -332,7 +332,7 @@ int eval_main(int argc, char **argv) {
     Option opts[] = {
         {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory"},
         {"--reference", OPT_STR, &ref, NULL, "reference jsonl written by eval/hf_reference.py"},
-        {"--data", OPT_STR, &data, NULL, "jsonl of {\"input_ids\": [...]}: report loss and perplexity"},
+        {"--data", OPT_STR, &data, NULL, "jsonl of {\"input_ids\": [...]} or {\"text\": ...}: loss and perplexity"},
         MESH_OPTIONS(&tp, &pp, &threads),
         {"--max-logprob-diff", OPT_FLOAT, &max_diff, "1e-4", "fail (exit 1) above this |logprob difference|"},
         {"--relative", OPT_FLAG, &relative, NULL, "measure |diff| / max(1, |reference logprob|) (fp32 rounding is relative)"},

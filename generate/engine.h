@@ -4,8 +4,8 @@
  * the free pool runs alone and is fed in chunks).
  * Owns: admission, block tables, preemption (recompute), sliding-window block freeing, sampling
  * calls, EOS / stop-id / length stops. Does not own text: stop strings and output formatting come
- * through callbacks (generate/generate.c). Every rank runs the same scheduler on the same inputs;
- * only the last pp stage computes logits and its results are broadcast, so all ranks agree. */
+ * through callbacks (generate/generate.c). The ranks of one dp group run the same scheduler on the
+ * same inputs; only the last pp stage computes logits and its results are broadcast, so they agree. */
 #ifndef TANDEM_ENGINE_H
 #define TANDEM_ENGINE_H
 #include "generate/sampler.h"

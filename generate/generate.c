@@ -2,8 +2,8 @@
  * Owns: reading and validating input lines (prompt | messages | input_ids, per-line sampling
  * overrides), tokenization, stop strings on decoded text, the output file (input order, whole lines,
  * flushed as they complete, --resume), progress and the final report. The engine (engine.c) owns
- * scheduling and the KV cache. Every rank reads the same input and runs the same schedule; rank 0
- * alone writes. */
+ * scheduling and the KV cache. Every rank reads the same input; the ranks of one dp group run the
+ * same schedule over that group's prompts; rank 0 alone writes. */
 #include "generate/generate.h"
 #include "generate/engine.h"
 #include "kernels/kernels.h"
@@ -83,11 +83,11 @@ static int get_int(cJSON *o, const char *key, int dflt, const char *file, int li
         user_error("%s:%d: field \"%s\" must be an integer in [%d, %d]", file, line, key, -INT_MAX, INT_MAX);
     return (int)v->valuedouble;
 }
-/* A seed is any integer a double holds exactly (|seed| <= 2^53; JSON readers keep no more), taken
+/* A seed is any integer a double is sure to hold exactly (|seed| < 2^53: 2^53 + 1 reads as 2^53), taken
  * modulo 2^64 as the --seed option is: -1 and 2^64 - 1 are the same seed. */
 static uint64_t get_seed(cJSON *v, const char *file, int line) {
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > 0x1p53)
-        user_error("%s:%d: field \"seed\" must be an integer in [-2^53, 2^53]", file, line);
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) >= 0x1p53)
+        user_error("%s:%d: field \"seed\" must be an integer of magnitude below 2^53", file, line);
     return (uint64_t)(int64_t)v->valuedouble;
 }
 
@@ -96,8 +96,8 @@ static uint64_t get_seed(cJSON *v, const char *file, int line) {
  * id must be an integer a double holds exactly; larger ones must be strings. */
 static char *id_text(const cJSON *id, const char *where) {
     if (!cJSON_IsNumber(id)) return cJSON_PrintUnformatted(id);
-    double v = id->valuedouble;
-    if (v != floor(v) || fabs(v) > 0x1p53) user_error("%s: a numeric \"id\" must be an integer within +-2^53 (use a string)", where);
+    double v = id->valuedouble;   /* 2^53 + 1 reads as 2^53: only magnitudes below 2^53 are sure */
+    if (v != floor(v) || fabs(v) >= 0x1p53) user_error("%s: a numeric \"id\" must be an integer of magnitude below 2^53 (use a string)", where);
     char *t = xmalloc(24);
     snprintf(t, 24, "%.0f", v);
     return t;
@@ -513,7 +513,7 @@ int generate_main(int argc, char **argv) {
         {"--top-k", OPT_INT, &d.sp.top_k, "0", "0 = off"},
         {"--top-p", OPT_FLOAT, &d.sp.top_p, "1.0", "nucleus, (0, 1]"},
         {"--min-p", OPT_FLOAT, &d.sp.min_p, "0.0", "[0, 1]"},
-        {"--repetition-penalty", OPT_FLOAT, &d.sp.repetition_penalty, "1.0", "HF definition, > 0"},
+        {"--repetition-penalty", OPT_FLOAT, &d.sp.repetition_penalty, "1.0", "HF definition, >= 1e-6"},
         {"--presence-penalty", OPT_FLOAT, &d.sp.presence_penalty, "0.0", "OpenAI definition"},
         {"--frequency-penalty", OPT_FLOAT, &d.sp.frequency_penalty, "0.0", "OpenAI definition"},
         {"--greedy", OPT_FLAG, &greedy, NULL, "same as --temperature 0"},
@@ -523,7 +523,7 @@ int generate_main(int argc, char **argv) {
         {"--stop", OPT_STR, &stop, NULL, "stop string, or a JSON list of them"},
         {"--stop-token-ids", OPT_STR, &stop_ids, NULL, "comma-separated ids that end a sequence"},
         {"--logprobs", OPT_INT, &d.logprobs, "0", "per generated token: its logprob and the top N"},
-        {"--chat-template", OPT_STR, &d.chat_template, NULL, "llama2 | mistral | chatml | llama3 (default: detected)"},
+        {"--chat-template", OPT_STR, &d.chat_template, NULL, "llama2 | mistral | chatml | chatml-think | llama3 (default: detected)"},
         {"--ignore-eos", OPT_FLAG, &d.ignore_eos, NULL, "do not stop at EOS (parity runs against HF greedy)"},
         {"--no-bos", OPT_FLAG, &d.no_bos, NULL, "do not add BOS to text prompts"},
         {"--truncate", OPT_FLAG, &d.truncate, NULL, "keep the last tokens of prompts that are too long"},
@@ -532,7 +532,7 @@ int generate_main(int argc, char **argv) {
         {"--kv-cache-mem", OPT_FLOAT, &kv_mib, "512", "KV cache MiB per rank"},
         {"--block-size", OPT_INT, &block, "16", "tokens per KV cache block"},
         {"--max-batch", OPT_INT, &max_batch, "64", "running sequences at most"},
-        {"--max-batch-tokens", OPT_INT, &max_batch_tokens, "2048", "tokens per forward step at most"},
+        {"--max-batch-tokens", OPT_INT, &max_batch_tokens, "2048", "tokens a step admits (a longer context runs alone)"},
         {"--micro-batches", OPT_INT, &micro, "0", "pp > 1: pipelined micro-batches per step (0 = pp)"},
         MESH_OPTIONS(&tp, &pp, &threads),
     };

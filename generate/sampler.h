@@ -66,9 +66,10 @@ void sampler_process(float *logits, int V, const SamplingParams *p, const int *p
                      const int *output, int n_output, void *scratch);
 
 /* One token drawn from softmax(logits) (V) by inverse CDF with u = sampler_uniform(p->seed, step).
- * Greedy (sampler_is_greedy): argmax, lowest id on ties, NaN never chosen (as model_argmax).
- * -INFINITY entries are never drawn. Returns -1 when there is nothing to draw from: a NaN or +inf
- * logit, or no finite one (a broken model: the caller reports it). */
+ * -INFINITY entries are never drawn; returns -1 when there is nothing to draw from: a NaN or +inf
+ * logit, or no finite one (a broken model: the caller reports it).
+ * Greedy (sampler_is_greedy): argmax, lowest id on ties, NaN skipped (as model_argmax); -1 only
+ * when every logit is NaN. */
 int sampler_draw(const float *logits, int V, const SamplingParams *p, int step);
 
 /* Uniform in [0, 1) with 53 random bits: splitmix64 output number `step` of a stream whose start is
