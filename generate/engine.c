@@ -27,7 +27,6 @@ struct Engine {
     int K;                  /* most logprobs alternatives any added sequence asks for */
     /* step buffers, sized for max_batch sequences and max_tokens tokens */
     int *tokens, *start, *pos0, *rows, **tables;
-    int *partial;           /* (max_batch) 1: the row feeds part of its context, no token this step */
     float *lse, *amax_val, *full;
     int *amax;
     int *res_i;             /* (max_batch, 1 + K) per sequence: chosen id, top-K ids */
@@ -73,7 +72,6 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
     e->start = xmalloc(sizeof(int) * (B + 1));
     e->pos0 = xmalloc(sizeof(int) * B);
     e->rows = xmalloc(sizeof(int) * B);
-    e->partial = xmalloc(sizeof(int) * B);
     e->tables = xmalloc(sizeof(int *) * B);
     e->running = xmalloc(sizeof(Seq *) * B);
     e->lse = xmalloc(sizeof(float) * B);
@@ -93,7 +91,7 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
 
 void engine_free(Engine *e) {
     kv_free(&e->kv);
-    free(e->waiting); free(e->running); free(e->tokens); free(e->start); free(e->pos0); free(e->rows); free(e->partial);
+    free(e->waiting); free(e->running); free(e->tokens); free(e->start); free(e->pos0); free(e->rows);
     free(e->tables); free(e->lse); free(e->amax_val); free(e->amax);
     free(e->full); free(e->scratch); free(e->res_f); free(e->res_i);
     free(e->lp_rows); free(e->lp_toks); free(e->lp_vals);
@@ -215,26 +213,10 @@ static void schedule(Engine *e) {
     CHECK(e->n_running > 0);
 }
 
+/* min_new_tokens: no stop id may be drawn before it */
 static int held_back(const Seq *s) { return s->n_out < s->min_new && s->n_stop_ids > 0; }
-
-/* Sets s's stop ids to -inf in row (vocabulary ids v0 .. v0+n-1), their values appended to saved
- * (when given); unmask_stop_ids puts them back, walking the same sequences in reverse order. */
-static float *mask_stop_ids(const Seq *s, float *row, int v0, int n, float *saved) {
-    for (int k = 0; k < s->n_stop_ids; k++) {
-        int v = s->stop_ids[k] - v0;
-        if (saved) *saved++ = v >= 0 && v < n ? row[v] : 0.0f;
-        if (v >= 0 && v < n) row[v] = -INFINITY;
-    }
-    return saved;
-}
-static float *unmask_stop_ids(const Seq *s, float *row, int v0, int n, float *saved) {
-    for (int k = s->n_stop_ids - 1; k >= 0; k--) {
-        int v = s->stop_ids[k] - v0;
-        saved--;
-        if (v >= 0 && v < n) row[v] = *saved;
-    }
-    return saved;
-}
+/* The step feeds only part of s's context (chunked): s chooses no token this step. */
+static int feeds_part(const Seq *s) { return s->n_cached + s->n_step < ctx_len(s); }
 
 /* Chooses the next token of every running sequence (last pp stage; collectives over tp in the same
  * order on every tp rank). Results go to res_i / res_f for the pp broadcast. */
@@ -247,26 +229,15 @@ static void choose_tokens(Engine *e, int R) {
     for (int r = 0; r < R && !want_lp; r++) want_lp = e->running[r]->logprobs_n > 0 || e->running[r]->forced;
     if (want_lp) model_logsumexp(m, R, e->lse);
     else for (int r = 0; r < R; r++) e->lse[r] = NAN;
-    /* min_new_tokens: no stop id before it. The logits stay raw for logprobs; the draw alone sees the
-     * stop ids at -inf: masked here around the argmax (saved values put back after it), masked in
-     * the gathered row below */
-    int n_held = 0;
-    for (int r = 0; r < R; r++) n_held += held_back(e->running[r]) ? e->running[r]->n_stop_ids : 0;
-    float *saved = n_held ? xmalloc(sizeof(float) * n_held) : NULL, *sv = saved;
-    for (int r = 0; r < R; r++)
-        if (held_back(e->running[r])) sv = mask_stop_ids(e->running[r], m->s.logits + (size_t)r * Vl, m->vocab_start, Vl, sv);
     model_argmax(m, R, e->amax, e->amax_val);                   /* greedy without gathering the vocab */
-    for (int r = R - 1; r >= 0; r--)
-        if (held_back(e->running[r])) sv = unmask_stop_ids(e->running[r], m->s.logits + (size_t)r * Vl, m->vocab_start, Vl, sv);
-    free(saved);
     for (int r = 0; r < R; r++) {
         Seq *s = e->running[r];
         const SamplingParams *p = &s->sp;
         int plain_greedy = sampler_is_greedy(p) && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
-                           p->frequency_penalty == 0.0f && s->logprobs_n == 0;
+                           p->frequency_penalty == 0.0f && s->logprobs_n == 0 && !held_back(s);
         int *ri = e->res_i + (size_t)r * (1 + K);
         float *rf = e->res_f + (size_t)r * (2 + K);
-        if (e->partial[r]) { ri[0] = 0; continue; }           /* no token this step */
+        if (feeds_part(s)) { ri[0] = 0; continue; }           /* no token this step */
         if (plain_greedy) { ri[0] = e->amax[r]; continue; }
         comm_all_gather(&m->mesh->tp_comm, m->s.logits + (size_t)r * Vl, e->full, Vl); /* the full row */
         int nt = 0, *top = ri + 1;                               /* top-N of the model's distribution: */
@@ -281,7 +252,8 @@ static void choose_tokens(Engine *e, int R) {
             if (k >= nt) top[k] = -1;
             rf[2 + k] = k < nt ? e->full[top[k]] - e->lse[r] : -INFINITY;
         }
-        if (held_back(s)) mask_stop_ids(s, e->full, 0, V, NULL);
+        for (int k = 0; k < s->n_stop_ids && held_back(s); k++)   /* after the top-N: logprobs stay raw */
+            if (s->stop_ids[k] >= 0 && s->stop_ids[k] < V) e->full[s->stop_ids[k]] = -INFINITY;
         sampler_process(e->full, V, p, s->prompt, s->n_prompt, s->out, s->n_out, e->scratch);
         ri[0] = sampler_draw(e->full, V, p, s->n_out);
         if (ri[0] < 0) rank_error("prompt %d of the input: the model's logits are not finite (NaN or inf) at output token %d", s->index + 1, s->n_out + 1);
@@ -321,7 +293,6 @@ static void step(Engine *e) {
         e->tables[r] = s->table;
         for (int p = s->n_cached; p < n; p++) e->tokens[N++] = ctx_tok(s, p);
         e->rows[r] = N - 1;
-        e->partial[r] = n < ctx_len(s);
         /* prefill: the prompt, or a recompute; decode: one generated token fed */
         if (s->n_out == 0 || s->n_cached < ctx_len(s) - 1) prefill_tokens += s->n_step;
         else decode_tokens++;
@@ -351,7 +322,7 @@ static void step(Engine *e) {
         Seq *s = e->running[r];
         int *ri = e->res_i + (size_t)r * (1 + K);
         float *rf = e->res_f + (size_t)r * (2 + K);
-        if (e->partial[r]) {                                   /* fed part of its context */
+        if (feeds_part(s)) {                                   /* fed part of its context */
             s->n_cached += s->n_step;
             drop_out_of_window(e, s);
             e->running[keep++] = s;

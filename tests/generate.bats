@@ -169,6 +169,7 @@ make_prompts() { # OUT EXTRA_JSON
 {"id": "two", "prompt": "Once upon a time", "temperature": 0, "stop": ["ere", "the"]}
 {"id": "ids", "prompt": "Once upon a time", "temperature": 0, "stop_token_ids": [426], "logprobs": 3}
 {"id": "min", "prompt": "Once upon a time", "temperature": 0, "stop_token_ids": [426], "min_new_tokens": 20, "logprobs": 3}
+{"id": "minplain", "prompt": "Once upon a time", "temperature": 0, "stop_token_ids": [426], "min_new_tokens": 20}
 {"id": "minstr", "prompt": "Once upon a time", "temperature": 0, "stop": ["Lily"], "min_new_tokens": 20}
 {"id": "min5", "prompt": "Once upon a time", "temperature": 0, "stop": ["little"], "min_new_tokens": 5, "max_new_tokens": 12}
 {"id": "nomin5", "prompt": "Once upon a time", "temperature": 0, "stop": ["little"], "max_new_tokens": 12}
@@ -194,6 +195,7 @@ JSON
     [ "$(q ids '.completion_ids | map(select(. == 426)) | length')" = 1 ]
     [ "$(q min '.completion_ids | length')" -ge 21 ]
     [ "$(q min '.completion_ids[:20] | map(select(. == 426)) | length')" = 0 ]
+    [ "$(q minplain '.completion_ids | tojson')" = "$(q min '.completion_ids | tojson')" ]   # without logprobs too
     # min_new_tokens holds back stop strings too (vLLM's min_tokens), and the logprobs stay those
     # of the raw distribution: where ids stopped on 426, min reports 426 as the top alternative
     [ "$(q minstr '.completion_tokens')" -ge 20 ]
