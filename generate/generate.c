@@ -70,6 +70,13 @@ static cJSON *field(const cJSON *o, const char *key) {
     return cJSON_IsNull(v) ? NULL : v;
 }
 
+/* v is a JSON number holding an integer in [lo, hi). */
+static int json_int_in(const cJSON *v, double lo, double hi) {
+    return cJSON_IsNumber(v) && v->valuedouble == floor(v->valuedouble) && v->valuedouble >= lo && v->valuedouble < hi;
+}
+/* 2^53 + 1 reads as 2^53: integers of magnitude below 2^53 are the ones a double is sure to hold */
+#define EXACT_INT 0x1p53
+
 static float get_num(cJSON *o, const char *key, float dflt, const char *file, int line) {
     cJSON *v = field(o, key);
     if (!v) return dflt;
@@ -79,14 +86,14 @@ static float get_num(cJSON *o, const char *key, float dflt, const char *file, in
 static int get_int(cJSON *o, const char *key, int dflt, const char *file, int line) {
     cJSON *v = field(o, key);
     if (!v) return dflt;
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) > INT_MAX)
+    if (!json_int_in(v, -INT_MAX, INT_MAX + 1.0))
         user_error("%s:%d: field \"%s\" must be an integer in [%d, %d]", file, line, key, -INT_MAX, INT_MAX);
     return (int)v->valuedouble;
 }
-/* A seed is any integer a double is sure to hold exactly (|seed| < 2^53: 2^53 + 1 reads as 2^53), taken
- * modulo 2^64 as the --seed option is: -1 and 2^64 - 1 are the same seed. */
+/* A seed is any integer a double is sure to hold exactly, taken modulo 2^64 as the --seed option is:
+ * -1 and 2^64 - 1 are the same seed. */
 static uint64_t get_seed(cJSON *v, const char *file, int line) {
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || fabs(v->valuedouble) >= 0x1p53)
+    if (!json_int_in(v, -EXACT_INT + 1, EXACT_INT))
         user_error("%s:%d: field \"seed\" must be an integer of magnitude below 2^53", file, line);
     return (uint64_t)(int64_t)v->valuedouble;
 }
@@ -96,8 +103,8 @@ static uint64_t get_seed(cJSON *v, const char *file, int line) {
  * id must be an integer a double holds exactly; larger ones must be strings. */
 static char *id_text(const cJSON *id, const char *where) {
     if (!cJSON_IsNumber(id)) return cJSON_PrintUnformatted(id);
-    double v = id->valuedouble;   /* 2^53 + 1 reads as 2^53: only magnitudes below 2^53 are sure */
-    if (v != floor(v) || fabs(v) >= 0x1p53) user_error("%s: a numeric \"id\" must be an integer of magnitude below 2^53 (use a string)", where);
+    double v = id->valuedouble;
+    if (!json_int_in(id, -EXACT_INT + 1, EXACT_INT)) user_error("%s: a numeric \"id\" must be an integer of magnitude below 2^53 (use a string)", where);
     char *t = xmalloc(24);
     snprintf(t, 24, "%.0f", v);
     return t;
@@ -122,7 +129,7 @@ static void parse_stop_ids(Seq *s, cJSON *v, const char *where, int vocab) {
     if (!cJSON_IsArray(v)) user_error("%s: \"stop_token_ids\" must be a list of token ids", where);
     cJSON *e;
     cJSON_ArrayForEach(e, v) {
-        if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 || e->valuedouble >= vocab)
+        if (!json_int_in(e, 0, vocab))
             user_error("%s: \"stop_token_ids\" entries must be token ids in [0, %d)", where, vocab);
         s->stop_ids = xrealloc(s->stop_ids, sizeof(int) * (s->n_stop_ids + 1));
         s->stop_ids[s->n_stop_ids++] = e->valueint;
@@ -145,7 +152,7 @@ static void line_prompt(Run *run, Gen *g, cJSON *j, const Defaults *d, const cha
         if (!cJSON_IsArray(ids)) user_error("%s:%d: field \"input_ids\" must be a list of token ids", file, line);
         cJSON *e;
         cJSON_ArrayForEach(e, ids) {
-            if (!cJSON_IsNumber(e) || e->valuedouble != floor(e->valuedouble) || e->valuedouble < 0 || e->valuedouble >= vocab)
+            if (!json_int_in(e, 0, vocab))
                 user_error("%s:%d: \"input_ids\" entries must be token ids in [0, %d)", file, line, vocab);
             tok_ids_push(&t, e->valueint);
         }
@@ -258,9 +265,9 @@ static void read_input(Run *run, const char *path, const Defaults *d, const Mode
 
 /* ---- output ----------------------------------------------------------------------------- */
 
-static const Gen *g_sort_gens;   /* for cmp_by_id */
-static int cmp_by_id(const void *a, const void *b) {
-    int i = *(const int *)a, j = *(const int *)b, c = strcmp(g_sort_gens[i].id_json, g_sort_gens[j].id_json);
+static int cmp_by_id(const void *a, const void *b, void *gens) {
+    const Gen *g = gens;
+    int i = *(const int *)a, j = *(const int *)b, c = strcmp(g[i].id_json, g[j].id_json);
     return c ? c : (i > j) - (i < j);
 }
 
@@ -278,8 +285,7 @@ static void resume_scan(Run *run, const char *path) {
     }
     int *order = xmalloc(sizeof(int) * run->n);
     for (int i = 0; i < run->n; i++) order[i] = i;
-    g_sort_gens = run->gens;
-    qsort(order, run->n, sizeof(int), cmp_by_id);
+    qsort_r(order, run->n, sizeof(int), cmp_by_id, run->gens);
     size_t good = 0, pos = 0;
     int line = 0, skipped = 0;
     while (pos < len) {
