@@ -19,9 +19,18 @@
  *   n_loss = targets >= 0; every sample appears exactly once per epoch; with pack = 0 one sample per row. */
 #include "train/data.h"
 #include "runtime/util.h"
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define NAME_KEY(f) {#f, offsetof(DataConfig, f)}
+static const struct { const char *opt; size_t at; } NAME_KEYS[] = {
+    NAME_KEY(prompt_key), NAME_KEY(response_key), NAME_KEY(instruction_key), NAME_KEY(input_key),
+    NAME_KEY(output_key), NAME_KEY(messages_key), NAME_KEY(role_key), NAME_KEY(content_key),
+    NAME_KEY(conversations_key), NAME_KEY(from_key), NAME_KEY(value_key), NAME_KEY(system_key),
+};
+enum { N_NAME_KEYS = sizeof(NAME_KEYS) / sizeof(NAME_KEYS[0]) };
 
 static void parse_opts(DataConfig *c, int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
@@ -42,19 +51,12 @@ static void parse_opts(DataConfig *c, int argc, char **argv) {
         else if (!strcmp(k, "skip_bad")) c->skip_bad_records = atoi(v);
         else if (!strcmp(k, "pairs_as_chat")) c->pairs_as_chat = atoi(v);
         else if (!strcmp(k, "chat")) c->chat_template = v;
-        else if (!strcmp(k, "prompt_key")) c->prompt_key = v;
-        else if (!strcmp(k, "response_key")) c->response_key = v;
-        else if (!strcmp(k, "instruction_key")) c->instruction_key = v;
-        else if (!strcmp(k, "input_key")) c->input_key = v;
-        else if (!strcmp(k, "output_key")) c->output_key = v;
-        else if (!strcmp(k, "messages_key")) c->messages_key = v;
-        else if (!strcmp(k, "role_key")) c->role_key = v;
-        else if (!strcmp(k, "content_key")) c->content_key = v;
-        else if (!strcmp(k, "conversations_key")) c->conversations_key = v;
-        else if (!strcmp(k, "from_key")) c->from_key = v;
-        else if (!strcmp(k, "value_key")) c->value_key = v;
-        else if (!strcmp(k, "system_key")) c->system_key = v;
-        else { fprintf(stderr, "unknown option \"%s\"\n", k); exit(2); }
+        else {   /* the field-name options: X_key=NAME sets DataConfig.X_key */
+            int i = 0;
+            while (i < N_NAME_KEYS && strcmp(k, NAME_KEYS[i].opt)) i++;
+            if (i == N_NAME_KEYS) { fprintf(stderr, "unknown option \"%s\"\n", k); exit(2); }
+            *(const char **)((char *)c + NAME_KEYS[i].at) = v;
+        }
     }
 }
 
