@@ -367,16 +367,8 @@ int tokenizer_pad_id(const Tokenizer *t) { return t->pad_id; }
 int tokenizer_add_bos_default(const Tokenizer *t) { return t->add_bos; }
 const char *tokenizer_chat_template(const Tokenizer *t) { return t->chat_template; }
 
-const char *tokenizer_id_to_piece(const Tokenizer *t, int id) {
-    return id >= 0 && id < t->n_vocab ? t->pieces[id] : NULL;
-}
-
 int tokenizer_piece_to_id(const Tokenizer *t, const char *piece) {
     return strmap_get(&t->piece_ids, piece, strlen(piece));
-}
-
-int tokenizer_is_special(const Tokenizer *t, int id) {
-    return id >= 0 && id < t->n_vocab && (t->flags[id] & TOKF_SPECIAL);
 }
 
 /* ---------------------------------------------------------------- encode */

@@ -54,12 +54,8 @@ int tokenizer_add_bos_default(const Tokenizer *t); /* 1 if HF would add BOS by d
 /* Raw chat_template string from tokenizer_config.json, NULL when absent. */
 const char *tokenizer_chat_template(const Tokenizer *t);
 
-/* Piece text as stored in the vocabulary ("▁Hello", "Ġworld", "<0x0A>"); NULL if out of range. */
-const char *tokenizer_id_to_piece(const Tokenizer *t, int id);
 /* Id of a piece string; -1 when not in the vocabulary. */
 int tokenizer_piece_to_id(const Tokenizer *t, const char *piece);
-/* 1 for control/added special tokens (<s>, </s>, <|im_start|> ...). */
-int tokenizer_is_special(const Tokenizer *t, int id);
 
 enum { TOK_ADD_BOS = 1, TOK_ADD_EOS = 2 };
 /* Append the ids of text[0..len) to out (flags: TOK_ADD_BOS / TOK_ADD_EOS). If starts is not NULL
