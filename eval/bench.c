@@ -171,9 +171,12 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
      * is only looked up (one row), a tied one is read whole as the lm head */
     double bytes = 4.0 * m->n_params - (m->cfg.tie_embeddings ? 0.0 : 4.0 * m->vocab_local * m->cfg.dim);
     double peak = matmul_peak_gflops(big, m->cfg.dim), ceiling = peak * 1e9 / (2.0 * bytes / 4.0);
+    /* and the hardware's: the fp32 FMA peak over the same multiply-adds, whatever the kernel */
+    double fma = cpu_fma_peak_gflops(), fma_ceiling = fma * 1e9 / (2.0 * bytes / 4.0);
     double *bw = xmalloc(sizeof(double) * rounds), *d1 = xmalloc(sizeof(double) * rounds);
     double *db = xmalloc(sizeof(double) * rounds), *pf = xmalloc(sizeof(double) * rounds);
     double *ratio = xmalloc(sizeof(double) * rounds), *frac = xmalloc(sizeof(double) * rounds);
+    double *hw = xmalloc(sizeof(double) * rounds);   /* per round: fma_ceiling / batch 1 */
     for (int r = 0; r < rounds; r++) {
         bw[r] = read_bandwidth_gbs();
         EngineStats s1 = bench_decode(m, 1, P, T), sb = bench_decode(m, big, P, T);
@@ -182,10 +185,12 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
         pf[r] = sb.prefill_tokens / sb.prefill_s;
         ratio[r] = db[r] / d1[r];
         frac[r] = d1[r] / (bw[r] * 1e9 / bytes);
+        hw[r] = fma_ceiling / d1[r];
     }
     double mbw = median(bw, rounds), bound = mbw * 1e9 / bytes, m1 = median(d1, rounds), mb = median(db, rounds);
     double mpf = median(pf, rounds), mfrac = median(frac, rounds);
     median(ratio, rounds);   /* sorted: ratio[0] and ratio[rounds - 1] are the extremes */
+    median(hw, rounds);
     if (g_rank == 0) {
         printf("read bandwidth %.1f-%.1f GB/s, median %.1f (copy %.1f); weights %.1f MB per token -> batch-1 bound %.1f tokens/s\n",
                bw[0], bw[rounds - 1], mbw, copy, bytes / 1e6, bound);
@@ -194,16 +199,21 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
                rounds, m1, 100 * mfrac, big, mb, mb / m1, ratio[0], ratio[rounds - 1], mpf);
         printf("compute ceiling: matmul %.1f GFLOP/s hot at batch %d -> %.1f tokens/s (%.2fx batch 1); batch %d reaches %.0f%% of it\n",
                peak, big, ceiling, ceiling / m1, big, 100 * mb / ceiling);
+        printf("hardware ceiling: fp32 FMA peak %.1f GFLOP/s -> %.1f tokens/s at any batch (%.2fx batch 1; per round "
+               "%.2f-%.2fx); batch %d reaches %.0f%% of it\n",
+               fma, fma_ceiling, fma_ceiling / m1, hw[0], hw[rounds - 1], big, 100 * mb / fma_ceiling);
         printf("{\"bench\": \"generate\", \"threads\": %d, \"prompt\": %d, \"new_tokens\": %d, \"rounds\": %d, "
                "\"read_gb_s\": %.2f, \"copy_gb_s\": %.2f, \"weight_mb_per_token\": %.2f, \"bound_tokens_per_s\": %.1f, "
                "\"decode_b1_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f, \"decode_b%d_tokens_per_s\": %.1f, "
                "\"batch_speedup\": %.2f, \"batch_speedup_min\": %.2f, \"batch_speedup_max\": %.2f, "
                "\"matmul_peak_gflops\": %.1f, \"compute_ceiling_tokens_per_s\": %.1f, "
+               "\"fma_peak_gflops\": %.1f, \"fma_ceiling_tokens_per_s\": %.1f, \"fma_ceiling_speedup_min\": %.2f, "
+               "\"fma_ceiling_speedup_max\": %.2f, "
                "\"prefill_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f}\n",
                threads, P, T, rounds, mbw, copy, bytes / 1e6, bound, m1, mfrac, big, mb, mb / m1, ratio[0],
-               ratio[rounds - 1], peak, ceiling, mpf, peak_rss_mib());
+               ratio[rounds - 1], peak, ceiling, fma, fma_ceiling, hw[0], hw[rounds - 1], mpf, peak_rss_mib());
     }
-    free(bw); free(d1); free(db); free(pf); free(ratio); free(frac);
+    free(bw); free(d1); free(db); free(pf); free(ratio); free(frac); free(hw);
     return 0;
 }
 

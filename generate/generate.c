@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 enum { MAX_STOPS = 16 };
+enum { SKIP_WRITTEN = 1, SKIP_PENDING = 2 };
 
 typedef struct {
     Seq seq;
@@ -34,7 +35,7 @@ typedef struct {
     size_t len, cap;
     TokStream ts;
     int stopped;          /* finished by a stop string (the text is already cut) */
-    int skip;             /* already in the output file (--resume) */
+    int skip;             /* --resume: SKIP_WRITTEN in the output file, SKIP_PENDING in its side file */
     int done;
     char *line;           /* the finished output line (rank 0) */
 } Gen;
@@ -47,9 +48,16 @@ typedef struct {
     int fd;               /* output file (rank 0), O_APPEND */
     const char *out_path;
     long resume_keep;     /* --resume: bytes of --output kept (a partial last line dropped); -1: all */
+    /* Lines finished ahead of an earlier unfinished one wait for it in memory; each is also appended
+     * to OUTPUT.pending (rank 0, regular files only), so a kill loses only the prompts still
+     * generating: --resume takes them from there. Removed when the run ends. */
+    char *pending_path;
+    int pending_fd;       /* -1: none open */
     int n_done, n_total, progress;
-    long gen_tokens;
-    double t0;
+    long gen_tokens;      /* tokens of this group's finished prompts */
+    long live_tokens;     /* progress: tokens this group has generated so far, finished or not */
+    long remote_tokens;   /* progress, rank 0: tokens of other groups' finished prompts */
+    double t0, shown;     /* start; when the progress line was last drawn */
     /* data parallel: dp group g generates the prompts i with i % dp == g; each group's leader
      * (tp 0, pp 0) sends finished lines to world rank 0, which writes them in input order */
     const Mesh *mesh;
@@ -271,21 +279,19 @@ static int cmp_by_id(const void *a, const void *b, void *gens) {
     return c ? c : (i > j) - (i < j);
 }
 
-/* --resume: ids already written. A last line cut off by a kill (no newline) is to be dropped from
- * the file (run->resume_keep, done when the output is opened, after every check); any other
- * malformed line is an error. Each output line marks the first input line with its id not yet
- * marked (ids sorted once: n log n, not n x m). */
-static void resume_scan(Run *run, const char *path) {
+/* --resume, one file: each complete line marks the first input line with its id not yet marked
+ * (ids sorted once: n log n, not n x m) with `mark`; SKIP_PENDING keeps the line to be written in
+ * its place. A last line cut off by a kill (no newline) is ignored, and its start returned in *keep
+ * (-1: the file ends with a whole line); blank lines are passed over; any other malformed line is
+ * an error. Returns the number of input lines marked. */
+static int resume_scan_file(Run *run, const int *order, const char *path, int mark, long *keep) {
     size_t len;
-    run->resume_keep = -1;
+    *keep = -1;
     char *data = read_file(path, &len);
     if (!data) {
         if (errno != ENOENT) user_error("%s: cannot read for --resume: %s", path, strerror(errno));
-        return;                                      /* nothing yet */
+        return 0;                                    /* nothing yet */
     }
-    int *order = xmalloc(sizeof(int) * run->n);
-    for (int i = 0; i < run->n; i++) order[i] = i;
-    qsort_r(order, run->n, sizeof(int), cmp_by_id, run->gens);
     size_t good = 0, pos = 0;
     int line = 0, skipped = 0;
     while (pos < len) {
@@ -293,6 +299,10 @@ static void resume_scan(Run *run, const char *path) {
         line++;
         if (!nl) break;                              /* partial tail */
         *nl = 0;
+        if (strspn(data + pos, " \t\r") == (size_t)(nl - data - pos)) {   /* blank */
+            pos = good = (size_t)(nl - data) + 1;
+            continue;
+        }
         cJSON *j = cJSON_ParseWithOpts(data + pos, NULL, 1);
         cJSON *id = j ? cJSON_GetObjectItemCaseSensitive(j, "id") : NULL;
         if (!j || !id || !cJSON_GetObjectItemCaseSensitive(j, "completion_ids"))
@@ -305,39 +315,77 @@ static void resume_scan(Run *run, const char *path) {
             int mid = (lo + hi) / 2;
             if (strcmp(run->gens[order[mid]].id_json, key) < 0) lo = mid + 1; else hi = mid;
         }
-        for (; lo < run->n && !strcmp(run->gens[order[lo]].id_json, key); lo++)
-            if (!run->gens[order[lo]].skip) { run->gens[order[lo]].skip = 1; skipped++; break; }
+        for (; lo < run->n && !strcmp(run->gens[order[lo]].id_json, key); lo++) {
+            Gen *g = &run->gens[order[lo]];
+            if (g->skip) continue;
+            g->skip = mark;
+            if (mark == SKIP_PENDING) {   /* the line, newline included, to be written in its turn */
+                size_t n = (size_t)(nl - data - pos);
+                g->line = xmalloc(n + 2);
+                memcpy(g->line, data + pos, n);
+                memcpy(g->line + n, "\n", 2);
+            }
+            skipped++;
+            break;
+        }
         free(key);
         cJSON_Delete(j);
         pos = (size_t)(nl - data) + 1;
         good = pos;
     }
-    if (good < len) run->resume_keep = (long)good;
-    if (g_rank == 0) fprintf(stderr, "resume: %d of %d prompts already in %s\n", skipped, run->n, path);
-    free(order);
+    if (good < len) *keep = (long)good;
     free(data);
+    return skipped;
 }
 
-static void write_ready(Run *run) {
+/* --resume: ids already in the output file, then lines finished ahead of their turn in its side
+ * file. The output's partial tail is dropped when it is opened (run->resume_keep), after every
+ * check. */
+static void resume_scan(Run *run, const char *path) {
+    int *order = xmalloc(sizeof(int) * run->n);
+    for (int i = 0; i < run->n; i++) order[i] = i;
+    qsort_r(order, run->n, sizeof(int), cmp_by_id, run->gens);
+    long keep;
+    int written = resume_scan_file(run, order, path, SKIP_WRITTEN, &run->resume_keep);
+    int pending = resume_scan_file(run, order, run->pending_path, SKIP_PENDING, &keep);
+    if (g_rank == 0)
+        fprintf(stderr, "resume: %d of %d prompts already in %s, %d more in %s\n", written, run->n, path, pending,
+                run->pending_path);
+    free(order);
+}
+
+/* Appends a whole line or nothing: a failed or short write (disk full) is cut back off the file. */
+static void write_line(int fd, const char *path, const char *line) {
+    size_t n = strlen(line), put = 0;
+    off_t end = lseek(fd, 0, SEEK_END);
+    while (put < n) {
+        ssize_t w = write(fd, line + put, n - put);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int err = w < 0 ? errno : ENOSPC;
+            if (ftruncate(fd, end) != 0) { /* nothing more to do: the error below names the file */ }
+            user_error("%s: write failed: %s", path, strerror(err));
+        }
+        put += (size_t)w;
+    }
+}
+
+/* Rank 0: the finished line of input index `idx` is in g->line: write every line now in turn; if
+ * this one must still wait for an earlier one, keep a copy in the side file meanwhile. */
+static void write_ready(Run *run, int idx) {
     while (run->next_write < run->n && (run->gens[run->next_write].done || run->gens[run->next_write].skip)) {
         Gen *g = &run->gens[run->next_write++];
-        if (g->skip || g_rank != 0) continue;
-        /* the whole line or nothing: a failed or short write (disk full) is cut back off the file */
-        size_t n = strlen(g->line), put = 0;
-        off_t end = lseek(run->fd, 0, SEEK_END);
-        while (put < n) {
-            ssize_t w = write(run->fd, g->line + put, n - put);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) {
-                int err = w < 0 ? errno : ENOSPC;
-                if (ftruncate(run->fd, end) != 0) { /* nothing more to do: the error below names the file */ }
-                user_error("%s: write failed: %s", run->out_path, strerror(err));
-            }
-            put += (size_t)w;
-        }
+        if (g->skip == SKIP_WRITTEN || g_rank != 0) continue;
+        write_line(run->fd, run->out_path, g->line);
         free(g->line);
         g->line = NULL;
     }
+    if (g_rank != 0 || idx < run->next_write || !run->pending_path) return;
+    if (run->pending_fd < 0) {
+        run->pending_fd = open(run->pending_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (run->pending_fd < 0) user_error("%s: cannot open for writing: %s", run->pending_path, strerror(errno));
+    }
+    write_line(run->pending_fd, run->pending_path, run->gens[idx].line);
 }
 
 static char *format_line(const Gen *g) {
@@ -378,12 +426,20 @@ static char *format_line(const Gen *g) {
     return txt;
 }
 
-static void progress(Run *run, int final) {
+/* The progress line: when a prompt finishes (PROGRESS_DONE), at most twice a second between
+ * (PROGRESS_TICK, every engine step), and once at the end. Tokens/s counts every token generated so
+ * far by rank 0's group, and other groups' finished prompts. */
+enum { PROGRESS_TICK, PROGRESS_DONE, PROGRESS_FINAL };
+static void progress(Run *run, int why) {
     if (!run->progress || g_rank != 0) return;
-    double dt = now_seconds() - run->t0;
-    double rate = run->n_done / (dt > 0 ? dt : 1e-9);
-    fprintf(stderr, "\r[%d/%d prompts] %.1f tokens/s, ETA %.0f s   %s", run->n_done, run->n_total,
-            run->gen_tokens / (dt > 0 ? dt : 1e-9), rate > 0 ? (run->n_total - run->n_done) / rate : 0.0, final ? "\n" : "");
+    double t = now_seconds(), dt = t - run->t0 > 0 ? t - run->t0 : 1e-9;
+    if (why == PROGRESS_TICK && t - run->shown < 0.5) return;
+    run->shown = t;
+    double rate = run->n_done / dt;   /* prompts per second */
+    fprintf(stderr, "\r[%d/%d prompts] %.1f tokens/s, ", run->n_done, run->n_total, (run->live_tokens + run->remote_tokens) / dt);
+    if (rate > 0) fprintf(stderr, "ETA %.0f s   ", (run->n_total - run->n_done) / rate);
+    else fprintf(stderr, "ETA -   ");
+    if (why == PROGRESS_FINAL) fputc('\n', stderr);
     fflush(stderr);
 }
 
@@ -392,6 +448,7 @@ static void progress(Run *run, int final) {
 static int on_token(void *ctx, Seq *s) {
     Run *run = ctx;
     Gen *g = &run->gens[s->index];
+    run->live_tokens++;
     if (!run->tok) return 0;
     size_t before = g->len;
     tok_stream_push(&g->ts, s->out[s->n_out - 1], &g->text, &g->len, &g->cap);
@@ -424,22 +481,22 @@ static void on_finish(void *ctx, Seq *s) {
     char *line = format_line(g);
     if (g_rank == 0) {
         g->line = line;
-        write_ready(run);
-        progress(run, 0);
+        write_ready(run, s->index);
+        progress(run, PROGRESS_DONE);
         return;
     }
-    /* another group's leader: to rank 0, [index][line] */
+    /* another group's leader: to rank 0, [index][tokens][line] */
     size_t n = strlen(line);
-    char *msg = xmalloc(4 + n);
-    int32_t idx = s->index;
-    memcpy(msg, &idx, 4);
-    memcpy(msg + 4, line, n);
+    char *msg = xmalloc(8 + n);
+    int32_t head[2] = {s->index, s->n_out};
+    memcpy(msg, head, 8);
+    memcpy(msg + 8, line, n);
     free(line);
     run->outbox = xrealloc(run->outbox, sizeof(char *) * (run->n_out + 1));
     run->reqs = xrealloc(run->reqs, sizeof(CommRequest) * (run->n_out + 1));
     run->outbox[run->n_out] = msg;
     run->reqs[run->n_out] = (CommRequest){NULL};
-    comm_isend_tag(&run->mesh->world, msg, 4 + n, 0, TAG_LINE, &run->reqs[run->n_out]);
+    comm_isend_tag(&run->mesh->world, msg, 8 + n, 0, TAG_LINE, &run->reqs[run->n_out]);
     run->n_out++;
 }
 
@@ -450,26 +507,29 @@ static void collect_lines(Run *run, int want) {
     while (run->n_remote > 0 && comm_probe(&run->mesh->world, TAG_LINE, want > 0, &src, &bytes)) {
         char *msg = xmalloc(bytes + 1);
         comm_recv_tag(&run->mesh->world, msg, bytes, src, TAG_LINE);
-        int32_t idx;
-        memcpy(&idx, msg, 4);
-        CHECK(idx >= 0 && idx < run->n && !run->gens[idx].done);
+        int32_t head[2];   /* index, tokens */
+        memcpy(head, msg, 8);
+        int idx = head[0];
+        CHECK(bytes >= 8 && idx >= 0 && idx < run->n && !run->gens[idx].done);
         Gen *g = &run->gens[idx];
-        g->line = xmalloc(bytes - 4 + 1);
-        memcpy(g->line, msg + 4, bytes - 4);
-        g->line[bytes - 4] = 0;
+        g->line = xmalloc(bytes - 8 + 1);
+        memcpy(g->line, msg + 8, bytes - 8);
+        g->line[bytes - 8] = 0;
+        run->remote_tokens += head[1];
         g->done = 1;
         free(msg);
         run->n_remote--;
         run->n_done++;
         want--;
-        write_ready(run);
-        progress(run, 0);
+        write_ready(run, idx);
+        progress(run, PROGRESS_DONE);
     }
 }
 
 static void on_step(void *ctx) {
     Run *run = ctx;
     if (g_rank == 0 && run->n_remote) collect_lines(run, 0);
+    progress(run, PROGRESS_TICK);
 }
 
 /* --output must not be --input (that would overwrite the prompts as they are read). */
@@ -574,7 +634,11 @@ int generate_main(int argc, char **argv) {
     Mesh mesh;
     mesh_init(&mesh, tp, pp);
     Run run = {0};
+    run.resume_keep = -1;   /* keep the whole file (--resume may say less); 0 would truncate a pipe */
     run.out_path = out_path;
+    run.pending_path = xmalloc(strlen(out_path) + sizeof ".pending");
+    sprintf(run.pending_path, "%s.pending", out_path);
+    run.pending_fd = -1;
     run.mesh = &mesh;
     run.leader = mesh.tp_rank == 0 && mesh.pp_rank == 0;
     Model m;
@@ -630,18 +694,31 @@ int generate_main(int argc, char **argv) {
         if (run.fd < 0) user_error("%s: cannot open for writing: %s", out_path, strerror(errno));
         if (run.resume_keep >= 0 && ftruncate(run.fd, (off_t)run.resume_keep) != 0)
             user_error("%s: cannot drop the partial last line: %s", out_path, strerror(errno));
+        struct stat st;
+        if (fstat(run.fd, &st) != 0 || !S_ISREG(st.st_mode)) {   /* a pipe or device: nothing to resume */
+            free(run.pending_path);
+            run.pending_path = NULL;
+        } else if (!resume && unlink(run.pending_path) != 0 && errno != ENOENT) {   /* a stale one: not this output's */
+            user_error("%s: cannot remove: %s", run.pending_path, strerror(errno));
+        }
     }
     comm_barrier(&mesh.world);
     run.t0 = now_seconds();
-    write_ready(&run);
+    write_ready(&run, -1);
     engine_run(e);
     if (g_rank == 0) collect_lines(&run, run.n_remote);   /* the other groups' last lines */
     else run.n_remote = 0;
     for (int i = 0; i < run.n_out; i++) { comm_wait(&run.reqs[i]); free(run.outbox[i]); }
     free(run.reqs);
     free(run.outbox);
-    write_ready(&run);
-    progress(&run, 1);
+    write_ready(&run, -1);
+    CHECK(g_rank != 0 || run.next_write == run.n);
+    if (g_rank == 0 && run.pending_path) {   /* every line is in the output now */
+        if (run.pending_fd >= 0) close(run.pending_fd);
+        if (unlink(run.pending_path) != 0 && errno != ENOENT) user_error("%s: cannot remove: %s", run.pending_path, strerror(errno));
+    }
+    free(run.pending_path);
+    progress(&run, PROGRESS_FINAL);
     EngineStats st = engine_stats(e);
     /* the report sums the data-parallel groups (each group's ranks hold the same numbers) */
     double agg[6] = {(double)run.gen_tokens, (double)st.prefill_tokens, st.prefill_s, (double)st.decode_tokens,

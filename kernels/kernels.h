@@ -11,6 +11,10 @@
 
 void cpu_set_threads(int n);
 
+/* The machine's fp32 FMA throughput with the current OpenMP threads, GFLOP/s (a pure FMA loop:
+ * the ceiling for any kernel here). */
+double cpu_fma_peak_gflops(void);
+
 /* out (N, n_out) = x (N, n_in) @ w (n_out, n_in)^T [+ bias (n_out)]; bias may be NULL.
  * Batch-invariant: each element's bits depend only on its x row, w row and bias, never on N, the
  * tiling or the threads (fixed 16-lane FMA order, fixed lane tree). Used by every forward pass. */

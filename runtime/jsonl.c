@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 void jsonl_open(JsonlReader *r, const char *path) {
     memset(r, 0, sizeof(*r));
@@ -26,6 +27,14 @@ cJSON *jsonl_next(JsonlReader *r) {
         if (strlen(r->buf) != (size_t)len) user_error("%s:%d: a NUL byte in the line", r->path, r->line);
         while (len > 0 && (r->buf[len - 1] == '\n' || r->buf[len - 1] == '\r' || r->buf[len - 1] == ' ')) r->buf[--len] = 0;
         if (len == 0) continue;
+        /* JSON text is UTF-8 (RFC 8259): a stray byte would be echoed into the output's "prompt" and
+         * make the whole output file unreadable to strict readers */
+        for (ssize_t at = 0; at < len;) {
+            utf8proc_int32_t cp;
+            utf8proc_ssize_t n = utf8proc_iterate((const utf8proc_uint8_t *)r->buf + at, len - at, &cp);
+            if (n < 0) user_error("%s:%d: not valid UTF-8 (byte %zd)", r->path, r->line, at + 1);
+            at += n;
+        }
         const char *end = NULL;
         cJSON *j = cJSON_ParseWithOpts(r->buf, &end, 0);
         if (!j) user_error("%s:%d: not a JSON object (invalid JSON near column %d)", r->path, r->line, (int)(end - r->buf) + 1);

@@ -78,12 +78,6 @@ static void add_file(SafeTensors *st, const char *path) {
     cJSON_Delete(h);
 }
 
-SafeTensors *st_open_file(const char *path) {
-    SafeTensors *st = xcalloc(1, sizeof(SafeTensors));
-    add_file(st, path);
-    return st;
-}
-
 SafeTensors *st_open_dir(const char *dir) {
     SafeTensors *st = xcalloc(1, sizeof(SafeTensors));
     char *single = path_join(dir, "model.safetensors");

@@ -47,9 +47,9 @@ same_greedy() {
     [ "$(jq -r .finish_reason "$BATS_TEST_TMPDIR/o.jsonl")" = length ]
 }
 
-# 40 text prompts of varied length for the invariance tests
-make_prompts() { # OUT EXTRA_JSON
-    for i in $(seq 1 40); do
+# N (default 40) text prompts of varied length for the invariance tests
+make_prompts() { # OUT EXTRA_JSON [N]
+    for i in $(seq 1 "${3:-40}"); do
         words=$(printf 'the cat sat on the mat %.0s' $(seq 1 $((i % 7 + 1))))
         echo "{\"id\": \"p$i\", \"prompt\": \"Once upon a time $words and\", \"max_new_tokens\": $((10 + i % 13))$2}"
     done > "$1"
@@ -57,13 +57,13 @@ make_prompts() { # OUT EXTRA_JSON
 
 @test "generate: greedy output is identical for batch sizes 1, 7, 64, 1 or 2 threads, layouts 2x1, 1x2, 2x2, dp 2" {
     need_assets
-    make_prompts "$BATS_TEST_TMPDIR/p.jsonl" ""
+    make_prompts "$BATS_TEST_TMPDIR/p.jsonl" "" 70   # more than 64: the 64-slot batch fills, then refills
     for b in 1 7 64; do
         "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/b$b.jsonl" --greedy --max-batch $b 2>/dev/null
     done
     cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/b7.jsonl"
     cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/b64.jsonl"
-    [ "$(wc -l < "$BATS_TEST_TMPDIR/b1.jsonl")" -eq 40 ]
+    [ "$(wc -l < "$BATS_TEST_TMPDIR/b1.jsonl")" -eq 70 ]
     # threads split heads, sequences and matmul rows differently, never one element's arithmetic
     "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/t2.jsonl" --greedy --threads 2 2>/dev/null
     cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/t2.jsonl"
@@ -102,6 +102,7 @@ make_prompts() { # OUT EXTRA_JSON
         --kv-cache-mem 0.24 2> "$BATS_TEST_TMPDIR/k.err"
     cat "$BATS_TEST_TMPDIR/k.err" | tail -1
     grep -qE 'KV 12 blocks' "$BATS_TEST_TMPDIR/k.err"
+    run ! grep -q ' 0 preemptions' "$BATS_TEST_TMPDIR/k.err"   # the pressure is real
     cmp "$BATS_TEST_TMPDIR/a.jsonl" "$BATS_TEST_TMPDIR/k.jsonl"
     # and a 2x2 layout, and data parallel
     timeout 120 $MPIRUN 4 "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/l.jsonl" \
@@ -238,11 +239,11 @@ JSON
 
 # paged_vs_eval MODEL: sampled tokens' logprobs from paged decode (two sequences per step) equal
 # eval's teacher-forced whole-sequence forward (contiguous k, v) bit for bit, and the comparison is live
-paged_vs_eval() {
+paged_vs_eval() { # MODEL [generate flags]
     local m="$1"
     printf '{"input_ids":[1,5,9,13,2,7]}\n{"input_ids":[1,9,13]}\n{"input_ids":[1,3]}\n' > "$BATS_TEST_TMPDIR/p.jsonl"
     "$TANDEM" generate --model "$m" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/g.jsonl" \
-        --max-new-tokens 24 --ignore-eos --logprobs 1 --temperature 0.9 --seed 5 --max-batch 2 2>/dev/null
+        --max-new-tokens 24 --ignore-eos --logprobs 1 --temperature 0.9 --seed 5 --max-batch 2 "${@:2}" 2>/dev/null
     # reference records: the sampled token and its logprob at each generated position
     jq -c '{input_ids: (.prompt + .completion_ids),
             top_logprobs: (([range(0; (.prompt | length) - 1)] | map([])) + [.logprobs[] | [[.token, .logprob]]] + [[]])}' \
@@ -266,6 +267,9 @@ paged_vs_eval() {
     # head_dim 16 with a sliding window (mistral_swa), 64 (llama3_rope); head_dim 8 in the next test
     paged_vs_eval "$FIX/models/mistral_swa"
     paged_vs_eval "$FIX/models/llama3_rope"
+    # W = 4 with 2-token blocks: blocks leave the window every other step and are handed out again;
+    # a block freed while still in the window would be overwritten and change the logprobs
+    paged_vs_eval "$FIX/models/mistral_swa" --block-size 2 --kv-cache-mem 0.01
 }
 
 @test "generate: the same on real stories260K (head_dim 8: scalar tails)" {
@@ -282,6 +286,11 @@ paged_vs_eval() {
     run "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" --greedy --resume
     echo "$output" | grep 'resume: 5 of 40'
     cmp "$BATS_TEST_TMPDIR/full.jsonl" "$BATS_TEST_TMPDIR/o.jsonl"
+    # a blank line (an editor's trailing newline) is passed over, as the input reader does
+    echo >> "$BATS_TEST_TMPDIR/o.jsonl"
+    run "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" --greedy --resume
+    [ "$status" -eq 0 ]
+    echo "$output" | grep 'resume: 40 of 40'
     # a corrupt line in the middle is an error, and the file is left alone
     sed -i '3s/.*/{"id": "p3", "oops"/' "$BATS_TEST_TMPDIR/o.jsonl"
     cp "$BATS_TEST_TMPDIR/o.jsonl" "$BATS_TEST_TMPDIR/before"
@@ -294,7 +303,9 @@ paged_vs_eval() {
 @test "generate: bad input is one clear line naming the line and field" {
     need_assets
     P="$BATS_TEST_TMPDIR/p.jsonl" O="$BATS_TEST_TMPDIR/o.jsonl"
-    gen() { run "$TANDEM" generate --model "$STORIES" --input "$P" --output "$O" "$@"; echo "$output"; [ "$status" -ne 0 ]; [ ! -e "$O" ]; }
+    # exit 1 (a user error, not a crash), one "tandem:" line, no output file
+    gen() { run "$TANDEM" generate --model "$STORIES" --input "$P" --output "$O" "$@"; echo "$output"; [ "$status" -eq 1 ]; [ ! -e "$O" ]
+            [ "$(echo "$output" | grep -c '^tandem: ')" -eq 1 ]; }
     printf '{"prompt": "a"}\n{"prompt": "b"\n' > "$P";                  gen; [[ "$output" == *"p.jsonl:2: not a JSON object"* ]]
     printf '{"prompt": "a"}\n{"text": "b"}\n' > "$P";                   gen; [[ "$output" == *"p.jsonl:2: field \"prompt\" missing"* ]]
     printf '{"prompt": "a"} {"prompt": "b"}\n' > "$P";                 gen; [[ "$output" == *"p.jsonl:1: text after the JSON object (one object per line)"* ]]
@@ -327,8 +338,13 @@ paged_vs_eval() {
     printf '{"prompt": "a\0b"}\n' > "$P";                             gen; [[ "$output" == *"p.jsonl:1: a NUL byte in the line"* ]]
     printf '{"prompt": "a\\u0000b"}\n' > "$P";                        gen; [[ "$output" == *"p.jsonl:1: a string holds \\u0000 (NUL)"* ]]
     printf '{"prompt": "a \\ud800 b"}\n' > "$P";                       gen; [[ "$output" == *"p.jsonl:1: not a JSON object (invalid JSON near column 15)"* ]]
+    printf '{"prompt": "a \xff b"}\n' > "$P";                         gen; [[ "$output" == *"p.jsonl:1: not valid UTF-8 (byte 15)"* ]]
     printf '{"prompt": "a"}\n' > "$P"
     gen --chat-template bogus;           [[ "$output" == *"--chat-template: unknown chat template \"bogus\""* ]]
+    # a chat line for a model without a chat template names the line
+    printf '{"prompt": "a"}\n{"messages": [{"role": "user", "content": "hi"}]}\n' > "$P"
+    gen;                                 [[ "$output" == *"p.jsonl:2: "*"no chat_template in tokenizer_config.json; pass --chat-template NAME"* ]]
+    printf '{"prompt": "a"}\n' > "$P"
     gen --logprobs 50;                   [[ "$output" == "tandem: --logprobs must be in [0, 20]" ]]
     gen --min-new-tokens 9 --max-new-tokens 3; [[ "$output" == "tandem: --min-new-tokens must be in [0, --max-new-tokens]" ]]
     gen --stop-token-ids '407] junk';    [[ "$output" == *"--stop-token-ids: expected comma-separated token ids"* ]]
@@ -387,6 +403,10 @@ paged_vs_eval() {
     want=$(echo "{\"messages\": $msgs}" | "$TANDEM" tokenize --model "$M" --jsonl --add-generation-prompt | jq '.input_ids | length')
     [ "$want" -gt 10 ]
     [ "$(jq .prompt_tokens "$BATS_TEST_TMPDIR/o.jsonl")" -eq "$want" ]
+    echo "{\"messages\": $msgs}" | "$TANDEM" tokenize --model "$M" --jsonl --add-generation-prompt |
+        jq -c '{id: "c", input_ids, max_new_tokens: 6}' > "$BATS_TEST_TMPDIR/i.jsonl"
+    "$TANDEM" generate --model "$M" --input "$BATS_TEST_TMPDIR/i.jsonl" --output "$BATS_TEST_TMPDIR/i.out" --greedy --ignore-eos 2>/dev/null
+    [ "$(jq -c .completion_ids "$BATS_TEST_TMPDIR/o.jsonl")" = "$(jq -c .completion_ids "$BATS_TEST_TMPDIR/i.out")" ]
     [ "$(jq .completion_tokens "$BATS_TEST_TMPDIR/o.jsonl")" -eq 6 ]
     [ "$(jq -c .prompt "$BATS_TEST_TMPDIR/o.jsonl")" = "$(echo "$msgs" | jq -c .)" ]
 }
