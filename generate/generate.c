@@ -593,7 +593,7 @@ int generate_main(int argc, char **argv) {
         {"--ignore-eos", OPT_FLAG, &d.ignore_eos, NULL, "do not stop at EOS (parity runs against HF greedy)"},
         {"--no-bos", OPT_FLAG, &d.no_bos, NULL, "do not add BOS to text prompts"},
         {"--truncate", OPT_FLAG, &d.truncate, NULL, "keep the last tokens of prompts that are too long"},
-        {"--resume", OPT_FLAG, &resume, NULL, "skip ids already in --output"},
+        {"--resume", OPT_FLAG, &resume, NULL, "skip ids already in --output; take finished lines from OUTPUT.pending"},
         {"--progress", OPT_FLAG, &show_progress, NULL, "progress line on stderr even when not a terminal"},
         {"--kv-cache-mem", OPT_FLOAT, &kv_mib, "512", "KV cache MiB per rank"},
         {"--block-size", OPT_INT, &block, "16", "tokens per KV cache block"},
