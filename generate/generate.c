@@ -282,11 +282,11 @@ static int cmp_by_id(const void *a, const void *b, void *gens) {
 /* --resume, one file: each complete line marks the first input line with its id not yet marked
  * (ids sorted once: n log n, not n x m) with `mark`; SKIP_PENDING keeps the line to be written in
  * its place. A last line cut off by a kill (no newline) is ignored, and its start returned in *keep
- * (-1: the file ends with a whole line); blank lines are passed over; any other malformed line is
+ * unless keep is NULL (-1: the file ends with a whole line); blank lines are passed over; any other malformed line is
  * an error. Returns the number of input lines marked. */
 static int resume_scan_file(Run *run, const int *order, const char *path, int mark, long *keep) {
     size_t len;
-    *keep = -1;
+    if (keep) *keep = -1;
     char *data = read_file(path, &len);
     if (!data) {
         if (errno != ENOENT) user_error("%s: cannot read for --resume: %s", path, strerror(errno));
@@ -333,7 +333,7 @@ static int resume_scan_file(Run *run, const int *order, const char *path, int ma
         pos = (size_t)(nl - data) + 1;
         good = pos;
     }
-    if (good < len) *keep = (long)good;
+    if (keep && good < len) *keep = (long)good;
     free(data);
     return skipped;
 }
@@ -345,9 +345,8 @@ static void resume_scan(Run *run, const char *path) {
     int *order = xmalloc(sizeof(int) * run->n);
     for (int i = 0; i < run->n; i++) order[i] = i;
     qsort_r(order, run->n, sizeof(int), cmp_by_id, run->gens);
-    long keep;
     int written = resume_scan_file(run, order, path, SKIP_WRITTEN, &run->resume_keep);
-    int pending = resume_scan_file(run, order, run->pending_path, SKIP_PENDING, &keep);
+    int pending = resume_scan_file(run, order, run->pending_path, SKIP_PENDING, NULL);   /* its tail: ignored */
     if (g_rank == 0)
         fprintf(stderr, "resume: %d of %d prompts already in %s, %d more in %s\n", written, run->n, path, pending,
                 run->pending_path);

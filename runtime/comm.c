@@ -87,10 +87,7 @@ void comm_send(const Comm *c, const void *buf, size_t bytes, int dst) {
     MPI_CHECK(MPI_Send(buf, count(bytes), MPI_BYTE, dst, 0, HANDLE(c)));
 }
 void comm_isend(const Comm *c, const void *buf, size_t bytes, int dst, CommRequest *req) {
-    comm_wait(req);
-    MPI_Request *r = xmalloc(sizeof(MPI_Request));
-    MPI_CHECK(MPI_Isend(buf, count(bytes), MPI_BYTE, dst, 0, HANDLE(c), r));
-    req->handle = r;
+    comm_isend_tag(c, buf, bytes, dst, 0, req);
 }
 void comm_isend_tag(const Comm *c, const void *buf, size_t bytes, int dst, int tag, CommRequest *req) {
     comm_wait(req);
@@ -118,7 +115,5 @@ void comm_wait(CommRequest *req) {
     free(req->handle);
     req->handle = NULL;
 }
-void comm_recv(const Comm *c, void *buf, size_t bytes, int src) {
-    MPI_CHECK(MPI_Recv(buf, count(bytes), MPI_BYTE, src, 0, HANDLE(c), MPI_STATUS_IGNORE));
-}
+void comm_recv(const Comm *c, void *buf, size_t bytes, int src) { comm_recv_tag(c, buf, bytes, src, 0); }
 void comm_barrier(const Comm *c) { MPI_CHECK(MPI_Barrier(HANDLE(c))); }
