@@ -20,6 +20,16 @@ float cpu_fma_chains(long iters);
  * tiling or the threads (fixed 16-lane FMA order, fixed lane tree). Used by every forward pass. */
 void cpu_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out);
 
+/* cpu_matmul for several weights that read the same x (q, k, v; gate, up), in one parallel region:
+ * one wake-up and one barrier instead of one each. Every out gets exactly cpu_matmul's bits. */
+typedef struct {
+    float *out;          /* (N, n_out) */
+    const float *w;      /* (n_out, n_in) */
+    const float *bias;   /* (n_out) or NULL */
+    int n_out;
+} MatmulOut;
+void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n);
+
 /* out (N, D) = x / sqrt(mean(x^2) + eps) * w, normalised in fp32 then multiplied (HF order). */
 void cpu_rmsnorm(float *out, const float *x, const float *w, int N, int D, float eps);
 
@@ -51,8 +61,9 @@ static inline size_t kv_offset(const KVLayout *kv, size_t kvd, int j) {
 /* Causal attention for ONE sequence, keys and values found through `kv` (above).
  * q (Tq, H*Dh): queries at positions q_pos0 .. q_pos0+Tq-1; out (Tq, H*Dh).
  * Query head h uses kv head h / (H / Hkv). window > 0: key j visible to query i iff
- * 0 <= i - j < window; window == 0: full causal. scratch: at least omp_get_max_threads() *
- * (q_pos0 + Tq) floats (heads run in parallel; each head's arithmetic is the same either way).
+ * 0 <= i - j < window; window == 0: full causal. scratch: at least omp_get_max_threads() * H *
+ * (q_pos0 + Tq) floats (rows, or a lone row's heads, run in parallel; each element's arithmetic is
+ * the same either way).
  * Scores are reduced over keys in increasing position order whatever the batch, paging or
  * layout, so the same tokens give the same bits in training forward and in generation. */
 void cpu_attention(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,

@@ -297,7 +297,7 @@ void model_alloc_state(Model *m, int max_tokens, int max_seq) {
     size_t V = m->is_last ? (size_t)m->vocab_local : 0;
     /* one arena: sizes in the order of RunState's fields */
     size_t sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * F, N * F, N * V,
-                      (size_t)max_seq * omp_get_max_threads()};
+                      (size_t)max_seq * m->n_heads_local * omp_get_max_threads()};
     float **slots[] = {&m->s.x, &m->s.xb, &m->s.q, &m->s.k, &m->s.v, &m->s.att, &m->s.xo, &m->s.hb, &m->s.hb2,
                        &m->s.logits, &m->s.scratch};
     size_t total = 0;
@@ -375,18 +375,16 @@ static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi,
         int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
         /* attention block: x += o_proj(attn(rope(q), rope(k), v)) */
         cpu_rmsnorm(xb, x, w->attn_norm, N, D, c->norm_eps);
-        cpu_matmul(q, xb, w->wq, w->bq, N, D, qd);
-        cpu_matmul(k, xb, w->wk, w->bk, N, D, kvd);
-        cpu_matmul(v, xb, w->wv, w->bv, N, D, kvd);
+        cpu_matmuls(xb, N, D, (MatmulOut[]){{q, w->wq, w->bq, qd}, {k, w->wk, w->bk, kvd}, {v, w->wv, w->bv, kvd}}, 3);
         cpu_rope(q, pos, m->inv_freq, N, Hl, Dh);
         cpu_rope(k, pos, m->inv_freq, N, Hkvl, Dh);
         /* sequences in parallel (decode: many small ones); a lone sequence parallelises over heads
-         * inside cpu_attention instead. Each thread has its own max_seq floats of scratch. */
+         * inside cpu_attention instead. Each thread has its own (heads, max_seq) floats of scratch. */
 #pragma omp parallel for schedule(dynamic) if (hi - lo > 1)
         for (int i = lo; i < hi; i++) {
             size_t t0 = start[i] - g0;
             int Tq = start[i + 1] - start[i];
-            float *sc = s->scratch + (size_t)omp_get_thread_num() * m->max_seq;
+            float *sc = s->scratch + (size_t)omp_get_thread_num() * Hl * m->max_seq;
             if (!b->tables) {
                 KVLayout rows = kv_rows(Tq, Hkvl, Dh);
                 cpu_attention(att + t0 * qd, q + t0 * qd, k + t0 * kvd, v + t0 * kvd, &rows, Tq, 0, Hl, Hkvl, Dh, window, sc);
@@ -409,8 +407,7 @@ static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi,
         cpu_add(x, xo, (size_t)N * D);
         /* MLP block: x += down(silu(gate(x)) * up(x)) */
         cpu_rmsnorm(xb, x, w->mlp_norm, N, D, c->norm_eps);
-        cpu_matmul(hb, xb, w->w_gate, NULL, N, D, Fl);
-        cpu_matmul(hb2, xb, w->w_up, NULL, N, D, Fl);
+        cpu_matmuls(xb, N, D, (MatmulOut[]){{hb, w->w_gate, NULL, Fl}, {hb2, w->w_up, NULL, Fl}}, 2);
         cpu_swiglu(hb, hb, hb2, (size_t)N * Fl);
         cpu_matmul(xo, hb, w->w_down, NULL, N, Fl, D);
         tp_all_reduce(m, xo, (size_t)N * D);

@@ -42,7 +42,7 @@ typedef struct {
     float *hb;     /* (N, F_local) gate, then silu(gate) * up */
     float *hb2;    /* (N, F_local) up */
     float *logits; /* (N, V_local) last stage; padded vocab columns are -inf */
-    float *scratch;/* (max_seq) attention scores */
+    float *scratch;/* (threads, heads, max_seq) attention scores */
     int *pos;      /* (N) position of each token in its sequence */
 } RunState;
 

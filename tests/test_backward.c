@@ -298,7 +298,7 @@ static double attn_loss(void *p) {
     return dot_g(c->out, c->g, (size_t)c->T * c->H * c->Dh);
 }
 /* enough for the forward (threads * T) and the backward (threads * 2T) */
-static float *attn_scratch(int T) { return falloc((size_t)omp_get_max_threads() * 2 * T); }
+static float *attn_scratch(int T, int H) { return falloc((size_t)omp_get_max_threads() * (H > 2 ? H : 2) * T); }
 
 static void attention_torch(void) {
     const cJSON *c;
@@ -310,7 +310,7 @@ static void attention_torch(void) {
         printf(" T=%d H=%d Hkv=%d Dh=%d window=%d\n", T, H, Hkv, Dh, window);
         size_t nq = (size_t)T * H * Dh, nk = (size_t)T * Hkv * Dh;
         float *q = in_f("q", nq), *k = in_f("k", nk), *v = in_f("v", nk), *g = in_f("dout", nq);
-        float *out = falloc(nq), *dq = falloc(nq), *dk = falloc(nk), *dv = falloc(nk), *scratch = attn_scratch(T);
+        float *out = falloc(nq), *dq = falloc(nq), *dk = falloc(nk), *dv = falloc(nk), *scratch = attn_scratch(T, H);
         KVLayout rows = kv_rows(T, Hkv, Dh);
         cpu_attention(out, q, k, v, &rows, T, 0, H, Hkv, Dh, window, scratch);
         vs_torch("out", out, nq, 1.0);
@@ -335,7 +335,7 @@ static void attention_fd(void) {
         printf(" T=%d H=%d Hkv=%d Dh=%d window=%d\n", c.T, c.H, c.Hkv, c.Dh, c.window);
         size_t nq = (size_t)c.T * c.H * c.Dh, nk = (size_t)c.T * c.Hkv * c.Dh;
         c.q = randn(nq, 1.0); c.k = randn(nk, 1.0); c.v = randn(nk, 1.0); c.g = randn(nq, 1.0);
-        c.out = falloc(nq); c.scratch = attn_scratch(c.T);
+        c.out = falloc(nq); c.scratch = attn_scratch(c.T, c.H);
         float *dq = falloc(nq), *dk = falloc(nk), *dv = falloc(nk);
         fill_nan(dq, nq); fill_nan(dk, nk); fill_nan(dv, nk);
         cpu_attention_backward(dq, dk, dv, c.g, c.q, c.k, c.v, c.T, c.H, c.Hkv, c.Dh, c.window, c.scratch);

@@ -48,6 +48,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     size_t V = m->is_last ? (size_t)m->vocab_local : 0, Dl = m->is_last ? D : 0;
     a->max_tokens = max_tokens;
     a->max_seq = max_seq;
+    a->scratch_stride = (size_t)(m->n_heads_local > 2 ? m->n_heads_local : 2) * max_seq;
     a->recompute = recompute;
     a->layers = xcalloc(Ll ? Ll : 1, sizeof(LayerActs));
 
@@ -60,7 +61,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     float **slots[] = {&a->x_final, &a->xb_final, &a->logits, &a->dx, &a->dxb, &a->dtmp, &a->dq, &a->datt,
                        &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->lse, &a->z, &a->scratch};
     size_t sizes[] = {N * D, N * Dl, N * V, N * D, N * D, N * D, N * qd, N * qd, N * kvd, N * kvd, N * F, N * F,
-                      N * F, N, N, (size_t)omp_get_max_threads() * 2 * max_seq};
+                      N * F, N, N, (size_t)omp_get_max_threads() * a->scratch_stride};
     enum { N_REST = sizeof(sizes) / sizeof(sizes[0]) };
     /* recompute: every layer keeps its input x_in; the other ten buffers are one shared set */
     size_t total = recompute ? layer_sizes[0] * Ll + (per_layer - layer_sizes[0]) : per_layer * Ll;
@@ -128,9 +129,8 @@ static void layer_forward(Model *m, TrainActs *a, int l, float *x_out) {
     int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
     /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
     cpu_rmsnorm(la->xb1, la->x_in, w->attn_norm, N, D, c->norm_eps);
-    cpu_matmul(la->q, la->xb1, w->wq, w->bq, N, D, qd);                             /* column-parallel ("copy") */
-    cpu_matmul(la->k, la->xb1, w->wk, w->bk, N, D, kvd);
-    cpu_matmul(la->v, la->xb1, w->wv, w->bv, N, D, kvd);
+    cpu_matmuls(la->xb1, N, D, (MatmulOut[]){{la->q, w->wq, w->bq, qd}, {la->k, w->wk, w->bk, kvd}, {la->v, w->wv, w->bv, kvd}},
+                3);                                                                  /* column-parallel ("copy") */
     cpu_rope(la->q, pos, m->inv_freq, N, Hl, Dh);
     cpu_rope(la->k, pos, m->inv_freq, N, Hkvl, Dh);
 #pragma omp parallel for schedule(dynamic) if (n_seqs > 1)   /* sequences in parallel, own scratch */
@@ -139,7 +139,7 @@ static void layer_forward(Model *m, TrainActs *a, int l, float *x_out) {
         int T = start[i + 1] - start[i];
         KVLayout rows = kv_rows(T, Hkvl, Dh);
         cpu_attention(la->att + t0 * qd, la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, &rows, T, 0, Hl, Hkvl, Dh,
-                      window, a->scratch + (size_t)omp_get_thread_num() * 2 * a->max_seq);
+                      window, a->scratch + (size_t)omp_get_thread_num() * a->scratch_stride);
     }
     cpu_matmul(xo, la->att, w->wo, NULL, N, qd, D);                                 /* row-parallel: partial */
     tp_reduce_forward(m, xo, (size_t)N * D);                                         /* "reduce" */
@@ -147,8 +147,7 @@ static void layer_forward(Model *m, TrainActs *a, int l, float *x_out) {
     cpu_add(la->x_mid, xo, (size_t)N * D);
     /* MLP block: x_out = x_mid + down(silu(gate(xb2)) * up(xb2)) */
     cpu_rmsnorm(la->xb2, la->x_mid, w->mlp_norm, N, D, c->norm_eps);
-    cpu_matmul(la->gate, la->xb2, w->w_gate, NULL, N, D, Fl);                       /* column-parallel ("copy") */
-    cpu_matmul(la->up, la->xb2, w->w_up, NULL, N, D, Fl);
+    cpu_matmuls(la->xb2, N, D, (MatmulOut[]){{la->gate, w->w_gate, NULL, Fl}, {la->up, w->w_up, NULL, Fl}}, 2); /* column-parallel */
     cpu_swiglu(la->act, la->gate, la->up, (size_t)N * Fl);
     cpu_matmul(xo, la->act, w->w_down, NULL, N, Fl, D);                             /* row-parallel: partial */
     tp_reduce_forward(m, xo, (size_t)N * D);                                         /* "reduce" */
@@ -272,7 +271,7 @@ float train_loss_backward(Model *m, TrainActs *a, const int *targets, const floa
             size_t t0 = start[i];
             cpu_attention_backward(a->dq + t0 * qd, a->dk + t0 * kvd, a->dv + t0 * kvd, a->datt + t0 * qd,
                                    la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, start[i + 1] - start[i], Hl,
-                                   Hkvl, Dh, window, a->scratch + (size_t)omp_get_thread_num() * 2 * a->max_seq);
+                                   Hkvl, Dh, window, a->scratch + (size_t)omp_get_thread_num() * a->scratch_stride);
         }
         cpu_rope_backward(a->dq, pos, m->inv_freq, N, Hl, Dh);
         cpu_rope_backward(a->dk, pos, m->inv_freq, N, Hkvl, Dh);

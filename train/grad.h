@@ -50,7 +50,8 @@ typedef struct {
     float *dgate, *dup, *dact; /* (N, F_local) */
     float *dlogits;            /* (N, V_local) last stage: the logits buffer, overwritten by the backward */
     float *lse, *z;            /* (N) log-sum-exp and target logit of each row */
-    float *scratch;            /* attention: omp threads * 2 * max_seq */
+    float *scratch;            /* attention: omp threads * scratch_stride */
+    size_t scratch_stride;     /* per thread: max(2, local heads) * max_seq (forward: heads x keys, backward: 2 x keys) */
     float *arena;              /* every float buffer above */
     size_t n_arena;            /* floats in it */
     int *iarena;               /* tokens, seq_start, pos */

@@ -20,6 +20,20 @@ static inline size_t key_next(KeyWalk *w) {
     return r;
 }
 
+/* Softmax numerators of one row from its raw scores p[j0..i]: p[j] = exp(scale * p[j] - max).
+ * Returns their sum, added in increasing j. */
+static inline float attention_row_softmax(float *p, int j0, int i, float scale) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int j = j0; j <= i; j++) {   /* exact per element, and max is order-free: vectorised */
+        p[j] = p[j] * scale;
+        mx = p[j] > mx ? p[j] : mx;
+    }
+    float sum = 0.0f;
+    for (int j = j0; j <= i; j++) sum += (p[j] = expf(p[j] - mx));
+    return sum;
+}
+
 /* For query qi (Dh) at position i and keys j0..i of kv head hk: p[j] = exp(s_j - max s),
  * s_j = scale * dot_fixed(qi, k_j). Returns sum_j p[j]. Scores are computed four keys at a time
  * (the same bits as one at a time: dot_fixed4). */
@@ -33,14 +47,6 @@ static inline float attention_row_exp(const float *qi, const float *k, const KVL
         dot_fixed4(p + j, qi, k0, k1, k2, k3, Dh);
     }
     for (; j <= i; j++) p[j] = dot_fixed(qi, k + key_next(&w), Dh);
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (j = j0; j <= i; j++) {   /* exact per element, and max is order-free: vectorised */
-        p[j] = p[j] * scale;
-        mx = p[j] > mx ? p[j] : mx;
-    }
-    float sum = 0.0f;
-    for (j = j0; j <= i; j++) sum += (p[j] = expf(p[j] - mx));
-    return sum;
+    return attention_row_softmax(p, j0, i, scale);
 }
 #endif

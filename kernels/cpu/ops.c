@@ -68,39 +68,54 @@ static void mm_4x4(float *out, size_t ldo, const float *x, size_t ldx, const flo
     }
 }
 
-void cpu_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out) {
-    if (N == 0 || n_out == 0) return;
-    int n_otiles = (n_out + 3) / 4;
+/* Output tile ot (4 outputs) of o for x rows [n0, n1) */
+static void matmul_tile(const MatmulOut *o, const float *x, int n_in, int n0, int n1, int ot) {
+    int n_out = o->n_out, n_otiles = (n_out + 3) / 4, j0 = ot * 4, ro = n_out - j0 < 4 ? n_out - j0 : 4;
+    const float *w = o->w, *bias = o->bias;
+    float *out = o->out;
+    for (int n = n0; n < n1; n += 4) {
+        int rn = n1 - n < 4 ? n1 - n : 4;
+        /* this tile's w rows are read from memory once and then reused from cache by every row
+         * group: fetch the next tile's rows into L2 ahead, a share per row group, so the first group
+         * does not wait on DRAM (at N <= 4 the hardware prefetcher streams w better alone). Only
+         * speed: the arithmetic is unchanged. */
+        if (ot + 1 < n_otiles && n1 - n0 > 4) {
+            size_t tile = (size_t)4 * n_in * sizeof(float), groups = (size_t)(n1 - n0 + 3) / 4;
+            size_t g = (size_t)(n - n0) / 4, a = tile * g / groups, z = tile * (g + 1) / groups;
+            const char *next = (const char *)(w + (size_t)(j0 + 4) * n_in);
+            for (size_t byte = a & ~(size_t)63; byte < z; byte += 64) __builtin_prefetch(next + byte, 0, 2);
+        }
+        if (rn == 4 && ro == 4) {
+            mm_4x4(out + (size_t)n * n_out + j0, n_out, x + (size_t)n * n_in, n_in, w + (size_t)j0 * n_in, n_in,
+                   bias ? bias + j0 : NULL, n_in);
+            continue;
+        }
+        for (int i = 0; i < rn; i++)
+            for (int j = 0; j < ro; j++)
+                mm_1x1(out + (size_t)(n + i) * n_out + j0 + j, x + (size_t)(n + i) * n_in,
+                       w + (size_t)(j0 + j) * n_in, bias ? bias + j0 + j : NULL, n_in);
+    }
+}
+
+void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n) {
+    int first[n + 1];   /* the tiles of outs[j] are first[j] .. first[j + 1] - 1 */
+    first[0] = 0;
+    for (int j = 0; j < n; j++) first[j + 1] = first[j] + (outs[j].n_out + 3) / 4;
+    int tiles = first[n];
     enum { ROW_BLOCK = 64 };   /* rows of x kept hot in cache while a thread sweeps its w rows */
-    for (int n0 = 0; n0 < N; n0 += ROW_BLOCK) {
+    for (int n0 = 0; n0 < N && tiles > 0; n0 += ROW_BLOCK) {
         int n1 = n0 + ROW_BLOCK < N ? n0 + ROW_BLOCK : N;
-#pragma omp parallel for schedule(static) if (n_otiles > 4)
-        for (int ot = 0; ot < n_otiles; ot++) {
-            int o = ot * 4, ro = n_out - o < 4 ? n_out - o : 4;
-            for (int n = n0; n < n1; n += 4) {
-                int rn = n1 - n < 4 ? n1 - n : 4;
-                /* this tile's w rows are read from memory once and then reused from cache by every
-                 * row group: fetch the next tile's rows into L2 ahead, a share per row group, so the
-                 * first group does not wait on DRAM (at N <= 4 the hardware prefetcher streams w
-                 * better alone). Only speed: the arithmetic is unchanged. */
-                if (ot + 1 < n_otiles && n1 - n0 > 4) {
-                    size_t tile = (size_t)4 * n_in * sizeof(float), groups = (size_t)(n1 - n0 + 3) / 4;
-                    size_t g = (size_t)(n - n0) / 4, a = tile * g / groups, z = tile * (g + 1) / groups;
-                    const char *next = (const char *)(w + (size_t)(o + 4) * n_in);
-                    for (size_t byte = a & ~(size_t)63; byte < z; byte += 64) __builtin_prefetch(next + byte, 0, 2);
-                }
-                if (rn == 4 && ro == 4) {
-                    mm_4x4(out + (size_t)n * n_out + o, n_out, x + (size_t)n * n_in, n_in, w + (size_t)o * n_in, n_in,
-                           bias ? bias + o : NULL, n_in);
-                    continue;
-                }
-                for (int i = 0; i < rn; i++)
-                    for (int j = 0; j < ro; j++)
-                        mm_1x1(out + (size_t)(n + i) * n_out + o + j, x + (size_t)(n + i) * n_in,
-                               w + (size_t)(o + j) * n_in, bias ? bias + o + j : NULL, n_in);
-            }
+#pragma omp parallel for schedule(static) if (tiles > 4)
+        for (int t = 0; t < tiles; t++) {
+            int j = 0;
+            while (t >= first[j + 1]) j++;
+            matmul_tile(&outs[j], x, n_in, n0, n1, t - first[j]);
         }
     }
+}
+
+void cpu_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out) {
+    cpu_matmuls(x, N, n_in, &(MatmulOut){out, w, bias, n_out}, 1);
 }
 
 /* Elementwise kernels split rows or elements over threads only when there is enough work to pay
@@ -135,18 +150,22 @@ void cpu_rope(float *x, const int *pos, const float *inv_freq, int N, int n_head
     }
 }
 
-/* o[c * 16 .. c * 16 + 15] for c < nch (a constant after inlining) = sum over keys j0..i of
- * p[j] * v_j[c * 16 ...], one FMA per key in increasing j; v already points at the head and column */
-static inline __attribute__((always_inline)) void pv_cols(float *o, const float *p, const float *v, KeyWalk w, int j0,
-                                                          int i, int nch) {
-    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};   /* named, not an array: GCC keeps them in registers */
-    for (int j = j0; j <= i; j++) {
-        const float *vj = v + key_next(&w);
+/* o[c * 16 .. c * 16 + 15] for c < nch (a constant after inlining) += p[j] * v_j[c * 16 ...] over keys
+ * j = ja..jb (v: key ja, `row` floats between keys), one FMA per key in increasing j. The
+ * accumulators start from o and go back to it, so a row summed block by block gets the bits it
+ * would get in registers throughout. */
+static inline __attribute__((always_inline)) void pv_cols(float *o, const float *p, const float *v, size_t row,
+                                                          int ja, int jb, int nch) {
+    v16 a0 = ld16(o), a1 = {0}, a2 = {0}, a3 = {0};   /* named, not an array: GCC keeps them in registers */
+    if (nch > 1) a1 = ld16(o + 16);
+    if (nch > 2) a2 = ld16(o + 32);
+    if (nch > 3) a3 = ld16(o + 48);
+    for (int j = ja; j <= jb; j++, v += row) {
         float pj = p[j];
-        a0 = a0 + pj * ld16(vj);
-        if (nch > 1) a1 = a1 + pj * ld16(vj + 16);
-        if (nch > 2) a2 = a2 + pj * ld16(vj + 32);
-        if (nch > 3) a3 = a3 + pj * ld16(vj + 48);
+        a0 = a0 + pj * ld16(v);
+        if (nch > 1) a1 = a1 + pj * ld16(v + 16);
+        if (nch > 2) a2 = a2 + pj * ld16(v + 32);
+        if (nch > 3) a3 = a3 + pj * ld16(v + 48);
     }
     memcpy(o, &a0, sizeof a0);
     if (nch > 1) memcpy(o + 16, &a1, sizeof a1);
@@ -154,43 +173,79 @@ static inline __attribute__((always_inline)) void pv_cols(float *o, const float 
     if (nch > 3) memcpy(o + 48, &a3, sizeof a3);
 }
 
+/* o (Dh) += sum over keys ja..jb of p[j] v_j: up to 64 columns at a time in registers, then singly */
+static void pv_block(float *o, const float *p, const float *v, size_t row, int ja, int jb, int Dh) {
+    int d0 = 0;
+    for (int nch; (nch = (Dh - d0) / 16) > 0; d0 += 16 * (nch < 4 ? nch : 4)) {
+        switch (nch) {
+        case 1: pv_cols(o + d0, p, v + d0, row, ja, jb, 1); break;
+        case 2: pv_cols(o + d0, p, v + d0, row, ja, jb, 2); break;
+        case 3: pv_cols(o + d0, p, v + d0, row, ja, jb, 3); break;
+        default: pv_cols(o + d0, p, v + d0, row, ja, jb, 4); break;
+        }
+    }
+    for (int j = ja; j <= jb && d0 < Dh; j++, v += row)
+        for (int d = d0; d < Dh; d++) o[d] = fmaf(p[j], v[d], o[d]);
+}
+
+/* One query row (position i, keys j0..i) for kv heads [hk0, hk1) and their query heads: qi, oi
+ * (H * Dh) point at the row; sc (heads of the slice, n_keys) holds their scores. Keys and values
+ * are swept block by block, every head of the slice in each block: in the paged cache a block's
+ * heads are one contiguous run, so the memory streams instead of restarting per head (decode at
+ * batch 32 spends a quarter of its step here, bound by DRAM). Every element sees the arithmetic of
+ * attention_row_exp and a per-head sweep: the order of blocks and heads changes no bits. */
+static void attention_query(float *oi, const float *qi, const float *k, const float *v, const KVLayout *kv, int Hkv,
+                            int hk0, int hk1, int group, int Dh, int j0, int i, float scale, float *sc, int n_keys) {
+    size_t row = kv->row, block_floats = (size_t)kv->block * Hkv * Dh;
+    int h0 = hk0 * group, h1 = hk1 * group;
+    for (int pass = 0; pass < 2; pass++) {   /* 0: raw scores q.k; 1: o += p v */
+        for (int b = j0 / kv->block; b <= i / kv->block; b++) {
+            int base = b * kv->block, ja = j0 > base ? j0 : base, jb = i < base + kv->block - 1 ? i : base + kv->block - 1;
+            size_t off = (size_t)kv->table[b] * block_floats + (size_t)(ja - base) * row;   /* key ja, kv head 0 */
+            /* fetch the next block's run (or, at the end of the scores, the values' first) into L2
+             * while this one is computed: the hardware prefetcher does not cross to another block */
+            const float *nx = NULL;
+            if (b < i / kv->block) nx = (pass ? v : k) + (size_t)kv->table[b + 1] * block_floats;
+            else if (pass == 0) nx = v + (size_t)kv->table[j0 / kv->block] * block_floats;
+            size_t nx_bytes = nx ? block_floats * sizeof(float) : 0, nh = (size_t)(h1 - h0);
+            for (int h = h0; h < h1; h++) {
+                size_t hoff = off + (size_t)(h / group) * kv->head;
+                float *p = sc + (size_t)(h - h0) * n_keys;
+                for (size_t byte = nx_bytes * (h - h0) / nh & ~(size_t)63; byte < nx_bytes * (h - h0 + 1) / nh; byte += 64)
+                    __builtin_prefetch((const char *)nx + byte, 0, 2);   /* a share per head */
+                if (pass == 1) { pv_block(oi + (size_t)h * Dh, p, v + hoff, row, ja, jb, Dh); continue; }
+                const float *qh = qi + (size_t)h * Dh, *kj = k + hoff;
+                int j = ja;
+                for (; j + 3 <= jb; j += 4, kj += 4 * row) dot_fixed4(p + j, qh, kj, kj + row, kj + 2 * row, kj + 3 * row, Dh);
+                for (; j <= jb; j++, kj += row) p[j] = dot_fixed(qh, kj, Dh);
+            }
+        }
+        if (pass == 1) break;
+        for (int h = h0; h < h1; h++) {   /* probabilities (the division is exact per element: vectorised) */
+            float *p = sc + (size_t)(h - h0) * n_keys, sum = attention_row_softmax(p, j0, i, scale);
+#pragma omp simd
+            for (int j = j0; j <= i; j++) p[j] = p[j] / sum;
+        }
+        memset(oi + (size_t)h0 * Dh, 0, sizeof(float) * (size_t)(h1 - h0) * Dh);
+    }
+}
+
 void cpu_attention(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,
                    int q_pos0, int H, int Hkv, int Dh, int window, float *scratch) {
     int group = H / Hkv, n_keys = q_pos0 + Tq;
     float scale = 1.0f / sqrtf((float)Dh);
     size_t qs = (size_t)H * Dh;
-#pragma omp parallel for schedule(static) if (H * Tq * n_keys > 4096)
-    for (int h = 0; h < H; h++) {
-        int hk = h / group;
-        float *sc = scratch + (size_t)omp_get_thread_num() * n_keys;   /* this thread's scores */
-        const float *vh = v + (size_t)hk * kv->head;                     /* this head's values */
-        for (int t = 0; t < Tq; t++) {
-            int i = q_pos0 + t;
-            const float *qi = q + t * qs + (size_t)h * Dh;
-            int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
-            float sum = attention_row_exp(qi, k, kv, Hkv, hk, j0, i, Dh, scale, sc);
-#pragma omp simd
-            for (int j = j0; j <= i; j++) sc[j] = sc[j] / sum;   /* probabilities (exact per element: vectorised) */
-            /* o_i = sum_j p_j v_j: up to 64 columns at a time in registers, then singly */
-            float *oi = out + t * qs + (size_t)h * Dh;
-            KeyWalk w = key_walk(kv, Hkv, Dh, j0);
-            int d0 = 0;
-            for (int nch; (nch = (Dh - d0) / 16) > 0; d0 += 16 * (nch < 4 ? nch : 4)) {
-                switch (nch) {
-                case 1: pv_cols(oi + d0, sc, vh + d0, w, j0, i, 1); break;
-                case 2: pv_cols(oi + d0, sc, vh + d0, w, j0, i, 2); break;
-                case 3: pv_cols(oi + d0, sc, vh + d0, w, j0, i, 3); break;
-                default: pv_cols(oi + d0, sc, vh + d0, w, j0, i, 4); break;
-                }
-            }
-            if (d0 < Dh) {
-                memset(oi + d0, 0, sizeof(float) * (Dh - d0));
-                for (int j = j0; j <= i; j++) {
-                    const float *vj = vh + key_next(&w);
-                    for (int d = d0; d < Dh; d++) oi[d] = fmaf(sc[j], vj[d], oi[d]);
-                }
-            }
-        }
+    /* tasks: (query row, slice of kv heads); a lone row (decode of one sequence) is split by kv heads
+     * over the threads, more rows each take all heads */
+    int slices = 1;
+    if (Tq == 1 && !omp_in_parallel()) slices = omp_get_max_threads() < Hkv ? omp_get_max_threads() : Hkv;
+#pragma omp parallel for schedule(dynamic) if (Tq * slices > 1 && H * Tq * n_keys > 4096)
+    for (int task = 0; task < Tq * slices; task++) {
+        int t = task / slices, sl = task % slices, i = q_pos0 + t;
+        int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
+        float *sc = scratch + (size_t)omp_get_thread_num() * H * n_keys;   /* this thread's scores */
+        attention_query(out + t * qs, q + t * qs, k, v, kv, Hkv, Hkv * sl / slices, Hkv * (sl + 1) / slices, group,
+                        Dh, j0, i, scale, sc, n_keys);
     }
 }
 
