@@ -3,11 +3,13 @@
 # batch size, offset and thread count. This is what lets generation and training agree exactly.
 load helpers
 
-@test "cpu_matmul and cpu_attention are batch-, thread- and layout-invariant, bit for bit" {
+@test "cpu_matmul and cpu_attention are batch-, thread- and layout-invariant, bit for bit; silu within 4 roundings" {
     run "$ROOT/build/tests/test_kernels"
     echo "$output"
     [ "$status" -eq 0 ]
     # 7 matmul shapes, then 6 head sizes x 2 windows of attention (threads; paged layout)
     [ "$(grep -c '^cpu_matmul.*: bit-identical' <<<"$output")" -eq 7 ]
     [ "$(grep -c 'threads bit-identical; paged prefill and decode bit-identical' <<<"$output")" -eq 12 ]
+    # silu's vectorised exp against exact silu, 4 fp32 roundings at most
+    grep -q '^cpu_swiglu (exp16): 1000003 points, .*: within$' <<<"$output"
 }

@@ -32,8 +32,7 @@ void cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * D, *g = dout + (size_t)n * D;
         float *o = dx + (size_t)n * D;
-        float ss = 0.0f;                                 /* the forward's scale, the forward's way */
-        for (int i = 0; i < D; i++) ss += xr[i] * xr[i];
+        float ss = dot_fixed(xr, xr, D);                 /* the forward's scale, the forward's way */
         float r = 1.0f / sqrtf(ss / D + eps);
         float dot = 0.0f;                                /* sum_i (dout * w)_i * xh_i */
         for (int i = 0; i < D; i++) dot += g[i] * w[i] * (xr[i] * r);
@@ -110,11 +109,19 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
 }
 
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i], u = up[i], d = dout[i];
-        float sig = 1.0f / (1.0f + expf(-g));            /* expf overflow -> sig 0, both terms finite */
-        dgate[i] = d * u * sig * (1.0f + g * (1.0f - sig));
-        dup[i] = d * (g * sig);
+    for (size_t i = 0; i < n; i += 16) {   /* the forward's exp16, 16 lanes at a time, the tail zero-padded */
+        size_t m = n - i < 16 ? n - i : 16;
+        v16 g = {0}, u = {0}, d = {0};
+        if (m == 16) { g = ld16(gate + i); u = ld16(up + i); d = ld16(dout + i); }
+        else {
+            memcpy(&g, gate + i, sizeof(float) * m);
+            memcpy(&u, up + i, sizeof(float) * m);
+            memcpy(&d, dout + i, sizeof(float) * m);
+        }
+        v16 sig = 1.0f / (1.0f + exp16(-g));             /* exp16 overflow -> sig 0, both terms finite */
+        v16 dg = d * u * sig * (1.0f + g * (1.0f - sig)), du = d * (g * sig);
+        if (m == 16) { memcpy(dgate + i, &dg, sizeof dg); memcpy(dup + i, &du, sizeof du); }
+        else { memcpy(dgate + i, &dg, sizeof(float) * m); memcpy(dup + i, &du, sizeof(float) * m); }
     }
 }
 
