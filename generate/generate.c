@@ -712,6 +712,8 @@ int generate_main(int argc, char **argv) {
     free(run.outbox);
     write_ready(&run, -1);
     CHECK(g_rank != 0 || run.next_write == run.n);
+    /* a deferred write error (NFS, quota) surfaces at close: the pending file then stays for --resume */
+    if (g_rank == 0 && close(run.fd) != 0) user_error("%s: write failed at close: %s", out_path, strerror(errno));
     if (g_rank == 0 && run.pending_path) {   /* every line is in the output now */
         if (run.pending_fd >= 0) close(run.pending_fd);
         if (unlink(run.pending_path) != 0 && errno != ENOENT) user_error("%s: cannot remove: %s", run.pending_path, strerror(errno));
@@ -737,7 +739,6 @@ int generate_main(int argc, char **argv) {
                 st.prefill_s > 0 ? st.prefill_tokens / st.prefill_s : 0.0, st.decode_tokens,
                 st.decode_s > 0 ? st.decode_tokens / st.decode_s : 0.0, st.steps, st.preemptions, st.kv_blocks,
                 st.kv_block_tokens, st.peak_blocks_used, pk);
-        close(run.fd);
     }
     engine_free(e);
     for (int i = 0; i < run.n; i++) {
