@@ -8,16 +8,19 @@
 #include <math.h>
 #include <stddef.h>
 
-/* Offset of key j0 + n (n = 0, 1, ... on successive calls), kv head 0: the walk keeps
- * (b, o) = (j / block, j % block), so no key costs a division. */
-typedef struct { const KVLayout *kv; size_t block_floats; int b, o; } KeyWalk;
-static inline KeyWalk key_walk(const KVLayout *kv, int Hkv, int Dh, int j0) {
-    return (KeyWalk){kv, (size_t)kv->block * Hkv * Dh, j0 / kv->block, j0 % kv->block};
+/* The keys of row (j0..i) that block b holds: [*ja, *jb] */
+static inline void block_span(const KVLayout *kv, int b, int j0, int i, int *ja, int *jb) {
+    int first = b * kv->block, last = first + kv->block - 1;
+    *ja = j0 > first ? j0 : first;
+    *jb = i < last ? i : last;
 }
-static inline size_t key_next(KeyWalk *w) {
-    size_t r = (size_t)w->kv->table[w->b] * w->block_floats + (size_t)w->o * w->kv->row;
-    if (++w->o == w->kv->block) { w->o = 0; ++w->b; }
-    return r;
+
+/* Raw scores p[j] = dot_fixed(qh, k_j) for keys ja..jb of one block: kj points at key ja, `row`
+ * floats between keys. Four keys at a time (dot_fixed4: the same bits as one at a time). */
+static inline void attention_scores(float *p, const float *qh, const float *kj, size_t row, int ja, int jb, int Dh) {
+    int j = ja;
+    for (; j + 3 <= jb; j += 4, kj += 4 * row) dot_fixed4(p + j, qh, kj, kj + row, kj + 2 * row, kj + 3 * row, Dh);
+    for (; j <= jb; j++, kj += row) p[j] = dot_fixed(qh, kj, Dh);
 }
 
 /* Softmax numerators of one row from its raw scores p[j0..i]: p[j] = exp(scale * p[j] - max).
@@ -35,18 +38,13 @@ static inline float attention_row_softmax(float *p, int j0, int i, float scale) 
 }
 
 /* For query qi (Dh) at position i and keys j0..i of kv head hk: p[j] = exp(s_j - max s),
- * s_j = scale * dot_fixed(qi, k_j). Returns sum_j p[j]. Scores are computed four keys at a time
- * (the same bits as one at a time: dot_fixed4). */
+ * s_j = scale * dot_fixed(qi, k_j). Returns sum_j p[j]. */
 static inline float attention_row_exp(const float *qi, const float *k, const KVLayout *kv, int Hkv, int hk, int j0,
                                       int i, int Dh, float scale, float *p) {
-    KeyWalk w = key_walk(kv, Hkv, Dh, j0);
-    k += (size_t)hk * kv->head;
-    int j = j0;
-    for (; j + 3 <= i; j += 4) {
-        const float *k0 = k + key_next(&w), *k1 = k + key_next(&w), *k2 = k + key_next(&w), *k3 = k + key_next(&w);
-        dot_fixed4(p + j, qi, k0, k1, k2, k3, Dh);
+    for (int b = j0 / kv->block, ja, jb; b <= i / kv->block; b++) {
+        block_span(kv, b, j0, i, &ja, &jb);
+        attention_scores(p, qi, k + kv_offset(kv, (size_t)Hkv * Dh, ja) + (size_t)hk * kv->head, kv->row, ja, jb, Dh);
     }
-    for (; j <= i; j++) p[j] = dot_fixed(qi, k + key_next(&w), Dh);
     return attention_row_softmax(p, j0, i, scale);
 }
 #endif

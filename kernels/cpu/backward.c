@@ -108,21 +108,19 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, 
     }
 }
 
+/* the forward's exp16 for m <= 16 elements */
+static inline __attribute__((always_inline)) void swiglu_backward_lanes(float *dgate, float *dup, const float *dout,
+                                                                        const float *gate, const float *up, size_t m) {
+    v16 g = ld16n(gate, m), u = ld16n(up, m), d = ld16n(dout, m);
+    v16 sig = 1.0f / (1.0f + exp16(-g));                 /* exp16 overflow -> sig 0, both terms finite */
+    st16n(dgate, d * u * sig * (1.0f + g * (1.0f - sig)), m);
+    st16n(dup, d * (g * sig), m);
+}
+
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
-    for (size_t i = 0; i < n; i += 16) {   /* the forward's exp16, 16 lanes at a time, the tail zero-padded */
-        size_t m = n - i < 16 ? n - i : 16;
-        v16 g = {0}, u = {0}, d = {0};
-        if (m == 16) { g = ld16(gate + i); u = ld16(up + i); d = ld16(dout + i); }
-        else {
-            memcpy(&g, gate + i, sizeof(float) * m);
-            memcpy(&u, up + i, sizeof(float) * m);
-            memcpy(&d, dout + i, sizeof(float) * m);
-        }
-        v16 sig = 1.0f / (1.0f + exp16(-g));             /* exp16 overflow -> sig 0, both terms finite */
-        v16 dg = d * u * sig * (1.0f + g * (1.0f - sig)), du = d * (g * sig);
-        if (m == 16) { memcpy(dgate + i, &dg, sizeof dg); memcpy(dup + i, &du, sizeof du); }
-        else { memcpy(dgate + i, &dg, sizeof(float) * m); memcpy(dup + i, &du, sizeof(float) * m); }
-    }
+    size_t n16 = n / 16 * 16;
+    for (size_t i = 0; i < n16; i += 16) swiglu_backward_lanes(dgate + i, dup + i, dout + i, gate + i, up + i, 16);
+    if (n16 < n) swiglu_backward_lanes(dgate + n16, dup + n16, dout + n16, gate + n16, up + n16, n - n16);
 }
 
 void cpu_embedding_backward(float *dtable, const float *dout, const int *ids, int N, int D, int v0, int V_local) {

@@ -79,12 +79,9 @@ static void matmul_tile(const MatmulOut *o, const float *x, int n_in, int n0, in
          * group: fetch the next tile's rows into L2 ahead, a share per row group, so the first group
          * does not wait on DRAM (at N <= 4 the hardware prefetcher streams w better alone). Only
          * speed: the arithmetic is unchanged. */
-        if (ot + 1 < n_otiles && n1 - n0 > 4) {
-            size_t tile = (size_t)4 * n_in * sizeof(float), groups = (size_t)(n1 - n0 + 3) / 4;
-            size_t g = (size_t)(n - n0) / 4, a = tile * g / groups, z = tile * (g + 1) / groups;
-            const char *next = (const char *)(w + (size_t)(j0 + 4) * n_in);
-            for (size_t byte = a & ~(size_t)63; byte < z; byte += 64) __builtin_prefetch(next + byte, 0, 2);
-        }
+        if (ot + 1 < n_otiles && n1 - n0 > 4)
+            prefetch_part(w + (size_t)(j0 + 4) * n_in, (size_t)4 * n_in * sizeof(float), (size_t)(n - n0) / 4,
+                          (size_t)(n1 - n0 + 3) / 4);
         if (rn == 4 && ro == 4) {
             mm_4x4(out + (size_t)n * n_out + j0, n_out, x + (size_t)n * n_in, n_in, w + (size_t)j0 * n_in, n_in,
                    bias ? bias + j0 : NULL, n_in);
@@ -191,41 +188,38 @@ static void pv_block(float *o, const float *p, const float *v, size_t row, int j
  * (H * Dh) point at the row; sc (heads of the slice, n_keys) holds their scores. Keys and values
  * are swept block by block, every head of the slice in each block: in the paged cache a block's
  * heads are one contiguous run, so the memory streams instead of restarting per head (decode at
- * batch 32 spends a quarter of its step here, bound by DRAM). Every element sees the arithmetic of
- * attention_row_exp and a per-head sweep: the order of blocks and heads changes no bits. */
+ * batch 32 spends a quarter of its step here, bound by DRAM), and the next block is fetched into L2
+ * while this one is computed (the hardware prefetcher does not cross to another block). Every
+ * element gets attention_row_exp's arithmetic: the order of blocks and heads changes no bits. */
 static void attention_query(float *oi, const float *qi, const float *k, const float *v, const KVLayout *kv, int Hkv,
                             int hk0, int hk1, int group, int Dh, int j0, int i, float scale, float *sc, int n_keys) {
-    size_t row = kv->row, block_floats = (size_t)kv->block * Hkv * Dh;
-    int h0 = hk0 * group, h1 = hk1 * group;
-    for (int pass = 0; pass < 2; pass++) {   /* 0: raw scores q.k; 1: o += p v */
-        for (int b = j0 / kv->block; b <= i / kv->block; b++) {
-            int base = b * kv->block, ja = j0 > base ? j0 : base, jb = i < base + kv->block - 1 ? i : base + kv->block - 1;
-            size_t off = (size_t)kv->table[b] * block_floats + (size_t)(ja - base) * row;   /* key ja, kv head 0 */
-            /* fetch the next block's run (or, at the end of the scores, the values' first) into L2
-             * while this one is computed: the hardware prefetcher does not cross to another block */
-            const float *nx = NULL;
-            if (b < i / kv->block) nx = (pass ? v : k) + (size_t)kv->table[b + 1] * block_floats;
-            else if (pass == 0) nx = v + (size_t)kv->table[j0 / kv->block] * block_floats;
-            size_t nx_bytes = nx ? block_floats * sizeof(float) : 0, nh = (size_t)(h1 - h0);
-            for (int h = h0; h < h1; h++) {
-                size_t hoff = off + (size_t)(h / group) * kv->head;
-                float *p = sc + (size_t)(h - h0) * n_keys;
-                for (size_t byte = nx_bytes * (h - h0) / nh & ~(size_t)63; byte < nx_bytes * (h - h0 + 1) / nh; byte += 64)
-                    __builtin_prefetch((const char *)nx + byte, 0, 2);   /* a share per head */
-                if (pass == 1) { pv_block(oi + (size_t)h * Dh, p, v + hoff, row, ja, jb, Dh); continue; }
-                const float *qh = qi + (size_t)h * Dh, *kj = k + hoff;
-                int j = ja;
-                for (; j + 3 <= jb; j += 4, kj += 4 * row) dot_fixed4(p + j, qh, kj, kj + row, kj + 2 * row, kj + 3 * row, Dh);
-                for (; j <= jb; j++, kj += row) p[j] = dot_fixed(qh, kj, Dh);
-            }
+    size_t kvd = (size_t)Hkv * Dh, block_bytes = (size_t)kv->block * kvd * sizeof(float);
+    int h0 = hk0 * group, h1 = hk1 * group, b0 = j0 / kv->block, b1 = i / kv->block, ja, jb;
+    /* 1. raw scores; the last block fetches the values' first block */
+    for (int b = b0; b <= b1; b++) {
+        block_span(kv, b, j0, i, &ja, &jb);
+        const float *next = b < b1 ? k + kv_offset(kv, kvd, (b + 1) * kv->block) : v + kv_offset(kv, kvd, j0);
+        for (int h = h0; h < h1; h++) {
+            prefetch_part(next, block_bytes, h - h0, h1 - h0);
+            attention_scores(sc + (size_t)(h - h0) * n_keys, qi + (size_t)h * Dh,
+                             k + kv_offset(kv, kvd, ja) + (size_t)(h / group) * kv->head, kv->row, ja, jb, Dh);
         }
-        if (pass == 1) break;
-        for (int h = h0; h < h1; h++) {   /* probabilities (the division is exact per element: vectorised) */
-            float *p = sc + (size_t)(h - h0) * n_keys, sum = attention_row_softmax(p, j0, i, scale);
+    }
+    /* 2. probabilities (the division is exact per element: vectorised) */
+    for (int h = h0; h < h1; h++) {
+        float *p = sc + (size_t)(h - h0) * n_keys, sum = attention_row_softmax(p, j0, i, scale);
 #pragma omp simd
-            for (int j = j0; j <= i; j++) p[j] = p[j] / sum;
+        for (int j = j0; j <= i; j++) p[j] = p[j] / sum;
+    }
+    /* 3. o = sum_j p_j v_j */
+    memset(oi + (size_t)h0 * Dh, 0, sizeof(float) * (size_t)(h1 - h0) * Dh);
+    for (int b = b0; b <= b1; b++) {
+        block_span(kv, b, j0, i, &ja, &jb);
+        for (int h = h0; h < h1; h++) {
+            if (b < b1) prefetch_part(v + kv_offset(kv, kvd, (b + 1) * kv->block), block_bytes, h - h0, h1 - h0);
+            pv_block(oi + (size_t)h * Dh, sc + (size_t)(h - h0) * n_keys,
+                     v + kv_offset(kv, kvd, ja) + (size_t)(h / group) * kv->head, kv->row, ja, jb, Dh);
         }
-        memset(oi + (size_t)h0 * Dh, 0, sizeof(float) * (size_t)(h1 - h0) * Dh);
     }
 }
 
@@ -248,23 +242,17 @@ void cpu_attention(float *out, const float *q, const float *k, const float *v, c
     }
 }
 
-/* silu(g) * u on 16 lanes; exp16 overflow -> inf -> -0 */
-static inline v16 swiglu16(v16 g, v16 u) { return g / (1.0f + exp16(-g)) * u; }
+/* out = silu(g) * u for m <= 16 elements; exp16 overflow -> inf -> -0 */
+static inline __attribute__((always_inline)) void swiglu_lanes(float *out, const float *gate, const float *up, size_t m) {
+    v16 g = ld16n(gate, m), u = ld16n(up, m);
+    st16n(out, g / (1.0f + exp16(-g)) * u, m);
+}
 
 void cpu_swiglu(float *out, const float *gate, const float *up, size_t n) {
     size_t n16 = n / 16 * 16;
 #pragma omp parallel for schedule(static) if (n >= PAR_MIN)
-    for (size_t i = 0; i < n16; i += 16) {
-        v16 o = swiglu16(ld16(gate + i), ld16(up + i));
-        memcpy(out + i, &o, sizeof o);
-    }
-    if (n16 < n) {   /* the tail, zero-padded to 16 lanes */
-        v16 g = {0}, u = {0};
-        memcpy(&g, gate + n16, sizeof(float) * (n - n16));
-        memcpy(&u, up + n16, sizeof(float) * (n - n16));
-        v16 o = swiglu16(g, u);
-        memcpy(out + n16, &o, sizeof(float) * (n - n16));
-    }
+    for (size_t i = 0; i < n16; i += 16) swiglu_lanes(out + i, gate + i, up + i, 16);
+    if (n16 < n) swiglu_lanes(out + n16, gate + n16, up + n16, n - n16);   /* the tail, zero-padded */
 }
 
 void cpu_add(float *x, const float *y, size_t n) {

@@ -17,6 +17,22 @@ static inline v16 ld16(const float *p) {
     return v;
 }
 
+/* The first m (<= 16) floats at p, the other lanes 0; and their store. With m a constant 16 these
+ * are one vector load / store; a variable m costs a memcpy call, so keep it to tails. */
+static inline __attribute__((always_inline)) v16 ld16n(const float *p, size_t m) {
+    v16 v = {0};
+    memcpy(&v, p, sizeof(float) * m);
+    return v;
+}
+static inline __attribute__((always_inline)) void st16n(float *p, v16 v, size_t m) { memcpy(p, &v, sizeof(float) * m); }
+
+/* Part `part` of `parts` of [p, p + bytes) fetched into L2, one line at a time: a kernel spreads the
+ * next tile's (or block's) fetch over the work it does on this one. */
+static inline void prefetch_part(const void *p, size_t bytes, size_t part, size_t parts) {
+    for (size_t byte = bytes * part / parts & ~(size_t)63; byte < bytes * (part + 1) / parts; byte += 64)
+        __builtin_prefetch((const char *)p + byte, 0, 2);
+}
+
 /* the fixed tree: lanes i and i+8, then i and i+4, then i and i+2, then 0 and 1 */
 static inline float hsum16(v16 a) {
     v8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
@@ -46,7 +62,7 @@ static inline __attribute__((always_inline)) void hsum4(float *out, v16 a, v16 b
 
 /* exp(x), 16 lanes: x = n ln2 + r (n = round(x / ln2), ln2 in two parts so r is exact), Cephes'
  * degree-5 polynomial for exp(r) on |r| <= ln2 / 2, times 2^n set in the exponent bits. Within 2 ulp
- * of expf (tests/test_kernels.c checks it on 10^6 points); 0 below -87.3 (no subnormals), inf
+ * of expf (tests/test_kernels.c checks silu built on it on 10^6 points); 0 below -87.3 (no subnormals), inf
  * above 88.7. glibc's scalar expf costs ~18 cycles an element here and libmvec's 16-lane one was
  * no faster, which made silu a tenth of a decode step. */
 typedef int vi16 __attribute__((vector_size(64)));
