@@ -51,12 +51,9 @@ static void mm_4x4(float *out, size_t ldo, const float *x, size_t ldx, const flo
         a20 = a20 + p2 * q0; a21 = a21 + p2 * q1; a22 = a22 + p2 * q2; a23 = a23 + p2 * q3;
         a30 = a30 + p3 * q0; a31 = a31 + p3 * q1; a32 = a32 + p3 * q2; a33 = a33 + p3 * q3;
     }
-    /* lane sums of a row's four accumulators at once (hsum16's tree), then the k tail in order and
-     * the bias: exactly mm_1x1's arithmetic (dot_fixed, then the bias) per element */
-    hsum4(out, a00, a01, a02, a03);
-    hsum4(out + ldo, a10, a11, a12, a13);
-    hsum4(out + 2 * ldo, a20, a21, a22, a23);
-    hsum4(out + 3 * ldo, a30, a31, a32, a33);
+    /* lane sums of the 16 accumulators at once (hsum16's tree), then the k tail in order and the
+     * bias: exactly mm_1x1's arithmetic (dot_fixed, then the bias) per element */
+    hsum16_tile(out, ldo, a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33);
     if (k < K || bias) {
         const float *xs[4] = {x0, x1, x2, x3}, *ws[4] = {w0, w1, w2, w3};
         for (int i = 0; i < 4; i++)
