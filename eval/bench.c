@@ -217,11 +217,11 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
                "%.2f-%.2fx); batch %d reaches %.0f%% of it\n",
                fma, fma_ceiling, fma_ceiling / m1, hw[0], hw[rounds - 1], big, 100 * mb / fma_ceiling);
         printf("{\"bench\": \"generate\", \"threads\": %d, \"prompt\": %d, \"new_tokens\": %d, \"rounds\": %d, "
-               "\"read_gb_s\": %.2f, \"copy_gb_s\": %.2f, \"weight_mb_per_token\": %.2f, \"bound_tokens_per_s\": %.1f, "
+               "\"read_gb_s\": %.2f, \"copy_gb_s\": %.2f, \"weight_mb_per_token\": %.6g, \"bound_tokens_per_s\": %.1f, "
                "\"decode_b1_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f, \"decode_b%d_tokens_per_s\": %.1f, "
                "\"batch_speedup\": %.2f, \"batch_speedup_min\": %.2f, \"batch_speedup_max\": %.2f, "
-               "\"matmul_peak_gflops\": %.1f, \"compute_ceiling_tokens_per_s\": %.1f, "
-               "\"fma_peak_gflops\": %.1f, \"fma_ceiling_tokens_per_s\": %.1f, \"fma_ceiling_speedup_min\": %.2f, "
+               "\"matmul_peak_gflops\": %.6g, \"compute_ceiling_tokens_per_s\": %.1f, "
+               "\"fma_peak_gflops\": %.6g, \"fma_ceiling_tokens_per_s\": %.1f, \"fma_ceiling_speedup_min\": %.2f, "
                "\"fma_ceiling_speedup_max\": %.2f, "
                "\"prefill_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f}\n",
                threads, P, T, rounds, mbw, copy, bytes / 1e6, bound, m1, mfrac, big, mb, mb / m1, ratio[0],

@@ -31,10 +31,9 @@ void cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *
                           float eps);
 
 /* In place on dx (N, n_heads * Dh): the gradient at cpu_rope's output becomes the gradient at its
- * input. RoPE is a rotation of each pair (i, i + Dh/2) by angle pos[n] * inv_freq[i] (fp32, as the
- * forward computes it), so its backward is the inverse rotation (by minus the angle).
- * pos (N), inv_freq (Dh/2). */
-void cpu_rope_backward(float *dx, const int *pos, const float *inv_freq, int N, int n_heads, int Dh);
+ * input. RoPE is a rotation of each pair (i, i + Dh/2) by angle pos[n] * inv_freq[i], so its
+ * backward is the inverse rotation (by minus the angle). cs (N, Dh): the forward's cpu_rope_table. */
+void cpu_rope_backward(float *dx, const float *cs, int N, int n_heads, int Dh);
 
 /* Backward of cpu_attention for ONE contiguous sequence of T tokens at positions 0 .. T-1 (block
  * table {0}, block >= T: the training case). Same masking: key j visible to query i iff

@@ -33,9 +33,11 @@ void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n);
 /* out (N, D) = x / sqrt(mean(x^2) + eps) * w, normalised in fp32 then multiplied (HF order). */
 void cpu_rmsnorm(float *out, const float *x, const float *w, int N, int D, float eps);
 
-/* In place on x (N, n_heads * Dh): HF rotate_half RoPE, pairs (i, i + Dh/2), angle pos[n] * inv_freq[i]
- * in fp32. inv_freq (Dh/2). */
-void cpu_rope(float *x, const int *pos, const float *inv_freq, int N, int n_heads, int Dh);
+/* RoPE's cos and sin of N rows: cs (N, Dh) = cos(pos[n] * inv_freq[i]) for i < Dh/2, then the sines,
+ * the angle in fp32. inv_freq (Dh/2). Made once per forward, used by q and k of every layer. */
+void cpu_rope_table(float *cs, const int *pos, const float *inv_freq, int N, int Dh);
+/* In place on x (N, n_heads * Dh): HF rotate_half RoPE, pairs (i, i + Dh/2), cs from cpu_rope_table. */
+void cpu_rope(float *x, const float *cs, int N, int n_heads, int Dh);
 
 /* Where key / value j of kv head hk lives in k, v:
  *   table[j / block] * block * Hkv * Dh  +  (j % block) * row  +  hk * head.
@@ -74,6 +76,7 @@ void cpu_swiglu(float *out, const float *gate, const float *up, size_t n);
 
 /* x += y, n floats */
 void cpu_add(float *x, const float *y, size_t n);
+int cpu_argmax(const float *x, int n);   /* index of the largest of x[0..n), the first among equals; NaN never wins */
 
 /* Vocab-parallel lookup: out (N, D) = table rows for ids in [v0, v0 + V_local), zero elsewhere.
  * table (V_local, D). */

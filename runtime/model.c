@@ -297,9 +297,9 @@ void model_alloc_state(Model *m, int max_tokens, int max_seq) {
     size_t V = m->is_last ? (size_t)m->vocab_local : 0;
     /* one arena: sizes in the order of RunState's fields */
     size_t sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * F, N * F, N * V,
-                      (size_t)max_seq * m->n_heads_local * omp_get_max_threads()};
+                      (size_t)max_seq * m->n_heads_local * omp_get_max_threads(), N * Dh};
     float **slots[] = {&m->s.x, &m->s.xb, &m->s.q, &m->s.k, &m->s.v, &m->s.att, &m->s.xo, &m->s.hb, &m->s.hb2,
-                       &m->s.logits, &m->s.scratch};
+                       &m->s.logits, &m->s.scratch, &m->s.rope};
     size_t total = 0;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) total += sizes[i];
     free(m->acts);
@@ -362,6 +362,8 @@ static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi,
     float *q = s->q + g0 * qd, *k = s->k + g0 * kvd, *v = s->v + g0 * kvd;  /* (N, qd) (N, kvd) */
     float *att = s->att + g0 * qd, *hb = s->hb + g0 * Fl, *hb2 = s->hb2 + g0 * Fl;
     const int *pos = s->pos + g0;
+    float *rope = s->rope + g0 * Dh;   /* (N, Dh) */
+    cpu_rope_table(rope, pos, m->inv_freq, N, Dh);
 
     if (m->is_first) {
         cpu_embedding(x, m->w.embed, b->tokens + g0, N, D, m->vocab_start, m->vocab_local); /* rows this rank owns */
@@ -376,8 +378,8 @@ static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi,
         /* attention block: x += o_proj(attn(rope(q), rope(k), v)) */
         cpu_rmsnorm(xb, x, w->attn_norm, N, D, c->norm_eps);
         cpu_matmuls(xb, N, D, (MatmulOut[]){{q, w->wq, w->bq, qd}, {k, w->wk, w->bk, kvd}, {v, w->wv, w->bv, kvd}}, 3);
-        cpu_rope(q, pos, m->inv_freq, N, Hl, Dh);
-        cpu_rope(k, pos, m->inv_freq, N, Hkvl, Dh);
+        cpu_rope(q, rope, N, Hl, Dh);
+        cpu_rope(k, rope, N, Hkvl, Dh);
         /* sequences in parallel (decode: many small ones); a lone sequence parallelises over heads
          * inside cpu_attention instead. Each thread has its own (heads, max_seq) floats of scratch. */
 #pragma omp parallel for schedule(dynamic) if (hi - lo > 1)
@@ -550,12 +552,7 @@ void model_argmax(Model *m, int N, int *ids, float *vals) {
 #pragma omp parallel for schedule(static) if (N > 1)
     for (int n = 0; n < N; n++) {
         const float *row = m->s.logits + (size_t)n * Vl;
-        float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-        for (int v = 0; v < Vl; v++) mx = row[v] > mx ? row[v] : mx;   /* order-free: vectorised */
-        int best = 0;                                                     /* its first occurrence */
-        for (int v = 0; v < Vl; v++)
-            if (row[v] == mx) { best = v; break; }
+        int best = cpu_argmax(row, Vl);
         vals[n] = row[best];
         ids[n] = m->vocab_start + best;
     }

@@ -3,7 +3,7 @@
 # batch size, offset and thread count. This is what lets generation and training agree exactly.
 load helpers
 
-@test "cpu_matmul and cpu_attention are batch-, thread- and layout-invariant, bit for bit; silu within 4 roundings" {
+@test "cpu_matmul and cpu_attention are batch-, thread- and layout-invariant, bit for bit; silu within 4 roundings; argmax is the first maximum" {
     run "$ROOT/build/tests/test_kernels"
     echo "$output"
     [ "$status" -eq 0 ]
@@ -12,4 +12,6 @@ load helpers
     [ "$(grep -c 'threads bit-identical; paged prefill and decode bit-identical' <<<"$output")" -eq 12 ]
     # silu's vectorised exp against exact silu, 4 fp32 roundings at most
     grep -q '^cpu_swiglu (exp16): 1000003 points, .*: within$' <<<"$output"
+    # the one-pass vectorised argmax against a plain scan, ties, NaN and -inf included
+    grep -q "^cpu_argmax: 54 rows (ties, NaN, -inf): the plain scan's index$" <<<"$output"
 }

@@ -251,12 +251,12 @@ static void rmsnorm_fd(void) {
 
 /* ------------------------------------------------------------------------------- rope */
 
-typedef struct { int N, n_heads, Dh; int *pos; float *inv_freq, *x, *g, *out; } RopeCtx;
+typedef struct { int N, n_heads, Dh; float *cs, *x, *g, *out; } RopeCtx;
 static double rope_loss(void *p) {
     RopeCtx *c = p;
     size_t n = (size_t)c->N * c->n_heads * c->Dh;
     memcpy(c->out, c->x, n * sizeof(float));
-    cpu_rope(c->out, c->pos, c->inv_freq, c->N, c->n_heads, c->Dh);
+    cpu_rope(c->out, c->cs, c->N, c->n_heads, c->Dh);
     return dot_g(c->out, c->g, n);
 }
 
@@ -265,26 +265,28 @@ static void rope_torch(void) {
     size_t n = (size_t)N * n_heads * Dh;
     float *x = in_f("x", n), *inv_freq = in_f("inv_freq", Dh / 2), *g = in_f("dout", n);
     int *pos = in_i("pos", N);
-    float *out = fdup(x, n), *dx = fdup(g, n);
-    cpu_rope(out, pos, inv_freq, N, n_heads, Dh);
+    float *out = fdup(x, n), *dx = fdup(g, n), *cs = falloc((size_t)N * Dh);
+    cpu_rope_table(cs, pos, inv_freq, N, Dh);
+    cpu_rope(out, cs, N, n_heads, Dh);
     vs_torch("out", out, n, 1.0);
-    cpu_rope_backward(dx, pos, inv_freq, N, n_heads, Dh);
+    cpu_rope_backward(dx, cs, N, n_heads, Dh);
     vs_torch("dx", dx, n, 1.0);
-    free(x); free(inv_freq); free(g); free(pos); free(out); free(dx);
+    free(x); free(inv_freq); free(g); free(pos); free(out); free(dx); free(cs);
 }
 
 static void rope_fd(void) {
     RopeCtx c = {.N = 4, .n_heads = 2, .Dh = 10};
     size_t n = (size_t)c.N * c.n_heads * c.Dh;
     int pos[4] = {0, 3, 57, 101};
-    c.pos = pos;
-    c.inv_freq = falloc(c.Dh / 2);
-    for (int i = 0; i < c.Dh / 2; i++) c.inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / c.Dh);
+    float *inv_freq = falloc(c.Dh / 2);
+    for (int i = 0; i < c.Dh / 2; i++) inv_freq[i] = 1.0f / powf(10000.0f, (float)(2 * i) / c.Dh);
+    c.cs = falloc((size_t)c.N * c.Dh);
+    cpu_rope_table(c.cs, pos, inv_freq, c.N, c.Dh);
     c.x = randn(n, 1.0); c.g = randn(n, 1.0); c.out = falloc(n);
     float *dx = fdup(c.g, n);
-    cpu_rope_backward(dx, c.pos, c.inv_freq, c.N, c.n_heads, c.Dh);
+    cpu_rope_backward(dx, c.cs, c.N, c.n_heads, c.Dh);
     vs_fd("dx", rope_loss, &c, c.x, n, dx);
-    free(c.inv_freq); free(c.x); free(c.g); free(c.out); free(dx);
+    free(inv_freq); free(c.cs); free(c.x); free(c.g); free(c.out); free(dx);
 }
 
 /* ------------------------------------------------------------------------------- attention */

@@ -2,7 +2,8 @@
  * cpu_matmul gives each output row the same bits whether the row is computed alone, inside a batch
  * of any size and offset (4x4 tiles vs the 1x1 edge kernel), or with 1 or 2 threads; the same for
  * cpu_attention across thread counts, and across the contiguous and paged layouts. Exact
- * comparison: the contract is bitwise.
+ * comparison: the contract is bitwise. Also silu (exp16) against exact values, and the one-pass
+ * argmax against a plain scan.
  * Usage: test_kernels  (prints one line per shape, exits 1 on any difference) */
 #include "kernels/kernels.h"
 #include "runtime/util.h"
@@ -126,6 +127,34 @@ int main(void) {
                bad ? "OUT OF TOLERANCE" : "within");
         fail |= bad != 0;
         free(g); free(u); free(o);
+    }
+    /* cpu_argmax against a plain scan (the largest non-NaN value, its first index; 0 when there is
+     * none): lengths around the 16 lanes, values from 8 levels so ties are common, NaN and -inf
+     * planted, and rows of only -inf, only NaN, and NaN before -inf */
+    {
+        const int lens[] = {1, 2, 15, 16, 17, 31, 33, 100, 1000};
+        int bad = 0, rows = 0;
+        float *x = xmalloc(sizeof(float) * 1000);
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+            for (int kind = 0; kind < 6; kind++, rows++) {
+                int n = lens[li];
+                for (int i = 0; i < n; i++) {
+                    float r = frand(&seed);
+                    x[i] = kind == 3 ? -INFINITY : kind == 4 ? NAN : floorf(4.0f * r);
+                    if (kind == 1 && i % 7 == 3) x[i] = NAN;
+                    if (kind == 2 && i % 5 == 1) x[i] = -INFINITY;
+                    if (kind == 5) x[i] = i < n / 2 ? NAN : -INFINITY;
+                }
+                float mx = -INFINITY;
+                int want = 0, any = 0;
+                for (int i = 0; i < n; i++)
+                    if (x[i] == x[i] && (!any || x[i] > mx)) mx = x[i], want = i, any = 1;
+                int got = cpu_argmax(x, n);
+                if (got != want) { bad++; if (bad <= 3) printf("  argmax n=%d kind %d: %d, want %d\n", n, kind, got, want); }
+            }
+        printf("cpu_argmax: %d rows (ties, NaN, -inf): %s\n", rows, bad ? "DIFFERENT" : "the plain scan's index");
+        fail |= bad != 0;
+        free(x);
     }
     return fail;
 }

@@ -59,9 +59,9 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     for (int i = 0; i < N_LAYER; i++) per_layer += layer_sizes[i];
     /* the rest, in TrainActs' field order */
     float **slots[] = {&a->x_final, &a->xb_final, &a->logits, &a->dx, &a->dxb, &a->dtmp, &a->dq, &a->datt,
-                       &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->lse, &a->z, &a->scratch};
+                       &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->lse, &a->z, &a->rope, &a->scratch};
     size_t sizes[] = {N * D, N * Dl, N * V, N * D, N * D, N * D, N * qd, N * qd, N * kvd, N * kvd, N * F, N * F,
-                      N * F, N, N, (size_t)omp_get_max_threads() * a->scratch_stride};
+                      N * F, N, N, N * Dh, (size_t)omp_get_max_threads() * a->scratch_stride};
     enum { N_REST = sizeof(sizes) / sizeof(sizes[0]) };
     /* recompute: every layer keeps its input x_in; the other ten buffers are one shared set */
     size_t total = recompute ? layer_sizes[0] * Ll + (per_layer - layer_sizes[0]) : per_layer * Ll;
@@ -122,7 +122,7 @@ static void layer_forward(Model *m, TrainActs *a, int l, float *x_out) {
     int D = c->dim, Dh = c->head_dim, Fl = m->hidden_local;
     int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
     int N = a->N, n_seqs = a->n_seqs;
-    const int *start = a->seq_start, *pos = a->pos;
+    const int *start = a->seq_start;
     float *xo = a->dtmp;   /* (N, D) a block's output before the residual add (backward scratch, free now) */
     const LayerWeights *w = &m->w.layers[l];
     LayerActs *la = &a->layers[l];
@@ -131,8 +131,8 @@ static void layer_forward(Model *m, TrainActs *a, int l, float *x_out) {
     cpu_rmsnorm(la->xb1, la->x_in, w->attn_norm, N, D, c->norm_eps);
     cpu_matmuls(la->xb1, N, D, (MatmulOut[]){{la->q, w->wq, w->bq, qd}, {la->k, w->wk, w->bk, kvd}, {la->v, w->wv, w->bv, kvd}},
                 3);                                                                  /* column-parallel ("copy") */
-    cpu_rope(la->q, pos, m->inv_freq, N, Hl, Dh);
-    cpu_rope(la->k, pos, m->inv_freq, N, Hkvl, Dh);
+    cpu_rope(la->q, a->rope, N, Hl, Dh);
+    cpu_rope(la->k, a->rope, N, Hkvl, Dh);
 #pragma omp parallel for schedule(dynamic) if (n_seqs > 1)   /* sequences in parallel, own scratch */
     for (int i = 0; i < n_seqs; i++) {
         size_t t0 = start[i];
@@ -170,6 +170,7 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
         CHECK(seq_start[i + 1] - seq_start[i] <= a->max_seq);
         for (int t = seq_start[i]; t < seq_start[i + 1]; t++) a->pos[t] = t - seq_start[i];
     }
+    cpu_rope_table(a->rope, a->pos, m->inv_freq, N, c->head_dim);
     float *x0 = m->n_layers_local ? a->layers[0].x_in : a->x_final;
     if (m->is_first) {
         cpu_embedding(x0, m->w.embed, a->tokens, N, D, m->vocab_start, m->vocab_local);  /* rows this rank owns */
@@ -227,7 +228,7 @@ float train_loss_backward(Model *m, TrainActs *a, const int *targets, const floa
     int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
     int N = a->N;
     size_t ND = (size_t)N * D;
-    const int *start = a->seq_start, *pos = a->pos;
+    const int *start = a->seq_start;
     float *dx = a->dx, *dxb = a->dxb, *dtmp = a->dtmp;   /* (N, D) */
     int kv_lead = a->kv_comm.rank == 0;                  /* adds the k/v input gradient (see the top) */
     float loss = 0.0f;
@@ -273,8 +274,8 @@ float train_loss_backward(Model *m, TrainActs *a, const int *targets, const floa
                                    la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, start[i + 1] - start[i], Hl,
                                    Hkvl, Dh, window, a->scratch + (size_t)omp_get_thread_num() * a->scratch_stride);
         }
-        cpu_rope_backward(a->dq, pos, m->inv_freq, N, Hl, Dh);
-        cpu_rope_backward(a->dk, pos, m->inv_freq, N, Hkvl, Dh);
+        cpu_rope_backward(a->dq, a->rope, N, Hl, Dh);
+        cpu_rope_backward(a->dk, a->rope, N, Hkvl, Dh);
         comm_all_reduce_sum(&a->kv_comm, a->dk, (size_t)N * kvd);                      /* replicated kv head: */
         comm_all_reduce_sum(&a->kv_comm, a->dv, (size_t)N * kvd);                      /* sum the query groups */
         cpu_matmul_backward(dxb, g->wq, g->bq, a->dq, la->xb1, w->wq, N, D, qd);

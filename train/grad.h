@@ -50,6 +50,7 @@ typedef struct {
     float *dgate, *dup, *dact; /* (N, F_local) */
     float *dlogits;            /* (N, V_local) last stage: the logits buffer, overwritten by the backward */
     float *lse, *z;            /* (N) log-sum-exp and target logit of each row */
+    float *rope;               /* (N, Dh) cos then sin of each token's RoPE angles, made by train_forward */
     float *scratch;            /* attention: omp threads * scratch_stride */
     size_t scratch_stride;     /* per thread: max(2, local heads) * max_seq (forward: heads x keys, backward: 2 x keys) */
     float *arena;              /* every float buffer above */

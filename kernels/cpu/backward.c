@@ -45,12 +45,11 @@ void cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *
     }
 }
 
-void cpu_rope_backward(float *dx, const int *pos, const float *inv_freq, int N, int n_heads, int Dh) {
+void cpu_rope_backward(float *dx, const float *cs, int N, int n_heads, int Dh) {
     int half = Dh / 2;
     for (int n = 0; n < N; n++) {
         for (int i = 0; i < half; i++) {
-            float angle = (float)pos[n] * inv_freq[i];   /* the forward's angle, bit for bit */
-            float c = cosf(angle), s = sinf(angle);
+            float c = cs[(size_t)n * Dh + i], s = cs[(size_t)n * Dh + half + i];   /* the forward's table */
             for (int h = 0; h < n_heads; h++) {
                 float *g = dx + ((size_t)n * n_heads + h) * Dh;
                 float a = g[i], b = g[i + half];

@@ -53,7 +53,8 @@ static void mm_4x4(float *out, size_t ldo, const float *x, size_t ldx, const flo
     }
     /* lane sums of the 16 accumulators at once (hsum16's tree), then the k tail in order and the
      * bias: exactly mm_1x1's arithmetic (dot_fixed, then the bias) per element */
-    hsum16_tile(out, ldo, a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33);
+    v16 r = hsum16x16(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33);
+    for (int i = 0; i < 4; i++) memcpy(out + i * ldo, (const float *)&r + 4 * i, 4 * sizeof(float));
     if (k < K || bias) {
         const float *xs[4] = {x0, x1, x2, x3}, *ws[4] = {w0, w1, w2, w3};
         for (int i = 0; i < 4; i++)
@@ -127,12 +128,21 @@ void cpu_rmsnorm(float *out, const float *x, const float *w, int N, int D, float
     }
 }
 
-void cpu_rope(float *x, const int *pos, const float *inv_freq, int N, int n_heads, int Dh) {
+void cpu_rope_table(float *cs, const int *pos, const float *inv_freq, int N, int Dh) {
+    int half = Dh / 2;
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < half; i++) {
+            float angle = (float)pos[n] * inv_freq[i];
+            cs[(size_t)n * Dh + i] = cosf(angle);
+            cs[(size_t)n * Dh + half + i] = sinf(angle);
+        }
+}
+
+void cpu_rope(float *x, const float *cs, int N, int n_heads, int Dh) {
     int half = Dh / 2;
     for (int n = 0; n < N; n++) {
         for (int i = 0; i < half; i++) {
-            float angle = (float)pos[n] * inv_freq[i];
-            float c = cosf(angle), s = sinf(angle);
+            float c = cs[(size_t)n * Dh + i], s = cs[(size_t)n * Dh + half + i];
             for (int h = 0; h < n_heads; h++) {
                 float *xh = x + ((size_t)n * n_heads + h) * Dh;
                 float a = xh[i], b = xh[i + half];
@@ -263,4 +273,31 @@ void cpu_embedding(float *out, const float *table, const int *ids, int N, int D,
         if (r >= 0 && r < V_local) memcpy(o, table + (size_t)r * D, sizeof(float) * D);
         else memset(o, 0, sizeof(float) * D);
     }
+}
+
+/* One pass, 16 lanes: each lane keeps its first maximum (a strict >), then the lanes' best with
+ * the lowest index among equals, which is the first maximum of x. A row with no value above -inf
+ * (all -inf or NaN) goes to the plain scan: its first -inf, else 0. */
+int cpu_argmax(const float *x, int n) {
+    v16 best = {0};
+    vi16 at = {0}, idx = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    best = best - INFINITY;
+    at = at - 1;
+    int v = 0;
+    for (; v + 16 <= n; v += 16, idx = idx + 16) {
+        v16 xv = ld16(x + v);
+        vi16 gt = xv > best;
+        best = sel16(gt, xv, best);
+        at = (idx & gt) | (at & ~gt);
+    }
+    float mx = -INFINITY;
+    int arg = -1;
+    for (int l = 0; l < 16; l++)
+        if (at[l] >= 0 && (best[l] > mx || (best[l] == mx && at[l] < arg))) mx = best[l], arg = at[l];
+    for (; v < n; v++)
+        if (x[v] > mx) mx = x[v], arg = v;
+    if (arg >= 0) return arg;
+    for (v = 0; v < n; v++)
+        if (x[v] == -INFINITY) return v;
+    return 0;
 }

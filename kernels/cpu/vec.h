@@ -60,8 +60,8 @@ static inline __attribute__((always_inline)) void hsum4(float *out, v16 a, v16 b
     memcpy(out, &r, sizeof r);
 }
 
-/* hsum16 of a 4 x 4 tile of accumulators (aIJ: row I, output J), results to out[I * ldo + J]: the
- * same additions in the same order as hsum16, done as a transposing network in which every 16-lane
+/* hsum16 of 16 accumulators aIJ, to lane 4I + J of the result (a 4 x 4 matmul tile: row I,
+ * output J; or 16 keys' scores): the same additions in the same order as hsum16, done as a transposing network in which every 16-lane
  * add serves two to eight accumulators: 15 adds and 30 shuffles for the tile, where four hsum4 take
  * 44 narrow adds and 64 shuffles. At K = 288 (18 FMAs per output, the 15M shapes) that is 14% more
  * matmul throughput hot in L2. Each stage adds the lanes hsum16 adds at that step, for two vectors. */
@@ -87,16 +87,14 @@ static inline v16 tree1(v16 x, v16 y) {
            SHUF16(x, y, 1, 3, 17, 19, 5, 7, 21, 23, 9, 11, 25, 27, 13, 15, 29, 31);
 }
 #undef SHUF16
-static inline __attribute__((always_inline)) void hsum16_tile(float *out, size_t ldo, v16 a00, v16 a01, v16 a02,
-                                                              v16 a03, v16 a10, v16 a11, v16 a12, v16 a13, v16 a20,
-                                                              v16 a21, v16 a22, v16 a23, v16 a30, v16 a31, v16 a32,
-                                                              v16 a33) {
+static inline __attribute__((always_inline)) v16 hsum16x16(v16 a00, v16 a01, v16 a02, v16 a03, v16 a10, v16 a11,
+                                                          v16 a12, v16 a13, v16 a20, v16 a21, v16 a22, v16 a23,
+                                                          v16 a30, v16 a31, v16 a32, v16 a33) {
     /* after tree4, quarter I of cJ is aIJ's four partial sums (the pairing puts rows in quarters) */
     v16 c0 = tree4(tree8(a00, a10), tree8(a20, a30)), c1 = tree4(tree8(a01, a11), tree8(a21, a31));
     v16 c2 = tree4(tree8(a02, a12), tree8(a22, a32)), c3 = tree4(tree8(a03, a13), tree8(a23, a33));
-    /* so after tree2 and tree1, quarter I is row I's four outputs */
-    v16 r = tree1(tree2(c0, c1), tree2(c2, c3));
-    for (int i = 0; i < 4; i++) memcpy(out + i * ldo, (const float *)&r + 4 * i, 4 * sizeof(float));
+    /* so after tree2 and tree1, lane 4I + J is hsum16(aIJ) */
+    return tree1(tree2(c0, c1), tree2(c2, c3));
 }
 
 /* exp(x), 16 lanes: x = n ln2 + r (n = round(x / ln2), ln2 in two parts so r is exact), Cephes'
@@ -156,5 +154,27 @@ static inline void dot_fixed4(float *out, const float *a, const float *b0, const
         r[3] = fmaf(a[k], b3[k], r[3]);
     }
     memcpy(out, r, sizeof r);
+}
+
+/* dot_fixed(a, b + j * stride, n) for j = 0..15 (16 chains, one lane-sum network), results to
+ * out[0..15]: the attention scores of a whole 16-key block, where four dot_fixed4 spend more on
+ * their lane sums than on the multiply-adds at head_dim 48 */
+static inline void dot_fixed16(float *out, const float *a, const float *b, size_t stride, int n) {
+    const float *b0 = b, *b4 = b + 4 * stride, *b8 = b + 8 * stride, *b12 = b + 12 * stride;
+    size_t s1 = stride, s2 = 2 * stride, s3 = 3 * stride;
+    v16 c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0}, c4 = {0}, c5 = {0}, c6 = {0}, c7 = {0};
+    v16 c8 = {0}, c9 = {0}, c10 = {0}, c11 = {0}, c12 = {0}, c13 = {0}, c14 = {0}, c15 = {0};
+    int k = 0;
+    for (; k + 16 <= n; k += 16) {
+        v16 x = ld16(a + k);
+        c0 = c0 + x * ld16(b0 + k); c1 = c1 + x * ld16(b0 + s1 + k); c2 = c2 + x * ld16(b0 + s2 + k); c3 = c3 + x * ld16(b0 + s3 + k);
+        c4 = c4 + x * ld16(b4 + k); c5 = c5 + x * ld16(b4 + s1 + k); c6 = c6 + x * ld16(b4 + s2 + k); c7 = c7 + x * ld16(b4 + s3 + k);
+        c8 = c8 + x * ld16(b8 + k); c9 = c9 + x * ld16(b8 + s1 + k); c10 = c10 + x * ld16(b8 + s2 + k); c11 = c11 + x * ld16(b8 + s3 + k);
+        c12 = c12 + x * ld16(b12 + k); c13 = c13 + x * ld16(b12 + s1 + k); c14 = c14 + x * ld16(b12 + s2 + k); c15 = c15 + x * ld16(b12 + s3 + k);
+    }
+    v16 r = hsum16x16(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15);
+    memcpy(out, &r, sizeof r);
+    for (int j = 0; j < 16 && k < n; j++)
+        for (int kk = k; kk < n; kk++) out[j] = fmaf(a[kk], b[j * stride + kk], out[j]);
 }
 #endif
