@@ -87,9 +87,12 @@ static void decode_batch(Engine *e, const Model *m, Seq *seqs, int B, int P, int
     for (int b = 0; b < B; b++) { free(seqs[b].prompt); seq_free(&seqs[b]); }
 }
 
-/* Decode throughput at batch B, steady state: a short warm-up batch first touches the KV blocks
- * and activation buffers (page faults are not decode), then the measured batch on the same engine;
- * decode and prefill tokens/s come from the engine's step timers, warm-up subtracted. */
+/* Decode throughput at batch B, steady state: a warm-up batch of the same length first touches
+ * every KV block and activation buffer the measured one will use (page faults are not decode: a
+ * first touch of a 2 MiB page cost this VM up to 1 ms of a 9 ms batch-32 step, and the freed
+ * blocks go back to the top of the free stack, so the measured batch gets the same ones), then the
+ * measured batch on the same engine; decode and prefill tokens/s come from the engine's step
+ * timers, warm-up subtracted. */
 static EngineStats bench_decode(Model *m, int B, int P, int T) {
     size_t per_block = 2 * (size_t)m->n_layers_local * 16 * m->n_heads_kv_local * m->cfg.head_dim * sizeof(float);
     size_t blocks = (size_t)B * ((P + T + 15) / 16 + 1);
@@ -97,7 +100,7 @@ static EngineStats bench_decode(Model *m, int B, int P, int T) {
     Engine *e = engine_new(m, &ec, P + T);
     Seq *seqs = xcalloc(B, sizeof(Seq));
     unsigned rng = 777;
-    decode_batch(e, m, seqs, B, P, T < 8 ? T : 8, &rng);
+    decode_batch(e, m, seqs, B, P, T, &rng);
     EngineStats w = engine_stats(e);
     decode_batch(e, m, seqs, B, P, T, &rng);
     EngineStats st = engine_stats(e);
