@@ -279,10 +279,9 @@ void cpu_embedding(float *out, const float *table, const int *ids, int N, int D,
  * the lowest index among equals, which is the first maximum of x. A row with no value above -inf
  * (all -inf or NaN) goes to the plain scan: its first -inf, else 0. */
 int cpu_argmax(const float *x, int n) {
-    v16 best = {0};
-    vi16 at = {0}, idx = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    best = best - INFINITY;
-    at = at - 1;
+    v16 best = (v16){0} - INFINITY;                 /* per lane: its largest so far, */
+    vi16 at = (vi16){0} - 1;                        /* and where (-1: none above -inf yet) */
+    vi16 idx = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     int v = 0;
     for (; v + 16 <= n; v += 16, idx = idx + 16) {
         v16 xv = ld16(x + v);

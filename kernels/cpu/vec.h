@@ -61,10 +61,11 @@ static inline __attribute__((always_inline)) void hsum4(float *out, v16 a, v16 b
 }
 
 /* hsum16 of 16 accumulators aIJ, to lane 4I + J of the result (a 4 x 4 matmul tile: row I,
- * output J; or 16 keys' scores): the same additions in the same order as hsum16, done as a transposing network in which every 16-lane
- * add serves two to eight accumulators: 15 adds and 30 shuffles for the tile, where four hsum4 take
- * 44 narrow adds and 64 shuffles. At K = 288 (18 FMAs per output, the 15M shapes) that is 14% more
- * matmul throughput hot in L2. Each stage adds the lanes hsum16 adds at that step, for two vectors. */
+ * output J; or 16 keys' scores): the same additions in the same order as hsum16, done as a
+ * transposing network in which every 16-lane add serves two to eight accumulators: 15 adds and 30
+ * shuffles, where four hsum4 take 44 narrow adds and 64 shuffles. At K = 288 (18 FMAs per output,
+ * the 15M shapes) that is 14% more matmul throughput hot in L2. Each stage (tree8 .. tree1) adds,
+ * for two vectors at once, the lanes hsum16 adds at that step; only the lane lists differ. */
 #define SHUF16(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 /* lanes i and i + 8: x's eight sums to lanes 0-7, y's to 8-15 */
 static inline v16 tree8(v16 x, v16 y) {
