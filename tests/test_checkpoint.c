@@ -15,7 +15,13 @@
  *          it, files named model-0000s-of-0000P.safetensors, metadata.total_size the sum of sizes;
  *       4. each OTHER_SAVED_DIR (the same model saved at another layout) holds the same tensor
  *          names, shapes and bytes as SAVED.
- *       Prints one line per check and "ok: compare ..." and exits 0, or names what differs, exit 1. */
+ *       Prints one line per check and "ok: compare ..." and exits 0, or names what differs, exit 1.
+ *   test_checkpoint torch-sft FIXTURE.json ORIG_DIR TRAINED_DIR METRICS.jsonl           (one process)
+ *       a `tandem sft` run against a plain torch training loop on the same records
+ *       (tests/fixtures/sft/make_sft_fixture.py): every step's loss, pre-clip gradient norm and lr
+ *       from METRICS, and each tensor's change TRAINED - ORIG (L2 norm, dot with cos(0.7 i), and for
+ *       1-D tensors every value). Prints the worst deviation of each kind and "ok: torch-sft", or
+ *       names what is off, exit 1. */
 #include "runtime/mesh.h"
 #include "runtime/model.h"
 #include "runtime/safetensors.h"
@@ -23,6 +29,7 @@
 #include "train/checkpoint.h"
 #include "kernels/kernels.h"
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -201,14 +208,119 @@ static int cmd_compare(int argc, char **argv) {
     return g_fail;
 }
 
+/* ---- torch-sft ----
+ * Tolerances, against what was measured on stories260K, 6 steps (tests/sft.bats):
+ *  - loss: 1e-5 relative (measured <= 5e-7). Both sides sum ~1000 token losses in fp32 in other
+ *    orders; one step moves the loss by 10-30%, so a wrong update is far outside.
+ *  - grad norm: 1e-4 relative (measured <= 4e-6): the gradients differ by summation order only.
+ *  - lr: 1e-6 relative: ours is a float printed to 9 digits, torch's a double.
+ *  - a tensor's change, L2 norm: 1e-4 relative (measured <= 2.5e-6); its dot with cos(0.7 i): within
+ *    1e-3 of the L2 norm (measured <= 1.1e-4; the pattern cancels most of the sum, so the error is
+ *    relative to the norm, not to the dot). Skipping weight decay (2e-4 of a weight per step)
+ *    moves both by more than that.
+ *  - a norm weight's change, per element: 1e-6 absolute (measured <= 2.4e-7, 2 ulp at 1.0, where the
+ *    weights sit). Decay applied to a norm would move it by ~5e-4 over the run. */
+static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-30); }
+
+static int cmd_torch_sft(char **argv) {
+    char *fx_text = read_file(argv[2], NULL), *metrics = read_file(argv[5], NULL);
+    cJSON *fx = fx_text ? cJSON_Parse(fx_text) : NULL;
+    if (!fx || !metrics) { fprintf(stderr, "FAIL: cannot read %s or %s\n", argv[2], argv[5]); return 1; }
+    /* 1. the steps: metrics lines with a "loss", in order */
+    const cJSON *steps = cJSON_GetObjectItemCaseSensitive(fx, "steps"), *st;
+    double w_loss = 0, w_norm = 0, w_lr = 0;
+    int n_steps = 0;
+    char *line = metrics;
+    cJSON_ArrayForEach(st, steps) {
+        cJSON *m = NULL;
+        while (line && *line && !m) {
+            char *nl = strchr(line, '\n');
+            if (nl) *nl = 0;
+            m = cJSON_Parse(line);
+            if (m && !cJSON_GetObjectItemCaseSensitive(m, "loss")) { cJSON_Delete(m); m = NULL; }
+            line = nl ? nl + 1 : NULL;
+        }
+        int step = cJSON_GetObjectItemCaseSensitive(st, "step")->valueint;
+        EXPECT(m, "metrics: no line for step %d", step);
+        if (!m) break;
+        double l = cJSON_GetObjectItemCaseSensitive(m, "loss")->valuedouble;
+        double g = cJSON_GetObjectItemCaseSensitive(m, "grad_norm")->valuedouble;
+        double r = cJSON_GetObjectItemCaseSensitive(m, "lr")->valuedouble;
+        double tl = cJSON_GetObjectItemCaseSensitive(st, "loss")->valuedouble;
+        double tg = cJSON_GetObjectItemCaseSensitive(st, "grad_norm")->valuedouble;
+        double tr = cJSON_GetObjectItemCaseSensitive(st, "lr")->valuedouble;
+        EXPECT(cJSON_GetObjectItemCaseSensitive(m, "step")->valueint == step, "metrics: step %d out of order", step);
+        EXPECT(rel(l, tl) <= 1e-5, "step %d: loss %.9g, torch %.9g", step, l, tl);
+        EXPECT(rel(g, tg) <= 1e-4, "step %d: grad norm %.9g, torch %.9g", step, g, tg);
+        EXPECT(tr == 0 ? r == 0 : rel(r, tr) <= 1e-6, "step %d: lr %.9g, torch %.9g", step, r, tr);
+        w_loss = fmax(w_loss, rel(l, tl));
+        w_norm = fmax(w_norm, rel(g, tg));
+        w_lr = fmax(w_lr, tr == 0 ? 0 : rel(r, tr));
+        n_steps++;
+        cJSON_Delete(m);
+    }
+    printf("steps: %d, worst relative deviation from torch: loss %.2g, grad norm %.2g, lr %.2g\n", n_steps, w_loss,
+           w_norm, w_lr);
+    /* 2. every tensor's change */
+    SafeTensors *so = st_open_dir(argv[3]), *ss = st_open_dir(argv[4]);
+    const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(fx, "tensors"), *t;
+    double w_l2 = 0, w_dot = 0, w_elem = 0;
+    int n_t = 0;
+    cJSON_ArrayForEach(t, tensors) {
+        const StTensor *a = st_find(so, t->string), *b = st_find(ss, t->string);
+        EXPECT(a && b, "%s: not in both %s and %s", t->string, argv[3], argv[4]);
+        if (!a || !b) continue;
+        int64_t rows = a->shape[0], cols = a->ndim == 2 ? a->shape[1] : 0;
+        size_t numel = (size_t)rows * (cols ? cols : 1);
+        float *x = read_full(so, t->string, (int)rows, (int)cols), *y = read_full(ss, t->string, (int)rows, (int)cols);
+        const cJSON *delta = cJSON_GetObjectItemCaseSensitive(t, "delta");
+        EXPECT(!delta || (size_t)cJSON_GetArraySize(delta) == numel, "%s: fixture has %d deltas for %zu values", t->string,
+               cJSON_GetArraySize(delta), numel);
+        double l2 = 0, dot = 0;
+        for (size_t i = 0; i < numel; i++) {
+            double d = (double)y[i] - (double)x[i];
+            l2 += d * d;
+            dot += d * cos(0.7 * (double)i);
+            if (delta && (size_t)cJSON_GetArraySize(delta) == numel) {
+                double e = fabs(d - cJSON_GetArrayItem(delta, (int)i)->valuedouble);
+                EXPECT(e <= 1e-6, "%s[%zu]: change %.9g, torch %.9g", t->string, i, d, cJSON_GetArrayItem(delta, (int)i)->valuedouble);
+                w_elem = fmax(w_elem, e);
+            }
+        }
+        l2 = sqrt(l2);
+        double tl2 = cJSON_GetObjectItemCaseSensitive(t, "l2")->valuedouble;
+        double tdot = cJSON_GetObjectItemCaseSensitive(t, "dot")->valuedouble;
+        EXPECT(rel(l2, tl2) <= 1e-4, "%s: |change| %.9g, torch %.9g", t->string, l2, tl2);
+        EXPECT(fabs(dot - tdot) <= 1e-3 * tl2, "%s: change . cos(0.7 i) %.9g, torch %.9g (|change| %.3g)", t->string, dot,
+               tdot, tl2);
+        w_l2 = fmax(w_l2, rel(l2, tl2));
+        w_dot = fmax(w_dot, fabs(dot - tdot) / tl2);
+        n_t++;
+        free(x);
+        free(y);
+    }
+    EXPECT(n_t == so->n_tensors, "%d tensors compared, %s holds %d", n_t, argv[3], so->n_tensors);
+    printf("tensors: %d, worst: |change| %.2g relative, dot %.2g of |change|, norm weights %.2g absolute\n", n_t, w_l2,
+           w_dot, w_elem);
+    if (!g_fail) printf("ok: torch-sft\n");
+    st_close(so);
+    st_close(ss);
+    cJSON_Delete(fx);
+    free(fx_text);
+    free(metrics);
+    return g_fail;
+}
+
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     cpu_set_threads(g_world_size > 1 ? 1 : 2);
     int rc = 2;
     if (argc >= 4 && strcmp(argv[1], "save") == 0 && argc != 5 && argc <= 7) rc = cmd_save(argc, argv);
     else if (argc >= 4 && strcmp(argv[1], "compare") == 0) rc = cmd_compare(argc, argv);
+    else if (argc == 6 && strcmp(argv[1], "torch-sft") == 0) rc = cmd_torch_sft(argv);
     else fprintf(stderr, "usage: test_checkpoint save MODEL_DIR OUT_DIR [TP PP [overwrite | fail-last-stage]]\n"
-                         "       test_checkpoint compare ORIG_DIR SAVED_DIR [OTHER_SAVED_DIR ...]\n");
+                         "       test_checkpoint compare ORIG_DIR SAVED_DIR [OTHER_SAVED_DIR ...]\n"
+                         "       test_checkpoint torch-sft FIXTURE.json ORIG_DIR TRAINED_DIR METRICS.jsonl\n");
     comm_finalize();
     return rc;
 }
