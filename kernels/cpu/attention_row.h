@@ -1,12 +1,29 @@
-/* attention_row.h — one query row's softmax numerators, shared by cpu_attention (ops.c) and
- * cpu_attention_backward (backward.c) so the backward recomputes exactly the forward's numbers.
- * Private to kernels/cpu. */
+/* attention_row.h — what the attention forward (ops.c) and backward (backward.c) share: one query
+ * row's softmax numerators, so the backward recomputes exactly the forward's numbers, and RoPE's
+ * rotation. Private to kernels/cpu. */
 #ifndef TANDEM_ATTENTION_ROW_H
 #define TANDEM_ATTENTION_ROW_H
 #include "kernels/kernels.h"
 #include "kernels/cpu/vec.h"
 #include <math.h>
 #include <stddef.h>
+
+/* x (N, n_heads * Dh) rotated in place, pairs (i, i + Dh/2), by the angles of cs (cpu_rope_table):
+ * sign 1 is the forward, x * cos + rotate_half(x) * sin with rotate_half = (-b, a); sign -1 the
+ * backward, the transpose of [[c, -s], [s, c]]. (Negating the sine is exact.) */
+static inline void rope_rotate(float *x, const float *cs, int N, int n_heads, int Dh, float sign) {
+    int half = Dh / 2;
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < half; i++) {
+            float c = cs[(size_t)n * Dh + i], s = sign * cs[(size_t)n * Dh + half + i];
+            for (int h = 0; h < n_heads; h++) {
+                float *xh = x + ((size_t)n * n_heads + h) * Dh;
+                float a = xh[i], b = xh[i + half];
+                xh[i] = a * c - b * s;
+                xh[i + half] = b * c + a * s;
+            }
+        }
+}
 
 /* The keys of row (j0..i) that block b holds: [*ja, *jb] */
 static inline void block_span(const KVLayout *kv, int b, int j0, int i, int *ja, int *jb) {

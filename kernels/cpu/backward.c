@@ -45,20 +45,7 @@ void cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *
     }
 }
 
-void cpu_rope_backward(float *dx, const float *cs, int N, int n_heads, int Dh) {
-    int half = Dh / 2;
-    for (int n = 0; n < N; n++) {
-        for (int i = 0; i < half; i++) {
-            float c = cs[(size_t)n * Dh + i], s = cs[(size_t)n * Dh + half + i];   /* the forward's table */
-            for (int h = 0; h < n_heads; h++) {
-                float *g = dx + ((size_t)n * n_heads + h) * Dh;
-                float a = g[i], b = g[i + half];
-                g[i] = a * c + b * s;                    /* transpose of [[c, -s], [s, c]] */
-                g[i + half] = b * c - a * s;
-            }
-        }
-    }
-}
+void cpu_rope_backward(float *dx, const float *cs, int N, int n_heads, int Dh) { rope_rotate(dx, cs, N, n_heads, Dh, -1.0f); }
 
 void cpu_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                             const float *v, int T, int H, int Hkv, int Dh, int window, float *scratch) {

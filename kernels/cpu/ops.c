@@ -138,20 +138,7 @@ void cpu_rope_table(float *cs, const int *pos, const float *inv_freq, int N, int
         }
 }
 
-void cpu_rope(float *x, const float *cs, int N, int n_heads, int Dh) {
-    int half = Dh / 2;
-    for (int n = 0; n < N; n++) {
-        for (int i = 0; i < half; i++) {
-            float c = cs[(size_t)n * Dh + i], s = cs[(size_t)n * Dh + half + i];
-            for (int h = 0; h < n_heads; h++) {
-                float *xh = x + ((size_t)n * n_heads + h) * Dh;
-                float a = xh[i], b = xh[i + half];
-                xh[i] = a * c - b * s;        /* x * cos + rotate_half(x) * sin, rotate_half = (-b, a) */
-                xh[i + half] = b * c + a * s;
-            }
-        }
-    }
-}
+void cpu_rope(float *x, const float *cs, int N, int n_heads, int Dh) { rope_rotate(x, cs, N, n_heads, Dh, 1.0f); }
 
 /* o[c * 16 .. c * 16 + 15] for c < nch (a constant after inlining) += p[j] * v_j[c * 16 ...] over keys
  * j = ja..jb (v: key ja, `row` floats between keys), one FMA per key in increasing j. The
