@@ -299,10 +299,13 @@ stage() {
     [[ "$output" == *'tandem: stdin:2: not a JSON object'* ]]
     run "$TANDEM" tokenize --tokenizer "$TOKA/llama2/tokenizer.model" --frobnicate
     [ "$status" -eq 1 ]
-    [[ "$output" == "tandem: tokenize: unknown argument \"--frobnicate\""* ]]
+    [[ "$output" == "tandem: unknown option '--frobnicate' (see --help)"* ]]
     run "$TANDEM" tokenize
     [ "$status" -eq 1 ]
     [ "$output" = "tandem: tokenize: give exactly one of --model DIR or --tokenizer FILE" ]
+    run "$TANDEM" tokenize --tokenizer
+    [ "$status" -eq 1 ]
+    [ "$output" = "tandem: --tokenizer needs a value" ]
 }
 
 @test "tokenizer: encode benchmark reports a positive MB/s" {

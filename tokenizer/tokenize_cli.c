@@ -6,6 +6,7 @@
  * for earlier lines stays (it is a stream). This file owns only flag and record handling. */
 #include "tokenizer/tokenize_cli.h"
 #include "tokenizer/tokenizer.h"
+#include "runtime/args.h"
 #include "runtime/jsonl.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
@@ -19,41 +20,22 @@ typedef struct {
     int decode, jsonl, no_bos, add_eos, gen_prompt, skip_special;
 } TokenizeArgs;
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tandem tokenize (--model DIR | --tokenizer FILE) [options] < input\n"
-            "  --model DIR              HF model dir (tokenizer.model or tokenizer.json + configs)\n"
-            "  --tokenizer FILE         tokenizer.model (SentencePiece) or tokenizer.json (HF BPE)\n"
-            "  --decode                 ids -> text\n"
-            "  --jsonl                  JSON lines: {\"text\"} | {\"input_ids\"} | {\"messages\"}\n"
-            "  --no-bos                 do not add BOS (default: as the tokenizer's config says)\n"
-            "  --add-eos                append EOS\n"
-            "  --chat-template NAME     llama2 | mistral | chatml | chatml-think | llama3\n"
-            "                           (default: recognised from tokenizer_config.json)\n"
-            "  --add-generation-prompt  end rendered chats with the assistant header\n"
-            "  --skip-special-tokens    decode without special tokens (<s>, <|im_end|>, ...)\n");
-}
-
+/* the option table (runtime/args.h): parsing, defaults and --help come from it */
 static void parse_args(int argc, char **argv, TokenizeArgs *a) {
-    memset(a, 0, sizeof(*a));
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        int has_val = i + 1 < argc;
-        if (!strcmp(f, "--model") && has_val) a->model = argv[++i];
-        else if (!strcmp(f, "--tokenizer") && has_val) a->tokenizer = argv[++i];
-        else if (!strcmp(f, "--chat-template") && has_val) a->chat_template = argv[++i];
-        else if (!strcmp(f, "--decode")) a->decode = 1;
-        else if (!strcmp(f, "--jsonl")) a->jsonl = 1;
-        else if (!strcmp(f, "--no-bos")) a->no_bos = 1;
-        else if (!strcmp(f, "--add-eos")) a->add_eos = 1;
-        else if (!strcmp(f, "--add-generation-prompt")) a->gen_prompt = 1;
-        else if (!strcmp(f, "--skip-special-tokens")) a->skip_special = 1;
-        else if (!strcmp(f, "--help") || !strcmp(f, "-h")) { usage(stdout); exit(0); }
-        else if (!strncmp(f, "--", 2) && !has_val &&
-                 (!strcmp(f, "--model") || !strcmp(f, "--tokenizer") || !strcmp(f, "--chat-template")))
-            user_error("tokenize: %s needs a value", f);
-        else user_error("tokenize: unknown argument \"%s\" (see tandem tokenize --help)", f);
-    }
+    Option opts[] = {
+        {"--model", OPT_STR, &a->model, NULL, "HF model dir (tokenizer.model or tokenizer.json + configs)"},
+        {"--tokenizer", OPT_STR, &a->tokenizer, NULL, "tokenizer.model (SentencePiece) or tokenizer.json (HF BPE)"},
+        {"--decode", OPT_FLAG, &a->decode, NULL, "ids -> text"},
+        {"--jsonl", OPT_FLAG, &a->jsonl, NULL, "JSON lines: {\"text\"} | {\"input_ids\"} | {\"messages\"}"},
+        {"--no-bos", OPT_FLAG, &a->no_bos, NULL, "do not add BOS (default: as the tokenizer's config says)"},
+        {"--add-eos", OPT_FLAG, &a->add_eos, NULL, "append EOS"},
+        {"--chat-template", OPT_STR, &a->chat_template, NULL,
+         "llama2 | mistral | chatml | chatml-think | llama3 (default: recognised from tokenizer_config.json)"},
+        {"--add-generation-prompt", OPT_FLAG, &a->gen_prompt, NULL, "end rendered chats with the assistant header"},
+        {"--skip-special-tokens", OPT_FLAG, &a->skip_special, NULL, "decode without special tokens (<s>, <|im_end|>, ...)"},
+    };
+    args_parse("usage: tandem tokenize (--model DIR | --tokenizer FILE) [options] < input", opts,
+               (int)(sizeof(opts) / sizeof(opts[0])), argc, argv);
     if (!a->model == !a->tokenizer) user_error("tokenize: give exactly one of --model DIR or --tokenizer FILE");
 }
 
