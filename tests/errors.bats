@@ -17,6 +17,7 @@ expect_error() {
     line=$(echo "$output" | grep '^tandem: ' | head -1)
     [[ "$line" == $1 ]]
     [ "$(echo "$output" | grep -c '^tandem: ')" -eq 1 ]
+    [ "$output" = "$line" ]   # nothing else: no banner, no other rank's copy (mpirun -q, helpers.bash)
 }
 
 @test "errors: missing model directory" {

@@ -4,8 +4,9 @@ ROOT="$(cd "$(dirname "${BATS_TEST_FILENAME}")/.." && pwd)"
 TANDEM="$ROOT/bin/tandem"
 ASSETS="$ROOT/../shared/assets"
 FIX="$ROOT/tests/fixtures"
-# mpirun as CI needs it: root, 2 cores, more ranks than cores.
-MPIRUN="mpirun --allow-run-as-root --oversubscribe -np"
+# mpirun as CI needs it: root, 2 cores, more ranks than cores; -q keeps Open MPI's MPI_ABORT banner
+# off, so an error under mpirun is the one "tandem: ..." line a user sees (README)
+MPIRUN="mpirun -q --allow-run-as-root --oversubscribe -np"
 
 need_assets() {
     [ -d "$ASSETS/models" ] || skip "../shared/assets not present (real models and tokenizers live there)"
