@@ -22,6 +22,7 @@
  *       from METRICS, and each tensor's change TRAINED - ORIG (L2 norm, dot with cos(0.7 i), and for
  *       1-D tensors every value). Prints the worst deviation of each kind and "ok: torch-sft", or
  *       names what is off, exit 1. */
+#include "runtime/jsonl.h"
 #include "runtime/mesh.h"
 #include "runtime/model.h"
 #include "runtime/safetensors.h"
@@ -222,43 +223,42 @@ static int cmd_compare(int argc, char **argv) {
  *    weights sit). Decay applied to a norm would move it by ~5e-4 over the run. */
 static double rel(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-30); }
 
+/* the number o[key]; a missing or non-number field fails the check (and reads as NaN) */
+static double num(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    EXPECT(cJSON_IsNumber(v), "field \"%s\" missing or not a number", key);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
 static int cmd_torch_sft(char **argv) {
-    char *fx_text = read_file(argv[2], NULL), *metrics = read_file(argv[5], NULL);
+    char *fx_text = read_file(argv[2], NULL);
     cJSON *fx = fx_text ? cJSON_Parse(fx_text) : NULL;
-    if (!fx || !metrics) { fprintf(stderr, "FAIL: cannot read %s or %s\n", argv[2], argv[5]); return 1; }
-    /* 1. the steps: metrics lines with a "loss", in order */
+    if (!fx) { fprintf(stderr, "FAIL: cannot read %s\n", argv[2]); return 1; }
+    /* 1. the steps: the metrics lines with a "loss" (eval lines have none), in order */
+    JsonlReader r;
+    jsonl_open(&r, argv[5]);
     const cJSON *steps = cJSON_GetObjectItemCaseSensitive(fx, "steps"), *st;
     double w_loss = 0, w_norm = 0, w_lr = 0;
     int n_steps = 0;
-    char *line = metrics;
     cJSON_ArrayForEach(st, steps) {
-        cJSON *m = NULL;
-        while (line && *line && !m) {
-            char *nl = strchr(line, '\n');
-            if (nl) *nl = 0;
-            m = cJSON_Parse(line);
-            if (m && !cJSON_GetObjectItemCaseSensitive(m, "loss")) { cJSON_Delete(m); m = NULL; }
-            line = nl ? nl + 1 : NULL;
-        }
-        int step = cJSON_GetObjectItemCaseSensitive(st, "step")->valueint;
+        cJSON *m;
+        while ((m = jsonl_next(&r)) && !cJSON_GetObjectItemCaseSensitive(m, "loss")) cJSON_Delete(m);
+        int step = (int)num(st, "step");
         EXPECT(m, "metrics: no line for step %d", step);
         if (!m) break;
-        double l = cJSON_GetObjectItemCaseSensitive(m, "loss")->valuedouble;
-        double g = cJSON_GetObjectItemCaseSensitive(m, "grad_norm")->valuedouble;
-        double r = cJSON_GetObjectItemCaseSensitive(m, "lr")->valuedouble;
-        double tl = cJSON_GetObjectItemCaseSensitive(st, "loss")->valuedouble;
-        double tg = cJSON_GetObjectItemCaseSensitive(st, "grad_norm")->valuedouble;
-        double tr = cJSON_GetObjectItemCaseSensitive(st, "lr")->valuedouble;
-        EXPECT(cJSON_GetObjectItemCaseSensitive(m, "step")->valueint == step, "metrics: step %d out of order", step);
+        double l = num(m, "loss"), g = num(m, "grad_norm"), lr = num(m, "lr");
+        double tl = num(st, "loss"), tg = num(st, "grad_norm"), tlr = num(st, "lr");
+        EXPECT(num(m, "step") == step, "metrics: step %d out of order", step);
         EXPECT(rel(l, tl) <= 1e-5, "step %d: loss %.9g, torch %.9g", step, l, tl);
         EXPECT(rel(g, tg) <= 1e-4, "step %d: grad norm %.9g, torch %.9g", step, g, tg);
-        EXPECT(tr == 0 ? r == 0 : rel(r, tr) <= 1e-6, "step %d: lr %.9g, torch %.9g", step, r, tr);
+        EXPECT(tlr == 0 ? lr == 0 : rel(lr, tlr) <= 1e-6, "step %d: lr %.9g, torch %.9g", step, lr, tlr);
         w_loss = fmax(w_loss, rel(l, tl));
         w_norm = fmax(w_norm, rel(g, tg));
-        w_lr = fmax(w_lr, tr == 0 ? 0 : rel(r, tr));
+        w_lr = fmax(w_lr, tlr == 0 ? 0 : rel(lr, tlr));
         n_steps++;
         cJSON_Delete(m);
     }
+    jsonl_close(&r);
     printf("steps: %d, worst relative deviation from torch: loss %.2g, grad norm %.2g, lr %.2g\n", n_steps, w_loss,
            w_norm, w_lr);
     /* 2. every tensor's change */
@@ -273,23 +273,24 @@ static int cmd_torch_sft(char **argv) {
         int64_t rows = a->shape[0], cols = a->ndim == 2 ? a->shape[1] : 0;
         size_t numel = (size_t)rows * (cols ? cols : 1);
         float *x = read_full(so, t->string, (int)rows, (int)cols), *y = read_full(ss, t->string, (int)rows, (int)cols);
+        /* 1-D tensors: every value, walked along the fixture's list */
         const cJSON *delta = cJSON_GetObjectItemCaseSensitive(t, "delta");
         EXPECT(!delta || (size_t)cJSON_GetArraySize(delta) == numel, "%s: fixture has %d deltas for %zu values", t->string,
                cJSON_GetArraySize(delta), numel);
+        const cJSON *de = delta && (size_t)cJSON_GetArraySize(delta) == numel ? delta->child : NULL;
         double l2 = 0, dot = 0;
         for (size_t i = 0; i < numel; i++) {
             double d = (double)y[i] - (double)x[i];
             l2 += d * d;
             dot += d * cos(0.7 * (double)i);
-            if (delta && (size_t)cJSON_GetArraySize(delta) == numel) {
-                double e = fabs(d - cJSON_GetArrayItem(delta, (int)i)->valuedouble);
-                EXPECT(e <= 1e-6, "%s[%zu]: change %.9g, torch %.9g", t->string, i, d, cJSON_GetArrayItem(delta, (int)i)->valuedouble);
-                w_elem = fmax(w_elem, e);
-            }
+            if (!de) continue;
+            double e = fabs(d - de->valuedouble);
+            EXPECT(e <= 1e-6, "%s[%zu]: change %.9g, torch %.9g", t->string, i, d, de->valuedouble);
+            w_elem = fmax(w_elem, e);
+            de = de->next;
         }
         l2 = sqrt(l2);
-        double tl2 = cJSON_GetObjectItemCaseSensitive(t, "l2")->valuedouble;
-        double tdot = cJSON_GetObjectItemCaseSensitive(t, "dot")->valuedouble;
+        double tl2 = num(t, "l2"), tdot = num(t, "dot");
         EXPECT(rel(l2, tl2) <= 1e-4, "%s: |change| %.9g, torch %.9g", t->string, l2, tl2);
         EXPECT(fabs(dot - tdot) <= 1e-3 * tl2, "%s: change . cos(0.7 i) %.9g, torch %.9g (|change| %.3g)", t->string, dot,
                tdot, tl2);
@@ -307,7 +308,6 @@ static int cmd_torch_sft(char **argv) {
     st_close(ss);
     cJSON_Delete(fx);
     free(fx_text);
-    free(metrics);
     return g_fail;
 }
 
