@@ -2,6 +2,7 @@
 #include "runtime/config.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +22,8 @@ static int get_int(const Cfg *g, const char *key, int required, int dflt) {
         if (required) user_error("%s: missing key \"%s\"", g->path, key);
         return dflt;
     }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0)
-        user_error("%s: \"%s\" must be a non-negative integer", g->path, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 || v->valuedouble > INT_MAX)
+        user_error("%s: \"%s\" must be an integer in [0, %d]", g->path, key, INT_MAX);
     return (int)v->valuedouble;
 }
 static float get_float(const Cfg *g, const cJSON *obj, const char *key, int required, float dflt) {
@@ -105,15 +106,21 @@ void config_load(ModelConfig *c, const char *dir) {
             c->rope_factor = get_float(&g, rs, "factor", 1, 1.0f);
             c->rope_low_freq_factor = get_float(&g, rs, "low_freq_factor", 1, 1.0f);
             c->rope_high_freq_factor = get_float(&g, rs, "high_freq_factor", 1, 4.0f);
-            c->rope_orig_max_pos = (int)get_float(&g, rs, "original_max_position_embeddings", 1, 8192);
+            float orig = get_float(&g, rs, "original_max_position_embeddings", 1, 8192);
+            if (!(orig >= 1 && orig < (float)INT_MAX) || orig != floorf(orig))   /* (float)INT_MAX is 2^31 */
+                user_error("%s: rope_scaling.original_max_position_embeddings must be a positive integer", path);
+            c->rope_orig_max_pos = (int)orig;
         } else {
             user_error("%s: rope_scaling type \"%s\" is not supported (linear, llama3)", path, t);
         }
+        if (!(c->rope_factor > 0 && isfinite(c->rope_factor))) user_error("%s: rope_scaling.factor must be > 0", path);
     }
+    if (!(c->rope_theta > 0 && isfinite(c->rope_theta))) user_error("%s: rope_theta must be > 0", path);
+    if (!(c->norm_eps >= 0 && isfinite(c->norm_eps))) user_error("%s: rms_norm_eps must be >= 0", path);
 
     /* qwen2 always has q/k/v biases; llama may via attention_bias */
     c->qkv_bias = is_qwen2 ? 1 : get_bool(&g, "attention_bias", 0);
-    c->tie_embeddings = get_bool(&g, "tie_word_embeddings", is_qwen2 ? 0 : 0);
+    c->tie_embeddings = get_bool(&g, "tie_word_embeddings", 0);
 
     c->sliding_window = 0;
     if (is_mistral) {

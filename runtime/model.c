@@ -137,10 +137,18 @@ static void place_param(Model *m, const ParamSpec *p, int layer, float **slot, s
     *slot = m->params + *off;
     *off += numel;
 }
+/* ctx: LoadPass. The check pass runs before the arena is allocated and reads no data, so a
+ * config.json that disagrees with the tensors is reported as a shape mismatch, not as a failed
+ * allocation of whatever size the bad config implies. */
+typedef struct {
+    const SafeTensors *st;
+    int check_only;
+} LoadPass;
 static void load_param(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
     (void)numel;
     if (spec_aliased(m, p)) return;
-    const SafeTensors *st = ctx;
+    const LoadPass *lp = ctx;
+    const SafeTensors *st = lp->st;
     char name[256];
     snprintf(name, sizeof(name), spec_source_name(m, p), layer);
     if (!st_find(st, name)) {
@@ -151,7 +159,8 @@ static void load_param(Model *m, const ParamSpec *p, int layer, float **slot, si
     }
     int64_t r0, nr, c0, nc;
     spec_block(m, p, &r0, &nr, &c0, &nc);
-    st_read_block(st, name, dim_size(m, p->rows), p->cols ? dim_size(m, p->cols) : 0, r0, nr, c0, nc, *slot);
+    st_read_block(st, name, dim_size(m, p->rows), p->cols ? dim_size(m, p->cols) : 0, r0, lp->check_only ? 0 : nr, c0,
+                  nc, *slot);
 }
 
 typedef struct {
@@ -278,14 +287,15 @@ void model_load(Model *m, const char *dir, const Mesh *mesh) {
     m->is_last = s == pp - 1;
     m->w.layers = xcalloc(m->n_layers_local, sizeof(LayerWeights));
 
+    SafeTensors *st = st_open_dir(dir);
+    for_each_param(m, load_param, &(LoadPass){st, 1});
     size_t n = 0, off = 0;
     for_each_param(m, count_param, &n);
     m->n_params = n;
     m->params = xmalloc_huge(sizeof(float) * n);
     for_each_param(m, place_param, &off);
     CHECK(off == n);
-    SafeTensors *st = st_open_dir(dir);
-    for_each_param(m, load_param, st);
+    for_each_param(m, load_param, &(LoadPass){st, 0});
     st_close(st);
     rope_init(m);
 }

@@ -58,6 +58,23 @@ expect_error() {
     expect_error "*tensor model.layers.0.mlp.gate_proj.weight has shape [[]64, 32[]], expected [[]96, 32[]] from config.json*"
 }
 
+@test "errors: config.json sizes beyond int, or a size the tensors do not have, before any allocation" {
+    sed -i -E 's/"hidden_size": [0-9]+/"hidden_size": 1e30/' "$M/config.json"
+    run "$TANDEM" eval --model "$M" --reference "$REF"
+    expect_error "*config.json: \"hidden_size\" must be an integer in [[]0, 2147483647[]]*"
+    # hidden_size 10^8 implies a ~10^17-float arena, which malloc refuses: the shape check comes
+    # first, so the message names the tensor, not an allocation failure
+    cp "$FIX/models/llama_gqa/config.json" "$M/config.json"
+    sed -i -E 's/"hidden_size": [0-9]+/"hidden_size": 100000000/' "$M/config.json"
+    run "$TANDEM" eval --model "$M" --reference "$REF"
+    expect_error "*tensor model.embed_tokens.weight has shape [[]*, 32[]], expected [[]*, 100000000[]] from config.json*"
+    cp "$FIX/models/llama_gqa/config.json" "$M/config.json"
+    sed -i -E 's/"rope_theta": [0-9.e+]+/"rope_theta": -1/' "$M/config.json"
+    grep -q '"rope_theta": -1' "$M/config.json"
+    run "$TANDEM" eval --model "$M" --reference "$REF"
+    expect_error "*config.json: rope_theta must be > 0*"
+}
+
 @test "errors: unsupported dtype" {
     perl -0777 -pi -e 's/"F32"/"I32"/' "$M/model.safetensors"
     run "$TANDEM" eval --model "$M" --reference "$REF"
