@@ -157,7 +157,11 @@ static void prepare(const char *src_dir, const char *out_dir, int overwrite, Pre
     free(cfg_path);
     if (p->status) return;
 
-    snprintf(p->tmp, sizeof p->tmp, "%s.tmp.%d", out_dir, (int)getpid());
+    if (snprintf(p->tmp, sizeof p->tmp, "%s.tmp.%d", out_dir, (int)getpid()) >= (int)sizeof p->tmp) {
+        prep_fail(p, PREP_USER_ERROR, "%s: path too long", out_dir);   /* never a truncated name to remove_tree */
+        free(cfg_out);
+        return;
+    }
     if (stat(p->tmp, &st) == 0) remove_tree(p->tmp);  /* left by a killed run that had our pid */
     if (mkdir_parents(p->tmp) != 0 || mkdir(p->tmp, 0755) != 0) {
         prep_fail(p, PREP_USER_ERROR, "%s: cannot create directory: %s", p->tmp, strerror(errno));

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds an ASan/UBSan tandem in a scratch copy of the tree and runs every fuzz.py target on it.
+# Usage: bash tests/fuzz/run.sh [RUNS per target, default 100] [SEED, default 1]
+# Minutes, not seconds: a developer tool, not part of `make test`. Problems are kept in
+# fuzz-problems/ (input, argv, stderr); the exit status is non-zero if there were any.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+runs=${1:-100} seed=${2:-1}
+src=$(mktemp -d)
+trap 'rm -rf "$src"' EXIT
+tar --exclude=./build --exclude=./bin --exclude=./.git --exclude=./fuzz-problems -cf - . | tar -xf - -C "$src"
+make -C "$src" --no-print-directory -j"$(nproc)" build \
+    OPT="-O1 -g -march=native -fsanitize=address,undefined -fno-omit-frame-pointer" \
+    LDFLAGS="-fsanitize=address,undefined" >/dev/null
+status=0
+for t in generate checkpoint sft eval; do
+    python3 tests/fuzz/fuzz.py "$src/bin/tandem" "$t" --runs "$runs" --seed "$seed" || status=1
+done
+exit $status
