@@ -137,30 +137,35 @@ static void place_param(Model *m, const ParamSpec *p, int layer, float **slot, s
     *slot = m->params + *off;
     *off += numel;
 }
-/* ctx: LoadPass. The check pass runs before the arena is allocated and reads no data, so a
- * config.json that disagrees with the tensors is reported as a shape mismatch, not as a failed
- * allocation of whatever size the bad config implies. */
-typedef struct {
-    const SafeTensors *st;
-    int check_only;
-} LoadPass;
+/* Every tensor of the whole model, all stages and all tp shards, by name and full shape, before
+ * anything is allocated: a config.json that disagrees with the tensors names the tensor instead of
+ * failing an allocation of whatever size it implies, and since every rank checks everything, a bad
+ * tensor that only another stage reads is still reported by rank 0 (user_error speaks from rank 0;
+ * the job used to abort without a word). */
+static void check_tensors(const Model *m, const SafeTensors *st) {
+    for (int i = 0; i < N_SPECS; i++) {
+        const ParamSpec *p = &SPECS[i];
+        if (p->when == IF_QKV_BIAS && !m->cfg.qkv_bias) continue;
+        int64_t rows = dim_size(m, p->rows), cols = p->cols ? dim_size(m, p->cols) : 0;
+        for (int l = 0; l < (p->where == ON_LAYER ? m->cfg.n_layers : 1); l++) {
+            char name[256];
+            snprintf(name, sizeof(name), spec_source_name(m, p), l);
+            if (!st_find(st, name) && p->offset == MW(lm_head))
+                user_error("%s: tensor lm_head.weight not found and config.json says tie_word_embeddings is false",
+                           st->files[0].path);
+            st_read_block(st, name, rows, cols, 0, 0, 0, cols ? cols : 1, NULL);   /* 0 rows: checks only */
+        }
+    }
+}
+
 static void load_param(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
     (void)numel;
     if (spec_aliased(m, p)) return;
-    const LoadPass *lp = ctx;
-    const SafeTensors *st = lp->st;
     char name[256];
     snprintf(name, sizeof(name), spec_source_name(m, p), layer);
-    if (!st_find(st, name)) {
-        if (p->offset == MW(lm_head) && !m->cfg.tie_embeddings)
-            user_error("%s: tensor lm_head.weight not found and config.json says tie_word_embeddings is false",
-                       st->files[0].path);
-        user_error("%s: tensor %s not found", st->files[0].path, name);
-    }
     int64_t r0, nr, c0, nc;
     spec_block(m, p, &r0, &nr, &c0, &nc);
-    st_read_block(st, name, dim_size(m, p->rows), p->cols ? dim_size(m, p->cols) : 0, r0, lp->check_only ? 0 : nr, c0,
-                  nc, *slot);
+    st_read_block(ctx, name, dim_size(m, p->rows), p->cols ? dim_size(m, p->cols) : 0, r0, nr, c0, nc, *slot);
 }
 
 typedef struct {
@@ -288,14 +293,14 @@ void model_load(Model *m, const char *dir, const Mesh *mesh) {
     m->w.layers = xcalloc(m->n_layers_local, sizeof(LayerWeights));
 
     SafeTensors *st = st_open_dir(dir);
-    for_each_param(m, load_param, &(LoadPass){st, 1});
+    check_tensors(m, st);
     size_t n = 0, off = 0;
     for_each_param(m, count_param, &n);
     m->n_params = n;
     m->params = xmalloc_huge(sizeof(float) * n);
     for_each_param(m, place_param, &off);
     CHECK(off == n);
-    for_each_param(m, load_param, &(LoadPass){st, 0});
+    for_each_param(m, load_param, st);
     st_close(st);
     rope_init(m);
 }

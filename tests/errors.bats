@@ -123,6 +123,20 @@ expect_error() {
     expect_error "*world size 3 is not divisible by tp*pp = 2*1*"
 }
 
+@test "errors: a bad tensor only the second stage reads is still reported, as one line" {
+    # pp=2: layer 1 is on stage 2 only; its down_proj gets the transposed shape (same byte count,
+    # so the file is otherwise valid). Rank 0 reports user errors, so it must check stage 2's
+    # tensors too (before, the job aborted after 10 s with no message at all).
+    perl -0777 -pi -e 's/("model\.layers\.1\.mlp\.down_proj\.weight":\{"dtype":"F32","shape":\[)32,64/${1}64,32/' "$M/model.safetensors"
+    run timeout 60 $MPIRUN 2 "$TANDEM" eval --model "$M" --reference "$REF" --pp 2
+    expect_error "*tensor model.layers.1.mlp.down_proj.weight has shape [[]64, 32[]], expected [[]32, 64[]] from config.json*"
+    # an untied lm_head that is not in the file: only the last stage reads it
+    cp -r "$FIX/models/qwen2_bias" "$BATS_TEST_TMPDIR/q"
+    sed -i 's/"tie_word_embeddings": true/"tie_word_embeddings": false/' "$BATS_TEST_TMPDIR/q/config.json"
+    run timeout 60 $MPIRUN 2 "$TANDEM" eval --model "$BATS_TEST_TMPDIR/q" --reference "$FIX/refs/qwen2_bias.jsonl" --pp 2
+    expect_error "*tensor lm_head.weight not found and config.json says tie_word_embeddings is false*"
+}
+
 @test "errors: a shard only some ranks read is truncated: the job still stops" {
     # pp=2: the second stage reads layer 1 and the head, which sit at the end of the file
     size=$(stat -c %s "$M/model.safetensors")

@@ -9,7 +9,8 @@ Every run must end one of two ways: exit 0 (generate: every output line is JSON 
 in a newline), or exit 1 with exactly one "tandem: ..." line on stderr (warnings aside) and, for
 generate, nothing written. Any other exit (a signal, an abort), a sanitizer report, or a second
 error line is a problem: the input, flags and stderr are kept under --keep. Runs are reproducible
-from --seed. bash tests/fuzz/run.sh builds an ASan/UBSan binary and runs all four.
+from --seed. BIN may be a wrapper script (run.sh makes one that runs two pipeline stages under
+mpirun). bash tests/fuzz/run.sh builds an ASan/UBSan binary and runs all four.
 """
 import argparse, json, os, random, shutil, struct, subprocess, sys, tempfile
 

@@ -12,8 +12,18 @@ tar --exclude=./build --exclude=./bin --exclude=./.git --exclude=./fuzz-problems
 make -C "$src" --no-print-directory -j"$(nproc)" build \
     OPT="-O1 -g -march=native -fsanitize=address,undefined -fno-omit-frame-pointer" \
     LDFLAGS="-fsanitize=address,undefined" >/dev/null
+# two pipeline stages under mpirun: a problem that only one stage sees must still be one line
+cat > "$src/pp2" <<WRAP
+#!/usr/bin/env bash
+exec env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 100 \\
+    mpirun -q --oversubscribe -np 2 "$src/bin/tandem" "\$@" --pp 2 --threads 1
+WRAP
+chmod +x "$src/pp2"
 status=0
 for t in generate checkpoint sft eval; do
     python3 tests/fuzz/fuzz.py "$src/bin/tandem" "$t" --runs "$runs" --seed "$seed" || status=1
+done
+for t in checkpoint generate; do
+    python3 tests/fuzz/fuzz.py "$src/pp2" "$t" --runs "$((runs / 2))" --seed "$seed" || status=1
 done
 exit $status
