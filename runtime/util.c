@@ -42,9 +42,16 @@ _Noreturn void user_error(const char *fmt, ...) {
         va_end(ap);
         stop_job();
     }
-    /* Other ranks saw the same input; rank 0 reports and aborts the job. Should rank 0 somehow
-     * not get here, give up after a while rather than hang. */
+    /* Other ranks saw the same input; rank 0 reports and aborts the job. Should rank 0 not get
+     * here (a problem only this rank sees), it is still alive after a while: say it ourselves
+     * rather than abort without a word. */
     sleep(10);
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "tandem: [rank %d] ", g_rank);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
     stop_job();
 }
 
