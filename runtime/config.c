@@ -16,9 +16,10 @@ static cJSON *get(const Cfg *g, const char *key) {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(g->root, key);
     return (v && !cJSON_IsNull(v)) ? v : NULL;
 }
-static int get_int(const Cfg *g, const char *key, int required, int dflt) {
-    cJSON *v = get(g, key);
-    if (!v) {
+/* key of obj (the root, or a nested object such as rope_scaling): an integer in [0, INT_MAX] */
+static int get_int_in(const Cfg *g, const cJSON *obj, const char *key, int required, int dflt) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v || cJSON_IsNull(v)) {
         if (required) user_error("%s: missing key \"%s\"", g->path, key);
         return dflt;
     }
@@ -26,6 +27,7 @@ static int get_int(const Cfg *g, const char *key, int required, int dflt) {
         user_error("%s: \"%s\" must be an integer in [0, %d]", g->path, key, INT_MAX);
     return (int)v->valuedouble;
 }
+static int get_int(const Cfg *g, const char *key, int required, int dflt) { return get_int_in(g, g->root, key, required, dflt); }
 static float get_float(const Cfg *g, const cJSON *obj, const char *key, int required, float dflt) {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!v || cJSON_IsNull(v)) {
@@ -106,10 +108,7 @@ void config_load(ModelConfig *c, const char *dir) {
             c->rope_factor = get_float(&g, rs, "factor", 1, 1.0f);
             c->rope_low_freq_factor = get_float(&g, rs, "low_freq_factor", 1, 1.0f);
             c->rope_high_freq_factor = get_float(&g, rs, "high_freq_factor", 1, 4.0f);
-            float orig = get_float(&g, rs, "original_max_position_embeddings", 1, 8192);
-            if (!(orig >= 1 && orig < (float)INT_MAX) || orig != floorf(orig))   /* (float)INT_MAX is 2^31 */
-                user_error("%s: rope_scaling.original_max_position_embeddings must be a positive integer", path);
-            c->rope_orig_max_pos = (int)orig;
+            c->rope_orig_max_pos = get_int_in(&g, rs, "original_max_position_embeddings", 1, 8192);
         } else {
             user_error("%s: rope_scaling type \"%s\" is not supported (linear, llama3)", path, t);
         }

@@ -150,7 +150,7 @@ static void check_tensors(const Model *m, const SafeTensors *st) {
         for (int l = 0; l < (p->where == ON_LAYER ? m->cfg.n_layers : 1); l++) {
             char name[256];
             snprintf(name, sizeof(name), spec_source_name(m, p), l);
-            if (!st_find(st, name) && p->offset == MW(lm_head))
+            if (!st_find(st, name) && p->offset == MW(lm_head) && !m->cfg.tie_embeddings)
                 user_error("%s: tensor lm_head.weight not found and config.json says tie_word_embeddings is false",
                            st->files[0].path);
             st_read_block(st, name, rows, cols, 0, 0, 0, cols ? cols : 1, NULL);   /* 0 rows: checks only */

@@ -32,25 +32,22 @@ _Noreturn static void stop_job(void) {
     exit(1);
 }
 
-_Noreturn void user_error(const char *fmt, ...) {
-    if (g_rank == 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        fputs("tandem: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
-        va_end(ap);
-        stop_job();
-    }
-    /* Other ranks saw the same input; rank 0 reports and aborts the job. Should rank 0 not get
-     * here (a problem only this rank sees), it is still alive after a while: say it ourselves
-     * rather than abort without a word. */
-    sleep(10);
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "tandem: [rank %d] ", g_rank);
+/* "tandem: [rank N] message": the one line every error exit prints */
+static void report(int with_rank, const char *fmt, va_list ap) {
+    fputs("tandem: ", stderr);
+    if (with_rank) fprintf(stderr, "[rank %d] ", g_rank);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
+}
+
+_Noreturn void user_error(const char *fmt, ...) {
+    va_list ap;
+    /* Other ranks saw the same input; rank 0 reports and aborts the job. Should rank 0 not get
+     * here (a problem only this rank sees), this rank is still alive after a while: it says it
+     * itself rather than let the job end without a word. */
+    if (g_rank != 0) sleep(10);
+    va_start(ap, fmt);
+    report(g_rank != 0, fmt, ap);
     va_end(ap);
     stop_job();
 }
@@ -58,10 +55,7 @@ _Noreturn void user_error(const char *fmt, ...) {
 _Noreturn void rank_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fputs("tandem: ", stderr);
-    if (g_world_size > 1) fprintf(stderr, "[rank %d] ", g_rank);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    report(g_world_size > 1, fmt, ap);
     va_end(ap);
     stop_job();
 }
