@@ -23,7 +23,7 @@ typedef enum {
     SHARD_F_COLS,   /* columns by intermediate dim (row-parallel down_proj) */
 } Shard;
 typedef enum { ON_LAYER, ON_FIRST, ON_LAST } Where;
-typedef enum { IF_ALWAYS, IF_QKV_BIAS, IF_UNTIED } When;
+typedef enum { IF_ALWAYS, IF_QKV_BIAS } When;   /* ties: spec_aliased, spec_source_name */
 
 typedef struct {
     const char *hf_name;  /* %d = global layer index */
@@ -69,8 +69,11 @@ static int64_t dim_size(const Model *m, Dim d) {
     }
 }
 
+/* whether the model has this tensor at all (on some stage) */
+static int spec_in_model(const Model *m, const ParamSpec *p) { return !(p->when == IF_QKV_BIAS && !m->cfg.qkv_bias); }
+/* whether this rank's stage holds it */
 static int spec_present(const Model *m, const ParamSpec *p) {
-    if (p->when == IF_QKV_BIAS && !m->cfg.qkv_bias) return 0;
+    if (!spec_in_model(m, p)) return 0;
     if (p->where == ON_FIRST) return m->is_first;
     if (p->where == ON_LAST) return m->is_last;
     return 1;
@@ -145,7 +148,7 @@ static void place_param(Model *m, const ParamSpec *p, int layer, float **slot, s
 static void check_tensors(const Model *m, const SafeTensors *st) {
     for (int i = 0; i < N_SPECS; i++) {
         const ParamSpec *p = &SPECS[i];
-        if (p->when == IF_QKV_BIAS && !m->cfg.qkv_bias) continue;
+        if (!spec_in_model(m, p)) continue;
         int64_t rows = dim_size(m, p->rows), cols = p->cols ? dim_size(m, p->cols) : 0;
         for (int l = 0; l < (p->where == ON_LAYER ? m->cfg.n_layers : 1); l++) {
             char name[256];
