@@ -258,12 +258,13 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
         weight[i] = 1.0f / (float)(B * (T - 1));
     }
     double *times = xmalloc(sizeof(double) * iters), loss = 0;
+    MicroBatch mb = {tokens, start, B, targets, weight, NULL};
     for (int it = -1; it < iters; it++) {
         comm_barrier(&mesh->world);
         double t0 = now_seconds();
         optim_zero_grad(o, grads);
         train_forward(m, &a, tokens, start, B);
-        loss = train_loss_share(m, train_loss_backward(m, &a, targets, weight, &gw));
+        loss = train_loss_share(m, train_loss_backward(m, &a, &mb, &LOSS_XENT, &gw));
         train_acts_wait(&a);
         train_tied_embedding_all_reduce(m, &a, &gw);
         optim_step(o, m, grads);

@@ -32,7 +32,7 @@ struct Engine {
     int *res_i;             /* (max_batch, 1 + K) per sequence: chosen id, top-K ids */
     float *res_f;           /* (max_batch, 2 + K) per sequence: chosen lp, appended lp, top-K lps */
     int *lp_rows, *lp_toks; /* (2 * max_batch) the (row, token) pairs whose logprobs are wanted */
-    float *lp_vals;         /* (2 * max_batch) */
+    float *lp_vals, *lp_pick; /* (2 * max_batch) logprobs; scratch */
     void *scratch;
     EngineStats st;
 };
@@ -81,6 +81,7 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
     e->lp_rows = xmalloc(sizeof(int) * 2 * B);
     e->lp_toks = xmalloc(sizeof(int) * 2 * B);
     e->lp_vals = xmalloc(sizeof(float) * 2 * B);
+    e->lp_pick = xmalloc(sizeof(float) * 2 * B);
     e->res_i = xmalloc(sizeof(int) * B);
     e->res_f = xmalloc(sizeof(float) * 2 * B);
     e->scratch = xmalloc(sampler_scratch_bytes(m->vocab_padded));
@@ -94,7 +95,7 @@ void engine_free(Engine *e) {
     free(e->waiting); free(e->running); free(e->tokens); free(e->start); free(e->pos0); free(e->rows);
     free(e->tables); free(e->lse); free(e->amax_val); free(e->amax);
     free(e->full); free(e->scratch); free(e->res_f); free(e->res_i);
-    free(e->lp_rows); free(e->lp_toks); free(e->lp_vals);
+    free(e->lp_rows); free(e->lp_toks); free(e->lp_vals); free(e->lp_pick);
     free(e);
 }
 
@@ -227,7 +228,7 @@ static void choose_tokens(Engine *e, int R) {
      * greedy or sampling without --logprobs), which saves a pass of exp over the vocabulary */
     int want_lp = e->cfg.want_logprobs;
     for (int r = 0; r < R && !want_lp; r++) want_lp = e->running[r]->logprobs_n > 0 || e->running[r]->forced;
-    if (want_lp) model_logsumexp(m, R, e->lse);
+    if (want_lp) model_logits_lse(m, m->s.logits, R, 1.0f, e->lse);
     else for (int r = 0; r < R; r++) e->lse[r] = NAN;
     model_argmax(m, R, e->amax, e->amax_val);                   /* greedy without gathering the vocab */
     for (int r = 0; r < R; r++) {
@@ -239,7 +240,10 @@ static void choose_tokens(Engine *e, int R) {
         float *rf = e->res_f + (size_t)r * (2 + K);
         if (feeds_part(s)) { ri[0] = 0; continue; }           /* no token this step */
         if (plain_greedy) { ri[0] = e->amax[r]; continue; }
-        comm_all_gather(&m->mesh->tp_comm, m->s.logits + (size_t)r * Vl, e->full, Vl); /* the full row */
+        /* the full row to the host, where the sampler runs (one named transfer; the identity copy of
+         * the CPU backend), gathered over tp */
+        m->be->to_host(e->full + (size_t)m->mesh->tp_rank * Vl, m->s.logits + (size_t)r * Vl, sizeof(float) * Vl);
+        comm_all_gather(&m->mesh->tp_comm, e->full + (size_t)m->mesh->tp_rank * Vl, e->full, Vl);
         int nt = 0, *top = ri + 1;                               /* top-N of the model's distribution: */
         for (int v = 0; v < V && s->logprobs_n > 0; v++) {     /* one pass, insertion into a sorted list */
             if (!isfinite(e->full[v])) continue;
@@ -267,11 +271,11 @@ static void choose_tokens(Engine *e, int R) {
         toks[2 * r] = e->res_i[(size_t)r * (1 + K)];
         toks[2 * r + 1] = s->forced ? s->forced[s->n_out] : toks[2 * r];
     }
-    if (want_lp) model_token_logits(m, 2 * R, rows, toks, lp);
+    if (want_lp) model_pair_logprobs(m, m->s.logits, e->lse, 2 * R, rows, toks, 1.0f, e->lp_pick, lp);
     else for (int i = 0; i < 2 * R; i++) lp[i] = NAN;
     for (int r = 0; r < R; r++) {
-        e->res_f[(size_t)r * (2 + K)] = lp[2 * r] - e->lse[r];
-        e->res_f[(size_t)r * (2 + K) + 1] = lp[2 * r + 1] - e->lse[r];
+        e->res_f[(size_t)r * (2 + K)] = lp[2 * r];
+        e->res_f[(size_t)r * (2 + K) + 1] = lp[2 * r + 1];
     }
 }
 

@@ -60,27 +60,26 @@ void cpu_swiglu_backward(float *dgate, float *dup, const float *dout, const floa
  * Accumulated; repeated ids add up (in increasing n). */
 void cpu_embedding_backward(float *dtable, const float *dout, const int *ids, int N, int D, int v0, int V_local);
 
-/* ---- vocab-parallel cross-entropy --------------------------------------------------------------
+/* ---- vocab-parallel logprobs and cross-entropy -------------------------------------------------
  * Each TP rank holds logits (N, V_local) for its vocab shard [v0, v0 + V_local). Per row n with
- * target t_n (-1 = ignored position) and loss weight w_n (e.g. 1 / number of target tokens):
- *     loss = sum_n w_n * (lse_n - logit[n, t_n]),   lse_n = log sum over the FULL vocab of exp(logit)
- * Protocol (the caller owns the collectives; runtime/model.c model_logsumexp does steps 1-2):
- *   1. m_n   = max over the local shard;            tp all-reduce MAX -> global row max
- *   2. s_n   = sum_local exp(logit - m_n);           tp all-reduce SUM;  lse_n = m_n + log(s_n)
- *   3. cpu_xent_target_logit -> z_n (0 where the shard does not own t_n); tp all-reduce SUM -> the
- *      target's logit; loss and logprob (z_n - lse_n) follow on every rank
- *   4. cpu_xent_backward with the global lse: each rank gets its own shard of dlogits, no
- *      communication (the one-hot term lands only on the owner).
+ * target t_n (-1 = no logprob wanted) the protocol (runtime/forward.c owns the collectives) is
+ *   1. cpu_row_max over the shard;             tp all-reduce MAX -> global row max m_n (of x / T)
+ *   2. cpu_row_sumexp of exp(x / T - m_n);      tp fixed-order SUM; lse_n = m_n + log(sum)
+ *   3. cpu_pick_logits -> x[n, t_n] / T on the owner, 0 elsewhere; tp fixed-order SUM;
+ *      lp_n = that - lse_n (the same float subtraction in generation and in training)
+ *   4. the loss hook turns lp (N) into the loss and dlogprob (N); cpu_logprob_backward gives each
+ *      rank its own shard of dlogits, no communication (the one-hot term lands only on the owner).
+ * Cross-entropy is the hook loss = -sum_n w_n lp_n, dlogprob_n = -w_n (train/loss.c).
  * The gradient into the (vocab-parallel, column-split) lm_head then needs the usual tp all-reduce of
  * dx, as for any column-parallel matmul. */
 
-/* z (N) = logits[n, t_n - v0] where v0 <= t_n < v0 + V_local, else 0 (also for t_n == -1).
- * logits (N, V_local), targets (N). */
-void cpu_xent_target_logit(float *z, const float *logits, const int *targets, int N, int V_local, int v0);
-
-/* dlogits (N, V_local) = w_n * (exp(logits - lse_n) - [v0 + c == t_n]), written (dlogits may be
- * logits itself: computed in place); rows with
- * t_n == -1 get 0. logits (N, V_local), lse (N) global (after step 2), targets (N), weight (N). */
-void cpu_xent_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
-                       const float *weight, int N, int V_local, int v0);
+/* ---- per-token logprobs (the loss hook's LM side) -----------------------------------------------
+ * lp_n = x[n, t_n] / T - lse_n with lse_n the log-sum-exp of x[n, :] / T over the full vocab
+ * (cpu_row_max / cpu_row_sumexp / cpu_pick_logits in kernels.h, all-reduced by the caller).
+ * Given dlogprob_n = d loss / d lp_n (from the loss hook):
+ *     dlogits[n, c] = -dlogprob_n / T * (exp(x[n, c] / T - lse_n) - [v0 + c == t_n])
+ * written, in place allowed (dlogits == logits); rows with t_n == -1 get 0. For cross-entropy
+ * (dlogprob = -w, T = 1) every element has cpu_xent_backward's bits: -(-w) / 1 == w exactly. */
+void cpu_logprob_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+                          const float *dlogprob, int N, int V_local, int v0, float T);
 #endif

@@ -60,6 +60,11 @@ static inline size_t kv_offset(const KVLayout *kv, size_t kvd, int j) {
     return (size_t)kv->table[j / kv->block] * kv->block * kvd + (size_t)(j % kv->block) * kv->row;
 }
 
+/* Writes T new tokens' k, v (T, Hkv*Dh) rows into their cache slots: position pos[t] goes where kv
+ * (kv_paged) puts it, every head of the row. kc, vc: one layer's pool, (n_blocks, Hkv, block, Dh). */
+void cpu_kv_store(float *kc, float *vc, const float *k, const float *v, const KVLayout *kv, const int *pos, int T,
+                  int Hkv, int Dh);
+
 /* Causal attention for ONE sequence, keys and values found through `kv` (above).
  * q (Tq, H*Dh): queries at positions q_pos0 .. q_pos0+Tq-1; out (Tq, H*Dh).
  * Query head h uses kv head h / (H / Hkv). window > 0: key j visible to query i iff
@@ -76,11 +81,78 @@ void cpu_swiglu(float *out, const float *gate, const float *up, size_t n);
 
 /* x += y, n floats */
 void cpu_add(float *x, const float *y, size_t n);
+/* out = a + b, n floats; out may be a (then cpu_add's bits) */
+void cpu_add_to(float *out, const float *a, const float *b, size_t n);
+void cpu_copy(float *dst, const float *src, size_t n);
+/* out (R, D) = rows rows[0..R) of x (., D) */
+void cpu_gather_rows(float *out, const float *x, const int *rows, int R, int D);
+/* x (N, V): columns [from, V) set to -inf (vocab padding); nothing when from >= V */
+void cpu_mask_cols(float *x, int N, int V, int from);
 int cpu_argmax(const float *x, int n);   /* index of the largest of x[0..n), the first among equals; NaN never wins */
+/* ids, vals (N): each row's cpu_argmax over x (N, V) and its value; ids offset by v0 (the shard's first id) */
+void cpu_argmax_rows(int *ids, float *vals, const float *x, int N, int V, int v0);
+
+/* Pieces of a vocab-parallel log-sum-exp of x / T (the caller all-reduces between them):
+ *   cpu_row_max:    mx (N) = max over the shard's columns of x (N, V), divided by T (division is
+ *                   monotonic, so this is the max of x / T exactly)
+ *   cpu_row_sumexp: sum (N) = sum over the columns of exp(x / T - mx), in double, rounded once
+ * lse = mx + log(sum of the ranks' sums). T == 1 divides by 1, which changes no bit. */
+void cpu_row_max(float *mx, const float *x, int N, int V, float T);
+void cpu_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T);
+/* z (N) = x[n, targets[n] - v0] / T where this shard owns targets[n], else 0 (targets -1 too) */
+void cpu_pick_logits(float *z, const float *x, const int *targets, int N, int V, int v0, float T);
 
 /* Vocab-parallel lookup: out (N, D) = table rows for ids in [v0, v0 + V_local), zero elsewhere.
  * table (V_local, D). */
 void cpu_embedding(float *out, const float *table, const int *ids, int N, int D, int v0, int V_local);
+
+#include "kernels/backward.h"
+
+/* ---- the backend: every operation model, engine and training code may call ------------------
+ * Model code reaches kernels only through a Backend (Model.be), never cpu_* directly, so another
+ * backend (kernels/cuda, a later issue) slots in without touching model code. Entries have the
+ * cpu_ functions' names without the prefix and the same arguments and contracts (see above and
+ * kernels/backward.h); pointers are the backend's memory. Host-side work (sampling, jsonl) copies
+ * its rows out explicitly (to_host). */
+typedef struct Backend {
+    const char *name;
+    /* forward */
+    void (*matmul)(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out);
+    void (*matmuls)(const float *x, int N, int n_in, const MatmulOut *outs, int n);
+    void (*rmsnorm)(float *out, const float *x, const float *w, int N, int D, float eps);
+    void (*rope_table)(float *cs, const int *pos, const float *inv_freq, int N, int Dh);
+    void (*rope)(float *x, const float *cs, int N, int n_heads, int Dh);
+    void (*kv_store)(float *kc, float *vc, const float *k, const float *v, const KVLayout *kv, const int *pos, int T,
+                     int Hkv, int Dh);
+    void (*attention)(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,
+                      int q_pos0, int H, int Hkv, int Dh, int window, float *scratch);
+    void (*swiglu)(float *out, const float *gate, const float *up, size_t n);
+    void (*add_to)(float *out, const float *a, const float *b, size_t n);
+    void (*copy)(float *dst, const float *src, size_t n);
+    void (*gather_rows)(float *out, const float *x, const int *rows, int R, int D);
+    void (*embedding)(float *out, const float *table, const int *ids, int N, int D, int v0, int V_local);
+    void (*mask_cols)(float *x, int N, int V, int from);
+    void (*argmax_rows)(int *ids, float *vals, const float *x, int N, int V, int v0);
+    void (*row_max)(float *mx, const float *x, int N, int V, float T);
+    void (*row_sumexp)(float *sum, const float *x, const float *mx, int N, int V, float T);
+    void (*pick_logits)(float *z, const float *x, const int *targets, int N, int V, int v0, float T);
+    /* backward */
+    void (*matmul_backward)(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w, int N,
+                            int n_in, int n_out);
+    void (*rmsnorm_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int D,
+                             float eps);
+    void (*rope_backward)(float *dx, const float *cs, int N, int n_heads, int Dh);
+    void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                               const float *v, int T, int H, int Hkv, int Dh, int window, float *scratch);
+    void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
+    void (*embedding_backward)(float *dtable, const float *dout, const int *ids, int N, int D, int v0, int V_local);
+    void (*logprob_backward)(float *dlogits, const float *logits, const float *lse, const int *targets,
+                             const float *dlogprob, int N, int V_local, int v0, float T);
+    /* memory: host <-> backend (identity copies on the CPU) */
+    void (*to_host)(void *dst, const void *src, size_t bytes);
+    void (*to_device)(void *dst, const void *src, size_t bytes);
+} Backend;
+extern const Backend cpu_backend;
 
 #ifdef TANDEM_CUDA
 /* Defined in kernels/cuda/ (C++ .cu files), called from C: C linkage. cudaStream_t is spelled as in

@@ -57,6 +57,55 @@ static int count(size_t n) {
 void comm_all_reduce_sum(const Comm *c, float *buf, size_t n) {
     if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_FLOAT, MPI_SUM, HANDLE(c)));
 }
+/* Scratch for comm_all_reduce_sum_fixed, grown on demand and kept for the process: the steps that
+ * call it reuse one buffer instead of allocating per call (one per thread that calls it). */
+static _Thread_local float *fixed_buf;
+static _Thread_local size_t fixed_cap;
+static float *fixed_scratch(size_t n) {
+    if (n > fixed_cap) {
+        free(fixed_buf);
+        fixed_buf = xmalloc(sizeof(float) * n);
+        fixed_cap = n;
+    }
+    return fixed_buf;
+}
+
+/* Below this many floats per rank one all-gather (latency) beats all-to-all + all-gather (traffic). */
+#define FIXED_GATHER_MAX 65536
+
+void comm_all_reduce_sum_fixed(const Comm *c, float *buf, size_t n) {
+    int P = c->size, r = c->rank;
+    if (P == 1 || n == 0) return;
+    if (n <= FIXED_GATHER_MAX) {                        /* every rank gets every partial, adds in rank order */
+        float *all = fixed_scratch((size_t)P * n);      /* (P, n) */
+        MPI_CHECK(MPI_Allgather(buf, count(n), MPI_FLOAT, all, count(n), MPI_FLOAT, HANDLE(c)));
+        for (size_t i = 0; i < n; i++) {
+            float acc = all[i];
+            for (int p = 1; p < P; p++) acc += all[(size_t)p * n + i];
+            buf[i] = acc;
+        }
+        return;
+    }
+    /* slice s = [lo(s), lo(s+1)) belongs to rank s: all-to-all gives rank r every rank's slice r */
+    int *cnt = xmalloc(sizeof(int) * 4 * P), *dsp = cnt + P, *rcnt = cnt + 2 * P, *rdsp = cnt + 3 * P;
+    for (int s = 0; s < P; s++) {
+        size_t lo = n * s / P, hi = n * (s + 1) / P;
+        cnt[s] = count(hi - lo);
+        dsp[s] = count(lo);
+    }
+    size_t mine = (size_t)cnt[r];
+    for (int s = 0; s < P; s++) { rcnt[s] = (int)mine; rdsp[s] = count(mine * s); }
+    float *parts = fixed_scratch((size_t)P * mine);    /* (P, mine): rank s's partial of my slice */
+    MPI_CHECK(MPI_Alltoallv(buf, cnt, dsp, MPI_FLOAT, parts, rcnt, rdsp, MPI_FLOAT, HANDLE(c)));
+    float *out = buf + dsp[r];
+    for (size_t i = 0; i < mine; i++) {
+        float acc = parts[i];
+        for (int p = 1; p < P; p++) acc += parts[(size_t)p * mine + i];
+        out[i] = acc;
+    }
+    MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt, dsp, MPI_FLOAT, HANDLE(c)));
+    free(cnt);
+}
 void comm_all_reduce_sum_f64(const Comm *c, double *buf, size_t n) {
     if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_DOUBLE, MPI_SUM, HANDLE(c)));
 }
@@ -75,6 +124,10 @@ void comm_all_reduce_maxloc(const Comm *c, float *val, int *idx, size_t n) {
     free(pair);
 }
 void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each) {
+    if (in == out + (size_t)c->rank * n_each) {   /* already in its place */
+        MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, count(n_each), MPI_FLOAT, HANDLE(c)));
+        return;
+    }
     MPI_CHECK(MPI_Allgather(in, count(n_each), MPI_FLOAT, out, count(n_each), MPI_FLOAT, HANDLE(c)));
 }
 void comm_reduce_scatter_sum(const Comm *c, const float *in, float *out, size_t n_each) {

@@ -19,12 +19,22 @@ Comm comm_split(const Comm *parent, int color, int key);
 void comm_free(Comm *c);
 
 void comm_all_reduce_sum(const Comm *c, float *buf, size_t n);     /* in place */
+/* In place, every element the sum of the ranks' values added in rank order,
+ *     ((v_0 + v_1) + v_2) + ... + v_{size-1},
+ * whatever the collective algorithm, the message size or n: the bits depend only on the inputs.
+ * comm_all_reduce_sum's MPI_Allreduce adds in an order the algorithm picks (ring, Rabenseifner,
+ * recursive doubling, ... by message size), so the same partials can give other bits at another
+ * batch size. Every tensor-parallel sum that feeds a logprob, a value or a loss uses this one.
+ * The collectives move data only (all-gather, or all-to-all then all-gather: no MPI arithmetic);
+ * the additions are ours. Small n: one all-gather, every rank sums all; large n: each rank sums
+ * one slice (all-to-all), then the slices are all-gathered (the traffic of a ring all-reduce). */
+void comm_all_reduce_sum_fixed(const Comm *c, float *buf, size_t n);
 void comm_all_reduce_sum_f64(const Comm *c, double *buf, size_t n);
 void comm_all_reduce_max(const Comm *c, float *buf, size_t n);
 void comm_all_reduce_sum_int(const Comm *c, int *buf, size_t n);
 /* Per element: the max over ranks of val[i], and idx[i] from that rank (lowest rank on ties). */
 void comm_all_reduce_maxloc(const Comm *c, float *val, int *idx, size_t n);
-void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each);
+void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each);   /* in may be out + rank * n_each */
 void comm_reduce_scatter_sum(const Comm *c, const float *in, float *out, size_t n_each);
 void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root);
 void comm_send(const Comm *c, const void *buf, size_t bytes, int dst);

@@ -1,7 +1,6 @@
 /* model.c — see model.h. The parameter spec table below drives allocation, sharding and loading;
  * training (gradients, optimizer, saving) walks the same table. */
 #include "runtime/model.h"
-#include "kernels/kernels.h"
 #include "runtime/safetensors.h"
 #include "runtime/util.h"
 #include <math.h>
@@ -277,6 +276,7 @@ static void rope_init(Model *m) {
 void model_load(Model *m, const char *dir, const Mesh *mesh) {
     memset(m, 0, sizeof(*m));
     m->mesh = mesh;
+    m->be = &cpu_backend;
     config_load(&m->cfg, dir);
     const ModelConfig *c = &m->cfg;
     check_layout(c, mesh);
@@ -312,7 +312,7 @@ void model_alloc_state(Model *m, int max_tokens, int max_seq) {
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)max_tokens, D = c->dim, Dh = c->head_dim;
     size_t qd = (size_t)m->n_heads_local * Dh, kvd = (size_t)m->n_heads_kv_local * Dh, F = m->hidden_local;
-    size_t V = m->is_last ? (size_t)m->vocab_local : 0;
+    size_t V = !m->is_last ? 0 : m->head == HEAD_SCORE ? 1 : (size_t)m->vocab_local;
     /* one arena: sizes in the order of RunState's fields */
     size_t sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * F, N * F, N * V,
                       (size_t)max_seq * m->n_heads_local * omp_get_max_threads(), N * Dh};
@@ -359,145 +359,6 @@ void model_print_summary(const Model *m) {
     fprintf(stderr, "+----------------------+------------+\n");
 }
 
-/* ---- forward ----------------------------------------------------------------------------- */
-
-/* Row-parallel output: each tp rank holds a partial sum of the same (N, D) tensor. */
-static void tp_all_reduce(const Model *m, float *buf, size_t n) { comm_all_reduce_sum(&m->mesh->tp_comm, buf, n); }
-
-/* This stage's part of the forward for sequences [lo, hi) of the batch: receive (or embed), run
- * the local layers, send (or compute logits). Buffers are used at the group's token offset, so
- * several groups can be in flight on different stages. row0: index of the group's first logit row. */
-static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi, int row0) {
-    const ModelConfig *c = &m->cfg;
-    RunState *s = &m->s;
-    int D = c->dim, Dh = c->head_dim, Fl = m->hidden_local;
-    int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
-    const int *start = b->seq_start;
-    const Comm *pp = &m->mesh->pp_comm;
-    size_t g0 = start[lo];                               /* the group's first token */
-    int N = start[hi] - start[lo];
-    float *x = s->x + g0 * D, *xb = s->xb + g0 * D, *xo = s->xo + g0 * D;   /* (N, D) */
-    float *q = s->q + g0 * qd, *k = s->k + g0 * kvd, *v = s->v + g0 * kvd;  /* (N, qd) (N, kvd) */
-    float *att = s->att + g0 * qd, *hb = s->hb + g0 * Fl, *hb2 = s->hb2 + g0 * Fl;
-    const int *pos = s->pos + g0;
-    float *rope = s->rope + g0 * Dh;   /* (N, Dh) */
-    cpu_rope_table(rope, pos, m->inv_freq, N, Dh);
-
-    if (m->is_first) {
-        cpu_embedding(x, m->w.embed, b->tokens + g0, N, D, m->vocab_start, m->vocab_local); /* rows this rank owns */
-        tp_all_reduce(m, x, (size_t)N * D);                                                /* vocab-parallel lookup */
-    } else {
-        comm_recv(pp, x, sizeof(float) * N * D, pp->rank - 1);                           /* activations from stage s-1 */
-    }
-
-    for (int l = 0; l < m->n_layers_local; l++) {
-        const LayerWeights *w = &m->w.layers[l];
-        int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
-        /* attention block: x += o_proj(attn(rope(q), rope(k), v)) */
-        cpu_rmsnorm(xb, x, w->attn_norm, N, D, c->norm_eps);
-        cpu_matmuls(xb, N, D, (MatmulOut[]){{q, w->wq, w->bq, qd}, {k, w->wk, w->bk, kvd}, {v, w->wv, w->bv, kvd}}, 3);
-        cpu_rope(q, rope, N, Hl, Dh);
-        cpu_rope(k, rope, N, Hkvl, Dh);
-        /* sequences in parallel (decode: many small ones); a lone sequence parallelises over heads
-         * inside cpu_attention instead. Each thread has its own (heads, max_seq) floats of scratch. */
-#pragma omp parallel for schedule(dynamic) if (hi - lo > 1)
-        for (int i = lo; i < hi; i++) {
-            size_t t0 = start[i] - g0;
-            int Tq = start[i + 1] - start[i];
-            float *sc = s->scratch + (size_t)omp_get_thread_num() * Hl * m->max_seq;
-            if (!b->tables) {
-                KVLayout rows = kv_rows(Tq, Hkvl, Dh);
-                cpu_attention(att + t0 * qd, q + t0 * qd, k + t0 * kvd, v + t0 * kvd, &rows, Tq, 0, Hl, Hkvl, Dh, window, sc);
-                continue;
-            }
-            /* append to the cache: block table[p / block], slot p % block, head-major in the block */
-            float *kc = kv->k + l * kv->layer_stride, *vc = kv->v + l * kv->layer_stride; /* (n_blocks, Hkvl, block, Dh) */
-            KVLayout paged = kv_paged(b->tables[i], kv->block, Dh);
-            for (int t = 0; t < Tq; t++) {
-                size_t slot = kv_offset(&paged, kvd, pos[t0 + t]);
-                for (int h = 0; h < Hkvl; h++) {
-                    memcpy(kc + slot + h * paged.head, k + (t0 + t) * kvd + h * Dh, sizeof(float) * Dh);
-                    memcpy(vc + slot + h * paged.head, v + (t0 + t) * kvd + h * Dh, sizeof(float) * Dh);
-                }
-            }
-            cpu_attention(att + t0 * qd, q + t0 * qd, kc, vc, &paged, Tq, pos[t0], Hl, Hkvl, Dh, window, sc);
-        }
-        cpu_matmul(xo, att, w->wo, NULL, N, qd, D);
-        tp_all_reduce(m, xo, (size_t)N * D);
-        cpu_add(x, xo, (size_t)N * D);
-        /* MLP block: x += down(silu(gate(x)) * up(x)) */
-        cpu_rmsnorm(xb, x, w->mlp_norm, N, D, c->norm_eps);
-        cpu_matmuls(xb, N, D, (MatmulOut[]){{hb, w->w_gate, NULL, Fl}, {hb2, w->w_up, NULL, Fl}}, 2);
-        cpu_swiglu(hb, hb, hb2, (size_t)N * Fl);
-        cpu_matmul(xo, hb, w->w_down, NULL, N, Fl, D);
-        tp_all_reduce(m, xo, (size_t)N * D);
-        cpu_add(x, xo, (size_t)N * D);
-    }
-
-    if (!m->is_last) {
-        comm_send(pp, x, sizeof(float) * N * D, pp->rank + 1);                           /* to stage s+1 */
-        return;
-    }
-    /* logits only for the rows asked for (all of them when logit_rows is NULL) */
-    int R = 0;
-    const float *hx = x;
-    if (b->logit_rows) {
-        for (int r = row0; r < b->n_logit_rows && b->logit_rows[r] < start[hi]; r++, R++)
-            memcpy(xo + (size_t)R * D, s->x + (size_t)b->logit_rows[r] * D, sizeof(float) * D);
-        hx = xo;
-    } else {
-        R = N;
-    }
-    model_head(m, s->logits + (size_t)row0 * m->vocab_local, xb, hx, R);
-}
-
-void model_head(const Model *m, float *logits, float *xb, const float *x, int R) {
-    const ModelConfig *c = &m->cfg;
-    int Vl = m->vocab_local;
-    cpu_rmsnorm(xb, x, m->w.final_norm, R, c->dim, c->norm_eps);
-    cpu_matmul(logits, xb, m->w.lm_head, NULL, R, c->dim, Vl);                          /* vocab-parallel logits */
-    int valid = c->vocab_size - m->vocab_start;                                          /* padded rows -> -inf */
-    if (valid < Vl)
-        for (int r = 0; r < R; r++)
-            for (int v = valid < 0 ? 0 : valid; v < Vl; v++) logits[(size_t)r * Vl + v] = -INFINITY;
-}
-
-void model_forward_batch(Model *m, KVCache *kv, const Batch *b) {
-    RunState *s = &m->s;
-    int n_seqs = b->n_seqs, N = b->seq_start[n_seqs];
-    CHECK(N <= m->max_tokens);
-    for (int i = 0; i < n_seqs; i++) {
-        int p0 = b->pos0 ? b->pos0[i] : 0;
-        CHECK(p0 + b->seq_start[i + 1] - b->seq_start[i] <= m->max_seq);
-        for (int t = b->seq_start[i]; t < b->seq_start[i + 1]; t++) s->pos[t] = p0 + t - b->seq_start[i];
-    }
-    int pp = m->mesh->pp, G = b->n_micro < n_seqs ? b->n_micro : n_seqs;
-    if (pp == 1 || G <= 1) {
-        stage_forward(m, kv, b, 0, n_seqs, 0);
-        return;
-    }
-    /* Pipelined micro-batches: G contiguous groups of sequences; in slot t stage s runs group
-     * t - s, so after pp - 1 slots of fill every stage works at once. */
-    int *lo = xmalloc(sizeof(int) * (G + 1)), *row0 = xmalloc(sizeof(int) * (G + 1));
-    for (int g = 0; g <= G; g++) lo[g] = (int)((long)n_seqs * g / G);
-    for (int g = 0, r = 0; g < G; g++) {
-        if (!b->logit_rows) { row0[g] = b->seq_start[lo[g]]; continue; }
-        while (r < b->n_logit_rows && b->logit_rows[r] < b->seq_start[lo[g]]) r++;
-        row0[g] = r;
-    }
-    for (int t = 0; t < G + pp - 1; t++) {
-        int g = t - m->mesh->pp_rank;
-        if (g >= 0 && g < G) stage_forward(m, kv, b, lo[g], lo[g + 1], row0[g]);
-    }
-    free(lo);
-    free(row0);
-}
-
-void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs) {
-    Batch b = {n_seqs, tokens, seq_start, NULL, NULL, NULL, 0, 1};
-    model_forward_batch(m, NULL, &b);
-}
-
 /* ---- paged KV cache ---------------------------------------------------------------------- */
 
 void kv_init(KVCache *kv, const Model *m, size_t bytes, int block) {
@@ -528,70 +389,3 @@ void kv_block_release(KVCache *kv, int id) {
     kv->free_ids[kv->n_free++] = id;
 }
 
-/* ---- vocab-parallel log-softmax pieces ---------------------------------------------------- */
-
-void model_logits_lse(const Model *m, const float *logits, int N, float *lse) {
-    const Comm *tp = &m->mesh->tp_comm;
-    int Vl = m->vocab_local;
-    float *sum = xmalloc(sizeof(float) * N);
-#pragma omp parallel for schedule(static) if (N > 1)
-    for (int n = 0; n < N; n++) {
-        const float *row = logits + (size_t)n * Vl;
-        float mx = -INFINITY;
-        for (int v = 0; v < Vl; v++) mx = row[v] > mx ? row[v] : mx;
-        lse[n] = mx;
-    }
-    comm_all_reduce_max(tp, lse, N);                  /* global row max */
-#pragma omp parallel for schedule(static) if (N > 1)
-    for (int n = 0; n < N; n++) {
-        const float *row = logits + (size_t)n * Vl;
-        double acc = 0.0;
-        for (int v = 0; v < Vl; v++) acc += expf(row[v] - lse[n]);
-        sum[n] = (float)acc;
-    }
-    comm_all_reduce_sum(tp, sum, N);                  /* global sum of exp */
-    for (int n = 0; n < N; n++) lse[n] += logf(sum[n]);
-    free(sum);
-}
-
-void model_logsumexp(Model *m, int N, float *lse) { model_logits_lse(m, m->s.logits, N, lse); }
-
-void model_token_logits(Model *m, int n_pairs, const int *row, const int *tok, float *out) {
-    int Vl = m->vocab_local;
-    for (int i = 0; i < n_pairs; i++) {
-        int r = tok[i] - m->vocab_start;
-        out[i] = (r >= 0 && r < Vl) ? m->s.logits[(size_t)row[i] * Vl + r] : 0.0f; /* the owner contributes */
-    }
-    comm_all_reduce_sum(&m->mesh->tp_comm, out, (size_t)n_pairs);
-}
-
-void model_argmax(Model *m, int N, int *ids, float *vals) {
-    int Vl = m->vocab_local;
-#pragma omp parallel for schedule(static) if (N > 1)
-    for (int n = 0; n < N; n++) {
-        const float *row = m->s.logits + (size_t)n * Vl;
-        int best = cpu_argmax(row, Vl);
-        vals[n] = row[best];
-        ids[n] = m->vocab_start + best;
-    }
-    /* ties go to the lowest tp rank, i.e. the lowest vocab id, as torch.argmax */
-    comm_all_reduce_maxloc(&m->mesh->tp_comm, vals, ids, N);
-}
-
-void model_score(Model *m, const int *tokens, const int *seq_start, int n_seqs, int n_pairs, const int *row,
-                 const int *tok, Scores *out) {
-    int N = seq_start[n_seqs];
-    model_forward(m, tokens, seq_start, n_seqs);
-    if (m->is_last) {
-        model_logsumexp(m, N, out->lse);
-        model_argmax(m, N, out->argmax, out->argmax_logprob);
-        model_token_logits(m, n_pairs, row, tok, out->pair_logprob);
-        for (int n = 0; n < N; n++) out->argmax_logprob[n] -= out->lse[n];
-        for (int i = 0; i < n_pairs; i++) out->pair_logprob[i] -= out->lse[row[i]];
-    }
-    const Comm *pp = &m->mesh->pp_comm;                  /* results from the last stage to all */
-    comm_broadcast(pp, out->lse, sizeof(float) * N, pp->size - 1);
-    comm_broadcast(pp, out->argmax, sizeof(int) * N, pp->size - 1);
-    comm_broadcast(pp, out->argmax_logprob, sizeof(float) * N, pp->size - 1);
-    if (n_pairs) comm_broadcast(pp, out->pair_logprob, sizeof(float) * n_pairs, pp->size - 1);
-}

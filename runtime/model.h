@@ -1,11 +1,17 @@
 /* model.h — a LLaMA-family model on a TP x PP mesh: the parameter spec table, this rank's shard
- * of the weights (one arena), the activation arena, and the forward pass over a packed batch.
- * Owns: sharding rules (ARCHITECTURE.md table), loading from an HF directory, forward, and the
- * vocab-parallel log-softmax helpers. Does not own: sampling, KV cache, training, I/O formats.
+ * of the weights (one arena), the activation arena, and THE forward pass (runtime/forward.c): one
+ * per-layer forward used by generation (keys/values in the paged KV cache), eval, scoring and
+ * training (keys/values in the batch's own rows, every layer's activations kept for the backward),
+ * with the heads (LM logits -> logprobs, or a scalar score) at the end of the last stage.
+ * Owns: sharding rules (ARCHITECTURE.md table), loading from an HF directory, the forward, the
+ * vocab-parallel log-softmax helpers, the paged KV pool. Kernels only through m->be.
+ * Does not own: sampling, scheduling, the backward and the optimizer (train/), I/O formats.
  * Shapes: N tokens packed over sequences, D, F, H, Hkv, Dh, V; `_local` = this TP rank's share. */
 #ifndef TANDEM_MODEL_H
 #define TANDEM_MODEL_H
 #include <stddef.h>
+#include <stdint.h>
+#include "kernels/kernels.h"
 #include "runtime/config.h"
 #include "runtime/mesh.h"
 
@@ -27,9 +33,41 @@ typedef struct {
 typedef struct {
     float *embed;      /* (V_local, D) vocab rows [vocab_start, +V_local); first stage */
     float *final_norm; /* (D) last stage */
-    float *lm_head;    /* (V_local, D) last stage; same pointer as embed when tied and pp == 1 */
+    float *lm_head;    /* (V_local, D) last stage, LM head; same pointer as embed when tied and pp == 1 */
+    float *score;      /* (1, D) last stage, score head (replicated over tp); NULL for an LM */
     LayerWeights *layers; /* (L_local) this stage's layers */
 } ModelWeights;
+
+/* What one layer's forward reads and writes, (N, .) each at the batch's rows. Training keeps one
+ * set per layer for the backward; inference points every layer at one reused set with
+ * x_in == x_mid (the residual updated in place), xb2 == xb1 and act == gate. */
+typedef struct {
+    float *x_in;   /* (N, D) block input: the residual stream entering the layer */
+    float *xb1;    /* (N, D) rmsnorm(x_in) * attn_norm: input of q/k/v */
+    float *q;      /* (N, H_local*Dh) after RoPE */
+    float *k;      /* (N, Hkv_local*Dh) after RoPE */
+    float *v;      /* (N, Hkv_local*Dh) */
+    float *att;    /* (N, H_local*Dh) attention output: input of o_proj */
+    float *x_mid;  /* (N, D) residual after the attention block */
+    float *xb2;    /* (N, D) rmsnorm(x_mid) * mlp_norm: input of gate/up */
+    float *gate;   /* (N, F_local) gate pre-activation */
+    float *up;     /* (N, F_local) up pre-activation */
+    float *act;    /* (N, F_local) silu(gate) * up: input of down_proj */
+} LayerActs;
+
+struct KVCache;
+/* One batch as this stage's layers see it: n_seqs sequences packed back to back. */
+typedef struct {
+    int N, n_seqs;
+    const int *seq_start;  /* (n_seqs + 1) rows of each sequence, from seq_start[0] (a group's offset) */
+    const int *pos;        /* (N) position of each row in its sequence */
+    const float *rope;     /* (N, Dh) the rows' RoPE cos/sin (rope_table) */
+    struct KVCache *kv;    /* the paged cache (k, v stored there first), or NULL: this batch's own rows */
+    int *const *tables;    /* (n_seqs) block tables, with kv */
+    float *xo;             /* (N, D) scratch: a block's output before the residual add */
+    float *scratch;        /* attention scratch, scratch_stride floats per thread */
+    size_t scratch_stride;
+} LayerBatch;
 
 typedef struct {
     float *x;      /* (N, D) residual stream */
@@ -41,15 +79,19 @@ typedef struct {
     float *xo;     /* (N, D) block output (partial sum before the tp all-reduce) */
     float *hb;     /* (N, F_local) gate, then silu(gate) * up */
     float *hb2;    /* (N, F_local) up */
-    float *logits; /* (N, V_local) last stage; padded vocab columns are -inf */
+    float *logits; /* (N, V_local) last stage; padded vocab columns are -inf. Score head: (N, 1) values */
     float *scratch;/* (threads, heads, max_seq) attention scores */
     float *rope;   /* (N, Dh) cos then sin of each token's RoPE angles (cpu_rope_table) */
     int *pos;      /* (N) position of each token in its sequence */
 } RunState;
 
+typedef enum { HEAD_LM = 0, HEAD_SCORE } HeadKind;
+
 typedef struct {
     ModelConfig cfg;
     const Mesh *mesh;
+    const Backend *be;                                   /* every kernel call goes through it */
+    HeadKind head;                                       /* LM logits or a scalar score (last stage) */
     int n_heads_local, n_heads_kv_local, hidden_local;  /* H_local, Hkv_local, F_local */
     int vocab_padded, vocab_local, vocab_start;          /* V rounded up to tp; this rank's rows */
     int layer_start, n_layers_local;                     /* this pp stage's layers */
@@ -88,8 +130,12 @@ int model_param_infos(const Model *m, ParamInfo *infos, int max);
 void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWeights *layers);
 
 /* Loads this rank's shard from an HF directory. Checks the layout against the config first
- * (tp must divide heads, pp <= layers, ...): a violation is one user_error on rank 0. */
+ * (tp must divide heads, pp <= layers, ...): a violation is one user_error on rank 0. The head is
+ * the directory's: a *ForSequenceClassification directory has the score head, else the LM head. */
 void model_load(Model *m, const char *dir, const Mesh *mesh);
+/* model_load with a score head whatever the directory: a causal-LM directory's lm_head is not read
+ * and score.weight starts as normal(0, initializer_range) from `seed` (model.c score_init). */
+void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed);
 /* Sizes the activation arena for batches of up to max_tokens tokens, max_seq per sequence. */
 void model_alloc_state(Model *m, int max_tokens, int max_seq);
 void model_free(Model *m);
@@ -98,7 +144,7 @@ void model_print_summary(const Model *m);
 
 /* Paged KV cache of this rank: its pp stage's layers, its tp rank's kv heads. Blocks of `block`
  * token slots; sequences own blocks through block tables (generate/ manages them). */
-typedef struct {
+typedef struct KVCache {
     int block;            /* token slots per block */
     int n_blocks;         /* blocks in the pool (the same on every rank) */
     size_t layer_stride;  /* floats per layer: n_blocks * block * Hkv_local * Dh */
@@ -127,22 +173,36 @@ typedef struct {
 } Batch;
 
 /* Every rank calls it; on the last pp stage it leaves s.logits (rows, V_local) filled, one row per
- * logit row in order. With a cache, the new tokens' k and v are written into their slots first. */
+ * logit row in order (score head: (rows, 1) values). With a cache, the new tokens' k and v are
+ * written into their slots first. */
 void model_forward_batch(Model *m, KVCache *kv, const Batch *b);
-/* The last stage's head on R rows: xb (R, D) = rmsnorm(x) * final_norm, logits (R, V_local) =
- * xb lm_head^T, padded vocab columns -inf. Shared by inference and training (same bits). */
-void model_head(const Model *m, float *logits, float *xb, const float *x, int R);
 /* Whole sequences from position 0, no cache, logits for every token. */
 void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs);
 
-/* Vocab-parallel helpers over s.logits on the last stage (collectives on the tp group; call on
- * every rank of the last stage). The full vocab is never gathered. */
-void model_logsumexp(Model *m, int N, float *lse);                      /* lse (N) */
-/* The same for any logits buffer (N, V_local) laid out like s.logits (training keeps its own). */
-void model_logits_lse(const Model *m, const float *logits, int N, float *lse);
-/* out[i] = logit of token tok[i] at packed position row[i], for i < n_pairs */
-void model_token_logits(Model *m, int n_pairs, const int *row, const int *tok, float *out);
-void model_argmax(Model *m, int N, int *ids, float *vals);              /* ids, vals (N) */
+/* ---- the pieces of the one forward (runtime/forward.c), shared by model_forward_batch and
+ * training (train/grad.c), which keeps every layer's LayerActs ---------------------------------- */
+/* The stage's input x (N, D): the vocab-parallel embedding lookup (tp all-reduce) on the first
+ * stage, else received from stage s-1. */
+void model_stage_input(const Model *m, const int *tokens, float *x, int N);
+/* Local layer l over b: reads a->x_in, writes the rest of a and x_out (N, D) (x_out may be x_in). */
+void model_layer_forward(const Model *m, int l, const LayerBatch *b, const LayerActs *a, float *x_out);
+/* The last stage's head on R rows: xb (R, D) = rmsnorm(x) * final_norm, then
+ *   LM:    out (R, V_local) = xb lm_head^T, padded vocab columns -inf (vocab-parallel)
+ *   score: out (R, 1) = xb score^T (replicated: the same on every tp rank) */
+void model_head(const Model *m, float *out, float *xb, const float *x, int R);
+/* The tp sum of a row-parallel output or any partials that feed a logprob, value or loss: the
+ * ranks' partials added in rank order (comm_all_reduce_sum_fixed), the same bits at any batch. */
+void model_tp_sum(const Model *m, float *buf, size_t n);
+
+/* ---- vocab-parallel log-softmax over a logits buffer (N, V_local) of the last stage; every rank of
+ * the last stage calls them (collectives over tp). The full vocab is never gathered. ------------ */
+/* lse (N): log-sum-exp of logits / T over the full vocab */
+void model_logits_lse(const Model *m, const float *logits, int N, float T, float *lse);
+/* lp[i] = logits[row[i], tok[i]] / T - lse[row[i]] for i < n_pairs (tok -1: 0 - lse). The one
+ * logprob formula of generation, eval and training. pick (n_pairs) is scratch. */
+void model_pair_logprobs(const Model *m, const float *logits, const float *lse, int n_pairs, const int *row,
+                         const int *tok, float T, float *pick, float *lp);
+void model_argmax(Model *m, int N, int *ids, float *vals);              /* ids, vals (N) over s.logits */
 
 /* What eval and scoring need from one forward, on EVERY rank (the last stage computes, then
  * broadcasts over the pp group). Arrays are caller-allocated. */

@@ -450,7 +450,7 @@ static void embedding_fd(void) {
 
 /* The protocol of backward.h across n_shards emulated ranks; logits (N, V) full, the shard of rank s
  * is columns [v0[s], v0[s+1]) copied into a contiguous (N, V_local) buffer as that rank holds it. */
-typedef struct { int N, V, n_shards; const int *v0, *targets; float *logits, *weight, *local, *z, *lse; } XentCtx;
+typedef struct { int N, V, n_shards; const int *v0, *targets; float *logits, *weight, *local, *z, *lse; float T; } XentCtx;
 
 static void shard_get(float *local, const float *full, int N, int V, int a, int b) {
     for (int n = 0; n < N; n++) memcpy(local + (size_t)n * (b - a), full + (size_t)n * V + a, sizeof(float) * (b - a));
@@ -459,7 +459,8 @@ static void shard_put(float *full, const float *local, int N, int V, int a, int 
     for (int n = 0; n < N; n++) memcpy(full + (size_t)n * V + a, local + (size_t)n * (b - a), sizeof(float) * (b - a));
 }
 
-/* steps 1-3 of the protocol (as runtime/model.c model_logsumexp computes lse); returns the loss */
+/* steps 1-3 of the protocol at temperature T (as runtime/forward.c computes lse and logprobs);
+ * returns the cross-entropy loss = -sum_n w_n lp_n */
 static double xent_forward(XentCtx *c) {
     int N = c->N, V = c->V;
     float *mx = falloc(N), *sum = falloc(N), *zsum = falloc(N);
@@ -468,23 +469,23 @@ static double xent_forward(XentCtx *c) {
         int a = c->v0[s], b = c->v0[s + 1];
         shard_get(c->local, c->logits, N, V, a, b);
         for (int n = 0; n < N; n++)
-            for (int j = 0; j < b - a; j++) mx[n] = fmaxf(mx[n], c->local[(size_t)n * (b - a) + j]);
+            for (int j = 0; j < b - a; j++) mx[n] = fmaxf(mx[n], c->local[(size_t)n * (b - a) + j] / c->T);
     }
     for (int s = 0; s < c->n_shards; s++) {             /* 2: local sum of exp, all-reduce SUM; 3: target logit */
         int a = c->v0[s], b = c->v0[s + 1];
         shard_get(c->local, c->logits, N, V, a, b);
         for (int n = 0; n < N; n++) {
             double acc = 0.0;
-            for (int j = 0; j < b - a; j++) acc += expf(c->local[(size_t)n * (b - a) + j] - mx[n]);
+            for (int j = 0; j < b - a; j++) acc += expf(c->local[(size_t)n * (b - a) + j] / c->T - mx[n]);
             sum[n] += (float)acc;
         }
-        cpu_xent_target_logit(c->z, c->local, c->targets, N, b - a, a);
+        cpu_pick_logits(c->z, c->local, c->targets, N, b - a, a, c->T);
         cpu_add(zsum, c->z, N);
     }
     double loss = 0.0;
     for (int n = 0; n < N; n++) {
         c->lse[n] = mx[n] + logf(sum[n]);
-        if (c->targets[n] >= 0) loss += (double)c->weight[n] * ((double)c->lse[n] - zsum[n]);
+        if (c->targets[n] >= 0) loss -= (double)c->weight[n] * (double)(zsum[n] - c->lse[n]);
     }
     free(mx); free(sum); free(zsum);
     return loss;
@@ -493,21 +494,22 @@ static double xent_loss(void *p) { return xent_forward(p); }
 
 /* step 4 on every shard, reassembled into dlogits (N, V) */
 static void xent_backward_all(XentCtx *c, float *dlogits) {
-    float *dlocal = falloc((size_t)c->N * c->V);
+    float *dlocal = falloc((size_t)c->N * c->V), *dlp = falloc(c->N);
+    for (int n = 0; n < c->N; n++) dlp[n] = -c->weight[n];   /* d(-sum w lp) / d lp */
     for (int s = 0; s < c->n_shards; s++) {
         int a = c->v0[s], b = c->v0[s + 1];
         shard_get(c->local, c->logits, c->N, c->V, a, b);
         fill_nan(dlocal, (size_t)c->N * (b - a));
-        cpu_xent_backward(dlocal, c->local, c->lse, c->targets, c->weight, c->N, b - a, a);
+        cpu_logprob_backward(dlocal, c->local, c->lse, c->targets, dlp, c->N, b - a, a, c->T);
         shard_put(dlogits, dlocal, c->N, c->V, a, b);
     }
-    free(dlocal);
+    free(dlocal); free(dlp);
 }
 
 static void xent_torch(void) {
     int N = param_i("N"), V = param_i("V");
     int v0[4] = {0, 6, 12, V};                           /* 3 ranks, 6 + 6 + 5 columns */
-    XentCtx c = {.N = N, .V = V, .n_shards = 3, .v0 = v0};
+    XentCtx c = {.N = N, .V = V, .n_shards = 3, .v0 = v0, .T = 1.0f};
     c.targets = in_i("targets", N);
     c.logits = in_f("logits", (size_t)N * V); c.weight = in_f("weight", N);
     c.local = falloc((size_t)N * V); c.z = falloc(N); c.lse = falloc(N);
@@ -520,7 +522,7 @@ static void xent_torch(void) {
 
 static void xent_fd(void) {
     int v0[4] = {0, 8, 16, 23}, targets[5] = {7, 8, -1, 22, 0};   /* each shard's edges, one ignored row */
-    XentCtx c = {.N = 5, .V = 23, .n_shards = 3, .v0 = v0, .targets = targets};
+    XentCtx c = {.N = 5, .V = 23, .n_shards = 3, .v0 = v0, .targets = targets, .T = 0.7f};   /* with a temperature */
     size_t n = (size_t)c.N * c.V;
     c.logits = randn(n, 3.0); c.weight = falloc(c.N);
     for (int i = 0; i < c.N; i++) c.weight[i] = 0.1f + 0.9f * (float)rand_u();

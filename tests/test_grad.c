@@ -182,8 +182,9 @@ int main(int argc, char **argv) {
     LayerWeights *gl = xcalloc(m.n_layers_local, sizeof(LayerWeights));
     model_weights_place(&m, garena, &gw, gl);
     float loss;
+    MicroBatch mb = {tokens, seq_start, n_seqs, targets, weight, NULL};
     if (!one_f_one_b) {
-        loss = train_loss_share(&m, train_loss_backward(&m, &a, targets, weight, &gw));
+        loss = train_loss_share(&m, train_loss_backward(&m, &a, &mb, &LOSS_XENT, &gw));
         train_tied_embedding_all_reduce(&m, &a, &gw);
     } else {
         /* the same batch as n_seqs micro-batches through schedule_1f1b: same loss and gradients
@@ -197,9 +198,9 @@ int main(int argc, char **argv) {
             int t0 = seq_start[i];
             starts[i][0] = 0;
             starts[i][1] = seq_start[i + 1] - t0;
-            mbs[i] = (MicroBatch){tokens + t0, starts[i], 1, targets + t0, weight + t0};
+            mbs[i] = (MicroBatch){tokens + t0, starts[i], 1, targets + t0, weight + t0, NULL};
         }
-        loss = schedule_1f1b(&m, slots, n_slots, mbs, n_seqs, &gw);
+        loss = schedule_1f1b(&m, slots, n_slots, mbs, n_seqs, &LOSS_XENT, &gw);
         for (int i = 0; i < n_slots; i++) train_acts_free(&slots[i]);
         free(slots); free(mbs); free(starts);
         strncat(g_tag, " 1f1b", sizeof g_tag - strlen(g_tag) - 1);
@@ -214,7 +215,7 @@ int main(int argc, char **argv) {
         TrainActs full;
         train_acts_init(&full, &m, N, max_seq, 0);
         train_forward(&m, &full, tokens, seq_start, n_seqs);
-        float loss2 = train_loss_share(&m, train_loss_backward(&m, &full, targets, weight, &gw2));
+        float loss2 = train_loss_share(&m, train_loss_backward(&m, &full, &mb, &LOSS_XENT, &gw2));
         train_tied_embedding_all_reduce(&m, &full, &gw2);
         int same = memcmp(garena, g2, sizeof(float) * m.n_params) == 0 && loss2 == loss;
         printf("%s recompute: gradients and loss %s the run that keeps every activation%s\n", g_tag,

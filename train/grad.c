@@ -1,7 +1,7 @@
-/* grad.c — see grad.h. train_forward is runtime/model.c stage_forward's math for whole uncached
- * sequences, one buffer per kept activation instead of one reused buffer, so its logits carry the
- * same bits; train_loss_backward mirrors it in reverse, one backward kernel (kernels/backward.h)
- * per forward kernel.
+/* grad.c — see grad.h. train_forward runs runtime/forward.c's functions (model_stage_input,
+ * model_layer_forward, model_head) with one buffer per kept activation instead of one reused
+ * buffer, so its logits carry the same bits as generation's; train_loss_backward mirrors it in
+ * reverse, one backward kernel (kernels/backward.h, through m->be) per forward kernel.
  *
  * Tensor parallel: Megatron's conjugate pair of collectives (tensor_parallel/mappings.py). With
  * tp ranks r and a replicated input x (N, D):
@@ -25,16 +25,12 @@
  * The input gradient dk W_k must then enter the tp all-reduce of dxb once, not kv_rep times: only
  * the first rank of kv_comm adds it. */
 #include "train/grad.h"
-#include "kernels/backward.h"
-#include "kernels/kernels.h"
 #include "runtime/util.h"
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* "reduce" forward: the partial sums of a row-parallel output become the full sum on every rank. */
-static void tp_reduce_forward(const Model *m, float *y, size_t n) { comm_all_reduce_sum(&m->mesh->tp_comm, y, n); }
 /* "copy" backward: the partial input-gradients of a column-parallel layer become the full sum. */
 static void tp_copy_backward(const Model *m, float *dx, size_t n) { comm_all_reduce_sum(&m->mesh->tp_comm, dx, n); }
 
@@ -45,7 +41,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)max_tokens, D = c->dim, Dh = c->head_dim, Ll = (size_t)m->n_layers_local;
     size_t qd = (size_t)m->n_heads_local * Dh, kvd = (size_t)m->n_heads_kv_local * Dh, F = m->hidden_local;
-    size_t V = m->is_last ? (size_t)m->vocab_local : 0, Dl = m->is_last ? D : 0;
+    size_t V = !m->is_last ? 0 : m->head == HEAD_SCORE ? 1 : (size_t)m->vocab_local, Dl = m->is_last ? D : 0;
     a->max_tokens = max_tokens;
     a->max_seq = max_seq;
     a->scratch_stride = (size_t)(m->n_heads_local > 2 ? m->n_heads_local : 2) * max_seq;
@@ -59,9 +55,10 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     for (int i = 0; i < N_LAYER; i++) per_layer += layer_sizes[i];
     /* the rest, in TrainActs' field order */
     float **slots[] = {&a->x_final, &a->xb_final, &a->logits, &a->dx, &a->dxb, &a->dtmp, &a->dq, &a->datt,
-                       &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->lse, &a->z, &a->rope, &a->scratch};
+                       &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->out, &a->dout, &a->lse, &a->pick, &a->rope,
+                       &a->scratch};
     size_t sizes[] = {N * D, N * Dl, N * V, N * D, N * D, N * D, N * qd, N * qd, N * kvd, N * kvd, N * F, N * F,
-                      N * F, N, N, N * Dh, (size_t)omp_get_max_threads() * a->scratch_stride};
+                      N * F, N, N, N, N, N * Dh, (size_t)omp_get_max_threads() * a->scratch_stride};
     enum { N_REST = sizeof(sizes) / sizeof(sizes[0]) };
     /* recompute: every layer keeps its input x_in; the other ten buffers are one shared set */
     size_t total = recompute ? layer_sizes[0] * Ll + (per_layer - layer_sizes[0]) : per_layer * Ll;
@@ -83,10 +80,12 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     for (int i = 0; i < N_REST; i++) { *slots[i] = p; p += sizes[i]; }
     a->dlogits = a->logits;   /* the cross-entropy backward overwrites the logits in place */
 
-    a->iarena = xmalloc(sizeof(int) * (3 * N + 1));
+    a->iarena = xmalloc(sizeof(int) * (4 * N + 1));
     a->tokens = a->iarena;
     a->seq_start = a->tokens + N;
     a->pos = a->seq_start + N + 1;
+    a->rows = a->pos + N;
+    for (size_t n = 0; n < N; n++) a->rows[n] = (int)n;
 
     int tp = m->mesh->tp, Hkv = c->n_heads_kv;
     a->kv_rep = tp > Hkv ? tp / Hkv : 1;
@@ -118,41 +117,7 @@ void train_acts_free(TrainActs *a) {
 /* Layer l of this stage: x_out (N, D) = layer(x_in), keeping what backward needs in a->layers[l]
  * (with recompute, one shared set of buffers that backward refills by calling this again). */
 static void layer_forward(Model *m, TrainActs *a, int l, float *x_out) {
-    const ModelConfig *c = &m->cfg;
-    int D = c->dim, Dh = c->head_dim, Fl = m->hidden_local;
-    int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
-    int N = a->N, n_seqs = a->n_seqs;
-    const int *start = a->seq_start;
-    float *xo = a->dtmp;   /* (N, D) a block's output before the residual add (backward scratch, free now) */
-    const LayerWeights *w = &m->w.layers[l];
-    LayerActs *la = &a->layers[l];
-    int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
-    /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
-    cpu_rmsnorm(la->xb1, la->x_in, w->attn_norm, N, D, c->norm_eps);
-    cpu_matmuls(la->xb1, N, D, (MatmulOut[]){{la->q, w->wq, w->bq, qd}, {la->k, w->wk, w->bk, kvd}, {la->v, w->wv, w->bv, kvd}},
-                3);                                                                  /* column-parallel ("copy") */
-    cpu_rope(la->q, a->rope, N, Hl, Dh);
-    cpu_rope(la->k, a->rope, N, Hkvl, Dh);
-#pragma omp parallel for schedule(dynamic) if (n_seqs > 1)   /* sequences in parallel, own scratch */
-    for (int i = 0; i < n_seqs; i++) {
-        size_t t0 = start[i];
-        int T = start[i + 1] - start[i];
-        KVLayout rows = kv_rows(T, Hkvl, Dh);
-        cpu_attention(la->att + t0 * qd, la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, &rows, T, 0, Hl, Hkvl, Dh,
-                      window, a->scratch + (size_t)omp_get_thread_num() * a->scratch_stride);
-    }
-    cpu_matmul(xo, la->att, w->wo, NULL, N, qd, D);                                 /* row-parallel: partial */
-    tp_reduce_forward(m, xo, (size_t)N * D);                                         /* "reduce" */
-    memcpy(la->x_mid, la->x_in, sizeof(float) * N * D);
-    cpu_add(la->x_mid, xo, (size_t)N * D);
-    /* MLP block: x_out = x_mid + down(silu(gate(xb2)) * up(xb2)) */
-    cpu_rmsnorm(la->xb2, la->x_mid, w->mlp_norm, N, D, c->norm_eps);
-    cpu_matmuls(la->xb2, N, D, (MatmulOut[]){{la->gate, w->w_gate, NULL, Fl}, {la->up, w->w_up, NULL, Fl}}, 2); /* column-parallel */
-    cpu_swiglu(la->act, la->gate, la->up, (size_t)N * Fl);
-    cpu_matmul(xo, la->act, w->w_down, NULL, N, Fl, D);                             /* row-parallel: partial */
-    tp_reduce_forward(m, xo, (size_t)N * D);                                         /* "reduce" */
-    memcpy(x_out, la->x_mid, sizeof(float) * N * D);
-    cpu_add(x_out, xo, (size_t)N * D);
+    model_layer_forward(m, l, &a->lb, &a->layers[l], x_out);
 }
 
 void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_start, int n_seqs) {
@@ -170,15 +135,12 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
         CHECK(seq_start[i + 1] - seq_start[i] <= a->max_seq);
         for (int t = seq_start[i]; t < seq_start[i + 1]; t++) a->pos[t] = t - seq_start[i];
     }
-    cpu_rope_table(a->rope, a->pos, m->inv_freq, N, c->head_dim);
+    /* keys and values: each sequence's own rows (no cache); a block's output goes to dtmp
+     * (backward scratch, free during the forward) */
+    a->lb = (LayerBatch){N, n_seqs, a->seq_start, a->pos, a->rope, NULL, NULL, a->dtmp, a->scratch, a->scratch_stride};
+    m->be->rope_table(a->rope, a->pos, m->inv_freq, N, c->head_dim);
     float *x0 = m->n_layers_local ? a->layers[0].x_in : a->x_final;
-    if (m->is_first) {
-        cpu_embedding(x0, m->w.embed, a->tokens, N, D, m->vocab_start, m->vocab_local);  /* rows this rank owns */
-        tp_reduce_forward(m, x0, (size_t)N * D);                                        /* vocab-parallel lookup */
-    } else {
-        comm_recv(pp, x0, sizeof(float) * N * D, pp->rank - 1);                        /* activations from stage s-1 */
-    }
-
+    model_stage_input(m, a->tokens, x0, N);
     for (int l = 0; l < m->n_layers_local; l++)
         layer_forward(m, a, l, l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final);
 
@@ -186,42 +148,49 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
         comm_isend(pp, a->x_final, sizeof(float) * N * D, pp->rank + 1, &a->send_req);  /* to stage s+1 */
         return;
     }
-    model_head(m, a->logits, a->xb_final, a->x_final, N);                               /* vocab-parallel ("copy") */
+    model_head(m, a->logits, a->xb_final, a->x_final, N);
 }
 
-/* ---- loss and backward -------------------------------------------------------------------- */
+/* ---- the hook's inputs: per-token logprobs or values ---------------------------------------- */
 
-/* Vocab-parallel cross-entropy (the protocol of kernels/backward.h): lse and the target logit by
- * max / sum all-reduces over tp, never gathering the vocab; dlogits for this rank's shard. */
-/* lse (N) and the target logits z (N) of the last train_forward, all-reduced over tp */
-static void xent_lse_and_target(Model *m, TrainActs *a, const int *targets) {
-    const Comm *tp = &m->mesh->tp_comm;
+const float *train_outputs(Model *m, TrainActs *a, const int *targets, float temperature) {
+    if (!m->is_last) return NULL;
     int N = a->N;
-    model_logits_lse(m, a->logits, N, a->lse);                                 /* 1-2. max, sum of exp */
-    cpu_xent_target_logit(a->z, a->logits, targets, N, m->vocab_local, m->vocab_start); /* 3. owner only */
-    comm_all_reduce_sum(tp, a->z, N);
-}
-
-static float xent_forward_backward(Model *m, TrainActs *a, const int *targets, const float *weight) {
-    int N = a->N;
-    xent_lse_and_target(m, a, targets);
-    double loss = 0.0;
+    if (m->head == HEAD_SCORE) {              /* the values are the head's output, (N, 1) */
+        m->be->copy(a->out, a->logits, N);
+        return a->out;
+    }
+    /* the logprob of generation (model_pair_logprobs): vocab-parallel lse, then the target's logit */
+    model_logits_lse(m, a->logits, N, temperature, a->lse);
+    model_pair_logprobs(m, a->logits, a->lse, N, a->rows, targets, temperature, a->pick, a->out);
     for (int n = 0; n < N; n++)
-        if (targets[n] >= 0) loss += (double)weight[n] * ((double)a->lse[n] - (double)a->z[n]);
-    cpu_xent_backward(a->dlogits, a->logits, a->lse, targets, weight, N, m->vocab_local, m->vocab_start); /* 4. */
-    return (float)loss;
+        if (targets[n] < 0) a->out[n] = 0.0f;
+    return a->out;
 }
+
+double loss_xent(const MicroBatch *mb, int N, const float *out, float *dout, void *user) {
+    (void)user;
+    double loss = 0.0;
+    for (int n = 0; n < N; n++) {
+        int on = mb->targets[n] >= 0;
+        if (on) loss -= (double)mb->weight[n] * (double)out[n];
+        dout[n] = on ? -mb->weight[n] : 0.0f;
+    }
+    return loss;
+}
+const LossHook LOSS_XENT = {loss_xent, NULL, 1.0f};
 
 double train_eval_loss_sum(Model *m, TrainActs *a, const int *targets) {
     double loss = 0.0;
-    if (!m->is_last) return loss;
-    xent_lse_and_target(m, a, targets);
+    const float *lp = train_outputs(m, a, targets, 1.0f);
+    if (!lp) return loss;
     for (int n = 0; n < a->N; n++)
-        if (targets[n] >= 0) loss += (double)a->lse[n] - (double)a->z[n];
+        if (targets[n] >= 0) loss -= (double)lp[n];
     return loss;
 }
 
-float train_loss_backward(Model *m, TrainActs *a, const int *targets, const float *weight, ModelWeights *grads) {
+float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook, ModelWeights *grads) {
+    const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const Comm *pp = &m->mesh->pp_comm;
     int D = c->dim, Dh = c->head_dim, Fl = m->hidden_local, Vl = m->vocab_local;
@@ -235,12 +204,21 @@ float train_loss_backward(Model *m, TrainActs *a, const int *targets, const floa
     comm_wait(&a->send_req);
 
     if (m->is_last) {
-        loss = xent_forward_backward(m, a, targets, weight);
-        /* logits = xb_final lm_head^T, lm_head split by vocab rows: column-parallel, so dxb is a
-         * partial sum on each rank ("copy" backward: all-reduce) */
-        cpu_matmul_backward(dxb, grads->lm_head, NULL, a->dlogits, a->xb_final, m->w.lm_head, N, D, Vl);
-        tp_copy_backward(m, dxb, ND);
-        cpu_rmsnorm_backward(dx, grads->final_norm, dxb, a->x_final, m->w.final_norm, N, D, c->norm_eps);
+        CHECK(mb->seq_start[mb->n_seqs] == N);
+        const float *out = train_outputs(m, a, mb->targets, hook->temperature);
+        loss = (float)hook->fn(mb, N, out, a->dout, hook->user);                        /* the loss hook */
+        if (m->head == HEAD_SCORE) {
+            /* values = xb_final score^T, score replicated: dxb is the same full sum on every rank */
+            be->matmul_backward(dxb, grads->score, NULL, a->dout, a->xb_final, m->w.score, N, D, 1);
+        } else {
+            be->logprob_backward(a->dlogits, a->logits, a->lse, mb->targets, a->dout, N, Vl, m->vocab_start,
+                                 hook->temperature);
+            /* logits = xb_final lm_head^T, lm_head split by vocab rows: column-parallel, so dxb is a
+             * partial sum on each rank ("copy" backward: all-reduce) */
+            be->matmul_backward(dxb, grads->lm_head, NULL, a->dlogits, a->xb_final, m->w.lm_head, N, D, Vl);
+            tp_copy_backward(m, dxb, ND);
+        }
+        be->rmsnorm_backward(dx, grads->final_norm, dxb, a->x_final, m->w.final_norm, N, D, c->norm_eps);
     } else {
         comm_recv(pp, dx, sizeof(float) * ND, pp->rank + 1);                            /* d(x) from stage s+1 */
     }
@@ -257,39 +235,39 @@ float train_loss_backward(Model *m, TrainActs *a, const int *targets, const floa
         /* dx enters as d(x_out) and leaves as d(x_in); the residual adds pass it through. */
         /* MLP block: x_out = x_mid + reduce(down(act)); reduce's backward is the identity: d(down's
          * output) is dx on every rank */
-        cpu_matmul_backward(a->dact, g->w_down, NULL, dx, la->act, w->w_down, N, Fl, D);
-        cpu_swiglu_backward(a->dgate, a->dup, a->dact, la->gate, la->up, (size_t)N * Fl);
-        cpu_matmul_backward(dxb, g->w_gate, NULL, a->dgate, la->xb2, w->w_gate, N, D, Fl);
-        cpu_matmul_backward(dtmp, g->w_up, NULL, a->dup, la->xb2, w->w_up, N, D, Fl);
-        cpu_add(dxb, dtmp, ND);
+        be->matmul_backward(a->dact, g->w_down, NULL, dx, la->act, w->w_down, N, Fl, D);
+        be->swiglu_backward(a->dgate, a->dup, a->dact, la->gate, la->up, (size_t)N * Fl);
+        be->matmul_backward(dxb, g->w_gate, NULL, a->dgate, la->xb2, w->w_gate, N, D, Fl);
+        be->matmul_backward(dtmp, g->w_up, NULL, a->dup, la->xb2, w->w_up, N, D, Fl);
+        be->add_to(dxb, dxb, dtmp, ND);
         tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
-        cpu_rmsnorm_backward(dtmp, g->mlp_norm, dxb, la->x_mid, w->mlp_norm, N, D, c->norm_eps);
-        cpu_add(dx, dtmp, ND);                                                           /* now d(x_mid) */
+        be->rmsnorm_backward(dtmp, g->mlp_norm, dxb, la->x_mid, w->mlp_norm, N, D, c->norm_eps);
+        be->add_to(dx, dx, dtmp, ND);                                                           /* now d(x_mid) */
         /* attention block: x_mid = x_in + reduce(o_proj(att)) */
-        cpu_matmul_backward(a->datt, g->wo, NULL, dx, la->att, w->wo, N, qd, D);
+        be->matmul_backward(a->datt, g->wo, NULL, dx, la->att, w->wo, N, qd, D);
 #pragma omp parallel for schedule(dynamic) if (a->n_seqs > 1)   /* sequences in parallel, own scratch */
         for (int i = 0; i < a->n_seqs; i++) {
             size_t t0 = start[i];
-            cpu_attention_backward(a->dq + t0 * qd, a->dk + t0 * kvd, a->dv + t0 * kvd, a->datt + t0 * qd,
+            be->attention_backward(a->dq + t0 * qd, a->dk + t0 * kvd, a->dv + t0 * kvd, a->datt + t0 * qd,
                                    la->q + t0 * qd, la->k + t0 * kvd, la->v + t0 * kvd, start[i + 1] - start[i], Hl,
                                    Hkvl, Dh, window, a->scratch + (size_t)omp_get_thread_num() * a->scratch_stride);
         }
-        cpu_rope_backward(a->dq, a->rope, N, Hl, Dh);
-        cpu_rope_backward(a->dk, a->rope, N, Hkvl, Dh);
+        be->rope_backward(a->dq, a->rope, N, Hl, Dh);
+        be->rope_backward(a->dk, a->rope, N, Hkvl, Dh);
         comm_all_reduce_sum(&a->kv_comm, a->dk, (size_t)N * kvd);                      /* replicated kv head: */
         comm_all_reduce_sum(&a->kv_comm, a->dv, (size_t)N * kvd);                      /* sum the query groups */
-        cpu_matmul_backward(dxb, g->wq, g->bq, a->dq, la->xb1, w->wq, N, D, qd);
-        cpu_matmul_backward(kv_lead ? dtmp : NULL, g->wk, g->bk, a->dk, la->xb1, w->wk, N, D, kvd);
-        if (kv_lead) cpu_add(dxb, dtmp, ND);
-        cpu_matmul_backward(kv_lead ? dtmp : NULL, g->wv, g->bv, a->dv, la->xb1, w->wv, N, D, kvd);
-        if (kv_lead) cpu_add(dxb, dtmp, ND);
+        be->matmul_backward(dxb, g->wq, g->bq, a->dq, la->xb1, w->wq, N, D, qd);
+        be->matmul_backward(kv_lead ? dtmp : NULL, g->wk, g->bk, a->dk, la->xb1, w->wk, N, D, kvd);
+        if (kv_lead) be->add_to(dxb, dxb, dtmp, ND);
+        be->matmul_backward(kv_lead ? dtmp : NULL, g->wv, g->bv, a->dv, la->xb1, w->wv, N, D, kvd);
+        if (kv_lead) be->add_to(dxb, dxb, dtmp, ND);
         tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
-        cpu_rmsnorm_backward(dtmp, g->attn_norm, dxb, la->x_in, w->attn_norm, N, D, c->norm_eps);
-        cpu_add(dx, dtmp, ND);                                                           /* now d(x_in) */
+        be->rmsnorm_backward(dtmp, g->attn_norm, dxb, la->x_in, w->attn_norm, N, D, c->norm_eps);
+        be->add_to(dx, dx, dtmp, ND);                                                           /* now d(x_in) */
     }
 
     if (m->is_first)   /* the lookup was a "reduce": each rank adds dx into the rows it owns */
-        cpu_embedding_backward(grads->embed, dx, a->tokens, N, D, m->vocab_start, m->vocab_local);
+        be->embedding_backward(grads->embed, dx, a->tokens, N, D, m->vocab_start, m->vocab_local);
     else
         comm_isend(pp, dx, sizeof(float) * ND, pp->rank - 1, &a->send_req);             /* d(x) to stage s-1 */
     return loss;   /* the last stage's; train_loss_share gives it to every stage once per step */

@@ -1,10 +1,9 @@
-/* grad.h — the differentiable forward and the full-model backward of one packed batch.
- * Owns: TrainActs (the activations backward needs, plus backward scratch: one arena sized up front),
- * train_forward (model_forward's math, keeping every layer's intermediates), and
- * train_loss_backward (vocab-parallel cross-entropy, then the backward through the final norm, every
- * layer in reverse and the embedding, accumulating parameter gradients). Tensor parallel uses
- * Megatron's conjugate collectives (see grad.c); pipeline parallel moves x forward and dx backward
- * between neighbouring stages.
+/* grad.h — training on the one forward: the activations the backward needs (TrainActs, one arena
+ * sized up front), train_forward (runtime/forward.c's forward with every layer's activations kept),
+ * the loss hook, and train_loss_backward (the hook, then the backward through the head, every layer
+ * in reverse and the embedding, accumulating parameter gradients). Tensor parallel uses Megatron's
+ * conjugate collectives (see grad.c); pipeline parallel moves x forward and dx backward between
+ * neighbouring stages.
  * Does not own: the optimizer, gradient clipping, data-parallel gradient reduction, micro-batch
  * schedules (1F1B), nor zeroing the gradient arena (the caller does, once per step).
  * Batch: whole sequences from position 0, packed back to back exactly as model_forward takes them:
@@ -16,20 +15,35 @@
 #include "runtime/comm.h"
 #include "runtime/model.h"
 
-/* What the forward keeps for one local layer (pointers into TrainActs' arena). */
+/* One micro-batch of a training step and its per-token context for the loss hook. */
 typedef struct {
-    float *x_in;   /* (N, D) block input: the residual stream entering the layer */
-    float *xb1;    /* (N, D) rmsnorm(x_in) * attn_norm: input of q/k/v */
-    float *q;      /* (N, H_local*Dh) after RoPE */
-    float *k;      /* (N, Hkv_local*Dh) after RoPE */
-    float *v;      /* (N, Hkv_local*Dh) */
-    float *att;    /* (N, H_local*Dh) attention output: input of o_proj */
-    float *x_mid;  /* (N, D) residual after the attention block: input of the MLP norm */
-    float *xb2;    /* (N, D) rmsnorm(x_mid) * mlp_norm: input of gate/up */
-    float *gate;   /* (N, F_local) gate pre-activation */
-    float *up;     /* (N, F_local) up pre-activation */
-    float *act;    /* (N, F_local) silu(gate) * up: input of down_proj */
-} LayerActs;
+    const int *tokens;     /* (N) */
+    const int *seq_start;  /* (n_seqs + 1) whole sequences packed back to back */
+    int n_seqs;
+    const int *targets;    /* (N) LM head: the token whose logprob each position gives (the next one
+                            * for SFT), -1 = none there; unused by a score head (a value everywhere) */
+    const float *weight;   /* (N) per-position weight (SFT: 1 / loss tokens of the whole step); may be NULL */
+    const void *ctx;       /* anything else the hook needs for this micro-batch (advantages, old
+                            * logprobs, masks, pair indices, ...) */
+} MicroBatch;
+
+/* The loss hook. The step gives the last stage's per-token outputs of one micro-batch:
+ *     out (N) = LM head:    logprob of targets[n] under softmax(logits / temperature) (the formula
+ *                           generation uses: runtime/forward.c model_pair_logprobs); 0 where
+ *                           targets[n] < 0
+ *               score head: the value at each position (score.weight . final-normed hidden)
+ * and the hook returns the micro-batch's loss and writes dout (N) = d loss / d out (0 where the
+ * loss does not depend on out[n]). Called on the last pp stage only, identically on every tp rank.
+ * The step backpropagates dout; nothing else about the loss is known to it. */
+typedef double (*LossFn)(const MicroBatch *mb, int N, const float *out, float *dout, void *user);
+typedef struct {
+    LossFn fn;
+    void *user;            /* the hook's own state (e.g. accumulated metrics) */
+    float temperature;     /* LM head: logits are divided by it (1: the raw distribution) */
+} LossHook;
+/* SFT's cross-entropy as a hook: loss = -sum_n weight[n] * out[n] over targets >= 0, temperature 1 */
+double loss_xent(const MicroBatch *mb, int N, const float *out, float *dout, void *user);
+extern const LossHook LOSS_XENT;
 
 typedef struct {
     int max_tokens, max_seq;   /* capacity: tokens per batch, tokens per sequence */
@@ -41,7 +55,7 @@ typedef struct {
     LayerActs *layers;         /* (L_local) */
     float *x_final;            /* (N, D) last stage: residual after the last layer */
     float *xb_final;           /* (N, D) last stage: final-normed, input of lm_head */
-    float *logits;             /* (N, V_local) last stage; padded vocab columns are -inf */
+    float *logits;             /* (N, V_local) last stage, LM head (padded vocab columns -inf); score head (N, 1) */
     /* backward scratch, written before it is read */
     float *dx;                 /* (N, D) gradient of the residual stream */
     float *dxb, *dtmp;         /* (N, D) gradient at a norm's output; a second input gradient */
@@ -49,13 +63,16 @@ typedef struct {
     float *dk, *dv;            /* (N, Hkv_local*Dh) */
     float *dgate, *dup, *dact; /* (N, F_local) */
     float *dlogits;            /* (N, V_local) last stage: the logits buffer, overwritten by the backward */
-    float *lse, *z;            /* (N) log-sum-exp and target logit of each row */
+    float *out, *dout;         /* (N) the hook's per-token outputs (logprobs or values) and their gradient */
+    float *lse, *pick;         /* (N) log-sum-exp of each row (LM), target logits (scratch) */
     float *rope;               /* (N, Dh) cos then sin of each token's RoPE angles, made by train_forward */
     float *scratch;            /* attention: omp threads * scratch_stride */
     size_t scratch_stride;     /* per thread: max(2, local heads) * max_seq (forward: heads x keys, backward: 2 x keys) */
     float *arena;              /* every float buffer above */
     size_t n_arena;            /* floats in it */
-    int *iarena;               /* tokens, seq_start, pos */
+    int *iarena;               /* tokens, seq_start, pos, rows */
+    int *rows;                 /* (max_tokens) 0, 1, ..., N-1 */
+    LayerBatch lb;             /* the batch as model_layer_forward sees it */
     /* tp > Hkv: the tp ranks that hold the same (replicated) kv head; size 1 otherwise */
     Comm kv_comm;
     int kv_rep;                /* tp ranks per kv head (1 when tp <= Hkv) */
@@ -70,23 +87,25 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
 void train_acts_free(TrainActs *a);
 
 /* Forward of whole sequences from position 0; every rank of the mesh calls it. Keeps what backward
- * needs in a. On the last pp stage a->logits (N, V_local) is bit-identical to s.logits after
- * model_forward on the same input (the same kernels in the same order). A batch larger than the
- * capacity of a is a CHECK failure (the caller sized it). */
+ * needs in a. The same functions as model_forward (runtime/forward.c), so on the last pp stage
+ * a->logits (N, V_local) is bit-identical to s.logits after model_forward on the same input. A
+ * batch larger than the capacity of a is a CHECK failure (the caller sized it). */
 void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_start, int n_seqs);
 
-/* Loss and backward of the batch of the last train_forward; every rank calls it.
- * targets (N): next token of each position, -1 = no loss there. weight (N): per-position loss weight
- * (e.g. 1 / number of targets). Read on the last stage only; other stages may pass NULL.
- *     loss = sum_n weight_n * (lse_n - logit[n, targets_n])   over n with targets_n >= 0
- * Returns the loss on the last pp stage (tp-reduced), 0 on the others: train_loss_share gives the
+/* After train_forward, on the last stage: a->out (N) = the hook's per-token outputs (logprobs of
+ * targets at `temperature`, or values); returns a->out (NULL on other stages). */
+const float *train_outputs(Model *m, TrainActs *a, const int *targets, float temperature);
+
+/* The hook and the backward of the batch of the last train_forward; every rank calls it.
+ * Returns the hook's loss on the last pp stage, 0 on the others: train_loss_share gives the
  * step's total to every rank once per step, not per micro-batch.
  * Gradients ACCUMULATE (+=) into grads, a ModelWeights placed by model_weights_place over a
- * gradient arena (zeroed by the caller). Replicated parameters (norms; k/v of a replicated kv head)
- * end with identical gradients on every tp rank that holds them. A tied lm_head on one stage is the
- * embedding: both uses add into the same gradient. A tied lm_head on another pp stage gets only its
- * own use: the caller sums the two once per step with train_tied_embedding_all_reduce. */
-float train_loss_backward(Model *m, TrainActs *a, const int *targets, const float *weight, ModelWeights *grads);
+ * gradient arena (zeroed by the caller). Replicated parameters (norms; k/v of a replicated kv head;
+ * the score head) end with identical gradients on every tp rank that holds them. A tied lm_head on
+ * one stage is the embedding: both uses add into the same gradient. A tied lm_head on another pp
+ * stage gets only its own use: the caller sums the two once per step with
+ * train_tied_embedding_all_reduce. */
+float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook, ModelWeights *grads);
 
 /* Forward only (after train_forward): the summed cross-entropy of every position with a target
  * (>= 0), unweighted, on the last stage (0 elsewhere: the caller shares a total once). */

@@ -7,11 +7,13 @@
 static void run_forward(Model *m, TrainActs *slots, int n_slots, const MicroBatch *mbs, int i) {
     train_forward(m, &slots[i % n_slots], mbs[i].tokens, mbs[i].seq_start, mbs[i].n_seqs);
 }
-static float run_backward(Model *m, TrainActs *slots, int n_slots, const MicroBatch *mbs, int i, ModelWeights *g) {
-    return train_loss_backward(m, &slots[i % n_slots], mbs[i].targets, mbs[i].weight, g);
+static float run_backward(Model *m, TrainActs *slots, int n_slots, const MicroBatch *mbs, int i, const LossHook *hook,
+                          ModelWeights *g) {
+    return train_loss_backward(m, &slots[i % n_slots], &mbs[i], hook, g);
 }
 
-float schedule_1f1b(Model *m, TrainActs *slots, int n_slots, const MicroBatch *mbs, int M, ModelWeights *grads) {
+float schedule_1f1b(Model *m, TrainActs *slots, int n_slots, const MicroBatch *mbs, int M, const LossHook *hook,
+                    ModelWeights *grads) {
     int pp = m->mesh->pp, s = m->mesh->pp_rank;
     int warmup = pp - s - 1 < M ? pp - s - 1 : M;
     CHECK(n_slots >= (pp < M ? pp : M));
@@ -19,9 +21,9 @@ float schedule_1f1b(Model *m, TrainActs *slots, int n_slots, const MicroBatch *m
     for (int i = 0; i < warmup; i++) run_forward(m, slots, n_slots, mbs, i);            /* fill */
     for (int i = 0; i < M - warmup; i++) {                                              /* steady: 1F1B */
         run_forward(m, slots, n_slots, mbs, warmup + i);
-        loss += run_backward(m, slots, n_slots, mbs, i, grads);
+        loss += run_backward(m, slots, n_slots, mbs, i, hook, grads);
     }
-    for (int i = M - warmup; i < M; i++) loss += run_backward(m, slots, n_slots, mbs, i, grads); /* drain */
+    for (int i = M - warmup; i < M; i++) loss += run_backward(m, slots, n_slots, mbs, i, hook, grads); /* drain */
     for (int i = 0; i < n_slots; i++) train_acts_wait(&slots[i]);
     train_tied_embedding_all_reduce(m, &slots[0], grads);    /* tied table used on two stages */
     return train_loss_share(m, (float)loss);

@@ -6,18 +6,12 @@
 #define TANDEM_SCHEDULE_H
 #include "train/grad.h"
 
-typedef struct {
-    const int *tokens;     /* (N) */
-    const int *seq_start;  /* (n_seqs + 1) whole sequences packed back to back */
-    int n_seqs;
-    const int *targets;    /* (N) next token or -1 */
-    const float *weight;   /* (N) loss weight per position (1 / loss tokens of the whole step) */
-} MicroBatch;
-
 /* One optimizer step's forward and backward over M micro-batches, 1F1B order:
  *   stage s runs min(pp - s - 1, M) warm-up forwards, then alternates one forward and one backward,
  *   then drains the remaining backwards; at most min(pp, M) micro-batches are in flight, each in
  *   its own TrainActs slot (slots[i % n_slots]).
- * Gradients accumulate into grads; returns the step's summed loss on every rank. */
-float schedule_1f1b(Model *m, TrainActs *slots, int n_slots, const MicroBatch *mbs, int M, ModelWeights *grads);
+ * Each micro-batch's loss and gradient come from the hook (train/grad.h). Gradients accumulate
+ * into grads; returns the step's summed loss on every rank. */
+float schedule_1f1b(Model *m, TrainActs *slots, int n_slots, const MicroBatch *mbs, int M, const LossHook *hook,
+                    ModelWeights *grads);
 #endif

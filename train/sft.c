@@ -61,7 +61,7 @@ static int step_fill(Step *s, Data *d, const Mesh *mesh) {
         memcpy(tok, b.tokens, sizeof(int) * b.n_tokens);
         memcpy(st, b.seq_start, sizeof(int) * (b.n_seqs + 1));
         memcpy(tg, b.targets, sizeof(int) * b.n_tokens);
-        s->mbs[i] = (MicroBatch){tok, st, b.n_seqs, tg, s->weight + (size_t)i * s->max_tokens};
+        s->mbs[i] = (MicroBatch){tok, st, b.n_seqs, tg, s->weight + (size_t)i * s->max_tokens, NULL};
     }
     /* every position weighs 1 / (the step's loss tokens over all micro-batches and dp ranks) */
     float w = s->loss_tokens ? 1.0f / (float)s->loss_tokens : 0.0f;
@@ -328,7 +328,7 @@ int sft_main(int argc, char **argv) {
             int N = st.mbs[i].seq_start[st.mbs[i].n_seqs];
             for (int t = 0; t < N; t++) w[t] *= (float)mesh.dp;
         }
-        float loss = schedule_1f1b(&m, slots, n_slots, st.mbs, st.n, &gw);
+        float loss = schedule_1f1b(&m, slots, n_slots, st.mbs, st.n, &LOSS_XENT, &gw);
         double lsum = loss;
         comm_all_reduce_sum_f64(&mesh.dp_comm, &lsum, 1);
         loss = (float)(lsum / mesh.dp);

@@ -119,27 +119,20 @@ void cpu_embedding_backward(float *dtable, const float *dout, const int *ids, in
     }
 }
 
-void cpu_xent_target_logit(float *z, const float *logits, const int *targets, int N, int V_local, int v0) {
-    for (int n = 0; n < N; n++) {
-        int r = targets[n] - v0;
-        z[n] = (targets[n] >= 0 && r >= 0 && r < V_local) ? logits[(size_t)n * V_local + r] : 0.0f;
-    }
-}
-
-void cpu_xent_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
-                       const float *weight, int N, int V_local, int v0) {
+void cpu_logprob_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+                          const float *dlogprob, int N, int V_local, int v0, float T) {
 #pragma omp parallel for schedule(static) if (N > 1 && (size_t)N * V_local > 65536)
     for (int n = 0; n < N; n++) {
         float *g = dlogits + (size_t)n * V_local;
         const float *row = logits + (size_t)n * V_local;
-        if (targets[n] < 0) {                            /* ignored position: no loss, no gradient */
+        if (targets[n] < 0) {                            /* no logprob here: no gradient */
             memset(g, 0, sizeof(float) * V_local);
             continue;
         }
-        float wn = weight[n], l = lse[n];
+        float gn = -dlogprob[n] / T, l = lse[n];
         int r = targets[n] - v0, owned = r >= 0 && r < V_local;
         float zt = owned ? row[r] : 0.0f;                /* read before g may overwrite it (in place) */
-        for (int c = 0; c < V_local; c++) g[c] = wn * expf(row[c] - l);
-        if (owned) g[r] = wn * (expf(zt - l) - 1.0f);    /* p - 1, not p*w - w */
+        for (int c = 0; c < V_local; c++) g[c] = gn * expf(row[c] / T - l);
+        if (owned) g[r] = gn * (expf(zt / T - l) - 1.0f); /* p - 1, not p*g - g */
     }
 }

@@ -287,3 +287,70 @@ int cpu_argmax(const float *x, int n) {
         if (x[v] == -INFINITY) return v;
     return 0;
 }
+
+void cpu_add_to(float *out, const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void cpu_copy(float *dst, const float *src, size_t n) {
+    if (dst != src) memcpy(dst, src, sizeof(float) * n);
+}
+
+void cpu_gather_rows(float *out, const float *x, const int *rows, int R, int D) {
+    for (int r = 0; r < R; r++) memcpy(out + (size_t)r * D, x + (size_t)rows[r] * D, sizeof(float) * D);
+}
+
+void cpu_mask_cols(float *x, int N, int V, int from) {
+    if (from < 0) from = 0;
+    for (int n = 0; n < N && from < V; n++)
+        for (int v = from; v < V; v++) x[(size_t)n * V + v] = -INFINITY;
+}
+
+void cpu_kv_store(float *kc, float *vc, const float *k, const float *v, const KVLayout *kv, const int *pos, int T,
+                  int Hkv, int Dh) {
+    size_t kvd = (size_t)Hkv * Dh;
+    for (int t = 0; t < T; t++) {
+        size_t slot = kv_offset(kv, kvd, pos[t]);
+        for (int h = 0; h < Hkv; h++) {
+            memcpy(kc + slot + h * kv->head, k + t * kvd + (size_t)h * Dh, sizeof(float) * Dh);
+            memcpy(vc + slot + h * kv->head, v + t * kvd + (size_t)h * Dh, sizeof(float) * Dh);
+        }
+    }
+}
+
+void cpu_argmax_rows(int *ids, float *vals, const float *x, int N, int V, int v0) {
+#pragma omp parallel for schedule(static) if (N > 1)
+    for (int n = 0; n < N; n++) {
+        const float *row = x + (size_t)n * V;
+        int best = cpu_argmax(row, V);
+        vals[n] = row[best];
+        ids[n] = v0 + best;
+    }
+}
+
+void cpu_row_max(float *mx, const float *x, int N, int V, float T) {
+#pragma omp parallel for schedule(static) if (N > 1)
+    for (int n = 0; n < N; n++) {
+        const float *row = x + (size_t)n * V;
+        float m = -INFINITY;
+        for (int v = 0; v < V; v++) m = row[v] > m ? row[v] : m;
+        mx[n] = m / T;
+    }
+}
+
+void cpu_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T) {
+#pragma omp parallel for schedule(static) if (N > 1)
+    for (int n = 0; n < N; n++) {
+        const float *row = x + (size_t)n * V;
+        double acc = 0.0;
+        for (int v = 0; v < V; v++) acc += expf(row[v] / T - mx[n]);
+        sum[n] = (float)acc;
+    }
+}
+
+void cpu_pick_logits(float *z, const float *x, const int *targets, int N, int V, int v0, float T) {
+    for (int n = 0; n < N; n++) {
+        int r = targets[n] - v0;
+        z[n] = (targets[n] >= 0 && r >= 0 && r < V) ? x[(size_t)n * V + r] / T : 0.0f;
+    }
+}

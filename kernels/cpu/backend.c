@@ -1,0 +1,39 @@
+/* backend.c — the CPU backend: kernels/kernels.h's operation table filled with the cpu_ kernels
+ * (ops.c forward, backward.c backward). Host memory is the backend's memory, so the transfers are
+ * plain copies. Owns nothing else. */
+#include "kernels/kernels.h"
+#include <string.h>
+
+static void host_copy(void *dst, const void *src, size_t bytes) {
+    if (dst != src) memcpy(dst, src, bytes);
+}
+
+const Backend cpu_backend = {
+    .name = "cpu",
+    .matmul = cpu_matmul,
+    .matmuls = cpu_matmuls,
+    .rmsnorm = cpu_rmsnorm,
+    .rope_table = cpu_rope_table,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu,
+    .add_to = cpu_add_to,
+    .copy = cpu_copy,
+    .gather_rows = cpu_gather_rows,
+    .embedding = cpu_embedding,
+    .mask_cols = cpu_mask_cols,
+    .argmax_rows = cpu_argmax_rows,
+    .row_max = cpu_row_max,
+    .row_sumexp = cpu_row_sumexp,
+    .pick_logits = cpu_pick_logits,
+    .matmul_backward = cpu_matmul_backward,
+    .rmsnorm_backward = cpu_rmsnorm_backward,
+    .rope_backward = cpu_rope_backward,
+    .attention_backward = cpu_attention_backward,
+    .swiglu_backward = cpu_swiglu_backward,
+    .embedding_backward = cpu_embedding_backward,
+    .logprob_backward = cpu_logprob_backward,
+    .to_host = host_copy,
+    .to_device = host_copy,
+};

@@ -1,0 +1,224 @@
+/* forward.c — THE forward pass (see model.h): one per-layer forward, the stage input (embedding or
+ * the previous stage's activations), the heads, and the vocab-parallel log-softmax. Generation,
+ * eval, scoring and training all run these functions; training (train/grad.c) only chooses where
+ * each layer's activations are kept, generation where keys and values live (the paged cache).
+ * Kernels are reached through m->be; the collectives are the visible model_tp_sum / comm_ calls.
+ *
+ * Tensor parallel (Megatron's column / row split, ARCHITECTURE.md): q/k/v and gate/up are
+ * column-parallel (each rank computes its heads / its slice of F from the replicated input), o_proj
+ * and down_proj row-parallel (each rank holds a partial sum of the (N, D) output), so each layer has
+ * two tp sums. They are model_tp_sum: the ranks' partials added in rank order, never in the order an
+ * all-reduce algorithm picks, so the same tokens give the same bits at every batch size, in
+ * generation and in training, at any tp. */
+#include "runtime/model.h"
+#include "runtime/util.h"
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+void model_tp_sum(const Model *m, float *buf, size_t n) { comm_all_reduce_sum_fixed(&m->mesh->tp_comm, buf, n); }
+
+void model_stage_input(const Model *m, const int *tokens, float *x, int N) {
+    const Comm *pp = &m->mesh->pp_comm;
+    int D = m->cfg.dim;
+    if (m->is_first) {
+        m->be->embedding(x, m->w.embed, tokens, N, D, m->vocab_start, m->vocab_local);  /* rows this rank owns */
+        model_tp_sum(m, x, (size_t)N * D);                                               /* vocab-parallel lookup */
+    } else {
+        comm_recv(pp, x, sizeof(float) * N * D, pp->rank - 1);                          /* activations from stage s-1 */
+    }
+}
+
+void model_layer_forward(const Model *m, int l, const LayerBatch *b, const LayerActs *a, float *x_out) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    const LayerWeights *w = &m->w.layers[l];
+    int N = b->N, D = c->dim, Dh = c->head_dim, Fl = m->hidden_local;
+    int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
+    int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
+    size_t ND = (size_t)N * D;
+    const int *start = b->seq_start;
+    int first = start[0];
+    float *xo = b->xo;   /* (N, D) */
+
+    /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
+    be->rmsnorm(a->xb1, a->x_in, w->attn_norm, N, D, c->norm_eps);
+    be->matmuls(a->xb1, N, D, (MatmulOut[]){{a->q, w->wq, w->bq, qd}, {a->k, w->wk, w->bk, kvd}, {a->v, w->wv, w->bv, kvd}},
+                3);                                                                      /* column-parallel */
+    be->rope(a->q, b->rope, N, Hl, Dh);
+    be->rope(a->k, b->rope, N, Hkvl, Dh);
+    /* sequences in parallel (decode: many small ones); a lone sequence parallelises over heads
+     * inside the attention kernel instead. Each thread has its own scratch. */
+#pragma omp parallel for schedule(dynamic) if (b->n_seqs > 1)
+    for (int i = 0; i < b->n_seqs; i++) {
+        size_t t0 = start[i] - first;
+        int Tq = start[i + 1] - start[i];
+        float *sc = b->scratch + (size_t)omp_get_thread_num() * b->scratch_stride;
+        float *att = a->att + t0 * qd;
+        const float *q = a->q + t0 * qd, *k = a->k + t0 * kvd, *v = a->v + t0 * kvd;
+        if (!b->kv) {                                      /* keys: this sequence's own rows */
+            KVLayout rows = kv_rows(Tq, Hkvl, Dh);
+            be->attention(att, q, k, v, &rows, Tq, 0, Hl, Hkvl, Dh, window, sc);
+            continue;
+        }
+        /* keys: the paged cache, this step's rows stored into their slots first */
+        float *kc = b->kv->k + l * b->kv->layer_stride, *vc = b->kv->v + l * b->kv->layer_stride; /* (n_blocks, Hkvl, block, Dh) */
+        KVLayout paged = kv_paged(b->tables[i], b->kv->block, Dh);
+        be->kv_store(kc, vc, k, v, &paged, b->pos + t0, Tq, Hkvl, Dh);
+        be->attention(att, q, kc, vc, &paged, Tq, b->pos[t0], Hl, Hkvl, Dh, window, sc);
+    }
+    be->matmul(xo, a->att, w->wo, NULL, N, qd, D);                                     /* row-parallel: partial */
+    model_tp_sum(m, xo, ND);
+    be->add_to(a->x_mid, a->x_in, xo, ND);
+    /* MLP block: x_out = x_mid + down(silu(gate(xb2)) * up(xb2)) */
+    be->rmsnorm(a->xb2, a->x_mid, w->mlp_norm, N, D, c->norm_eps);
+    be->matmuls(a->xb2, N, D, (MatmulOut[]){{a->gate, w->w_gate, NULL, Fl}, {a->up, w->w_up, NULL, Fl}}, 2); /* column-parallel */
+    be->swiglu(a->act, a->gate, a->up, (size_t)N * Fl);
+    be->matmul(xo, a->act, w->w_down, NULL, N, Fl, D);                                 /* row-parallel: partial */
+    model_tp_sum(m, xo, ND);
+    be->add_to(x_out, a->x_mid, xo, ND);
+}
+
+void model_head(const Model *m, float *out, float *xb, const float *x, int R) {
+    const ModelConfig *c = &m->cfg;
+    const Backend *be = m->be;
+    be->rmsnorm(xb, x, m->w.final_norm, R, c->dim, c->norm_eps);
+    if (m->head == HEAD_SCORE) {
+        be->matmul(out, xb, m->w.score, NULL, R, c->dim, 1);                            /* replicated */
+        return;
+    }
+    be->matmul(out, xb, m->w.lm_head, NULL, R, c->dim, m->vocab_local);                /* vocab-parallel logits */
+    be->mask_cols(out, R, m->vocab_local, c->vocab_size - m->vocab_start);             /* padded rows -> -inf */
+}
+
+/* ---- inference: the run state's one reused set of buffers ------------------------------------ */
+
+/* Layer buffers of RunState for the rows from g0: the residual updated in place. */
+static LayerActs run_acts(const Model *m, size_t g0) {
+    const RunState *s = &m->s;
+    size_t D = m->cfg.dim, qd = (size_t)m->n_heads_local * m->cfg.head_dim;
+    size_t kvd = (size_t)m->n_heads_kv_local * m->cfg.head_dim, F = m->hidden_local;
+    float *x = s->x + g0 * D, *xb = s->xb + g0 * D, *hb = s->hb + g0 * F;
+    return (LayerActs){x, xb, s->q + g0 * qd, s->k + g0 * kvd, s->v + g0 * kvd, s->att + g0 * qd, x, xb, hb,
+                       s->hb2 + g0 * F, hb};
+}
+
+/* This stage's part of the forward for sequences [lo, hi) of the batch: receive (or embed), run
+ * the local layers, send (or compute logits). Buffers are used at the group's token offset, so
+ * several groups can be in flight on different stages. row0: index of the group's first logit row. */
+static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi, int row0) {
+    const ModelConfig *c = &m->cfg;
+    RunState *s = &m->s;
+    int D = c->dim, Dh = c->head_dim;
+    const int *start = b->seq_start;
+    size_t g0 = start[lo];                               /* the group's first token */
+    int N = start[hi] - start[lo];
+    LayerActs a = run_acts(m, g0);
+    LayerBatch lb = {N, hi - lo, start + lo, s->pos + g0, s->rope + g0 * Dh, b->tables ? kv : NULL,
+                     b->tables ? b->tables + lo : NULL, s->xo + g0 * D, s->scratch,
+                     (size_t)m->n_heads_local * m->max_seq};
+    m->be->rope_table(s->rope + g0 * Dh, lb.pos, m->inv_freq, N, Dh);
+    model_stage_input(m, b->tokens + g0, a.x_in, N);
+    for (int l = 0; l < m->n_layers_local; l++) model_layer_forward(m, l, &lb, &a, a.x_in);
+
+    if (!m->is_last) {
+        const Comm *pp = &m->mesh->pp_comm;
+        comm_send(pp, a.x_in, sizeof(float) * N * D, pp->rank + 1);                     /* to stage s+1 */
+        return;
+    }
+    /* the head only on the rows asked for (all of them when logit_rows is NULL) */
+    int R = 0, out_cols = m->head == HEAD_SCORE ? 1 : m->vocab_local;
+    const float *hx = a.x_in;
+    if (b->logit_rows) {
+        while (row0 + R < b->n_logit_rows && b->logit_rows[row0 + R] < start[hi]) R++;
+        m->be->gather_rows(lb.xo, s->x, b->logit_rows + row0, R, D);
+        hx = lb.xo;
+    } else {
+        R = N;
+    }
+    model_head(m, s->logits + (size_t)row0 * out_cols, a.xb1, hx, R);
+}
+
+void model_forward_batch(Model *m, KVCache *kv, const Batch *b) {
+    RunState *s = &m->s;
+    int n_seqs = b->n_seqs, N = b->seq_start[n_seqs];
+    CHECK(N <= m->max_tokens);
+    for (int i = 0; i < n_seqs; i++) {
+        int p0 = b->pos0 ? b->pos0[i] : 0;
+        CHECK(p0 + b->seq_start[i + 1] - b->seq_start[i] <= m->max_seq);
+        for (int t = b->seq_start[i]; t < b->seq_start[i + 1]; t++) s->pos[t] = p0 + t - b->seq_start[i];
+    }
+    int pp = m->mesh->pp, G = b->n_micro < n_seqs ? b->n_micro : n_seqs;
+    if (pp == 1 || G <= 1) {
+        stage_forward(m, kv, b, 0, n_seqs, 0);
+        return;
+    }
+    /* Pipelined micro-batches: G contiguous groups of sequences; in slot t stage s runs group
+     * t - s, so after pp - 1 slots of fill every stage works at once. */
+    int *lo = xmalloc(sizeof(int) * (G + 1)), *row0 = xmalloc(sizeof(int) * (G + 1));
+    for (int g = 0; g <= G; g++) lo[g] = (int)((long)n_seqs * g / G);
+    for (int g = 0, r = 0; g < G; g++) {
+        if (!b->logit_rows) { row0[g] = b->seq_start[lo[g]]; continue; }
+        while (r < b->n_logit_rows && b->logit_rows[r] < b->seq_start[lo[g]]) r++;
+        row0[g] = r;
+    }
+    for (int t = 0; t < G + pp - 1; t++) {
+        int g = t - m->mesh->pp_rank;
+        if (g >= 0 && g < G) stage_forward(m, kv, b, lo[g], lo[g + 1], row0[g]);
+    }
+    free(lo);
+    free(row0);
+}
+
+void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs) {
+    Batch b = {n_seqs, tokens, seq_start, NULL, NULL, NULL, 0, 1};
+    model_forward_batch(m, NULL, &b);
+}
+
+/* ---- vocab-parallel log-softmax pieces ---------------------------------------------------- */
+
+void model_logits_lse(const Model *m, const float *logits, int N, float T, float *lse) {
+    const Comm *tp = &m->mesh->tp_comm;
+    float *sum = xmalloc(sizeof(float) * (N ? N : 1));
+    m->be->row_max(lse, logits, N, m->vocab_local, T);
+    comm_all_reduce_max(tp, lse, N);                  /* global row max: exact in any order */
+    m->be->row_sumexp(sum, logits, lse, N, m->vocab_local, T);
+    model_tp_sum(m, sum, N);                          /* global sum of exp, in rank order */
+    for (int n = 0; n < N; n++) lse[n] += logf(sum[n]);
+    free(sum);
+}
+
+void model_pair_logprobs(const Model *m, const float *logits, const float *lse, int n_pairs, const int *row,
+                         const int *tok, float T, float *pick, float *lp) {
+    int Vl = m->vocab_local;
+    for (int i = 0; i < n_pairs; i++)   /* the owner contributes the logit, the others 0 */
+        m->be->pick_logits(pick + i, logits + (size_t)row[i] * Vl, tok + i, 1, Vl, m->vocab_start, T);
+    model_tp_sum(m, pick, (size_t)n_pairs);
+    for (int i = 0; i < n_pairs; i++) lp[i] = pick[i] - lse[row[i]];
+}
+
+void model_argmax(Model *m, int N, int *ids, float *vals) {
+    m->be->argmax_rows(ids, vals, m->s.logits, N, m->vocab_local, m->vocab_start);
+    /* ties go to the lowest tp rank, i.e. the lowest vocab id, as torch.argmax */
+    comm_all_reduce_maxloc(&m->mesh->tp_comm, vals, ids, N);
+}
+
+void model_score(Model *m, const int *tokens, const int *seq_start, int n_seqs, int n_pairs, const int *row,
+                 const int *tok, Scores *out) {
+    int N = seq_start[n_seqs];
+    model_forward(m, tokens, seq_start, n_seqs);
+    if (m->is_last) {
+        float *pick = xmalloc(sizeof(float) * (n_pairs + 1));
+        model_logits_lse(m, m->s.logits, N, 1.0f, out->lse);
+        model_argmax(m, N, out->argmax, out->argmax_logprob);
+        for (int n = 0; n < N; n++) out->argmax_logprob[n] -= out->lse[n];   /* the max logit - lse */
+        model_pair_logprobs(m, m->s.logits, out->lse, n_pairs, row, tok, 1.0f, pick, out->pair_logprob);
+        free(pick);
+    }
+    const Comm *pp = &m->mesh->pp_comm;                  /* results from the last stage to all */
+    comm_broadcast(pp, out->lse, sizeof(float) * N, pp->size - 1);
+    comm_broadcast(pp, out->argmax, sizeof(int) * N, pp->size - 1);
+    comm_broadcast(pp, out->argmax_logprob, sizeof(float) * N, pp->size - 1);
+    if (n_pairs) comm_broadcast(pp, out->pair_logprob, sizeof(float) * n_pairs, pp->size - 1);
+}
