@@ -84,6 +84,7 @@ typedef struct {
     long prefill_tokens, decode_tokens, steps, preemptions;   /* tokens fed in steps with / without prefill */
     double prefill_s, decode_s;  /* time in steps with / without prefill tokens */
     int kv_blocks, kv_block_tokens, peak_blocks_used;
+    double kv_bytes;             /* the KV pool of this rank */
 } EngineStats;
 EngineStats engine_stats(const Engine *e);
 void seq_alloc_results(Seq *s);  /* allocates out/lp/... for max_new and logprobs_n */

@@ -671,6 +671,9 @@ int generate_main(int argc, char **argv) {
         if (s->n_prompt + s->max_new > max_len) max_len = s->n_prompt + s->max_new;
     }
     Engine *e = engine_new(&m, &ec, max_len);
+    MemPlan plan = model_mem_plan(&m);
+    plan.kv = engine_stats(e).kv_bytes;
+    model_print_memory_plan(&m, &plan);
     for (int i = 0; i < run.n; i++) {
         Gen *g = &run.gens[i];
         if (g->skip) continue;

@@ -143,6 +143,19 @@ void config_load(ModelConfig *c, const char *dir) {
     } else if (eos) {
         user_error("%s: eos_token_id must be an integer or a list", path);
     }
+    /* a *ForSequenceClassification directory: score.weight (num_labels, D) instead of lm_head */
+    cJSON *arch = get(&g, "architectures"), *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
+    const char *suffix = "ForSequenceClassification";
+    size_t la = cJSON_IsString(a0) ? strlen(a0->valuestring) : 0, ls = strlen(suffix);
+    c->score_head = la > ls && !strcmp(a0->valuestring + la - ls, suffix);
+    cJSON *id2label = get(&g, "id2label");
+    c->num_labels = get_int(&g, "num_labels", 0, cJSON_IsObject(id2label) ? cJSON_GetArraySize(id2label) : 2);
+    if (c->score_head && c->num_labels != 1)
+        user_error("%s: num_labels %d: only 1 (a scalar reward or value head) is supported", path, c->num_labels);
+    if (c->score_head) c->tie_embeddings = 0;   /* no lm_head to tie */
+    c->pad_id = get_int(&g, "pad_token_id", 0, -1);
+    c->init_range = get_float(&g, g.root, "initializer_range", 0, 0.02f);
+    if (!(c->init_range >= 0 && isfinite(c->init_range))) user_error("%s: initializer_range must be >= 0", path);
     cJSON *dt = get(&g, "torch_dtype");
     snprintf(c->torch_dtype, sizeof(c->torch_dtype), "%s", dt && cJSON_IsString(dt) ? dt->valuestring : "float32");
     cJSON_Delete(g.root);

@@ -32,6 +32,10 @@ typedef struct {
     int eos_ids[MAX_EOS_IDS];
     int n_eos;
     char torch_dtype[16];
+    int score_head;        /* architectures[0] is *ForSequenceClassification: score.weight, no lm_head */
+    int num_labels;        /* score head rows (1: a scalar reward / value; the only one supported) */
+    int pad_id;            /* pad_token_id, -1 if none */
+    float init_range;      /* initializer_range (0.02): std of a new score head */
 } ModelConfig;
 
 /* Reads DIR/config.json; user_error on a missing file, a missing or unsupported key. */

@@ -11,7 +11,7 @@
 
 /* ---- the parameter spec table ------------------------------------------------------------ */
 
-typedef enum { DIM_1 = 0, DIM_D, DIM_F, DIM_V, DIM_QD, DIM_KVD } Dim;   /* DIM_1: 1-D tensor */
+typedef enum { DIM_1 = 0, DIM_D, DIM_F, DIM_V, DIM_QD, DIM_KVD, DIM_LABELS } Dim;   /* DIM_1: 1-D tensor */
 typedef enum {
     SHARD_NONE,     /* replicated on every tp rank */
     SHARD_VOCAB,    /* rows by vocab, V padded to a multiple of tp */
@@ -22,7 +22,7 @@ typedef enum {
     SHARD_F_COLS,   /* columns by intermediate dim (row-parallel down_proj) */
 } Shard;
 typedef enum { ON_LAYER, ON_FIRST, ON_LAST } Where;
-typedef enum { IF_ALWAYS, IF_QKV_BIAS } When;   /* ties: spec_aliased, spec_source_name */
+typedef enum { IF_ALWAYS, IF_QKV_BIAS, IF_LM, IF_SCORE } When;   /* ties: spec_aliased, spec_source_name */
 
 typedef struct {
     const char *hf_name;  /* %d = global layer index */
@@ -52,7 +52,9 @@ static const ParamSpec SPECS[] = {
     {"model.layers.%d.mlp.down_proj.weight", ON_LAYER, IF_ALWAYS, LW(w_down), DIM_D, DIM_F, SHARD_F_COLS, 1},
     {"model.norm.weight", ON_LAST, IF_ALWAYS, MW(final_norm), DIM_D, DIM_1, SHARD_NONE, 0},
     /* tied: the last stage reads model.embed_tokens.weight here (see spec_source_name) */
-    {"lm_head.weight", ON_LAST, IF_ALWAYS, MW(lm_head), DIM_V, DIM_D, SHARD_VOCAB, 1},
+    {"lm_head.weight", ON_LAST, IF_LM, MW(lm_head), DIM_V, DIM_D, SHARD_VOCAB, 1},
+    /* *ForSequenceClassification: reward models and critics (a value at every position) */
+    {"score.weight", ON_LAST, IF_SCORE, MW(score), DIM_LABELS, DIM_D, SHARD_NONE, 1},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -64,12 +66,20 @@ static int64_t dim_size(const Model *m, Dim d) {
     case DIM_V: return c->vocab_size;
     case DIM_QD: return (int64_t)c->n_heads * c->head_dim;
     case DIM_KVD: return (int64_t)c->n_heads_kv * c->head_dim;
+    case DIM_LABELS: return 1;
     default: return 0;
     }
 }
 
 /* whether the model has this tensor at all (on some stage) */
-static int spec_in_model(const Model *m, const ParamSpec *p) { return !(p->when == IF_QKV_BIAS && !m->cfg.qkv_bias); }
+static int spec_in_model(const Model *m, const ParamSpec *p) {
+    switch (p->when) {
+    case IF_QKV_BIAS: return m->cfg.qkv_bias;
+    case IF_LM: return m->head == HEAD_LM;
+    case IF_SCORE: return m->head == HEAD_SCORE;
+    default: return 1;
+    }
+}
 /* whether this rank's stage holds it */
 static int spec_present(const Model *m, const ParamSpec *p) {
     if (!spec_in_model(m, p)) return 0;
@@ -147,7 +157,7 @@ static void place_param(Model *m, const ParamSpec *p, int layer, float **slot, s
 static void check_tensors(const Model *m, const SafeTensors *st) {
     for (int i = 0; i < N_SPECS; i++) {
         const ParamSpec *p = &SPECS[i];
-        if (!spec_in_model(m, p)) continue;
+        if (!spec_in_model(m, p) || (p->when == IF_SCORE && m->score_seed)) continue;
         int64_t rows = dim_size(m, p->rows), cols = p->cols ? dim_size(m, p->cols) : 0;
         for (int l = 0; l < (p->where == ON_LAYER ? m->cfg.n_layers : 1); l++) {
             char name[256];
@@ -160,9 +170,22 @@ static void check_tensors(const Model *m, const SafeTensors *st) {
     }
 }
 
+/* A new score head (model_load_score from a causal LM): normal(0, initializer_range), as
+ * transformers' _init_weights gives a fresh *ForSequenceClassification's score.weight; drawn by
+ * Box-Muller from splitmix64(seed), the same on every rank (the head is replicated). */
+static void score_init(float *w, size_t n, float std, uint64_t seed) {
+    uint64_t st = seed;
+    for (size_t i = 0; i < n; i += 2) {
+        double u1 = ((splitmix64_next(&st) >> 11) + 1.0) * 0x1.0p-53, u2 = (splitmix64_next(&st) >> 11) * 0x1.0p-53;
+        double r = sqrt(-2.0 * log(u1));
+        w[i] = (float)(std * r * cos(2.0 * M_PI * u2));
+        if (i + 1 < n) w[i + 1] = (float)(std * r * sin(2.0 * M_PI * u2));
+    }
+}
+
 static void load_param(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
-    (void)numel;
     if (spec_aliased(m, p)) return;
+    if (p->when == IF_SCORE && m->score_seed) { score_init(*slot, numel, m->cfg.init_range, m->score_seed); return; }
     char name[256];
     snprintf(name, sizeof(name), spec_source_name(m, p), layer);
     int64_t r0, nr, c0, nc;
@@ -273,11 +296,18 @@ static void rope_init(Model *m) {
     }
 }
 
-void model_load(Model *m, const char *dir, const Mesh *mesh) {
+static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_t seed) {
     memset(m, 0, sizeof(*m));
     m->mesh = mesh;
     m->be = &cpu_backend;
     config_load(&m->cfg, dir);
+    if (score && !m->cfg.score_head) {   /* a score head on a causal LM: lm_head unused, nothing tied */
+        m->cfg.score_head = 1;
+        m->cfg.num_labels = 1;
+        m->cfg.tie_embeddings = 0;
+        m->score_seed = seed ? seed : 1;
+    }
+    m->head = m->cfg.score_head ? HEAD_SCORE : HEAD_LM;
     const ModelConfig *c = &m->cfg;
     check_layout(c, mesh);
     int tp = mesh->tp, pp = mesh->pp, s = mesh->pp_rank;
@@ -307,6 +337,9 @@ void model_load(Model *m, const char *dir, const Mesh *mesh) {
     st_close(st);
     rope_init(m);
 }
+
+void model_load(Model *m, const char *dir, const Mesh *mesh) { load(m, dir, mesh, 0, 0); }
+void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed) { load(m, dir, mesh, 1, seed); }
 
 void model_alloc_state(Model *m, int max_tokens, int max_seq) {
     const ModelConfig *c = &m->cfg;
@@ -357,6 +390,29 @@ void model_print_summary(const Model *m) {
     fprintf(stderr, "| %-20s | %10.2f |\n", "params MiB (rank 0)", m->n_params * 4.0 / (1 << 20));
     fprintf(stderr, "| %-20s | %10.2f |\n", "acts MiB (rank 0)", m->n_acts * 4.0 / (1 << 20));
     fprintf(stderr, "+----------------------+------------+\n");
+}
+
+MemPlan model_mem_plan(const Model *m) {
+    return (MemPlan){m->n_params * sizeof(float), 0, 0, m->n_acts * sizeof(float), 0};
+}
+
+void model_print_memory_plan(const Model *m, const MemPlan *p) {
+    const Mesh *mesh = m->mesh;
+    enum { K = 5 };
+    float mine[K] = {(float)p->weights, (float)p->grads, (float)p->moments, (float)p->acts, (float)p->kv};
+    float *all = xmalloc(sizeof(float) * K * mesh->world_size);
+    comm_all_gather(&mesh->world, mine, all, K);
+    if (mesh->world_rank == 0) {
+        fprintf(stderr, "memory plan (MiB)       weights   grads  moments  activations  kv_cache    total\n");
+        for (int r = 0; r < mesh->world_size; r++) {
+            const float *v = all + K * r;
+            double mib[K], tot = 0;
+            for (int k = 0; k < K; k++) tot += mib[k] = v[k] / 1048576.0;
+            fprintf(stderr, "  rank %-3d (tp %d pp %d) %8.2f %7.2f %8.2f %12.2f %9.2f %8.2f\n", r, r % mesh->tp,
+                    r / (mesh->tp * mesh->dp), mib[0], mib[1], mib[2], mib[3], mib[4], tot);
+        }
+    }
+    free(all);
 }
 
 /* ---- paged KV cache ---------------------------------------------------------------------- */

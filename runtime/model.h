@@ -92,6 +92,7 @@ typedef struct {
     const Mesh *mesh;
     const Backend *be;                                   /* every kernel call goes through it */
     HeadKind head;                                       /* LM logits or a scalar score (last stage) */
+    uint64_t score_seed;                                 /* != 0: score.weight was initialised, not read */
     int n_heads_local, n_heads_kv_local, hidden_local;  /* H_local, Hkv_local, F_local */
     int vocab_padded, vocab_local, vocab_start;          /* V rounded up to tp; this rank's rows */
     int layer_start, n_layers_local;                     /* this pp stage's layers */
@@ -141,6 +142,13 @@ void model_alloc_state(Model *m, int max_tokens, int max_seq);
 void model_free(Model *m);
 /* Prints the parameter/value table and arena sizes (rank 0). */
 void model_print_summary(const Model *m);
+/* Bytes one rank holds, by kind: what each command prints as its memory plan. */
+typedef struct { double weights, grads, moments, acts, kv; } MemPlan;
+/* The plan of a model's rank before the command's own parts: weights, and the run state's
+ * activations when allocated. */
+MemPlan model_mem_plan(const Model *m);
+/* Gathers every rank's plan over the mesh and prints one row per rank on the root (collective). */
+void model_print_memory_plan(const Model *m, const MemPlan *p);
 
 /* Paged KV cache of this rank: its pp stage's layers, its tp rank's kv heads. Blocks of `block`
  * token slots; sequences own blocks through block tables (generate/ manages them). */

@@ -91,6 +91,31 @@ static char *config_text_float32(const char *text) {
     return out;
 }
 
+/* A score-head model's config.json, as transformers writes a *ForSequenceClassification: the
+ * family's architecture, num_labels 1 (id2label / label2id dropped so they cannot disagree), a
+ * pad_token_id (its own, else the first EOS, else 0: transformers needs one to find each row's last
+ * token in a padded batch) and no tied embeddings. text: config_text_float32's output; malloc'd. */
+static char *config_text_score(char *text, const ModelConfig *c) {
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    CHECK(cJSON_IsObject(root));
+    static const char *const FAMILY[][2] = {{"llama", "Llama"}, {"mistral", "Mistral"}, {"qwen2", "Qwen2"}};
+    const char *fam = "Llama";
+    for (size_t i = 0; i < sizeof FAMILY / sizeof FAMILY[0]; i++)
+        if (!strcmp(c->model_type, FAMILY[i][0])) fam = FAMILY[i][1];
+    char arch[64];
+    snprintf(arch, sizeof arch, "%sForSequenceClassification", fam);
+    const char *drop[] = {"architectures", "num_labels", "id2label", "label2id", "pad_token_id", "tie_word_embeddings"};
+    for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++) cJSON_DeleteItemFromObjectCaseSensitive(root, drop[i]);
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "architectures"), cJSON_CreateString(arch));
+    cJSON_AddNumberToObject(root, "num_labels", 1);
+    cJSON_AddNumberToObject(root, "pad_token_id", c->pad_id >= 0 ? c->pad_id : c->n_eos ? c->eos_ids[0] : 0);
+    cJSON_AddBoolToObject(root, "tie_word_embeddings", 0);
+    char *out = cJSON_Print(root);
+    cJSON_Delete(root);
+    return out;
+}
+
 /* ---- step 1 (rank 0): check, create the temp directory, write config and tokenizer files ---- */
 
 enum { PREP_OK = 0, PREP_USER_ERROR, PREP_IO_ERROR };
@@ -128,7 +153,8 @@ static int copy_file(const char *src_dir, const char *dir, const char *name, con
     return rc;
 }
 
-static void prepare(const char *src_dir, const char *out_dir, int overwrite, Prepare *p) {
+/* score: the model's config when it has a score head (its config.json says so), else NULL */
+static void prepare(const char *src_dir, const char *out_dir, int overwrite, const ModelConfig *score, Prepare *p) {
     struct stat st;
     if (strlen(out_dir) + 32 >= sizeof p->tmp) {
         prep_fail(p, PREP_USER_ERROR, "%s: path too long", out_dir);
@@ -156,6 +182,7 @@ static void prepare(const char *src_dir, const char *out_dir, int overwrite, Pre
     free(cfg_text);
     free(cfg_path);
     if (p->status) return;
+    if (score) cfg_out = config_text_score(cfg_out, score);
 
     if (snprintf(p->tmp, sizeof p->tmp, "%s.tmp.%d", out_dir, (int)getpid()) >= (int)sizeof p->tmp) {
         prep_fail(p, PREP_USER_ERROR, "%s: path too long", out_dir);   /* never a truncated name to remove_tree */
@@ -411,7 +438,7 @@ int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_d
     for (size_t n = strlen(out); n > 1 && out[n - 1] == '/'; n--) out[n - 1] = 0;
 
     Prepare *p = xcalloc(1, sizeof(Prepare));
-    if (root) prepare(src_dir, out, overwrite, p);
+    if (root) prepare(src_dir, out, overwrite, m->head == HEAD_SCORE ? &m->cfg : NULL, p);
     comm_broadcast(&mesh->world, p, sizeof(Prepare), 0);
     if (p->status == PREP_USER_ERROR) user_error("%s", p->text);
     if (p->status == PREP_IO_ERROR) {

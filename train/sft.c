@@ -291,6 +291,11 @@ int sft_main(int argc, char **argv) {
     model_weights_place(&m, grads, &gw, gl);
     Step st;
     step_alloc(&st, M, max_tokens);
+    MemPlan plan = model_mem_plan(&m);
+    plan.grads = sizeof(float) * (double)optim_grad_floats(o);
+    plan.moments = 2.0 * sizeof(float) * o->n_state;
+    for (int i = 0; i < n_slots; i++) plan.acts += sizeof(float) * (double)slots[i].n_arena;
+    model_print_memory_plan(&m, &plan);
     if (g_rank == 0) {
         fprintf(stderr, "+------------------------+--------------------------------+\n");
         args_print(opts, n_opts);
