@@ -94,9 +94,8 @@ static void decode_batch(Engine *e, const Model *m, Seq *seqs, int B, int P, int
  * measured batch on the same engine; decode and prefill tokens/s come from the engine's step
  * timers, warm-up subtracted. */
 static EngineStats bench_decode(Model *m, int B, int P, int T) {
-    size_t per_block = 2 * (size_t)m->n_layers_local * 16 * m->n_heads_kv_local * m->cfg.head_dim * sizeof(float);
     size_t blocks = (size_t)B * ((P + T + 15) / 16 + 1);
-    EngineConfig ec = {B, 4096, blocks * per_block, 16, m->cfg.max_pos, 1, 0, NULL, NULL, NULL, NULL};
+    EngineConfig ec = {B, 4096, 0, 16, m->cfg.max_pos, 1, 0, NULL, NULL, NULL, NULL, (int)blocks};
     Engine *e = engine_new(m, &ec, P + T);
     Seq *seqs = xcalloc(B, sizeof(Seq));
     unsigned rng = 777;

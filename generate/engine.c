@@ -18,6 +18,7 @@
 struct Engine {
     Model *m;
     EngineConfig cfg;
+    RunState rs;          /* this engine's activations (not the model's: several engines may share it) */
     KVCache kv;
     Seq **waiting;        /* FIFO; preempted sequences go back to the front */
     int n_waiting, cap_waiting;
@@ -61,13 +62,17 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
     Engine *e = xcalloc(1, sizeof(Engine));
     e->m = m;
     e->cfg = *cfg;
-    kv_init(&e->kv, m, cfg->kv_bytes, cfg->block);
+    size_t kv_bytes = cfg->kv_bytes;
+    if (cfg->kv_blocks > 0)   /* kv_init's per-block size on this rank */
+        kv_bytes = (size_t)cfg->kv_blocks * 2 * m->n_layers_local * cfg->block * m->n_heads_kv_local * m->cfg.head_dim *
+                   sizeof(float);
+    kv_init(&e->kv, m, kv_bytes, cfg->block);
     const ModelConfig *c = &m->cfg;
     int all = c->sliding_window > 0 && c->window_from_layer == 0;
     e->window = all ? c->sliding_window : 0;
     e->max_table = blocks_for(e, max_len) + 1;
     int B = cfg->max_batch, T = cfg->max_batch_tokens > max_len ? cfg->max_batch_tokens : max_len;
-    model_alloc_state(m, T + B, max_len);
+    run_state_init(&e->rs, m, T + B, max_len);
     e->tokens = xmalloc(sizeof(int) * (T + B));
     e->start = xmalloc(sizeof(int) * (B + 1));
     e->pos0 = xmalloc(sizeof(int) * B);
@@ -88,11 +93,13 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
     e->st.kv_blocks = e->kv.n_blocks;
     e->st.kv_block_tokens = e->kv.block;
     e->st.kv_bytes = 2.0 * sizeof(float) * e->kv.layer_stride * m->n_layers_local;
+    e->st.act_bytes = sizeof(float) * (double)e->rs.n_floats;
     return e;
 }
 
 void engine_free(Engine *e) {
     kv_free(&e->kv);
+    run_state_free(&e->rs);
     free(e->waiting); free(e->running); free(e->tokens); free(e->start); free(e->pos0); free(e->rows);
     free(e->tables); free(e->lse); free(e->amax_val); free(e->amax);
     free(e->full); free(e->scratch); free(e->res_f); free(e->res_i);
@@ -229,9 +236,9 @@ static void choose_tokens(Engine *e, int R) {
      * greedy or sampling without --logprobs), which saves a pass of exp over the vocabulary */
     int want_lp = e->cfg.want_logprobs;
     for (int r = 0; r < R && !want_lp; r++) want_lp = e->running[r]->logprobs_n > 0 || e->running[r]->forced;
-    if (want_lp) model_logits_lse(m, m->s.logits, R, 1.0f, e->lse);
+    if (want_lp) model_logits_lse(m, e->rs.logits, R, 1.0f, e->lse);
     else for (int r = 0; r < R; r++) e->lse[r] = NAN;
-    model_argmax(m, R, e->amax, e->amax_val);                   /* greedy without gathering the vocab */
+    model_argmax(m, e->rs.logits, R, e->amax, e->amax_val);                   /* greedy without gathering the vocab */
     for (int r = 0; r < R; r++) {
         Seq *s = e->running[r];
         const SamplingParams *p = &s->sp;
@@ -243,7 +250,7 @@ static void choose_tokens(Engine *e, int R) {
         if (plain_greedy) { ri[0] = e->amax[r]; continue; }
         /* the full row to the host, where the sampler runs (one named transfer; the identity copy of
          * the CPU backend), gathered over tp */
-        m->be->to_host(e->full + (size_t)m->mesh->tp_rank * Vl, m->s.logits + (size_t)r * Vl, sizeof(float) * Vl);
+        m->be->to_host(e->full + (size_t)m->mesh->tp_rank * Vl, e->rs.logits + (size_t)r * Vl, sizeof(float) * Vl);
         comm_all_gather(&m->mesh->tp_comm, e->full + (size_t)m->mesh->tp_rank * Vl, e->full, Vl);
         int nt = 0, *top = ri + 1;                               /* top-N of the model's distribution: */
         for (int v = 0; v < V && s->logprobs_n > 0; v++) {     /* one pass, insertion into a sorted list */
@@ -272,7 +279,7 @@ static void choose_tokens(Engine *e, int R) {
         toks[2 * r] = e->res_i[(size_t)r * (1 + K)];
         toks[2 * r + 1] = s->forced ? s->forced[s->n_out] : toks[2 * r];
     }
-    if (want_lp) model_pair_logprobs(m, m->s.logits, e->lse, 2 * R, rows, toks, 1.0f, e->lp_pick, lp);
+    if (want_lp) model_pair_logprobs(m, e->rs.logits, e->lse, 2 * R, rows, toks, 1.0f, e->lp_pick, lp);
     else for (int i = 0; i < 2 * R; i++) lp[i] = NAN;
     for (int r = 0; r < R; r++) {
         e->res_f[(size_t)r * (2 + K)] = lp[2 * r];
@@ -307,7 +314,7 @@ static void step(Engine *e) {
 
     double t0 = now_seconds();
     Batch b = {R, e->tokens, e->start, e->pos0, e->tables, e->rows, R, e->cfg.micro_batches};
-    model_forward_batch(m, &e->kv, &b);
+    model_forward_batch(m, &e->rs, &e->kv, &b);
     if (m->is_last) choose_tokens(e, R);
     const Comm *pp = &m->mesh->pp_comm;                         /* choices from the last stage to all */
     comm_broadcast(pp, e->res_i, sizeof(int) * R * (1 + K), pp->size - 1);

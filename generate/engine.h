@@ -64,10 +64,14 @@ typedef struct {
     FinishFn on_finish;
     void *ctx;
     StepFn on_step;        /* may be NULL */
+    int kv_blocks;         /* > 0: the KV pool in blocks of `block` tokens (kv_bytes is then ignored) */
 } EngineConfig;
 
-/* Sizes the KV cache and the activation arena for `max_len`, the longest prompt + max_new of any
- * sequence that will be added. */
+/* Sizes the KV cache and the engine's own run state (activations) for `max_len`, the longest prompt +
+ * max_new of any sequence that will be added. An engine lives as long as its model: after
+ * engine_run, sequences can be added and run again, also after optimizer steps changed the weights
+ * in place (nothing derived from the weights outlives a run: every sequence's KV blocks are freed
+ * when it finishes, and nothing else is cached). */
 Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len);
 void engine_free(Engine *e);
 /* Queues s (the engine keeps the pointer; s must outlive the run) and returns 0; a sequence that
@@ -85,6 +89,7 @@ typedef struct {
     double prefill_s, decode_s;  /* time in steps with / without prefill tokens */
     int kv_blocks, kv_block_tokens, peak_blocks_used;
     double kv_bytes;             /* the KV pool of this rank */
+    double act_bytes;            /* the engine's run state (activations) */
 } EngineStats;
 EngineStats engine_stats(const Engine *e);
 void seq_alloc_results(Seq *s);  /* allocates out/lp/... for max_new and logprobs_n */

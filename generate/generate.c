@@ -664,7 +664,7 @@ int generate_main(int argc, char **argv) {
     }
 
     EngineConfig ec = {max_batch, max_batch_tokens, (size_t)(kv_mib * 1048576.0), block, m.cfg.max_pos,
-                       micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run, on_step};
+                       micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run, on_step, 0};
     int max_len = 1;
     for (int i = 0; i < run.n; i++) {
         Seq *s = &run.gens[i].seq;
@@ -673,6 +673,7 @@ int generate_main(int argc, char **argv) {
     Engine *e = engine_new(&m, &ec, max_len);
     MemPlan plan = model_mem_plan(&m);
     plan.kv = engine_stats(e).kv_bytes;
+    plan.acts += engine_stats(e).act_bytes;
     model_print_memory_plan(&m, &plan);
     for (int i = 0; i < run.n; i++) {
         Gen *g = &run.gens[i];

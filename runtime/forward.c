@@ -95,8 +95,7 @@ void model_head(const Model *m, float *out, float *xb, const float *x, int R) {
 /* ---- inference: the run state's one reused set of buffers ------------------------------------ */
 
 /* Layer buffers of RunState for the rows from g0: the residual updated in place. */
-static LayerActs run_acts(const Model *m, size_t g0) {
-    const RunState *s = &m->s;
+static LayerActs run_acts(const Model *m, const RunState *s, size_t g0) {
     size_t D = m->cfg.dim, qd = (size_t)m->n_heads_local * m->cfg.head_dim;
     size_t kvd = (size_t)m->n_heads_kv_local * m->cfg.head_dim, F = m->hidden_local;
     float *x = s->x + g0 * D, *xb = s->xb + g0 * D, *hb = s->hb + g0 * F;
@@ -107,17 +106,16 @@ static LayerActs run_acts(const Model *m, size_t g0) {
 /* This stage's part of the forward for sequences [lo, hi) of the batch: receive (or embed), run
  * the local layers, send (or compute logits). Buffers are used at the group's token offset, so
  * several groups can be in flight on different stages. row0: index of the group's first logit row. */
-static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi, int row0) {
+static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, int lo, int hi, int row0) {
     const ModelConfig *c = &m->cfg;
-    RunState *s = &m->s;
     int D = c->dim, Dh = c->head_dim;
     const int *start = b->seq_start;
     size_t g0 = start[lo];                               /* the group's first token */
     int N = start[hi] - start[lo];
-    LayerActs a = run_acts(m, g0);
+    LayerActs a = run_acts(m, s, g0);
     LayerBatch lb = {N, hi - lo, start + lo, s->pos + g0, s->rope + g0 * Dh, b->tables ? kv : NULL,
                      b->tables ? b->tables + lo : NULL, s->xo + g0 * D, s->scratch,
-                     (size_t)m->n_heads_local * m->max_seq};
+                     (size_t)m->n_heads_local * s->max_seq};
     m->be->rope_table(s->rope + g0 * Dh, lb.pos, m->inv_freq, N, Dh);
     model_stage_input(m, b->tokens + g0, a.x_in, N);
     for (int l = 0; l < m->n_layers_local; l++) model_layer_forward(m, l, &lb, &a, a.x_in);
@@ -140,18 +138,17 @@ static void stage_forward(Model *m, KVCache *kv, const Batch *b, int lo, int hi,
     model_head(m, s->logits + (size_t)row0 * out_cols, a.xb1, hx, R);
 }
 
-void model_forward_batch(Model *m, KVCache *kv, const Batch *b) {
-    RunState *s = &m->s;
+void model_forward_batch(Model *m, RunState *s, KVCache *kv, const Batch *b) {
     int n_seqs = b->n_seqs, N = b->seq_start[n_seqs];
-    CHECK(N <= m->max_tokens);
+    CHECK(N <= s->max_tokens);
     for (int i = 0; i < n_seqs; i++) {
         int p0 = b->pos0 ? b->pos0[i] : 0;
-        CHECK(p0 + b->seq_start[i + 1] - b->seq_start[i] <= m->max_seq);
+        CHECK(p0 + b->seq_start[i + 1] - b->seq_start[i] <= s->max_seq);
         for (int t = b->seq_start[i]; t < b->seq_start[i + 1]; t++) s->pos[t] = p0 + t - b->seq_start[i];
     }
     int pp = m->mesh->pp, G = b->n_micro < n_seqs ? b->n_micro : n_seqs;
     if (pp == 1 || G <= 1) {
-        stage_forward(m, kv, b, 0, n_seqs, 0);
+        stage_forward(m, s, kv, b, 0, n_seqs, 0);
         return;
     }
     /* Pipelined micro-batches: G contiguous groups of sequences; in slot t stage s runs group
@@ -165,7 +162,7 @@ void model_forward_batch(Model *m, KVCache *kv, const Batch *b) {
     }
     for (int t = 0; t < G + pp - 1; t++) {
         int g = t - m->mesh->pp_rank;
-        if (g >= 0 && g < G) stage_forward(m, kv, b, lo[g], lo[g + 1], row0[g]);
+        if (g >= 0 && g < G) stage_forward(m, s, kv, b, lo[g], lo[g + 1], row0[g]);
     }
     free(lo);
     free(row0);
@@ -173,7 +170,7 @@ void model_forward_batch(Model *m, KVCache *kv, const Batch *b) {
 
 void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs) {
     Batch b = {n_seqs, tokens, seq_start, NULL, NULL, NULL, 0, 1};
-    model_forward_batch(m, NULL, &b);
+    model_forward_batch(m, &m->s, NULL, &b);
 }
 
 /* ---- vocab-parallel log-softmax pieces ---------------------------------------------------- */
@@ -198,8 +195,8 @@ void model_pair_logprobs(const Model *m, const float *logits, const float *lse, 
     for (int i = 0; i < n_pairs; i++) lp[i] = pick[i] - lse[row[i]];
 }
 
-void model_argmax(Model *m, int N, int *ids, float *vals) {
-    m->be->argmax_rows(ids, vals, m->s.logits, N, m->vocab_local, m->vocab_start);
+void model_argmax(const Model *m, const float *logits, int N, int *ids, float *vals) {
+    m->be->argmax_rows(ids, vals, logits, N, m->vocab_local, m->vocab_start);
     /* ties go to the lowest tp rank, i.e. the lowest vocab id, as torch.argmax */
     comm_all_reduce_maxloc(&m->mesh->tp_comm, vals, ids, N);
 }
@@ -211,7 +208,7 @@ void model_score(Model *m, const int *tokens, const int *seq_start, int n_seqs, 
     if (m->is_last) {
         float *pick = xmalloc(sizeof(float) * (n_pairs + 1));
         model_logits_lse(m, m->s.logits, N, 1.0f, out->lse);
-        model_argmax(m, N, out->argmax, out->argmax_logprob);
+        model_argmax(m, m->s.logits, N, out->argmax, out->argmax_logprob);
         for (int n = 0; n < N; n++) out->argmax_logprob[n] -= out->lse[n];   /* the max logit - lse */
         model_pair_logprobs(m, m->s.logits, out->lse, n_pairs, row, tok, 1.0f, pick, out->pair_logprob);
         free(pick);

@@ -341,7 +341,7 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
 void model_load(Model *m, const char *dir, const Mesh *mesh) { load(m, dir, mesh, 0, 0); }
 void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed) { load(m, dir, mesh, 1, seed); }
 
-void model_alloc_state(Model *m, int max_tokens, int max_seq) {
+void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq) {
     const ModelConfig *c = &m->cfg;
     size_t N = (size_t)max_tokens, D = c->dim, Dh = c->head_dim;
     size_t qd = (size_t)m->n_heads_local * Dh, kvd = (size_t)m->n_heads_kv_local * Dh, F = m->hidden_local;
@@ -349,25 +349,31 @@ void model_alloc_state(Model *m, int max_tokens, int max_seq) {
     /* one arena: sizes in the order of RunState's fields */
     size_t sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * F, N * F, N * V,
                       (size_t)max_seq * m->n_heads_local * omp_get_max_threads(), N * Dh};
-    float **slots[] = {&m->s.x, &m->s.xb, &m->s.q, &m->s.k, &m->s.v, &m->s.att, &m->s.xo, &m->s.hb, &m->s.hb2,
-                       &m->s.logits, &m->s.scratch, &m->s.rope};
+    float **slots[] = {&s->x, &s->xb, &s->q, &s->k, &s->v, &s->att, &s->xo, &s->hb, &s->hb2, &s->logits, &s->scratch,
+                       &s->rope};
     size_t total = 0;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) total += sizes[i];
-    free(m->acts);
-    free(m->s.pos);
-    m->acts = xmalloc(sizeof(float) * total);
-    m->n_acts = total;
-    float *p = m->acts;
+    run_state_free(s);
+    s->arena = xmalloc(sizeof(float) * total);
+    s->n_floats = total;
+    float *p = s->arena;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) { *slots[i] = p; p += sizes[i]; }
-    m->s.pos = xmalloc(sizeof(int) * N);
-    m->max_tokens = max_tokens;
-    m->max_seq = max_seq;
+    s->pos = xmalloc(sizeof(int) * N);
+    s->max_tokens = max_tokens;
+    s->max_seq = max_seq;
 }
+
+void run_state_free(RunState *s) {
+    free(s->arena);
+    free(s->pos);
+    memset(s, 0, sizeof(*s));
+}
+
+void model_alloc_state(Model *m, int max_tokens, int max_seq) { run_state_init(&m->s, m, max_tokens, max_seq); }
 
 void model_free(Model *m) {
     free(m->params);
-    free(m->acts);
-    free(m->s.pos);
+    run_state_free(&m->s);
     free(m->w.layers);
     free(m->inv_freq);
     memset(m, 0, sizeof(*m));
@@ -388,12 +394,12 @@ void model_print_summary(const Model *m) {
     fprintf(stderr, "| %-20s | %10d |\n| %-20s | %10d |\n| %-20s | %10d |\n", "tp", m->mesh->tp, "pp", m->mesh->pp,
             "dp", m->mesh->dp);
     fprintf(stderr, "| %-20s | %10.2f |\n", "params MiB (rank 0)", m->n_params * 4.0 / (1 << 20));
-    fprintf(stderr, "| %-20s | %10.2f |\n", "acts MiB (rank 0)", m->n_acts * 4.0 / (1 << 20));
+    fprintf(stderr, "| %-20s | %10.2f |\n", "acts MiB (rank 0)", m->s.n_floats * 4.0 / (1 << 20));
     fprintf(stderr, "+----------------------+------------+\n");
 }
 
 MemPlan model_mem_plan(const Model *m) {
-    return (MemPlan){m->n_params * sizeof(float), 0, 0, m->n_acts * sizeof(float), 0};
+    return (MemPlan){m->n_params * sizeof(float), 0, 0, m->s.n_floats * sizeof(float), 0};
 }
 
 void model_print_memory_plan(const Model *m, const MemPlan *p) {

@@ -83,6 +83,9 @@ typedef struct {
     float *scratch;/* (threads, heads, max_seq) attention scores */
     float *rope;   /* (N, Dh) cos then sin of each token's RoPE angles (cpu_rope_table) */
     int *pos;      /* (N) position of each token in its sequence */
+    float *arena;  /* every float buffer above */
+    size_t n_floats;
+    int max_tokens, max_seq;
 } RunState;
 
 typedef enum { HEAD_LM = 0, HEAD_SCORE } HeadKind;
@@ -101,10 +104,8 @@ typedef struct {
     float *params;        /* the parameter arena */
     size_t n_params;      /* floats in it */
     float *inv_freq;      /* (Dh/2) RoPE inverse frequencies, scaling applied */
-    RunState s;
-    float *acts;          /* the activation arena */
-    size_t n_acts;
-    int max_tokens, max_seq;
+    RunState s;           /* the run state of model_forward / model_score (model_alloc_state); a
+                           * generation engine owns its own */
 } Model;
 
 /* One parameter tensor of this rank, as the spec table describes it (for gradients, the optimizer,
@@ -137,7 +138,10 @@ void model_load(Model *m, const char *dir, const Mesh *mesh);
 /* model_load with a score head whatever the directory: a causal-LM directory's lm_head is not read
  * and score.weight starts as normal(0, initializer_range) from `seed` (model.c score_init). */
 void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed);
-/* Sizes the activation arena for batches of up to max_tokens tokens, max_seq per sequence. */
+/* Sizes a run state (inference activations) for batches of up to max_tokens tokens, max_seq per
+ * sequence; run_state_free releases it. model_alloc_state sizes the model's own, m->s. */
+void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq);
+void run_state_free(RunState *s);
 void model_alloc_state(Model *m, int max_tokens, int max_seq);
 void model_free(Model *m);
 /* Prints the parameter/value table and arena sizes (rank 0). */
@@ -180,11 +184,11 @@ typedef struct {
     int n_micro;           /* pp > 1: split the sequences into this many pipelined micro-batches */
 } Batch;
 
-/* Every rank calls it; on the last pp stage it leaves s.logits (rows, V_local) filled, one row per
+/* Every rank calls it; on the last pp stage it leaves s->logits (rows, V_local) filled, one row per
  * logit row in order (score head: (rows, 1) values). With a cache, the new tokens' k and v are
- * written into their slots first. */
-void model_forward_batch(Model *m, KVCache *kv, const Batch *b);
-/* Whole sequences from position 0, no cache, logits for every token. */
+ * written into their slots first. s: the caller's run state (an engine's, or &m->s). */
+void model_forward_batch(Model *m, RunState *s, KVCache *kv, const Batch *b);
+/* Whole sequences from position 0, no cache, logits for every token, in m->s. */
 void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs);
 
 /* ---- the pieces of the one forward (runtime/forward.c), shared by model_forward_batch and
@@ -210,7 +214,7 @@ void model_logits_lse(const Model *m, const float *logits, int N, float T, float
  * logprob formula of generation, eval and training. pick (n_pairs) is scratch. */
 void model_pair_logprobs(const Model *m, const float *logits, const float *lse, int n_pairs, const int *row,
                          const int *tok, float T, float *pick, float *lp);
-void model_argmax(Model *m, int N, int *ids, float *vals);              /* ids, vals (N) over s.logits */
+void model_argmax(const Model *m, const float *logits, int N, int *ids, float *vals);   /* ids, vals (N) */
 
 /* What eval and scoring need from one forward, on EVERY rank (the last stage computes, then
  * broadcasts over the pp group). Arrays are caller-allocated. */

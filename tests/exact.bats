@@ -1,7 +1,9 @@
 #!/usr/bin/env bats
 # Rollout logprobs == training logprobs bit for bit at every layout (tests/test_exact.c): the
 # generation engine's sampled-token logprobs against the logprobs the loss hook receives in a 1F1B
-# training step over the same sequences in another batch composition. Open MPI's all-reduce
+# training step over the same sequences in another batch composition; then an optimizer step, and a
+# second round on the same engine must equal a fresh engine's and the training step's again (the
+# engine lives across steps; nothing derived from the old weights survives). Open MPI's all-reduce
 # algorithm is forced to ring (4) and Rabenseifner (6): with MPI_Allreduce for the tensor-parallel
 # sums these runs differ by up to 9.5e-7 (measured when the fixed-order sum was introduced), so the
 # test fails if the order of the tp sums ever depends on the collective again.
@@ -25,7 +27,7 @@ exact_run() {
     [ "$(grep -c "ok: exact tp=$tp pp=$pp" <<<"$output")" -eq $((np / pp)) ]
 }
 
-@test "exact 1x1: generation and training logprobs bit-identical (continuous batching vs 1F1B micro-batches)" {
+@test "exact 1x1: generation and training logprobs bit-identical (continuous batching vs 1F1B), also after an optimizer step on the same engine" {
     run timeout 60 "$TE" "$RAND12"
     echo "$output"
     [ "$status" -eq 0 ]
