@@ -2,6 +2,7 @@
 #   make            build bin/tandem
 #   make run        the main job on the default model (README)
 #   make test       the whole suite (tests/run.sh); last line "N passed, N failed, N skipped"
+#   make pyenv      the Python reference environment .venv/ (Debian's torch + eval/requirements.txt)
 #   make cuda       also build the CUDA backend (needs nvcc) and its test binary
 CC      ?= gcc
 CXX     ?= g++
@@ -17,7 +18,8 @@ CXXFLAGS+= -std=c++17 $(OPT) -Wall -Wextra -I.
 LDLIBS  += $(MPI_LIBS) -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lsentencepiece -lcjson -lpcre2-8 -lutf8proc -lcurl -lm -lstdc++ -fopenmp
 
 DEB_PKGS = build-essential pkg-config libopenblas-openmp-dev libsentencepiece-dev sentencepiece \
-           libcurl4-openssl-dev libopenmpi-dev openmpi-bin libcjson-dev libpcre2-dev libutf8proc-dev bats jq
+           libcurl4-openssl-dev libopenmpi-dev openmpi-bin libcjson-dev libpcre2-dev libutf8proc-dev bats jq \
+           python3 python3-venv python3-torch python3-numpy
 
 LIB_C   := $(wildcard runtime/*.c kernels/cpu/*.c tokenizer/*.c generate/*.c train/*.c rlhf/*.c eval/*.c)
 LIB_CXX := $(wildcard tokenizer/*.cpp)
@@ -25,7 +27,7 @@ LIB_OBJ := $(patsubst %.c,build/%.o,$(LIB_C)) $(patsubst %.cpp,build/%.o,$(LIB_C
 TEST_C  := $(wildcard tests/test_*.c)
 TEST_BIN:= $(patsubst tests/%.c,build/tests/%,$(TEST_C))
 
-.PHONY: all deps build run test cuda clean
+.PHONY: all deps build run test cuda clean pyenv
 all: deps
 	@$(MAKE) --no-print-directory build
 build: bin/tandem $(TEST_BIN)
@@ -42,8 +44,18 @@ deps:
 run: all
 	@bash examples/run_default.sh
 
-test: all
+test: all pyenv
 	@bash tests/run.sh
+
+# Python for the reference checks: Debian's torch (system site packages) + pinned pip packages.
+# Rebuilt when the requirements change; the versions found are written to .venv/versions.txt.
+pyenv: .venv/stamp
+.venv/stamp: eval/requirements.txt | deps
+	@rm -rf .venv
+	/usr/bin/python3 -m venv --system-site-packages .venv
+	.venv/bin/pip install -q --disable-pip-version-check -r eval/requirements.txt
+	@.venv/bin/python -c "import sys, torch, numpy, transformers; print(f'python {sys.version.split()[0]} torch {torch.__version__} numpy {numpy.__version__} transformers {transformers.__version__}')" | tee .venv/versions.txt
+	@touch $@
 
 build/%.o: %.c $(wildcard */*.h */*/*.h)
 	@mkdir -p $(dir $@)

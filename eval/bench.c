@@ -339,6 +339,8 @@ int bench_main(int argc, char **argv) {
     }
     int N = batch * seq;
     model_alloc_state(&m, N, seq);
+    MemPlan plan = model_mem_plan(&m);
+    model_print_memory_plan(&m, &plan);
     if (g_rank == 0) {
         fprintf(stderr, "+------------------------+--------------------------------+\n");
         args_print(opts, n_opts);

@@ -376,6 +376,10 @@ int eval_main(int argc, char **argv) {
     if (budget < max_seq) budget = max_seq;
     if (budget < greedy_total) budget = greedy_total; /* greedy packs all owned records per step */
     model_alloc_state(&m, budget, max_seq);
+    if (!quiet) {   /* the same flag on every rank: the plan's gather is collective */
+        MemPlan plan = model_mem_plan(&m);
+        model_print_memory_plan(&m, &plan);
+    }
 
     /* records i with i % dp == dp_rank belong to this dp group */
     int *own = xmalloc(sizeof(int) * n), n_own = 0;

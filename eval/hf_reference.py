@@ -32,8 +32,7 @@ Pinned versions (the committed fixtures in tests/fixtures/refs were made with th
     torch 1.13 (CPU)      Debian: apt-get install python3-torch   (reported as 1.13.0a0)
     transformers 4.47.1   pip install transformers==4.47.1 safetensors sentencepiece
     safetensors 0.8.0
-e.g. python3 -m venv --system-site-packages /opt/hfenv &&
-     /opt/hfenv/bin/pip install transformers==4.47.1 safetensors sentencepiece
+`make pyenv` builds this environment in .venv/ (eval/requirements.txt): .venv/bin/python eval/hf_reference.py ...
 
 Note (transformers 4.47.1, eager): Mistral's sliding window masks key k for query q unless
 0 <= q - k < sliding_window. Qwen2's eager path applies config.sliding_window to ALL layers and

@@ -391,6 +391,7 @@ void model_print_summary(const Model *m) {
             c->n_heads_kv, "head_dim Dh", c->head_dim);
     fprintf(stderr, "| %-20s | %10d |\n| %-20s | %10d |\n", "vocab V", c->vocab_size, "sliding_window", c->sliding_window);
     fprintf(stderr, "| %-20s | %-10s |\n| %-20s | %10d |\n", "rope_scaling", rope, "tied embeddings", c->tie_embeddings);
+    fprintf(stderr, "| %-20s | %-10s |\n", "head", m->head == HEAD_SCORE ? (m->score_seed ? "score(new)" : "score") : "lm");
     fprintf(stderr, "| %-20s | %10d |\n| %-20s | %10d |\n| %-20s | %10d |\n", "tp", m->mesh->tp, "pp", m->mesh->pp,
             "dp", m->mesh->dp);
     fprintf(stderr, "| %-20s | %10.2f |\n", "params MiB (rank 0)", m->n_params * 4.0 / (1 << 20));

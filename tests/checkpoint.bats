@@ -5,11 +5,10 @@
 # original's (padded vocab rows stripped, a tied lm_head not written), the index names every
 # tensor's file, and the saved tensors are the same bytes whatever the layout they were saved from.
 # Writes are atomic: an existing directory is never replaced without overwrite, and no temp
-# directory is left behind. check_hf_load.py (HF transformers) runs only where /opt/hfenv exists.
+# directory is left behind. check_hf_load.py runs with the project's .venv (torch + transformers, make pyenv).
 load helpers
 
 TC="$ROOT/build/tests/test_checkpoint"
-HFPY=/opt/hfenv/bin/python
 HFCHECK="$FIX/check_hf_load.py"
 
 # save_run SRC_DIR OUT_DIR TP PP [overwrite]: saves on NP ranks (default TP*PP; NP > TP*PP gives dp > 1);
@@ -161,8 +160,8 @@ snapshot() { (cd "$1" && find . -type f | LC_ALL=C sort | xargs md5sum); }
     [ -z "$(ls "$BATS_TEST_TMPDIR" | grep -E '\.(tmp|old)\.')" ]
 }
 
-@test "checkpoint: HF transformers loads the saved directories; logits equal the original's (needs /opt/hfenv)" {
-    [ -x "$HFPY" ] || skip "$HFPY not present (torch + transformers): HF load check not run"
+@test "checkpoint: HF transformers loads the saved directories; logits equal the original's (.venv)" {
+    need_hfpy
     local d="$BATS_TEST_TMPDIR" m layout
     for m in llama_gqa:2x2 qwen2_bias:2x2 qwen2_bias:1x2 llama_odd_vocab:4x1 llama_mqa:4x1 llama_sharded:1x2; do
         layout=${m#*:} m=${m%:*}
@@ -180,7 +179,7 @@ snapshot() { (cd "$1" && find . -type f | LC_ALL=C sort | xargs md5sum); }
     save_run "$src" "$out" 2 2
     compare "$src" "$out"
     cmp "$src/tokenizer.model" "$out/tokenizer.model"
-    [ -x "$HFPY" ] || skip "$HFPY not present: HF load check not run (the round trip passed)"
+    need_hfpy
     run timeout 120 "$HFPY" "$HFCHECK" "$out" "$src"
     echo "$output"
     [ "$status" -eq 0 ]

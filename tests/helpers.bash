@@ -8,6 +8,13 @@ FIX="$ROOT/tests/fixtures"
 # off, so an error under mpirun is the one "tandem: ..." line a user sees (README)
 MPIRUN="mpirun -q --allow-run-as-root --oversubscribe -np"
 
+# Python with torch + transformers for the reference checks: the project's .venv (`make pyenv`, which
+# `make test` runs first). Missing, the check fails: it is a setup bug, not a reason to skip.
+HFPY="$ROOT/.venv/bin/python"
+need_hfpy() {
+    [ -x "$HFPY" ] || { echo "$HFPY missing: run make pyenv (make test does)"; return 1; }
+}
+
 need_assets() {
     [ -d "$ASSETS/models" ] || skip "../shared/assets not present (real models and tokenizers live there)"
 }
