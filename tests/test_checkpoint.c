@@ -21,7 +21,12 @@
  *       (tests/fixtures/sft/make_sft_fixture.py): every step's loss, pre-clip gradient norm and lr
  *       from METRICS, and each tensor's change TRAINED - ORIG (L2 norm, dot with cos(0.7 i), and for
  *       1-D tensors every value). Prints the worst deviation of each kind and "ok: torch-sft", or
- *       names what is off, exit 1. */
+ *       names what is off, exit 1.
+ *   test_checkpoint save-score MODEL_DIR OUT_DIR SCORES.json [TP PP]     (mpirun when > 1 rank)
+ *       loads MODEL_DIR with a score head (model_load_score: a *ForSequenceClassification directory
+ *       keeps its score.weight, a causal LM gets a new one from seed 7), saves it to OUT_DIR, and
+ *       writes SCORES.json: three sequences of ids and the value at each one's last token, for
+ *       tests/fixtures/check_hf_score.py to compare with transformers' pooled scores. */
 #include "runtime/jsonl.h"
 #include "runtime/mesh.h"
 #include "runtime/model.h"
@@ -193,6 +198,46 @@ static void check_same(const char *a_dir, const char *b_dir) {
     st_close(b);
 }
 
+static int cmd_save_score(int argc, char **argv) {
+    int tp = argc >= 7 ? atoi(argv[5]) : 1, pp = argc >= 7 ? atoi(argv[6]) : 1;
+    Mesh mesh;
+    mesh_init(&mesh, tp, pp);
+    Model m;
+    model_load_score(&m, argv[2], &mesh, 7);
+    enum { S = 3 };
+    const int len[S] = {5, 9, 7};
+    int start[S + 1] = {0}, ids[32], V = m.cfg.vocab_size;
+    for (int i = 0; i < S; i++) {
+        start[i + 1] = start[i] + len[i];
+        for (int t = 0; t < len[i]; t++) {
+            int id = 1 + (i * 7 + t * 13) % (V - 1);
+            ids[start[i] + t] = id == m.cfg.pad_id ? 1 + id % (V - 1) : id;   /* never the pad id */
+        }
+    }
+    model_alloc_state(&m, start[S], 16);
+    model_forward(&m, ids, start, S);
+    float last[S];
+    for (int i = 0; i < S && m.is_last; i++) last[i] = m.s.logits[start[i + 1] - 1];
+    comm_broadcast(&mesh.pp_comm, last, sizeof last, pp - 1);
+    int rc = checkpoint_save_model(&m, argv[2], argv[3], 1);
+    if (mesh.world_rank == 0 && rc == 0) {
+        FILE *f = fopen(argv[4], "w");
+        CHECK(f);
+        fprintf(f, "{\"ids\": [");
+        for (int i = 0; i < S; i++) {
+            fprintf(f, "%s[", i ? ", " : "");
+            for (int t = start[i]; t < start[i + 1]; t++) fprintf(f, "%s%d", t > start[i] ? ", " : "", ids[t]);
+            fprintf(f, "]");
+        }
+        fprintf(f, "], \"scores\": [%.9g, %.9g, %.9g]}\n", last[0], last[1], last[2]);
+        CHECK(fclose(f) == 0);
+    }
+    if (rc == 0) printf("ok: saved score model [rank %d]\n", mesh.world_rank);
+    model_free(&m);
+    mesh_free(&mesh);
+    return rc ? 1 : 0;
+}
+
 static int cmd_compare(int argc, char **argv) {
     Mesh mesh;
     mesh_init(&mesh, 1, 1);
@@ -317,6 +362,7 @@ int main(int argc, char **argv) {
     int rc = 2;
     if (argc >= 4 && strcmp(argv[1], "save") == 0 && argc != 5 && argc <= 7) rc = cmd_save(argc, argv);
     else if (argc >= 4 && strcmp(argv[1], "compare") == 0) rc = cmd_compare(argc, argv);
+    else if ((argc == 5 || argc == 7) && strcmp(argv[1], "save-score") == 0) rc = cmd_save_score(argc, argv);
     else if (argc == 6 && strcmp(argv[1], "torch-sft") == 0) rc = cmd_torch_sft(argv);
     else fprintf(stderr, "usage: test_checkpoint save MODEL_DIR OUT_DIR [TP PP [overwrite | fail-last-stage]]\n"
                          "       test_checkpoint compare ORIG_DIR SAVED_DIR [OTHER_SAVED_DIR ...]\n"

@@ -1,11 +1,15 @@
-/* test_grad.c — checks behind tests/grad.bats for train/grad.c. Usage:
+/* test_grad.c — checks behind tests/grad.bats and tests/hook.bats for train/grad.c. Usage:
  *   test_grad MODEL_DIR FIXTURE.json [TP PP]      (under mpirun with TP*PP ranks when > 1)
- * FIXTURE.json is written by tests/fixtures/grad/make_grad_fixtures.py: a packed batch of two
- * sequences, targets, weights, and PyTorch autograd's loss and every parameter gradient (HF names)
- * of HF transformers' model in fp32.
+ * FIXTURE.json is written by tests/fixtures/grad/make_grad_fixtures.py (cross-entropy) or
+ * tests/fixtures/hook/make_hook_fixtures.py ("kind": "reinforce": -w A logprob at a temperature;
+ * "value_mse": w 0.5 (value - R)^2 on a score head): a packed batch of two sequences, the loss's
+ * inputs, and PyTorch autograd's loss and every parameter gradient (HF names) of HF transformers'
+ * model in fp32. Each loss runs through the training step's loss hook.
  * Every rank:
  *   1. on the last pp stage: train_forward's logits are bit-identical (memcmp) to model_forward's;
- *   2. the loss (train_loss_backward, shared by train_loss_share) matches torch's on every rank;
+ *   2. the loss (train_loss_backward, shared by train_loss_share) matches torch's on every rank, and
+ *      the hook's inputs (per-token logprobs or values) match torch's on the last stage; a score
+ *      model's last-token values match transformers' pooled *ForSequenceClassification scores;
  *   3. every gradient shard it owns (model_param_infos) matches the same slice of torch's gradient,
  *      cut by the sharding rules of runtime/model.c (padded vocab rows must have zero gradient);
  *   4. replicated gradients (norms on every tp rank; k/v of a replicated kv head) are bit-identical
@@ -128,6 +132,50 @@ static void same_across(const Comm *c, const char *name, const float *g, size_t 
     free(b);
 }
 
+/* The fixtures' losses as hooks. ctx of a micro-batch: its rows of the per-token inputs. */
+typedef struct { const float *a, *b; } HookRows;   /* reinforce: advantages; value_mse: R, weights */
+static double hook_reinforce(const MicroBatch *mb, int N, const float *out, float *dout, void *user) {
+    (void)user;
+    const HookRows *r = mb->ctx;
+    double loss = 0.0;
+    for (int n = 0; n < N; n++) {
+        int on = mb->targets[n] >= 0;
+        if (on) loss -= (double)mb->weight[n] * r->a[n] * out[n];
+        dout[n] = on ? -mb->weight[n] * r->a[n] : 0.0f;
+    }
+    return loss;
+}
+static double hook_value_mse(const MicroBatch *mb, int N, const float *out, float *dout, void *user) {
+    (void)user;
+    const HookRows *r = mb->ctx;
+    double loss = 0.0;
+    for (int n = 0; n < N; n++) {
+        float e = out[n] - r->a[n];
+        loss += 0.5 * (double)r->b[n] * e * e;
+        dout[n] = r->b[n] * e;
+    }
+    return loss;
+}
+
+static float *json_floats(const cJSON *arr, int n) {
+    float *x = xcalloc(n ? n : 1, sizeof(float));
+    int i = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, arr) { if (i < n) x[i] = cJSON_IsNumber(v) ? (float)v->valuedouble : NAN; i++; }
+    if (i != n) { fprintf(stderr, "fixture: a per-token list has %d entries, expected %d\n", i, n); exit(1); }
+    return x;
+}
+
+/* the hook's per-token inputs vs torch's (NaN in want: no value there) */
+static void compare_outputs(const char *what, const float *got, const float *want, int N) {
+    double d = 0.0;
+    for (int n = 0; n < N; n++)
+        if (!isnan(want[n]) && fabs((double)got[n] - want[n]) > d) d = fabs((double)got[n] - want[n]);
+    int ok = d <= TOL;
+    printf("%s %s (%d) vs torch: max|diff| %.3g tol %.2g%s\n", g_tag, what, N, d, TOL, ok ? "" : "  FAIL");
+    g_fail |= !ok;
+}
+
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     if (argc != 3 && argc != 5 && argc != 6) {
@@ -154,8 +202,23 @@ int main(int argc, char **argv) {
     CHECK(n_tgt == N && seq_start[n_seqs] == N);
     for (int i = 0; i < n_seqs; i++)
         if (seq_start[i + 1] - seq_start[i] > max_seq) max_seq = seq_start[i + 1] - seq_start[i];
-    float *weight = xmalloc(sizeof(float) * N);
-    for (int n = 0; n < N; n++) weight[n] = (float)item(fx, "weight")->valuedouble;
+    const cJSON *kind_j = cJSON_GetObjectItemCaseSensitive(fx, "kind");
+    const char *kind = cJSON_IsString(kind_j) ? kind_j->valuestring : "xent";
+    int reinforce = !strcmp(kind, "reinforce"), value_mse = !strcmp(kind, "value_mse");
+    float *weight = xcalloc(N, sizeof(float)), *ha = NULL, *hb = NULL, *want_out = NULL;
+    if (!value_mse)
+        for (int n = 0; n < N; n++) weight[n] = (float)item(fx, "weight")->valuedouble;
+    LossHook hook = LOSS_XENT;
+    if (reinforce) {
+        hook = (LossHook){hook_reinforce, NULL, (float)item(fx, "temperature")->valuedouble};
+        ha = json_floats(item(fx, "advantages"), N);
+        want_out = json_floats(item(fx, "logprobs"), N);
+    } else if (value_mse) {
+        hook = (LossHook){hook_value_mse, NULL, 1.0f};
+        ha = json_floats(item(fx, "value_targets"), N);
+        hb = json_floats(item(fx, "value_weights"), N);
+        want_out = json_floats(item(fx, "values"), N);
+    }
     double ref_loss = item(fx, "loss")->valuedouble;
     const cJSON *grads_ref = item(fx, "grads");
 
@@ -169,7 +232,7 @@ int main(int argc, char **argv) {
     model_forward(&m, tokens, seq_start, n_seqs);
     train_forward(&m, &a, tokens, seq_start, n_seqs);
     if (m.is_last) {
-        size_t nl = (size_t)N * m.vocab_local;
+        size_t nl = (size_t)N * (m.head == HEAD_SCORE ? 1 : m.vocab_local);
         int same = memcmp(a.logits, m.s.logits, sizeof(float) * nl) == 0;
         printf("%s logits (%d, %d): train_forward %s model_forward%s\n", g_tag, N, m.vocab_local,
                same ? "bit-identical to" : "DIFFERS from", same ? "" : "  FAIL");
@@ -182,9 +245,21 @@ int main(int argc, char **argv) {
     LayerWeights *gl = xcalloc(m.n_layers_local, sizeof(LayerWeights));
     model_weights_place(&m, garena, &gw, gl);
     float loss;
-    MicroBatch mb = {tokens, seq_start, n_seqs, targets, weight, NULL};
+    HookRows rows_all = {ha, hb};
+    MicroBatch mb = {tokens, seq_start, n_seqs, targets, weight, &rows_all};
     if (!one_f_one_b) {
-        loss = train_loss_share(&m, train_loss_backward(&m, &a, &mb, &LOSS_XENT, &gw));
+        loss = train_loss_share(&m, train_loss_backward(&m, &a, &mb, &hook, &gw));
+        if (want_out && m.is_last) {
+            compare_outputs(reinforce ? "logprobs at the temperature" : "values", a.out, want_out, N);
+            const cJSON *hf = cJSON_GetObjectItemCaseSensitive(fx, "hf_scores");
+            for (int i = 0; hf && i < n_seqs; i++) {   /* transformers' pooled score = the last token's value */
+                double want = cJSON_GetArrayItem(hf, i)->valuedouble, got = a.out[seq_start[i + 1] - 1];
+                int ok = fabs(got - want) <= TOL;
+                printf("%s sequence %d: score at its last token %.7f, transformers' pooled score %.7f%s\n", g_tag, i, got,
+                       want, ok ? "" : "  FAIL");
+                g_fail |= !ok;
+            }
+        }
         train_tied_embedding_all_reduce(&m, &a, &gw);
     } else {
         /* the same batch as n_seqs micro-batches through schedule_1f1b: same loss and gradients
@@ -193,16 +268,18 @@ int main(int argc, char **argv) {
         TrainActs *slots = xcalloc(n_slots, sizeof(TrainActs));
         for (int i = 0; i < n_slots; i++) train_acts_init(&slots[i], &m, N, max_seq, recompute);
         MicroBatch *mbs = xcalloc(n_seqs, sizeof(MicroBatch));
+        HookRows *hr = xcalloc(n_seqs, sizeof(HookRows));
         int (*starts)[2] = xcalloc(n_seqs, sizeof(*starts));
         for (int i = 0; i < n_seqs; i++) {
             int t0 = seq_start[i];
             starts[i][0] = 0;
             starts[i][1] = seq_start[i + 1] - t0;
-            mbs[i] = (MicroBatch){tokens + t0, starts[i], 1, targets + t0, weight + t0, NULL};
+            hr[i] = (HookRows){ha ? ha + t0 : NULL, hb ? hb + t0 : NULL};
+            mbs[i] = (MicroBatch){tokens + t0, starts[i], 1, targets + t0, weight + t0, &hr[i]};
         }
-        loss = schedule_1f1b(&m, slots, n_slots, mbs, n_seqs, &LOSS_XENT, &gw);
+        loss = schedule_1f1b(&m, slots, n_slots, mbs, n_seqs, &hook, &gw);
         for (int i = 0; i < n_slots; i++) train_acts_free(&slots[i]);
-        free(slots); free(mbs); free(starts);
+        free(slots); free(mbs); free(starts); free(hr);
         strncat(g_tag, " 1f1b", sizeof g_tag - strlen(g_tag) - 1);
     }
     if (recompute && !one_f_one_b) {
@@ -215,7 +292,7 @@ int main(int argc, char **argv) {
         TrainActs full;
         train_acts_init(&full, &m, N, max_seq, 0);
         train_forward(&m, &full, tokens, seq_start, n_seqs);
-        float loss2 = train_loss_share(&m, train_loss_backward(&m, &full, &mb, &LOSS_XENT, &gw2));
+        float loss2 = train_loss_share(&m, train_loss_backward(&m, &full, &mb, &hook, &gw2));
         train_tied_embedding_all_reduce(&m, &full, &gw2);
         int same = memcmp(garena, g2, sizeof(float) * m.n_params) == 0 && loss2 == loss;
         printf("%s recompute: gradients and loss %s the run that keeps every activation%s\n", g_tag,
@@ -267,7 +344,7 @@ int main(int argc, char **argv) {
     model_free(&m);
     cJSON_Delete(fx);
     free(text);
-    free(tokens); free(seq_start); free(targets); free(weight);
+    free(tokens); free(seq_start); free(targets); free(weight); free(ha); free(hb); free(want_out);
     mesh_free(&mesh);
     comm_finalize();
     return fail ? 1 : 0;
