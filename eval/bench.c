@@ -207,7 +207,7 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
     double mpf = median(pf, rounds), mfrac = median(frac, rounds);
     median(ratio, rounds);   /* sorted: ratio[0] and ratio[rounds - 1] are the extremes */
     median(hw, rounds);
-    if (g_rank == 0) {
+    if (mesh_is_root(m->mesh)) {
         printf("read bandwidth %.1f-%.1f GB/s, median %.1f (copy %.1f); weights %.1f MB per token -> batch-1 bound %.1f tokens/s\n",
                bw[0], bw[rounds - 1], mbw, copy, bytes / 1e6, bound);
         printf("median of %d rounds: decode batch 1: %.1f tokens/s (%.0f%% of its round's bound); batch %d: %.1f tokens/s "
@@ -259,7 +259,7 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
     double *times = xmalloc(sizeof(double) * iters), loss = 0;
     MicroBatch mb = {tokens, start, B, targets, weight, NULL};
     for (int it = -1; it < iters; it++) {
-        comm_barrier(&mesh->world);
+        comm_barrier(&mesh->group);
         double t0 = now_seconds();
         optim_zero_grad(o, grads);
         train_forward(m, &a, tokens, start, B);
@@ -267,13 +267,13 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
         train_acts_wait(&a);
         train_tied_embedding_all_reduce(m, &a, &gw);
         optim_step(o, m, grads);
-        comm_barrier(&mesh->world);
+        comm_barrier(&mesh->group);
         if (it >= 0) times[it] = now_seconds() - t0;
     }
     double med = median(times, iters);
     float pk = (float)peak_rss_mib();
-    comm_all_reduce_max(&mesh->world, &pk, 1);
-    if (g_rank == 0)
+    comm_all_reduce_max(&mesh->group, &pk, 1);
+    if (mesh_is_root(mesh))
         printf("{\"bench\": \"train\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"recompute\": \"%s\", "
                "\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"activations_mib\": %.1f, \"peak_rss_mib\": %.1f, "
                "\"last_loss\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d}\n",
@@ -317,7 +317,9 @@ int bench_main(int argc, char **argv) {
     if (batch < 1 || seq < 1 || iters < 1 || threads < 1) user_error("bench: --batch, --seq, --iters, --threads must be >= 1");
     cpu_set_threads(threads);
     Mesh mesh;
-    mesh_init(&mesh, tp, pp);
+    Comm world = comm_world();   /* this command's meshes span the job */
+    mesh_init(&mesh, &world, tp, pp);
+    comm_free(&world);
     Model m;
     model_load(&m, model_dir, &mesh);
     if (train) {
@@ -329,7 +331,7 @@ int bench_main(int argc, char **argv) {
         return rc;
     }
     if (generate) {
-        if (mesh.world_size != 1) user_error("bench --generate runs on one rank");
+        if (mesh.size != 1) user_error("bench --generate runs on one rank");
         if (new_tokens < 1 || big < 1) user_error("--new-tokens and --big-batch must be >= 1");
         int rc = bench_generate(&m, threads, seq, new_tokens, big, iters);
         model_free(&m);
@@ -341,7 +343,7 @@ int bench_main(int argc, char **argv) {
     model_alloc_state(&m, N, seq);
     MemPlan plan = model_mem_plan(&m);
     model_print_memory_plan(&m, &plan);
-    if (g_rank == 0) {
+    if (mesh_is_root(&mesh)) {
         fprintf(stderr, "+------------------------+--------------------------------+\n");
         args_print(opts, n_opts);
         model_print_summary(&m);
@@ -352,21 +354,21 @@ int bench_main(int argc, char **argv) {
     for (int b = 0; b <= batch; b++) start[b] = b * seq;
     double *times = xmalloc(sizeof(double) * iters);
     for (int it = -1; it < iters; it++) {
-        comm_barrier(&mesh.world);
+        comm_barrier(&mesh.group);
         double t0 = now_seconds();
         model_forward(&m, tokens, start, batch);
-        comm_barrier(&mesh.world);
+        comm_barrier(&mesh.group);
         if (it >= 0) times[it] = now_seconds() - t0;
     }
     double med = median(times, iters);
     double peak = peak_rss_mib(), peak_max = peak;
-    comm_all_reduce_sum_f64(&mesh.world, &peak, 1);
+    comm_all_reduce_sum_f64(&mesh.group, &peak, 1);
     float pm = (float)peak_max;
-    comm_all_reduce_max(&mesh.world, &pm, 1);
-    if (g_rank == 0) {
+    comm_all_reduce_max(&mesh.group, &pm, 1);
+    if (mesh_is_root(&mesh)) {
         printf("prefill: batch %d x seq %d = %d tokens, median %.4f s over %d runs -> %.1f tokens/s\n", batch, seq, N, med,
                iters, N / med);
-        printf("peak memory: %.1f MiB max per rank, %.1f MiB all %d ranks\n", pm, peak, mesh.world_size);
+        printf("peak memory: %.1f MiB max per rank, %.1f MiB all %d ranks\n", pm, peak, mesh.size);
         printf("{\"bench\": \"prefill\", \"batch\": %d, \"seq\": %d, \"tokens_per_s\": %.2f, \"median_s\": %.6f, "
                "\"peak_rss_mib_max_rank\": %.1f, \"peak_rss_mib_total\": %.1f, \"tp\": %d, \"pp\": %d, \"threads\": %d}\n",
                batch, seq, N / med, med, pm, peak, tp, pp, threads);

@@ -351,7 +351,9 @@ int eval_main(int argc, char **argv) {
     cpu_set_threads(threads);
 
     Mesh mesh;
-    mesh_init(&mesh, tp, pp);
+    Comm world = comm_world();   /* this command's meshes span the job */
+    mesh_init(&mesh, &world, tp, pp);
+    comm_free(&world);
     Model m;
     model_load(&m, model_dir, &mesh);
     int reference = ref != NULL, n;
@@ -360,7 +362,7 @@ int eval_main(int argc, char **argv) {
     Tokenizer *tok = reference ? NULL : tokenizer_open(model_dir, terr, sizeof terr);  /* optional */
     Record *recs = read_records(path, m.cfg.vocab_size, reference, tok, &n);
     if (tok) tokenizer_free(tok);
-    if (g_rank == 0 && !quiet) {
+    if (mesh_is_root(&mesh) && !quiet) {
         fprintf(stderr, "+------------------------+--------------------------------+\n");
         args_print(opts, n_opts);
         model_print_summary(&m);
@@ -403,9 +405,9 @@ int eval_main(int argc, char **argv) {
     /* gather: each record's result lives on its dp group; sum over dp (others hold zeros) */
     comm_all_reduce_sum_f64(&mesh.dp_comm, (double *)res, (size_t)n * sizeof(Result) / sizeof(double));
     comm_all_reduce_sum_f64(&mesh.dp_comm, ours, (size_t)n_pairs_all);
-    if (g_rank == 0 && write_ref) write_reference(write_ref, recs, n, ours);
+    if (mesh_is_root(&mesh) && write_ref) write_reference(write_ref, recs, n, ours);
     int failed = 0;
-    if (g_rank == 0) {
+    if (mesh_is_root(&mesh)) {
         double max_all = 0, sum_all = 0, nll = 0;
         long pairs = 0, positions = 0, agree = 0, total1 = 0, gt = 0, gm = 0, gties = 0, nll_tokens = 0;
         if (!quiet) {
@@ -448,7 +450,7 @@ int eval_main(int argc, char **argv) {
         }
         fflush(stdout);
     }
-    comm_broadcast(&mesh.world, &failed, sizeof(int), 0);
+    comm_broadcast(&mesh.group, &failed, sizeof(int), 0);
     free(ours);
     free(res);
     free(own);

@@ -347,7 +347,7 @@ static void resume_scan(Run *run, const char *path) {
     qsort_r(order, run->n, sizeof(int), cmp_by_id, run->gens);
     int written = resume_scan_file(run, order, path, SKIP_WRITTEN, &run->resume_keep);
     int pending = resume_scan_file(run, order, run->pending_path, SKIP_PENDING, NULL);   /* its tail: ignored */
-    if (g_rank == 0)
+    if (mesh_is_root(run->mesh))
         fprintf(stderr, "resume: %d of %d prompts already in %s, %d more in %s\n", written, run->n, path, pending,
                 run->pending_path);
     free(order);
@@ -374,12 +374,12 @@ static void write_line(int fd, const char *path, const char *line) {
 static void write_ready(Run *run, int idx) {
     while (run->next_write < run->n && (run->gens[run->next_write].done || run->gens[run->next_write].skip)) {
         Gen *g = &run->gens[run->next_write++];
-        if (g->skip == SKIP_WRITTEN || g_rank != 0) continue;
+        if (g->skip == SKIP_WRITTEN || !mesh_is_root(run->mesh)) continue;
         write_line(run->fd, run->out_path, g->line);
         free(g->line);
         g->line = NULL;
     }
-    if (g_rank != 0 || idx < run->next_write || !run->pending_path) return;
+    if (!mesh_is_root(run->mesh) || idx < run->next_write || !run->pending_path) return;
     if (run->pending_fd < 0) {
         run->pending_fd = open(run->pending_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (run->pending_fd < 0) user_error("%s: cannot open for writing: %s", run->pending_path, strerror(errno));
@@ -430,7 +430,7 @@ static char *format_line(const Gen *g) {
  * far by rank 0's group, and other groups' finished prompts. */
 enum { PROGRESS_TICK, PROGRESS_DONE, PROGRESS_FINAL };
 static void progress(Run *run, int why) {
-    if (!run->progress || g_rank != 0) return;
+    if (!run->progress || !mesh_is_root(run->mesh)) return;
     double t = now_seconds(), dt = t - run->t0 > 0 ? t - run->t0 : 1e-9;
     if (why == PROGRESS_TICK && t - run->shown < 0.5) return;
     run->shown = t;
@@ -478,7 +478,7 @@ static void on_finish(void *ctx, Seq *s) {
     run->gen_tokens += s->n_out;
     if (!run->leader) return;
     char *line = format_line(g);
-    if (g_rank == 0) {
+    if (mesh_is_root(run->mesh)) {
         g->line = line;
         write_ready(run, s->index);
         progress(run, PROGRESS_DONE);
@@ -495,7 +495,7 @@ static void on_finish(void *ctx, Seq *s) {
     run->reqs = xrealloc(run->reqs, sizeof(CommRequest) * (run->n_out + 1));
     run->outbox[run->n_out] = msg;
     run->reqs[run->n_out] = (CommRequest){NULL};
-    comm_isend_tag(&run->mesh->world, msg, 8 + n, 0, TAG_LINE, &run->reqs[run->n_out]);
+    comm_isend_tag(&run->mesh->group, msg, 8 + n, 0, TAG_LINE, &run->reqs[run->n_out]);
     run->n_out++;
 }
 
@@ -503,9 +503,9 @@ static void on_finish(void *ctx, Seq *s) {
 static void collect_lines(Run *run, int want) {
     int src;
     size_t bytes;
-    while (run->n_remote > 0 && comm_probe(&run->mesh->world, TAG_LINE, want > 0, &src, &bytes)) {
+    while (run->n_remote > 0 && comm_probe(&run->mesh->group, TAG_LINE, want > 0, &src, &bytes)) {
         char *msg = xmalloc(bytes + 1);
-        comm_recv_tag(&run->mesh->world, msg, bytes, src, TAG_LINE);
+        comm_recv_tag(&run->mesh->group, msg, bytes, src, TAG_LINE);
         int32_t head[2];   /* index, tokens */
         memcpy(head, msg, 8);
         int idx = head[0];
@@ -527,7 +527,7 @@ static void collect_lines(Run *run, int want) {
 
 static void on_step(void *ctx) {
     Run *run = ctx;
-    if (g_rank == 0 && run->n_remote) collect_lines(run, 0);
+    if (mesh_is_root(run->mesh) && run->n_remote) collect_lines(run, 0);
     progress(run, PROGRESS_TICK);
 }
 
@@ -631,7 +631,9 @@ int generate_main(int argc, char **argv) {
     cpu_set_threads(threads);
 
     Mesh mesh;
-    mesh_init(&mesh, tp, pp);
+    Comm world = comm_world();   /* this command's meshes span the job */
+    mesh_init(&mesh, &world, tp, pp);
+    comm_free(&world);
     Run run = {0};
     run.resume_keep = -1;   /* keep the whole file (--resume may say less); 0 would truncate a pipe */
     run.out_path = out_path;
@@ -657,7 +659,7 @@ int generate_main(int argc, char **argv) {
     read_input(&run, in_path, &d, &m.cfg, eos, n_eos);
     if (resume) resume_scan(&run, out_path);
     run.progress = show_progress || isatty(2);
-    if (g_rank == 0) {
+    if (mesh_is_root(&mesh)) {
         fprintf(stderr, "+------------------------+--------------------------------+\n");
         args_print(opts, n_opts);
         model_print_summary(&m);
@@ -692,7 +694,7 @@ int generate_main(int argc, char **argv) {
         CHECK(engine_add(e, &g->seq, err, sizeof err) == 0);
     }
     /* every input check is done: only now is the output file created */
-    if (g_rank == 0) {
+    if (mesh_is_root(&mesh)) {
         run.fd = open(out_path, O_WRONLY | O_CREAT | O_APPEND | (resume ? 0 : O_TRUNC), 0644);
         if (run.fd < 0) user_error("%s: cannot open for writing: %s", out_path, strerror(errno));
         if (run.resume_keep >= 0 && ftruncate(run.fd, (off_t)run.resume_keep) != 0)
@@ -705,20 +707,20 @@ int generate_main(int argc, char **argv) {
             user_error("%s: cannot remove: %s", run.pending_path, strerror(errno));
         }
     }
-    comm_barrier(&mesh.world);
+    comm_barrier(&mesh.group);
     run.t0 = now_seconds();
     write_ready(&run, -1);
     engine_run(e);
-    if (g_rank == 0) collect_lines(&run, run.n_remote);   /* the other groups' last lines */
+    if (mesh_is_root(&mesh)) collect_lines(&run, run.n_remote);   /* the other groups' last lines */
     else run.n_remote = 0;
     for (int i = 0; i < run.n_out; i++) { comm_wait(&run.reqs[i]); free(run.outbox[i]); }
     free(run.reqs);
     free(run.outbox);
     write_ready(&run, -1);
-    CHECK(g_rank != 0 || run.next_write == run.n);
+    CHECK(!mesh_is_root(&mesh) || run.next_write == run.n);
     /* a deferred write error (NFS, quota) surfaces at close: the pending file then stays for --resume */
-    if (g_rank == 0 && close(run.fd) != 0) user_error("%s: write failed at close: %s", out_path, strerror(errno));
-    if (g_rank == 0 && run.pending_path) {   /* every line is in the output now */
+    if (mesh_is_root(&mesh) && close(run.fd) != 0) user_error("%s: write failed at close: %s", out_path, strerror(errno));
+    if (mesh_is_root(&mesh) && run.pending_path) {   /* every line is in the output now */
         if (run.pending_fd >= 0) close(run.pending_fd);
         if (unlink(run.pending_path) != 0 && errno != ENOENT) user_error("%s: cannot remove: %s", run.pending_path, strerror(errno));
     }
@@ -729,14 +731,14 @@ int generate_main(int argc, char **argv) {
     double agg[6] = {(double)run.gen_tokens, (double)st.prefill_tokens, st.prefill_s, (double)st.decode_tokens,
                      st.decode_s, (double)st.preemptions};
     if (!run.leader) memset(agg, 0, sizeof agg);
-    comm_all_reduce_sum_f64(&mesh.world, agg, 6);
+    comm_all_reduce_sum_f64(&mesh.group, agg, 6);
     run.gen_tokens = (long)agg[0];
     st.prefill_tokens = (long)agg[1]; st.decode_tokens = (long)agg[3]; st.preemptions = (long)agg[5];
     st.prefill_s = agg[2] / mesh.dp; st.decode_s = agg[4] / mesh.dp;   /* groups run at the same time */
     double peak = peak_rss_mib();
     float pk = (float)peak;
-    comm_all_reduce_max(&mesh.world, &pk, 1);
-    if (g_rank == 0) {
+    comm_all_reduce_max(&mesh.group, &pk, 1);
+    if (mesh_is_root(&mesh)) {
         fprintf(stderr, "generated: %d prompts, %ld tokens in %.2f s | prefill steps %ld tokens %.1f tok/s | decode steps %ld tokens "
                         "%.1f tok/s | %ld steps, %ld preemptions | KV %d blocks x %d tokens, peak %d used | peak RSS %.1f MiB/rank\n",
                 run.n_total, run.gen_tokens, now_seconds() - run.t0, st.prefill_tokens,

@@ -101,6 +101,10 @@ void cpu_row_max(float *mx, const float *x, int N, int V, float T);
 void cpu_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T);
 /* z (N) = x[n, targets[n] - v0] / T where this shard owns targets[n], else 0 (targets -1 too) */
 void cpu_pick_logits(float *z, const float *x, const int *targets, int N, int V, int v0, float T);
+/* lse (N) += log(sum) (N): finishes cpu_row_max + cpu_row_sumexp once the sums are all-reduced */
+void cpu_log_add(float *lse, const float *sum, int N);
+/* out (n) = a - b[idx[i]] (b[i] when idx is NULL): a logit minus its row's log-sum-exp */
+void cpu_sub_at(float *out, const float *a, const float *b, const int *idx, int n);
 
 /* Vocab-parallel lookup: out (N, D) = table rows for ids in [v0, v0 + V_local), zero elsewhere.
  * table (V_local, D). */
@@ -136,6 +140,8 @@ typedef struct Backend {
     void (*row_max)(float *mx, const float *x, int N, int V, float T);
     void (*row_sumexp)(float *sum, const float *x, const float *mx, int N, int V, float T);
     void (*pick_logits)(float *z, const float *x, const int *targets, int N, int V, int v0, float T);
+    void (*log_add)(float *lse, const float *sum, int N);
+    void (*sub_at)(float *out, const float *a, const float *b, const int *idx, int n);
     /* backward */
     void (*matmul_backward)(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w, int N,
                             int n_in, int n_out);

@@ -1,5 +1,6 @@
 /* args.c — see args.h. */
 #include "runtime/args.h"
+#include "runtime/comm.h"
 #include "runtime/util.h"
 #include <errno.h>
 #include <math.h>
@@ -51,7 +52,8 @@ void args_parse(const char *usage_text, Option *opts, int n, int argc, char **ar
     }
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--help") || !strcmp(argv[a], "-h")) {
-            if (g_rank == 0) usage(usage_text, opts, n);
+            if (util_is_reporter()) usage(usage_text, opts, n);   /* the group's root; before any group, world rank 0 */
+            comm_finalize();
             exit(0);
         }
         const Option *o = NULL;

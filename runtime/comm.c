@@ -12,25 +12,33 @@ void comm_init(int *argc, char ***argv) {
     int init = 0;
     MPI_Initialized(&init);
     if (!init) MPI_CHECK(MPI_Init(argc, argv));
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_world_size);
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    util_set_reporter(r == 0, NULL);   /* until a role group says otherwise */
 }
 
+/* The job ends together: a rank whose group is done waits here for every other group, so an error
+ * raised later in another group (MPI_Abort) still finds it alive. Open MPI's mpirun hangs when one
+ * rank aborts after others have left through MPI_Finalize (seen with role groups). */
 void comm_finalize(void) {
     int fin = 0;
     MPI_Finalized(&fin);
-    if (!fin) MPI_Finalize();
+    if (fin) return;
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Finalize();
 }
 
-Comm comm_world(void) {
+static Comm dup_of(MPI_Comm parent) {
     Comm c;
     MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
-    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, h));
+    MPI_CHECK(MPI_Comm_dup(parent, h));
     c.handle = h;
     MPI_Comm_rank(*h, &c.rank);
     MPI_Comm_size(*h, &c.size);
     return c;
 }
+Comm comm_world(void) { return dup_of(MPI_COMM_WORLD); }
+Comm comm_dup(const Comm *c) { return dup_of(HANDLE(c)); }
 
 Comm comm_split(const Comm *parent, int color, int key) {
     Comm c;

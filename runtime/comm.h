@@ -12,9 +12,12 @@ typedef struct {
     void *handle;  /* the backend's communicator */
 } Comm;
 
-void comm_init(int *argc, char ***argv);   /* MPI_Init; sets g_rank / g_world_size */
+void comm_init(int *argc, char ***argv);   /* MPI_Init; world rank 0 reports errors until groups exist */
 void comm_finalize(void);
+/* A new communicator over every rank of the job: what a command cuts its meshes or role groups
+ * from (the only place the world is named outside the error path). */
 Comm comm_world(void);
+Comm comm_dup(const Comm *c);
 Comm comm_split(const Comm *parent, int color, int key);
 void comm_free(Comm *c);
 

@@ -182,7 +182,7 @@ void model_logits_lse(const Model *m, const float *logits, int N, float T, float
     comm_all_reduce_max(tp, lse, N);                  /* global row max: exact in any order */
     m->be->row_sumexp(sum, logits, lse, N, m->vocab_local, T);
     model_tp_sum(m, sum, N);                          /* global sum of exp, in rank order */
-    for (int n = 0; n < N; n++) lse[n] += logf(sum[n]);
+    m->be->log_add(lse, sum, N);
     free(sum);
 }
 
@@ -192,7 +192,7 @@ void model_pair_logprobs(const Model *m, const float *logits, const float *lse, 
     for (int i = 0; i < n_pairs; i++)   /* the owner contributes the logit, the others 0 */
         m->be->pick_logits(pick + i, logits + (size_t)row[i] * Vl, tok + i, 1, Vl, m->vocab_start, T);
     model_tp_sum(m, pick, (size_t)n_pairs);
-    for (int i = 0; i < n_pairs; i++) lp[i] = pick[i] - lse[row[i]];
+    m->be->sub_at(lp, pick, lse, row, n_pairs);
 }
 
 void model_argmax(const Model *m, const float *logits, int N, int *ids, float *vals) {
@@ -209,7 +209,7 @@ void model_score(Model *m, const int *tokens, const int *seq_start, int n_seqs, 
         float *pick = xmalloc(sizeof(float) * (n_pairs + 1));
         model_logits_lse(m, m->s.logits, N, 1.0f, out->lse);
         model_argmax(m, m->s.logits, N, out->argmax, out->argmax_logprob);
-        for (int n = 0; n < N; n++) out->argmax_logprob[n] -= out->lse[n];   /* the max logit - lse */
+        m->be->sub_at(out->argmax_logprob, out->argmax_logprob, out->lse, NULL, N);   /* the max logit - lse */
         model_pair_logprobs(m, m->s.logits, out->lse, n_pairs, row, tok, 1.0f, pick, out->pair_logprob);
         free(pick);
     }

@@ -1,11 +1,17 @@
-/* mesh.h — the TP x DP x PP mesh: world rank <-> coordinates, and one Comm per axis.
+/* mesh.h — the TP x DP x PP mesh over a group of ranks: rank <-> coordinates, one Comm per axis;
+ * and role groups: the world cut into named groups of consecutive ranks, each with its own meshes.
  *
- * Rank algebra (Megatron's order: tp fastest, then dp, then pp):
- *     rank = tp_rank + tp * (dp_rank + dp * pp_rank),   dp = world_size / (tp * pp)
+ * Rank algebra within the mesh's group (Megatron's order: tp fastest, then dp, then pp):
+ *     rank = tp_rank + tp * (dp_rank + dp * pp_rank),   dp = group size / (tp * pp)
  * Worked example, 8 ranks, tp=2 pp=2 dp=2:
  *     TP groups {0,1} {2,3} {4,5} {6,7}      (same dp, pp)
  *     DP groups {0,2} {1,3} {4,6} {5,7}      (same tp, pp)
  *     PP groups {0,4} {1,5} {2,6} {3,7}      (same tp, dp); pp stage s = pp_rank
+ * Role groups, e.g. a world of 6 split as actor 4, critic 2 (group_split): the actor's ranks are
+ * world 0-3 and its mesh (tp=2 pp=2) numbers them 0-3 as above; the critic's are world 4-5, its
+ * own ranks 0-1 (tp=2). Each group's rank 0 is its root: it writes, logs and reports errors. Two
+ * meshes may be built over the same group (two models in one process, e.g. a policy and a frozen
+ * reference), at different layouts.
  * A Mesh* is passed down explicitly; there are no global rank getters.
  * Does not own model-dependent checks (heads vs tp, layers vs pp: runtime/model.c). */
 #ifndef TANDEM_MESH_H
@@ -13,14 +19,30 @@
 #include "runtime/comm.h"
 
 typedef struct {
-    int world_rank, world_size;
+    int rank, size;                 /* this rank within the mesh's group, and the group's size */
     int tp, dp, pp;                 /* axis sizes */
     int tp_rank, dp_rank, pp_rank;  /* this rank's coordinates */
-    Comm world, tp_comm, dp_comm, pp_comm;
+    Comm group, tp_comm, dp_comm, pp_comm;   /* group: a duplicate of the parent communicator */
 } Mesh;
 
-/* Splits the world; an impossible layout is a user_error (reported once by rank 0). */
-void mesh_init(Mesh *m, int tp, int pp);
+/* Cuts the ranks of parent into a tp x pp x dp mesh (collective over parent); an impossible layout
+ * is a user_error (reported by the group's root). */
+void mesh_init(Mesh *m, const Comm *parent, int tp, int pp);
 void mesh_free(Mesh *m);
 int mesh_rank_of(const Mesh *m, int tp_rank, int dp_rank, int pp_rank);
+static inline int mesh_is_root(const Mesh *m) { return m->rank == 0; }
+
+/* This rank's role group: groups of counts[0], counts[1], ... consecutive world ranks, in order. */
+typedef struct {
+    char name[32];
+    int index;           /* which group */
+    int first, n;        /* its world ranks: first .. first + n - 1 */
+    Comm comm;           /* its ranks (collective over them only) */
+} RoleGroup;
+/* Splits world (collective over it). The counts must be >= 1 and sum to the world size, else one
+ * user_error naming `flag` (e.g. "--actor-ranks/--critic-ranks"). Makes the group's root this
+ * process's error reporter, with the group's name in front of its messages when n_groups > 1. */
+void group_split(const Comm *world, int n_groups, const char *const *names, const int *counts, const char *flag,
+                 RoleGroup *mine);
+void group_free(RoleGroup *g);
 #endif

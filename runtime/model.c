@@ -380,7 +380,7 @@ void model_free(Model *m) {
 }
 
 void model_print_summary(const Model *m) {
-    if (m->mesh->world_rank != 0) return;
+    if (m->mesh->rank != 0) return;
     const ModelConfig *c = &m->cfg;
     const char *rope = c->rope_scaling == ROPE_LLAMA3 ? "llama3" : c->rope_scaling == ROPE_LINEAR ? "linear" : "none";
     fprintf(stderr, "+----------------------+------------+\n");
@@ -407,11 +407,11 @@ void model_print_memory_plan(const Model *m, const MemPlan *p) {
     const Mesh *mesh = m->mesh;
     enum { K = 5 };
     float mine[K] = {(float)p->weights, (float)p->grads, (float)p->moments, (float)p->acts, (float)p->kv};
-    float *all = xmalloc(sizeof(float) * K * mesh->world_size);
-    comm_all_gather(&mesh->world, mine, all, K);
-    if (mesh->world_rank == 0) {
+    float *all = xmalloc(sizeof(float) * K * mesh->size);
+    comm_all_gather(&mesh->group, mine, all, K);
+    if (mesh->rank == 0) {
         fprintf(stderr, "memory plan (MiB)       weights   grads  moments  activations  kv_cache    total\n");
-        for (int r = 0; r < mesh->world_size; r++) {
+        for (int r = 0; r < mesh->size; r++) {
             const float *v = all + K * r;
             double mib[K], tot = 0;
             for (int k = 0; k < K; k++) tot += mib[k] = v[k] / 1048576.0;
@@ -429,7 +429,7 @@ void kv_init(KVCache *kv, const Model *m, size_t bytes, int block) {
     size_t kvd = (size_t)m->n_heads_kv_local * m->cfg.head_dim;
     size_t per_block = 2 * (size_t)m->n_layers_local * block * kvd * sizeof(float);
     float nb = (float)(bytes / per_block);
-    comm_all_reduce_max(&m->mesh->world, (nb = -nb, &nb), 1);   /* the minimum over ranks */
+    comm_all_reduce_max(&m->mesh->group, (nb = -nb, &nb), 1);   /* the minimum over ranks */
     kv->n_blocks = (int)-nb;
     if (kv->n_blocks < 1)
         user_error("--kv-cache-mem: %.2f MiB holds no %d-token block (%.3f MiB per block on the largest stage)",

@@ -12,8 +12,17 @@
 #include <time.h>
 #include <unistd.h>
 
-int g_rank = 0;
-int g_world_size = 1;
+/* The error path is the one place that asks MPI about the whole world (ARCHITECTURE.md: an error
+ * stops the whole job). Who speaks for a user_error is the root of this process's group, set by
+ * whoever makes the group (util_set_reporter); until then, world rank 0 (set by comm_init). */
+static int s_reporter = 1;
+static char s_group[32];
+
+void util_set_reporter(int is_reporter, const char *group_name) {
+    s_reporter = is_reporter;
+    snprintf(s_group, sizeof s_group, "%s", group_name ? group_name : "");
+}
+int util_is_reporter(void) { return s_reporter; }
 
 static int mpi_up(void) {
     int init = 0, fin = 0;
@@ -21,33 +30,45 @@ static int mpi_up(void) {
     MPI_Finalized(&fin);
     return init && !fin;
 }
+static int world_rank(void) {
+    int r = 0;
+    if (mpi_up()) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+static int world_size(void) {
+    int n = 1;
+    if (mpi_up()) MPI_Comm_size(MPI_COMM_WORLD, &n);
+    return n;
+}
 
 _Noreturn static void stop_job(void) {
     fflush(stdout);
     fflush(stderr);
-    if (g_world_size > 1 && mpi_up()) {
+    if (world_size() > 1 && mpi_up()) {
         usleep(300 * 1000); /* let mpirun forward our last line before the abort tears the job down */
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     exit(1);
 }
 
-/* "tandem: [rank N] message": the one line every error exit prints */
+/* "tandem: [group] [rank N] message": the one line every error exit prints (the group's name only
+ * when the world has several role groups) */
 static void report(int with_rank, const char *fmt, va_list ap) {
     fputs("tandem: ", stderr);
-    if (with_rank) fprintf(stderr, "[rank %d] ", g_rank);
+    if (s_group[0]) fprintf(stderr, "[%s] ", s_group);
+    if (with_rank) fprintf(stderr, "[rank %d] ", world_rank());
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
 }
 
 _Noreturn void user_error(const char *fmt, ...) {
     va_list ap;
-    /* Other ranks saw the same input; rank 0 reports and aborts the job. Should rank 0 not get
-     * here (a problem only this rank sees), this rank is still alive after a while: it says it
-     * itself rather than let the job end without a word. */
-    if (g_rank != 0) sleep(10);
+    /* The other ranks of the group saw the same input; its root reports and aborts the whole job
+     * (every group). Should the root not get here (a problem only this rank sees), this rank is
+     * still alive after a while: it says it itself rather than let the job end without a word. */
+    if (!s_reporter) sleep(10);
     va_start(ap, fmt);
-    report(g_rank != 0, fmt, ap);
+    report(!s_reporter, fmt, ap);
     va_end(ap);
     stop_job();
 }
@@ -55,13 +76,13 @@ _Noreturn void user_error(const char *fmt, ...) {
 _Noreturn void rank_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    report(g_world_size > 1, fmt, ap);
+    report(world_size() > 1, fmt, ap);
     va_end(ap);
     stop_job();
 }
 
 _Noreturn void check_failed(const char *expr, const char *file, int line) {
-    fprintf(stderr, "tandem: internal error [rank %d] %s:%d: CHECK(%s) failed%s%s\n", g_rank, file,
+    fprintf(stderr, "tandem: internal error [rank %d] %s:%d: CHECK(%s) failed%s%s\n", world_rank(), file,
             line, expr, errno ? ": " : "", errno ? strerror(errno) : "");
     stop_job();
 }

@@ -4,9 +4,10 @@
  *   CHECK(cond)         a bug or a system failure: names the statement, file, line and rank,
  *                       then stops the whole job (MPI_Abort with several ranks).
  *   user_error(...)     bad user input: one line "tandem: <message>", non-zero exit. Call it only
- *                       where every rank sees the same input (config, flags, layout): rank 0 prints,
- *                       every rank exits. rank_error(...) is for input only one rank sees (its own
- *                       shard's bytes): that rank prints and aborts the job.
+ *                       where every rank of a group sees the same input (config, flags, layout):
+ *                       the group's root prints (the reporter), the whole job stops (every group).
+ *                       rank_error(...) is for input only one rank sees (its own shard's bytes):
+ *                       that rank prints and aborts the job.
  * This file does not own MPI setup (runtime/comm.c) nor any parsing. */
 #ifndef TANDEM_UTIL_H
 #define TANDEM_UTIL_H
@@ -14,8 +15,12 @@
 #include <stdint.h>
 #include <stdio.h>
 
-extern int g_rank;        /* world rank, set by comm_init; 0 before it */
-extern int g_world_size;  /* world size, set by comm_init; 1 before it */
+/* Whether this process speaks for its group (user_error's line, --help): the root of its role
+ * group (group_split) or, with no groups, world rank 0 (comm_init). group_name (NULL: none) goes in
+ * front of error lines. This is the error path's state, not a rank getter: code that writes or
+ * logs asks its Mesh (mesh_is_root). */
+void util_set_reporter(int is_reporter, const char *group_name);
+int util_is_reporter(void);
 
 _Noreturn void user_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 _Noreturn void rank_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

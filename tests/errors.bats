@@ -120,7 +120,7 @@ expect_error() {
     run timeout 60 $MPIRUN 4 "$TANDEM" eval --model "$M" --reference "$REF" --pp 4
     expect_error "*--pp 4 is larger than num_hidden_layers 2*"
     run timeout 60 $MPIRUN 3 "$TANDEM" eval --model "$M" --reference "$REF" --tp 2
-    expect_error "*world size 3 is not divisible by tp*pp = 2*1*"
+    expect_error "*3 ranks are not divisible by tp*pp = 2*1*"
 }
 
 @test "errors: a bad tensor only the second stage reads is still reported, as one line" {

@@ -55,7 +55,9 @@ static int cmd_save(int argc, char **argv) {
     int overwrite = argc >= 7 && strcmp(argv[6], "overwrite") == 0;
     int fail_last = argc >= 7 && strcmp(argv[6], "fail-last-stage") == 0;
     Mesh mesh;
-    mesh_init(&mesh, tp, pp);
+    Comm world = comm_world();   /* this command's meshes span the job */
+    mesh_init(&mesh, &world, tp, pp);
+    comm_free(&world);
     Model m;
     model_load(&m, argv[2], &mesh);
     if (fail_last) {
@@ -69,7 +71,7 @@ static int cmd_save(int argc, char **argv) {
         int rc = checkpoint_save_model(&m, argv[2], argv[3], 0);
         if (last) CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
         if (rc != -1) { fprintf(stderr, "FAIL: the save with a failing writer returned %d\n", rc); return 1; }
-        if (mesh.world_rank == 0) {
+        if (mesh.rank == 0) {
             char tmp[4096];
             snprintf(tmp, sizeof tmp, "%s.tmp.%d", argv[3], (int)getpid());
             if (access(argv[3], F_OK) == 0 || access(tmp, F_OK) == 0) {
@@ -77,9 +79,9 @@ static int cmd_save(int argc, char **argv) {
                 return 1;
             }
         }
-        printf("ok: failed save returned -1 [rank %d]\n", mesh.world_rank);
+        printf("ok: failed save returned -1 [rank %d]\n", mesh.rank);
         fflush(stdout);
-        comm_barrier(&mesh.world);  /* every rank's line before the second save */
+        comm_barrier(&mesh.group);  /* every rank's line before the second save */
     }
     int rc = checkpoint_save_model(&m, argv[2], argv[3], overwrite);
     if (rc == 0)
@@ -201,7 +203,9 @@ static void check_same(const char *a_dir, const char *b_dir) {
 static int cmd_save_score(int argc, char **argv) {
     int tp = argc >= 7 ? atoi(argv[5]) : 1, pp = argc >= 7 ? atoi(argv[6]) : 1;
     Mesh mesh;
-    mesh_init(&mesh, tp, pp);
+    Comm world = comm_world();   /* this command's meshes span the job */
+    mesh_init(&mesh, &world, tp, pp);
+    comm_free(&world);
     Model m;
     model_load_score(&m, argv[2], &mesh, 7);
     enum { S = 3 };
@@ -220,7 +224,7 @@ static int cmd_save_score(int argc, char **argv) {
     for (int i = 0; i < S && m.is_last; i++) last[i] = m.s.logits[start[i + 1] - 1];
     comm_broadcast(&mesh.pp_comm, last, sizeof last, pp - 1);
     int rc = checkpoint_save_model(&m, argv[2], argv[3], 1);
-    if (mesh.world_rank == 0 && rc == 0) {
+    if (mesh.rank == 0 && rc == 0) {
         FILE *f = fopen(argv[4], "w");
         CHECK(f);
         fprintf(f, "{\"ids\": [");
@@ -232,7 +236,7 @@ static int cmd_save_score(int argc, char **argv) {
         fprintf(f, "], \"scores\": [%.9g, %.9g, %.9g]}\n", last[0], last[1], last[2]);
         CHECK(fclose(f) == 0);
     }
-    if (rc == 0) printf("ok: saved score model [rank %d]\n", mesh.world_rank);
+    if (rc == 0) printf("ok: saved score model [rank %d]\n", mesh.rank);
     model_free(&m);
     mesh_free(&mesh);
     return rc ? 1 : 0;
@@ -240,7 +244,9 @@ static int cmd_save_score(int argc, char **argv) {
 
 static int cmd_compare(int argc, char **argv) {
     Mesh mesh;
-    mesh_init(&mesh, 1, 1);
+    Comm world = comm_world();   /* this command's meshes span the job */
+    mesh_init(&mesh, &world, 1, 1);
+    comm_free(&world);
     Model orig, saved;
     model_load(&orig, argv[2], &mesh);
     model_load(&saved, argv[3], &mesh);
@@ -358,7 +364,7 @@ static int cmd_torch_sft(char **argv) {
 
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
-    cpu_set_threads(g_world_size > 1 ? 1 : 2);
+    cpu_set_threads(getenv("OMPI_COMM_WORLD_SIZE") ? 1 : 2);   /* 1 per rank under mpirun */
     int rc = 2;
     if (argc >= 4 && strcmp(argv[1], "save") == 0 && argc != 5 && argc <= 7) rc = cmd_save(argc, argv);
     else if (argc >= 4 && strcmp(argv[1], "compare") == 0) rc = cmd_compare(argc, argv);

@@ -160,7 +160,9 @@ int main(int argc, char **argv) {
     int tp = argc > 3 ? atoi(argv[2]) : 1, pp = argc > 3 ? atoi(argv[3]) : 1;
     cpu_set_threads(1);
     Mesh mesh;
-    mesh_init(&mesh, tp, pp);
+    Comm world = comm_world();   /* this command's meshes span the job */
+    mesh_init(&mesh, &world, tp, pp);
+    comm_free(&world);
     Model m;
     model_load(&m, argv[1], &mesh);
     Run r = {.m = &m, .max_len = 9 + MAX_NEW};
@@ -232,7 +234,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
 
     int any = fail || (m.is_last && (c1 == 0 || c2 == 0));
-    comm_all_reduce_sum_int(&mesh.world, &any, 1);
+    comm_all_reduce_sum_int(&mesh.group, &any, 1);
     engine_free(e);
     engine_free(fresh);
     for (int i = 0; i < r.n; i++) { free(r.seqs[i].prompt); seq_free(&r.seqs[i]); }

@@ -255,7 +255,9 @@ static void fill_grads(Run *r, int step) {
 }
 
 static void run_init(Run *r, const char *dir, int tp, int pp) {
-    mesh_init(&r->mesh, tp, pp);
+    Comm world = comm_world();   /* this command's meshes span the job */
+    mesh_init(&r->mesh, &world, tp, pp);
+    comm_free(&world);
     model_load(&r->m, dir, &r->mesh);
     r->n_info = model_param_infos(&r->m, NULL, 0);
     r->infos = xmalloc(sizeof(ParamInfo) * r->n_info);
@@ -289,7 +291,7 @@ static void run_steps(Run *r, Optim *o, int from, int to) {
         optim_zero_grad(o, r->grads);
         fill_grads(r, s);
         float norm = optim_step(o, &r->m, r->grads);
-        if (r->mesh.world_rank == 0)
+        if (r->mesh.rank == 0)
             printf("norm %d %a (%.9g, lr %.6g, clip x%.6g)\n", s, norm, norm, optim_lr(o, s), clip_scale(norm, o->cfg.clip));
     }
 }
@@ -311,8 +313,8 @@ static void print_checksum(Run *r) {
                 col[5] += 1;
             }
         }
-    comm_all_reduce_sum_f64(&r->mesh.world, col, 6);
-    if (r->mesh.world_rank == 0)
+    comm_all_reduce_sum_f64(&r->mesh.group, col, 6);
+    if (r->mesh.rank == 0)
         printf("checksum %.0f %.0f %.0f %.0f (%.0f of %.0f params changed)\n", col[0], col[1], col[2], col[3], col[4], col[5]);
 }
 
@@ -325,7 +327,7 @@ static int check_replicas(Run *r) {
     memcpy(tmp, m->params, sizeof(float) * m->n_params);
     comm_broadcast(&r->mesh.dp_comm, tmp, sizeof(float) * m->n_params, 0);
     if (memcmp(tmp, m->params, sizeof(float) * m->n_params) != 0) {
-        fprintf(stderr, "FAIL rank %d: params differ from dp rank 0's\n", r->mesh.world_rank);
+        fprintf(stderr, "FAIL rank %d: params differ from dp rank 0's\n", r->mesh.rank);
         fail = 1;
     }
     for (int t = 0; t < r->n_info; t++) {
@@ -334,7 +336,7 @@ static int check_replicas(Run *r) {
         memcpy(tmp, m->params + in->offset, sizeof(float) * in->numel);
         comm_broadcast(&r->mesh.tp_comm, tmp, sizeof(float) * in->numel, 0);
         if (memcmp(tmp, m->params + in->offset, sizeof(float) * in->numel) != 0) {
-            fprintf(stderr, "FAIL rank %d: %s differs from tp rank 0's\n", r->mesh.world_rank, in->name);
+            fprintf(stderr, "FAIL rank %d: %s differs from tp rank 0's\n", r->mesh.rank, in->name);
             fail = 1;
         }
     }
@@ -352,7 +354,7 @@ static int check_replicas(Run *r) {
             comm_recv(&r->mesh.pp_comm, tmp, bytes, 0);
             if (memcmp(tmp, m->params + in->offset, bytes) != 0) {
                 fprintf(stderr, "FAIL rank %d: the tied lm_head copy differs from the first stage's embedding\n",
-                        r->mesh.world_rank);
+                        r->mesh.rank);
                 fail = 1;
             }
         }
@@ -372,7 +374,7 @@ static int test_mesh(const char *dir, int tp, int pp, int zero, int steps) {
     int fail = check_replicas(&r);
     if (!fail)
         printf("ok: optim mesh rank %d (tp %d dp %d pp %d, zero %d): %zu params, %zu state floats per moment\n",
-               r.mesh.world_rank, tp, r.mesh.dp, pp, zero, r.m.n_params, o->n_state);
+               r.mesh.rank, tp, r.mesh.dp, pp, zero, r.m.n_params, o->n_state);
     optim_free(o);
     run_free(&r);
     return fail;
@@ -397,7 +399,7 @@ static int test_resume(const char *dir, int tp, int pp, int zero, const char *ou
     o = optim_new(&r.m, &r.mesh, mesh_config(zero));
     run_steps(&r, o, 0, 2);
     char path[4096];
-    state_path(path, sizeof path, out, r.mesh.world_rank);
+    state_path(path, sizeof path, out, r.mesh.rank);
     CHECK(optim_save(o, path) == 0);
     optim_free(o);
     o = optim_new(&r.m, &r.mesh, mesh_config(zero));
@@ -405,8 +407,8 @@ static int test_resume(const char *dir, int tp, int pp, int zero, const char *ou
     CHECK(o->step == 2);
     run_steps(&r, o, 2, 4);
     int fail = memcmp(straight, r.m.params, sizeof(float) * r.m.n_params) != 0;
-    if (fail) fprintf(stderr, "FAIL rank %d: params after save/load differ from the straight run\n", r.mesh.world_rank);
-    else printf("ok: optim resume rank %d: bit-identical params after 2 + save/load + 2 steps\n", r.mesh.world_rank);
+    if (fail) fprintf(stderr, "FAIL rank %d: params after save/load differ from the straight run\n", r.mesh.rank);
+    else printf("ok: optim resume rank %d: bit-identical params after 2 + save/load + 2 steps\n", r.mesh.rank);
     free(straight);
     optim_free(o);
     run_free(&r);
@@ -419,7 +421,7 @@ static int test_load(const char *dir, int tp, int pp, int zero, const char *file
     Optim *o = optim_new(&r.m, &r.mesh, mesh_config(zero));
     int rc = optim_load(o, file);
     if (rc != 0) printf("cannot open %s\n", file);
-    else printf("ok: optim load rank %d: step %d\n", r.mesh.world_rank, o->step);
+    else printf("ok: optim load rank %d: step %d\n", r.mesh.rank, o->step);
     optim_free(o);
     run_free(&r);
     return rc != 0 ? 2 : 0;

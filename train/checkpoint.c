@@ -264,10 +264,10 @@ static int save_stage(const Model *m, const char *tmp, StageList *list) {
         path = path_join(tmp, name);
         if (!dir_exists(tmp)) {
             fprintf(stderr, "tandem: [rank %d] %s: directory not visible from this rank (the output must be "
-                    "on a filesystem every rank sees)\n", mesh->world_rank, tmp);
+                    "on a filesystem every rank sees)\n", mesh->rank, tmp);
             failed = 1;
         } else if (!(w = st_writer_open(path, hdr, nh, ST_F32))) {
-            fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->world_rank, path, strerror(errno));
+            fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->rank, path, strerror(errno));
             failed = 1;
         }
         free(hdr);
@@ -302,7 +302,7 @@ static int save_stage(const Model *m, const char *tmp, StageList *list) {
         CHECK(placed == numel_global);  /* the shards tile the tensor exactly once */
         /* a failed write still gathers the rest: the other tp ranks are sending */
         if (w && st_writer_put(w, full, numel_global) != 0 && !failed) {
-            fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->world_rank, path, strerror(errno));
+            fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->rank, path, strerror(errno));
             failed = 1;
         }
         free(full);
@@ -313,7 +313,7 @@ static int save_stage(const Model *m, const char *tmp, StageList *list) {
     }
     free(recv_buf);
     if (w && st_writer_close(w) != 0 && !failed) {
-        fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->world_rank, path, strerror(errno));
+        fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->rank, path, strerror(errno));
         failed = 1;
     }
     free(path);
@@ -431,7 +431,7 @@ static int publish(const char *tmp, const char *out, int overwrite) {
 
 int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_dir, int overwrite) {
     const Mesh *mesh = m->mesh;
-    int root = mesh->world_rank == 0;
+    int root = mesh->rank == 0;
     /* "out/" and "out" are the same directory; the temp name must sit beside it, not inside */
     char out[PATH_MAX];
     snprintf(out, sizeof out, "%s", out_dir);
@@ -439,7 +439,7 @@ int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_d
 
     Prepare *p = xcalloc(1, sizeof(Prepare));
     if (root) prepare(src_dir, out, overwrite, m->head == HEAD_SCORE ? &m->cfg : NULL, p);
-    comm_broadcast(&mesh->world, p, sizeof(Prepare), 0);
+    comm_broadcast(&mesh->group, p, sizeof(Prepare), 0);
     if (p->status == PREP_USER_ERROR) user_error("%s", p->text);
     if (p->status == PREP_IO_ERROR) {
         if (root) fprintf(stderr, "tandem: %s\n", p->text);
@@ -452,12 +452,12 @@ int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_d
     if (mesh->dp_rank == 0) failed = save_stage(m, p->tmp, &list);
     if (mesh->dp_rank == 0 && mesh->tp_rank == 0) failed |= write_index(m, p->tmp, &list);
     free(list.names);
-    comm_all_reduce_sum_int(&mesh->world, &failed, 1);  /* also: every writer has finished */
+    comm_all_reduce_sum_int(&mesh->group, &failed, 1);  /* also: every writer has finished */
 
     int result = -1;
     if (root && failed) remove_tree(p->tmp);
     if (root && !failed) result = publish(p->tmp, out, overwrite);
-    comm_broadcast(&mesh->world, &result, sizeof result, 0);
+    comm_broadcast(&mesh->group, &result, sizeof result, 0);
     free(p);
     return result;
 }

@@ -52,7 +52,7 @@ static int bad(Loader *L, int line, const char *fmt, ...) {
     va_end(ap);
     if (!L->c->skip_bad_records) user_error("%s:%d: %s", L->d->path, line, msg);
     L->d->stats.n_bad++;
-    if (L->n_warned++ < MAX_WARNINGS && g_rank == 0)
+    if (L->n_warned++ < MAX_WARNINGS && util_is_reporter())   /* bad-input lines: the error reporter */
         fprintf(stderr, "tandem: warning: %s:%d: %s (record skipped)\n", L->d->path, line, msg);
     return -1;
 }

@@ -65,6 +65,8 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     for (int i = 0; i < N_REST; i++) total += sizes[i];
 
     a->arena = xmalloc(sizeof(float) * (total ? total : 1));
+    a->host_out = xmalloc(sizeof(float) * (N ? N : 1));
+    a->host_dout = xmalloc(sizeof(float) * (N ? N : 1));
     a->n_arena = total;
     float *p = a->arena;
     for (size_t l = 0; l < Ll; l++) {
@@ -96,7 +98,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     if (c->tie_embeddings && m->mesh->pp > 1)   /* color 0: first and last stage; 1: the middle ones */
         a->emb_comm = comm_split(&m->mesh->pp_comm, !(m->is_first || m->is_last), m->mesh->pp_rank);
 
-    if (m->mesh->world_rank == 0)
+    if (m->mesh->rank == 0)
         fprintf(stderr, "train activations: %.2f MiB (rank 0: %d tokens, %zu layers, %.2f MiB per layer%s)\n",
                 total * 4.0 / (1 << 20), max_tokens, Ll, per_layer * 4.0 / (1 << 20),
                 recompute ? "; recompute: only layer inputs kept" : "");
@@ -107,6 +109,8 @@ void train_acts_free(TrainActs *a) {
     comm_free(&a->kv_comm);
     comm_free(&a->emb_comm);
     free(a->arena);
+    free(a->host_out);
+    free(a->host_dout);
     free(a->iarena);
     free(a->layers);
     memset(a, 0, sizeof(*a));
@@ -158,14 +162,16 @@ const float *train_outputs(Model *m, TrainActs *a, const int *targets, float tem
     int N = a->N;
     if (m->head == HEAD_SCORE) {              /* the values are the head's output, (N, 1) */
         m->be->copy(a->out, a->logits, N);
-        return a->out;
+    } else {
+        /* the logprob of generation (model_pair_logprobs): vocab-parallel lse, then the target's logit */
+        model_logits_lse(m, a->logits, N, temperature, a->lse);
+        model_pair_logprobs(m, a->logits, a->lse, N, a->rows, targets, temperature, a->pick, a->out);
     }
-    /* the logprob of generation (model_pair_logprobs): vocab-parallel lse, then the target's logit */
-    model_logits_lse(m, a->logits, N, temperature, a->lse);
-    model_pair_logprobs(m, a->logits, a->lse, N, a->rows, targets, temperature, a->pick, a->out);
-    for (int n = 0; n < N; n++)
-        if (targets[n] < 0) a->out[n] = 0.0f;
-    return a->out;
+    m->be->to_host(a->host_out, a->out, sizeof(float) * N);
+    if (m->head != HEAD_SCORE)
+        for (int n = 0; n < N; n++)
+            if (targets[n] < 0) a->host_out[n] = 0.0f;
+    return a->host_out;
 }
 
 double loss_xent(const MicroBatch *mb, int N, const float *out, float *dout, void *user) {
@@ -206,7 +212,8 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
     if (m->is_last) {
         CHECK(mb->seq_start[mb->n_seqs] == N);
         const float *out = train_outputs(m, a, mb->targets, hook->temperature);
-        loss = (float)hook->fn(mb, N, out, a->dout, hook->user);                        /* the loss hook */
+        loss = (float)hook->fn(mb, N, out, a->host_dout, hook->user);                   /* the loss hook */
+        be->to_device(a->dout, a->host_dout, sizeof(float) * N);
         if (m->head == HEAD_SCORE) {
             /* values = xb_final score^T, score replicated: dxb is the same full sum on every rank */
             be->matmul_backward(dxb, grads->score, NULL, a->dout, a->xb_final, m->w.score, N, D, 1);

@@ -64,6 +64,7 @@ typedef struct {
     float *dgate, *dup, *dact; /* (N, F_local) */
     float *dlogits;            /* (N, V_local) last stage: the logits buffer, overwritten by the backward */
     float *out, *dout;         /* (N) the hook's per-token outputs (logprobs or values) and their gradient */
+    float *host_out, *host_dout; /* (N) host copies the hook reads and writes (to_host / to_device) */
     float *lse, *pick;         /* (N) log-sum-exp of each row (LM), target logits (scratch) */
     float *rope;               /* (N, Dh) cos then sin of each token's RoPE angles, made by train_forward */
     float *scratch;            /* attention: omp threads * scratch_stride */
@@ -93,7 +94,8 @@ void train_acts_free(TrainActs *a);
 void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_start, int n_seqs);
 
 /* After train_forward, on the last stage: a->out (N) = the hook's per-token outputs (logprobs of
- * targets at `temperature`, or values); returns a->out (NULL on other stages). */
+ * targets at `temperature`, or values), copied to the host (a->host_out, 0 where targets[n] < 0);
+ * returns a->host_out (NULL on other stages). The hook is host code: this is its one transfer in. */
 const float *train_outputs(Model *m, TrainActs *a, const int *targets, float temperature);
 
 /* The hook and the backward of the batch of the last train_forward; every rank calls it.

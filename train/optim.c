@@ -191,7 +191,7 @@ void optim_zero_grad(const Optim *o, float *grads) { memset(grads, 0, sizeof(flo
 double optim_lr(const Optim *o, int step) { return lr_schedule(&o->cfg, step); }
 
 void optim_print_summary(const Optim *o) {
-    if (o->mesh->world_rank != 0) return;
+    if (o->mesh->rank != 0) return;
     const OptimConfig *c = &o->cfg;
     const char *sched = c->schedule == LR_COSINE ? "cosine" : c->schedule == LR_LINEAR ? "linear" : "constant";
     fprintf(stderr, "+----------------------+------------+\n");

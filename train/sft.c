@@ -103,10 +103,10 @@ static void save_checkpoint(Model *m, Optim *o, Data *d, const char *model_dir, 
     char dir[4096], path[4200];
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", out, step);
     if (checkpoint_save_model(m, model_dir, dir, 1)) return;   /* the failing rank said why; go on */
-    snprintf(path, sizeof path, "%s/optim.rank%d.bin", dir, m->mesh->world_rank);
+    snprintf(path, sizeof path, "%s/optim.rank%d.bin", dir, m->mesh->rank);
     if (optim_save(o, path)) rank_error("%s: cannot write: %s", path, strerror(errno));
-    comm_barrier(&m->mesh->world);
-    if (m->mesh->world_rank != 0) return;
+    comm_barrier(&m->mesh->group);
+    if (m->mesh->rank != 0) return;
     uint8_t cur[DATA_CURSOR_BYTES];
     data_cursor_save(d, cur);
     char hex[2 * DATA_CURSOR_BYTES + 1];
@@ -222,7 +222,9 @@ int sft_main(int argc, char **argv) {
     cpu_set_threads(threads);
 
     Mesh mesh;
-    mesh_init(&mesh, tp, pp);
+    Comm world = comm_world();   /* this command's meshes span the job */
+    mesh_init(&mesh, &world, tp, pp);
+    comm_free(&world);
     Model m;
     model_load(&m, resume ? resume : model_dir, &mesh);
     char err[1024];
@@ -269,11 +271,11 @@ int sft_main(int argc, char **argv) {
             user_error("%s/trainer_state.json: %s", resume, err);
         if (ts.tp == tp && ts.pp == pp && ts.dp == mesh.dp && ts.zero == zero) {
             char path[4200];
-            snprintf(path, sizeof path, "%s/optim.rank%d.bin", resume, mesh.world_rank);
+            snprintf(path, sizeof path, "%s/optim.rank%d.bin", resume, mesh.rank);
             if (optim_load(o, path)) rank_error("%s: cannot read", path);
         } else {
             o->step = step0;
-            if (g_rank == 0)
+            if (mesh_is_root(&mesh))
                 fprintf(stderr, "resume: saved with tp=%d pp=%d dp=%d zero=%d, now tp=%d pp=%d dp=%d zero=%d: weights and "
                                 "data position continue, the optimizer state restarts\n",
                         ts.tp, ts.pp, ts.dp, ts.zero, tp, pp, mesh.dp, zero);
@@ -296,7 +298,7 @@ int sft_main(int argc, char **argv) {
     plan.moments = 2.0 * sizeof(float) * o->n_state;
     for (int i = 0; i < n_slots; i++) plan.acts += sizeof(float) * (double)slots[i].n_arena;
     model_print_memory_plan(&m, &plan);
-    if (g_rank == 0) {
+    if (mesh_is_root(&mesh)) {
         fprintf(stderr, "+------------------------+--------------------------------+\n");
         args_print(opts, n_opts);
         model_print_summary(&m);
@@ -307,14 +309,14 @@ int sft_main(int argc, char **argv) {
                 step0, M, max_tokens);
     }
     FILE *metrics = NULL;
-    if (g_rank == 0) {
+    if (mesh_is_root(&mesh)) {
         char *mp = path_join(out, "metrics.jsonl");
         metrics = fopen(mp, resume ? "a" : "w");
         if (!metrics) user_error("%s: cannot open for writing: %s", mp, strerror(errno));
         free(mp);
     }
     double eval0 = have_eval ? eval_loss(&m, &slots[0], &val, &mesh) : NAN;
-    if (g_rank == 0 && have_eval) {
+    if (mesh_is_root(&mesh) && have_eval) {
         fprintf(stderr, "eval loss before: %.4f\n", eval0);
         fprintf(metrics, "{\"step\": %d, \"eval_loss\": %.6f}\n", step0, eval0);
         fflush(metrics);
@@ -343,7 +345,7 @@ int sft_main(int argc, char **argv) {
         tokens_done += st.n_tokens;
         double dt = now_seconds() - t0, el = now_seconds() - t_start;
         double eta = (last - step) * (el / (step - step0));
-        if (g_rank == 0) {
+        if (mesh_is_root(&mesh)) {
             if (step % log_every == 0 || step == last)
                 fprintf(stderr, "step %d/%d | loss %.4f | lr %.3g | grad norm %.3f | %.0f tok/s | ETA %.0f s\n", step,
                         steps_total, loss, lr_now, gnorm, st.n_tokens / dt, eta);
@@ -353,7 +355,7 @@ int sft_main(int argc, char **argv) {
         }
         if (have_eval && eval_every > 0 && step % eval_every == 0 && step != last) {
             double ev = eval_loss(&m, &slots[0], &val, &mesh);
-            if (g_rank == 0) {
+            if (mesh_is_root(&mesh)) {
                 fprintf(stderr, "step %d eval loss %.4f\n", step, ev);
                 fprintf(metrics, "{\"step\": %d, \"eval_loss\": %.6f}\n", step, ev);
                 fflush(metrics);
@@ -362,12 +364,12 @@ int sft_main(int argc, char **argv) {
         if (save_every > 0 && step % save_every == 0 && step != last) save_checkpoint(&m, o, &train, model_dir, out, step);
     }
     double ev1 = have_eval ? eval_loss(&m, &slots[0], &val, &mesh) : NAN;
-    if (g_rank == 0 && have_eval) {
+    if (mesh_is_root(&mesh) && have_eval) {
         fprintf(stderr, "eval loss after: %.4f (before %.4f)\n", ev1, eval0);
         fprintf(metrics, "{\"step\": %d, \"eval_loss\": %.6f}\n", step, ev1);
     }
     save_checkpoint(&m, o, &train, model_dir, out, step);
-    if (g_rank == 0) {
+    if (mesh_is_root(&mesh)) {
         double el = now_seconds() - t_start;
         fprintf(stderr, "trained %d steps, %ld tokens in %.1f s (%.0f tok/s), peak RSS %.1f MiB\n", step - step0,
                 tokens_done, el, tokens_done / (el > 0 ? el : 1), peak_rss_mib());

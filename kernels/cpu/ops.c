@@ -292,6 +292,14 @@ void cpu_add_to(float *out, const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+void cpu_log_add(float *lse, const float *sum, int N) {
+    for (int n = 0; n < N; n++) lse[n] += logf(sum[n]);
+}
+
+void cpu_sub_at(float *out, const float *a, const float *b, const int *idx, int n) {
+    for (int i = 0; i < n; i++) out[i] = a[i] - b[idx ? idx[i] : i];
+}
+
 void cpu_copy(float *dst, const float *src, size_t n) {
     if (dst != src) memcpy(dst, src, sizeof(float) * n);
 }
