@@ -6,6 +6,7 @@
 #include "generate/generate.h"
 #include "runtime/convert.h"
 #include "tokenizer/tokenize_cli.h"
+#include "rlhf/pref.h"
 #include "train/sft.h"
 
 typedef struct {
@@ -18,6 +19,8 @@ static const Command commands[] = {
     {"generate", generate_main, "offline batch generation from jsonl (sampling, KV cache, continuous batching)"},
     {"eval", eval_main, "Hugging Face parity (--reference) or loss/perplexity (--data) of a model"},
     {"sft", sft_main, "supervised fine-tuning (TP x PP x DP, 1F1B, AdamW / ZeRO-1, checkpoints, resume)"},
+    {"rm", rm_main, "reward-model training on preference pairs (score head, Bradley-Terry)"},
+    {"dpo", dpo_main, "direct preference optimization against a frozen reference (sigmoid, IPO)"},
     {"convert", convert_main, "import a llama2.c checkpoint into a Hugging Face directory"},
     {"bench", bench_main, "prefill throughput and peak memory"},
     {"tokenize", tokenize_main, "text <-> token ids with a model's tokenizer"},

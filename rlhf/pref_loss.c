@@ -62,6 +62,7 @@ double loss_bt(const MicroBatch *mb, int N, const float *out, float *dout, void 
         h->stats.correct += rc > rr;
         h->stats.chosen += rc;
         h->stats.rejected += rr;
+        h->stats.sq += rc * rc + rr * rr;
     }
     return loss;
 }

@@ -36,6 +36,7 @@ typedef struct {
     double n_pairs, loss, correct;      /* correct: r_c > r_r (RM) or reward_c > reward_r (DPO) */
     double chosen, rejected;            /* rewards: RM values; DPO beta (pi - ref) */
     double logp_chosen, logp_rejected;  /* DPO: the policy's pi */
+    double sq;                          /* RM: sum of r_c^2 + r_r^2 (the rewards' std) */
 } PrefStats;
 enum { PREF_STATS_N = sizeof(PrefStats) / sizeof(double) };
 

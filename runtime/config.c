@@ -155,6 +155,11 @@ void config_load(ModelConfig *c, const char *dir) {
     if (c->score_head) c->tie_embeddings = 0;   /* no lm_head to tie */
     c->pad_id = get_int(&g, "pad_token_id", 0, -1);
     c->init_range = get_float(&g, g.root, "initializer_range", 0, 0.02f);
+    c->has_reward_stats = c->score_head && get_bool(&g, "normalize_reward", 0);
+    c->reward_mean = c->has_reward_stats ? get_float(&g, g.root, "mean", 1, 0.0f) : 0.0f;
+    c->reward_std = c->has_reward_stats ? get_float(&g, g.root, "std", 1, 1.0f) : 1.0f;
+    if (c->has_reward_stats && !(c->reward_std > 0 && isfinite(c->reward_std) && isfinite(c->reward_mean)))
+        user_error("%s: \"std\" must be > 0 and \"mean\" finite (reward normalisation)", path);
     if (!(c->init_range >= 0 && isfinite(c->init_range))) user_error("%s: initializer_range must be >= 0", path);
     cJSON *dt = get(&g, "torch_dtype");
     snprintf(c->torch_dtype, sizeof(c->torch_dtype), "%s", dt && cJSON_IsString(dt) ? dt->valuestring : "float32");

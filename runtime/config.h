@@ -36,6 +36,8 @@ typedef struct {
     int num_labels;        /* score head rows (1: a scalar reward / value; the only one supported) */
     int pad_id;            /* pad_token_id, -1 if none */
     float init_range;      /* initializer_range (0.02): std of a new score head */
+    int has_reward_stats;  /* a reward model with "normalize_reward": its eval rewards' mean and std */
+    float reward_mean, reward_std;   /* config "mean", "std" (OpenRLHF's names) */
 } ModelConfig;
 
 /* Reads DIR/config.json; user_error on a missing file, a missing or unsupported key. */

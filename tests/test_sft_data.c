@@ -50,6 +50,7 @@ static void parse_opts(DataConfig *c, int argc, char **argv) {
         else if (!strcmp(k, "train_on_prompt")) c->train_on_prompt = atoi(v);
         else if (!strcmp(k, "skip_bad")) c->skip_bad_records = atoi(v);
         else if (!strcmp(k, "pairs_as_chat")) c->pairs_as_chat = atoi(v);
+        else if (!strcmp(k, "preference")) c->preference = atoi(v);
         else if (!strcmp(k, "chat")) c->chat_template = v;
         else {   /* the field-name options: X_key=NAME sets DataConfig.X_key */
             int i = 0;
@@ -86,8 +87,10 @@ static void print_ints(const char *name, const int *v, int n) {
 static void print_stats(const Data *d) {
     const DataStats *s = &d->stats;
     printf("stats records=%d samples=%d bad=%d truncated=%d dropped_long=%d dropped_no_loss=%d "
-           "tokens=%lld loss=%lld\n", s->n_records, s->n_samples, s->n_bad, s->n_truncated,
+           "tokens=%lld loss=%lld", s->n_records, s->n_samples, s->n_bad, s->n_truncated,
            s->n_dropped_long, s->n_dropped_no_loss, (long long)s->n_tokens, (long long)s->n_loss_tokens);
+    if (d->group == 2) printf(" pairs=%d", s->n_pairs);
+    printf("\n");
 }
 
 static int cmd_dump(Data *d) {
@@ -95,7 +98,9 @@ static int cmd_dump(Data *d) {
         const int32_t *ids;
         const uint8_t *mask;
         int n = data_sample(d, i, &ids, &mask);
-        printf("{\"line\":%d,\"input_ids\":[", d->sample_line[i]);
+        printf("{\"line\":%d,", d->sample_line[i]);
+        if (d->group == 2) printf("\"side\":\"%s\",\"margin\":%g,", i % 2 ? "rejected" : "chosen", d->margin[i / 2]);
+        printf("\"input_ids\":[");
         for (int t = 0; t < n; t++) printf("%s%d", t ? "," : "", ids[t]);
         printf("],\"mask\":[");
         for (int t = 0; t < n; t++) printf("%s%d", t ? "," : "", mask[t]);
@@ -113,7 +118,11 @@ static int check_batch(const Data *d, const DataBatch *b, int *seen) {
     if (b->seq_start[0] != 0 || b->seq_start[b->n_seqs] != b->n_tokens) FAIL("seq_start ends");
     if (b->n_tokens > data_max_batch_tokens(d)) FAIL("batch of %d tokens > max %d", b->n_tokens, data_max_batch_tokens(d));
     if (b->n_rows > d->cfg.batch_size) FAIL("%d rows > batch_size", b->n_rows);
-    if (!d->cfg.pack && b->n_rows != b->n_seqs) FAIL("pack=0 but %d rows for %d samples", b->n_rows, b->n_seqs);
+    if (!d->cfg.pack && b->n_rows * d->group != b->n_seqs)
+        FAIL("pack=0 but %d rows for %d samples (%d per unit)", b->n_rows, b->n_seqs, d->group);
+    for (int j = 0; d->group == 2 && j + 1 < b->n_seqs; j += 2)   /* a pair: chosen 2i, rejected 2i + 1 */
+        if (b->sample_index[j] % 2 || b->sample_index[j + 1] != b->sample_index[j] + 1)
+            FAIL("sequences %d, %d are samples %d, %d: not one pair", j, j + 1, b->sample_index[j], b->sample_index[j + 1]);
     for (int j = 0; j < b->n_seqs; j++) {
         int s0 = b->seq_start[j], s1 = b->seq_start[j + 1], len = s1 - s0;
         if (len <= 0 || len > d->cfg.seq_len) { FAIL("sequence %d has length %d", j, len); continue; }

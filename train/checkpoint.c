@@ -111,6 +111,13 @@ static char *config_text_score(char *text, const ModelConfig *c) {
     cJSON_AddNumberToObject(root, "num_labels", 1);
     cJSON_AddNumberToObject(root, "pad_token_id", c->pad_id >= 0 ? c->pad_id : c->n_eos ? c->eos_ids[0] : 0);
     cJSON_AddBoolToObject(root, "tie_word_embeddings", 0);
+    const char *stats[] = {"normalize_reward", "mean", "std"};
+    for (size_t i = 0; i < 3; i++) cJSON_DeleteItemFromObjectCaseSensitive(root, stats[i]);
+    if (c->has_reward_stats) {   /* OpenRLHF's names: r_normalized = (r - mean) / std */
+        cJSON_AddBoolToObject(root, "normalize_reward", 1);
+        cJSON_AddNumberToObject(root, "mean", c->reward_mean);
+        cJSON_AddNumberToObject(root, "std", c->reward_std);
+    }
     char *out = cJSON_Print(root);
     cJSON_Delete(root);
     return out;

@@ -36,6 +36,8 @@ typedef struct {
     int chat_format;         /* -1 until the first record that needs it */
     int n_warned;
     TokIds ids, mask;        /* the record being built */
+    TokIds c_ids, c_mask;    /* preference: the chosen sample, while the rejected one is built */
+    float margin;            /* preference: the pair's margin */
     int64_t cap_tokens;
     int cap_samples;
 } Loader;
@@ -104,56 +106,65 @@ static int build_pair(Loader *L, int line, const char *prompt, const char *respo
     return 0;
 }
 
-/* messages / conversations -> ChatMessage list, then the chat template. sharegpt selects the
- * ShareGPT keys and role names. */
-static int build_chat(Loader *L, int line, const cJSON *o, const cJSON *arr, int sharegpt) {
+/* Appends the entries of a messages / conversations array to m (room for all of them): sharegpt
+ * selects the ShareGPT keys and role names. Counts assistant turns into *n_assistant. Returns 0,
+ * or -1 (reported). */
+static int collect_msgs(Loader *L, int line, const cJSON *arr, const char *arr_key, int sharegpt, ChatMessage *m,
+                        int *nm, int *n_assistant) {
     const Keys *k = &L->k;
-    const char *arr_key = sharegpt ? k->conversations : k->messages;
     const char *role_key = sharegpt ? k->from : k->role;
     const char *text_key = sharegpt ? k->value : k->content;
-    if (!cJSON_IsArray(arr)) return bad(L, line, "field \"%s\" is not an array", arr_key);
-    int n = cJSON_GetArraySize(arr);
-    if (n == 0) return bad(L, line, "field \"%s\" is empty", arr_key);
-    ChatMessage *m = xcalloc((size_t)n + 1, sizeof(ChatMessage));
-    int nm = 0, i = 0, n_assistant = 0, rc = -1;
-    if (sharegpt) {
-        const char *sys;
-        int r = get_str(L, line, o, k->system, 1, 1, "", &sys);
-        if (r < 0) goto free_msgs;
-        if (r == 0 && sys[0]) m[nm++] = (ChatMessage){"system", sys};
-    }
+    int i = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, arr) {
         char where[96];
         snprintf(where, sizeof(where), "%s[%d]: ", arr_key, i);
-        if (!cJSON_IsObject(e)) { bad(L, line, "%s[%d] is not an object", arr_key, i); goto free_msgs; }
+        if (!cJSON_IsObject(e)) return bad(L, line, "%s[%d] is not an object", arr_key, i);
         const char *role, *text;
-        if (get_str(L, line, e, role_key, 0, 0, where, &role) < 0) goto free_msgs;
-        if (get_str(L, line, e, text_key, 0, 1, where, &text) < 0) goto free_msgs;
+        if (get_str(L, line, e, role_key, 0, 0, where, &role) < 0) return -1;
+        if (get_str(L, line, e, text_key, 0, 1, where, &text) < 0) return -1;
         const char *r = NULL;
         if (sharegpt) {
             if (!strcmp(role, "human") || !strcmp(role, "user")) r = "user";
             else if (!strcmp(role, "gpt") || !strcmp(role, "assistant")) r = "assistant";
             else if (!strcmp(role, "system")) r = "system";
-            if (!r) {
-                bad(L, line, "%sunknown \"%s\" value \"%s\" (expected human, user, gpt, assistant or system)",
-                    where, role_key, role);
-                goto free_msgs;
-            }
+            if (!r)
+                return bad(L, line, "%sunknown \"%s\" value \"%s\" (expected human, user, gpt, assistant or system)",
+                           where, role_key, role);
         } else {
             if (!strcmp(role, "system") || !strcmp(role, "user") || !strcmp(role, "assistant")) r = role;
-            if (!r) {
-                bad(L, line, "%sunknown %s \"%s\" (expected system, user or assistant)", where, role_key, role);
-                goto free_msgs;
-            }
+            if (!r) return bad(L, line, "%sunknown %s \"%s\" (expected system, user or assistant)", where, role_key, role);
         }
         if (!strcmp(r, "assistant")) {
-            if (!text[0]) { bad(L, line, "%sassistant field \"%s\" is empty", where, text_key); goto free_msgs; }
-            n_assistant++;
+            if (!text[0]) return bad(L, line, "%sassistant field \"%s\" is empty", where, text_key);
+            (*n_assistant)++;
         }
-        m[nm++] = (ChatMessage){r, text};
+        m[(*nm)++] = (ChatMessage){r, text};
         i++;
     }
+    return 0;
+}
+
+/* ShareGPT's top-level "system" string as a leading system message. Returns 0 or -1. */
+static int sharegpt_system(Loader *L, int line, const cJSON *o, ChatMessage *m, int *nm) {
+    const char *sys;
+    int r = get_str(L, line, o, L->k.system, 1, 1, "", &sys);
+    if (r < 0) return -1;
+    if (r == 0 && sys[0]) m[(*nm)++] = (ChatMessage){"system", sys};
+    return 0;
+}
+
+/* messages / conversations -> ChatMessage list, then the chat template. sharegpt selects the
+ * ShareGPT keys and role names. */
+static int build_chat(Loader *L, int line, const cJSON *o, const cJSON *arr, int sharegpt) {
+    const char *arr_key = sharegpt ? L->k.conversations : L->k.messages;
+    if (!cJSON_IsArray(arr)) return bad(L, line, "field \"%s\" is not an array", arr_key);
+    int n = cJSON_GetArraySize(arr);
+    if (n == 0) return bad(L, line, "field \"%s\" is empty", arr_key);
+    ChatMessage *m = xcalloc((size_t)n + 1, sizeof(ChatMessage));
+    int nm = 0, n_assistant = 0, rc = -1;
+    if (sharegpt && sharegpt_system(L, line, o, m, &nm) < 0) goto free_msgs;
+    if (collect_msgs(L, line, arr, arr_key, sharegpt, m, &nm, &n_assistant) < 0) goto free_msgs;
     if (!n_assistant) { bad(L, line, "field \"%s\": no assistant turn (nothing to train on)", arr_key); goto free_msgs; }
     rc = render_chat(L, line, m, nm, sharegpt ? "conversations as chat: " : "");
 free_msgs:
@@ -191,6 +202,31 @@ static int build_record(Loader *L, int line, const cJSON *o) {
                k->response, k->instruction, k->output, k->messages, k->conversations);
 }
 
+/* Appends ids / mask [0, n) as a sample (n_loss: its mask-1 tokens after the first). */
+static void append_sample(Loader *L, int line, const int32_t *ids, const int32_t *mask, int64_t n, int64_t n_loss) {
+    Data *d = L->d;
+    int64_t off = d->sample_off[d->n_samples];
+    if (off + n > L->cap_tokens) {
+        L->cap_tokens = (off + n) * 2 + 4096;
+        d->ids = xrealloc(d->ids, (size_t)L->cap_tokens * sizeof(int32_t));
+        d->mask = xrealloc(d->mask, (size_t)L->cap_tokens);
+    }
+    if (d->n_samples + 1 >= L->cap_samples) {
+        L->cap_samples = L->cap_samples * 2 + 256;
+        d->sample_off = xrealloc(d->sample_off, ((size_t)L->cap_samples + 1) * sizeof(int64_t));
+        d->sample_line = xrealloc(d->sample_line, (size_t)L->cap_samples * sizeof(int));
+        d->margin = xrealloc(d->margin, ((size_t)L->cap_samples / 2 + 1) * sizeof(float));
+    }
+    for (int64_t i = 0; i < n; i++) {
+        d->ids[off + i] = ids[i];
+        d->mask[off + i] = (uint8_t)(mask[i] != 0);
+    }
+    d->sample_line[d->n_samples] = line;
+    d->sample_off[++d->n_samples] = off + n;
+    d->stats.n_tokens += n;
+    d->stats.n_loss_tokens += n_loss;
+}
+
 /* Applies the over-long policy to the built record and appends it as a sample. */
 static void keep_record(Loader *L, int line) {
     Data *d = L->d;
@@ -206,25 +242,171 @@ static void keep_record(Loader *L, int line) {
     int64_t n_loss = 0;
     for (int64_t i = 1; i < n; i++) n_loss += L->mask.ids[i] != 0;
     if (!n_loss) { d->stats.n_dropped_no_loss++; return; }
-    int64_t off = d->sample_off[d->n_samples];
-    if (off + n > L->cap_tokens) {
-        L->cap_tokens = (off + n) * 2 + 4096;
-        d->ids = xrealloc(d->ids, (size_t)L->cap_tokens * sizeof(int32_t));
-        d->mask = xrealloc(d->mask, (size_t)L->cap_tokens);
+    append_sample(L, line, L->ids.ids, L->mask.ids, n, n_loss);
+}
+
+/* ---------------------------------------------------------------- preference pairs */
+
+/* [BOS] + encode(prompt + response) + [EOS] as one text; mask 1 from the token holding the first
+ * response byte. */
+static int build_text_pair(Loader *L, int line, const char *prompt, const char *response, const char *resp_key) {
+    if (!response[0]) return bad(L, line, "field \"%s\": empty response", resp_key);
+    int bos = tokenizer_bos_id(L->t), eos = tokenizer_eos_id(L->t);
+    if (eos < 0) user_error("%s:%d: the tokenizer has no EOS token; preference pairs need one", L->d->path, line);
+    size_t pl = strlen(prompt), rl = strlen(response);
+    char *text = xmalloc(pl + rl + 1);
+    memcpy(text, prompt, pl);
+    memcpy(text + pl, response, rl + 1);
+    TokIds starts = {0};
+    if (bos >= 0) { tok_ids_push(&L->ids, bos); tok_ids_push(&starts, 0); }
+    size_t first = L->ids.n;
+    tokenizer_encode(L->t, text, pl + rl, 0, &L->ids, &starts);
+    size_t resp = first;                       /* the last token that starts at or before the boundary */
+    for (size_t i = first; i < L->ids.n; i++)
+        if ((size_t)starts.ids[i] <= pl) resp = i;
+    for (size_t i = 0; i < L->ids.n; i++) tok_ids_push(&L->mask, i >= resp);
+    tok_ids_push(&L->ids, eos);
+    tok_ids_push(&L->mask, 1);
+    tok_ids_free(&starts);
+    free(text);
+    return 0;
+}
+
+/* chat_render of m, then the loss mask kept on the last assistant turn only (its last run of 1s),
+ * and the sequence cut after it: the last token is the answer's end-of-turn token, where a reward
+ * model reads its score */
+static int build_chat_pair(Loader *L, int line, const ChatMessage *m, int nm, const char *what) {
+    if (nm == 0 || strcmp(m[nm - 1].role, "assistant"))
+        return bad(L, line, "%s: the conversation must end with the assistant's answer", what);
+    if (render_chat(L, line, m, nm, "") < 0) return -1;
+    size_t n = L->mask.n, end = n;
+    while (end > 0 && !L->mask.ids[end - 1]) end--;
+    size_t start = end;
+    while (start > 0 && L->mask.ids[start - 1]) start--;
+    for (size_t i = 0; i < start; i++) L->mask.ids[i] = 0;
+    L->ids.n = L->mask.n = end;   /* ends with the end-of-turn token (the template's "\n" after it goes) */
+    return 0;
+}
+
+/* the prompt of two full texts: their common prefix, cut after its last "\n\nAssistant:", else at
+ * the last space before they part. Returns its length, 0 when there is none. */
+static size_t common_prompt(const char *a, const char *b) {
+    size_t n = 0;
+    while (a[n] && a[n] == b[n]) n++;
+    const char *tag = "\n\nAssistant:";
+    size_t tl = strlen(tag), cut = 0;
+    for (size_t i = 0; i + tl <= n; i++)
+        if (!memcmp(a + i, tag, tl)) cut = i + tl;
+    if (cut) return cut;
+    while (n > 0 && a[n - 1] != ' ' && a[n] && b[n]) n--;   /* do not split a word */
+    return n;
+}
+
+/* the two halves of a pair into (c_ids, c_mask) and (ids, mask) */
+static int build_pref(Loader *L, int line, const cJSON *o) {
+    const Keys *k = &L->k;
+    const cJSON *ch = cJSON_GetObjectItemCaseSensitive(o, "chosen"), *rj = cJSON_GetObjectItemCaseSensitive(o, "rejected");
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, k->prompt), *conv = cJSON_GetObjectItemCaseSensitive(o, k->conversations);
+    const cJSON *mg = cJSON_GetObjectItemCaseSensitive(o, "margin");
+    if (!ch) return bad(L, line, "field \"chosen\" missing (a preference pair needs \"chosen\" and \"rejected\")");
+    if (!rj) return bad(L, line, "field \"rejected\" missing (a preference pair needs \"chosen\" and \"rejected\")");
+    if (mg && !cJSON_IsNumber(mg)) return bad(L, line, "field \"margin\" is not a number");
+    L->margin = mg ? (float)mg->valuedouble : 0.0f;
+    const cJSON *side[2] = {ch, rj};
+    const char *name[2] = {"chosen", "rejected"};
+    int rc = 0;
+    ChatMessage *m = NULL;
+    if (cJSON_IsString(ch) || cJSON_IsString(rj)) {                      /* text */
+        if (!cJSON_IsString(ch) || !cJSON_IsString(rj))
+            return bad(L, line, "fields \"chosen\" and \"rejected\" must both be strings or both lists");
+        const char *prompt = "";
+        size_t cut = 0;
+        if (pr) {
+            if (!cJSON_IsString(pr)) return bad(L, line, "field \"%s\" is not a string", k->prompt);
+            prompt = pr->valuestring;
+        } else {
+            cut = common_prompt(ch->valuestring, rj->valuestring);
+            if (!cut) return bad(L, line, "\"chosen\" and \"rejected\" share no prompt text (and no \"%s\" field)", k->prompt);
+        }
+        if (!strcmp(ch->valuestring, rj->valuestring)) return bad(L, line, "\"chosen\" and \"rejected\" are identical");
+        for (int s = 0; s < 2; s++) {
+            if (s) { TokIds t = L->c_ids; L->c_ids = L->ids; L->ids = t; t = L->c_mask; L->c_mask = L->mask; L->mask = t; }
+            L->ids.n = L->mask.n = 0;
+            if (pr) {
+                if (build_text_pair(L, line, prompt, side[s]->valuestring, name[s]) < 0) return -1;
+            } else {
+                char *p = xmalloc(cut + 1);
+                memcpy(p, ch->valuestring, cut);
+                p[cut] = 0;
+                rc = build_text_pair(L, line, p, side[s]->valuestring + cut, name[s]);
+                free(p);
+                if (rc < 0) return -1;
+            }
+        }
+        return 0;
     }
-    if (d->n_samples + 1 >= L->cap_samples) {
-        L->cap_samples = L->cap_samples * 2 + 256;
-        d->sample_off = xrealloc(d->sample_off, ((size_t)L->cap_samples + 1) * sizeof(int64_t));
-        d->sample_line = xrealloc(d->sample_line, (size_t)L->cap_samples * sizeof(int));
+    /* chat: ShareGPT {conversations, chosen: {from, value}} or lists of messages */
+    int sharegpt = conv != NULL;
+    int cap = 2 + (conv ? cJSON_GetArraySize(conv) : 0) + (pr ? cJSON_GetArraySize(pr) : 0) +
+              (cJSON_IsArray(ch) ? cJSON_GetArraySize(ch) : 1) + (cJSON_IsArray(rj) ? cJSON_GetArraySize(rj) : 1);
+    m = xcalloc((size_t)cap, sizeof(ChatMessage));
+    for (int s = 0; s < 2 && rc == 0; s++) {
+        if (s) { TokIds t = L->c_ids; L->c_ids = L->ids; L->ids = t; t = L->c_mask; L->c_mask = L->mask; L->mask = t; }
+        L->ids.n = L->mask.n = 0;
+        int nm = 0, n_asst = 0;
+        if (sharegpt) {
+            if (!cJSON_IsArray(conv)) { rc = bad(L, line, "field \"%s\" is not an array", k->conversations); break; }
+            if (!cJSON_IsObject(side[s])) { rc = bad(L, line, "field \"%s\" is not an object {\"%s\", \"%s\"}", name[s], k->from, k->value); break; }
+            cJSON *one = cJSON_CreateArray();
+            cJSON_AddItemReferenceToArray(one, (cJSON *)side[s]);
+            rc = sharegpt_system(L, line, o, m, &nm);
+            if (rc == 0) rc = collect_msgs(L, line, conv, k->conversations, 1, m, &nm, &n_asst);
+            if (rc == 0) rc = collect_msgs(L, line, one, name[s], 1, m, &nm, &n_asst);
+            cJSON_Delete(one);
+        } else {
+            if (!cJSON_IsArray(side[s])) { rc = bad(L, line, "field \"%s\" is not a string or a list of messages", name[s]); break; }
+            if (pr && !cJSON_IsArray(pr)) { rc = bad(L, line, "field \"%s\" is not a list of messages", k->prompt); break; }
+            if (pr) rc = collect_msgs(L, line, pr, k->prompt, 0, m, &nm, &n_asst);
+            if (rc == 0) rc = collect_msgs(L, line, side[s], name[s], 0, m, &nm, &n_asst);
+        }
+        if (rc == 0) rc = build_chat_pair(L, line, m, nm, name[s]);
     }
-    for (int64_t i = 0; i < n; i++) {
-        d->ids[off + i] = L->ids.ids[i];
-        d->mask[off + i] = (uint8_t)(L->mask.ids[i] != 0);
+    free(m);
+    if (rc == 0 && L->ids.n == L->c_ids.n && !memcmp(L->ids.ids, L->c_ids.ids, sizeof(int32_t) * L->ids.n))
+        return bad(L, line, "\"chosen\" and \"rejected\" are identical");
+    return rc;
+}
+
+/* Fits one half into seq_len: drops prompt tokens from the left (after a BOS). Returns the new
+ * length, or -1 when the response does not fit with one token before it. */
+static int64_t fit_half(Loader *L, int32_t *ids, int32_t *mask, int64_t n, int *truncated) {
+    int64_t seq = L->c->seq_len, r = 0;
+    while (r < n && !mask[r]) r++;                /* first response token */
+    if (n - r + 1 > seq) return -1;
+    if (n <= seq) return n;
+    int keep_bos = tokenizer_bos_id(L->t) >= 0 && ids[0] == tokenizer_bos_id(L->t);
+    int64_t cut = n - seq, from = keep_bos;          /* drop [from, from + cut) */
+    memmove(ids + from, ids + from + cut, sizeof(int32_t) * (size_t)(n - from - cut));
+    memmove(mask + from, mask + from + cut, sizeof(int32_t) * (size_t)(n - from - cut));
+    *truncated = 1;
+    return seq;
+}
+
+static void keep_pair(Loader *L, int line) {
+    Data *d = L->d;
+    int truncated = 0;
+    int64_t nc = fit_half(L, L->c_ids.ids, L->c_mask.ids, (int64_t)L->c_ids.n, &truncated);
+    int64_t nr = fit_half(L, L->ids.ids, L->mask.ids, (int64_t)L->ids.n, &truncated);
+    if (nc < 0 || nr < 0) { d->stats.n_dropped_long++; return; }
+    d->stats.n_truncated += truncated;
+    int32_t *ids[2] = {L->c_ids.ids, L->ids.ids}, *mask[2] = {L->c_mask.ids, L->mask.ids};
+    int64_t len[2] = {nc, nr};
+    for (int s = 0; s < 2; s++) {
+        int64_t n_loss = 0;
+        for (int64_t i = 1; i < len[s]; i++) n_loss += mask[s][i] != 0;
+        append_sample(L, line, ids[s], mask[s], len[s], n_loss);
     }
-    d->sample_line[d->n_samples] = line;
-    d->sample_off[++d->n_samples] = off + n;
-    d->stats.n_tokens += n;
-    d->stats.n_loss_tokens += n_loss;
+    d->margin[d->n_samples / 2 - 1] = L->margin;
 }
 
 /* text[0..len) holds one record starting at line `line` of the file. */
@@ -251,7 +433,12 @@ static void load_record(Loader *L, const char *text, size_t len, int line) {
     }
     if (!cJSON_IsObject(o)) { bad(L, line, "not a JSON object"); cJSON_Delete(o); return; }
     L->ids.n = L->mask.n = 0;
-    if (build_record(L, line, o) == 0) keep_record(L, line);
+    if (L->c->preference) {
+        L->c_ids.n = L->c_mask.n = 0;
+        if (build_pref(L, line, o) == 0) keep_pair(L, line);
+    } else if (build_record(L, line, o) == 0) {
+        keep_record(L, line);
+    }
     cJSON_Delete(o);
 }
 
@@ -333,6 +520,7 @@ void data_open(Data *d, const char *path, Tokenizer *t, const DataConfig *cfg) {
         if (L.chat_format < 0) user_error("%s", err);
     }
     d->sample_off = xcalloc(1, sizeof(int64_t));
+    d->margin = xcalloc(1, sizeof(float));
     size_t n;
     char *s = read_file(path, &n);
     if (!s) user_error("%s: cannot read the data file", path);
@@ -345,25 +533,31 @@ void data_open(Data *d, const char *path, Tokenizer *t, const DataConfig *cfg) {
     free(s);
     tok_ids_free(&L.ids);
     tok_ids_free(&L.mask);
+    tok_ids_free(&L.c_ids);
+    tok_ids_free(&L.c_mask);
+    d->group = cfg->preference ? 2 : 1;
+    if (cfg->preference) d->cfg.pack = 0;
+    d->stats.n_pairs = cfg->preference ? d->n_samples / 2 : 0;
     d->cfg.chat_template = NULL;     /* the caller's strings: not kept */
     d->cfg.prompt_key = d->cfg.response_key = d->cfg.instruction_key = d->cfg.input_key = NULL;
     d->cfg.output_key = d->cfg.messages_key = d->cfg.role_key = d->cfg.content_key = NULL;
     d->cfg.conversations_key = d->cfg.from_key = d->cfg.value_key = d->cfg.system_key = NULL;
     d->stats.n_samples = d->n_samples;
     if (d->n_samples == 0) {
-        user_error("%s: no samples left (%d records, %d bad, %d over-long dropped, %d with no loss "
-                   "token after truncation)", path, d->stats.n_records, d->stats.n_bad,
+        user_error("%s: no %s left (%d records, %d bad, %d over-long dropped, %d with no loss "
+                   "token after truncation)", path, cfg->preference ? "pairs" : "samples", d->stats.n_records, d->stats.n_bad,
                    d->stats.n_dropped_long, d->stats.n_dropped_no_loss);
     }
     /* iteration state */
     int max_tok = data_max_batch_tokens(d);
-    d->order = xmalloc((size_t)d->n_samples * sizeof(int));
+    d->order = xmalloc((size_t)d->n_samples * sizeof(int));   /* n_samples / group used */
     data_epoch_order(d, 0, d->order);
     d->order_epoch = 0;
     d->b_tokens = xmalloc((size_t)max_tok * sizeof(int));
     d->b_targets = xmalloc((size_t)max_tok * sizeof(int));
     d->b_seq_start = xmalloc(((size_t)max_tok + 1) * sizeof(int));
     d->b_sample = xmalloc((size_t)max_tok * sizeof(int));
+    d->b_margin = xmalloc((size_t)max_tok * sizeof(float));
 }
 
 void data_free(Data *d) {
@@ -377,6 +571,8 @@ void data_free(Data *d) {
     free(d->b_targets);
     free(d->b_seq_start);
     free(d->b_sample);
+    free(d->b_margin);
+    free(d->margin);
     memset(d, 0, sizeof(*d));
 }
 
@@ -396,12 +592,12 @@ int data_sample(const Data *d, int i, const int32_t **ids, const uint8_t **mask)
     return (int)(d->sample_off[i + 1] - d->sample_off[i]);
 }
 
-int data_max_batch_tokens(const Data *d) { return d->cfg.batch_size * d->cfg.seq_len; }
+int data_max_batch_tokens(const Data *d) { return d->cfg.batch_size * d->cfg.seq_len * (d->group ? d->group : 1); }
 
 /* ---------------------------------------------------------------- iteration */
 
 void data_epoch_order(const Data *d, uint64_t epoch, int *out) {
-    int n = d->n_samples;
+    int n = d->n_samples / d->group;   /* units: samples, or pairs */
     for (int i = 0; i < n; i++) out[i] = i;
     if (!d->cfg.shuffle) return;
     uint64_t e = epoch;
@@ -421,33 +617,38 @@ int data_next_batch(Data *d, DataBatch *b) {
         data_epoch_order(d, d->cur.epoch, d->order);
         d->order_epoch = d->cur.epoch;
     }
-    int n = d->n_samples, N = 0, n_seqs = 0, n_rows = 0, n_loss = 0;
+    int g = d->group, n = d->n_samples / g, N = 0, n_seqs = 0, n_rows = 0, n_loss = 0;
     uint64_t p = d->cur.position;
     d->b_seq_start[0] = 0;
     while (n_rows < c->batch_size && p < (uint64_t)n) {
         int row_len = 0;
         do {
-            int i = d->order[p];
-            const int32_t *ids;
-            const uint8_t *mask;
-            int len = data_sample(d, i, &ids, &mask);
+            int u = d->order[p], len = 0;
+            for (int k = 0; k < g; k++) len += (int)(d->sample_off[u * g + k + 1] - d->sample_off[u * g + k]);
             if (row_len > 0 && row_len + len > c->seq_len) break;  /* starts the next row */
-            for (int t = 0; t < len; t++) {
-                d->b_tokens[N + t] = ids[t];
-                d->b_targets[N + t] = t + 1 < len && mask[t + 1] ? ids[t + 1] : -1;
-                n_loss += d->b_targets[N + t] >= 0;
+            if (g == 2) d->b_margin[n_seqs / 2] = d->margin[u];
+            for (int k = 0; k < g; k++) {                           /* the unit's samples */
+                int i = u * g + k;
+                const int32_t *ids;
+                const uint8_t *mask;
+                int sl = data_sample(d, i, &ids, &mask);
+                for (int t = 0; t < sl; t++) {
+                    d->b_tokens[N + t] = ids[t];
+                    d->b_targets[N + t] = t + 1 < sl && mask[t + 1] ? ids[t + 1] : -1;
+                    n_loss += d->b_targets[N + t] >= 0;
+                }
+                d->b_sample[n_seqs] = i;
+                N += sl;
+                d->b_seq_start[++n_seqs] = N;
             }
-            d->b_sample[n_seqs] = i;
-            N += len;
-            d->b_seq_start[++n_seqs] = N;
             row_len += len;
             p++;
         } while (c->pack && p < (uint64_t)n);
         n_rows++;
     }
     *b = (DataBatch){.tokens = d->b_tokens, .seq_start = d->b_seq_start, .targets = d->b_targets,
-                     .sample_index = d->b_sample, .n_tokens = N, .n_seqs = n_seqs, .n_rows = n_rows,
-                     .n_loss = n_loss, .epoch = d->cur.epoch};
+                     .sample_index = d->b_sample, .margin = g == 2 ? d->b_margin : NULL, .n_tokens = N,
+                     .n_seqs = n_seqs, .n_rows = n_rows, .n_loss = n_loss, .epoch = d->cur.epoch};
     d->cur.position = p;
     if (p == (uint64_t)n) { d->cur.epoch++; d->cur.position = 0; }
     return 1;
@@ -501,7 +702,7 @@ int data_cursor_restore(Data *d, const uint8_t *buf, size_t len, char *err, size
                  (unsigned long long)d->cfg.seed, d->cfg.shuffle);
         return -1;
     }
-    if (pos >= ns) {
+    if (pos >= ns / (uint64_t)d->group) {
         snprintf(err, errlen, "data cursor position %llu is past the %llu samples", (unsigned long long)pos,
                  (unsigned long long)ns);
         return -1;

@@ -57,6 +57,27 @@
  *                      left after the first, drop it (stats.n_dropped_no_loss).
  *   OVERLONG_DROP:     drop it (stats.n_dropped_long).
  *
+ * ---- Preference pairs (preference = 1; records detected per record, first match wins) ----
+ *   1. text with a prompt  {"prompt": str, "chosen": str, "rejected": str, "margin": num (opt.)}
+ *   2. ShareGPT (LLaMA-Factory dpo)  {"conversations": [...], "chosen": {"from","value"},
+ *                       "rejected": {...}, "system": str (opt.)}: conversations + the answer
+ *   3. conversational   {"chosen": [messages], "rejected": [messages], "prompt": [messages] (opt.)}:
+ *                       prompt (if any) + the list, whose last message must be the assistant's
+ *   4. full texts       {"chosen": str, "rejected": str} (hh-rlhf): the prompt is their common
+ *                       prefix, cut after its last "\n\nAssistant:" (else before the word where they
+ *                       part); the rest of each text is its response
+ *   Text pairs are tokenized as one text, [BOS] + encode(prompt + response) + [EOS], so the ids are
+ *   those the concatenated text gets (a separate encode of the response would add SentencePiece's
+ *   "▁" at its start, a token the model never sees there at generation time); the response begins
+ *   at the token holding the first response byte. Chat pairs are chat_render's ids; the loss mask
+ *   is the last assistant turn's (its content and end-of-turn token). mask 1 = response + EOS.
+ *   Bad pair records: a field missing or of the wrong type, an empty response, chosen identical to
+ *   rejected, no common prompt text (full texts), a conversation not ending with an assistant turn.
+ *   Over-long: a sample over seq_len loses prompt tokens from the left (after BOS, which stays)
+ *   (stats.n_truncated counts pairs); a pair whose response does not fit with one token before it
+ *   is dropped (stats.n_dropped_long). The order, batches and cursor count pairs: a micro-batch is
+ *   up to batch_size pairs, sequences 2i and 2i+1 the chosen and rejected of pair i; pack is off.
+ *
  * ---- Epochs, shuffle, packing, batches ----
  *   Epoch e visits every sample once in order[e]: the identity without shuffle, else a Fisher-Yates
  *   shuffle of the identity driven by splitmix64 (Steele, Lea, Flood 2014; Vigna's constants):
@@ -91,6 +112,7 @@ typedef struct {
     int train_on_prompt;      /* 1: mask 1 on every token but the first */
     int skip_bad_records;     /* 1: skip and count bad records instead of stopping */
     int pairs_as_chat;        /* 1: prompt/response and Alpaca records go through the chat template */
+    int preference;           /* 1: preference records (see "Preference pairs" above): two samples each */
     const char *chat_template; /* chat format name (chat_format_from_name); NULL = the tokenizer's */
     /* record keys; NULL = the default in quotes */
     const char *prompt_key, *response_key;                 /* "prompt", "response" */
@@ -113,6 +135,7 @@ typedef struct {
     int n_samples;           /* kept */
     int64_t n_tokens;        /* in kept samples */
     int64_t n_loss_tokens;   /* targets >= 0 over kept samples, once each */
+    int n_pairs;             /* preference: pairs kept (n_samples / 2) */
 } DataStats;
 
 typedef struct {
@@ -126,6 +149,7 @@ typedef struct {
     const int *seq_start;    /* (n_seqs + 1) offsets of the samples in tokens; seq_start[n_seqs] = N */
     const int *targets;      /* (N) next token within the sample, -1 = no loss (see top) */
     const int *sample_index; /* (n_seqs) index of each sample in load order (data_sample) */
+    const float *margin;     /* preference: (n_seqs / 2) each pair's margin (0 when the record has none) */
     int n_tokens;            /* N */
     int n_seqs;              /* samples */
     int n_rows;              /* rows (== n_seqs without packing) */
@@ -142,11 +166,14 @@ typedef struct {
     int32_t *ids;            /* (n_tokens) every sample's ids, back to back */
     uint8_t *mask;           /* (n_tokens) */
     int *sample_line;        /* (n_samples) file line the sample came from */
+    int group;               /* samples per unit of the order: 1, or 2 (a preference pair) */
+    float *margin;           /* preference: (n_samples / 2) */
     /* iteration */
     DataCursor cur;
     int *order;              /* (n_samples) order of epoch order_epoch */
     uint64_t order_epoch;
     int *b_tokens, *b_seq_start, *b_targets, *b_sample; /* batch buffers */
+    float *b_margin;
 } Data;
 
 /* Reads and tokenizes every record of path (see top). Bad input: user_error naming path:line and
@@ -161,7 +188,8 @@ void data_print_summary(const Data *d, FILE *f);
  * n ids and mask bytes. d->sample_line[i] is the file line it came from. */
 int data_sample(const Data *d, int i, const int32_t **ids, const uint8_t **mask);
 
-/* Most tokens a batch can have: batch_size * seq_len (size the training activations with it). */
+/* Most tokens a batch can have: batch_size * seq_len, times 2 for preference pairs (size the
+ * training activations with it). */
 int data_max_batch_tokens(const Data *d);
 
 /* The next micro-batch into b; returns 1, or 0 when n_epochs epochs are done (b untouched). */

@@ -15,63 +15,12 @@
 #include "train/grad.h"
 #include "train/optim.h"
 #include "train/schedule.h"
+#include "train/trainer.h"
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* M micro-batches of this dp rank, copied out of Data's buffers */
-typedef struct {
-    MicroBatch *mbs;            /* (M) */
-    int *tokens, *seq_start, *targets;  /* per micro-batch: (max_tokens), (max_tokens + 1), (max_tokens) */
-    float *weight;              /* (max_tokens) per micro-batch */
-    int M, max_tokens, n;       /* n: how many were filled */
-    long loss_tokens, n_tokens; /* over the whole step (all dp ranks) */
-} Step;
-
-static void step_alloc(Step *s, int M, int max_tokens) {
-    memset(s, 0, sizeof(*s));
-    s->M = M;
-    s->max_tokens = max_tokens;
-    s->mbs = xcalloc(M, sizeof(MicroBatch));
-    s->tokens = xmalloc(sizeof(int) * (size_t)M * max_tokens);
-    s->seq_start = xmalloc(sizeof(int) * (size_t)M * (max_tokens + 1));
-    s->targets = xmalloc(sizeof(int) * (size_t)M * max_tokens);
-    s->weight = xmalloc(sizeof(float) * (size_t)M * max_tokens);
-}
-static void step_free(Step *s) {
-    free(s->mbs); free(s->tokens); free(s->seq_start); free(s->targets); free(s->weight);
-}
-
-/* Reads the step's M * dp micro-batches; keeps this dp rank's. Returns 0 when the data has ended
- * before a full step (the partial step is dropped: every dp rank must run the same M). */
-static int step_fill(Step *s, Data *d, const Mesh *mesh) {
-    s->n = 0;
-    s->loss_tokens = s->n_tokens = 0;
-    DataBatch b;
-    for (int k = 0; k < s->M * mesh->dp; k++) {
-        if (!data_next_batch(d, &b)) return 0;
-        s->loss_tokens += b.n_loss;
-        s->n_tokens += b.n_tokens;
-        if (k % mesh->dp != mesh->dp_rank) continue;
-        int i = s->n++;
-        int *tok = s->tokens + (size_t)i * s->max_tokens, *st = s->seq_start + (size_t)i * (s->max_tokens + 1);
-        int *tg = s->targets + (size_t)i * s->max_tokens;
-        memcpy(tok, b.tokens, sizeof(int) * b.n_tokens);
-        memcpy(st, b.seq_start, sizeof(int) * (b.n_seqs + 1));
-        memcpy(tg, b.targets, sizeof(int) * b.n_tokens);
-        s->mbs[i] = (MicroBatch){tok, st, b.n_seqs, tg, s->weight + (size_t)i * s->max_tokens, NULL};
-    }
-    /* every position weighs 1 / (the step's loss tokens over all micro-batches and dp ranks) */
-    float w = s->loss_tokens ? 1.0f / (float)s->loss_tokens : 0.0f;
-    for (int i = 0; i < s->n; i++) {
-        float *wt = s->weight + (size_t)i * s->max_tokens;
-        int N = s->mbs[i].seq_start[s->mbs[i].n_seqs];
-        for (int t = 0; t < N; t++) wt[t] = s->mbs[i].targets[t] >= 0 ? w : 0.0f;
-    }
-    return 1;
-}
 
 /* Mean next-token loss over a whole eval set (forward only), spread over dp ranks. */
 static double eval_loss(Model *m, TrainActs *a, Data *d, const Mesh *mesh) {
@@ -89,72 +38,6 @@ static double eval_loss(Model *m, TrainActs *a, Data *d, const Mesh *mesh) {
     double v[2] = {sum, n};
     comm_all_reduce_sum_f64(&mesh->dp_comm, v, 2);
     return v[1] > 0 ? v[0] / v[1] : NAN;
-}
-
-/* ---- checkpoints: out/checkpoint-STEP = HF model + this layout's training state ----------- */
-
-typedef struct {
-    int step, tp, pp, dp, zero;
-    uint8_t cursor[DATA_CURSOR_BYTES];
-} TrainerState;
-
-/* trainer_state.json is written last (rank 0, atomic): a checkpoint without it is incomplete. */
-static void save_checkpoint(Model *m, Optim *o, Data *d, const char *model_dir, const char *out, int step) {
-    char dir[4096], path[4200];
-    snprintf(dir, sizeof dir, "%s/checkpoint-%d", out, step);
-    if (checkpoint_save_model(m, model_dir, dir, 1)) return;   /* the failing rank said why; go on */
-    snprintf(path, sizeof path, "%s/optim.rank%d.bin", dir, m->mesh->rank);
-    if (optim_save(o, path)) rank_error("%s: cannot write: %s", path, strerror(errno));
-    comm_barrier(&m->mesh->group);
-    if (m->mesh->rank != 0) return;
-    uint8_t cur[DATA_CURSOR_BYTES];
-    data_cursor_save(d, cur);
-    char hex[2 * DATA_CURSOR_BYTES + 1];
-    for (int i = 0; i < DATA_CURSOR_BYTES; i++) sprintf(hex + 2 * i, "%02x", cur[i]);
-    char json[1024];
-    int n = snprintf(json, sizeof json,
-                     "{\"format\": \"tandem-trainer-state\", \"version\": 1, \"step\": %d, \"tp\": %d, \"pp\": %d, "
-                     "\"dp\": %d, \"zero\": %d, \"data_cursor\": \"%s\"}\n",
-                     step, m->mesh->tp, m->mesh->pp, m->mesh->dp, o->cfg.zero, hex);
-    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
-    if (write_file_atomic(path, json, (size_t)n)) user_error("%s: cannot write: %s", path, strerror(errno));
-    fprintf(stderr, "saved %s\n", dir);
-}
-
-/* Reads DIR/trainer_state.json; user_error when it is missing or not ours. */
-static void load_trainer_state(const char *dir, TrainerState *ts) {
-    char *path = path_join(dir, "trainer_state.json");
-    char *text = read_file(path, NULL);
-    if (!text) user_error("%s: missing: not a complete checkpoint (was the run killed while saving?)", path);
-    int v = 0;
-    char hex[2 * DATA_CURSOR_BYTES + 8] = "";
-    const char *p = strstr(text, "\"data_cursor\": \"");
-    if (!strstr(text, "\"tandem-trainer-state\"") ||
-        sscanf(strstr(text, "\"version\":") ? strstr(text, "\"version\":") : "", "\"version\": %d", &v) != 1 || v != 1 ||
-        sscanf(strstr(text, "\"step\":"), "\"step\": %d, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"zero\": %d", &ts->step,
-               &ts->tp, &ts->pp, &ts->dp, &ts->zero) != 5 || !p || sscanf(p + 16, "%112[0-9a-f]", hex) != 1 ||
-        strlen(hex) != 2 * DATA_CURSOR_BYTES)
-        user_error("%s: not a tandem trainer state of version 1", path);
-    for (int i = 0; i < DATA_CURSOR_BYTES; i++) {
-        unsigned b;
-        sscanf(hex + 2 * i, "%2x", &b);
-        ts->cursor[i] = (uint8_t)b;
-    }
-    free(text);
-    free(path);
-}
-
-/* The resume directory must hold the same architecture as --model (its config.json). */
-static void check_same_model(const char *model_dir, const char *resume_dir) {
-    ModelConfig a, b;
-    config_load(&a, model_dir);
-    config_load(&b, resume_dir);
-    if (a.dim != b.dim || a.hidden_dim != b.hidden_dim || a.n_layers != b.n_layers || a.n_heads != b.n_heads ||
-        a.n_heads_kv != b.n_heads_kv || a.head_dim != b.head_dim || a.vocab_size != b.vocab_size ||
-        strcmp(a.model_type, b.model_type))
-        user_error("--resume %s: a checkpoint of another model (%s %dx%d, %d layers) than --model %s (%s %dx%d, %d layers)",
-                   resume_dir, b.model_type, b.dim, b.hidden_dim, b.n_layers, model_dir, a.model_type, a.dim, a.hidden_dim,
-                   a.n_layers);
 }
 
 /* ---- main --------------------------------------------------------------------------------- */
@@ -218,7 +101,7 @@ int sft_main(int argc, char **argv) {
     recompute = !strcmp(recompute_name, "full");
     if (dir_exists(out) && !overwrite && !resume)
         user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", out);
-    if (resume) check_same_model(model_dir, resume);
+    if (resume) trainer_check_same_model(model_dir, resume);
     cpu_set_threads(threads);
 
     Mesh mesh;
@@ -265,7 +148,7 @@ int sft_main(int argc, char **argv) {
     int step0 = 0;
     if (resume) {
         TrainerState ts;
-        load_trainer_state(resume, &ts);
+        trainer_load_state(resume, &ts);
         step0 = ts.step;
         if (data_cursor_restore(&train, ts.cursor, DATA_CURSOR_BYTES, err, sizeof err))
             user_error("%s/trainer_state.json: %s", resume, err);
@@ -361,14 +244,14 @@ int sft_main(int argc, char **argv) {
                 fflush(metrics);
             }
         }
-        if (save_every > 0 && step % save_every == 0 && step != last) save_checkpoint(&m, o, &train, model_dir, out, step);
+        if (save_every > 0 && step % save_every == 0 && step != last) trainer_save_checkpoint(&m, o, &train, model_dir, out, step);
     }
     double ev1 = have_eval ? eval_loss(&m, &slots[0], &val, &mesh) : NAN;
     if (mesh_is_root(&mesh) && have_eval) {
         fprintf(stderr, "eval loss after: %.4f (before %.4f)\n", ev1, eval0);
         fprintf(metrics, "{\"step\": %d, \"eval_loss\": %.6f}\n", step, ev1);
     }
-    save_checkpoint(&m, o, &train, model_dir, out, step);
+    trainer_save_checkpoint(&m, o, &train, model_dir, out, step);
     if (mesh_is_root(&mesh)) {
         double el = now_seconds() - t_start;
         fprintf(stderr, "trained %d steps, %ld tokens in %.1f s (%.0f tok/s), peak RSS %.1f MiB\n", step - step0,
