@@ -12,6 +12,8 @@
 #include "kernels/kernels.h"
 #include "rlhf/pref_loss.h"
 #include "runtime/args.h"
+#include "runtime/jsonl.h"
+#include "tokenizer/tokenizer.h"
 #include "runtime/util.h"
 #include "train/schedule.h"
 #include "train/trainer.h"
@@ -98,11 +100,152 @@ static void log_eval(Pref *p, FILE *metrics, int step, const PrefStats *s, const
     fflush(metrics);
 }
 
+/* ---- rm --score: rewards of {"prompt","response"}, {"text"} or {"messages"} lines ---------- */
+
+/* One line's ids, tokenized as in training: [BOS] + encode(prompt + response) + [EOS] (text: the
+ * same with the text), messages: chat_render, cut after the last end-of-turn token. */
+static void score_tokens(Tokenizer *t, int chat_format, JsonlReader *r, const cJSON *o, TokIds *ids) {
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(o, "prompt"), *rs = cJSON_GetObjectItemCaseSensitive(o, "response");
+    const cJSON *tx = cJSON_GetObjectItemCaseSensitive(o, "text"), *ms = cJSON_GetObjectItemCaseSensitive(o, "messages");
+    ids->n = 0;
+    if (ms) {
+        if (!cJSON_IsArray(ms) || !cJSON_GetArraySize(ms)) user_error("%s:%d: field \"messages\" is not a non-empty list", r->path, r->line);
+        int n = cJSON_GetArraySize(ms), i = 0;
+        ChatMessage *m = xcalloc((size_t)n, sizeof(ChatMessage));
+        const cJSON *e;
+        cJSON_ArrayForEach(e, ms) {
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role"), *c = cJSON_GetObjectItemCaseSensitive(e, "content");
+            if (!cJSON_IsString(role) || !cJSON_IsString(c))
+                user_error("%s:%d: messages[%d]: \"role\" and \"content\" must be strings", r->path, r->line, i);
+            m[i++] = (ChatMessage){role->valuestring, c->valuestring};
+        }
+        if (chat_format < 0) user_error("%s:%d: messages need a chat template (--chat-template)", r->path, r->line);
+        TokIds mask = {0};
+        char err[512];
+        if (chat_render(t, (ChatFormat)chat_format, m, n, 0, ids, &mask, err, sizeof err))
+            user_error("%s:%d: %s", r->path, r->line, err);
+        while (ids->n > 0 && !mask.ids[ids->n - 1]) ids->n--;   /* ends with the answer's end-of-turn */
+        if (!ids->n) user_error("%s:%d: messages: no assistant turn to score", r->path, r->line);
+        tok_ids_free(&mask);
+        free(m);
+        return;
+    }
+    const char *a = "", *b;
+    if (tx) {
+        if (!cJSON_IsString(tx)) user_error("%s:%d: field \"text\" is not a string", r->path, r->line);
+        b = tx->valuestring;
+    } else if (pr || rs) {
+        if (!cJSON_IsString(pr)) user_error("%s:%d: field \"prompt\" missing or not a string", r->path, r->line);
+        if (!cJSON_IsString(rs)) user_error("%s:%d: field \"response\" missing or not a string", r->path, r->line);
+        a = pr->valuestring;
+        b = rs->valuestring;
+    } else {
+        user_error("%s:%d: no \"prompt\"/\"response\", \"text\" or \"messages\" field", r->path, r->line);
+    }
+    size_t la = strlen(a), lb = strlen(b);
+    char *text = xmalloc(la + lb + 1);
+    memcpy(text, a, la);
+    memcpy(text + la, b, lb + 1);
+    if (tokenizer_bos_id(t) >= 0) tok_ids_push(ids, tokenizer_bos_id(t));
+    tokenizer_encode(t, text, la + lb, 0, ids, NULL);
+    tok_ids_push(ids, tokenizer_eos_id(t));
+    free(text);
+}
+
+static int score_main(const char *model_dir, const char *input, const char *output, const char *chat_template, int tp,
+                      int pp, int seq_len, int batch_size) {
+    if (!input || !output) user_error("rm --score: --input and --output are required");
+    ModelConfig cfg;
+    config_load(&cfg, model_dir);
+    if (!cfg.score_head)
+        user_error("%s: a causal LM, not a reward model (rm --score needs a *ForSequenceClassification directory, "
+                   "e.g. one `tandem rm` saved)", model_dir);
+    Mesh mesh;
+    Comm world = comm_world();
+    mesh_init(&mesh, &world, tp, pp);
+    comm_free(&world);
+    Model m;
+    model_load(&m, model_dir, &mesh);
+    char err[1024];
+    Tokenizer *t = tokenizer_open(model_dir, err, sizeof err);
+    if (!t) user_error("%s", err);
+    if (tokenizer_eos_id(t) < 0) user_error("%s: the tokenizer has no EOS token; rewards are read there", model_dir);
+    int chat_format = chat_format_resolve(t, chat_template, err, sizeof err);
+    /* every rank reads and tokenizes every line (the same input): lines, their ids, their objects */
+    JsonlReader r;
+    jsonl_open(&r, input);
+    int n = 0, cap = 0;
+    cJSON **objs = NULL;
+    TokIds *ids = NULL;
+    for (cJSON *o; (o = jsonl_next(&r));) {
+        if (n == cap) {
+            cap = cap * 2 + 64;
+            objs = xrealloc(objs, sizeof(cJSON *) * cap);
+            ids = xrealloc(ids, sizeof(TokIds) * cap);
+        }
+        ids[n] = (TokIds){0};
+        score_tokens(t, chat_format, &r, o, &ids[n]);
+        if ((int)ids[n].n > seq_len) {   /* keep the end (the answer and its EOS), after BOS */
+            size_t cut = ids[n].n - (size_t)seq_len, keep = tokenizer_bos_id(t) >= 0;
+            memmove(ids[n].ids + keep, ids[n].ids + keep + cut, sizeof(int32_t) * (ids[n].n - keep - cut));
+            ids[n].n = (size_t)seq_len;
+        }
+        objs[n++] = o;
+    }
+    jsonl_close(&r);
+    tokenizer_free(t);
+    if (!n) user_error("%s: no lines to score", input);
+    model_alloc_state(&m, batch_size * seq_len, seq_len);
+    double *rew = xcalloc((size_t)n, sizeof(double));
+    int *tok = xmalloc(sizeof(int) * (size_t)batch_size * seq_len), *start = xmalloc(sizeof(int) * (batch_size + 1));
+    float *vals = xmalloc(sizeof(float) * (size_t)batch_size * seq_len);
+    for (int b0 = 0, k = 0; b0 < n; b0 += batch_size, k++) {
+        if (k % mesh.dp != mesh.dp_rank) continue;   /* dp replicas take turns */
+        int nb = n - b0 < batch_size ? n - b0 : batch_size, N = 0;
+        start[0] = 0;
+        for (int i = 0; i < nb; i++) {
+            for (size_t j = 0; j < ids[b0 + i].n; j++) tok[N++] = ids[b0 + i].ids[j];
+            start[i + 1] = N;
+        }
+        model_forward(&m, tok, start, nb);
+        if (m.is_last) m.be->to_host(vals, m.s.logits, sizeof(float) * N);
+        comm_broadcast(&mesh.pp_comm, vals, sizeof(float) * N, mesh.pp_comm.size - 1);
+        for (int i = 0; i < nb; i++) rew[b0 + i] = vals[start[i + 1] - 1];   /* the value at EOS */
+    }
+    comm_all_reduce_sum_f64(&mesh.dp_comm, rew, n);   /* each line was scored by one dp replica */
+    if (mesh_is_root(&mesh)) {
+        size_t len = 0, cap2 = 1 << 16;
+        char *buf = xmalloc(cap2);
+        for (int i = 0; i < n; i++) {
+            cJSON_AddNumberToObject(objs[i], "reward", rew[i]);
+            if (m.cfg.has_reward_stats)
+                cJSON_AddNumberToObject(objs[i], "reward_normalized", (rew[i] - m.cfg.reward_mean) / m.cfg.reward_std);
+            char *line = cJSON_PrintUnformatted(objs[i]);
+            size_t l = strlen(line);
+            while (len + l + 2 > cap2) buf = xrealloc(buf, cap2 *= 2);
+            memcpy(buf + len, line, l);
+            len += l;
+            buf[len++] = '\n';
+            free(line);
+        }
+        if (write_file_atomic(output, buf, len)) user_error("%s: cannot write: %s", output, strerror(errno));
+        free(buf);
+        fprintf(stderr, "scored %d lines -> %s\n", n, output);
+    }
+    for (int i = 0; i < n; i++) { cJSON_Delete(objs[i]); tok_ids_free(&ids[i]); }
+    free(objs); free(ids); free(rew); free(tok); free(start); free(vals);
+    model_free(&m);
+    mesh_free(&mesh);
+    comm_finalize();
+    return 0;
+}
+
 static int pref_main(int argc, char **argv, int dpo) {
     const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template, *ref_dir, *loss_name;
     const char *recompute_name;
     int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, eval_every, save_every, warmup, zero, seed;
-    int skip_bad, overwrite, stop_after, log_every, head_seed;
+    int skip_bad, overwrite, stop_after, log_every, head_seed, score;
+    const char *input, *output;
     float lr, min_lr, wd, beta1, beta2, eps, clip, center, beta, label_smoothing;
     Option opts[] = {
         {"--model", OPT_STR, &model_dir, NULL, dpo ? "policy to start from (HF causal LM)" : "backbone to start from (causal LM / SFT or reward-model directory)"},
@@ -111,6 +254,9 @@ static int pref_main(int argc, char **argv, int dpo) {
         {"--out", OPT_STR, &out, NULL, "output directory: checkpoint-STEP/ (HF model + state), metrics.jsonl"},
         {"--resume", OPT_STR, &resume, NULL, "continue from a checkpoint directory (out/checkpoint-STEP)"},
         {"--overwrite", OPT_FLAG, &overwrite, NULL, "allow an existing --out"},
+        {"--score", OPT_FLAG, &score, NULL, "RM: score --input lines with the reward model --model (no training)"},
+        {"--input", OPT_STR, &input, NULL, "rm --score: jsonl of {\"prompt\",\"response\"}, {\"text\"} or {\"messages\"}"},
+        {"--output", OPT_STR, &output, NULL, "rm --score: the lines in input order with \"reward\" (\"reward_normalized\")"},
         {"--ref", OPT_STR, &ref_dir, NULL, "DPO: reference model directory (default: --model, frozen)"},
         {"--beta", OPT_FLOAT, &beta, "0.1", "DPO: beta"},
         {"--loss", OPT_STR, &loss_name, "sigmoid", "DPO: sigmoid | ipo"},
@@ -148,6 +294,13 @@ static int pref_main(int argc, char **argv, int dpo) {
     args_parse(dpo ? "usage: tandem dpo --model DIR --data pairs.jsonl [--eval-data val.jsonl] --out DIR [--ref DIR] [options]"
                    : "usage: tandem rm --model DIR --data pairs.jsonl [--eval-data val.jsonl] --out DIR [options]",
                opts, n_opts, argc, argv);
+    if (score && dpo) user_error("--score is an rm option");
+    if (score && !model_dir) user_error("rm --score: --model is required");
+    if (score) {
+        if (seq_len < 2 || batch_size < 1 || threads < 1) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
+        cpu_set_threads(threads);
+        return score_main(model_dir, input, output, chat_template, tp, pp, seq_len, batch_size);
+    }
     if (!model_dir || !data_path || !out) user_error("%s: --model, --data and --out are required", cmd);
     if (seq_len < 2 || batch_size < 1 || M < 1 || epochs < 1 || max_steps < 0 || threads < 1 || warmup < 0)
         user_error("%s: --seq-len >= 2, --batch-size, --micro-batches, --epochs, --threads >= 1 required", cmd);

@@ -93,8 +93,22 @@ static char *config_text_float32(const char *text) {
 
 /* A score-head model's config.json, as transformers writes a *ForSequenceClassification: the
  * family's architecture, num_labels 1 (id2label / label2id dropped so they cannot disagree), a
- * pad_token_id (its own, else the first EOS, else 0: transformers needs one to find each row's last
- * token in a padded batch) and no tied embeddings. text: config_text_float32's output; malloc'd. */
+ * pad_token_id (score_pad_id: transformers needs one to find each row's last token in a padded
+ * batch) and no tied embeddings. text: config_text_float32's output; malloc'd. */
+static int is_eos(const ModelConfig *c, int id) {
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_ids[i] == id) return 1;
+    return 0;
+}
+/* transformers pools a sequence-classification score at the token before the first pad_token_id,
+ * so the pad must not be EOS (Tandem's sequences end with EOS, where the reward is read): the
+ * model's own pad if it is not an EOS, else 0 (<unk> in LLaMA's vocabularies), else the last id. */
+static int score_pad_id(const ModelConfig *c) {
+    if (c->pad_id >= 0 && !is_eos(c, c->pad_id)) return c->pad_id;
+    if (!is_eos(c, 0) && c->bos_id != 0) return 0;
+    return c->vocab_size - 1;
+}
+
 static char *config_text_score(char *text, const ModelConfig *c) {
     cJSON *root = cJSON_Parse(text);
     free(text);
@@ -109,7 +123,7 @@ static char *config_text_score(char *text, const ModelConfig *c) {
     for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++) cJSON_DeleteItemFromObjectCaseSensitive(root, drop[i]);
     cJSON_AddItemToArray(cJSON_AddArrayToObject(root, "architectures"), cJSON_CreateString(arch));
     cJSON_AddNumberToObject(root, "num_labels", 1);
-    cJSON_AddNumberToObject(root, "pad_token_id", c->pad_id >= 0 ? c->pad_id : c->n_eos ? c->eos_ids[0] : 0);
+    cJSON_AddNumberToObject(root, "pad_token_id", score_pad_id(c));
     cJSON_AddBoolToObject(root, "tie_word_embeddings", 0);
     const char *stats[] = {"normalize_reward", "mean", "std"};
     for (size_t i = 0; i < 3; i++) cJSON_DeleteItemFromObjectCaseSensitive(root, stats[i]);
