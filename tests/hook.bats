@@ -71,7 +71,7 @@ hook_run() {
     echo "$output"
     [ "$status" -eq 0 ]
     run jq -r '.architectures[0], .num_labels, .pad_token_id, .tie_word_embeddings' "$out/config.json"
-    [ "$output" = "$(printf 'LlamaForSequenceClassification\n1\n2\nfalse')" ]   # pad: the model's EOS
+    [ "$output" = "$(printf 'LlamaForSequenceClassification\n1\n0\nfalse')" ]   # pad: 0, not EOS (transformers pools before the first pad)
     run timeout 120 "$HFPY" "$FIX/check_hf_score.py" "$out" "$out.json"
     echo "$output"
     [ "$status" -eq 0 ]
