@@ -6,6 +6,8 @@
 # and the last token only: a reward model's score, also against transformers' pooled
 # *ForSequenceClassification output) for Llama, Qwen2 (q/k/v bias) and Mistral (sliding window).
 # Then score models saved by Tandem load in transformers and score the same (check_hf_score.py).
+# The preference losses (rlhf/pref_loss.c's hooks: Bradley–Terry on score models, DPO sigmoid / IPO
+# on causal LMs, two pairs per batch) the same way (fixtures by make_pref_fixtures.py).
 load helpers
 
 TG="$ROOT/build/tests/test_grad"
@@ -50,6 +52,30 @@ hook_run() {
     hook_run llama_score_values llama_score 4 2 2
     hook_run mistral_score mistral_score 4 2 2 1f1b
     hook_run qwen2_score qwen2_score 2 2 1
+}
+
+@test "preference losses alone: Bradley–Terry, DPO sigmoid with label smoothing and IPO equal torch float64 autograd, |x| up to 800" {
+    run "$ROOT/build/tests/test_pref_loss" "$FIX/hook/pref_scalars.json"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"ok: 12 preference-loss cases match torch"* ]]
+}
+
+@test "preference losses through the model 1x1: Bradley–Terry on score models (rewards, loss, every gradient), DPO sigmoid and IPO on causal LMs, vs torch" {
+    hook_run llama_score_bt llama_score 1
+    grep -q "rewards (42) vs torch" <<<"$output"
+    hook_run qwen2_score_bt qwen2_score 1
+    hook_run llama_gqa_dpo llama_gqa 1
+    grep -q "response logprobs (42) vs torch" <<<"$output"
+    hook_run qwen2_bias_ipo qwen2_bias 1
+}
+
+@test "preference losses through the model at tp=2 x pp=2: each rank's shards vs torch's slices; 1F1B with each pair its own micro-batch" {
+    hook_run llama_score_bt llama_score 4 2 2
+    hook_run qwen2_score_bt qwen2_score 4 2 2 1f1b
+    hook_run llama_gqa_dpo llama_gqa 4 2 2
+    hook_run llama_gqa_dpo llama_gqa 4 2 2 1f1b
+    hook_run qwen2_bias_ipo qwen2_bias 4 2 2 1f1b
 }
 
 @test "score export: a score model saved at tp=2 x pp=2 loads in transformers as Qwen2ForSequenceClassification, same scores" {

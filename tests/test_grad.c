@@ -2,8 +2,9 @@
  *   test_grad MODEL_DIR FIXTURE.json [TP PP]      (under mpirun with TP*PP ranks when > 1)
  * FIXTURE.json is written by tests/fixtures/grad/make_grad_fixtures.py (cross-entropy) or
  * tests/fixtures/hook/make_hook_fixtures.py ("kind": "reinforce": -w A logprob at a temperature;
- * "value_mse": w 0.5 (value - R)^2 on a score head): a packed batch of two sequences, the loss's
- * inputs, and PyTorch autograd's loss and every parameter gradient (HF names) of HF transformers'
+ * "value_mse": w 0.5 (value - R)^2 on a score head) or make_pref_fixtures.py ("bt": Bradley–Terry
+ * on a score model, "dpo": DPO sigmoid / IPO on a causal LM, through rlhf/pref_loss.c's hooks; two
+ * pairs, and with 1f1b each pair its own micro-batch): a packed batch of sequences, the loss's inputs, and PyTorch autograd's loss and every parameter gradient (HF names) of HF transformers'
  * model in fp32. Each loss runs through the training step's loss hook.
  * Every rank:
  *   1. on the last pp stage: train_forward's logits are bit-identical (memcmp) to model_forward's;
@@ -21,6 +22,7 @@
 #include "runtime/util.h"
 #include "train/grad.h"
 #include "train/schedule.h"
+#include "rlhf/pref_loss.h"
 #include "kernels/kernels.h"
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -207,8 +209,11 @@ int main(int argc, char **argv) {
     const cJSON *kind_j = cJSON_GetObjectItemCaseSensitive(fx, "kind");
     const char *kind = cJSON_IsString(kind_j) ? kind_j->valuestring : "xent";
     int reinforce = !strcmp(kind, "reinforce"), value_mse = !strcmp(kind, "value_mse");
-    float *weight = xcalloc(N, sizeof(float)), *ha = NULL, *hb = NULL, *want_out = NULL;
-    if (!value_mse)
+    int bt = !strcmp(kind, "bt"), dpo = !strcmp(kind, "dpo"), pref = bt || dpo;
+    float *weight = xcalloc(N, sizeof(float)), *ha = NULL, *hb = NULL, *want_out = NULL, *margin = NULL;
+    double *ref = NULL;
+    PrefHook ph = {0};
+    if (!value_mse && !pref)
         for (int n = 0; n < N; n++) weight[n] = (float)item(fx, "weight")->valuedouble;
     LossHook hook = LOSS_XENT;
     if (reinforce) {
@@ -220,6 +225,27 @@ int main(int argc, char **argv) {
         ha = json_floats(item(fx, "value_targets"), N);
         hb = json_floats(item(fx, "value_weights"), N);
         want_out = json_floats(item(fx, "values"), N);
+    } else if (pref) {   /* sequences 2i, 2i+1: pair i; the step's loss is the mean over its pairs */
+        CHECK(n_seqs % 2 == 0);
+        ph.pair_weight = 1.0 / (n_seqs / 2);
+        if (bt) {
+            hook = (LossHook){loss_bt, &ph, 1.0f};
+            ph.center = item(fx, "center")->valuedouble;
+            margin = json_floats(item(fx, "margin"), n_seqs / 2);
+            want_out = xmalloc(sizeof(float) * N);   /* torch's reward at each sequence's last token */
+            const float *r = json_floats(item(fx, "rewards"), n_seqs);
+            for (int n = 0; n < N; n++) want_out[n] = NAN;
+            for (int i = 0; i < n_seqs; i++) want_out[seq_start[i + 1] - 1] = r[i];
+            free((void *)r);
+        } else {
+            hook = (LossHook){loss_dpo, &ph, 1.0f};
+            ph.type = !strcmp(item(fx, "loss_type")->valuestring, "ipo") ? DPO_IPO : DPO_SIGMOID;
+            ph.beta = item(fx, "beta")->valuedouble;
+            ph.label_smoothing = item(fx, "label_smoothing")->valuedouble;
+            ref = xmalloc(sizeof(double) * n_seqs);
+            for (int i = 0; i < n_seqs; i++) ref[i] = cJSON_GetArrayItem(item(fx, "ref"), i)->valuedouble;
+            want_out = json_floats(item(fx, "logprobs"), N);
+        }
     }
     double ref_loss = item(fx, "loss")->valuedouble;
     const cJSON *grads_ref = item(fx, "grads");
@@ -248,11 +274,13 @@ int main(int argc, char **argv) {
     model_weights_place(&m, garena, &gw, gl);
     float loss;
     HookRows rows_all = {ha, hb};
-    MicroBatch mb = {tokens, seq_start, n_seqs, targets, weight, &rows_all};
+    PrefCtx pref_all = {margin, ref};
+    MicroBatch mb = {tokens, seq_start, n_seqs, targets, weight, pref ? (void *)&pref_all : (void *)&rows_all};
     if (!one_f_one_b) {
         loss = train_loss_share(&m, train_loss_backward(&m, &a, &mb, &hook, &gw));
         if (want_out && m.is_last) {
-            compare_outputs(reinforce ? "logprobs at the temperature" : "values", a.out, want_out, N);
+            compare_outputs(reinforce ? "logprobs at the temperature" : dpo ? "response logprobs" : bt ? "rewards" : "values",
+                            a.out, want_out, N);
             const cJSON *hf = cJSON_GetObjectItemCaseSensitive(fx, "hf_scores");
             for (int i = 0; hf && i < n_seqs; i++) {   /* transformers' pooled score = the last token's value */
                 double want = cJSON_GetArrayItem(hf, i)->valuedouble, got = a.out[seq_start[i + 1] - 1];
@@ -264,24 +292,26 @@ int main(int argc, char **argv) {
         }
         train_tied_embedding_all_reduce(&m, &a, &gw);
     } else {
-        /* the same batch as n_seqs micro-batches through schedule_1f1b: same loss and gradients
-         * up to summation order (gradients accumulate per micro-batch) */
-        int n_slots = pp < n_seqs ? pp : n_seqs;
+        /* the same batch as micro-batches of one sequence (of one pair for the preference losses)
+         * through schedule_1f1b: same loss and gradients up to summation order */
+        int per = pref ? 2 : 1, n_mb = n_seqs / per;
+        int n_slots = pp < n_mb ? pp : n_mb;
         TrainActs *slots = xcalloc(n_slots, sizeof(TrainActs));
         for (int i = 0; i < n_slots; i++) train_acts_init(&slots[i], &m, N, max_seq, recompute);
-        MicroBatch *mbs = xcalloc(n_seqs, sizeof(MicroBatch));
-        HookRows *hr = xcalloc(n_seqs, sizeof(HookRows));
-        int (*starts)[2] = xcalloc(n_seqs, sizeof(*starts));
-        for (int i = 0; i < n_seqs; i++) {
-            int t0 = seq_start[i];
-            starts[i][0] = 0;
-            starts[i][1] = seq_start[i + 1] - t0;
+        MicroBatch *mbs = xcalloc(n_mb, sizeof(MicroBatch));
+        HookRows *hr = xcalloc(n_mb, sizeof(HookRows));
+        PrefCtx *pc = xcalloc(n_mb, sizeof(PrefCtx));
+        int (*starts)[3] = xcalloc(n_mb, sizeof(*starts));
+        for (int i = 0; i < n_mb; i++) {
+            int s0 = i * per, t0 = seq_start[s0];
+            for (int k = 0; k <= per; k++) starts[i][k] = seq_start[s0 + k] - t0;
             hr[i] = (HookRows){ha ? ha + t0 : NULL, hb ? hb + t0 : NULL};
-            mbs[i] = (MicroBatch){tokens + t0, starts[i], 1, targets + t0, weight + t0, &hr[i]};
+            pc[i] = (PrefCtx){margin ? margin + i : NULL, ref ? ref + s0 : NULL};
+            mbs[i] = (MicroBatch){tokens + t0, starts[i], per, targets + t0, weight + t0, pref ? (void *)&pc[i] : (void *)&hr[i]};
         }
-        loss = schedule_1f1b(&m, slots, n_slots, mbs, n_seqs, &hook, &gw);
+        loss = schedule_1f1b(&m, slots, n_slots, mbs, n_mb, &hook, &gw);
         for (int i = 0; i < n_slots; i++) train_acts_free(&slots[i]);
-        free(slots); free(mbs); free(starts); free(hr);
+        free(slots); free(mbs); free(starts); free(hr); free(pc);
         strncat(g_tag, " 1f1b", sizeof g_tag - strlen(g_tag) - 1);
     }
     if (recompute && !one_f_one_b) {
@@ -347,6 +377,7 @@ int main(int argc, char **argv) {
     cJSON_Delete(fx);
     free(text);
     free(tokens); free(seq_start); free(targets); free(weight); free(ha); free(hb); free(want_out);
+    free(margin); free(ref);
     mesh_free(&mesh);
     comm_finalize();
     return fail ? 1 : 0;
