@@ -337,6 +337,8 @@ static int pref_main(int argc, char **argv, int dpo) {
             user_error("--ref %s: vocabulary %d, the policy's is %d", ref_dir, ref.cfg.vocab_size, m.cfg.vocab_size);
     } else {
         model_load_score(&m, resume ? resume : model_dir, &mesh, (uint64_t)head_seed);
+        if (resume && m.score_seed)   /* a new head would silently restart the reward model */
+            user_error("--resume %s: a causal-LM checkpoint, not a reward model's (no score head)", resume);
     }
     comm_free(&world);
     char err[1024];

@@ -4,7 +4,7 @@
 # tests/fixtures/pref/story_{train,val}.jsonl: pairs over stories260K's own samples, chosen = a
 # completion containing "happy", rejected = one without, for the same prompt; held-out pairs have
 # prompts training never saw (make_story_pairs.py). Loss formulas and gradients against torch:
-# tests/hook.bats / pref_loss.bats.
+# tests/hook.bats (make_pref_fixtures.py).
 load helpers
 
 SD="$ROOT/build/tests/test_sft_data"
@@ -187,6 +187,83 @@ first_metric() { jq -r "select(has(\"$2\")) | .\"$2\"" "$1" | head -1; }
     run timeout 120 "$TANDEM" rm "${A[@]}" --out "$BATS_TEST_TMPDIR/c" --resume "$BATS_TEST_TMPDIR/c/checkpoint-2"
     [ "$status" -eq 0 ]
     diff <(jq -c '[.step, .loss, .accuracy]' "$BATS_TEST_TMPDIR/a/metrics.jsonl") <(jq -c '[.step, .loss, .accuracy]' "$BATS_TEST_TMPDIR/c/metrics.jsonl")
+}
+
+@test "rm under mpirun at tp 2 x pp 2: held-out accuracy on the story pairs rises from chance to >= 0.9" {
+    need_pref_assets
+    out="$BATS_TEST_TMPDIR/rm22"
+    run timeout 300 $MPIRUN 4 "$TANDEM" rm --model "$STORIES" --data "$PF/story_train.jsonl" --eval-data "$PF/story_val.jsonl" \
+        --out "$out" --seq-len 64 --batch-size 8 --lr 3e-3 --epochs 3 --log-every 20 --tp 2 --pp 2
+    echo "$output" | grep -E "eval|step"
+    [ "$status" -eq 0 ]
+    a0=$(first_metric "$out/metrics.jsonl" eval_accuracy); a1=$(last_metric "$out/metrics.jsonl" eval_accuracy)
+    echo "tp 2 x pp 2 held-out accuracy $a0 -> $a1"
+    awk -v a="$a0" 'BEGIN { exit !(a < 0.7) }'
+    awk -v a="$a1" 'BEGIN { exit !(a >= 0.9) }'
+}
+
+@test "rm on hh-rlhf (harmless-base test, first 500): train and held-out accuracy reported (a tiny model: no target)" {
+    need_pref_assets
+    hh="$ASSETS/data/hh-rlhf/harmless-base-test.first500.jsonl"
+    [ -e "$hh" ] || skip "$hh not present (../shared/assets)"
+    head -400 "$hh" > "$BATS_TEST_TMPDIR/train.jsonl"; tail -100 "$hh" > "$BATS_TEST_TMPDIR/val.jsonl"
+    out="$BATS_TEST_TMPDIR/hh"
+    run timeout 300 "$TANDEM" rm --model "$STORIES" --data "$BATS_TEST_TMPDIR/train.jsonl" --eval-data "$BATS_TEST_TMPDIR/val.jsonl" \
+        --out "$out" --seq-len 256 --batch-size 16 --lr 1e-3 --epochs 2 --log-every 10
+    echo "$output" | grep -E "eval|step|data"
+    [ "$status" -eq 0 ]
+    # training-set accuracy: the trained RM scores the first 200 training pairs' two full texts
+    head -200 "$BATS_TEST_TMPDIR/train.jsonl" | jq -c '{text: .chosen}, {text: .rejected}' > "$BATS_TEST_TMPDIR/s.jsonl"
+    run timeout 120 "$TANDEM" rm --score --model "$out/checkpoint-44" --input "$BATS_TEST_TMPDIR/s.jsonl" --output "$BATS_TEST_TMPDIR/s.out" --seq-len 256
+    [ "$status" -eq 0 ]
+    tr=$(jq -s '[range(0; length; 2) as $i | if .[$i].reward > .[$i + 1].reward then 1 else 0 end] | add / length' "$BATS_TEST_TMPDIR/s.out")
+    v0=$(first_metric "$out/metrics.jsonl" eval_accuracy); v1=$(last_metric "$out/metrics.jsonl" eval_accuracy)
+    echo "hh-rlhf: train accuracy (200 pairs) $tr; held-out accuracy $v0 -> $v1" >&3
+    [ "$(jq -s length "$BATS_TEST_TMPDIR/s.out")" -eq 400 ]
+    awk -v a="$tr" -v b="$v1" 'BEGIN { exit !(a >= 0 && a <= 1 && b >= 0 && b <= 1) }'
+}
+
+# rewards/margins is beta times a difference of response logprob sums of ~-100: the sums carry ~1e-5
+# relative (fp32, another summation order per layout), so the margin is compared to 1e-5 absolute.
+@test "dpo: tp 2 x pp 2 equals 1x1 (1e-5 relative, margins 1e-5 absolute) on loss, margins and logps; --resume continues bit for bit" {
+    need_pref_assets
+    A=(--model "$STORIES" --data "$PF/story_train.jsonl" --seq-len 64 --batch-size 4 --max-steps 4 --lr 1e-3)
+    run timeout 120 "$TANDEM" dpo "${A[@]}" --out "$BATS_TEST_TMPDIR/a"
+    [ "$status" -eq 0 ]
+    run timeout 200 $MPIRUN 4 "$TANDEM" dpo "${A[@]}" --out "$BATS_TEST_TMPDIR/b" --tp 2 --pp 2
+    [ "$status" -eq 0 ]
+    q='select(has("loss")) | [.loss, ."rewards/margins", ."logps/chosen", ."logps/rejected"] | @tsv'
+    paste <(jq -r "$q" "$BATS_TEST_TMPDIR/a/metrics.jsonl" | tr '\t' '\n') <(jq -r "$q" "$BATS_TEST_TMPDIR/b/metrics.jsonl" | tr '\t' '\n') |
+        awk '{ n++; d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (d > 1e-5 * (a > 1 ? a : 1)) { print "differ", $0; bad = 1 } } END { exit bad || n != 16 }'
+    run timeout 120 "$TANDEM" dpo "${A[@]}" --out "$BATS_TEST_TMPDIR/c" --save-every 2 --stop-after 2
+    [ "$status" -eq 0 ]
+    run timeout 120 "$TANDEM" dpo "${A[@]}" --out "$BATS_TEST_TMPDIR/c" --resume "$BATS_TEST_TMPDIR/c/checkpoint-2"
+    [ "$status" -eq 0 ]
+    diff <(jq -c '[.step, .loss, ."rewards/margins"]' "$BATS_TEST_TMPDIR/a/metrics.jsonl") <(jq -c '[.step, .loss, ."rewards/margins"]' "$BATS_TEST_TMPDIR/c/metrics.jsonl")
+}
+
+@test "rm / dpo --resume: another model's checkpoint, an LM checkpoint for rm, a reward model for dpo, other data, an incomplete checkpoint: one line each" {
+    need_pref_assets
+    A=(--data "$PF/story_train.jsonl" --seq-len 64 --batch-size 4 --max-steps 2)
+    run timeout 60 "$TANDEM" rm --model "$STORIES" "${A[@]}" --out "$BATS_TEST_TMPDIR/r" --save-every 1
+    [ "$status" -eq 0 ]
+    run timeout 60 "$TANDEM" dpo --model "$STORIES" "${A[@]}" --out "$BATS_TEST_TMPDIR/d" --save-every 1
+    [ "$status" -eq 0 ]
+    before=$(cat "$BATS_TEST_TMPDIR"/r/checkpoint-2/* "$BATS_TEST_TMPDIR/r/metrics.jsonl" | md5sum)
+    run "$TANDEM" rm --model "$STORIES" "${A[@]}" --out "$BATS_TEST_TMPDIR/r" --resume "$BATS_TEST_TMPDIR/d/checkpoint-1"
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --resume $BATS_TEST_TMPDIR/d/checkpoint-1: a causal-LM checkpoint, not a reward model's (no score head)" ]
+    run "$TANDEM" dpo --model "$STORIES" "${A[@]}" --out "$BATS_TEST_TMPDIR/d" --resume "$BATS_TEST_TMPDIR/r/checkpoint-1"
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: $BATS_TEST_TMPDIR/r/checkpoint-1: a score-head model; dpo trains a causal LM" ]
+    run "$TANDEM" rm --model "$FIX/models/llama_gqa" "${A[@]}" --out "$BATS_TEST_TMPDIR/x" --resume "$BATS_TEST_TMPDIR/r/checkpoint-1"
+    [ "$status" -ne 0 ]; [[ "$output" == "tandem: --resume $BATS_TEST_TMPDIR/r/checkpoint-1: a checkpoint of another model "* ]]
+    run "$TANDEM" rm --model "$STORIES" --data "$PF/story_val.jsonl" --seq-len 64 --batch-size 4 --max-steps 2 --out "$BATS_TEST_TMPDIR/r" --resume "$BATS_TEST_TMPDIR/r/checkpoint-1"
+    [ "$status" -ne 0 ]; [[ "$output" == *"checkpoint-1/trainer_state.json: data cursor saved for 402 samples"*"resume with the same data"* ]]
+    rm "$BATS_TEST_TMPDIR/r/checkpoint-1/trainer_state.json"
+    run "$TANDEM" rm --model "$STORIES" "${A[@]}" --out "$BATS_TEST_TMPDIR/r" --resume "$BATS_TEST_TMPDIR/r/checkpoint-1"
+    [ "$status" -ne 0 ]; [[ "$output" == *"checkpoint-1/trainer_state.json: missing: not a complete checkpoint"* ]]
+    [ ! -e "$BATS_TEST_TMPDIR/x" ]
+    # the failed resumes left the run's last checkpoint and its metrics as they were
+    [ "$(cat "$BATS_TEST_TMPDIR"/r/checkpoint-2/* "$BATS_TEST_TMPDIR/r/metrics.jsonl" | md5sum)" = "$before" ]
 }
 
 @test "dpo: the first step's loss is ln 2 exactly (reference == policy bit for bit); held-out accuracy and the property's rate in samples rise" {
