@@ -95,7 +95,7 @@ static void decode_batch(Engine *e, const Model *m, Seq *seqs, int B, int P, int
  * timers, warm-up subtracted. */
 static EngineStats bench_decode(Model *m, int B, int P, int T) {
     size_t blocks = (size_t)B * ((P + T + 15) / 16 + 1);
-    EngineConfig ec = {B, 4096, 0, 16, m->cfg.max_pos, 1, 0, NULL, NULL, NULL, NULL, (int)blocks};
+    EngineConfig ec = {B, 4096, 0, 16, m->cfg.max_pos, 1, 0, NULL, NULL, NULL, NULL, (int)blocks, 0};
     Engine *e = engine_new(m, &ec, P + T);
     Seq *seqs = xcalloc(B, sizeof(Seq));
     unsigned rng = 777;

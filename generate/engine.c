@@ -139,6 +139,7 @@ int engine_check(const Engine *e, const Seq *s, char *err, size_t errlen) {
 
 int engine_add(Engine *e, Seq *s, char *err, size_t errlen) {
     if (engine_check(e, s, err, errlen)) return -1;
+    CHECK(!(s->logprobs_n > 0 && e->cfg.lp_temperature > 0 && e->cfg.lp_temperature != 1.0f));
     s->table = xmalloc(sizeof(int) * e->max_table);
     for (int i = 0; i < e->max_table; i++) s->table[i] = -1;
     s->n_table = 0;
@@ -236,7 +237,8 @@ static void choose_tokens(Engine *e, int R) {
      * greedy or sampling without --logprobs), which saves a pass of exp over the vocabulary */
     int want_lp = e->cfg.want_logprobs;
     for (int r = 0; r < R && !want_lp; r++) want_lp = e->running[r]->logprobs_n > 0 || e->running[r]->forced;
-    if (want_lp) model_logits_lse(m, e->rs.logits, R, 1.0f, e->lse);
+    float T = e->cfg.lp_temperature > 0 ? e->cfg.lp_temperature : 1.0f;
+    if (want_lp) model_logits_lse(m, e->rs.logits, R, T, e->lse);
     else for (int r = 0; r < R; r++) e->lse[r] = NAN;
     model_argmax(m, e->rs.logits, R, e->amax, e->amax_val);                   /* greedy without gathering the vocab */
     for (int r = 0; r < R; r++) {
@@ -279,7 +281,7 @@ static void choose_tokens(Engine *e, int R) {
         toks[2 * r] = e->res_i[(size_t)r * (1 + K)];
         toks[2 * r + 1] = s->forced ? s->forced[s->n_out] : toks[2 * r];
     }
-    if (want_lp) model_pair_logprobs(m, e->rs.logits, e->lse, 2 * R, rows, toks, 1.0f, e->lp_pick, lp);
+    if (want_lp) model_pair_logprobs(m, e->rs.logits, e->lse, 2 * R, rows, toks, T, e->lp_pick, lp);
     else for (int i = 0; i < 2 * R; i++) lp[i] = NAN;
     for (int r = 0; r < R; r++) {
         e->res_f[(size_t)r * (2 + K)] = lp[2 * r];

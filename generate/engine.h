@@ -65,6 +65,9 @@ typedef struct {
     void *ctx;
     StepFn on_step;        /* may be NULL */
     int kv_blocks;         /* > 0: the KV pool in blocks of `block` tokens (kv_bytes is then ignored) */
+    float lp_temperature;  /* > 0: lp and chosen_lp are logprobs of logits / lp_temperature (PPO's policy
+                            * at its sampling temperature: the formula training uses); 0: of the raw
+                            * logits. Top-N alternatives (logprobs_n) need the raw ones. */
 } EngineConfig;
 
 /* Sizes the KV cache and the engine's own run state (activations) for `max_len`, the longest prompt +

@@ -151,52 +151,61 @@ typedef struct {
     cJSON *stop, *stop_ids;   /* --stop, --stop-token-ids, parsed (NULL: not given) */
 } Defaults;
 
-/* Tokenizes one line's prompt into s->prompt. */
-static void line_prompt(Run *run, Gen *g, cJSON *j, const Defaults *d, const char *file, int line, int vocab) {
-    Seq *s = &g->seq;
-    cJSON *ids = field(j, "input_ids"), *msgs = field(j, "messages"), *text = field(j, d->key);
-    TokIds t = {0};
+/* See generate.h. */
+char *prompt_tokens(Tokenizer *tok, const cJSON *j, const char *key, const char *chat_template, int no_bos, int vocab,
+                    const char *file, int line, TokIds *t) {
+    const cJSON *ids = field(j, "input_ids"), *msgs = field(j, "messages"), *text = field(j, key);
+    t->n = 0;
+    char *given;
     if (ids) {
         if (!cJSON_IsArray(ids)) user_error("%s:%d: field \"input_ids\" must be a list of token ids", file, line);
-        cJSON *e;
+        const cJSON *e;
         cJSON_ArrayForEach(e, ids) {
             if (!json_int_in(e, 0, vocab))
                 user_error("%s:%d: \"input_ids\" entries must be token ids in [0, %d)", file, line, vocab);
-            tok_ids_push(&t, e->valueint);
+            tok_ids_push(t, e->valueint);
         }
-        g->prompt_json = cJSON_PrintUnformatted(ids);
+        given = cJSON_PrintUnformatted(ids);
     } else if (msgs) {
-        if (!run->tok) user_error("%s:%d: \"messages\" needs a tokenizer in the model directory", file, line);
+        if (!tok) user_error("%s:%d: \"messages\" needs a tokenizer in the model directory", file, line);
         if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
             user_error("%s:%d: field \"messages\" must be a non-empty list", file, line);
         int n = cJSON_GetArraySize(msgs), k = 0;
         ChatMessage *m = xcalloc(n, sizeof(ChatMessage));
-        cJSON *e;
+        const cJSON *e;
         cJSON_ArrayForEach(e, msgs) {
-            cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role"), *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role"), *content = cJSON_GetObjectItemCaseSensitive(e, "content");
             if (!cJSON_IsString(role) || !cJSON_IsString(content))
                 user_error("%s:%d: messages[%d] needs string fields \"role\" and \"content\"", file, line, k);
             m[k++] = (ChatMessage){role->valuestring, content->valuestring};
         }
         char err[512];
-        int fmt = chat_format_resolve(run->tok, d->chat_template, err, sizeof err);
+        int fmt = chat_format_resolve(tok, chat_template, err, sizeof err);
         if (fmt < 0) user_error("%s:%d: %s", file, line, err);
         TokIds mask = {0};
-        if (chat_render(run->tok, (ChatFormat)fmt, m, n, 1, &t, &mask, err, sizeof err))
+        if (chat_render(tok, (ChatFormat)fmt, m, n, 1, t, &mask, err, sizeof err))
             user_error("%s:%d: %s", file, line, err);
         tok_ids_free(&mask);
         free(m);
-        g->prompt_json = cJSON_PrintUnformatted(msgs);
+        given = cJSON_PrintUnformatted(msgs);
     } else if (text) {
-        if (!cJSON_IsString(text)) user_error("%s:%d: field \"%s\" must be a string", file, line, d->key);
-        if (!run->tok) user_error("%s:%d: text prompts need a tokenizer in the model directory", file, line);
-        unsigned flags = (!d->no_bos && tokenizer_add_bos_default(run->tok)) ? TOK_ADD_BOS : 0;
-        tokenizer_encode(run->tok, text->valuestring, strlen(text->valuestring), flags, &t, NULL);
-        g->prompt_json = cJSON_PrintUnformatted(text);
+        if (!cJSON_IsString(text)) user_error("%s:%d: field \"%s\" must be a string", file, line, key);
+        if (!tok) user_error("%s:%d: text prompts need a tokenizer in the model directory", file, line);
+        unsigned flags = (!no_bos && tokenizer_add_bos_default(tok)) ? TOK_ADD_BOS : 0;
+        tokenizer_encode(tok, text->valuestring, strlen(text->valuestring), flags, t, NULL);
+        given = cJSON_PrintUnformatted(text);
     } else {
-        user_error("%s:%d: field \"%s\" missing (or give \"messages\" or \"input_ids\")", file, line, d->key);
+        user_error("%s:%d: field \"%s\" missing (or give \"messages\" or \"input_ids\")", file, line, key);
     }
-    if (t.n == 0) user_error("%s:%d: the prompt is empty", file, line);
+    if (t->n == 0) user_error("%s:%d: the prompt is empty", file, line);
+    return given;
+}
+
+/* Tokenizes one line's prompt into s->prompt. */
+static void line_prompt(Run *run, Gen *g, cJSON *j, const Defaults *d, const char *file, int line, int vocab) {
+    Seq *s = &g->seq;
+    TokIds t = {0};
+    g->prompt_json = prompt_tokens(run->tok, j, d->key, d->chat_template, d->no_bos, vocab, file, line, &t);
     s->n_prompt = (int)t.n;
     s->prompt = xmalloc(sizeof(int) * t.n);
     for (size_t i = 0; i < t.n; i++) s->prompt[i] = t.ids[i];
@@ -666,7 +675,7 @@ int generate_main(int argc, char **argv) {
     }
 
     EngineConfig ec = {max_batch, max_batch_tokens, (size_t)(kv_mib * 1048576.0), block, m.cfg.max_pos,
-                       micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run, on_step, 0};
+                       micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run, on_step, 0, 0};
     int max_len = 1;
     for (int i = 0; i < run.n; i++) {
         Seq *s = &run.gens[i].seq;

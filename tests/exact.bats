@@ -46,3 +46,12 @@ exact_run() {
     exact_run 6 3 1 4
     exact_run 8 2 2 4
 }
+
+@test "exact at sampling temperature 0.7 (PPO's policy: logprobs of logits / T on both sides), 1x1 and tp=2 x pp=2" {
+    run timeout 60 env TANDEM_TEST_TEMPERATURE=0.7 "$TE" "$RAND12"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"ok: exact tp=1 pp=1 dp=1 T=0.7"* ]]
+    TANDEM_TEST_TEMPERATURE=0.7 exact_run 4 2 2 4
+    [[ "$output" == *"T=0.7"* ]]
+}

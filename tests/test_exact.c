@@ -2,7 +2,8 @@
  *   test_exact MODEL_DIR [TP PP]     (under mpirun with TP * PP * dp ranks)
  * Each dp group generates from its share of 8 random prompts on the generation engine (paged KV
  * cache, continuous batching of at most 3 sequences with prefill and decode mixed, sampling at
- * temperature 1 from per-prompt seeds), keeping every sampled token's logprob. Then the training
+ * temperature 1 (or TANDEM_TEST_TEMPERATURE: then every logprob on both sides is of logits / T, PPO's
+ * policy) from per-prompt seeds), keeping every sampled token's logprob. Then the training
  * step runs the same sequences (prompt + completion) through schedule_1f1b in another batch
  * composition (two sequences per micro-batch, in reverse order, M micro-batches in 1F1B order),
  * with a loss hook that records the per-token logprobs it is given: the forward the optimizer's
@@ -27,6 +28,7 @@
 #include <string.h>
 
 enum { N_PROMPTS = 8, MAX_NEW = 10 };
+static float g_T = 1.0f;   /* the sampling temperature, and the logprobs' on both sides */
 
 /* The hook: copy the logprobs into the micro-batch's slot (ctx); no loss, no gradient. */
 static double record(const MicroBatch *mb, int N, const float *out, float *dout, void *user) {
@@ -78,7 +80,7 @@ static void seqs_reset(Run *r, const Mesh *mesh) {
         s->prompt = prompt;
         s->n_prompt = len;
         sampling_params_default(&s->sp);
-        s->sp.temperature = 1.0f;
+        s->sp.temperature = g_T;
         s->sp.seed = 1000 + (uint64_t)i;
         s->max_new = MAX_NEW;
         seq_alloc_results(s);
@@ -159,6 +161,7 @@ int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: test_exact MODEL_DIR [TP PP]\n"); return 2; }
     int tp = argc > 3 ? atoi(argv[2]) : 1, pp = argc > 3 ? atoi(argv[3]) : 1;
     cpu_set_threads(1);
+    if (getenv("TANDEM_TEST_TEMPERATURE")) g_T = (float)atof(getenv("TANDEM_TEST_TEMPERATURE"));
     Mesh mesh;
     Comm world = comm_world();   /* this command's meshes span the job */
     mesh_init(&mesh, &world, tp, pp);
@@ -188,10 +191,10 @@ int main(int argc, char **argv) {
     model_weights_place(&m, r.grads, &r.gw, r.gl);
 
     /* round 1: generate, then the training step's logprobs */
-    EngineConfig ec = {3, 64, 0, 4, m.cfg.max_pos, pp, 1, NULL, NULL, NULL, NULL, 64};
+    EngineConfig ec = {3, 64, 0, 4, m.cfg.max_pos, pp, 1, NULL, NULL, NULL, NULL, 64, g_T};
     Engine *e = engine_new(&m, &ec, r.max_len);
     generate(&r, e);
-    LossHook rec = {record, NULL, 1.0f};
+    LossHook rec = {record, NULL, g_T};
     train_batches(&r);
     train_step(&r, &rec);
     int c1, c2, fail = compare(&r, &mesh, "round 1", &c1);
@@ -200,7 +203,7 @@ int main(int argc, char **argv) {
 
     /* one optimizer step: the weights change in place under the engine */
     comm_all_reduce_sum_int(&mesh.dp_comm, &r.n_targets, 1);   /* the step's token mean over dp */
-    LossHook rl = {reinforce, &r.n_targets, 1.0f};
+    LossHook rl = {reinforce, &r.n_targets, g_T};
     train_step(&r, &rl);
     optim_step(o, &m, r.grads);
 
@@ -230,7 +233,7 @@ int main(int argc, char **argv) {
     train_batches(&r);
     train_step(&r, &rec);
     fail += compare(&r, &mesh, "round 2", &c2);
-    if (m.is_last && !fail && c1 && c2) printf("ok: exact tp=%d pp=%d dp=%d\n", tp, pp, mesh.dp);
+    if (m.is_last && !fail && c1 && c2) printf("ok: exact tp=%d pp=%d dp=%d T=%g\n", tp, pp, mesh.dp, g_T);
     fflush(stdout);
 
     int any = fail || (m.is_last && (c1 == 0 || c2 == 0));
