@@ -7,6 +7,7 @@
 #include "runtime/convert.h"
 #include "tokenizer/tokenize_cli.h"
 #include "rlhf/pref.h"
+#include "rlhf/ppo.h"
 #include "train/sft.h"
 
 typedef struct {
@@ -21,6 +22,7 @@ static const Command commands[] = {
     {"sft", sft_main, "supervised fine-tuning (TP x PP x DP, 1F1B, AdamW / ZeRO-1, checkpoints, resume)"},
     {"rm", rm_main, "reward-model training on preference pairs (score head, Bradley-Terry)"},
     {"dpo", dpo_main, "direct preference optimization against a frozen reference (sigmoid, IPO)"},
+    {"ppo", ppo_main, "PPO / GRPO / RLOO: actor, critic, reference and reward as role groups; rollouts from the training shards"},
     {"convert", convert_main, "import a llama2.c checkpoint into a Hugging Face directory"},
     {"bench", bench_main, "prefill throughput and peak memory"},
     {"tokenize", tokenize_main, "text <-> token ids with a model's tokenizer"},

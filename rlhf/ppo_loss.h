@@ -1,0 +1,93 @@
+/* ppo_loss.h — the math of PPO / GRPO / RLOO over per-token arrays, and the loss hooks of the actor
+ * and the critic. Pure host code, double accumulation; no model, no communication.
+ * Owns: KL estimators, token-level rewards, GAE, masked whitening, group advantages (GRPO, RLOO),
+ * the clipped policy loss (clip-higher, dual clip) and the clipped value loss with their gradients
+ * and verl-named statistics. Formulas follow verl's trainer/ppo/core_algos.py (the reference the
+ * tests' torch implementation is written from).
+ *
+ * Layout: a batch of S sequences packed back to back (seq_start (S + 1), N tokens). An "action" is
+ * a response token; it is indexed by the position BEFORE it (the state that emitted it): position n
+ * is an action iff targets[n] >= 0, and then targets[n] = tokens[n + 1]. Per-token arrays (N) hold a
+ * value at action positions and are ignored (or written 0) elsewhere: logprobs lp / old_lp / ref_lp,
+ * values, rewards, advantages, returns. mask (N): 1 at actions, 0 elsewhere. */
+#ifndef TANDEM_PPO_LOSS_H
+#define TANDEM_PPO_LOSS_H
+#include "train/grad.h"
+
+typedef enum { KL_K1, KL_K2, KL_K3 } KlEstimator;   /* k1: lp - ref; k2: 0.5 (lp - ref)^2; k3: e^(ref-lp) - (ref-lp) - 1 */
+/* One token's KL estimate of pi (lp) against the reference (ref_lp). k3 is clamped to [-10, 10] as verl. */
+double kl_estimate(KlEstimator k, double lp, double ref_lp);
+/* d kl_estimate / d lp (for the KL-in-loss term; k3 inside the clamp range) */
+double kl_estimate_grad(KlEstimator k, double lp, double ref_lp);
+
+/* Token-level rewards: rewards[n] = -kl_coef * kl_estimate(lp[n], ref_lp[n]) at every action, plus
+ * score[s] at each sequence's LAST action (score: the reward model's or command's scalar, already
+ * clipped / penalised by the caller). Non-actions get 0. kl (N, may be NULL) receives the estimates. */
+void ppo_token_rewards(const int *seq_start, int S, const float *mask, const float *lp, const float *ref_lp,
+                       const double *score, KlEstimator k, double kl_coef, double *rewards, double *kl);
+
+/* GAE per sequence over its actions in order (verl compute_gae_advantage_return): with V after the
+ * last action = 0,
+ *     delta_t = r_t + gamma V_{t+1} - V_t,   A_t = delta_t + gamma lambda A_{t+1},   R_t = A_t + V_t
+ * advantages / returns (N): 0 at non-actions. Advantages are NOT whitened here. */
+void ppo_gae(const int *seq_start, int S, const float *mask, const double *rewards, const float *values, double gamma,
+             double lambda, double *advantages, double *returns);
+
+/* Masked whitening over every action of the batch (verl masked_whiten, shift_mean): x = (x - mean)
+ * / sqrt(var + 1e-8), var with Bessel's correction (n / (n - 1)). Non-actions are left as they are. */
+void ppo_whiten(double *x, const float *mask, int N);
+
+/* Group advantages for outcome rewards, groups of G consecutive sequences (the samples of one prompt;
+ * S % G == 0). score (S) -> adv (S):
+ *     GRPO: (s - mean_g) / (std_g + eps), std unbiased (torch.std); std_norm = 0: s - mean_g (Dr. GRPO)
+ *     RLOO: s - mean of the OTHER G - 1 samples = G / (G - 1) (s - mean_g)
+ * G == 1: GRPO uses mean 0, std 1 (as verl: s / (1 + eps)); RLOO needs G >= 2 (CHECK). */
+typedef enum { ADV_GAE, ADV_GRPO, ADV_RLOO } AdvantageKind;
+void group_advantages(AdvantageKind kind, const double *score, int S, int G, int std_norm, double eps, double *adv);
+
+/* Statistics a hook accumulates over its calls (sums; the caller divides and reduces over ranks). */
+typedef struct {
+    double n_tokens;        /* actions seen */
+    double pg_loss;         /* sum of per-token clipped policy loss */
+    double pg_clipfrac;     /* actions where the clipped term was taken (pg_losses2 > pg_losses1) */
+    double pg_clipfrac_lower; /* dual clip taken (A < 0 and the -A c bound was the min) */
+    double ppo_kl;          /* sum of old_lp - lp */
+    double kl_loss;         /* sum of the KL-in-loss estimate (k3 vs ref) */
+    double logprob_diff_max;/* max |lp - old_lp| over checked tokens (the rollout exactness check) */
+    double n_checked;       /* tokens compared for logprob_diff_max */
+    double vf_loss;         /* sum of per-token max((v - R)^2, (v_clipped - R)^2) (times 0.5 as verl) */
+    double vf_clipfrac;     /* actions where the clipped value term was larger */
+} PpoStats;
+enum { PPO_STATS_N = sizeof(PpoStats) / sizeof(double) };
+
+/* Per micro-batch context (MicroBatch.ctx), arrays (N) of the micro-batch's tokens */
+typedef struct {
+    const float *old_lp;    /* actor: rollout logprobs at the temperature (the behaviour policy) */
+    const float *ref_lp;    /* actor: reference logprobs (KL in loss), may be NULL when kl_loss_coef 0 */
+    const float *adv;       /* actor: advantages */
+    const float *old_values;/* critic: the values at rollout */
+    const float *returns;   /* critic: GAE returns */
+    int check;              /* actor: 1 = the weights are the rollout's: lp must equal old_lp exactly */
+} PpoCtx;
+
+typedef struct {
+    double clip_low, clip_high;  /* ratio clipped to [1 - clip_low, 1 + clip_high] (DAPO clip-higher) */
+    double clip_c;               /* dual clip: for A < 0 the loss is at most -A c (c > 1); 0 = off */
+    double kl_loss_coef;         /* + coef * k3(lp, ref_lp) per action (GRPO's KL in loss); 0 = off */
+    double value_clip;           /* critic: values clipped to old +- value_clip */
+    PpoStats stats;
+} PpoHook;
+
+/* Actor hook (LM head at the sampling temperature): token-mean aggregation, each action weighted by
+ * mb->weight[n] (1 / actions of the whole mini-batch, times dp for optim_step's dp mean):
+ *     ratio = exp(lp - old_lp)
+ *     l1 = -A ratio, l2 = -A clip(ratio, 1 - clip_low, 1 + clip_high), l = max(l1, l2)
+ *     dual clip (A < 0): l = min(l, -A clip_c)
+ *     loss = sum_n w_n (l_n + kl_loss_coef k3(lp_n, ref_n))
+ * With ctx->check, lp must equal old_lp bit for bit; the max |diff| goes into stats. */
+double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout, void *user);
+/* Critic hook (score head values at every position):
+ *     v_c = clip(v, old - value_clip, old + value_clip)
+ *     loss = sum_n w_n 0.5 max((v - R)^2, (v_c - R)^2) */
+double loss_ppo_critic(const MicroBatch *mb, int N, const float *out, float *dout, void *user);
+#endif

@@ -1,0 +1,157 @@
+#!/usr/bin/env bats
+# tandem ppo on stories260K: GRPO with a rule as --reward-cmd, PPO (GAE, critic) with a reward
+# model trained on rule-labelled pairs of the model's own samples, the rollout == training logprob
+# guarantee at every placement, placements giving the same numbers, and bad input. The rule
+# (tests/fixtures/ppo/happy_reward.py): a response containing the word "happy" scores 1. Training
+# prompts: tests/fixtures/ppo/story_prompts_train.jsonl (the story pairs' prompts); held-out:
+# tests/fixtures/pref/story_prompts_val.jsonl (prompts training never saw). Loss formulas against
+# torch: tests/ppo_loss.bats.
+load helpers
+
+STORIES="$ASSETS/models/stories260K-hf"
+PF="$FIX/pref"
+TRAIN="$FIX/ppo/story_prompts_train.jsonl"
+RULE="python3 -u $FIX/ppo/happy_reward.py"
+
+need_story() {
+    need_assets
+    [ -e "$STORIES/config.json" ] || skip "$STORIES not present (../shared/assets)"
+}
+
+# rule_rate MODEL: the rule's mean score over 4 samples (T 1, fixed seeds) of each held-out prompt
+rule_rate() {
+    jq -c 'range(0; 4) as $j | {prompt, seed: (70000 + $j)}' "$PF/story_prompts_val.jsonl" > "$BATS_TEST_TMPDIR/hv.jsonl"
+    "$TANDEM" generate --model "$1" --input "$BATS_TEST_TMPDIR/hv.jsonl" --output "$BATS_TEST_TMPDIR/hv.out" --max-new-tokens 48 2>/dev/null
+    jq -s '[.[].completion | test("\\bhappy\\b"; "i")] | map(if . then 1 else 0 end) | add / length' "$BATS_TEST_TMPDIR/hv.out"
+}
+
+# the metrics without the timings (what must be equal between runs)
+numbers() { jq -c 'with_entries(select(.key | (startswith("timing_s/") or . == "samples_per_s") | not))' "$1"; }
+
+setup_file() {
+    [ -e "$ROOT/../shared/assets/models/stories260K-hf/config.json" ] || return 0
+    # the reward model: stories260K + score head on the rule's preference pairs (tests/pref.bats: held-out accuracy 1.0)
+    "$ROOT/bin/tandem" rm --model "$ROOT/../shared/assets/models/stories260K-hf" --data "$ROOT/tests/fixtures/pref/story_train.jsonl" \
+        --out "$BATS_FILE_TMPDIR/rm" --seq-len 64 --batch-size 8 --lr 3e-3 --epochs 3 2>/dev/null
+    export RM="$BATS_FILE_TMPDIR/rm/checkpoint-78"
+}
+
+@test "grpo with the rule as --reward-cmd: the rule's score on held-out prompts rises; rollout logprobs == training logprobs every step" {
+    need_story
+    out="$BATS_TEST_TMPDIR/grpo"
+    run timeout 300 "$TANDEM" ppo --actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --out "$out" --advantage grpo \
+        --n-samples-per-prompt 8 --rollout-batch-size 8 --max-new-tokens 48 --steps 30 --kl-coef 0 --kl-loss-coef 0.001 \
+        --actor-lr 3e-4 --log-every 5
+    echo "$output" | grep -E "^step|ppo:"
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$out/metrics.jsonl" -c)" = "[0]" ]
+    [ "$(jq -s length "$out/metrics.jsonl")" -eq 30 ]
+    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/actor")
+    kl=$(jq -s '.[-1]["actor/kl"]' "$out/metrics.jsonl")
+    echo "grpo: held-out rule score $before -> $after, KL to the reference at the end $kl" >&3
+    awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'
+}
+
+@test "ppo (gae) with a reward model and a critic: reward and held-out rule score rise; actor and critic load in transformers" {
+    need_story
+    out="$BATS_TEST_TMPDIR/ppo"
+    run timeout 300 "$TANDEM" ppo --actor "$STORIES" --critic "$RM" --reward "$RM" --prompts "$TRAIN" --out "$out" \
+        --rollout-batch-size 16 --max-new-tokens 48 --steps 30 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --log-every 5
+    echo "$output" | grep -E "^step|ppo:"
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$out/metrics.jsonl" -c)" = "[0]" ]
+    s0=$(jq -s '.[0:5] | map(.["critic/score/mean"]) | add / 5' "$out/metrics.jsonl")
+    s1=$(jq -s '.[-5:] | map(.["critic/score/mean"]) | add / 5' "$out/metrics.jsonl")
+    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/actor")
+    kl=$(jq -s '.[-1]["actor/kl"]' "$out/metrics.jsonl")
+    echo "ppo: RM score (first 5 / last 5 steps) $s0 -> $s1; held-out rule score $before -> $after; KL at the end $kl" >&3
+    awk -v a="$s0" -v b="$s1" 'BEGIN { exit !(b > a + 2) }'
+    awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'
+    # verl's metric names are all there
+    for k in critic/score/mean critic/rewards/mean critic/advantages/mean critic/returns/mean critic/values/mean actor/pg_loss \
+        actor/pg_clipfrac actor/ppo_kl actor/kl actor/grad_norm critic/vf_loss critic/vf_clipfrac critic/vf_explained_var \
+        response_length/mean response_length/clip_ratio timing_s/gen timing_s/ref timing_s/reward timing_s/values \
+        timing_s/adv timing_s/update_actor timing_s/update_critic timing_s/step samples_per_s; do
+        jq -e --arg k "$k" 'has($k)' <(head -1 "$out/metrics.jsonl") >/dev/null || { echo "missing $k"; false; }
+    done
+    [ "$(jq -r '.architectures[0]' "$out/actor/config.json")" = LlamaForCausalLM ]
+    [ "$(jq -r '.architectures[0]' "$out/critic/config.json")" = LlamaForSequenceClassification ]
+}
+
+@test "placement: 4 separate role groups, 2 colocated groups and one colocated process give the same numbers and weights" {
+    need_story
+    A=(--actor "$STORIES" --critic "$RM" --reward "$RM" --prompts "$TRAIN" --n-samples-per-prompt 2 --rollout-batch-size 4
+       --max-new-tokens 16 --steps 3 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3)
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
+    [ "$status" -eq 0 ]
+    run timeout 120 $MPIRUN 4 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/four" --actor-ranks 1 --critic-ranks 1 --ref-ranks 1 --reward-ranks 1
+    echo "$output" | grep placement
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"actor ranks 0-0 (group actor,"*"critic ranks 1-1 (group critic,"*"reward ranks 3-3"* ]]
+    run timeout 120 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/two" --actor-ranks 1 --critic-ranks 1 --colocate actor,ref:critic,reward
+    [ "$status" -eq 0 ]
+    for d in four two; do
+        diff <(numbers "$BATS_TEST_TMPDIR/one/metrics.jsonl") <(numbers "$BATS_TEST_TMPDIR/$d/metrics.jsonl")
+        cmp <(cat "$BATS_TEST_TMPDIR"/one/actor/*.safetensors) <(cat "$BATS_TEST_TMPDIR"/$d/actor/*.safetensors)
+        cmp <(cat "$BATS_TEST_TMPDIR"/one/critic/*.safetensors) <(cat "$BATS_TEST_TMPDIR"/$d/critic/*.safetensors)
+    done
+}
+
+@test "actor at tp 2 x pp 2 (critic, ref, reward at dp 4 on the same ranks): rollout == training logprobs bit for bit; same samples as 1x1" {
+    need_story
+    A=(--actor "$STORIES" --critic "$RM" --reward "$RM" --prompts "$TRAIN" --n-samples-per-prompt 2 --rollout-batch-size 4
+       --max-new-tokens 16 --steps 3 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --temperature 0.8)
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
+    [ "$status" -eq 0 ]
+    run timeout 200 $MPIRUN 4 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/tp" --actor-tp 2 --actor-pp 2
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/tp/metrics.jsonl" -c)" = "[0]" ]
+    # ratio exactly 1 on the first (only) mini-batch: nothing clipped, ppo_kl exactly 0
+    [ "$(jq -s 'map([.["actor/ppo_kl"], .["actor/pg_clipfrac"]]) | flatten | unique' "$BATS_TEST_TMPDIR/tp/metrics.jsonl" -c)" = "[0]" ]
+    # the layouts differ in summation order only: scores within 1e-4 relative (sampled tokens equal)
+    paste <(jq '.["critic/score/mean"]' "$BATS_TEST_TMPDIR/one/metrics.jsonl") <(jq '.["critic/score/mean"]' "$BATS_TEST_TMPDIR/tp/metrics.jsonl") |
+        awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (d > 1e-4 * (a > 1 ? a : 1)) { print "differ", $0; bad = 1 } } END { exit bad }'
+}
+
+@test "ppo: bad placements, roles and options are one line each, and every rank exits" {
+    need_story
+    A=(--actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2 --steps 1)
+    run timeout 60 $MPIRUN 3 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/x" --actor-ranks 2
+    [ "$status" -ne 0 ]; [[ "${lines[-1]}" == "tandem: --actor-ranks/--critic-ranks/--ref-ranks/--reward-ranks: "* ]]
+    [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/x" --colocate actor,judge
+    [ "$status" -ne 0 ]; [ "$output" = 'tandem: --colocate actor,judge: unknown role "judge" (actor, critic, ref, reward)' ]
+    run timeout 60 "$TANDEM" ppo --actor "$STORIES" --reward "$STORIES" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --out "$BATS_TEST_TMPDIR/x"
+    [ "$status" -ne 0 ]; [[ "$output" == "tandem: --reward $STORIES: a causal LM, not a reward model"* ]]
+    run timeout 60 "$TANDEM" ppo --actor "$STORIES" --critic "$FIX/models/llama_gqa" --reward "$RM" --prompts "$TRAIN" --out "$BATS_TEST_TMPDIR/x"
+    [ "$status" -ne 0 ]; [[ "$output" == "tandem: --critic $FIX/models/llama_gqa: vocabulary of "*"the roles must share the actor's tokenizer" ]]
+    run timeout 60 "$TANDEM" ppo --actor "$STORIES" --critic "$BATS_TEST_TMPDIR/nope" --reward "$RM" --prompts "$TRAIN" --out "$BATS_TEST_TMPDIR/x"
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --critic $BATS_TEST_TMPDIR/nope: not a directory" ]
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/x" --advantage rloo --n-samples-per-prompt 1
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --advantage rloo needs --n-samples-per-prompt >= 2" ]
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/x" --advantage gae
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --advantage gae needs --critic (or use grpo / rloo)" ]
+    printf '{"prompt": "%s"}\n' "$(printf 'Once upon a time %.0s' $(seq 1 200))" > "$BATS_TEST_TMPDIR/long.jsonl"
+    run timeout 60 "$TANDEM" ppo "${A[@]/$TRAIN/$BATS_TEST_TMPDIR/long.jsonl}" --out "$BATS_TEST_TMPDIR/x" --rollout-batch-size 1
+    [ "$status" -ne 0 ]; [[ "${lines[-1]}" == "tandem: $BATS_TEST_TMPDIR/long.jsonl:1: the prompt has "*"(use --truncate to keep its last tokens)" ]]
+    run timeout 60 "$TANDEM" ppo "${A[@]/$TRAIN/$BATS_TEST_TMPDIR/long.jsonl}" --out "$BATS_TEST_TMPDIR/t" --rollout-batch-size 1 --truncate
+    [ "$status" -eq 0 ]
+    [ ! -e "$BATS_TEST_TMPDIR/x" ]
+}
+
+@test "ppo: a reward command that exits or writes garbage stops the run with one line, on every rank" {
+    need_story
+    A=(--actor "$STORIES" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2 --steps 2)
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-cmd "exit 3" --out "$BATS_TEST_TMPDIR/a"
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = 'tandem: reward command `exit 3`: exited with status 3 after 0 of 4 replies' ]
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-cmd "while read l; do echo hello; done" --out "$BATS_TEST_TMPDIR/b"
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = 'tandem: reward command `while read l; do echo hello; done`: reply 1 is not a JSON object with a finite number "reward": hello' ]
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-cmd "while read l; do echo '{\"score\": 1}'; done" --out "$BATS_TEST_TMPDIR/c"
+    [ "$status" -ne 0 ]; [[ "${lines[-1]}" == *'reply 1 is not a JSON object with a finite number "reward": {"score": 1}' ]]
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-cmd "sleep 30" --reward-timeout 1 --out "$BATS_TEST_TMPDIR/d"
+    [ "$status" -ne 0 ]; [[ "${lines[-1]}" == *'no reply within 1 s (0 of 4 replies)' ]]
+    [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
+    # under mpirun with the actor on two ranks: every rank exits
+    run timeout 60 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --reward-cmd "exit 3" --out "$BATS_TEST_TMPDIR/e"
+    [ "$status" -ne 0 ]; [[ "$output" == *'exited with status 3'* ]]
+}
