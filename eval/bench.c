@@ -1,7 +1,10 @@
 /* bench.c — `tandem bench --model DIR`: prefill throughput (forward over B sequences of T tokens,
- * logits included) and peak resident memory, on any tp x pp layout. Reports the median of
- * --iters timed runs after one warm-up. Random token ids: speed does not depend on the text. */
+ * logits included) and peak resident memory, on any tp x pp layout; --generate decode, --train a
+ * training step (LM cross-entropy, or with --score a reward model's Bradley–Terry loss), --tokenizer
+ * encode speed. Reports the median of --iters timed runs after one warm-up. Random token ids: speed
+ * does not depend on the text. */
 #include "eval/bench.h"
+#include "rlhf/pref_loss.h"
 #include "generate/engine.h"
 #include "train/grad.h"
 #include "train/optim.h"
@@ -233,10 +236,13 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
     return 0;
 }
 
-/* Training step throughput: B random sequences of T tokens, next-token loss on every position,
- * forward + backward + AdamW, median of iters steps after one warm-up; the activation arena and
- * the peak RSS (run --recompute full and none in separate processes to compare peaks). */
-static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int recompute, int threads) {
+/* Training step throughput: B random sequences of T tokens, forward + backward + AdamW, median of
+ * iters steps after one warm-up; the activation arena and the peak RSS (run --recompute full and
+ * none in separate processes to compare peaks). The loss is the hook's: LOSS_XENT (next-token loss
+ * on every position, LM head) or loss_bt (score head, sequences 2i / 2i+1 a pair, as `tandem rm`
+ * trains). targets and weight are the LM's; a score head ignores them. */
+static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int recompute, int threads,
+                       const LossHook *hook) {
     int N = B * T;
     TrainActs a;
     train_acts_init(&a, m, N, T, recompute);
@@ -263,7 +269,7 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
         double t0 = now_seconds();
         optim_zero_grad(o, grads);
         train_forward(m, &a, tokens, start, B);
-        loss = train_loss_share(m, train_loss_backward(m, &a, &mb, &LOSS_XENT, &gw));
+        loss = train_loss_share(m, train_loss_backward(m, &a, &mb, hook, &gw));
         train_acts_wait(&a);
         train_tied_embedding_all_reduce(m, &a, &gw);
         optim_step(o, m, grads);
@@ -276,9 +282,9 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
     if (mesh_is_root(mesh))
         printf("{\"bench\": \"train\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"recompute\": \"%s\", "
                "\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"activations_mib\": %.1f, \"peak_rss_mib\": %.1f, "
-               "\"last_loss\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d}\n",
+               "\"last_loss\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"head\": \"%s\"}\n",
                B, T, threads, recompute ? "full" : "none", N * mesh->dp / med, med, a.n_arena * 4.0 / (1 << 20), pk, loss,
-               mesh->tp, mesh->pp, mesh->dp);
+               mesh->tp, mesh->pp, mesh->dp, m->head == HEAD_SCORE ? "score" : "lm");
     train_acts_free(&a);
     optim_free(o);
     free(grads); free(gl); free(tokens); free(start); free(targets); free(weight); free(times);
@@ -287,7 +293,7 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
 
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
-    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train;
+    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score;
     const char *recompute;
     Option opts[] = {
         {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory"},
@@ -298,6 +304,7 @@ int bench_main(int argc, char **argv) {
         {"--big-batch", OPT_INT, &big, "32", "--generate: the large batch"},
         {"--train", OPT_FLAG, &train, NULL, "training step tokens/s (forward + backward + AdamW) and memory"},
         {"--recompute", OPT_STR, &recompute, "none", "--train: none | full (activation recomputation)"},
+        {"--score", OPT_FLAG, &score, NULL, "--train: a reward model (new score head, Bradley-Terry over B/2 pairs)"},
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
@@ -315,16 +322,25 @@ int bench_main(int argc, char **argv) {
     }
     if (!model_dir) user_error("bench: --model DIR or --tokenizer FILE is required");
     if (batch < 1 || seq < 1 || iters < 1 || threads < 1) user_error("bench: --batch, --seq, --iters, --threads must be >= 1");
+    if (score && !train) user_error("bench: --score is a --train option");
     cpu_set_threads(threads);
     Mesh mesh;
     Comm world = comm_world();   /* this command's meshes span the job */
     mesh_init(&mesh, &world, tp, pp);
     comm_free(&world);
     Model m;
-    model_load(&m, model_dir, &mesh);
+    if (score) model_load_score(&m, model_dir, &mesh, 1);   /* a directory's own score head is kept */
+    else model_load(&m, model_dir, &mesh);
     if (train) {
         if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
-        int rc = bench_train(&m, &mesh, batch, seq, iters, !strcmp(recompute, "full"), threads);
+        if (m.head == HEAD_SCORE && batch % 2)   /* --score, or a *ForSequenceClassification directory */
+            user_error("bench --train --score: --batch %d is odd (sequences 2i and 2i+1 are a chosen/rejected pair)", batch);
+        /* each pair weighs 1 / (B / 2): the step's loss is the mean over this rank's pairs, as
+         * LOSS_XENT's weights give the mean over its tokens (optim_step averages over dp) */
+        PrefHook ph = {.pair_weight = 2.0 / batch};
+        LossHook bt = {loss_bt, &ph, 1.0f};
+        int rc = bench_train(&m, &mesh, batch, seq, iters, !strcmp(recompute, "full"), threads,
+                             m.head == HEAD_SCORE ? &bt : &LOSS_XENT);
         model_free(&m);
         mesh_free(&mesh);
         comm_finalize();

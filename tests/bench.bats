@@ -74,3 +74,16 @@ load helpers
     [ "$(wc -l < "$BATS_TEST_TMPDIR/losses")" -eq 2 ]
     [ "$(sort -u "$BATS_TEST_TMPDIR/losses" | wc -l)" -eq 1 ]   # printed with 9 digits: the same float
 }
+
+@test "bench --train --score: reward-model training tokens/s and memory (Bradley–Terry over B/2 pairs); odd --batch refused" {
+    run "$TANDEM" bench --train --score --model "$FIX/models/llama_gqa" --batch 4 --seq 16 --iters 2
+    echo "$output"
+    [ "$status" -eq 0 ]
+    echo "$output" | grep '^{"bench"' | jq -e '.head == "score" and .tokens_per_s > 0 and .peak_rss_mib > 0
+        and .activations_mib > 0 and (.last_loss | numbers)' >/dev/null
+    run "$TANDEM" bench --train --score --model "$FIX/models/llama_gqa" --batch 3 --seq 16 --iters 2
+    echo "$output"
+    [ "$status" -ne 0 ]
+    [ "${#lines[@]}" -eq 1 ]
+    [[ "$output" == "tandem: bench --train --score: --batch 3 is odd"* ]]
+}
