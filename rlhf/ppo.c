@@ -29,6 +29,7 @@
 #include "train/checkpoint.h"
 #include "train/optim.h"
 #include "train/schedule.h"
+#include "train/trainer.h"
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -90,6 +91,8 @@ typedef struct {
     TrainActs *slots[N_ROLES];
     int n_slots[N_ROLES];
     int fwd_tokens;                      /* tokens per forward-only chunk */
+    const char *load_dir[N_ROLES];       /* where each role's weights were read (--resume: the checkpoint's) */
+    char placement[512];                 /* the layout, as saved: a resume at another one restarts the optimizers */
 } Ppo;
 
 /* ---- placement ------------------------------------------------------------------------------ */
@@ -165,6 +168,10 @@ static void place(Ppo *p, const char *colocate) {
     }
     for (int r = 0; r < N_ROLES; r++)
         if (R[r].member) mesh_init(&R[r].mesh, &mine.comm, R[r].tp, R[r].pp);
+    for (int r = 0; r < N_ROLES; r++)
+        if (R[r].active)
+            snprintf(p->placement + strlen(p->placement), sizeof p->placement - strlen(p->placement), "%s%s@%d+%d:tp%d:pp%d",
+                     p->placement[0] ? "," : "", ROLE_NAMES[r], R[r].root, counts[R[r].group], R[r].tp, R[r].pp);
     if (p->world_rank == 0) {
         fprintf(stderr, "placement (%d ranks):", p->world.size);
         for (int r = 0; r < N_ROLES; r++)
@@ -515,6 +522,56 @@ static void share_stats(Ppo *p, const Role *r, PpoStats *s) {
     comm_broadcast(&p->world, s, sizeof *s, r->root);
 }
 
+/* ---- checkpoints ------------------------------------------------------------------------------- */
+
+/* out/checkpoint-STEP: actor/ (causal LM) and critic/ (sequence classification), each an HF
+ * directory with its mesh's optim.rankR.bin, then ppo_state.json (world rank 0, atomic, written
+ * last: a checkpoint without it is incomplete). Prompt order, samples and mini-batch shuffles are
+ * pure functions of (seed, step), so the step is the whole data and RNG position. */
+static void save_checkpoint(Ppo *p, const char *out, int step) {
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s/checkpoint-%d", out, step);
+    if (p->world_rank == 0) mkdir_p(dir);
+    comm_barrier(&p->world);
+    int failed = 0;
+    for (int r = R_ACTOR; r <= R_CRITIC; r++) {
+        Role *R = &p->role[r];
+        if (!R->member) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, ROLE_NAMES[r]);
+        if (checkpoint_save_model(&R->m, p->load_dir[r], path, 1)) { failed = 1; continue; }
+        snprintf(path, sizeof path, "%s/%s/optim.rank%d.bin", dir, ROLE_NAMES[r], R->mesh.rank);
+        if (optim_save(p->opt[r], path)) rank_error("%s: cannot write: %s", path, strerror(errno));
+    }
+    comm_all_reduce_sum_int(&p->world, &failed, 1);
+    if (failed || p->world_rank != 0) return;   /* a failed write was reported; the run goes on */
+    char json[1024];
+    int n = snprintf(json, sizeof json, "{\"format\": \"tandem-ppo-state\", \"version\": 1, \"step\": %d, \"kl_coef\": %.17g, "
+                     "\"seed\": %llu, \"placement\": \"%s\"}\n", step, p->kl_coef, (unsigned long long)p->seed, p->placement);
+    snprintf(path, sizeof path, "%s/ppo_state.json", dir);
+    if (write_file_atomic(path, json, (size_t)n)) user_error("%s: cannot write: %s", path, strerror(errno));
+    fprintf(stderr, "saved %s\n", dir);
+}
+
+typedef struct { int step; double kl_coef; char placement[512]; } PpoState;
+static void load_state(const char *dir, PpoState *st) {
+    char *path = path_join(dir, "ppo_state.json");
+    char *text = read_file(path, NULL);
+    if (!text) user_error("%s: missing: not a complete ppo checkpoint (was the run killed while saving?)", path);
+    cJSON *o = cJSON_Parse(text);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "format"), *v = cJSON_GetObjectItemCaseSensitive(o, "version");
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step"), *k = cJSON_GetObjectItemCaseSensitive(o, "kl_coef");
+    const cJSON *pl = cJSON_GetObjectItemCaseSensitive(o, "placement");
+    if (!cJSON_IsString(f) || strcmp(f->valuestring, "tandem-ppo-state") || !cJSON_IsNumber(v) || v->valueint != 1 ||
+        !cJSON_IsNumber(s) || !cJSON_IsNumber(k) || !cJSON_IsString(pl))
+        user_error("%s: not a tandem ppo state of version 1", path);
+    st->step = s->valueint;
+    st->kl_coef = k->valuedouble;
+    snprintf(st->placement, sizeof st->placement, "%s", pl->valuestring);
+    cJSON_Delete(o);
+    free(text);
+    free(path);
+}
+
 /* ---- the command ------------------------------------------------------------------------------ */
 
 static double masked_mean(const double *x, const float *mask, int N) {
@@ -527,7 +584,7 @@ int ppo_main(int argc, char **argv) {
     Ppo p;
     memset(&p, 0, sizeof p);
     Role *R = p.role;
-    const char *prompts_path, *out, *key, *chat_template, *colocate, *kl_est, *adv_name, *sched_name;
+    const char *prompts_path, *out, *resume, *key, *chat_template, *colocate, *kl_est, *adv_name, *sched_name;
     int steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite, no_whiten;
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
         clip_high, dual_clip, kl_loss_coef, value_clip, actor_lr, critic_lr, wd, clip, timeout;
@@ -544,6 +601,7 @@ int ppo_main(int argc, char **argv) {
         {"--truncate", OPT_FLAG, &truncate, NULL, "keep the last tokens of prompts too long for the positions"},
         {"--out", OPT_STR, &out, NULL, "output directory: actor/ and critic/ at the end, metrics.jsonl"},
         {"--overwrite", OPT_FLAG, &overwrite, NULL, "allow an existing --out"},
+        {"--resume", OPT_STR, &resume, NULL, "continue from out/checkpoint-STEP (bit for bit at the same placement)"},
         {"--steps", OPT_INT, &steps, "10", "PPO steps (each: rollout, experience, update)"},
         {"--stop-after", OPT_INT, &stop_after, "0", "stop after this step (0 = off)"},
         {"--save-every", OPT_INT, &save_every, "0", "steps between saved models (0 = only at the end)"},
@@ -620,7 +678,14 @@ int ppo_main(int argc, char **argv) {
     int S = p.B * p.G;
     if (p.mini == 0) p.mini = S;
     if (p.mini < 1 || S % p.mini) user_error("--mini-batch-size %d: must divide the batch's %d sequences", p.mini, S);
-    if (dir_exists(out) && !overwrite) user_error("%s: already exists (use --overwrite)", out);
+    if (dir_exists(out) && !overwrite && !resume) user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", out);
+    PpoState rs = {0};
+    if (resume) {
+        load_state(resume, &rs);
+        char *ad = path_join(resume, "actor");
+        trainer_check_same_model(R[R_ACTOR].dir, ad);
+        free(ad);
+    }
     sampling_params_default(&p.sp);
     p.sp.temperature = temperature; p.sp.top_k = top_k; p.sp.top_p = top_p;
     const char *bad = sampling_params_check(&p.sp);
@@ -648,10 +713,14 @@ int ppo_main(int argc, char **argv) {
     p.world = comm_world();
     p.world_rank = p.world.rank;
     place(&p, colocate);
+    for (int r = 0; r < N_ROLES; r++) {   /* the reference stays the starting weights on resume */
+        p.load_dir[r] = R[r].dir;
+        if (resume && (r == R_ACTOR || r == R_CRITIC) && R[r].active) p.load_dir[r] = path_join(resume, ROLE_NAMES[r]);
+    }
     for (int r = 0; r < N_ROLES; r++) {
         if (!R[r].member) continue;
-        if (r == R_CRITIC) model_load_score(&R[r].m, R[r].dir, &R[r].mesh, 42);
-        else model_load(&R[r].m, R[r].dir, &R[r].mesh);
+        if (r == R_CRITIC) model_load_score(&R[r].m, p.load_dir[r], &R[r].mesh, 42);
+        else model_load(&R[r].m, p.load_dir[r], &R[r].mesh);
         if (r == R_ACTOR && R[r].m.head != HEAD_LM) user_error("--actor %s: a score-head model; the actor is a causal LM", R[r].dir);
     }
     char err[1024];
@@ -687,6 +756,22 @@ int ppo_main(int argc, char **argv) {
             p.gl[r] = xcalloc(m->n_layers_local, sizeof(LayerWeights));
             model_weights_place(m, p.grads[r], &p.gw[r], p.gl[r]);
         }
+    }
+    int step0 = 0;
+    if (resume) {
+        step0 = rs.step;
+        p.kl_coef = rs.kl_coef;
+        int same = !strcmp(rs.placement, p.placement);
+        for (int r = R_ACTOR; r <= R_CRITIC; r++) {
+            if (!R[r].member) continue;
+            char path[4200];
+            snprintf(path, sizeof path, "%s/%s/optim.rank%d.bin", resume, ROLE_NAMES[r], R[r].mesh.rank);
+            if (!same) p.opt[r]->step = step0;
+            else if (optim_load(p.opt[r], path)) rank_error("%s: cannot read", path);
+        }
+        if (p.world_rank == 0)
+            fprintf(stderr, "resuming at step %d from %s%s\n", step0, resume,
+                    same ? "" : ": another placement, so the weights and the step continue and the optimizer state restarts");
     }
     for (int r = R_ACTOR; r <= R_CRITIC; r++) {
         if (!R[r].member) continue;
@@ -736,13 +821,13 @@ int ppo_main(int argc, char **argv) {
     if (p.world_rank == 0) {
         mkdir_p(out);
         char *mp = path_join(out, "metrics.jsonl");
-        metrics = fopen(mp, "w");
+        metrics = fopen(mp, resume ? "a" : "w");
         if (!metrics) user_error("%s: cannot open for writing: %s", mp, strerror(errno));
         free(mp);
     }
     int last = stop_after > 0 && stop_after < steps ? stop_after : steps;
     double t_run = now_seconds();
-    for (int step = 0; step < last; step++) {
+    for (int step = step0; step < last; step++) {
         enum { T_GEN, T_REF, T_REWARD, T_VALUES, T_ADV, T_ACTOR, T_CRITIC, T_STEP, N_T };
         float tm[N_T] = {0};
         double t0 = now_seconds(), t = t0;
@@ -866,27 +951,13 @@ int ppo_main(int argc, char **argv) {
                         step + 1, steps, score_raw / S, as.pg_loss / na, as.pg_clipfrac / na, seq_kl, cs.vf_loss / nc,
                         resp_len / S, as.logprob_diff_max, tm[T_STEP], tm[T_GEN], tm[T_ACTOR] + tm[T_CRITIC]);
         }
-        if (save_every > 0 && (step + 1) % save_every == 0 && step + 1 != last) {
-            char dir[4096];
-            for (int r = R_ACTOR; r <= R_CRITIC; r++) {
-                if (!R[r].member) continue;
-                snprintf(dir, sizeof dir, "%s/checkpoint-%d/%s", out, step + 1, ROLE_NAMES[r]);
-                if (mesh_is_root(&R[r].mesh)) { char *parent = xstrdup(dir); *strrchr(parent, '/') = 0; mkdir_p(parent); free(parent); }
-                comm_barrier(&R[r].mesh.group);
-                checkpoint_save_model(&R[r].m, R[r].dir, dir, 1);
-            }
-        }
+        if (save_every > 0 && (step + 1) % save_every == 0 && step + 1 != last) save_checkpoint(&p, out, step + 1);
     }
-    char dir[4096];
-    for (int r = R_ACTOR; r <= R_CRITIC; r++) {
-        if (!R[r].member) continue;
-        snprintf(dir, sizeof dir, "%s/%s", out, ROLE_NAMES[r]);
-        checkpoint_save_model(&R[r].m, R[r].dir, dir, 1);
-    }
+    save_checkpoint(&p, out, last);
     comm_barrier(&p.world);
     if (p.world_rank == 0) {
-        fprintf(stderr, "ppo: %d steps in %.1f s; saved %s/actor%s; peak RSS %.1f MiB\n", last, now_seconds() - t_run, out,
-                R[R_CRITIC].active ? " and critic" : "", peak_rss_mib());
+        fprintf(stderr, "ppo: %d steps in %.1f s; actor%s in %s/checkpoint-%d; peak RSS %.1f MiB\n", last - step0,
+                now_seconds() - t_run, R[R_CRITIC].active ? " and critic" : "", out, last, peak_rss_mib());
         fclose(metrics);
     }
     reward_cmd_stop(p.rcmd);

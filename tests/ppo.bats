@@ -46,7 +46,7 @@ setup_file() {
     [ "$status" -eq 0 ]
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$out/metrics.jsonl" -c)" = "[0]" ]
     [ "$(jq -s length "$out/metrics.jsonl")" -eq 30 ]
-    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/actor")
+    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-30/actor")
     kl=$(jq -s '.[-1]["actor/kl"]' "$out/metrics.jsonl")
     echo "grpo: held-out rule score $before -> $after, KL to the reference at the end $kl" >&3
     awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'
@@ -62,7 +62,7 @@ setup_file() {
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$out/metrics.jsonl" -c)" = "[0]" ]
     s0=$(jq -s '.[0:5] | map(.["critic/score/mean"]) | add / 5' "$out/metrics.jsonl")
     s1=$(jq -s '.[-5:] | map(.["critic/score/mean"]) | add / 5' "$out/metrics.jsonl")
-    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/actor")
+    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-30/actor")
     kl=$(jq -s '.[-1]["actor/kl"]' "$out/metrics.jsonl")
     echo "ppo: RM score (first 5 / last 5 steps) $s0 -> $s1; held-out rule score $before -> $after; KL at the end $kl" >&3
     awk -v a="$s0" -v b="$s1" 'BEGIN { exit !(b > a + 2) }'
@@ -74,8 +74,8 @@ setup_file() {
         timing_s/adv timing_s/update_actor timing_s/update_critic timing_s/step samples_per_s; do
         jq -e --arg k "$k" 'has($k)' <(head -1 "$out/metrics.jsonl") >/dev/null || { echo "missing $k"; false; }
     done
-    [ "$(jq -r '.architectures[0]' "$out/actor/config.json")" = LlamaForCausalLM ]
-    [ "$(jq -r '.architectures[0]' "$out/critic/config.json")" = LlamaForSequenceClassification ]
+    [ "$(jq -r '.architectures[0]' "$out/checkpoint-30/actor/config.json")" = LlamaForCausalLM ]
+    [ "$(jq -r '.architectures[0]' "$out/checkpoint-30/critic/config.json")" = LlamaForSequenceClassification ]
 }
 
 @test "placement: 4 separate role groups, 2 colocated groups and one colocated process give the same numbers and weights" {
@@ -92,8 +92,8 @@ setup_file() {
     [ "$status" -eq 0 ]
     for d in four two; do
         diff <(numbers "$BATS_TEST_TMPDIR/one/metrics.jsonl") <(numbers "$BATS_TEST_TMPDIR/$d/metrics.jsonl")
-        cmp <(cat "$BATS_TEST_TMPDIR"/one/actor/*.safetensors) <(cat "$BATS_TEST_TMPDIR"/$d/actor/*.safetensors)
-        cmp <(cat "$BATS_TEST_TMPDIR"/one/critic/*.safetensors) <(cat "$BATS_TEST_TMPDIR"/$d/critic/*.safetensors)
+        cmp <(cat "$BATS_TEST_TMPDIR"/one/checkpoint-3/actor/*.safetensors) <(cat "$BATS_TEST_TMPDIR"/$d/checkpoint-3/actor/*.safetensors)
+        cmp <(cat "$BATS_TEST_TMPDIR"/one/checkpoint-3/critic/*.safetensors) <(cat "$BATS_TEST_TMPDIR"/$d/checkpoint-3/critic/*.safetensors)
     done
 }
 
@@ -111,6 +111,34 @@ setup_file() {
     # the layouts differ in summation order only: scores within 1e-4 relative (sampled tokens equal)
     paste <(jq '.["critic/score/mean"]' "$BATS_TEST_TMPDIR/one/metrics.jsonl") <(jq '.["critic/score/mean"]' "$BATS_TEST_TMPDIR/tp/metrics.jsonl") |
         awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (d > 1e-4 * (a > 1 ? a : 1)) { print "differ", $0; bad = 1 } } END { exit bad }'
+}
+
+@test "checkpoints and --resume: 6 steps straight == 3 steps, stop, resume 3 more (metrics and weights bit for bit, adaptive KL included); another placement restarts the optimizers and says so" {
+    need_story
+    A=(--actor "$STORIES" --critic "$RM" --reward "$RM" --prompts "$TRAIN" --n-samples-per-prompt 2 --rollout-batch-size 4
+       --max-new-tokens 16 --steps 6 --kl-coef 0.01 --kl-target 0.05 --actor-lr 3e-4 --critic-lr 1e-3 --lr-schedule cosine)
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/straight"
+    [ "$status" -eq 0 ]
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/split" --save-every 3 --stop-after 3
+    [ "$status" -eq 0 ]
+    [ "$(jq -r .step "$BATS_TEST_TMPDIR/split/checkpoint-3/ppo_state.json")" = 3 ]
+    [ -e "$BATS_TEST_TMPDIR/split/checkpoint-3/actor/optim.rank0.bin" ] && [ -e "$BATS_TEST_TMPDIR/split/checkpoint-3/critic/optim.rank0.bin" ]
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/split" --resume "$BATS_TEST_TMPDIR/split/checkpoint-3"
+    [ "$status" -eq 0 ]
+    diff <(numbers "$BATS_TEST_TMPDIR/straight/metrics.jsonl") <(numbers "$BATS_TEST_TMPDIR/split/metrics.jsonl")
+    for r in actor critic; do
+        cmp <(cat "$BATS_TEST_TMPDIR"/straight/checkpoint-6/$r/*.safetensors) <(cat "$BATS_TEST_TMPDIR"/split/checkpoint-6/$r/*.safetensors)
+    done
+    # into separate groups on two ranks: continues, and says the optimizer state restarts
+    run timeout 120 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/moved" --actor-ranks 1 --critic-ranks 1 \
+        --colocate actor,ref:critic,reward --resume "$BATS_TEST_TMPDIR/split/checkpoint-3"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"resuming at step 3 from $BATS_TEST_TMPDIR/split/checkpoint-3: another placement, so the weights and the step continue and the optimizer state restarts"* ]]
+    [ "$(jq -s 'map(.step) | join(",")' -r "$BATS_TEST_TMPDIR/moved/metrics.jsonl")" = "4,5,6" ]
+    # an incomplete checkpoint (no ppo_state.json) is refused
+    rm "$BATS_TEST_TMPDIR/split/checkpoint-3/ppo_state.json"
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/split" --resume "$BATS_TEST_TMPDIR/split/checkpoint-3"
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: $BATS_TEST_TMPDIR/split/checkpoint-3/ppo_state.json: missing: not a complete ppo checkpoint (was the run killed while saving?)" ]
 }
 
 @test "ppo: bad placements, roles and options are one line each, and every rank exits" {
@@ -154,4 +182,16 @@ setup_file() {
     # under mpirun with the actor on two ranks: every rank exits
     run timeout 60 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --reward-cmd "exit 3" --out "$BATS_TEST_TMPDIR/e"
     [ "$status" -ne 0 ]; [[ "$output" == *'exited with status 3'* ]]
+}
+
+@test "examples/rlhf_pipeline.sh: SFT -> rule-labelled pairs of the SFT model's own samples -> reward model -> PPO; the held-out rule score rises" {
+    need_story
+    run timeout 600 bash "$ROOT/examples/rlhf_pipeline.sh" "$BATS_TEST_TMPDIR/pipe"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    line=$(grep "^held-out rule score" <<<"$output")
+    echo "$line" >&3
+    before=$(sed -E 's/.*SFT ([0-9.e-]+) -> .*/\1/' <<<"$line"); after=$(sed -E 's/.*PPO ([0-9.e-]+);.*/\1/' <<<"$line")
+    awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' -c "$BATS_TEST_TMPDIR/pipe/ppo/metrics.jsonl")" = "[0]" ]
 }
