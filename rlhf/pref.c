@@ -220,13 +220,7 @@ static int score_main(const char *model_dir, const char *input, const char *outp
             cJSON_AddNumberToObject(objs[i], "reward", rew[i]);
             if (m.cfg.has_reward_stats)
                 cJSON_AddNumberToObject(objs[i], "reward_normalized", (rew[i] - m.cfg.reward_mean) / m.cfg.reward_std);
-            char *line = cJSON_PrintUnformatted(objs[i]);
-            size_t l = strlen(line);
-            while (len + l + 2 > cap2) buf = xrealloc(buf, cap2 *= 2);
-            memcpy(buf + len, line, l);
-            len += l;
-            buf[len++] = '\n';
-            free(line);
+            jsonl_append(&buf, &len, &cap2, objs[i]);
         }
         if (write_file_atomic(output, buf, len)) user_error("%s: cannot write: %s", output, strerror(errno));
         free(buf);

@@ -2,6 +2,7 @@
  * batch's request lines while reading the replies as they come (neither side can block the other
  * on a full pipe). */
 #include "rlhf/reward_cmd.h"
+#include "runtime/jsonl.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -85,14 +86,8 @@ int reward_cmd_score(RewardCmd *rc, int n, const char *const *prompts, const cha
             CHECK(l != NULL);
             cJSON_AddItemToObject(o, "label", l);
         }
-        char *line = cJSON_PrintUnformatted(o);
+        jsonl_append(&w, &wlen, &wcap, o);
         cJSON_Delete(o);
-        size_t l = strlen(line);
-        while (wlen + l + 2 > wcap) w = xrealloc(w, wcap *= 2);
-        memcpy(w + wlen, line, l);
-        wlen += l;
-        w[wlen++] = '\n';
-        free(line);
     }
     int got = 0, rv = 0;
     double t_end = timeout_s > 0 ? mono() + timeout_s : 0;

@@ -58,3 +58,13 @@ void jsonl_close(JsonlReader *r) {
     free(r->buf);
     memset(r, 0, sizeof(*r));
 }
+
+void jsonl_append(char **buf, size_t *len, size_t *cap, const cJSON *o) {
+    char *line = cJSON_PrintUnformatted(o);
+    size_t l = strlen(line);
+    while (*len + l + 2 > *cap) *buf = xrealloc(*buf, *cap = 2 * *cap + 4096);
+    memcpy(*buf + *len, line, l);
+    *len += l;
+    (*buf)[(*len)++] = '\n';
+    free(line);
+}

@@ -1,4 +1,5 @@
-/* jsonl.h — reading JSON-lines input: one object per non-blank line, errors name file:line. */
+/* jsonl.h — reading JSON-lines input (one object per non-blank line, errors name file:line), and
+ * building JSON-lines output in memory. */
 #ifndef TANDEM_JSONL_H
 #define TANDEM_JSONL_H
 #include <cjson/cJSON.h>
@@ -21,4 +22,7 @@ void jsonl_attach(JsonlReader *r, FILE *f, const char *name);
  * line that is not a JSON object, or holds more than one, is a user_error naming path:line. */
 cJSON *jsonl_next(JsonlReader *r);
 void jsonl_close(JsonlReader *r);
+/* Appends o as one line (compact JSON + '\n') to the growing buffer *buf (len used, cap allocated;
+ * *buf may start NULL with cap 0). */
+void jsonl_append(char **buf, size_t *len, size_t *cap, const cJSON *o);
 #endif

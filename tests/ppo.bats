@@ -141,6 +141,34 @@ setup_file() {
     [ "$status" -ne 0 ]; [ "$output" = "tandem: $BATS_TEST_TMPDIR/split/checkpoint-3/ppo_state.json: missing: not a complete ppo checkpoint (was the run killed while saving?)" ]
 }
 
+@test "actor at dp 2 (every role on 2 ranks, each dp replica sampling half the batch): exact rollout logprobs; same samples and scores as 1x1" {
+    need_story
+    A=(--actor "$STORIES" --critic "$RM" --reward "$RM" --prompts "$TRAIN" --n-samples-per-prompt 2 --rollout-batch-size 4
+       --max-new-tokens 16 --steps 3 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3)
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
+    [ "$status" -eq 0 ]
+    run timeout 120 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/dp"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"actor ranks 0-1 (group actor+critic+ref+reward, tp 1 pp 1 dp 2)"* ]]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/dp/metrics.jsonl" -c)" = "[0]" ]
+    paste <(jq '.["critic/score/mean"]' "$BATS_TEST_TMPDIR/one/metrics.jsonl") <(jq '.["critic/score/mean"]' "$BATS_TEST_TMPDIR/dp/metrics.jsonl") |
+        awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (d > 1e-4 * (a > 1 ? a : 1)) { print "differ", $0; bad = 1 } } END { exit bad }'
+}
+
+@test "a reward command that dies mid-run stops it with one line; the last checkpoint stays usable and resumes" {
+    need_story
+    A=(--actor "$STORIES" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2 --steps 4 --save-every 2)
+    dies='i=0; while read l; do i=$((i + 1)); [ $i -gt 8 ] && exit 5; echo "{\"reward\": $i}"; done'   # 2 steps of 4 replies
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-cmd "$dies" --out "$BATS_TEST_TMPDIR/r"
+    [ "$status" -ne 0 ]
+    [ "${lines[-1]}" = "tandem: reward command \`$dies\`: exited with status 5 after 0 of 4 replies" ]
+    [ -e "$BATS_TEST_TMPDIR/r/checkpoint-2/ppo_state.json" ]
+    [ "$(jq -s length "$BATS_TEST_TMPDIR/r/metrics.jsonl")" -eq 2 ]
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-cmd "$RULE" --out "$BATS_TEST_TMPDIR/r" --resume "$BATS_TEST_TMPDIR/r/checkpoint-2"
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.step) | join(",")' -r "$BATS_TEST_TMPDIR/r/metrics.jsonl")" = "1,2,3,4" ]
+}
+
 @test "ppo: bad placements, roles and options are one line each, and every rank exits" {
     need_story
     A=(--actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2 --steps 1)
