@@ -16,7 +16,7 @@ rm -rf "$OUT"
 bin/tandem ppo --actor build/bench/15M --critic build/bench/15M --reward-cmd "python3 -u tests/fixtures/ppo/happy_reward.py" \
     --prompts tests/fixtures/ppo/story_prompts_train.jsonl --out "$OUT" --rollout-batch-size 8 --n-samples-per-prompt 2 \
     --max-new-tokens 32 --steps "$STEPS" --kl-coef 0.01 --threads "$TH" 2>/dev/null >/dev/null
-jq -s --argjson th "$TH" '.[1:] as $r | def med(k): ($r | map(.[k]) | sort | .[length / 2 | floor]);
+jq -s --argjson th "$TH" '.[1:] as $r | def med($k): ($r | map(.[$k]) | sort | .[length / 2 | floor]);
     ["gen", "ref", "reward", "values", "adv", "update_actor", "update_critic"] as $ph
     | ($ph | map({key: ., value: med("timing_s/" + .)}) | from_entries) as $m
     | ($m | add) as $sum | med("timing_s/step") as $step
