@@ -338,7 +338,7 @@ int bench_main(int argc, char **argv) {
         /* each pair weighs 1 / (B / 2): the step's loss is the mean over this rank's pairs, as
          * LOSS_XENT's weights give the mean over its tokens (optim_step averages over dp) */
         PrefHook ph = {.pair_weight = 2.0 / batch};
-        LossHook bt = {loss_bt, &ph, 1.0f};
+        LossHook bt = {loss_bt, &ph, 1.0f, 0.0f, NULL};
         int rc = bench_train(&m, &mesh, batch, seq, iters, !strcmp(recompute, "full"), threads,
                              m.head == HEAD_SCORE ? &bt : &LOSS_XENT);
         model_free(&m);

@@ -79,7 +79,10 @@ void cpu_embedding_backward(float *dtable, const float *dout, const int *ids, in
  * Given dlogprob_n = d loss / d lp_n (from the loss hook):
  *     dlogits[n, c] = -dlogprob_n / T * (exp(x[n, c] / T - lse_n) - [v0 + c == t_n])
  * written, in place allowed (dlogits == logits); rows with t_n == -1 get 0. For cross-entropy
- * (dlogprob = -w, T = 1) every element has cpu_xent_backward's bits: -(-w) / 1 == w exactly. */
+ * (dlogprob = -w, T = 1) every element has cpu_xent_backward's bits: -(-w) / 1 == w exactly.
+ * With dH (N) = d loss / d H_n, H_n the entropy of softmax(x[n, :] / T) (H (N) given; both NULL =
+ * none), each element also gets the entropy's term
+ *     dH_n * dH_n/dx[n, c] = dH_n * -(1 / T) p_c (x[n, c] / T - lse_n + H_n). */
 void cpu_logprob_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
-                          const float *dlogprob, int N, int V_local, int v0, float T);
+                          const float *dlogprob, const float *H, const float *dH, int N, int V_local, int v0, float T);
 #endif

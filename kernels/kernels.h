@@ -101,6 +101,9 @@ void cpu_row_max(float *mx, const float *x, int N, int V, float T);
 void cpu_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T);
 /* z (N) = x[n, targets[n] - v0] / T where this shard owns targets[n], else 0 (targets -1 too) */
 void cpu_pick_logits(float *z, const float *x, const int *targets, int N, int V, int v0, float T);
+/* s (N) = sum over the columns of p * x / T with p = exp(x / T - lse), in double, rounded once: one
+ * shard's part of the expected logit; the entropy is lse - (the tp sum of the parts) */
+void cpu_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T);
 /* lse (N) += log(sum) (N): finishes cpu_row_max + cpu_row_sumexp once the sums are all-reduced */
 void cpu_log_add(float *lse, const float *sum, int N);
 /* out (n) = a - b[idx[i]] (b[i] when idx is NULL): a logit minus its row's log-sum-exp */
@@ -141,6 +144,7 @@ typedef struct Backend {
     void (*row_sumexp)(float *sum, const float *x, const float *mx, int N, int V, float T);
     void (*pick_logits)(float *z, const float *x, const int *targets, int N, int V, int v0, float T);
     void (*log_add)(float *lse, const float *sum, int N);
+    void (*row_entropy_part)(float *s, const float *x, const float *lse, int N, int V, float T);
     void (*sub_at)(float *out, const float *a, const float *b, const int *idx, int n);
     /* backward */
     void (*matmul_backward)(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w, int N,
@@ -153,7 +157,7 @@ typedef struct Backend {
     void (*swiglu_backward)(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n);
     void (*embedding_backward)(float *dtable, const float *dout, const int *ids, int N, int D, int v0, int V_local);
     void (*logprob_backward)(float *dlogits, const float *logits, const float *lse, const int *targets,
-                             const float *dlogprob, int N, int V_local, int v0, float T);
+                             const float *dlogprob, const float *H, const float *dH, int N, int V_local, int v0, float T);
     /* memory: host <-> backend (identity copies on the CPU) */
     void (*to_host)(void *dst, const void *src, size_t bytes);
     void (*to_device)(void *dst, const void *src, size_t bytes);

@@ -91,6 +91,7 @@ typedef struct {
     TrainActs *slots[N_ROLES];
     int n_slots[N_ROLES];
     int fwd_tokens;                      /* tokens per forward-only chunk */
+    double entropy_coef, entropy[2];     /* the actor's entropy bonus; the step's entropy sum and count */
     const char *load_dir[N_ROLES];       /* where each role's weights were read (--resume: the checkpoint's) */
     char placement[512];                 /* the layout, as saved: a resume at another one restarts the optimizers */
 } Ppo;
@@ -445,7 +446,8 @@ static double update(Ppo *p, int ri, int step, Batch2 *b) {
     Model *m = &r->m;
     int dp = r->mesh.dp, S = b->S, actor = ri == R_ACTOR;
     PpoHook *h = actor ? &p->actor_hook : &p->critic_hook;
-    LossHook lh = {actor ? loss_ppo_actor : loss_ppo_critic, h, actor ? p->sp.temperature : 1.0f};
+    LossHook lh = {actor ? loss_ppo_actor : loss_ppo_critic, h, actor ? p->sp.temperature : 1.0f,
+                   actor ? (float)p->entropy_coef : 0.0f, actor ? p->entropy : NULL};
     int micro = micro_size(p, r), max_mb = (p->mini / dp + micro - 1) / micro, cap = micro * p->max_len;
     MicroBatch *mbs = xcalloc(max_mb, sizeof(MicroBatch));
     PpoCtx *ctx = xcalloc(max_mb, sizeof(PpoCtx));
@@ -587,7 +589,7 @@ int ppo_main(int argc, char **argv) {
     const char *prompts_path, *out, *resume, *key, *chat_template, *colocate, *kl_est, *adv_name, *sched_name;
     int steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite, no_whiten;
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
-        clip_high, dual_clip, kl_loss_coef, value_clip, actor_lr, critic_lr, wd, clip, timeout;
+        clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, wd, clip, timeout;
     Option opts[] = {
         {"--actor", OPT_STR, &R[R_ACTOR].dir, NULL, "the policy to train (HF causal LM, e.g. an SFT checkpoint)"},
         {"--critic", OPT_STR, &R[R_CRITIC].dir, NULL, "value model: a reward-model or causal-LM directory (gae only)"},
@@ -632,6 +634,7 @@ int ppo_main(int argc, char **argv) {
         {"--clip-eps", OPT_FLOAT, &clip_eps, "0.2", "policy ratio clip"},
         {"--clip-eps-high", OPT_FLOAT, &clip_high, "0", "upper ratio clip (DAPO clip-higher; 0 = --clip-eps)"},
         {"--dual-clip", OPT_FLOAT, &dual_clip, "0", "dual-clip constant c > 1 for negative advantages (0 = off)"},
+        {"--entropy-coef", OPT_FLOAT, &entropy_coef, "0", "entropy bonus in the actor's loss (token-mean, at the temperature)"},
         {"--value-clip", OPT_FLOAT, &value_clip, "0.2", "value clip around the rollout's values"},
         {"--actor-lr", OPT_FLOAT, &actor_lr, "1e-6", "actor learning rate"},
         {"--critic-lr", OPT_FLOAT, &critic_lr, "1e-5", "critic learning rate"},
@@ -694,6 +697,8 @@ int ppo_main(int argc, char **argv) {
     p.kl_coef = kl_coef; p.kl_target = kl_target; p.kl_horizon = kl_horizon; p.reward_clip = reward_clip;
     p.eos_penalty = eos_penalty; p.gamma = gamma; p.lambda = lambda; p.std_norm = !no_std_norm;
     p.reward_timeout = timeout;
+    if (!(entropy_coef >= 0)) user_error("--entropy-coef %g: must be >= 0", entropy_coef);
+    p.entropy_coef = entropy_coef;
     p.actor_hook = (PpoHook){.clip_low = clip_eps, .clip_high = clip_high > 0 ? clip_high : clip_eps, .clip_c = dual_clip,
                              .kl_loss_coef = kl_loss_coef};
     p.critic_hook = (PpoHook){.value_clip = value_clip};
@@ -884,6 +889,7 @@ int ppo_main(int argc, char **argv) {
 
         /* 4. update */
         memset(&p.actor_hook.stats, 0, sizeof(PpoStats));
+        p.entropy[0] = p.entropy[1] = 0;
         memset(&p.critic_hook.stats, 0, sizeof(PpoStats));
         double gn[2] = {0, 0};
         if (R[R_ACTOR].member) gn[0] = update(&p, R_ACTOR, step, &b);
@@ -891,6 +897,11 @@ int ppo_main(int argc, char **argv) {
         if (R[R_CRITIC].member) gn[1] = update(&p, R_CRITIC, step, &b);
         LAP(T_CRITIC);
         PpoStats as = p.actor_hook.stats, cs = p.critic_hook.stats;
+        if (R[R_ACTOR].member) {   /* the entropy (last stage; dp sum) to every rank */
+            comm_all_reduce_sum_f64(&R[R_ACTOR].mesh.dp_comm, p.entropy, 2);
+            comm_broadcast(&R[R_ACTOR].mesh.pp_comm, p.entropy, sizeof p.entropy, R[R_ACTOR].mesh.pp_comm.size - 1);
+        }
+        comm_broadcast(&p.world, p.entropy, sizeof p.entropy, R[R_ACTOR].root);
         share_stats(&p, &R[R_ACTOR], &as);
         comm_broadcast(&p.world, &gn[0], sizeof(double), R[R_ACTOR].root);
         if (R[R_CRITIC].active) { share_stats(&p, &R[R_CRITIC], &cs); comm_broadcast(&p.world, &gn[1], sizeof(double), R[R_CRITIC].root); }
@@ -933,13 +944,13 @@ int ppo_main(int argc, char **argv) {
             fprintf(metrics, "{\"step\": %d, \"critic/score/mean\": %.9g, \"critic/rewards/mean\": %.9g, "
                              "\"critic/advantages/mean\": %.9g, \"critic/returns/mean\": %.9g, \"critic/values/mean\": %.9g, "
                              "\"actor/pg_loss\": %.9g, \"actor/pg_clipfrac\": %.9g, \"actor/pg_clipfrac_lower\": %.9g, "
-                             "\"actor/ppo_kl\": %.9g, \"actor/kl\": %.9g, \"actor/kl_loss\": %.9g, \"actor/kl_coef\": %.9g, "
+                             "\"actor/ppo_kl\": %.9g, \"actor/entropy\": %.9g, \"actor/kl\": %.9g, \"actor/kl_loss\": %.9g, \"actor/kl_coef\": %.9g, "
                              "\"actor/grad_norm\": %.9g, \"critic/vf_loss\": %.9g, \"critic/vf_clipfrac\": %.9g, "
                              "\"critic/vf_explained_var\": %.9g, \"critic/grad_norm\": %.9g, \"response_length/mean\": %.9g, "
                              "\"response_length/clip_ratio\": %.9g, \"rollout_logprob_diff_max\": %.9g",
                     step + 1, score_raw / S, rew_sum / S, masked_mean(b.adv, b.mask, N), masked_mean(b.ret, b.mask, N),
                     R[R_CRITIC].active ? vmean : 0.0, as.pg_loss / na, as.pg_clipfrac / na, as.pg_clipfrac_lower / na,
-                    as.ppo_kl / na, R[R_REF].active ? seq_kl : 0.0, as.kl_loss / na, kl_used, gn[0], cs.vf_loss / nc,
+                    as.ppo_kl / na, p.entropy[1] > 0 ? p.entropy[0] / p.entropy[1] : 0.0, R[R_REF].active ? seq_kl : 0.0, as.kl_loss / na, kl_used, gn[0], cs.vf_loss / nc,
                     cs.vf_clipfrac / nc, ev, gn[1], resp_len / S, clipped / S, as.logprob_diff_max);
             static const char *tn[N_T] = {"gen", "ref", "reward", "values", "adv", "update_actor", "update_critic", "step"};
             for (int k = 0; k < N_T; k++) fprintf(metrics, ", \"timing_s/%s\": %.6f", tn[k], tm[k]);

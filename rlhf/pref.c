@@ -401,7 +401,7 @@ static int pref_main(int argc, char **argv, int dpo) {
     Pref p = {.dpo = dpo, .m = &m, .ref = dpo ? &ref : NULL, .mesh = &mesh, .max_tokens = max_tokens};
     p.hook = (PrefHook){.center = center, .type = !strcmp(loss_name, "ipo") ? DPO_IPO : DPO_SIGMOID, .beta = beta,
                         .label_smoothing = label_smoothing};
-    p.lh = (LossHook){dpo ? loss_dpo : loss_bt, &p.hook, 1.0f};
+    p.lh = (LossHook){dpo ? loss_dpo : loss_bt, &p.hook, 1.0f, 0.0f, NULL};
     if (dpo) {
         model_alloc_state(&ref, max_tokens, seq_len);
         p.rows = xmalloc(sizeof(int) * max_tokens);

@@ -33,6 +33,14 @@ hook_run() {
     hook_run qwen2_bias_reinforce qwen2_bias 1
 }
 
+@test "entropy bonus (PPO's): -c w H through every logit at temperature 0.7, 1x1 and tp=2 x pp=2 1F1B, vs torch; without it the same fixture fails" {
+    hook_run llama_gqa_reinforce_entropy llama_gqa 1
+    hook_run llama_gqa_reinforce_entropy llama_gqa 4 2 2 1f1b
+    jq -c '.entropy_coef = 0' "$FIX/hook/llama_gqa_reinforce_entropy.json" > "$BATS_TEST_TMPDIR/none.json"
+    run timeout 60 "$TG" "$FIX/models/llama_gqa" "$BATS_TEST_TMPDIR/none.json"
+    [ "$status" -ne 0 ]
+}
+
 @test "hook 1x1: squared error on score-head values at every position (a critic's loss)" {
     hook_run llama_score_values llama_score 1
     grep -q "values (25) vs torch" <<<"$output"

@@ -97,15 +97,16 @@ setup_file() {
     done
 }
 
-@test "actor at tp 2 x pp 2 (critic, ref, reward at dp 4 on the same ranks): rollout == training logprobs bit for bit; same samples as 1x1" {
+@test "actor at tp 2 x pp 2 (critic, ref, reward at dp 4 on the same ranks), T 0.8, entropy bonus: rollout == training logprobs bit for bit; same samples as 1x1" {
     need_story
     A=(--actor "$STORIES" --critic "$RM" --reward "$RM" --prompts "$TRAIN" --n-samples-per-prompt 2 --rollout-batch-size 4
-       --max-new-tokens 16 --steps 3 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --temperature 0.8)
+       --max-new-tokens 16 --steps 3 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --temperature 0.8 --entropy-coef 0.01)
     run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
     [ "$status" -eq 0 ]
     run timeout 200 $MPIRUN 4 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/tp" --actor-tp 2 --actor-pp 2
     [ "$status" -eq 0 ]
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/tp/metrics.jsonl" -c)" = "[0]" ]
+    [ "$(jq -s 'map(.["actor/entropy"] > 0) | all' "$BATS_TEST_TMPDIR/tp/metrics.jsonl")" = true ]   # with an entropy bonus
     # ratio exactly 1 on the first (only) mini-batch: nothing clipped, ppo_kl exactly 0
     [ "$(jq -s 'map([.["actor/ppo_kl"], .["actor/pg_clipfrac"]]) | flatten | unique' "$BATS_TEST_TMPDIR/tp/metrics.jsonl" -c)" = "[0]" ]
     # the layouts differ in summation order only: scores within 1e-4 relative (sampled tokens equal)

@@ -500,7 +500,7 @@ static void xent_backward_all(XentCtx *c, float *dlogits) {
         int a = c->v0[s], b = c->v0[s + 1];
         shard_get(c->local, c->logits, c->N, c->V, a, b);
         fill_nan(dlocal, (size_t)c->N * (b - a));
-        cpu_logprob_backward(dlocal, c->local, c->lse, c->targets, dlp, c->N, b - a, a, c->T);
+        cpu_logprob_backward(dlocal, c->local, c->lse, c->targets, dlp, NULL, NULL, c->N, b - a, a, c->T);
         shard_put(dlogits, dlocal, c->N, c->V, a, b);
     }
     free(dlocal); free(dlp);

@@ -194,7 +194,7 @@ int main(int argc, char **argv) {
     EngineConfig ec = {3, 64, 0, 4, m.cfg.max_pos, pp, 1, NULL, NULL, NULL, NULL, 64, g_T};
     Engine *e = engine_new(&m, &ec, r.max_len);
     generate(&r, e);
-    LossHook rec = {record, NULL, g_T};
+    LossHook rec = {record, NULL, g_T, 0.0f, NULL};
     train_batches(&r);
     train_step(&r, &rec);
     int c1, c2, fail = compare(&r, &mesh, "round 1", &c1);
@@ -203,7 +203,7 @@ int main(int argc, char **argv) {
 
     /* one optimizer step: the weights change in place under the engine */
     comm_all_reduce_sum_int(&mesh.dp_comm, &r.n_targets, 1);   /* the step's token mean over dp */
-    LossHook rl = {reinforce, &r.n_targets, g_T};
+    LossHook rl = {reinforce, &r.n_targets, g_T, 0.0f, NULL};
     train_step(&r, &rl);
     optim_step(o, &m, r.grads);
 

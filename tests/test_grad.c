@@ -213,15 +213,17 @@ int main(int argc, char **argv) {
     float *weight = xcalloc(N, sizeof(float)), *ha = NULL, *hb = NULL, *want_out = NULL, *margin = NULL;
     double *ref = NULL;
     PrefHook ph = {0};
+    const cJSON *ec = cJSON_GetObjectItemCaseSensitive(fx, "entropy_coef");   /* reinforce: an entropy bonus */
+    float entropy_coef = cJSON_IsNumber(ec) ? (float)ec->valuedouble : 0.0f;
     if (!value_mse && !pref)
         for (int n = 0; n < N; n++) weight[n] = (float)item(fx, "weight")->valuedouble;
     LossHook hook = LOSS_XENT;
     if (reinforce) {
-        hook = (LossHook){hook_reinforce, NULL, (float)item(fx, "temperature")->valuedouble};
+        hook = (LossHook){hook_reinforce, NULL, (float)item(fx, "temperature")->valuedouble, entropy_coef, NULL};
         ha = json_floats(item(fx, "advantages"), N);
         want_out = json_floats(item(fx, "logprobs"), N);
     } else if (value_mse) {
-        hook = (LossHook){hook_value_mse, NULL, 1.0f};
+        hook = (LossHook){hook_value_mse, NULL, 1.0f, 0.0f, NULL};
         ha = json_floats(item(fx, "value_targets"), N);
         hb = json_floats(item(fx, "value_weights"), N);
         want_out = json_floats(item(fx, "values"), N);
@@ -229,7 +231,7 @@ int main(int argc, char **argv) {
         CHECK(n_seqs % 2 == 0);
         ph.pair_weight = 1.0 / (n_seqs / 2);
         if (bt) {
-            hook = (LossHook){loss_bt, &ph, 1.0f};
+            hook = (LossHook){loss_bt, &ph, 1.0f, 0.0f, NULL};
             ph.center = item(fx, "center")->valuedouble;
             margin = json_floats(item(fx, "margin"), n_seqs / 2);
             want_out = xmalloc(sizeof(float) * N);   /* torch's reward at each sequence's last token */
@@ -238,7 +240,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < n_seqs; i++) want_out[seq_start[i + 1] - 1] = r[i];
             free((void *)r);
         } else {
-            hook = (LossHook){loss_dpo, &ph, 1.0f};
+            hook = (LossHook){loss_dpo, &ph, 1.0f, 0.0f, NULL};
             ph.type = !strcmp(item(fx, "loss_type")->valuestring, "ipo") ? DPO_IPO : DPO_SIGMOID;
             ph.beta = item(fx, "beta")->valuedouble;
             ph.label_smoothing = item(fx, "label_smoothing")->valuedouble;

@@ -56,9 +56,9 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     /* the rest, in TrainActs' field order */
     float **slots[] = {&a->x_final, &a->xb_final, &a->logits, &a->dx, &a->dxb, &a->dtmp, &a->dq, &a->datt,
                        &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->out, &a->dout, &a->lse, &a->pick, &a->rope,
-                       &a->scratch};
+                       &a->scratch, &a->ent, &a->dent};
     size_t sizes[] = {N * D, N * Dl, N * V, N * D, N * D, N * D, N * qd, N * qd, N * kvd, N * kvd, N * F, N * F,
-                      N * F, N, N, N, N, N * Dh, (size_t)omp_get_max_threads() * a->scratch_stride};
+                      N * F, N, N, N, N, N * Dh, (size_t)omp_get_max_threads() * a->scratch_stride, N, N};
     enum { N_REST = sizeof(sizes) / sizeof(sizes[0]) };
     /* recompute: every layer keeps its input x_in; the other ten buffers are one shared set */
     size_t total = recompute ? layer_sizes[0] * Ll + (per_layer - layer_sizes[0]) : per_layer * Ll;
@@ -184,7 +184,34 @@ double loss_xent(const MicroBatch *mb, int N, const float *out, float *dout, voi
     }
     return loss;
 }
-const LossHook LOSS_XENT = {loss_xent, NULL, 1.0f};
+const LossHook LOSS_XENT = {loss_xent, NULL, 1.0f, 0.0f, NULL};
+
+/* The entropy bonus of hook (see LossHook), after train_outputs: a->ent (N) = each row's entropy
+ * at the temperature (lse minus the tp sum of the shards' expected logits), a->dent (N) = d loss /
+ * d H; returns the bonus's loss. Host loop over N scalars, as the hook. */
+static double entropy_term(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook) {
+    int N = a->N;
+    float *part = a->dent, *H = xmalloc(sizeof(float) * (N ? N : 1)), *dH = xmalloc(sizeof(float) * (N ? N : 1));
+    m->be->row_entropy_part(part, a->logits, a->lse, N, m->vocab_local, hook->temperature);
+    model_tp_sum(m, part, (size_t)N);
+    m->be->sub_at(a->ent, a->lse, part, NULL, N);
+    m->be->to_host(H, a->ent, sizeof(float) * N);
+    double loss = 0.0, sum = 0.0, cnt = 0.0;
+    for (int n = 0; n < N; n++) {
+        dH[n] = 0.0f;
+        if (mb->targets[n] < 0) continue;
+        float w = mb->weight ? mb->weight[n] : 1.0f;
+        dH[n] = -hook->entropy_coef * w;
+        loss += (double)dH[n] * H[n];
+        sum += H[n];
+        cnt += 1;
+    }
+    if (hook->entropy) { hook->entropy[0] += sum; hook->entropy[1] += cnt; }
+    m->be->to_device(a->dent, dH, sizeof(float) * N);
+    free(H);
+    free(dH);
+    return loss;
+}
 
 double train_eval_loss_sum(Model *m, TrainActs *a, const int *targets) {
     double loss = 0.0;
@@ -212,14 +239,17 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
     if (m->is_last) {
         CHECK(mb->seq_start[mb->n_seqs] == N);
         const float *out = train_outputs(m, a, mb->targets, hook->temperature);
-        loss = (float)hook->fn(mb, N, out, a->host_dout, hook->user);                   /* the loss hook */
+        double l = hook->fn(mb, N, out, a->host_dout, hook->user);                      /* the loss hook */
+        int ent = m->head != HEAD_SCORE && (hook->entropy_coef != 0.0f || hook->entropy);
+        if (ent) l += entropy_term(m, a, mb, hook);
+        loss = (float)l;
         be->to_device(a->dout, a->host_dout, sizeof(float) * N);
         if (m->head == HEAD_SCORE) {
             /* values = xb_final score^T, score replicated: dxb is the same full sum on every rank */
             be->matmul_backward(dxb, grads->score, NULL, a->dout, a->xb_final, m->w.score, N, D, 1);
         } else {
-            be->logprob_backward(a->dlogits, a->logits, a->lse, mb->targets, a->dout, N, Vl, m->vocab_start,
-                                 hook->temperature);
+            be->logprob_backward(a->dlogits, a->logits, a->lse, mb->targets, a->dout, ent ? a->ent : NULL,
+                                 ent && hook->entropy_coef != 0.0f ? a->dent : NULL, N, Vl, m->vocab_start, hook->temperature);
             /* logits = xb_final lm_head^T, lm_head split by vocab rows: column-parallel, so dxb is a
              * partial sum on each rank ("copy" backward: all-reduce) */
             be->matmul_backward(dxb, grads->lm_head, NULL, a->dlogits, a->xb_final, m->w.lm_head, N, D, Vl);

@@ -40,6 +40,13 @@ typedef struct {
     LossFn fn;
     void *user;            /* the hook's own state (e.g. accumulated metrics) */
     float temperature;     /* LM head: logits are divided by it (1: the raw distribution) */
+    /* LM head, optional: an entropy bonus, added by the step itself (the hook sees only the targets'
+     * logprobs): loss -= entropy_coef * sum_n weight[n] H_n over positions with a target, H_n the
+     * entropy of softmax(logits_n / temperature), with its gradient through every logit. entropy
+     * (double[2], may be NULL): += the sum of those H_n and their count (a metric; computed even
+     * when entropy_coef is 0). */
+    float entropy_coef;
+    double *entropy;
 } LossHook;
 /* SFT's cross-entropy as a hook: loss = -sum_n weight[n] * out[n] over targets >= 0, temperature 1 */
 double loss_xent(const MicroBatch *mb, int N, const float *out, float *dout, void *user);
@@ -64,6 +71,7 @@ typedef struct {
     float *dgate, *dup, *dact; /* (N, F_local) */
     float *dlogits;            /* (N, V_local) last stage: the logits buffer, overwritten by the backward */
     float *out, *dout;         /* (N) the hook's per-token outputs (logprobs or values) and their gradient */
+    float *ent, *dent;         /* (N) LM head with an entropy term: each row's entropy, d loss / d it */
     float *host_out, *host_dout; /* (N) host copies the hook reads and writes (to_host / to_device) */
     float *lse, *pick;         /* (N) log-sum-exp of each row (LM), target logits (scratch) */
     float *rope;               /* (N, Dh) cos then sin of each token's RoPE angles, made by train_forward */

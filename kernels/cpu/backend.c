@@ -28,6 +28,7 @@ const Backend cpu_backend = {
     .row_sumexp = cpu_row_sumexp,
     .pick_logits = cpu_pick_logits,
     .log_add = cpu_log_add,
+    .row_entropy_part = cpu_row_entropy_part,
     .sub_at = cpu_sub_at,
     .matmul_backward = cpu_matmul_backward,
     .rmsnorm_backward = cpu_rmsnorm_backward,

@@ -120,7 +120,7 @@ void cpu_embedding_backward(float *dtable, const float *dout, const int *ids, in
 }
 
 void cpu_logprob_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
-                          const float *dlogprob, int N, int V_local, int v0, float T) {
+                          const float *dlogprob, const float *H, const float *dH, int N, int V_local, int v0, float T) {
 #pragma omp parallel for schedule(static) if (N > 1 && (size_t)N * V_local > 65536)
     for (int n = 0; n < N; n++) {
         float *g = dlogits + (size_t)n * V_local;
@@ -132,7 +132,19 @@ void cpu_logprob_backward(float *dlogits, const float *logits, const float *lse,
         float gn = -dlogprob[n] / T, l = lse[n];
         int r = targets[n] - v0, owned = r >= 0 && r < V_local;
         float zt = owned ? row[r] : 0.0f;                /* read before g may overwrite it (in place) */
-        for (int c = 0; c < V_local; c++) g[c] = gn * expf(row[c] / T - l);
-        if (owned) g[r] = gn * (expf(zt / T - l) - 1.0f); /* p - 1, not p*g - g */
+        if (!dH || dH[n] == 0.0f) {
+            for (int c = 0; c < V_local; c++) g[c] = gn * expf(row[c] / T - l);
+            if (owned) g[r] = gn * (expf(zt / T - l) - 1.0f); /* p - 1, not p*g - g */
+            continue;
+        }
+        float ge = -dH[n] / T, h = H[n];                  /* with the entropy's term: one pass (in place) */
+        for (int c = 0; c < V_local; c++) {
+            float z = row[c] / T, pc = expf(z - l);
+            g[c] = gn * pc + ge * pc * (z - l + h);
+        }
+        if (owned) {
+            float z = zt / T, pt = expf(z - l);
+            g[r] = gn * (pt - 1.0f) + ge * pt * (z - l + h);
+        }
     }
 }

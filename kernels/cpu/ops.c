@@ -356,6 +356,19 @@ void cpu_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, f
     }
 }
 
+void cpu_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T) {
+#pragma omp parallel for schedule(static) if (N > 1)
+    for (int n = 0; n < N; n++) {
+        const float *row = x + (size_t)n * V;
+        double acc = 0.0;
+        for (int v = 0; v < V; v++) {
+            float z = row[v] / T;
+            acc += (double)expf(z - lse[n]) * z;
+        }
+        s[n] = (float)acc;
+    }
+}
+
 void cpu_pick_logits(float *z, const float *x, const int *targets, int N, int V, int v0, float T) {
     for (int n = 0; n < N; n++) {
         int r = targets[n] - v0;
