@@ -94,6 +94,8 @@ typedef struct {
     double entropy_coef, entropy[2];     /* the actor's entropy bonus; the step's entropy sum and count */
     const char *load_dir[N_ROLES];       /* where each role's weights were read (--resume: the checkpoint's) */
     char placement[512];                 /* the layout, as saved: a resume at another one restarts the optimizers */
+    char group_name[32];                 /* this rank's role group ("" with one group), for error lines */
+    int group_root;                      /* this rank is its group's root */
 } Ppo;
 
 /* ---- placement ------------------------------------------------------------------------------ */
@@ -182,6 +184,8 @@ static void place(Ppo *p, const char *colocate) {
                         counts[R[r].group] / (R[r].tp * R[r].pp), r + 1 < N_ROLES ? ";" : "");
         fprintf(stderr, "\n");
     }
+    p->group_root = mine.comm.rank == 0;
+    snprintf(p->group_name, sizeof p->group_name, "%s", n_groups > 1 ? mine.name : "");
     group_free(&mine);
 }
 
@@ -724,10 +728,12 @@ int ppo_main(int argc, char **argv) {
     }
     for (int r = 0; r < N_ROLES; r++) {
         if (!R[r].member) continue;
+        util_set_reporter(R[r].mesh.rank == 0, ROLE_NAMES[r]);   /* a role's model errors name the role */
         if (r == R_CRITIC) model_load_score(&R[r].m, p.load_dir[r], &R[r].mesh, 42);
         else model_load(&R[r].m, p.load_dir[r], &R[r].mesh);
         if (r == R_ACTOR && R[r].m.head != HEAD_LM) user_error("--actor %s: a score-head model; the actor is a causal LM", R[r].dir);
     }
+    util_set_reporter(p.group_root, p.group_name[0] ? p.group_name : NULL);
     char err[1024];
     p.tok = tokenizer_open(R[R_ACTOR].dir, err, sizeof err);
     if (!p.tok) user_error("%s", err);

@@ -176,6 +176,9 @@ setup_file() {
     run timeout 60 $MPIRUN 3 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/x" --actor-ranks 2
     [ "$status" -ne 0 ]; [[ "${lines[-1]}" == "tandem: --actor-ranks/--critic-ranks/--ref-ranks/--reward-ranks: "* ]]
     [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
+    run timeout 60 $MPIRUN 3 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/x" --critic "$STORIES" --advantage gae --critic-tp 3
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = "tandem: [critic] --tp 3 does not divide num_attention_heads 8" ]
+    [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
     run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/x" --colocate actor,judge
     [ "$status" -ne 0 ]; [ "$output" = 'tandem: --colocate actor,judge: unknown role "judge" (actor, critic, ref, reward)' ]
     run timeout 60 "$TANDEM" ppo --actor "$STORIES" --reward "$STORIES" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --out "$BATS_TEST_TMPDIR/x"
