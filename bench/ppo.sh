@@ -3,7 +3,8 @@
 # as --reward-cmd), all roles colocated on one rank: the median over steps 2..N of each phase
 # (rollout, reference logprobs, reward, values, advantages, actor update, critic update) and of the
 # whole step, and what the step costs beyond the sum of its phases (the exchange between roles,
-# prompt selection, metrics).
+# prompt selection, metrics); then (--bench-alone 3) each phase run by itself on the last step's
+# shapes, and the median step against the sum of those.
 # Usage: bench/ppo.sh [THREADS] [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ OUT=build/bench/ppo
 rm -rf "$OUT"
 bin/tandem ppo --actor build/bench/15M --critic build/bench/15M --reward-cmd "python3 -u tests/fixtures/ppo/happy_reward.py" \
     --prompts tests/fixtures/ppo/story_prompts_train.jsonl --out "$OUT" --rollout-batch-size 8 --n-samples-per-prompt 2 \
-    --max-new-tokens 32 --steps "$STEPS" --kl-coef 0.01 --threads "$TH" 2>/dev/null >/dev/null
+    --max-new-tokens 32 --steps "$STEPS" --kl-coef 0.01 --threads "$TH" --bench-alone 3 2>/dev/null
 jq -s --argjson th "$TH" '.[1:] as $r | def med($k): ($r | map(.[$k]) | sort | .[length / 2 | floor]);
     ["gen", "ref", "reward", "values", "adv", "update_actor", "update_critic"] as $ph
     | ($ph | map({key: ., value: med("timing_s/" + .)}) | from_entries) as $m

@@ -70,6 +70,7 @@ typedef struct {
     Tokenizer *tok;
     /* rollout */
     int B, G, max_new, max_len;
+    int *stop_ids, n_stop_ids;           /* EOS and --stop-token-ids: a response ends at any of them */
     SamplingParams sp;
     uint64_t seed;
     Engine *engine;
@@ -307,7 +308,9 @@ static void rollout(Ppo *p, int step, const int *pidx, Batch2 *b) {
             q->sp = p->sp;
             q->sp.seed = splitmix64_mix(p->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(step + 1) + (uint64_t)s);
             q->max_new = M;
-            if (eos >= 0) { q->stop_ids = xmalloc(sizeof(int)); q->stop_ids[0] = eos; q->n_stop_ids = 1; }
+            q->stop_ids = xmalloc(sizeof(int) * (p->n_stop_ids + 1));
+            if (eos >= 0) q->stop_ids[q->n_stop_ids++] = eos;
+            for (int k = 0; k < p->n_stop_ids; k++) q->stop_ids[q->n_stop_ids++] = p->stop_ids[k];
             seq_alloc_results(q);
             if (engine_add(p->engine, q, err, sizeof err)) user_error("rollout: %s", err);
         }
@@ -528,6 +531,60 @@ static void share_stats(Ppo *p, const Role *r, PpoStats *s) {
     comm_broadcast(&p->world, s, sizeof *s, r->root);
 }
 
+/* ---- --bench-alone ----------------------------------------------------------------------------- */
+
+static int cmp_float(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return (x > y) - (x < y); }
+static float median(float *x, int n) { qsort(x, n, sizeof(float), cmp_float); return x[n / 2]; }
+
+/* Each phase of a step run by itself, `rounds` times on the last step's shapes (a world barrier
+ * before each, so nothing overlaps it), against the run's median step: what a step costs beyond
+ * its parts. The updates change the weights: run it only after the real steps. */
+static void bench_phases_alone(Ppo *p, int step, const int *pidx, Batch2 *b, int rounds, float *steps, int n_steps) {
+    enum { K = 6 };
+    static const char *names[K] = {"gen", "ref", "reward", "values", "update_actor", "update_critic"};
+    Role *R = p->role;
+    float *t = xcalloc((size_t)K * rounds, sizeof(float));
+    for (int k = 0; k < rounds; k++) {
+        for (int ph = 0; ph < K; ph++) {
+            comm_barrier(&p->world);
+            double t0 = now_seconds();
+            if (ph == 0) rollout(p, step, pidx, b);
+            else if (ph == 1 && R[R_REF].active) {
+                if (R[R_REF].member) chunks(p, &R[R_REF], b, ref_chunk, b->ref_lp);
+                share_f(p, &R[R_REF], b->ref_lp, b->N);
+            } else if (ph == 2) {
+                if (p->reward_cmd) reward_from_cmd(p, b, pidx);
+                else {
+                    if (R[R_REWARD].member) chunks(p, &R[R_REWARD], b, value_chunk, b->score);
+                    share_d(p, &R[R_REWARD], b->score, b->S);
+                }
+            } else if (ph == 3 && R[R_CRITIC].active) {
+                if (R[R_CRITIC].member) chunks(p, &R[R_CRITIC], b, value_chunk, b->values);
+                share_f(p, &R[R_CRITIC], b->values, b->N);
+            } else if (ph == 4 && R[R_ACTOR].member) update(p, R_ACTOR, step, b);
+            else if (ph == 5 && R[R_CRITIC].member) update(p, R_CRITIC, step, b);
+            comm_barrier(&p->world);
+            t[(size_t)ph * rounds + k] = (float)(now_seconds() - t0);
+        }
+    }
+    comm_all_reduce_max(&p->world, t, (size_t)K * rounds);
+    if (p->world_rank == 0) {
+        double sum = 0;
+        fprintf(stdout, "{\"bench\": \"ppo_phases_alone\", \"rounds\": %d, \"median_s\": {", rounds);
+        for (int ph = 0; ph < K; ph++) {
+            float m = median(t + (size_t)ph * rounds, rounds);
+            sum += m;
+            fprintf(stdout, "%s\"%s\": %.6f", ph ? ", " : "", names[ph], m);
+        }
+        float st = median(steps, n_steps);
+        fprintf(stdout, "}, \"sum_alone_s\": %.6f, \"step_median_s\": %.6f, \"step_over_sum_alone\": %.4f}\n", sum, st, st / sum);
+        fflush(stdout);
+    }
+    free(t);
+    memset(&p->actor_hook.stats, 0, sizeof(PpoStats));
+    memset(&p->critic_hook.stats, 0, sizeof(PpoStats));
+}
+
 /* ---- checkpoints ------------------------------------------------------------------------------- */
 
 /* out/checkpoint-STEP: actor/ (causal LM) and critic/ (sequence classification), each an HF
@@ -590,6 +647,8 @@ int ppo_main(int argc, char **argv) {
     Ppo p;
     memset(&p, 0, sizeof p);
     Role *R = p.role;
+    const char *stop_ids = NULL;
+    int bench_alone;
     const char *prompts_path, *out, *resume, *key, *chat_template, *colocate, *kl_est, *adv_name, *sched_name;
     int steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite, no_whiten;
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
@@ -615,6 +674,8 @@ int ppo_main(int argc, char **argv) {
         {"--rollout-batch-size", OPT_INT, &p.B, "8", "prompts per step"},
         {"--n-samples-per-prompt", OPT_INT, &p.G, "1", "responses per prompt (the group of grpo / rloo)"},
         {"--max-new-tokens", OPT_INT, &p.max_new, "32", "response length at most"},
+        {"--stop-token-ids", OPT_STR, &stop_ids, NULL, "comma-separated ids that also end a response (besides EOS)"},
+        {"--bench-alone", OPT_INT, &bench_alone, "0", "after the run: each phase alone this many times on the last step's shapes (a JSON line)"},
         {"--temperature", OPT_FLOAT, &temperature, "1.0", "sampling temperature (> 0); the policy is softmax(logits / T)"},
         {"--top-k", OPT_INT, &top_k, "0", "sampling top-k (0 = off)"},
         {"--top-p", OPT_FLOAT, &top_p, "1.0", "sampling top-p"},
@@ -740,6 +801,18 @@ int ppo_main(int argc, char **argv) {
     ModelConfig acfg;
     config_load(&acfg, R[R_ACTOR].dir);
     read_prompts(&p, prompts_path, key, chat_template, truncate, acfg.vocab_size, acfg.max_pos);
+    if (stop_ids) {
+        char *list = xstrdup(stop_ids), *save = NULL;
+        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            char *end;
+            long v = strtol(t, &end, 10);
+            if (*end || end == t || v < 0 || v >= acfg.vocab_size)
+                user_error("--stop-token-ids %s: \"%s\" is not a token id in [0, %d)", stop_ids, t, acfg.vocab_size);
+            p.stop_ids = xrealloc(p.stop_ids, sizeof(int) * (p.n_stop_ids + 1));
+            p.stop_ids[p.n_stop_ids++] = (int)v;
+        }
+        free(list);
+    }
     p.max_len = 0;
     for (int i = 0; i < p.n_prompts; i++) if ((int)p.prompts[i].n + p.max_new > p.max_len) p.max_len = (int)p.prompts[i].n + p.max_new;
     if (p.reward_cmd && p.world_rank == 0) {
@@ -838,6 +911,7 @@ int ppo_main(int argc, char **argv) {
     }
     int last = stop_after > 0 && stop_after < steps ? stop_after : steps;
     double t_run = now_seconds();
+    float *step_s = xcalloc(last + 1, sizeof(float));
     for (int step = step0; step < last; step++) {
         enum { T_GEN, T_REF, T_REWARD, T_VALUES, T_ADV, T_ACTOR, T_CRITIC, T_STEP, N_T };
         float tm[N_T] = {0};
@@ -913,6 +987,7 @@ int ppo_main(int argc, char **argv) {
         if (R[R_CRITIC].active) { share_stats(&p, &R[R_CRITIC], &cs); comm_broadcast(&p.world, &gn[1], sizeof(double), R[R_CRITIC].root); }
         tm[T_STEP] = (float)(now_seconds() - t0);
         comm_all_reduce_max(&p.world, tm, N_T);   /* a role's phase as long as its slowest rank */
+        step_s[step] = tm[T_STEP];
         if (as.logprob_diff_max != 0 || as.n_checked == 0)
             user_error("step %d: the actor's training logprobs differ from its rollout logprobs (max |diff| %.3g over %.0f "
                        "tokens): the one-engine guarantee is broken", step + 1, as.logprob_diff_max, as.n_checked);
@@ -970,6 +1045,8 @@ int ppo_main(int argc, char **argv) {
         }
         if (save_every > 0 && (step + 1) % save_every == 0 && step + 1 != last) save_checkpoint(&p, out, step + 1);
     }
+    if (bench_alone > 0 && last > step0) bench_phases_alone(&p, last - 1, pidx, &b, bench_alone, step_s + step0, last - step0);
+    free(step_s);
     save_checkpoint(&p, out, last);
     comm_barrier(&p.world);
     if (p.world_rank == 0) {
@@ -991,7 +1068,7 @@ int ppo_main(int argc, char **argv) {
     tokenizer_free(p.tok);
     free(b.tokens); free(b.targets); free(b.seq_start); free(b.prompt_len); free(b.resp_len); free(b.finish);
     free(b.mask); free(b.old_lp); free(b.ref_lp); free(b.values); free(b.score); free(b.rewards); free(b.kl);
-    free(b.adv); free(b.ret); free(b.adv_f); free(b.ret_f); free(pidx); free(gadv); free(g_rows);
+    free(b.adv); free(b.ret); free(b.adv_f); free(b.ret_f); free(pidx); free(gadv); free(g_rows); free(p.stop_ids);
     comm_free(&p.world);
     comm_finalize();
     return 0;

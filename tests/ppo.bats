@@ -227,3 +227,17 @@ setup_file() {
     awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' -c "$BATS_TEST_TMPDIR/pipe/ppo/metrics.jsonl")" = "[0]" ]
 }
+
+@test "--stop-token-ids ends responses early; --bench-alone times each phase alone against the step (a JSON line, speed not asserted); a bad id is one line" {
+    need_story
+    dot=$(jq -cn '{text: "He."}' | "$TANDEM" tokenize --tokenizer "$STORIES" --jsonl --no-bos | jq '.input_ids[-1]')
+    A=(--actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 4 --rollout-batch-size 4
+       --max-new-tokens 48 --steps 3)
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/s" --stop-token-ids "$dot" --bench-alone 2
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.["response_length/mean"] < 48 and .["response_length/clip_ratio"] < 1) | all' "$BATS_TEST_TMPDIR/s/metrics.jsonl")" = true ]
+    grep '^{"bench": "ppo_phases_alone"' <<<"$output" | jq -e '.rounds == 2 and .sum_alone_s > 0 and .step_median_s > 0
+        and (.median_s | has("gen") and has("ref") and has("reward") and has("update_actor"))'
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/t" --stop-token-ids 5,x
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = 'tandem: --stop-token-ids 5,x: "x" is not a token id in [0, 512)' ]
+}
