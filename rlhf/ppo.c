@@ -71,6 +71,11 @@ typedef struct {
     /* rollout */
     int B, G, max_new, max_len;
     int *stop_ids, n_stop_ids;           /* EOS and --stop-token-ids: a response ends at any of them */
+    char **stops;                        /* --stop strings: a response ends with the token that completes one */
+    int n_stops;
+    TokStream *ts;                       /* (S) per sequence: its response decoded so far */
+    char **txt;
+    size_t *tlen, *tcap;
     SamplingParams sp;
     uint64_t seed;
     Engine *engine;
@@ -288,6 +293,20 @@ static void step_prompts(const Ppo *p, int step, int *out) {
 
 /* ---- 1. rollout --------------------------------------------------------------------------- */
 
+/* The engine's per-token callback (every actor rank): does the response now contain a stop string?
+ * A stop may straddle tokens, so the search starts where it could have begun. */
+static int stop_on_token(void *ctx, Seq *q) {
+    Ppo *p = ctx;
+    int i = q->index;
+    size_t before = p->tlen[i];
+    tok_stream_push(&p->ts[i], q->out[q->n_out - 1], &p->txt[i], &p->tlen[i], &p->tcap[i]);
+    for (int k = 0; k < p->n_stops; k++) {
+        size_t sl = strlen(p->stops[k]), from = before >= sl ? before - sl + 1 : 0;
+        if (p->tlen[i] >= sl && memmem(p->txt[i] + from, p->tlen[i] - from, p->stops[k], sl)) return 1;
+    }
+    return 0;
+}
+
 static void rollout(Ppo *p, int step, const int *pidx, Batch2 *b) {
     Role *a = &p->role[R_ACTOR];
     int S = p->B * p->G, M = p->max_new;
@@ -312,6 +331,7 @@ static void rollout(Ppo *p, int step, const int *pidx, Batch2 *b) {
             if (eos >= 0) q->stop_ids[q->n_stop_ids++] = eos;
             for (int k = 0; k < p->n_stop_ids; k++) q->stop_ids[q->n_stop_ids++] = p->stop_ids[k];
             seq_alloc_results(q);
+            if (p->n_stops) { tok_stream_init(&p->ts[s], p->tok, 1); p->tlen[s] = 0; }
             if (engine_add(p->engine, q, err, sizeof err)) user_error("rollout: %s", err);
         }
         engine_run(p->engine);
@@ -647,7 +667,7 @@ int ppo_main(int argc, char **argv) {
     Ppo p;
     memset(&p, 0, sizeof p);
     Role *R = p.role;
-    const char *stop_ids = NULL;
+    const char *stop_ids = NULL, *critic_sched_name, *stop_json;
     int bench_alone;
     const char *prompts_path, *out, *resume, *key, *chat_template, *colocate, *kl_est, *adv_name, *sched_name;
     int steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite, no_whiten;
@@ -674,6 +694,7 @@ int ppo_main(int argc, char **argv) {
         {"--rollout-batch-size", OPT_INT, &p.B, "8", "prompts per step"},
         {"--n-samples-per-prompt", OPT_INT, &p.G, "1", "responses per prompt (the group of grpo / rloo)"},
         {"--max-new-tokens", OPT_INT, &p.max_new, "32", "response length at most"},
+        {"--stop", OPT_STR, &stop_json, NULL, "stop string, or a JSON list of them: the response ends with the token completing one"},
         {"--stop-token-ids", OPT_STR, &stop_ids, NULL, "comma-separated ids that also end a response (besides EOS)"},
         {"--bench-alone", OPT_INT, &bench_alone, "0", "after the run: each phase alone this many times on the last step's shapes (a JSON line)"},
         {"--temperature", OPT_FLOAT, &temperature, "1.0", "sampling temperature (> 0); the policy is softmax(logits / T)"},
@@ -703,7 +724,8 @@ int ppo_main(int argc, char **argv) {
         {"--value-clip", OPT_FLOAT, &value_clip, "0.2", "value clip around the rollout's values"},
         {"--actor-lr", OPT_FLOAT, &actor_lr, "1e-6", "actor learning rate"},
         {"--critic-lr", OPT_FLOAT, &critic_lr, "1e-5", "critic learning rate"},
-        {"--lr-schedule", OPT_STR, &sched_name, "constant", "cosine | linear | constant (both optimizers)"},
+        {"--lr-schedule", OPT_STR, &sched_name, "constant", "the actor's: cosine | linear | constant"},
+        {"--critic-lr-schedule", OPT_STR, &critic_sched_name, NULL, "the critic's (default: --lr-schedule)"},
         {"--weight-decay", OPT_FLOAT, &wd, "0.0", "AdamW weight decay"},
         {"--clip", OPT_FLOAT, &clip, "1.0", "gradient-norm clipping (0 = off)"},
         {"--colocate", OPT_STR, &colocate, NULL, "roles sharing ranks: all, or sets like actor,ref:critic,reward"},
@@ -743,6 +765,10 @@ int ppo_main(int argc, char **argv) {
     LrSchedule sched = !strcmp(sched_name, "cosine") ? LR_COSINE : !strcmp(sched_name, "linear") ? LR_LINEAR
                      : !strcmp(sched_name, "constant") ? LR_CONSTANT : (LrSchedule)-1;
     if ((int)sched < 0) user_error("--lr-schedule %s: expected cosine, linear or constant", sched_name);
+    if (!critic_sched_name) critic_sched_name = sched_name;
+    LrSchedule critic_sched = !strcmp(critic_sched_name, "cosine") ? LR_COSINE : !strcmp(critic_sched_name, "linear") ? LR_LINEAR
+                            : !strcmp(critic_sched_name, "constant") ? LR_CONSTANT : (LrSchedule)-1;
+    if ((int)critic_sched < 0) user_error("--critic-lr-schedule %s: expected cosine, linear or constant", critic_sched_name);
     int S = p.B * p.G;
     if (p.mini == 0) p.mini = S;
     if (p.mini < 1 || S % p.mini) user_error("--mini-batch-size %d: must divide the batch's %d sequences", p.mini, S);
@@ -801,6 +827,21 @@ int ppo_main(int argc, char **argv) {
     ModelConfig acfg;
     config_load(&acfg, R[R_ACTOR].dir);
     read_prompts(&p, prompts_path, key, chat_template, truncate, acfg.vocab_size, acfg.max_pos);
+    if (stop_json) {   /* one string, or a JSON list of strings (as generate's --stop) */
+        cJSON *j = cJSON_ParseWithOpts(stop_json, NULL, 1);
+        if (!cJSON_IsArray(j)) { cJSON_Delete(j); j = cJSON_CreateArray(); cJSON_AddItemToArray(j, cJSON_CreateString(stop_json)); }
+        const cJSON *e;
+        cJSON_ArrayForEach(e, j) {
+            if (!cJSON_IsString(e) || !e->valuestring[0]) user_error("--stop %s: stop strings must be non-empty strings", stop_json);
+            p.stops = xrealloc(p.stops, sizeof(char *) * (p.n_stops + 1));
+            p.stops[p.n_stops++] = xstrdup(e->valuestring);
+        }
+        cJSON_Delete(j);
+        p.ts = xcalloc(S, sizeof(TokStream));
+        p.txt = xcalloc(S, sizeof(char *));
+        p.tlen = xcalloc(S, sizeof(size_t));
+        p.tcap = xcalloc(S, sizeof(size_t));
+    }
     if (stop_ids) {
         char *list = xstrdup(stop_ids), *save = NULL;
         for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
@@ -835,6 +876,7 @@ int ppo_main(int argc, char **argv) {
         if (r == R_ACTOR || r == R_CRITIC) {
             if (p.mini % R[r].mesh.dp) user_error("--mini-batch-size %d: must be a multiple of the %s's dp %d", p.mini, ROLE_NAMES[r], R[r].mesh.dp);
             oc.lr = r == R_ACTOR ? actor_lr : critic_lr;
+            oc.schedule = r == R_ACTOR ? sched : critic_sched;
             p.opt[r] = optim_new(m, &R[r].mesh, oc);
             p.grads[r] = xcalloc(optim_grad_floats(p.opt[r]), sizeof(float));
             p.gl[r] = xcalloc(m->n_layers_local, sizeof(LayerWeights));
@@ -866,8 +908,8 @@ int ppo_main(int argc, char **argv) {
     }
     if (R[R_ACTOR].member) {
         int share = (S + R[R_ACTOR].mesh.dp - 1) / R[R_ACTOR].mesh.dp;
-        EngineConfig ec = {share, 4096, 0, 16, acfg.max_pos, R[R_ACTOR].pp, 1, NULL, NULL, NULL, NULL,
-                           share * ((p.max_len + 15) / 16 + 1), temperature};
+        EngineConfig ec = {share, 4096, 0, 16, acfg.max_pos, R[R_ACTOR].pp, 1, p.n_stops ? stop_on_token : NULL, NULL, &p,
+                           NULL, share * ((p.max_len + 15) / 16 + 1), temperature};
         p.engine = engine_new(&R[R_ACTOR].m, &ec, p.max_len);
     }
     for (int r = 0; r < N_ROLES; r++) {   /* memory plan per role */
@@ -1069,6 +1111,9 @@ int ppo_main(int argc, char **argv) {
     free(b.tokens); free(b.targets); free(b.seq_start); free(b.prompt_len); free(b.resp_len); free(b.finish);
     free(b.mask); free(b.old_lp); free(b.ref_lp); free(b.values); free(b.score); free(b.rewards); free(b.kl);
     free(b.adv); free(b.ret); free(b.adv_f); free(b.ret_f); free(pidx); free(gadv); free(g_rows); free(p.stop_ids);
+    for (int i = 0; i < p.n_stops; i++) free(p.stops[i]);
+    for (int i = 0; p.txt && i < S; i++) free(p.txt[i]);
+    free(p.stops); free(p.ts); free(p.txt); free(p.tlen); free(p.tcap);
     comm_free(&p.world);
     comm_finalize();
     return 0;

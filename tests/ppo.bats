@@ -76,6 +76,23 @@ setup_file() {
     done
     [ "$(jq -r '.architectures[0]' "$out/checkpoint-30/actor/config.json")" = LlamaForCausalLM ]
     [ "$(jq -r '.architectures[0]' "$out/checkpoint-30/critic/config.json")" = LlamaForSequenceClassification ]
+    # transformers loads both: the critic scores like Tandem (check_hf_score.py), the actor with no missing keys
+    need_hfpy
+    ck="$out/checkpoint-30"
+    head -4 "$PF/story_val.jsonl" | jq -c '{prompt, response: .chosen}' > "$BATS_TEST_TMPDIR/s.jsonl"
+    run "$TANDEM" rm --score --model "$ck/critic" --input "$BATS_TEST_TMPDIR/s.jsonl" --output "$BATS_TEST_TMPDIR/s.out"
+    [ "$status" -eq 0 ]
+    jq -c '{text: (.prompt + .response)}' "$BATS_TEST_TMPDIR/s.jsonl" | "$TANDEM" tokenize --tokenizer "$STORIES" --jsonl \
+        | jq -c '.input_ids + [2]' | jq -s -c --slurpfile s <(jq -s '[.[].reward]' "$BATS_TEST_TMPDIR/s.out") '{ids: ., scores: $s[0]}' > "$BATS_TEST_TMPDIR/scores.json"
+    run timeout 120 "$HFPY" "$FIX/check_hf_score.py" "$ck/critic" "$BATS_TEST_TMPDIR/scores.json"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    run timeout 120 "$HFPY" -c 'import sys; from transformers import AutoModelForCausalLM
+m, info = AutoModelForCausalLM.from_pretrained(sys.argv[1], output_loading_info=True)
+assert not any(info.values()), info
+print("ok: actor loads")' "$ck/actor"
+    echo "$output"
+    [ "$status" -eq 0 ]
 }
 
 @test "placement: 4 separate role groups, 2 colocated groups and one colocated process give the same numbers and weights" {
@@ -228,7 +245,7 @@ setup_file() {
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' -c "$BATS_TEST_TMPDIR/pipe/ppo/metrics.jsonl")" = "[0]" ]
 }
 
-@test "--stop-token-ids ends responses early; --bench-alone times each phase alone against the step (a JSON line, speed not asserted); a bad id is one line" {
+@test "--stop strings and --stop-token-ids end responses; --critic-lr-schedule; --bench-alone times each phase alone against the step (a JSON line, speed not asserted); a bad id is one line" {
     need_story
     dot=$(jq -cn '{text: "He."}' | "$TANDEM" tokenize --tokenizer "$STORIES" --jsonl --no-bos | jq '.input_ids[-1]')
     A=(--actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 4 --rollout-batch-size 4
@@ -238,6 +255,14 @@ setup_file() {
     [ "$(jq -s 'map(.["response_length/mean"] < 48 and .["response_length/clip_ratio"] < 1) | all' "$BATS_TEST_TMPDIR/s/metrics.jsonl")" = true ]
     grep '^{"bench": "ppo_phases_alone"' <<<"$output" | jq -e '.rounds == 2 and .sum_alone_s > 0 and .step_median_s > 0
         and (.median_s | has("gen") and has("ref") and has("reward") and has("update_actor"))'
+    # --stop "happy": a response ends with the token completing the word, so exactly the stopped
+    # responses score 1 under the rule: per step, 1 - clip_ratio == the mean score
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/h" --stop happy --n-samples-per-prompt 8 --rollout-batch-size 8
+    [ "$status" -eq 0 ]
+    jq -s -e 'map((1 - .["response_length/clip_ratio"]) == .["critic/score/mean"]) | all' "$BATS_TEST_TMPDIR/h/metrics.jsonl"
+    jq -s -e 'map(.["critic/score/mean"]) | add > 0' "$BATS_TEST_TMPDIR/h/metrics.jsonl"
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/t" --critic-lr-schedule sometimes
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = 'tandem: --critic-lr-schedule sometimes: expected cosine, linear or constant' ]
     run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/t" --stop-token-ids 5,x
     [ "$status" -ne 0 ]; [ "${lines[-1]}" = 'tandem: --stop-token-ids 5,x: "x" is not a token id in [0, 512)' ]
 }
