@@ -261,6 +261,13 @@ print("ok: actor loads")' "$ck/actor"
     [ "$status" -eq 0 ]
     jq -s -e 'map((1 - .["response_length/clip_ratio"]) == .["critic/score/mean"]) | all' "$BATS_TEST_TMPDIR/h/metrics.jsonl"
     jq -s -e 'map(.["critic/score/mean"]) | add > 0' "$BATS_TEST_TMPDIR/h/metrics.jsonl"
+    # a prompt's "label" reaches the reward command (here the reward is the label); a causal LM as critic
+    head -4 "$TRAIN" | jq -c '. + {label: (input_line_number * 10)}' > "$BATS_TEST_TMPDIR/labelled.jsonl"
+    run timeout 60 "$TANDEM" ppo "${A[@]/$TRAIN/$BATS_TEST_TMPDIR/labelled.jsonl}" --out "$BATS_TEST_TMPDIR/l" --steps 1 \
+        --reward-cmd "jq --unbuffered -c '{reward: .label}'" --advantage gae --critic "$STORIES" --n-samples-per-prompt 1
+    [ "$status" -eq 0 ]
+    [ "$(jq '.["critic/score/mean"]' "$BATS_TEST_TMPDIR/l/metrics.jsonl")" = 25 ]
+    [ "$(jq -r '.architectures[0]' "$BATS_TEST_TMPDIR/l/checkpoint-1/critic/config.json")" = LlamaForSequenceClassification ]
     run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/t" --critic-lr-schedule sometimes
     [ "$status" -ne 0 ]; [ "${lines[-1]}" = 'tandem: --critic-lr-schedule sometimes: expected cosine, linear or constant' ]
     run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/t" --stop-token-ids 5,x
