@@ -22,6 +22,7 @@
 #include "kernels/kernels.h"
 #include "rlhf/ppo_loss.h"
 #include "rlhf/reward_cmd.h"
+#include "rlhf/reward_http.h"
 #include "runtime/args.h"
 #include "runtime/jsonl.h"
 #include "runtime/util.h"
@@ -86,6 +87,8 @@ typedef struct {
     int std_norm, normalize_reward;
     RewardCmd *rcmd;
     const char *reward_cmd;
+    char **urls;                         /* --reward-url: OpenRLHF-style reward servers */
+    int n_urls, reward_retries;
     double reward_timeout;
     /* update */
     int ppo_epochs, mini, micro;
@@ -434,7 +437,9 @@ static void value_chunk(Ppo *p, Role *r, Batch2 *b, int s0, int s1, void *outp) 
     free(st);
 }
 
-static void reward_from_cmd(Ppo *p, Batch2 *b, const int *pidx) {
+/* Rewards from the command or the servers, asked by world rank 0 and broadcast. A failure stops
+ * the run (rank_error): the last checkpoint stays as it was. */
+static void reward_from_program(Ppo *p, Batch2 *b, const int *pidx) {
     if (p->world_rank == 0) {
         const char **pr = xmalloc(sizeof(char *) * b->S), **rs = xmalloc(sizeof(char *) * b->S);
         const char **lb = xmalloc(sizeof(char *) * b->S);
@@ -445,7 +450,20 @@ static void reward_from_cmd(Ppo *p, Batch2 *b, const int *pidx) {
             rs[s] = tokenizer_decode(p->tok, (const int32_t *)resp, (size_t)b->resp_len[s], 1, NULL);
         }
         char err[1024];
-        if (reward_cmd_score(p->rcmd, b->S, pr, rs, lb, b->score, p->reward_timeout, err, sizeof err)) {
+        if (p->n_urls) {   /* OpenRLHF's "query": the prompt and response as one text */
+            char **qs = xmalloc(sizeof(char *) * b->S);
+            for (int s = 0; s < b->S; s++) {
+                size_t a = strlen(pr[s]), c = strlen(rs[s]);
+                qs[s] = xmalloc(a + c + 1);
+                memcpy(qs[s], pr[s], a);
+                memcpy(qs[s] + a, rs[s], c + 1);
+            }
+            int rc = reward_http_score((const char *const *)p->urls, p->n_urls, b->S, (const char *const *)qs, pr, lb,
+                                       b->score, p->reward_timeout, p->reward_retries, err, sizeof err);
+            for (int s = 0; s < b->S; s++) free(qs[s]);
+            free(qs);
+            if (rc) rank_error("%s", err);
+        } else if (reward_cmd_score(p->rcmd, b->S, pr, rs, lb, b->score, p->reward_timeout, err, sizeof err)) {
             reward_cmd_stop(p->rcmd);
             p->rcmd = NULL;
             rank_error("%s", err);
@@ -573,7 +591,7 @@ static void bench_phases_alone(Ppo *p, int step, const int *pidx, Batch2 *b, int
                 if (R[R_REF].member) chunks(p, &R[R_REF], b, ref_chunk, b->ref_lp);
                 share_f(p, &R[R_REF], b->ref_lp, b->N);
             } else if (ph == 2) {
-                if (p->reward_cmd) reward_from_cmd(p, b, pidx);
+                if (p->reward_cmd || p->n_urls) reward_from_program(p, b, pidx);
                 else {
                     if (R[R_REWARD].member) chunks(p, &R[R_REWARD], b, value_chunk, b->score);
                     share_d(p, &R[R_REWARD], b->score, b->S);
@@ -667,7 +685,7 @@ int ppo_main(int argc, char **argv) {
     Ppo p;
     memset(&p, 0, sizeof p);
     Role *R = p.role;
-    const char *stop_ids = NULL, *critic_sched_name, *stop_json;
+    const char *stop_ids = NULL, *critic_sched_name, *stop_json, *reward_urls;
     int bench_alone;
     const char *prompts_path, *out, *resume, *key, *chat_template, *colocate, *kl_est, *adv_name, *sched_name;
     int steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite, no_whiten;
@@ -678,7 +696,9 @@ int ppo_main(int argc, char **argv) {
         {"--critic", OPT_STR, &R[R_CRITIC].dir, NULL, "value model: a reward-model or causal-LM directory (gae only)"},
         {"--reward", OPT_STR, &R[R_REWARD].dir, NULL, "reward model directory (*ForSequenceClassification)"},
         {"--reward-cmd", OPT_STR, &p.reward_cmd, NULL, "instead of --reward: a program speaking jsonl (rlhf/reward_cmd.h)"},
-        {"--reward-timeout", OPT_FLOAT, &timeout, "600", "--reward-cmd: seconds to wait for a batch's replies (0 = no limit)"},
+        {"--reward-url", OPT_STR, &reward_urls, NULL, "instead: reward servers URL[,URL...] (OpenRLHF's remote RM protocol)"},
+        {"--reward-timeout", OPT_FLOAT, &timeout, "600", "--reward-cmd / --reward-url: seconds to wait for a batch's replies (0 = no limit)"},
+        {"--reward-retries", OPT_INT, &p.reward_retries, "3", "--reward-url: retries (with backoff) on connection errors, 429, 5xx"},
         {"--ref", OPT_STR, &R[R_REF].dir, NULL, "reference for the KL (default: the actor's starting weights, frozen)"},
         {"--prompts", OPT_STR, &prompts_path, NULL, "jsonl: \"prompt\" | \"messages\" | \"input_ids\", optional \"label\""},
         {"--input-key", OPT_STR, &key, "prompt", "the text prompt's field"},
@@ -745,7 +765,19 @@ int ppo_main(int argc, char **argv) {
                opts, n_opts, argc, argv);
     /* options */
     if (!R[R_ACTOR].dir || !prompts_path || !out) user_error("ppo: --actor, --prompts and --out are required");
-    if (!R[R_REWARD].dir == !p.reward_cmd) user_error("ppo: give exactly one of --reward DIR and --reward-cmd CMD");
+    if ((R[R_REWARD].dir != NULL) + (p.reward_cmd != NULL) + (reward_urls != NULL) != 1)
+        user_error("ppo: give exactly one of --reward DIR, --reward-cmd CMD and --reward-url URL[,URL...]");
+    if (p.reward_retries < 0) user_error("--reward-retries %d: must be >= 0", p.reward_retries);
+    if (reward_urls) {
+        char *list = xstrdup(reward_urls), *save = NULL;
+        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (strncmp(t, "http://", 7) && strncmp(t, "https://", 8)) user_error("--reward-url %s: \"%s\" is not an http(s) URL", reward_urls, t);
+            p.urls = xrealloc(p.urls, sizeof(char *) * (p.n_urls + 1));
+            p.urls[p.n_urls++] = xstrdup(t);
+        }
+        free(list);
+        if (!p.n_urls) user_error("--reward-url: no URL given");
+    }
     p.adv_kind = !strcmp(adv_name, "gae") ? ADV_GAE : !strcmp(adv_name, "grpo") ? ADV_GRPO : !strcmp(adv_name, "rloo") ? ADV_RLOO : (AdvantageKind)-1;
     if ((int)p.adv_kind < 0) user_error("--advantage %s: expected gae, grpo or rloo", adv_name);
     if (p.adv_kind == ADV_GAE && !R[R_CRITIC].dir) user_error("--advantage gae needs --critic (or use grpo / rloo)");
@@ -970,7 +1002,7 @@ int ppo_main(int argc, char **argv) {
         }
         LAP(T_REF);
         memset(b.score, 0, sizeof(double) * S);
-        if (p.reward_cmd) reward_from_cmd(&p, &b, pidx);
+        if (p.reward_cmd || p.n_urls) reward_from_program(&p, &b, pidx);
         else {
             if (R[R_REWARD].member) chunks(&p, &R[R_REWARD], &b, value_chunk, b.score);
             share_d(&p, &R[R_REWARD], b.score, S);
@@ -1113,7 +1145,8 @@ int ppo_main(int argc, char **argv) {
     free(b.adv); free(b.ret); free(b.adv_f); free(b.ret_f); free(pidx); free(gadv); free(g_rows); free(p.stop_ids);
     for (int i = 0; i < p.n_stops; i++) free(p.stops[i]);
     for (int i = 0; p.txt && i < S; i++) free(p.txt[i]);
-    free(p.stops); free(p.ts); free(p.txt); free(p.tlen); free(p.tcap);
+    for (int i = 0; i < p.n_urls; i++) free(p.urls[i]);
+    free(p.urls); free(p.stops); free(p.ts); free(p.txt); free(p.tlen); free(p.tcap);
     comm_free(&p.world);
     comm_finalize();
     return 0;

@@ -273,3 +273,63 @@ print("ok: actor loads")' "$ck/actor"
     run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/t" --stop-token-ids 5,x
     [ "$status" -ne 0 ]; [ "${lines[-1]}" = 'tandem: --stop-token-ids 5,x: "x" is not a token id in [0, 512)' ]
 }
+
+# serve MODE: a reward server (tests/fixtures/ppo/reward_server.py) on 127.0.0.1; sets URL
+serve() {
+    rm -f "$BATS_TEST_TMPDIR/port"
+    python3 "$FIX/ppo/reward_server.py" "$BATS_TEST_TMPDIR/port" "$1" 2>>"$BATS_TEST_TMPDIR/server.log" 3>&- &
+    SERVERS="$SERVERS $!"
+    for _ in $(seq 50); do [ -s "$BATS_TEST_TMPDIR/port" ] && break; sleep 0.1; done
+    URL="http://127.0.0.1:$(cat "$BATS_TEST_TMPDIR/port")/get_reward"
+}
+teardown() { [ -z "${SERVERS:-}" ] || kill $SERVERS 2>/dev/null || true; }
+
+@test "--reward-url: GRPO against two loopback reward servers (OpenRLHF's protocol) gives the numbers of the same rule as --reward-cmd; a flaky server is retried" {
+    need_story
+    A=(--actor "$STORIES" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 8 --rollout-batch-size 8 --max-new-tokens 48
+       --steps 4 --kl-coef 0 --actor-lr 3e-4)
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --reward-cmd "$RULE" --out "$BATS_TEST_TMPDIR/cmd"
+    [ "$status" -eq 0 ]
+    serve ok; u1=$URL
+    serve flaky; u2=$URL
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --reward-url "$u1,$u2" --out "$BATS_TEST_TMPDIR/url"
+    [ "$status" -eq 0 ]
+    diff <(numbers "$BATS_TEST_TMPDIR/cmd/metrics.jsonl") <(numbers "$BATS_TEST_TMPDIR/url/metrics.jsonl")
+    # both servers got their half of every batch; the flaky one answered 500 twice first
+    [ "$(grep -c '"POST /get_reward HTTP/1.1" 200' "$BATS_TEST_TMPDIR/server.log")" -eq 8 ]
+    [ "$(grep -c '"POST /get_reward HTTP/1.1" 500' "$BATS_TEST_TMPDIR/server.log")" -eq 2 ]
+}
+
+@test "--reward-url failures: down, malformed, wrong count, timeout, 404, no server: one line each; the last checkpoint is kept" {
+    need_story
+    A=(--actor "$STORIES" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2 --max-new-tokens 8
+       --steps 1 --reward-timeout 1 --reward-retries 1)
+    serve down
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "$URL" --out "$BATS_TEST_TMPDIR/a"
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = "tandem: reward server $URL: HTTP 500: overloaded (after 2 attempts)" ]
+    serve malformed
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "$URL" --out "$BATS_TEST_TMPDIR/b"
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = "tandem: reward server $URL: the answer is not {\"rewards\": [numbers]}: <html>oops</html>" ]
+    serve short
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "$URL" --out "$BATS_TEST_TMPDIR/c"
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = "tandem: reward server $URL: 3 rewards for 4 responses" ]
+    serve slow
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "$URL" --out "$BATS_TEST_TMPDIR/d"
+    [ "$status" -ne 0 ]; [[ "${lines[-1]}" == "tandem: reward server $URL: Timeout was reached (after 2 attempts)" ]]
+    serve notfound
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "$URL" --out "$BATS_TEST_TMPDIR/e"
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = "tandem: reward server $URL: HTTP 404: no such route" ]
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "ftp://x" --out "$BATS_TEST_TMPDIR/f"
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = 'tandem: --reward-url ftp://x: "ftp://x" is not an http(s) URL' ]
+    # a server that dies mid-run: the run stops, its last checkpoint resumes against a live one
+    serve ok
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "$URL" --out "$BATS_TEST_TMPDIR/g" --steps 2 --save-every 1 --stop-after 1
+    [ "$status" -eq 0 ]
+    kill $SERVERS; wait 2>/dev/null || true; SERVERS=
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "$URL" --out "$BATS_TEST_TMPDIR/g" --steps 2 --resume "$BATS_TEST_TMPDIR/g/checkpoint-1"
+    [ "$status" -ne 0 ]; [[ "${lines[-1]}" == "tandem: reward server $URL: Couldn't connect to server (after 2 attempts)" ]]
+    [ -e "$BATS_TEST_TMPDIR/g/checkpoint-1/ppo_state.json" ] && [ ! -e "$BATS_TEST_TMPDIR/g/checkpoint-2" ]
+    serve ok
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "$URL" --out "$BATS_TEST_TMPDIR/g" --steps 2 --resume "$BATS_TEST_TMPDIR/g/checkpoint-1"
+    [ "$status" -eq 0 ]
+}

@@ -1,0 +1,159 @@
+/* reward_http.c — see reward_http.h. curl's multi interface runs one request per URL at once; each
+ * failed part is retried by itself. */
+#include "rlhf/reward_http.h"
+#include "runtime/util.h"
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    const char *url;
+    int first, n;              /* the part of the batch: items first .. first + n - 1 */
+    char *body;                /* the request */
+    char *ans;                 /* the answer so far */
+    size_t len, cap;
+    CURL *h;
+    long status;
+    CURLcode rc;
+    int done;                  /* 1: rewards in place */
+} Part;
+
+static size_t on_data(char *p, size_t size, size_t nmemb, void *user) {
+    Part *q = user;
+    size_t k = size * nmemb;
+    if (q->len + k + 1 > q->cap) q->ans = xrealloc(q->ans, q->cap = 2 * (q->len + k) + 1024);
+    memcpy(q->ans + q->len, p, k);
+    q->len += k;
+    q->ans[q->len] = 0;
+    return k;
+}
+
+static char *request_body(int first, int n, const char *const *queries, const char *const *prompts,
+                          const char *const *labels) {
+    cJSON *o = cJSON_CreateObject(), *qs = cJSON_AddArrayToObject(o, "query"), *ps = cJSON_AddArrayToObject(o, "prompts");
+    cJSON *ls = cJSON_AddArrayToObject(o, "labels");
+    for (int i = first; i < first + n; i++) {
+        cJSON_AddItemToArray(qs, cJSON_CreateString(queries[i]));
+        cJSON_AddItemToArray(ps, cJSON_CreateString(prompts[i]));
+        cJSON *l = labels && labels[i] ? cJSON_Parse(labels[i]) : cJSON_CreateNull();
+        CHECK(l != NULL);
+        cJSON_AddItemToArray(ls, l);
+    }
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+static void start(CURLM *multi, Part *q, double timeout_s, struct curl_slist *hdr) {
+    q->len = 0;
+    q->status = 0;
+    q->h = curl_easy_init();
+    CHECK(q->h != NULL);
+    curl_easy_setopt(q->h, CURLOPT_URL, q->url);
+    curl_easy_setopt(q->h, CURLOPT_POSTFIELDS, q->body);
+    curl_easy_setopt(q->h, CURLOPT_HTTPHEADER, hdr);
+    curl_easy_setopt(q->h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(q->h, CURLOPT_WRITEDATA, q);
+    curl_easy_setopt(q->h, CURLOPT_NOSIGNAL, 1L);
+    if (timeout_s > 0) curl_easy_setopt(q->h, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1000));
+    curl_multi_add_handle(multi, q->h);
+}
+
+/* 0: rewards written; 1: worth retrying (connection, timeout, 429, 5xx); -1: an error now */
+static int finish(Part *q, double *rewards, char *err, size_t errlen) {
+    if (q->rc != CURLE_OK) {
+        snprintf(err, errlen, "reward server %s: %s", q->url, curl_easy_strerror(q->rc));
+        return 1;
+    }
+    if (q->status == 429 || q->status >= 500) {
+        snprintf(err, errlen, "reward server %s: HTTP %ld: %.200s", q->url, q->status, q->ans ? q->ans : "");
+        return 1;
+    }
+    if (q->status != 200) {
+        snprintf(err, errlen, "reward server %s: HTTP %ld: %.200s", q->url, q->status, q->ans ? q->ans : "");
+        return -1;
+    }
+    cJSON *o = cJSON_Parse(q->ans ? q->ans : "");
+    const cJSON *r = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "rewards") : NULL;
+    int ok = cJSON_IsArray(r) && cJSON_GetArraySize(r) == q->n, i = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, r) ok &= cJSON_IsNumber(v) && isfinite(v->valuedouble);
+    if (!ok) {
+        if (cJSON_IsArray(r) && cJSON_GetArraySize(r) != q->n)
+            snprintf(err, errlen, "reward server %s: %d rewards for %d responses", q->url, cJSON_GetArraySize(r), q->n);
+        else
+            snprintf(err, errlen, "reward server %s: the answer is not {\"rewards\": [numbers]}: %.200s", q->url,
+                     q->ans ? q->ans : "");
+        cJSON_Delete(o);
+        return -1;
+    }
+    cJSON_ArrayForEach(v, r) rewards[q->first + i++] = v->valuedouble;
+    cJSON_Delete(o);
+    return 0;
+}
+
+int reward_http_score(const char *const *urls, int n_urls, int n, const char *const *queries,
+                      const char *const *prompts, const char *const *labels, double *rewards, double timeout_s,
+                      int retries, char *err, size_t errlen) {
+    static int inited;
+    if (!inited) { curl_global_init(CURL_GLOBAL_DEFAULT); inited = 1; }
+    int k = n_urls < n ? n_urls : n, rv = 0;
+    Part *parts = xcalloc(k ? k : 1, sizeof(Part));
+    for (int u = 0, first = 0; u < k; u++) {   /* contiguous parts, sizes differing by at most one */
+        int m = n / k + (u < n % k);
+        parts[u] = (Part){.url = urls[u], .first = first, .n = m};
+        parts[u].body = request_body(first, m, queries, prompts, labels);
+        first += m;
+    }
+    struct curl_slist *hdr = curl_slist_append(NULL, "Content-Type: application/json");
+    CURLM *multi = curl_multi_init();
+    for (int attempt = 0, pending = k; pending > 0; attempt++) {
+        if (attempt > 0) {
+            double wait = 0.5 * (1 << (attempt - 1 < 4 ? attempt - 1 : 4));
+            usleep((useconds_t)(wait * 1e6));
+        }
+        for (int u = 0; u < k; u++) if (!parts[u].done) start(multi, &parts[u], timeout_s, hdr);
+        int running = 1;
+        while (running) {
+            curl_multi_perform(multi, &running);
+            if (running) curl_multi_poll(multi, NULL, 0, 1000, NULL);
+        }
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(multi, &left)))
+            for (int u = 0; u < k; u++)
+                if (parts[u].h == msg->easy_handle) parts[u].rc = msg->data.result;
+        int retry = 0;
+        for (int u = 0; u < k; u++) {
+            Part *q = &parts[u];
+            if (q->done) continue;
+            curl_easy_getinfo(q->h, CURLINFO_RESPONSE_CODE, &q->status);
+            curl_multi_remove_handle(multi, q->h);
+            curl_easy_cleanup(q->h);
+            q->h = NULL;
+            int f = finish(q, rewards, err, errlen);
+            if (f == 0) { q->done = 1; pending--; }
+            else if (f < 0) { rv = -1; pending = 0; break; }
+            else retry = 1;
+        }
+        if (rv == 0 && retry && attempt >= retries) {
+            size_t l = strlen(err);
+            snprintf(err + l, errlen > l ? errlen - l : 0, " (after %d attempts)", attempt + 1);
+            rv = -1;
+            break;
+        }
+    }
+    for (int u = 0; u < k; u++) {
+        if (parts[u].h) { curl_multi_remove_handle(multi, parts[u].h); curl_easy_cleanup(parts[u].h); }
+        free(parts[u].body);
+        free(parts[u].ans);
+    }
+    curl_multi_cleanup(multi);
+    curl_slist_free_all(hdr);
+    free(parts);
+    return rv;
+}
