@@ -321,9 +321,9 @@ int bench_main(int argc, char **argv) {
         return rc;
     }
     if (!model_dir) user_error("bench: --model DIR or --tokenizer FILE is required");
-    if (batch < 1 || seq < 1 || iters < 1 || threads < 1) user_error("bench: --batch, --seq, --iters, --threads must be >= 1");
+    if (batch < 1 || seq < 1 || iters < 1 || threads < 0) user_error("bench: --batch, --seq, --iters must be >= 1, --threads >= 0");
     if (score && !train) user_error("bench: --score is a --train option");
-    cpu_set_threads(threads);
+    threads = cpu_set_threads(threads);
     Mesh mesh;
     Comm world = comm_world();   /* this command's meshes span the job */
     mesh_init(&mesh, &world, tp, pp);

@@ -346,9 +346,9 @@ int eval_main(int argc, char **argv) {
                argc, argv);
     if (!model_dir) user_error("eval: --model DIR is required");
     if (!ref == !data) user_error("eval: give exactly one of --reference or --data");
-    if (threads < 1) user_error("--threads must be >= 1");
+    if (threads < 0) user_error("--threads must be >= 0 (0 = the cores available)");
     if (batch_tokens < 1) user_error("--batch-tokens must be >= 1");
-    cpu_set_threads(threads);
+    threads = cpu_set_threads(threads);
 
     Mesh mesh;
     Comm world = comm_world();   /* this command's meshes span the job */

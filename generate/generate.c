@@ -635,9 +635,9 @@ int generate_main(int argc, char **argv) {
         free(txt);
     }
     same_file_check(in_path, out_path);
-    if (block < 1 || max_batch < 1 || max_batch_tokens < 1 || threads < 1 || !(kv_mib > 0))
+    if (block < 1 || max_batch < 1 || max_batch_tokens < 1 || threads < 0 || !(kv_mib > 0))
         user_error("--block-size, --max-batch, --max-batch-tokens, --threads, --kv-cache-mem must be positive");
-    cpu_set_threads(threads);
+    threads = cpu_set_threads(threads);
 
     Mesh mesh;
     Comm world = comm_world();   /* this command's meshes span the job */

@@ -9,7 +9,12 @@
 #define TANDEM_KERNELS_H
 #include <stddef.h>
 
-void cpu_set_threads(int n);
+/* Threads for the kernels and OpenBLAS; n <= 0: cpu_default_threads(). Returns the count set. */
+int cpu_set_threads(int n);
+/* The cores this rank may use (llama.cpp's default): its CPU affinity, shared among the node's ranks
+ * (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE) unless the launcher already bound it to fewer than all
+ * online cores; at least 1. */
+int cpu_default_threads(void);
 
 /* iters x 12 x 16 fused multiply-adds on every OpenMP thread, nothing else (no loads): timed by the
  * bench, the fp32 FMA peak no kernel here can pass. Returns a value that keeps the work live. */

@@ -757,7 +757,7 @@ int ppo_main(int argc, char **argv) {
         {"--critic-tp", OPT_INT, &R[R_CRITIC].tp, "1", ""}, {"--critic-pp", OPT_INT, &R[R_CRITIC].pp, "1", ""},
         {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
         {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
-        {"--threads", OPT_INT, &threads, "1", "CPU threads per rank"},
+        {"--threads", OPT_INT, &threads, "0", "CPU threads per rank (0 = the cores available to this rank)"},
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
@@ -786,7 +786,7 @@ int ppo_main(int argc, char **argv) {
     p.kl_est = !strcmp(kl_est, "k1") ? KL_K1 : !strcmp(kl_est, "k2") ? KL_K2 : !strcmp(kl_est, "k3") ? KL_K3 : (KlEstimator)-1;
     if ((int)p.kl_est < 0) user_error("--kl-estimator %s: expected k1, k2 or k3", kl_est);
     if (!(temperature > 0)) user_error("--temperature %g: must be > 0 (the policy is softmax(logits / T))", temperature);
-    if (p.B < 1 || p.G < 1 || p.max_new < 1 || steps < 1 || p.ppo_epochs < 1 || threads < 1)
+    if (p.B < 1 || p.G < 1 || p.max_new < 1 || steps < 1 || p.ppo_epochs < 1 || threads < 0)
         user_error("ppo: --rollout-batch-size, --n-samples-per-prompt, --max-new-tokens, --steps, --ppo-epochs, --threads must be >= 1");
     if (!(kl_coef >= 0) || !(kl_loss_coef >= 0) || !(reward_clip >= 0) || !(kl_target >= 0) || !(kl_horizon > 0))
         user_error("ppo: --kl-coef, --kl-loss-coef, --reward-clip, --kl-target must be >= 0, --kl-horizon > 0");
@@ -825,7 +825,7 @@ int ppo_main(int argc, char **argv) {
     p.actor_hook = (PpoHook){.clip_low = clip_eps, .clip_high = clip_high > 0 ? clip_high : clip_eps, .clip_c = dual_clip,
                              .kl_loss_coef = kl_loss_coef};
     p.critic_hook = (PpoHook){.value_clip = value_clip};
-    cpu_set_threads(threads);
+    threads = cpu_set_threads(threads);
 
     /* roles and placement */
     R[R_ACTOR].active = 1;

@@ -291,13 +291,13 @@ static int pref_main(int argc, char **argv, int dpo) {
     if (score && dpo) user_error("--score is an rm option");
     if (score && !model_dir) user_error("rm --score: --model is required");
     if (score) {
-        if (seq_len < 2 || batch_size < 1 || threads < 1) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
-        cpu_set_threads(threads);
+        if (seq_len < 2 || batch_size < 1 || threads < 0) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
+        threads = cpu_set_threads(threads);
         return score_main(model_dir, input, output, chat_template, tp, pp, seq_len, batch_size);
     }
     if (!model_dir || !data_path || !out) user_error("%s: --model, --data and --out are required", cmd);
-    if (seq_len < 2 || batch_size < 1 || M < 1 || epochs < 1 || max_steps < 0 || threads < 1 || warmup < 0)
-        user_error("%s: --seq-len >= 2, --batch-size, --micro-batches, --epochs, --threads >= 1 required", cmd);
+    if (seq_len < 2 || batch_size < 1 || M < 1 || epochs < 1 || max_steps < 0 || threads < 0 || warmup < 0)
+        user_error("%s: --seq-len >= 2, --batch-size, --micro-batches, --epochs >= 1, --threads >= 0 required", cmd);
     if (!(lr > 0) || min_lr < 0 || wd < 0 || clip < 0 || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps > 0))
         user_error("%s: invalid optimizer setting (--lr > 0, --min-lr/--weight-decay/--clip >= 0, betas in [0, 1), --eps > 0)", cmd);
     if (!(center >= 0) || !isfinite(center)) user_error("--center-rewards-coefficient %g: must be >= 0", center);
@@ -315,7 +315,7 @@ static int pref_main(int argc, char **argv, int dpo) {
     if (dir_exists(out) && !overwrite && !resume)
         user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", out);
     if (resume) trainer_check_same_model(model_dir, resume);
-    cpu_set_threads(threads);
+    threads = cpu_set_threads(threads);
 
     Mesh mesh, ref_mesh;
     Comm world = comm_world();

@@ -16,7 +16,7 @@ typedef struct {
 #define MESH_OPTIONS(tp, pp, threads)                                             \
     {"--tp", OPT_INT, tp, "1", "tensor-parallel size"},                           \
     {"--pp", OPT_INT, pp, "1", "pipeline-parallel size"},                         \
-    {"--threads", OPT_INT, threads, "1", "CPU threads per rank (kernels and OpenBLAS)"}
+    {"--threads", OPT_INT, threads, "0", "CPU threads per rank (0 = the cores available to this rank)"}
 
 /* Parses argv (argv[0] is the subcommand). --help prints usage and exits 0. */
 void args_parse(const char *usage, Option *opts, int n_opts, int argc, char **argv);

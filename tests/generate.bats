@@ -410,3 +410,14 @@ paged_vs_eval() { # MODEL [generate flags]
     [ "$(jq .completion_tokens "$BATS_TEST_TMPDIR/o.jsonl")" -eq 6 ]
     [ "$(jq -c .prompt "$BATS_TEST_TMPDIR/o.jsonl")" = "$(echo "$msgs" | jq -c .)" ]
 }
+
+@test "--threads defaults to the cores available to the rank: the affinity, shared among the node's ranks unless bound" {
+    echo '{"input_ids": [1, 5, 9]}' > "$BATS_TEST_TMPDIR/p.jsonl"
+    th() { "$@" "$TANDEM" generate --model "$FIX/models/llama_gqa" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/o.jsonl" \
+        --max-new-tokens 2 2>&1 | grep -E '^\| --threads ' | awk '{ print $4 }'; }
+    n=$(nproc)
+    [ "$(th env)" = "$n" ]
+    [ "$(th env OMPI_COMM_WORLD_LOCAL_SIZE=2)" = "$(( n / 2 > 0 ? n / 2 : 1 ))" ]
+    [ "$(th taskset -c 0)" = 1 ]                                       # bound by the launcher: its share already
+    [ "$(th env OMPI_COMM_WORLD_LOCAL_SIZE=64)" = 1 ]                  # never 0
+}

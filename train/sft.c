@@ -88,8 +88,8 @@ int sft_main(int argc, char **argv) {
     args_parse("usage: tandem sft --model DIR --data train.jsonl [--eval-data val.jsonl] --out DIR [options]", opts,
                n_opts, argc, argv);
     if (!model_dir || !data_path || !out) user_error("sft: --model, --data and --out are required");
-    if (seq_len < 2 || batch_size < 1 || M < 1 || epochs < 1 || max_steps < 0 || threads < 1 || warmup < 0)
-        user_error("sft: --seq-len >= 2, --batch-size, --micro-batches, --epochs, --threads >= 1 required");
+    if (seq_len < 2 || batch_size < 1 || M < 1 || epochs < 1 || max_steps < 0 || threads < 0 || warmup < 0)
+        user_error("sft: --seq-len >= 2, --batch-size, --micro-batches, --epochs >= 1, --threads >= 0 required");
     if (!(lr > 0) || min_lr < 0 || wd < 0 || clip < 0 || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps > 0))
         user_error("sft: invalid optimizer setting (--lr > 0, --min-lr/--weight-decay/--clip >= 0, betas in [0, 1), --eps > 0)");
     LrSchedule sched = !strcmp(schedule_name, "cosine") ? LR_COSINE : !strcmp(schedule_name, "linear") ? LR_LINEAR
@@ -102,7 +102,7 @@ int sft_main(int argc, char **argv) {
     if (dir_exists(out) && !overwrite && !resume)
         user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", out);
     if (resume) trainer_check_same_model(model_dir, resume);
-    cpu_set_threads(threads);
+    threads = cpu_set_threads(threads);
 
     Mesh mesh;
     Comm world = comm_world();   /* this command's meshes span the job */

@@ -4,6 +4,9 @@
 #include "kernels/cpu/attention_row.h"
 #include "kernels/cpu/vec.h"
 #include <cblas.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <omp.h>
 #include <math.h>
 #include <string.h>
@@ -11,10 +14,21 @@
 /* One thread pool: we link OpenBLAS's OpenMP build, so it and our kernels share libgomp's pool.
  * (With the pthread build, two pools spinning on 2 cores halved both: 2-thread matmul fell from
  * 93 to 25 GFLOP/s.) */
-void cpu_set_threads(int n) {
-    n = n > 0 ? n : 1;
+int cpu_default_threads(void) {
+    cpu_set_t set;
+    int mine = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *ls = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int local = ls && atoi(ls) > 0 ? atoi(ls) : 1;
+    int n = mine < online ? mine : mine / local;   /* bound by the launcher: already this rank's share */
+    return n > 0 ? n : 1;
+}
+
+int cpu_set_threads(int n) {
+    n = n > 0 ? n : cpu_default_threads();
     openblas_set_num_threads(n);
     omp_set_num_threads(n);
+    return n;
 }
 
 /* ---- batch-invariant matmul ---------------------------------------------------------------
