@@ -4,11 +4,19 @@
 #include <math.h>
 #include <string.h>
 
+/* k3 as verl's "low_var_kl": kl = clamp(ref - lp, -20, 20), clamp(e^kl - kl - 1, -10, 10). The inner
+ * clamp never changes a finite result (past +-20 the value is > 10) but keeps an infinite lp from
+ * giving inf - inf. */
+static double k3_inner(double lp, double ref_lp) {
+    double kl = ref_lp - lp;
+    return kl < -20.0 ? -20.0 : kl > 20.0 ? 20.0 : kl;
+}
+
 double kl_estimate(KlEstimator k, double lp, double ref_lp) {
     double d = lp - ref_lp;
     if (k == KL_K1) return d;
     if (k == KL_K2) return 0.5 * d * d;
-    double kl = -d, v = exp(kl) - kl - 1.0;   /* k3 (verl "low_var_kl"): ratio = e^(ref - lp) */
+    double kl = k3_inner(lp, ref_lp), v = exp(kl) - kl - 1.0;
     return v < -10.0 ? -10.0 : v > 10.0 ? 10.0 : v;
 }
 
@@ -16,9 +24,9 @@ double kl_estimate_grad(KlEstimator k, double lp, double ref_lp) {
     double d = lp - ref_lp;
     if (k == KL_K1) return 1.0;
     if (k == KL_K2) return d;
-    double v = exp(-d) + d - 1.0;
-    if (v > 10.0) return 0.0;                  /* clamped: no gradient */
-    return -exp(-d) + 1.0;
+    double kl = k3_inner(lp, ref_lp), v = exp(kl) - kl - 1.0;
+    if (!(v <= 10.0)) return 0.0;   /* clamped (also whenever the inner clamp is: v > 10 there; v >= 0) */
+    return 1.0 - exp(kl);                                       /* d (e^kl - kl - 1) / d kl * d kl / d lp */
 }
 
 void ppo_token_rewards(const int *seq_start, int S, const float *mask, const float *lp, const float *ref_lp,
@@ -54,9 +62,9 @@ void ppo_whiten(double *x, const float *mask, int N) {
     double sum = 0.0, n = 0.0;
     for (int i = 0; i < N; i++) if (mask[i] > 0) { sum += x[i]; n += 1.0; }
     if (n < 2) return;
-    double mean = sum / n, ss = 0.0;
+    double mean = sum / (n + 1e-8), ss = 0.0;   /* verl masked_mean: / (n + 1e-8) */
     for (int i = 0; i < N; i++) if (mask[i] > 0) ss += (x[i] - mean) * (x[i] - mean);
-    double var = ss / (n - 1.0), r = 1.0 / sqrt(var + 1e-8);
+    double var = ss / (n + 1e-8) * (n / (n - 1.0)), r = 1.0 / sqrt(var + 1e-8);
     for (int i = 0; i < N; i++) if (mask[i] > 0) x[i] = (x[i] - mean) * r;
 }
 
@@ -77,6 +85,16 @@ void group_advantages(AdvantageKind kind, const double *score, int S, int G, int
     }
 }
 
+/* max / min as torch.maximum / torch.minimum: a NaN propagates (fmax would drop it, hiding a broken
+ * logprob), and the gradient given da, db splits evenly on an exact tie. clamp_grad: torch.clamp
+ * passes the gradient on the closed range. */
+static double max_nan(double a, double b) { return isnan(a) || isnan(b) ? NAN : a > b ? a : b; }
+static double min_nan(double a, double b) { return isnan(a) || isnan(b) ? NAN : a < b ? a : b; }
+static double max_grad(double a, double b, double da, double db) { return a > b ? da : a < b ? db : 0.5 * (da + db); }
+static double min_grad(double a, double b, double da, double db) { return a < b ? da : a > b ? db : 0.5 * (da + db); }
+static double clamp(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
+static double clamp_grad(double x, double lo, double hi, double dx) { return x >= lo && x <= hi ? dx : 0.0; }
+
 double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout, void *user) {
     PpoHook *h = user;
     const PpoCtx *c = mb->ctx;
@@ -85,22 +103,25 @@ double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout
     for (int n = 0; n < N; n++) {
         dout[n] = 0.0f;
         if (mb->targets[n] < 0) continue;
-        double lp = out[n], A = c->adv[n], w = mb->weight[n];
+        double lp = out[n], A = c->adv[n], w = mb->weight[n], d = lp - (double)c->old_lp[n];
         if (c->check) {
-            double d = fabs(lp - (double)c->old_lp[n]);
-            if (!(d <= st->logprob_diff_max)) st->logprob_diff_max = isnan(d) ? INFINITY : d;
+            double ad = fabs(d);
+            if (!(ad <= st->logprob_diff_max)) st->logprob_diff_max = isnan(ad) ? INFINITY : ad;
             st->n_checked += 1;
         }
-        double ratio = exp(lp - (double)c->old_lp[n]);
+        /* the loss of verl's compute_policy_loss, each value with its d / d lp beside it */
+        double dc = clamp(d, -20.0, 20.0);
+        double ratio = exp(dc), dratio = clamp_grad(d, -20.0, 20.0, ratio);
         double lo = 1.0 - h->clip_low, hi = 1.0 + h->clip_high;
-        double rc = ratio < lo ? lo : ratio > hi ? hi : ratio;
-        double l1 = -A * ratio, l2 = -A * rc, l = l1 >= l2 ? l1 : l2;
-        /* d l / d lp: the unclipped branch (or a tie inside the range) -A ratio; a clipped one 0 */
-        double g = (l1 > l2 || (l1 == l2 && rc == ratio)) ? -A * ratio : 0.0;
+        double rc = clamp(ratio, lo, hi), drc = clamp_grad(ratio, lo, hi, dratio);
+        double l1 = -A * ratio, l2 = -A * rc;
+        double l = max_nan(l1, l2), g = max_grad(l1, l2, -A * dratio, -A * drc);
         st->pg_clipfrac += l2 > l1;
-        if (h->clip_c > 0 && A < 0) {
+        if (h->clip_c > 0 && A < 0) {                  /* dual clip: at most -A c (no gradient) */
             double l3 = -A * h->clip_c;
-            if (l3 < l) { l = l3; g = 0.0; st->pg_clipfrac_lower += 1; }
+            st->pg_clipfrac_lower += l > l3;
+            g = min_grad(l3, l, 0.0, g);
+            l = min_nan(l3, l);
         }
         double kl = 0.0, dkl = 0.0;
         if (h->kl_loss_coef > 0) {
@@ -111,7 +132,7 @@ double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout
         dout[n] = (float)(w * (g + h->kl_loss_coef * dkl));
         st->n_tokens += 1;
         st->pg_loss += l;
-        st->ppo_kl += (double)c->old_lp[n] - lp;
+        st->ppo_kl += -dc;
         st->kl_loss += kl;
     }
     return loss;
@@ -126,14 +147,16 @@ double loss_ppo_critic(const MicroBatch *mb, int N, const float *out, float *dou
         dout[n] = 0.0f;
         if (mb->targets[n] < 0) continue;
         double v = out[n], old = c->old_values[n], R = c->returns[n], w = mb->weight[n];
-        double lo = old - h->value_clip, hi = old + h->value_clip;
-        double vc = v < lo ? lo : v > hi ? hi : v;
-        double e1 = (v - R) * (v - R), e2 = (vc - R) * (vc - R);
-        double g = e1 >= e2 ? (v - R) : (vc == v ? (vc - R) : 0.0);   /* d 0.5 max(e1, e2) / d v */
-        loss += w * 0.5 * (e1 >= e2 ? e1 : e2);
+        /* verl clip_by_value: max(min(v, hi), lo), with d / d v */
+        double hi = old + h->value_clip, lo = old - h->value_clip;
+        double m = min_nan(v, hi), dm = min_grad(v, hi, 1.0, 0.0);
+        double vc = max_nan(m, lo), dvc = max_grad(m, lo, dm, 0.0);
+        double e1 = (v - R) * (v - R), e2 = (vc - R) * (vc - R), e = max_nan(e1, e2);
+        double g = max_grad(e1, e2, v - R, (vc - R) * dvc);   /* d 0.5 max(e1, e2) / d v */
+        loss += w * 0.5 * e;
         dout[n] = (float)(w * g);
         st->n_tokens += 1;
-        st->vf_loss += 0.5 * (e1 >= e2 ? e1 : e2);
+        st->vf_loss += 0.5 * e;
         st->vf_clipfrac += e2 > e1;
     }
     return loss;

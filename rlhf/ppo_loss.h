@@ -15,9 +15,11 @@
 #include "train/grad.h"
 
 typedef enum { KL_K1, KL_K2, KL_K3 } KlEstimator;   /* k1: lp - ref; k2: 0.5 (lp - ref)^2; k3: e^(ref-lp) - (ref-lp) - 1 */
-/* One token's KL estimate of pi (lp) against the reference (ref_lp). k3 is clamped to [-10, 10] as verl. */
+/* One token's KL estimate of pi (lp) against the reference (ref_lp). k3 is clamped to [-10, 10] as verl,
+ * after verl's clamp of ref - lp to [-20, 20] before exp (k3 > 10 beyond it, so it changes no finite
+ * result; an infinite lp gives 10, not NaN). */
 double kl_estimate(KlEstimator k, double lp, double ref_lp);
-/* d kl_estimate / d lp (for the KL-in-loss term; k3 inside the clamp range) */
+/* d kl_estimate / d lp (for the KL-in-loss term): torch autograd's, so 0 where k3 is clamped (> 10) */
 double kl_estimate_grad(KlEstimator k, double lp, double ref_lp);
 
 /* Token-level rewards: rewards[n] = -kl_coef * kl_estimate(lp[n], ref_lp[n]) at every action, plus
@@ -34,7 +36,9 @@ void ppo_gae(const int *seq_start, int S, const float *mask, const double *rewar
              double lambda, double *advantages, double *returns);
 
 /* Masked whitening over every action of the batch (verl masked_whiten, shift_mean): x = (x - mean)
- * / sqrt(var + 1e-8), var with Bessel's correction (n / (n - 1)). Non-actions are left as they are. */
+ * / sqrt(var + 1e-8), with verl's masked_mean, which divides by n + 1e-8 (not n), for both the mean and
+ * the variance: mean = sum x / (n + 1e-8), var = sum (x - mean)^2 / (n + 1e-8) * n / (n - 1) (Bessel).
+ * Non-actions are left as they are; with fewer than 2 actions nothing changes (verl raises). */
 void ppo_whiten(double *x, const float *mask, int N);
 
 /* Group advantages for outcome rewards, groups of G consecutive sequences (the samples of one prompt;
@@ -51,7 +55,7 @@ typedef struct {
     double pg_loss;         /* sum of per-token clipped policy loss */
     double pg_clipfrac;     /* actions where the clipped term was taken (pg_losses2 > pg_losses1) */
     double pg_clipfrac_lower; /* dual clip taken (A < 0 and the -A c bound was the min) */
-    double ppo_kl;          /* sum of old_lp - lp */
+    double ppo_kl;          /* sum of old_lp - lp, clamped to [-20, 20] as the ratio is */
     double kl_loss;         /* sum of the KL-in-loss estimate (k3 vs ref) */
     double logprob_diff_max;/* max |lp - old_lp| over checked tokens (the rollout exactness check) */
     double n_checked;       /* tokens compared for logprob_diff_max */
@@ -80,14 +84,20 @@ typedef struct {
 
 /* Actor hook (LM head at the sampling temperature): token-mean aggregation, each action weighted by
  * mb->weight[n] (1 / actions of the whole mini-batch, times dp for optim_step's dp mean):
- *     ratio = exp(lp - old_lp)
+ *     ratio = exp(clamp(lp - old_lp, -20, 20))          (verl clamps the log-ratio "for stability")
  *     l1 = -A ratio, l2 = -A clip(ratio, 1 - clip_low, 1 + clip_high), l = max(l1, l2)
  *     dual clip (A < 0): l = min(l, -A clip_c)
  *     loss = sum_n w_n (l_n + kl_loss_coef k3(lp_n, ref_n))
- * With ctx->check, lp must equal old_lp bit for bit; the max |diff| goes into stats. */
+ * dout is torch autograd's gradient of that formula: -A ratio w through the unclipped term (also
+ * when l1 == l2 inside the clip range), 0 through a clipped ratio, a dual clip or a clamped log-ratio;
+ * on an exact tie of max / min between terms of different gradients torch splits it evenly, and so
+ * does the hook. With ctx->check, lp must equal old_lp bit for bit; the max |diff| goes into stats. */
 double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout, void *user);
 /* Critic hook (score head values at every position):
- *     v_c = clip(v, old - value_clip, old + value_clip)
- *     loss = sum_n w_n 0.5 max((v - R)^2, (v_c - R)^2) */
+ *     v_c = clip(v, old - value_clip, old + value_clip)   (verl clip_by_value: max(min(v, hi), lo))
+ *     loss = sum_n w_n 0.5 max((v - R)^2, (v_c - R)^2)
+ * dout is torch autograd's: w (v - R) when the unclipped term is larger, w (v_c - R) [lo < v < hi]
+ * when the clipped one is; exact ties split evenly as torch.maximum / torch.minimum do (inside the
+ * range both terms are equal with the same gradient: w (v - R); at v == old +- value_clip, 0.75 of it). */
 double loss_ppo_critic(const MicroBatch *mb, int N, const float *out, float *dout, void *user);
 #endif

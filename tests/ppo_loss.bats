@@ -1,27 +1,45 @@
 #!/usr/bin/env bats
-# rlhf/ppo_loss.c against a torch implementation written from verl's core_algos.py
+# rlhf/ppo_loss.c against a torch implementation transcribed from verl's core_algos.py
 # (tests/fixtures/ppo/make_ppo_fixtures.py -> ppo_cases.json; checker tests/test_ppo_loss.c,
-# tolerances explained there): KL estimators, token rewards, GAE, whitening, GRPO / RLOO advantages,
-# the clipped policy loss (clip-higher, dual clip, KL in loss) and the clipped value loss with
-# their gradients (torch autograd, float64) and clip counts.
+# tolerances explained there): KL estimators k1/k2/k3 and their gradients, token rewards, GAE,
+# whitening, GRPO / RLOO advantages, the clipped policy loss (clip-higher, dual clip, KL in loss,
+# log-ratio clamp) and the clipped value loss (ties) with torch autograd gradients (float64) and
+# every PpoStats field, whole and in two micro-batches.
 load helpers
 
-@test "ppo math vs torch: KL k1/k2/k3, rewards, GAE, whitening, GRPO/RLOO, policy and value losses with gradients" {
+PPOFIX="$FIX/ppo/ppo_cases.json"
+
+@test "ppo math vs torch: KL k1/k2/k3, rewards, GAE, whitening, GRPO/RLOO, policy and value losses with gradients and stats" {
     [ -f "$FIX/ppo/make_ppo_fixtures.py" ]
-    run "$ROOT/build/tests/test_ppo_loss" "$FIX/ppo/ppo_cases.json"
+    run "$ROOT/build/tests/test_ppo_loss" "$PPOFIX"
     echo "$output"
     [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: 60 ppo cases match torch"* ]]
-    # the fixture exercises every branch: clipped ratios, the dual clip, clipped values, the k3 clamp
-    [ "$(jq '[.actor[] | .pg_clipfrac_lower] | max' "$FIX/ppo/ppo_cases.json")" -gt 0 ]
-    [ "$(jq '[.actor[] | .pg_clipfrac] | min' "$FIX/ppo/ppo_cases.json")" -gt 0 ]
-    [ "$(jq '[.critic[] | .vf_clipfrac] | min' "$FIX/ppo/ppo_cases.json")" -gt 0 ]
-    [ "$(jq '[.kl.k3[] | select(. == 10)] | length' "$FIX/ppo/ppo_cases.json")" -eq 1 ]
+    [[ "$output" == *"ok: 108 ppo cases match torch"* ]]
+    ! grep -q FAIL <<<"$output"
+}
+
+@test "ppo fixture reaches every branch: clipped ratios, the dual clip, clipped values, the k3 clamp, ratio 1" {
+    # clip counts per actor case (the last is on-policy: ratio 1 everywhere, nothing clipped)
+    [ "$(jq -c '[.actor[] | .pg_clipfrac]' "$PPOFIX")" = "[10,6,10,10,6,8,0]" ]
+    [ "$(jq -c '[.actor[] | .pg_clipfrac_lower]' "$PPOFIX")" = "[0,0,4,0,4,5,0]" ]
+    [ "$(jq -c '[.actor[] | .logprob_diff_max]' "$PPOFIX")" = "[25,25,25,25,25,25,0]" ]
+    [ "$(jq -c '[.critic[] | .vf_clipfrac]' "$PPOFIX")" = "[20,10,19]" ]
+    # three tokens past k3's clamp, in each of the two k3 cases
+    [ "$(jq '[.kl[] | select(.estimator == "k3") | .kl[] | select(. == 10)] | length' "$PPOFIX")" -eq 6 ]
 }
 
 @test "ppo math: a wrong clip bound is caught (the check can fail)" {
-    jq -c '.actor[1].clip_high = 0.2' "$FIX/ppo/ppo_cases.json" > "$BATS_TEST_TMPDIR/bad.json"
+    jq -c '.actor[1].clip_high = 0.2' "$PPOFIX" > "$BATS_TEST_TMPDIR/bad.json"
     run "$ROOT/build/tests/test_ppo_loss" "$BATS_TEST_TMPDIR/bad.json"
+    echo "$output"
     [ "$status" -ne 0 ]
     [[ "$output" == *FAIL* ]]
+}
+
+@test "ppo fixture: make_ppo_fixtures.py writes the committed ppo_cases.json byte for byte" {
+    need_hfpy
+    run "$HFPY" "$FIX/ppo/make_ppo_fixtures.py" "$BATS_TEST_TMPDIR/ppo_cases.json"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    cmp "$BATS_TEST_TMPDIR/ppo_cases.json" "$PPOFIX"
 }
