@@ -89,6 +89,7 @@ typedef struct {
     const char *reward_cmd;
     char **urls;                         /* --reward-url: OpenRLHF-style reward servers */
     int n_urls, reward_retries;
+    int save_limit;                      /* --save-total-limit */
     double reward_timeout;
     /* update */
     int ppo_epochs, mini, micro;
@@ -651,6 +652,7 @@ static void save_checkpoint(Ppo *p, const char *out, int step) {
     snprintf(path, sizeof path, "%s/ppo_state.json", dir);
     if (write_file_atomic(path, json, (size_t)n)) user_error("%s: cannot write: %s", path, strerror(errno));
     fprintf(stderr, "saved %s\n", dir);
+    trainer_rotate_checkpoints(out, p->save_limit);
 }
 
 typedef struct { int step; double kl_coef; char placement[512]; } PpoState;
@@ -710,6 +712,7 @@ int ppo_main(int argc, char **argv) {
         {"--steps", OPT_INT, &steps, "10", "PPO steps (each: rollout, experience, update)"},
         {"--stop-after", OPT_INT, &stop_after, "0", "stop after this step (0 = off)"},
         {"--save-every", OPT_INT, &save_every, "0", "steps between saved models (0 = only at the end)"},
+        {"--save-total-limit", OPT_INT, &p.save_limit, "0", "keep only the newest N complete checkpoints (0 = all)"},
         {"--log-every", OPT_INT, &log_every, "1", "steps between progress lines"},
         {"--rollout-batch-size", OPT_INT, &p.B, "8", "prompts per step"},
         {"--n-samples-per-prompt", OPT_INT, &p.G, "1", "responses per prompt (the group of grpo / rloo)"},
@@ -767,6 +770,7 @@ int ppo_main(int argc, char **argv) {
     if (!R[R_ACTOR].dir || !prompts_path || !out) user_error("ppo: --actor, --prompts and --out are required");
     if ((R[R_REWARD].dir != NULL) + (p.reward_cmd != NULL) + (reward_urls != NULL) != 1)
         user_error("ppo: give exactly one of --reward DIR, --reward-cmd CMD and --reward-url URL[,URL...]");
+    if (p.save_limit < 0) user_error("--save-total-limit %d: must be >= 0", p.save_limit);
     if (p.reward_retries < 0) user_error("--reward-retries %d: must be >= 0", p.reward_retries);
     if (reward_urls) {
         char *list = xstrdup(reward_urls), *save = NULL;

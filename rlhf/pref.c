@@ -237,7 +237,7 @@ static int score_main(const char *model_dir, const char *input, const char *outp
 static int pref_main(int argc, char **argv, int dpo) {
     const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template, *ref_dir, *loss_name;
     const char *recompute_name;
-    int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, eval_every, save_every, warmup, zero, seed;
+    int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, eval_every, save_every, save_limit, warmup, zero, seed;
     int skip_bad, overwrite, stop_after, log_every, head_seed, score;
     const char *input, *output;
     float lr, min_lr, wd, beta1, beta2, eps, clip, center, beta, label_smoothing;
@@ -279,6 +279,7 @@ static int pref_main(int argc, char **argv, int dpo) {
         {"--seed", OPT_INT, &seed, "1234", "data shuffling seed"},
         {"--eval-every", OPT_INT, &eval_every, "0", "steps between evals (0 = only before and after)"},
         {"--save-every", OPT_INT, &save_every, "0", "steps between checkpoints (0 = only at the end)"},
+        {"--save-total-limit", OPT_INT, &save_limit, "0", "keep only the newest N complete checkpoints (0 = all)"},
         {"--log-every", OPT_INT, &log_every, "1", "steps between progress lines"},
         MESH_OPTIONS(&tp, &pp, &threads),
     };
@@ -303,6 +304,7 @@ static int pref_main(int argc, char **argv, int dpo) {
     if (!(center >= 0) || !isfinite(center)) user_error("--center-rewards-coefficient %g: must be >= 0", center);
     if (!(beta > 0) || !isfinite(beta)) user_error("--beta %g: must be > 0", beta);
     if (!(label_smoothing >= 0 && label_smoothing < 0.5f)) user_error("--label-smoothing %g: must be in [0, 0.5)", label_smoothing);
+    if (save_limit < 0) user_error("--save-total-limit %d: must be >= 0", save_limit);
     if (strcmp(loss_name, "sigmoid") && strcmp(loss_name, "ipo")) user_error("--loss %s: expected sigmoid or ipo", loss_name);
     if (!dpo && ref_dir) user_error("rm: --ref is a dpo option");
     LrSchedule sched = !strcmp(schedule_name, "cosine") ? LR_COSINE : !strcmp(schedule_name, "linear") ? LR_LINEAR
@@ -477,7 +479,7 @@ static int pref_main(int argc, char **argv, int dpo) {
             log_eval(&p, metrics, step, &e, "");
         }
         if (save_every > 0 && step % save_every == 0 && step != last)
-            trainer_save_checkpoint(&m, o, &train, model_dir, out, step);
+            trainer_save_checkpoint(&m, o, &train, model_dir, out, step, save_limit);
     }
     if (have_eval) {
         PrefStats e1 = evaluate(&p, &slots[0], &val);
@@ -495,7 +497,7 @@ static int pref_main(int argc, char **argv, int dpo) {
             }
         }
     }
-    trainer_save_checkpoint(&m, o, &train, model_dir, out, step);
+    trainer_save_checkpoint(&m, o, &train, model_dir, out, step, save_limit);
     if (mesh_is_root(&mesh)) {
         double el = now_seconds() - t_start;
         fprintf(stderr, "trained %d steps, %ld tokens in %.1f s (%.0f tok/s), peak RSS %.1f MiB\n", step - step0,

@@ -333,3 +333,29 @@ teardown() { [ -z "${SERVERS:-}" ] || kill $SERVERS 2>/dev/null || true; }
     run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "$URL" --out "$BATS_TEST_TMPDIR/g" --steps 2 --resume "$BATS_TEST_TMPDIR/g/checkpoint-1"
     [ "$status" -eq 0 ]
 }
+
+@test "--save-total-limit keeps the newest N complete checkpoints (sft, rm, dpo, ppo), never an incomplete one's place, and the kept one resumes" {
+    need_story
+    mkdir -p "$BATS_TEST_TMPDIR/p"
+    A=(--actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2
+       --max-new-tokens 8 --steps 4 --save-every 1 --save-total-limit 2)
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/p" --overwrite --stop-after 2
+    [ "$status" -eq 0 ]
+    mkdir "$BATS_TEST_TMPDIR/p/checkpoint-9"             # incomplete (a killed save): never counted nor deleted
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/p" --resume "$BATS_TEST_TMPDIR/p/checkpoint-2"
+    [ "$status" -eq 0 ]
+    [ "$(cd "$BATS_TEST_TMPDIR/p" && ls -d checkpoint-* | sort -t- -k2 -n | paste -sd,)" = "checkpoint-3,checkpoint-4,checkpoint-9" ]
+    for cmd in rm dpo; do
+        run timeout 60 "$TANDEM" $cmd --model "$STORIES" --data "$PF/story_train.jsonl" --seq-len 64 --batch-size 4 --max-steps 3 \
+            --save-every 1 --save-total-limit 1 --out "$BATS_TEST_TMPDIR/$cmd"
+        [ "$status" -eq 0 ]
+        [ "$(cd "$BATS_TEST_TMPDIR/$cmd" && ls -d checkpoint-*)" = "checkpoint-3" ]
+    done
+    printf '{"prompt": "a", "response": " b"}\n%.0s' $(seq 8) > "$BATS_TEST_TMPDIR/s.jsonl"
+    run timeout 60 "$TANDEM" sft --model "$STORIES" --data "$BATS_TEST_TMPDIR/s.jsonl" --batch-size 2 --max-steps 3 --save-every 1 \
+        --save-total-limit 2 --out "$BATS_TEST_TMPDIR/sft"
+    [ "$status" -eq 0 ]
+    [ "$(cd "$BATS_TEST_TMPDIR/sft" && ls -d checkpoint-* | sort -t- -k2 -n | paste -sd,)" = "checkpoint-2,checkpoint-3" ]
+    run "$TANDEM" sft --model "$STORIES" --data "$BATS_TEST_TMPDIR/s.jsonl" --save-total-limit -1 --out "$BATS_TEST_TMPDIR/x"
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = "tandem: --save-total-limit -1: must be >= 0" ]
+}

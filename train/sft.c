@@ -44,7 +44,7 @@ static double eval_loss(Model *m, TrainActs *a, Data *d, const Mesh *mesh) {
 
 int sft_main(int argc, char **argv) {
     const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template;
-    int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, eval_every, save_every, warmup, zero, seed;
+    int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, eval_every, save_every, save_limit, warmup, zero, seed;
     int pack, train_on_prompt, skip_bad, drop_long, overwrite, stop_after, log_every, recompute;
     const char *recompute_name;
     float lr, min_lr, wd, beta1, beta2, eps, clip;
@@ -80,6 +80,7 @@ int sft_main(int argc, char **argv) {
         {"--seed", OPT_INT, &seed, "1234", "data shuffling seed"},
         {"--eval-every", OPT_INT, &eval_every, "0", "steps between evals (0 = only before and after)"},
         {"--save-every", OPT_INT, &save_every, "0", "steps between checkpoints (0 = only at the end)"},
+        {"--save-total-limit", OPT_INT, &save_limit, "0", "keep only the newest N complete checkpoints (0 = all)"},
         {"--log-every", OPT_INT, &log_every, "1", "steps between progress lines"},
         MESH_OPTIONS(&tp, &pp, &threads),
     };
@@ -102,6 +103,7 @@ int sft_main(int argc, char **argv) {
     if (dir_exists(out) && !overwrite && !resume)
         user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", out);
     if (resume) trainer_check_same_model(model_dir, resume);
+    if (save_limit < 0) user_error("--save-total-limit %d: must be >= 0", save_limit);
     threads = cpu_set_threads(threads);
 
     Mesh mesh;
@@ -244,14 +246,14 @@ int sft_main(int argc, char **argv) {
                 fflush(metrics);
             }
         }
-        if (save_every > 0 && step % save_every == 0 && step != last) trainer_save_checkpoint(&m, o, &train, model_dir, out, step);
+        if (save_every > 0 && step % save_every == 0 && step != last) trainer_save_checkpoint(&m, o, &train, model_dir, out, step, save_limit);
     }
     double ev1 = have_eval ? eval_loss(&m, &slots[0], &val, &mesh) : NAN;
     if (mesh_is_root(&mesh) && have_eval) {
         fprintf(stderr, "eval loss after: %.4f (before %.4f)\n", ev1, eval0);
         fprintf(metrics, "{\"step\": %d, \"eval_loss\": %.6f}\n", step, ev1);
     }
-    trainer_save_checkpoint(&m, o, &train, model_dir, out, step);
+    trainer_save_checkpoint(&m, o, &train, model_dir, out, step, save_limit);
     if (mesh_is_root(&mesh)) {
         double el = now_seconds() - t_start;
         fprintf(stderr, "trained %d steps, %ld tokens in %.1f s (%.0f tok/s), peak RSS %.1f MiB\n", step - step0,

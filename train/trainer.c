@@ -2,7 +2,9 @@
 #include "train/trainer.h"
 #include "runtime/util.h"
 #include "train/checkpoint.h"
+#include <dirent.h>
 #include <errno.h>
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,7 +58,7 @@ int step_fill(Step *s, Data *d, const Mesh *mesh) {
 /* ---- checkpoints: out/checkpoint-STEP = HF model + this layout's training state ----------- */
 
 /* trainer_state.json is written last (rank 0, atomic): a checkpoint without it is incomplete. */
-void trainer_save_checkpoint(Model *m, Optim *o, Data *d, const char *model_dir, const char *out, int step) {
+void trainer_save_checkpoint(Model *m, Optim *o, Data *d, const char *model_dir, const char *out, int step, int keep) {
     char dir[4096], path[4200];
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", out, step);
     if (checkpoint_save_model(m, model_dir, dir, 1)) return;   /* the failing rank said why; go on */
@@ -76,6 +78,40 @@ void trainer_save_checkpoint(Model *m, Optim *o, Data *d, const char *model_dir,
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     if (write_file_atomic(path, json, (size_t)n)) user_error("%s: cannot write: %s", path, strerror(errno));
     fprintf(stderr, "saved %s\n", dir);
+    trainer_rotate_checkpoints(out, keep);
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+static int cmp_desc(const void *a, const void *b) { return *(const int *)b - *(const int *)a; }
+
+void trainer_rotate_checkpoints(const char *out, int keep) {
+    if (keep <= 0) return;
+    DIR *d = opendir(out);
+    if (!d) return;
+    int *steps = NULL, n = 0;
+    char path[4200];
+    for (struct dirent *e; (e = readdir(d));) {
+        int step, len = 0;
+        if (sscanf(e->d_name, "checkpoint-%d%n", &step, &len) != 1 || e->d_name[len]) continue;
+        snprintf(path, sizeof path, "%s/%s/trainer_state.json", out, e->d_name);
+        int complete = file_exists(path);
+        snprintf(path, sizeof path, "%s/%s/ppo_state.json", out, e->d_name);
+        if (!complete && !file_exists(path)) continue;
+        steps = xrealloc(steps, sizeof(int) * (n + 1));
+        steps[n++] = step;
+    }
+    closedir(d);
+    qsort(steps, n, sizeof(int), cmp_desc);
+    for (int i = keep; i < n; i++) {
+        snprintf(path, sizeof path, "%s/checkpoint-%d", out, steps[i]);
+        if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS)) fprintf(stderr, "warning: %s: cannot delete: %s\n", path, strerror(errno));
+        else fprintf(stderr, "deleted %s (--save-total-limit %d)\n", path, keep);
+    }
+    free(steps);
 }
 
 /* Reads DIR/trainer_state.json; user_error when it is missing or not ours. */

@@ -35,7 +35,12 @@ typedef struct {
 /* out/checkpoint-STEP: the model (checkpoint_save_model from model_dir's config and tokenizer),
  * optim.rankR.bin per rank, then trainer_state.json (rank 0, atomic): a checkpoint without it is
  * incomplete. Collective over m's mesh. A failed model write is reported and the run goes on. */
-void trainer_save_checkpoint(Model *m, Optim *o, Data *d, const char *model_dir, const char *out, int step);
+void trainer_save_checkpoint(Model *m, Optim *o, Data *d, const char *model_dir, const char *out, int step, int keep);
+/* --save-total-limit: keeps the newest `keep` complete checkpoints of out (those with
+ * trainer_state.json or ppo_state.json), deleting the older complete ones; incomplete ones are left
+ * alone, so the newest complete one, which a run resumes from, is never deleted. keep <= 0: all.
+ * Call on one rank (the writer), after a checkpoint is complete. */
+void trainer_rotate_checkpoints(const char *out, int keep);
 /* Reads DIR/trainer_state.json; user_error when it is missing or not ours. */
 void trainer_load_state(const char *dir, TrainerState *ts);
 /* The resume directory must hold the same architecture as --model (its config.json). */
