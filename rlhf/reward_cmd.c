@@ -1,12 +1,17 @@
-/* reward_cmd.c — see reward_cmd.h. One child (`sh -c CMD`), two pipes, a poll loop that writes the
- * batch's request lines while reading the replies as they come (neither side can block the other
- * on a full pipe). */
+/* reward_cmd.c — see reward_cmd.h. One child (`sh -c CMD`) in its own process group, two pipes, and
+ * a poll loop that writes a batch's request lines while reading the replies as they come, so
+ * neither side can block the other on a full pipe.
+ * Owns: the child's life (start, reap, kill), the request/reply framing, and the one-line error
+ * messages. Does not own what a reward means, nor retrying: after any error the RewardCmd is dead.
+ * The strings it is given are written as they are: callers pass UTF-8 (the tokenizer's decode
+ * always gives valid UTF-8). */
 #include "rlhf/reward_cmd.h"
 #include "runtime/jsonl.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -17,63 +22,196 @@
 #include <time.h>
 #include <unistd.h>
 
+#define REWARD_CMD_GRACE_S 5.0          /* reward_cmd_stop: seconds after closing its stdin, then SIGKILL */
+#define REWARD_CMD_SHOWN 200            /* bytes of a command or of a bad reply line in a message */
+#define REWARD_CMD_MAX_LINE (16 << 20)  /* a reply line longer than this is an error, not a reason to grow */
+
 struct RewardCmd {
-    char *cmd;
-    pid_t pid;
-    int to, from;          /* its stdin (we write), its stdout (we read) */
-    char *rbuf;            /* bytes read and not yet consumed as lines */
+    char *name;            /* the command for messages: one line (control bytes escaped), cut */
+    pid_t pid;             /* also its process group; -1 once reaped */
+    int to, from;          /* its stdin (we write), its stdout (we read); non-blocking */
+    char *rbuf;            /* bytes read and not yet consumed as lines, NUL-terminated */
     size_t rlen, rcap;
+    int failed;            /* an error was reported: only reward_cmd_stop is allowed */
 };
 
-RewardCmd *reward_cmd_start(const char *cmd, char *err, size_t errlen) {
-    int in[2], outp[2];
-    signal(SIGPIPE, SIG_IGN);   /* a dead child shows up as EPIPE on write, not as a signal */
-    if (pipe2(in, O_CLOEXEC) || pipe2(outp, O_CLOEXEC)) {
-        snprintf(err, errlen, "reward command `%s`: pipe: %s", cmd, strerror(errno));
-        return NULL;
+/* s[0..len) cut to REWARD_CMD_SHOWN bytes (not inside a UTF-8 character, "..." marks the cut) with
+ * control bytes escaped (\n \r \t \xNN), so a message stays one line. */
+static void shown(char *out, size_t outlen, const char *s, size_t len) {
+    size_t cut = len;
+    if (cut > REWARD_CMD_SHOWN) {
+        cut = REWARD_CMD_SHOWN;
+        while (cut > 0 && ((unsigned char)s[cut] & 0xC0) == 0x80) cut--;
     }
-    pid_t pid = fork();
-    if (pid < 0) {
-        snprintf(err, errlen, "reward command `%s`: fork: %s", cmd, strerror(errno));
-        return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < cut && o + 5 < outlen; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n') o += (size_t)snprintf(out + o, outlen - o, "\\n");
+        else if (c == '\r') o += (size_t)snprintf(out + o, outlen - o, "\\r");
+        else if (c == '\t') o += (size_t)snprintf(out + o, outlen - o, "\\t");
+        else if (c < 0x20 || c == 0x7f) o += (size_t)snprintf(out + o, outlen - o, "\\x%02x", c);
+        else out[o++] = (char)c;
     }
-    if (pid == 0) {
-        dup2(in[0], 0);
-        dup2(outp[1], 1);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(in[0]);
-    close(outp[1]);
-    RewardCmd *rc = xcalloc(1, sizeof(RewardCmd));
-    rc->cmd = xstrdup(cmd);
-    rc->pid = pid;
-    rc->to = in[1];
-    rc->from = outp[0];
-    fcntl(rc->to, F_SETFL, fcntl(rc->to, F_GETFL) | O_NONBLOCK);
-    fcntl(rc->from, F_SETFL, fcntl(rc->from, F_GETFL) | O_NONBLOCK);
-    return rc;
-}
-
-/* "exited with status 3" / "was killed by signal 9" / "closed its output" (still running) */
-static void why_gone(RewardCmd *rc, char *buf, size_t len) {
-    int status;
-    pid_t w = 0;
-    for (int i = 0; i < 50 && (w = waitpid(rc->pid, &status, WNOHANG)) == 0; i++) usleep(10000);
-    if (w == rc->pid && WIFEXITED(status)) snprintf(buf, len, "exited with status %d", WEXITSTATUS(status));
-    else if (w == rc->pid && WIFSIGNALED(status)) snprintf(buf, len, "was killed by signal %d", WTERMSIG(status));
-    else snprintf(buf, len, "closed its output");
-    if (w == rc->pid) rc->pid = -1;
+    out[o] = 0;
+    if (cut < len && o + 4 <= outlen) memcpy(out + o, "...", 4);
 }
 
 static double mono(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* In the child between fork and exec: only async-signal-safe calls. fd becomes target, open across
+ * exec (pipe2's O_CLOEXEC is on the originals; dup2 onto itself would not clear it). */
+static void child_fd(int fd, int target) {
+    if (fd == target) fcntl(fd, F_SETFD, 0);
+    else dup2(fd, target);
+}
+
+RewardCmd *reward_cmd_start(const char *cmd, char *err, size_t errlen) {
+    char name[4 * REWARD_CMD_SHOWN + 8];
+    shown(name, sizeof name, cmd, strlen(cmd));
+    /* A child that is gone shows up as EPIPE on write, not as a signal that kills us. Once, for the
+     * whole process: the child gets the default back before exec. */
+    signal(SIGPIPE, SIG_IGN);
+    int in[2] = {-1, -1}, out[2] = {-1, -1};   /* its stdin, its stdout: [0] read end, [1] write end */
+    if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC)) {
+        snprintf(err, errlen, "reward command `%s`: pipe: %s", name, strerror(errno));
+        goto close_pipes;
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    long open_max = sysconf(_SC_OPEN_MAX);   /* for the child, should close_range be missing */
+    if (open_max < 0 || open_max > 65536) open_max = 65536;
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(err, errlen, "reward command `%s`: fork: %s", name, strerror(errno));
+        goto close_pipes;
+    }
+    if (pid == 0) {
+        /* its own process group: reward_cmd_stop kills everything it started, and a terminal's ^C
+         * goes to us, not to it (it sees its stdin close when we exit). stderr stays ours. */
+        setpgid(0, 0);
+        sigaction(SIGPIPE, &dfl, NULL);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        child_fd(in[0], 0);    /* in[0] is the lowest of the four fds: nothing else can be 0 */
+        child_fd(out[1], 1);
+        /* nothing else of ours: not MPI's sockets, nor a test harness's pipes */
+        if (close_range(3, ~0u, 0))
+            for (int fd = 3; fd < open_max; fd++) close(fd);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    setpgid(pid, pid);         /* also here, so it holds before we ever kill(-pid) (EACCES after exec is fine) */
+    close(in[0]);
+    close(out[1]);
+    RewardCmd *rc = xcalloc(1, sizeof(RewardCmd));
+    rc->name = xstrdup(name);
+    rc->pid = pid;
+    rc->to = in[1];
+    rc->from = out[0];
+    fcntl(rc->to, F_SETFL, fcntl(rc->to, F_GETFL) | O_NONBLOCK);
+    fcntl(rc->from, F_SETFL, fcntl(rc->from, F_GETFL) | O_NONBLOCK);
+    rc->rcap = 65536;
+    rc->rbuf = xmalloc(rc->rcap);
+    rc->rbuf[0] = 0;
+    return rc;
+
+close_pipes:
+    for (int i = 0; i < 2; i++) {
+        if (in[i] >= 0) close(in[i]);
+        if (out[i] >= 0) close(out[i]);
+    }
+    return NULL;
+}
+
+/* What became of the child, for "reward command `CMD`: <this> after k of n replies": "exited with
+ * status 3", "was killed by signal 9 (Killed)", or, when it is still running a second later, what it
+ * closed. Reaps it when it has exited. */
+static void describe_gone(RewardCmd *rc, const char *closed, char *buf, size_t len) {
+    int status = 0;
+    pid_t w = 0;
+    for (int i = 0; i < 100 && (w = waitpid(rc->pid, &status, WNOHANG)) == 0; i++) usleep(10000);
+    if (w != rc->pid) {
+        snprintf(buf, len, "closed its %s", closed);
+        return;
+    }
+    rc->pid = -1;
+    if (WIFEXITED(status)) {
+        int s = WEXITSTATUS(status);
+        /* sh's codes for a command it could not find / run (it also says so on stderr) */
+        snprintf(buf, len, "exited with status %d%s", s,
+                 s == 127 ? " (command not found?)" : s == 126 ? " (command not executable?)" : "");
+    } else if (WIFSIGNALED(status)) {
+        snprintf(buf, len, "was killed by signal %d (%s)", WTERMSIG(status), strsignal(WTERMSIG(status)));
+    } else {
+        snprintf(buf, len, "ended with wait status 0x%x", (unsigned)status);
+    }
+}
+
+/* Takes the reward from one reply line (NUL-terminated, newline removed). 0, or -1 with the error. */
+static int take_reply(RewardCmd *rc, const char *line, size_t len, int k, double *reward, char *err, size_t errlen) {
+    /* require_null_terminated: `{"reward": 1} junk` is not a reply */
+    cJSON *o = cJSON_ParseWithOpts(line, NULL, 1);
+    const cJSON *r = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "reward") : NULL;
+    int ok = cJSON_IsNumber(r) && isfinite(r->valuedouble);
+    if (ok) *reward = r->valuedouble;
+    cJSON_Delete(o);
+    if (ok) return 0;
+    char bad[4 * REWARD_CMD_SHOWN + 8];
+    shown(bad, sizeof bad, line, len);
+    snprintf(err, errlen, "reward command `%s`: reply %d is not a JSON object with a finite number \"reward\": %s",
+             rc->name, k, bad);
+    return -1;
+}
+
+/* Consumes the whole lines in rbuf (and, at_eof, a last line with no newline) as replies got..n-1. */
+static int take_lines(RewardCmd *rc, int n, int *got, double *rewards, int at_eof, char *err, size_t errlen) {
+    size_t pos = 0;
+    int rv = 0;
+    while (*got < n && pos < rc->rlen) {
+        char *line = rc->rbuf + pos, *nl = memchr(line, '\n', rc->rlen - pos);
+        if (!nl && !at_eof) {
+            if (rc->rlen - pos > REWARD_CMD_MAX_LINE) {
+                char bad[4 * REWARD_CMD_SHOWN + 8];
+                shown(bad, sizeof bad, line, rc->rlen - pos);
+                snprintf(err, errlen, "reward command `%s`: reply %d has no newline in its first %d MiB: %s",
+                         rc->name, *got + 1, REWARD_CMD_MAX_LINE >> 20, bad);
+                rv = -1;
+            }
+            break;
+        }
+        size_t len = nl ? (size_t)(nl - line) : rc->rlen - pos;
+        line[len] = 0;
+        if ((rv = take_reply(rc, line, len, *got + 1, &rewards[*got], err, errlen))) break;
+        (*got)++;
+        pos += len + (nl != NULL);
+    }
+    memmove(rc->rbuf, rc->rbuf + pos, rc->rlen - pos);
+    rc->rlen -= pos;
+    rc->rbuf[rc->rlen] = 0;
+    return rv;
+}
+
+/* One read into rbuf: >0 bytes read, 0 end of file, -1 nothing to read now (EAGAIN/EINTR), -2 error. */
+static ssize_t read_some(RewardCmd *rc) {
+    if (rc->rlen + 65536 + 1 > rc->rcap) rc->rbuf = xrealloc(rc->rbuf, rc->rcap = 2 * rc->rcap + 65536);
+    ssize_t k = read(rc->from, rc->rbuf + rc->rlen, rc->rcap - rc->rlen - 1);
+    if (k > 0) {
+        rc->rlen += (size_t)k;
+        rc->rbuf[rc->rlen] = 0;
+        return k;
+    }
+    if (k == 0) return 0;
+    return errno == EAGAIN || errno == EINTR ? -1 : -2;
 }
 
 int reward_cmd_score(RewardCmd *rc, int n, const char *const *prompts, const char *const *responses,
                      const char *const *labels, double *rewards, double timeout_s, char *err, size_t errlen) {
+    CHECK(!rc->failed);   /* the caller must stop a RewardCmd after an error */
+    if (n <= 0) return 0;
     /* the request: n lines */
     size_t wlen = 0, wcap = 4096, woff = 0;
     char *w = xmalloc(wcap);
@@ -83,98 +221,105 @@ int reward_cmd_score(RewardCmd *rc, int n, const char *const *prompts, const cha
         cJSON_AddStringToObject(o, "response", responses[i]);
         if (labels && labels[i]) {
             cJSON *l = cJSON_Parse(labels[i]);
-            CHECK(l != NULL);
+            CHECK(l != NULL);   /* labels are JSON texts the caller printed */
             cJSON_AddItemToObject(o, "label", l);
         }
         jsonl_append(&w, &wlen, &wcap, o);
         cJSON_Delete(o);
     }
-    int got = 0, rv = 0;
+    int got = 0, rv = -1, input_closed = 0;
     double t_end = timeout_s > 0 ? mono() + timeout_s : 0;
-    char why[128];
-    while (got < n) {
-        /* whole lines already read */
-        char *nl;
-        while (got < n && rc->rlen && (nl = memchr(rc->rbuf, '\n', rc->rlen))) {
-            *nl = 0;
-            cJSON *o = cJSON_Parse(rc->rbuf);
-            const cJSON *r = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "reward") : NULL;
-            if (!cJSON_IsNumber(r) || !isfinite(r->valuedouble)) {
-                snprintf(err, errlen, "reward command `%s`: reply %d is not a JSON object with a finite number \"reward\": %.200s",
-                         rc->cmd, got + 1, rc->rbuf);
-                cJSON_Delete(o);
-                rv = -1;
-                goto done;
-            }
-            rewards[got++] = r->valuedouble;
-            cJSON_Delete(o);
-            size_t used = (size_t)(nl - rc->rbuf) + 1;
-            memmove(rc->rbuf, nl + 1, rc->rlen - used);
-            rc->rlen -= used;
-        }
+    char why[256];
+    for (;;) {
+        if (take_lines(rc, n, &got, rewards, 0, err, errlen)) goto done;
         if (got == n) break;
+        if (input_closed) {
+            /* EPIPE: it closed its stdin, most likely by exiting. What it wrote before is already in
+             * the pipe; a bad line there explains more than the exit does. */
+            ssize_t k;
+            while ((k = read_some(rc)) > 0) {
+                if (take_lines(rc, n, &got, rewards, 0, err, errlen)) goto done;
+            }
+            if (take_lines(rc, n, &got, rewards, k == 0, err, errlen)) goto done;
+            if (got == n) break;
+            describe_gone(rc, "input", why, sizeof why);
+            snprintf(err, errlen, "reward command `%s`: %s after %d of %d replies", rc->name, why, got, n);
+            goto done;
+        }
         struct pollfd fds[2] = {{rc->from, POLLIN, 0}, {rc->to, POLLOUT, 0}};
         int nfds = woff < wlen ? 2 : 1;
         int ms = -1;
         if (t_end > 0) {
             double left = t_end - mono();
             if (left <= 0) {
-                snprintf(err, errlen, "reward command `%s`: no reply within %g s (%d of %d replies)", rc->cmd, timeout_s, got, n);
-                rv = -1;
+                snprintf(err, errlen, "reward command `%s`: no reply within %g s (%d of %d replies)", rc->name,
+                         timeout_s, got, n);
                 goto done;
             }
-            ms = (int)(left * 1000) + 1;
+            ms = left * 1000 + 1 > INT_MAX ? INT_MAX : (int)(left * 1000) + 1;
         }
-        if (poll(fds, nfds, ms) < 0) {
+        if (poll(fds, (nfds_t)nfds, ms) < 0) {
             if (errno == EINTR) continue;
-            snprintf(err, errlen, "reward command `%s`: poll: %s", rc->cmd, strerror(errno));
-            rv = -1;
+            snprintf(err, errlen, "reward command `%s`: poll: %s", rc->name, strerror(errno));
             goto done;
+        }
+        if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+            ssize_t k = read_some(rc);
+            if (k == 0) {   /* end of its output: a last line without a newline still counts */
+                if (take_lines(rc, n, &got, rewards, 1, err, errlen)) goto done;
+                if (got == n) break;
+                describe_gone(rc, "output", why, sizeof why);
+                snprintf(err, errlen, "reward command `%s`: %s after %d of %d replies", rc->name, why, got, n);
+                goto done;
+            }
+            if (k == -2) {
+                snprintf(err, errlen, "reward command `%s`: read: %s", rc->name, strerror(errno));
+                goto done;
+            }
         }
         if (nfds == 2 && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
             ssize_t k = write(rc->to, w + woff, wlen - woff);
             if (k > 0) woff += (size_t)k;
-            else if (k < 0 && errno != EAGAIN && errno != EINTR) {   /* EPIPE: it is gone */
-                why_gone(rc, why, sizeof why);
-                snprintf(err, errlen, "reward command `%s`: %s after %d of %d replies", rc->cmd, why, got, n);
-                rv = -1;
-                goto done;
-            }
-        }
-        if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-            if (rc->rlen + 65536 > rc->rcap) rc->rbuf = xrealloc(rc->rbuf, rc->rcap = 2 * rc->rcap + 65536);
-            ssize_t k = read(rc->from, rc->rbuf + rc->rlen, rc->rcap - rc->rlen - 1);
-            if (k > 0) { rc->rlen += (size_t)k; rc->rbuf[rc->rlen] = 0; }
-            else if (k == 0) {
-                why_gone(rc, why, sizeof why);
-                snprintf(err, errlen, "reward command `%s`: %s after %d of %d replies", rc->cmd, why, got, n);
-                rv = -1;
-                goto done;
-            } else if (errno != EAGAIN && errno != EINTR) {
-                snprintf(err, errlen, "reward command `%s`: read: %s", rc->cmd, strerror(errno));
-                rv = -1;
+            else if (k < 0 && errno == EPIPE) input_closed = 1;
+            else if (k < 0 && errno != EAGAIN && errno != EINTR) {
+                snprintf(err, errlen, "reward command `%s`: write: %s", rc->name, strerror(errno));
                 goto done;
             }
         }
     }
+    rv = 0;
 done:
+    if (rv) rc->failed = 1;
     free(w);
     return rv;
 }
 
 void reward_cmd_stop(RewardCmd *rc) {
     if (!rc) return;
-    close(rc->to);
-    close(rc->from);
-    if (rc->pid > 0) {
+    close(rc->to);   /* end of its input: a well-behaved program exits now */
+    double t_end = mono() + REWARD_CMD_GRACE_S;
+    while (rc->pid > 0) {
         int status;
-        double t_end = mono() + 5.0;
-        while (waitpid(rc->pid, &status, WNOHANG) == 0) {
-            if (mono() > t_end) { kill(rc->pid, SIGKILL); waitpid(rc->pid, &status, 0); break; }
+        pid_t w = waitpid(rc->pid, &status, WNOHANG);
+        if (w == rc->pid || (w < 0 && errno != EINTR)) break;
+        if (mono() > t_end) {
+            kill(-rc->pid, SIGKILL);   /* the whole group: sh and anything it started */
+            kill(rc->pid, SIGKILL);    /* in case setpgid did not happen */
+            while (waitpid(rc->pid, &status, 0) < 0 && errno == EINTR) {}
+            break;
+        }
+        /* keep reading (and dropping) what it writes on its way out, so it never blocks on a full
+         * pipe and never dies of SIGPIPE for a goodbye line; 10 ms at a time */
+        struct pollfd p = {rc->from, POLLIN, 0};
+        if (rc->from >= 0 && poll(&p, 1, 10) > 0) {
+            char junk[4096];
+            if (read(rc->from, junk, sizeof junk) == 0) { close(rc->from); rc->from = -1; }
+        } else if (rc->from < 0) {
             usleep(10000);
         }
     }
-    free(rc->cmd);
+    if (rc->from >= 0) close(rc->from);
+    free(rc->name);
     free(rc->rbuf);
     free(rc);
 }

@@ -1,0 +1,163 @@
+#!/usr/bin/env bats
+# rlhf/reward_cmd.c, the jsonl reward subprocess (checker tests/test_reward_cmd.c): a python3
+# verifier answering line by line, labels of every JSON type, 5000 x 200-byte responses past the
+# pipe buffers both ways (line by line, batch first, all input first), one long-lived process across
+# calls, no file descriptors of ours leaking into it; then every error as its exact one line naming the command: the program exits (status,
+# signal, 127 for a missing command), closes its input or output, writes a reply that is not a JSON
+# object with a finite number "reward" (quoted one line, cut to 200 bytes), or does not answer in
+# time; and reward_cmd_stop kills a program that ignores its stdin, and all it started, after 5 s.
+load helpers
+
+T="$ROOT/build/tests/test_reward_cmd"
+
+# score CMD N [TIMEOUT_S [BYTES]]: $output is the rewards or the error line; the program's stderr apart
+score() {
+    run --separate-stderr timeout 60 "$T" score "$@"
+    echo "$output"
+    echo "stderr: $stderr"
+}
+
+# score_error CMD N LINE: fails with exactly LINE
+score_error() {
+    score "$1" "$2"
+    [ "$status" -eq 1 ]
+    [ "$output" = "$3" ]
+}
+
+@test "reward command: a python3 verifier answering line by line gets every response as sent (JSON escapes, UTF-8)" {
+    run timeout 60 "$T" python
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ "${lines[-1]}" = "ok python: 7 rewards = len(response) in code points (JSON escapes, UTF-8)" ]
+}
+
+@test "reward command: labels of every JSON type arrive as the same value; no label field for a NULL label" {
+    run timeout 60 "$T" labels
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ "${lines[-1]}" == "ok labels: "* ]]
+}
+
+@test "reward command: 5000 x 200 bytes each way, line by line, a batch read before answering, all input read first" {
+    run timeout 120 "$T" many
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ "$(grep -c '^ok many: 5000 x 200 bytes' <<<"$output")" -eq 3 ]
+}
+
+@test "reward command: one long-lived process across calls (a counter goes on)" {
+    run timeout 60 "$T" counter
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ "$output" = "ok counter: one process across calls (1 2 3, then 4 5; n = 0 in between)" ]
+}
+
+@test "reward command: replies in order, other fields ignored, its stderr passes through, a last line may lack its newline" {
+    score 'i=0; while read l; do i=$((i + 1)); echo "debug $i" >&2; echo "{\"reward\": -$i.5, \"why\": [1, {}]}"; done' 3
+    [ "$status" -eq 0 ]
+    [ "$output" = $'-1.5\n-2.5\n-3.5' ]
+    [ "$stderr" = $'debug 1\ndebug 2\ndebug 3' ]
+    score "read l; printf '{\"reward\": 7}'" 1
+    [ "$status" -eq 0 ]; [ "$output" = 7 ]
+    score 'jq --unbuffered -c "{reward: 1e300}"' 2
+    [ "$status" -eq 0 ]; [ "$output" = $'1.0000000000000001e+300\n1.0000000000000001e+300' ]
+}
+
+@test "reward command: no open file of ours but stdin, stdout and stderr reaches the program" {
+    # fd 7 open in the test driver; the program sees whether it has one
+    run timeout 60 "$T" score 'read l; [ -e /proc/$$/fd/7 ] && r=1 || r=0; echo "{\"reward\": $r}"' 1 7>"$BATS_TEST_TMPDIR/seven"
+    echo "$output"
+    [ "$status" -eq 0 ]; [ "$output" = 0 ]
+}
+
+@test "reward command: the program exits: its status and how many replies came, every time" {
+    score_error 'exit 3' 8 'reward command `exit 3`: exited with status 3 after 0 of 8 replies'
+    score_error "read l; read l; echo '{\"reward\": 1}'; echo '{\"reward\": 2}'; exit 3" 8 \
+        "reward command \`read l; read l; echo '{\"reward\": 1}'; echo '{\"reward\": 2}'; exit 3\`: exited with status 3 after 2 of 8 replies"
+    score_error "read l; printf '{\"reward\": 7}'" 2 \
+        "reward command \`read l; printf '{\"reward\": 7}'\`: exited with status 0 after 1 of 2 replies"
+    score_error 'kill -9 $$' 3 'reward command `kill -9 $$`: was killed by signal 9 (Killed) after 0 of 3 replies'
+    # written then gone: the line it wrote is the error, not the exit (it raced before)
+    for i in $(seq 20); do
+        score_error 'echo hello' 8 'reward command `echo hello`: reply 1 is not a JSON object with a finite number "reward": hello'
+    done
+}
+
+@test "reward command: a command that does not exist: sh's status 127, and sh's own line on stderr" {
+    score_error 'nosuch_reward_program_x' 3 \
+        'reward command `nosuch_reward_program_x`: exited with status 127 (command not found?) after 0 of 3 replies'
+    [[ "$stderr" == *"nosuch_reward_program_x: not found"* ]]
+}
+
+@test "reward command: replies that are not a JSON object with a finite number \"reward\", quoted on one line" {
+    local pre='reply 1 is not a JSON object with a finite number "reward": '
+    score_error 'while read l; do echo hello; done' 2 "reward command \`while read l; do echo hello; done\`: ${pre}hello"
+    for reply in '{"score": 1}' '{"reward": "x"}' '{"reward": NaN}' '{"reward": Infinity}' '{"reward": 1e999}' \
+                 '{"reward": -1e400}' '{"reward": null}' '{"reward": true}' '{"reward": [1]}' '[1]' '1' \
+                 '{"reward": 1} x' '{"reward": 1}{"reward": 2}' '{"reward": 1' '' '{"Reward": 1}'; do
+        score "while read l; do echo '$reply'; done" 2
+        [ "$status" -eq 1 ]
+        [ "$output" = "reward command \`while read l; do echo '$reply'; done\`: ${pre}$reply" ]
+    done
+    # the second reply is the bad one
+    score_error 'while read l; do echo "{\"reward\": 1}"; read l; echo oops; done' 4 \
+        'reward command `while read l; do echo "{\"reward\": 1}"; read l; echo oops; done`: reply 2 is not a JSON object with a finite number "reward": oops'
+    # control bytes are escaped, long lines cut at 200 bytes (not inside a UTF-8 character) with "..."
+    score_error "printf 'bad\r\n'" 1 "reward command \`printf 'bad\r\n'\`: ${pre}bad\\r"
+    score_error "printf 'a\tb\033c\n'" 1 "reward command \`printf 'a\tb\033c\n'\`: ${pre}a\\tb\\x1bc"
+    local z300
+    z300=$(printf '%0300d' 0)
+    score_error "printf '%0300d\n' 0" 1 "reward command \`printf '%0300d\n' 0\`: ${pre}${z300:0:200}..."
+    score_error "printf '%0199d\303\251\n' 0" 1 "reward command \`printf '%0199d\303\251\n' 0\`: ${pre}${z300:0:199}..."
+    # a line with no end: an error at 16 MiB, not memory without bound
+    score_error "head -c 17000000 /dev/zero | tr '\\0' 0" 1 \
+        "reward command \`head -c 17000000 /dev/zero | tr '\\0' 0\`: reply 1 has no newline in its first 16 MiB: ${z300:0:200}..."
+}
+
+@test "reward command: a command in messages is one line too (escaped newlines and tabs), cut at 200 bytes" {
+    score_error $'exit 4\n# two\tlines' 2 'reward command `exit 4\n# two\tlines`: exited with status 4 after 0 of 2 replies'
+    local c
+    c="exit 5 # $(printf 'y%.0s' $(seq 300))"
+    score_error "$c" 1 "reward command \`${c:0:200}...\`: exited with status 5 after 0 of 1 replies"
+}
+
+@test "reward command: a program that closes its input or its output while running" {
+    # its input: only seen once our writes stop fitting in the pipe (1000 x 200 bytes)
+    score 'exec <&-; sleep 2' 1000 0 200
+    [ "$status" -eq 1 ]
+    [ "$output" = 'reward command `exec <&-; sleep 2`: closed its input after 0 of 1000 replies' ]
+    score_error 'exec >&-; while read l; do :; done' 3 \
+        'reward command `exec >&-; while read l; do :; done`: closed its output after 0 of 3 replies'
+}
+
+@test "reward command: no answer within the timeout: the error after 1 s; stop then returns at once" {
+    run timeout 60 "$T" timeout
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ "${lines[0]}" = 'reward command `while read l; do :; done`: no reply within 1 s (0 of 8 replies)' ]
+    [[ "${lines[-1]}" == "ok timeout: "* ]]
+}
+
+@test "reward command: stop kills a program that ignores its stdin after 5 s, with everything it started" {
+    run timeout 20 "$T" stop "$BATS_TEST_TMPDIR"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ "$output" == "ok stop: a program that ignores its stdin is killed after "* ]]
+    local pids left=""
+    pids=$(cat "$BATS_TEST_TMPDIR/pids")
+    [ "$(wc -w <<<"$pids")" -eq 2 ]
+    # neither runs (a zombie only waits for a reaper: PID 1 is not always one); SIGKILL lands async
+    for _ in $(seq 20); do
+        left=$(ps -o pid=,stat=,args= -p "${pids// /,}" | awk '$2 !~ /^Z/') || true
+        [ -z "$left" ] && break
+        sleep 0.1
+    done
+    echo "left: $left"
+    [ -z "$left" ]
+}
+
+@test "reward command: a label that is not JSON is the caller's bug: a CHECK, not an error line" {
+    run timeout 60 "$T" badlabel
+    [ "$status" -ne 0 ]
+    [[ "$output" == *"CHECK(l != NULL) failed"* ]]
+}
