@@ -58,7 +58,7 @@ typedef struct {
     double *score;                       /* (S) the reward (after clipping / penalty) */
     double *rewards, *kl, *adv, *ret;    /* (N) */
     float *adv_f, *ret_f;                /* (N) float copies for the hooks */
-} Batch2;
+} Experience;
 
 typedef struct {
     Role role[N_ROLES];
@@ -141,7 +141,7 @@ static void place(Ppo *p, const char *colocate) {
     for (int r = 0; r < N_ROLES; r++)
         if (R[r].active && set_of[r] < 0) set_of[r] = R[r].count > 0 ? n_sets++ : set_of[R_ACTOR];
     /* groups in role order (actor first: world rank 0 is the actor's root) */
-    int order[N_ROLES], n_groups = 0, counts[N_ROLES];
+    int order[N_ROLES], n_groups = 0, counts[N_ROLES], first_role[N_ROLES];
     const char *names[N_ROLES];
     static char name_buf[N_ROLES][32];
     for (int r = 0; r < N_ROLES; r++) {
@@ -152,6 +152,7 @@ static void place(Ppo *p, const char *colocate) {
             g = n_groups++;
             order[g] = set_of[r];
             counts[g] = 0;
+            first_role[g] = r;
             name_buf[g][0] = 0;
         }
         R[r].group = g;
@@ -167,7 +168,7 @@ static void place(Ppo *p, const char *colocate) {
     for (int g = 0; g < n_groups; g++) {
         names[g] = name_buf[g];
         if (counts[g] == 0) {
-            if (n_groups > 1) user_error("role group %s: give its rank count (--%s-ranks)", names[g], strtok(xstrdup(names[g]), "+"));
+            if (n_groups > 1) user_error("role group %s: give its rank count (--%s-ranks)", names[g], ROLE_NAMES[first_role[g]]);
             counts[g] = p->world.size;
         }
     }
@@ -286,11 +287,7 @@ static void step_prompts(const Ppo *p, int step, int *out) {
     int *perm = xmalloc(sizeof(int) * p->n_prompts);
     for (int i = 0; i < p->n_prompts; i++) perm[i] = i;
     uint64_t st = splitmix64_mix(p->seed ^ 0x70726f6d707473ull) + (uint64_t)pass;
-    for (int i = p->n_prompts - 1; i > 0; i--) {   /* Fisher–Yates */
-        int j = (int)(splitmix64_next(&st) % (uint64_t)(i + 1)), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
+    shuffle_ints(perm, p->n_prompts, &st);
     memcpy(out, perm + k0, sizeof(int) * p->B);
     free(perm);
 }
@@ -311,7 +308,7 @@ static int stop_on_token(void *ctx, Seq *q) {
     return 0;
 }
 
-static void rollout(Ppo *p, int step, const int *pidx, Batch2 *b) {
+static void rollout(Ppo *p, int step, const int *pidx, Experience *b) {
     Role *a = &p->role[R_ACTOR];
     int S = p->B * p->G, M = p->max_new;
     int *out = xcalloc((size_t)S * M, sizeof(int)), *n_out = xcalloc(S, sizeof(int)), *fin = xcalloc(S, sizeof(int));
@@ -385,8 +382,8 @@ static void rollout(Ppo *p, int step, const int *pidx, Batch2 *b) {
 
 /* Sequences [s0, s1) of b as one forward chunk at most fwd_tokens long, taken by the dp replicas
  * in turn: calls fn for this replica's chunks. */
-typedef void (*ChunkFn)(Ppo *p, Role *r, Batch2 *b, int s0, int s1, void *out);
-static void chunks(Ppo *p, Role *r, Batch2 *b, ChunkFn fn, void *out) {
+typedef void (*ChunkFn)(Ppo *p, Role *r, Experience *b, int s0, int s1, void *out);
+static void chunks(Ppo *p, Role *r, Experience *b, ChunkFn fn, void *out) {
     for (int s0 = 0, k = 0; s0 < b->S; k++) {
         int s1 = s0 + 1;
         while (s1 < b->S && b->seq_start[s1 + 1] - b->seq_start[s0] <= p->fwd_tokens) s1++;
@@ -397,14 +394,20 @@ static void chunks(Ppo *p, Role *r, Batch2 *b, ChunkFn fn, void *out) {
 
 static int *g_rows;   /* (max tokens) 0, 1, 2, ... */
 
+/* model_forward of sequences [s0, s1) of b, from their own positions 0 */
+static void chunk_forward(Model *m, const Experience *b, int s0, int s1) {
+    int t0 = b->seq_start[s0], *st = xmalloc(sizeof(int) * (s1 - s0 + 1));
+    for (int s = s0; s <= s1; s++) st[s - s0] = b->seq_start[s] - t0;
+    model_forward(m, b->tokens + t0, st, s1 - s0);
+    free(st);
+}
+
 /* ref logprobs at the temperature, at the chunk's actions */
-static void ref_chunk(Ppo *p, Role *r, Batch2 *b, int s0, int s1, void *outp) {
+static void ref_chunk(Ppo *p, Role *r, Experience *b, int s0, int s1, void *outp) {
     float *out = outp;
     Model *m = &r->m;
     int t0 = b->seq_start[s0], N = b->seq_start[s1] - t0;
-    int *st = xmalloc(sizeof(int) * (s1 - s0 + 1));
-    for (int s = s0; s <= s1; s++) st[s - s0] = b->seq_start[s] - t0;
-    model_forward(m, b->tokens + t0, st, s1 - s0);
+    chunk_forward(m, b, s0, s1);
     if (m->is_last) {
         float *lse = xmalloc(sizeof(float) * N), *pick = xmalloc(sizeof(float) * N);
         model_logits_lse(m, m->s.logits, N, p->sp.temperature, lse);
@@ -413,18 +416,15 @@ static void ref_chunk(Ppo *p, Role *r, Batch2 *b, int s0, int s1, void *outp) {
         free(lse); free(pick);
     }
     comm_broadcast(&m->mesh->pp_comm, out + t0, sizeof(float) * N, m->mesh->pp_comm.size - 1);
-    free(st);
 }
 
 /* score-head values at every position of the chunk (critic), or at each sequence's last (reward) */
-static void value_chunk(Ppo *p, Role *r, Batch2 *b, int s0, int s1, void *outp) {
+static void value_chunk(Ppo *p, Role *r, Experience *b, int s0, int s1, void *outp) {
     (void)p;
     Model *m = &r->m;
     int t0 = b->seq_start[s0], N = b->seq_start[s1] - t0;
-    int *st = xmalloc(sizeof(int) * (s1 - s0 + 1));
-    for (int s = s0; s <= s1; s++) st[s - s0] = b->seq_start[s] - t0;
     float *v = xmalloc(sizeof(float) * N);
-    model_forward(m, b->tokens + t0, st, s1 - s0);
+    chunk_forward(m, b, s0, s1);
     if (m->is_last) m->be->to_host(v, m->s.logits, sizeof(float) * N);
     comm_broadcast(&m->mesh->pp_comm, v, sizeof(float) * N, m->mesh->pp_comm.size - 1);
     if (r == &p->role[R_REWARD]) {
@@ -435,12 +435,11 @@ static void value_chunk(Ppo *p, Role *r, Batch2 *b, int s0, int s1, void *outp) 
         for (int n = 0; n < N; n++) out[t0 + n] = b->mask[t0 + n] > 0 ? v[n] : 0.0f;
     }
     free(v);
-    free(st);
 }
 
 /* Rewards from the command or the servers, asked by world rank 0 and broadcast. A failure stops
  * the run (rank_error): the last checkpoint stays as it was. */
-static void reward_from_program(Ppo *p, Batch2 *b, const int *pidx) {
+static void reward_from_program(Ppo *p, Experience *b, const int *pidx) {
     if (p->world_rank == 0) {
         const char **pr = xmalloc(sizeof(char *) * b->S), **rs = xmalloc(sizeof(char *) * b->S);
         const char **lb = xmalloc(sizeof(char *) * b->S);
@@ -475,6 +474,30 @@ static void reward_from_program(Ppo *p, Batch2 *b, const int *pidx) {
     comm_broadcast(&p->world, b->score, sizeof(double) * b->S, 0);
 }
 
+/* The three experience passes, each leaving its result on every rank (a role's dp replicas fill
+ * their own chunks of a zeroed buffer, which share_* sums). */
+static void phase_ref(Ppo *p, Experience *b) {
+    Role *r = &p->role[R_REF];
+    if (!r->active) return;
+    memset(b->ref_lp, 0, sizeof(float) * b->N);
+    if (r->member) chunks(p, r, b, ref_chunk, b->ref_lp);
+    share_f(p, r, b->ref_lp, b->N);
+}
+static void phase_reward(Ppo *p, Experience *b, const int *pidx) {
+    Role *r = &p->role[R_REWARD];
+    memset(b->score, 0, sizeof(double) * b->S);
+    if (p->reward_cmd || p->n_urls) { reward_from_program(p, b, pidx); return; }
+    if (r->member) chunks(p, r, b, value_chunk, b->score);
+    share_d(p, r, b->score, b->S);
+}
+static void phase_values(Ppo *p, Experience *b) {
+    Role *r = &p->role[R_CRITIC];
+    memset(b->values, 0, sizeof(float) * b->N);
+    if (!r->active) return;
+    if (r->member) chunks(p, r, b, value_chunk, b->values);
+    share_f(p, r, b->values, b->N);
+}
+
 /* ---- 4. update ----------------------------------------------------------------------------- */
 
 /* sequences per micro-batch: --micro-batch-size, at most (and by default) a dp rank's share */
@@ -487,7 +510,7 @@ static int micro_size(const Ppo *p, const Role *r) {
  * an optimizer step; a dp replica takes every dp-th sequence of a mini-batch, in micro-batches of
  * --micro-batch-size sequences through 1F1B. Each action weighs dp / (actions in the mini-batch)
  * (token-mean; optim_step averages over dp). Returns the mean gradient norm. */
-static double update(Ppo *p, int ri, int step, Batch2 *b) {
+static double update(Ppo *p, int ri, int step, Experience *b) {
     Role *r = &p->role[ri];
     Model *m = &r->m;
     int dp = r->mesh.dp, S = b->S, actor = ri == R_ACTOR;
@@ -506,11 +529,7 @@ static double update(Ppo *p, int ri, int step, Batch2 *b) {
     for (int e = 0; e < p->ppo_epochs; e++) {
         for (int i = 0; i < S; i++) perm[i] = i;
         uint64_t rs = splitmix64_mix(p->seed ^ (0xC0FFEEull + (uint64_t)ri)) + (uint64_t)step * 131 + (uint64_t)e;
-        for (int i = S - 1; i > 0; i--) {
-            int j = (int)(splitmix64_next(&rs) % (uint64_t)(i + 1)), t = perm[i];
-            perm[i] = perm[j];
-            perm[j] = t;
-        }
+        shuffle_ints(perm, S, &rs);
         for (int k0 = 0; k0 < S; k0 += p->mini) {
             long actions = 0;
             for (int k = k0; k < k0 + p->mini; k++) actions += b->resp_len[perm[k]];
@@ -578,7 +597,7 @@ static float median(float *x, int n) { qsort(x, n, sizeof(float), cmp_float); re
 /* Each phase of a step run by itself, `rounds` times on the last step's shapes (a world barrier
  * before each, so nothing overlaps it), against the run's median step: what a step costs beyond
  * its parts. The updates change the weights: run it only after the real steps. */
-static void bench_phases_alone(Ppo *p, int step, const int *pidx, Batch2 *b, int rounds, float *steps, int n_steps) {
+static void bench_phases_alone(Ppo *p, int step, const int *pidx, Experience *b, int rounds, float *steps, int n_steps) {
     enum { K = 6 };
     static const char *names[K] = {"gen", "ref", "reward", "values", "update_actor", "update_critic"};
     Role *R = p->role;
@@ -588,19 +607,10 @@ static void bench_phases_alone(Ppo *p, int step, const int *pidx, Batch2 *b, int
             comm_barrier(&p->world);
             double t0 = now_seconds();
             if (ph == 0) rollout(p, step, pidx, b);
-            else if (ph == 1 && R[R_REF].active) {
-                if (R[R_REF].member) chunks(p, &R[R_REF], b, ref_chunk, b->ref_lp);
-                share_f(p, &R[R_REF], b->ref_lp, b->N);
-            } else if (ph == 2) {
-                if (p->reward_cmd || p->n_urls) reward_from_program(p, b, pidx);
-                else {
-                    if (R[R_REWARD].member) chunks(p, &R[R_REWARD], b, value_chunk, b->score);
-                    share_d(p, &R[R_REWARD], b->score, b->S);
-                }
-            } else if (ph == 3 && R[R_CRITIC].active) {
-                if (R[R_CRITIC].member) chunks(p, &R[R_CRITIC], b, value_chunk, b->values);
-                share_f(p, &R[R_CRITIC], b->values, b->N);
-            } else if (ph == 4 && R[R_ACTOR].member) update(p, R_ACTOR, step, b);
+            else if (ph == 1) phase_ref(p, b);
+            else if (ph == 2) phase_reward(p, b, pidx);
+            else if (ph == 3) phase_values(p, b);
+            else if (ph == 4 && R[R_ACTOR].member) update(p, R_ACTOR, step, b);
             else if (ph == 5 && R[R_CRITIC].member) update(p, R_CRITIC, step, b);
             comm_barrier(&p->world);
             t[(size_t)ph * rounds + k] = (float)(now_seconds() - t0);
@@ -798,13 +808,8 @@ int ppo_main(int argc, char **argv) {
     if (!(clip_eps > 0 && clip_eps < 1) || clip_high < 0 || !(value_clip > 0)) user_error("ppo: --clip-eps in (0, 1), --clip-eps-high >= 0, --value-clip > 0");
     if (dual_clip != 0 && !(dual_clip > 1)) user_error("--dual-clip %g: must be > 1 (or 0 = off)", dual_clip);
     if (!(actor_lr > 0) || !(critic_lr > 0)) user_error("ppo: --actor-lr and --critic-lr must be > 0");
-    LrSchedule sched = !strcmp(sched_name, "cosine") ? LR_COSINE : !strcmp(sched_name, "linear") ? LR_LINEAR
-                     : !strcmp(sched_name, "constant") ? LR_CONSTANT : (LrSchedule)-1;
-    if ((int)sched < 0) user_error("--lr-schedule %s: expected cosine, linear or constant", sched_name);
-    if (!critic_sched_name) critic_sched_name = sched_name;
-    LrSchedule critic_sched = !strcmp(critic_sched_name, "cosine") ? LR_COSINE : !strcmp(critic_sched_name, "linear") ? LR_LINEAR
-                            : !strcmp(critic_sched_name, "constant") ? LR_CONSTANT : (LrSchedule)-1;
-    if ((int)critic_sched < 0) user_error("--critic-lr-schedule %s: expected cosine, linear or constant", critic_sched_name);
+    LrSchedule sched = lr_schedule_parse("--lr-schedule", sched_name);
+    LrSchedule critic_sched = critic_sched_name ? lr_schedule_parse("--critic-lr-schedule", critic_sched_name) : sched;
     int S = p.B * p.G;
     if (p.mini == 0) p.mini = S;
     if (p.mini < 1 || S % p.mini) user_error("--mini-batch-size %d: must divide the batch's %d sequences", p.mini, S);
@@ -965,7 +970,7 @@ int ppo_main(int argc, char **argv) {
     }
 
     /* the batch */
-    Batch2 b = {0};
+    Experience b = {0};
     b.tokens = xmalloc(sizeof(int) * maxN); b.targets = xmalloc(sizeof(int) * maxN);
     b.seq_start = xmalloc(sizeof(int) * (S + 1));
     b.prompt_len = xmalloc(sizeof(int) * S); b.resp_len = xmalloc(sizeof(int) * S); b.finish = xmalloc(sizeof(int) * S);
@@ -987,6 +992,8 @@ int ppo_main(int argc, char **argv) {
         if (!metrics) user_error("%s: cannot open for writing: %s", mp, strerror(errno));
         free(mp);
     }
+    ModelConfig norm = {0};   /* --normalize-reward: the reward model's saved eval mean / std */
+    if (p.normalize_reward && R[R_REWARD].active) config_load(&norm, R[R_REWARD].dir);
     int last = stop_after > 0 && stop_after < steps ? stop_after : steps;
     double t_run = now_seconds();
     float *step_s = xcalloc(last + 1, sizeof(float));
@@ -999,34 +1006,19 @@ int ppo_main(int argc, char **argv) {
         rollout(&p, step, pidx, &b);
         LAP(T_GEN);
         int N = b.N;
-        if (R[R_REF].active) {
-            memset(b.ref_lp, 0, sizeof(float) * N);
-            if (R[R_REF].member) chunks(&p, &R[R_REF], &b, ref_chunk, b.ref_lp);
-            share_f(&p, &R[R_REF], b.ref_lp, N);
-        }
+        phase_ref(&p, &b);
         LAP(T_REF);
-        memset(b.score, 0, sizeof(double) * S);
-        if (p.reward_cmd || p.n_urls) reward_from_program(&p, &b, pidx);
-        else {
-            if (R[R_REWARD].member) chunks(&p, &R[R_REWARD], &b, value_chunk, b.score);
-            share_d(&p, &R[R_REWARD], b.score, S);
-        }
+        phase_reward(&p, &b, pidx);
         LAP(T_REWARD);
-        memset(b.values, 0, sizeof(float) * N);
-        if (R[R_CRITIC].active) {
-            if (R[R_CRITIC].member) chunks(&p, &R[R_CRITIC], &b, value_chunk, b.values);
-            share_f(&p, &R[R_CRITIC], b.values, N);
-        }
+        phase_values(&p, &b);
         LAP(T_VALUES);
 
         /* 3. advantages (every rank, the same arithmetic on the same numbers) */
-        ModelConfig rc = {0};
-        if (p.normalize_reward && R[R_REWARD].active) config_load(&rc, R[R_REWARD].dir);
         double score_raw = 0;
         for (int s = 0; s < S; s++) {
             double x = b.score[s];
             score_raw += x;
-            if (p.normalize_reward && rc.has_reward_stats) x = (x - rc.reward_mean) / rc.reward_std;
+            if (norm.has_reward_stats) x = (x - norm.reward_mean) / norm.reward_std;
             if (p.eos_penalty != 0 && b.finish[s] != FINISH_STOP) x -= p.eos_penalty;
             if (p.reward_clip > 0) x = x < -p.reward_clip ? -p.reward_clip : x > p.reward_clip ? p.reward_clip : x;
             b.score[s] = x;

@@ -307,9 +307,7 @@ static int pref_main(int argc, char **argv, int dpo) {
     if (save_limit < 0) user_error("--save-total-limit %d: must be >= 0", save_limit);
     if (strcmp(loss_name, "sigmoid") && strcmp(loss_name, "ipo")) user_error("--loss %s: expected sigmoid or ipo", loss_name);
     if (!dpo && ref_dir) user_error("rm: --ref is a dpo option");
-    LrSchedule sched = !strcmp(schedule_name, "cosine") ? LR_COSINE : !strcmp(schedule_name, "linear") ? LR_LINEAR
-                     : !strcmp(schedule_name, "constant") ? LR_CONSTANT : (LrSchedule)-1;
-    if ((int)sched < 0) user_error("--lr-schedule %s: expected cosine, linear or constant", schedule_name);
+    LrSchedule sched = lr_schedule_parse("--lr-schedule", schedule_name);
     if (zero != 0 && zero != 1) user_error("--zero must be 0 or 1");
     if (strcmp(recompute_name, "none") && strcmp(recompute_name, "full"))
         user_error("--recompute %s: expected full or none", recompute_name);

@@ -87,6 +87,14 @@ _Noreturn void check_failed(const char *expr, const char *file, int line) {
     stop_job();
 }
 
+void shuffle_ints(int *x, int n, uint64_t *state) {
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(splitmix64_next(state) % (uint64_t)(i + 1)), t = x[i];
+        x[i] = x[j];
+        x[j] = t;
+    }
+}
+
 void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) rank_error("out of memory allocating %zu bytes", n);

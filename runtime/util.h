@@ -55,6 +55,8 @@ static inline uint64_t splitmix64_mix(uint64_t z) {
     return z ^ (z >> 31);
 }
 static inline uint64_t splitmix64_next(uint64_t *state) { return splitmix64_mix(*state += SPLITMIX64_GAMMA); }
+/* Fisher–Yates over x (n), drawing from the splitmix64 stream *state (the project's one shuffle). */
+void shuffle_ints(int *x, int n, uint64_t *state);
 
 /* atomic file write: write to path.tmp.<pid>, fsync, rename. Returns 0 on success. */
 int write_file_atomic(const char *path, const void *data, size_t len);

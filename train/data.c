@@ -602,12 +602,7 @@ void data_epoch_order(const Data *d, uint64_t epoch, int *out) {
     if (!d->cfg.shuffle) return;
     uint64_t e = epoch;
     uint64_t s = d->cfg.seed ^ splitmix64_next(&e);   /* seed ^ first output of splitmix64(epoch) */
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(splitmix64_next(&s) % (uint64_t)(i + 1));
-        int tmp = out[i];
-        out[i] = out[j];
-        out[j] = tmp;
-    }
+    shuffle_ints(out, n, &s);
 }
 
 int data_next_batch(Data *d, DataBatch *b) {

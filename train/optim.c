@@ -87,6 +87,13 @@ float clip_scale(float norm, double max_norm) {
 
 /* ---- setup ------------------------------------------------------------------------------------ */
 
+LrSchedule lr_schedule_parse(const char *flag, const char *name) {
+    if (!strcmp(name, "cosine")) return LR_COSINE;
+    if (!strcmp(name, "linear")) return LR_LINEAR;
+    if (!strcmp(name, "constant")) return LR_CONSTANT;
+    user_error("%s %s: expected cosine, linear or constant", flag, name);
+}
+
 OptimConfig optim_config_default(void) {
     OptimConfig c = {0};
     c.lr = 1e-5;

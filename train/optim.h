@@ -33,6 +33,8 @@
 #include "runtime/model.h"
 
 typedef enum { LR_COSINE = 0, LR_LINEAR, LR_CONSTANT } LrSchedule;
+/* "cosine" | "linear" | "constant"; anything else is a user_error naming flag and name */
+LrSchedule lr_schedule_parse(const char *flag, const char *name);
 
 /* Scalars are double because torch computes them in Python floats: 1 - beta1 in double and then
  * rounded to fp32 differs from 1 - (float)beta1 (0.1f vs 0.100000024f). */

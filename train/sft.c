@@ -93,9 +93,7 @@ int sft_main(int argc, char **argv) {
         user_error("sft: --seq-len >= 2, --batch-size, --micro-batches, --epochs >= 1, --threads >= 0 required");
     if (!(lr > 0) || min_lr < 0 || wd < 0 || clip < 0 || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps > 0))
         user_error("sft: invalid optimizer setting (--lr > 0, --min-lr/--weight-decay/--clip >= 0, betas in [0, 1), --eps > 0)");
-    LrSchedule sched = !strcmp(schedule_name, "cosine") ? LR_COSINE : !strcmp(schedule_name, "linear") ? LR_LINEAR
-                     : !strcmp(schedule_name, "constant") ? LR_CONSTANT : (LrSchedule)-1;
-    if ((int)sched < 0) user_error("--lr-schedule %s: expected cosine, linear or constant", schedule_name);
+    LrSchedule sched = lr_schedule_parse("--lr-schedule", schedule_name);
     if (zero != 0 && zero != 1) user_error("--zero must be 0 or 1");
     if (strcmp(recompute_name, "none") && strcmp(recompute_name, "full"))
         user_error("--recompute %s: expected full or none", recompute_name);
