@@ -15,10 +15,10 @@ BLAS_INC   := /usr/include/x86_64-linux-gnu/openblas-openmp
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -I. -I$(BLAS_INC) $(MPI_CFLAGS) -fopenmp
 CXXFLAGS+= -std=c++17 $(OPT) -Wall -Wextra -I.
-LDLIBS  += $(MPI_LIBS) -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lsentencepiece -lcjson -lpcre2-8 -lutf8proc -lcurl -lm -lstdc++ -fopenmp
+LDLIBS  += $(MPI_LIBS) -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lsentencepiece -lcjson -lpcre2-8 -lutf8proc -lcurl -lcrypto -lm -lstdc++ -fopenmp
 
 DEB_PKGS = build-essential pkg-config libopenblas-openmp-dev libsentencepiece-dev sentencepiece \
-           libcurl4-openssl-dev libopenmpi-dev openmpi-bin libcjson-dev libpcre2-dev libutf8proc-dev bats jq \
+           libcurl4-openssl-dev libssl-dev libopenmpi-dev openmpi-bin libcjson-dev libpcre2-dev libutf8proc-dev bats jq \
            python3 python3-venv python3-torch python3-numpy
 
 LIB_C   := $(wildcard runtime/*.c kernels/cpu/*.c tokenizer/*.c generate/*.c train/*.c rlhf/*.c eval/*.c)

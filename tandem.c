@@ -5,6 +5,7 @@
 #include "eval/eval.h"
 #include "generate/generate.h"
 #include "runtime/convert.h"
+#include "runtime/hub.h"
 #include "tokenizer/tokenize_cli.h"
 #include "rlhf/pref.h"
 #include "rlhf/ppo.h"
@@ -23,6 +24,7 @@ static const Command commands[] = {
     {"rm", rm_main, "reward-model training on preference pairs (score head, Bradley-Terry)"},
     {"dpo", dpo_main, "direct preference optimization against a frozen reference (sigmoid, IPO)"},
     {"ppo", ppo_main, "PPO / GRPO / RLOO: actor, critic, reference and reward as role groups; rollouts from the training shards"},
+    {"fetch", fetch_main, "download a model from the Hugging Face Hub into its cache (resume, retries, hash checks)"},
     {"convert", convert_main, "import a llama2.c checkpoint into a Hugging Face directory"},
     {"bench", bench_main, "prefill throughput and peak memory"},
     {"tokenize", tokenize_main, "text <-> token ids with a model's tokenizer"},

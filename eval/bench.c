@@ -296,7 +296,7 @@ int bench_main(int argc, char **argv) {
     int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score;
     const char *recompute;
     Option opts[] = {
-        {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory"},
+        {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
         {"--tokenizer", OPT_STR, &tok_list, NULL, "tokenizer files/dirs, comma-separated: encode MB/s instead"},
         {"--text", OPT_STR, &text_path, "../shared/assets/data/pretrain/tinyshakespeare.txt", "text for --tokenizer"},
         {"--generate", OPT_FLAG, &generate, NULL, "decode tokens/s at batch 1 and --big-batch vs the bandwidth bound"},

@@ -329,7 +329,7 @@ int eval_main(int argc, char **argv) {
     int tp, pp, threads, batch_tokens, quiet, relative;
     float max_diff, tie_gap;
     Option opts[] = {
-        {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory"},
+        {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
         {"--reference", OPT_STR, &ref, NULL, "reference jsonl written by eval/hf_reference.py"},
         {"--data", OPT_STR, &data, NULL, "jsonl of {\"input_ids\": [...]} or {\"text\": ...}: loss and perplexity"},
         MESH_OPTIONS(&tp, &pp, &threads),

@@ -579,7 +579,7 @@ int generate_main(int argc, char **argv) {
     int tp, pp, threads, greedy, resume, show_progress, max_batch, max_batch_tokens, block, seed, micro;
     float kv_mib;
     Option opts[] = {
-        {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory"},
+        {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
         {"--input", OPT_STR, &in_path, NULL, "prompts jsonl: \"prompt\" | \"messages\" | \"input_ids\" per line"},
         {"--output", OPT_STR, &out_path, NULL, "output jsonl (input order, one line per prompt)"},
         {"--input-key", OPT_STR, &d.key, "prompt", "field holding the prompt text"},

@@ -704,14 +704,14 @@ int ppo_main(int argc, char **argv) {
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
         clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, wd, clip, timeout;
     Option opts[] = {
-        {"--actor", OPT_STR, &R[R_ACTOR].dir, NULL, "the policy to train (HF causal LM, e.g. an SFT checkpoint)"},
-        {"--critic", OPT_STR, &R[R_CRITIC].dir, NULL, "value model: a reward-model or causal-LM directory (gae only)"},
-        {"--reward", OPT_STR, &R[R_REWARD].dir, NULL, "reward model directory (*ForSequenceClassification)"},
+        {"--actor", OPT_MODEL, &R[R_ACTOR].dir, NULL, "the policy to train (HF causal LM, e.g. an SFT checkpoint)"},
+        {"--critic", OPT_MODEL, &R[R_CRITIC].dir, NULL, "value model: a reward-model or causal-LM directory (gae only)"},
+        {"--reward", OPT_MODEL, &R[R_REWARD].dir, NULL, "reward model directory (*ForSequenceClassification)"},
         {"--reward-cmd", OPT_STR, &p.reward_cmd, NULL, "instead of --reward: a program speaking jsonl (rlhf/reward_cmd.h)"},
         {"--reward-url", OPT_STR, &reward_urls, NULL, "instead: reward servers URL[,URL...] (OpenRLHF's remote RM protocol)"},
         {"--reward-timeout", OPT_FLOAT, &timeout, "600", "--reward-cmd / --reward-url: seconds to wait for a batch's replies (0 = no limit)"},
         {"--reward-retries", OPT_INT, &p.reward_retries, "3", "--reward-url: retries (with backoff) on connection errors, 429, 5xx"},
-        {"--ref", OPT_STR, &R[R_REF].dir, NULL, "reference for the KL (default: the actor's starting weights, frozen)"},
+        {"--ref", OPT_MODEL, &R[R_REF].dir, NULL, "reference for the KL (default: the actor's starting weights, frozen)"},
         {"--prompts", OPT_STR, &prompts_path, NULL, "jsonl: \"prompt\" | \"messages\" | \"input_ids\", optional \"label\""},
         {"--input-key", OPT_STR, &key, "prompt", "the text prompt's field"},
         {"--chat-template", OPT_STR, &chat_template, NULL, "chat format for messages (default: the tokenizer's)"},

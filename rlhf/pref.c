@@ -242,7 +242,7 @@ static int pref_main(int argc, char **argv, int dpo) {
     const char *input, *output;
     float lr, min_lr, wd, beta1, beta2, eps, clip, center, beta, label_smoothing;
     Option opts[] = {
-        {"--model", OPT_STR, &model_dir, NULL, dpo ? "policy to start from (HF causal LM)" : "backbone to start from (causal LM / SFT or reward-model directory)"},
+        {"--model", OPT_MODEL, &model_dir, NULL, dpo ? "policy to start from (HF causal LM)" : "backbone to start from (causal LM / SFT or reward-model directory)"},
         {"--data", OPT_STR, &data_path, NULL, "preference pairs: jsonl or JSON array (prompt/chosen/rejected, hh-rlhf texts, messages, ShareGPT)"},
         {"--eval-data", OPT_STR, &eval_path, NULL, "held-out pairs: metrics before, every --eval-every steps, after"},
         {"--out", OPT_STR, &out, NULL, "output directory: checkpoint-STEP/ (HF model + state), metrics.jsonl"},
@@ -251,7 +251,7 @@ static int pref_main(int argc, char **argv, int dpo) {
         {"--score", OPT_FLAG, &score, NULL, "RM: score --input lines with the reward model --model (no training)"},
         {"--input", OPT_STR, &input, NULL, "rm --score: jsonl of {\"prompt\",\"response\"}, {\"text\"} or {\"messages\"}"},
         {"--output", OPT_STR, &output, NULL, "rm --score: the lines in input order with \"reward\" (\"reward_normalized\")"},
-        {"--ref", OPT_STR, &ref_dir, NULL, "DPO: reference model directory (default: --model, frozen)"},
+        {"--ref", OPT_MODEL, &ref_dir, NULL, "DPO: reference model directory (default: --model, frozen)"},
         {"--beta", OPT_FLOAT, &beta, "0.1", "DPO: beta"},
         {"--loss", OPT_STR, &loss_name, "sigmoid", "DPO: sigmoid | ipo"},
         {"--label-smoothing", OPT_FLOAT, &label_smoothing, "0", "DPO (sigmoid): label smoothing in [0, 0.5)"},

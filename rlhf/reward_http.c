@@ -1,6 +1,7 @@
 /* reward_http.c — see reward_http.h. curl's multi interface runs one request per URL at once; each
  * failed part is retried by itself. */
 #include "rlhf/reward_http.h"
+#include "runtime/hub.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
@@ -67,15 +68,11 @@ static void start(CURLM *multi, Part *q, double timeout_s, struct curl_slist *hd
 static int finish(Part *q, double *rewards, char *err, size_t errlen) {
     if (q->rc != CURLE_OK) {
         snprintf(err, errlen, "reward server %s: %s", q->url, curl_easy_strerror(q->rc));
-        return 1;
-    }
-    if (q->status == 429 || q->status >= 500) {
-        snprintf(err, errlen, "reward server %s: HTTP %ld: %.200s", q->url, q->status, q->ans ? q->ans : "");
-        return 1;
+        return http_should_retry(q->rc, 0) ? 1 : -1;
     }
     if (q->status != 200) {
         snprintf(err, errlen, "reward server %s: HTTP %ld: %.200s", q->url, q->status, q->ans ? q->ans : "");
-        return -1;
+        return http_should_retry(CURLE_OK, q->status) ? 1 : -1;
     }
     cJSON *o = cJSON_Parse(q->ans ? q->ans : "");
     const cJSON *r = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "rewards") : NULL;
@@ -112,10 +109,7 @@ int reward_http_score(const char *const *urls, int n_urls, int n, const char *co
     struct curl_slist *hdr = curl_slist_append(NULL, "Content-Type: application/json");
     CURLM *multi = curl_multi_init();
     for (int attempt = 0, pending = k; pending > 0; attempt++) {
-        if (attempt > 0) {
-            double wait = 0.5 * (1 << (attempt - 1 < 4 ? attempt - 1 : 4));
-            usleep((useconds_t)(wait * 1e6));
-        }
+        http_backoff(attempt);
         for (int u = 0; u < k; u++) if (!parts[u].done) start(multi, &parts[u], timeout_s, hdr);
         int running = 1;
         while (running) {

@@ -1,6 +1,7 @@
 /* args.c — see args.h. */
 #include "runtime/args.h"
 #include "runtime/comm.h"
+#include "runtime/hub.h"
 #include "runtime/util.h"
 #include <errno.h>
 #include <math.h>
@@ -25,7 +26,8 @@ static void set_value(const Option *o, const char *v) {
         *(float *)o->ptr = x;
         break;
     }
-    case OPT_STR: *(const char **)o->ptr = v; break;
+    case OPT_STR:
+    case OPT_MODEL: *(const char **)o->ptr = v; break;
     case OPT_FLAG: *(int *)o->ptr = 1; break;
     }
 }
@@ -33,7 +35,7 @@ static void set_value(const Option *o, const char *v) {
 static void usage(const char *text, const Option *opts, int n) {
     printf("%s\n\noptions:\n", text);
     for (int i = 0; i < n; i++) {
-        const char *arg = opts[i].type == OPT_INT ? " N" : opts[i].type == OPT_FLOAT ? " X" : opts[i].type == OPT_STR ? " S" : "";
+        const char *arg = opts[i].type == OPT_INT ? " N" : opts[i].type == OPT_FLOAT ? " X" : opts[i].type == OPT_STR ? " S" : opts[i].type == OPT_MODEL ? " DIR|ORG/NAME" : "";
         char left[64];
         snprintf(left, sizeof(left), "%s%s", opts[i].name, arg);
         printf("  %-26s %s", left, opts[i].help);
@@ -45,7 +47,7 @@ static void usage(const char *text, const Option *opts, int n) {
 void args_parse(const char *usage_text, Option *opts, int n, int argc, char **argv) {
     for (int i = 0; i < n; i++) {
         if (opts[i].type == OPT_FLAG) *(int *)opts[i].ptr = 0;
-        else if (opts[i].type == OPT_STR) *(const char **)opts[i].ptr = opts[i].dflt;
+        else if (opts[i].type == OPT_STR || opts[i].type == OPT_MODEL) *(const char **)opts[i].ptr = opts[i].dflt;
         else if (opts[i].dflt) set_value(&opts[i], opts[i].dflt);
         else if (opts[i].type == OPT_INT) *(int *)opts[i].ptr = 0;
         else *(float *)opts[i].ptr = 0.0f;
@@ -64,6 +66,8 @@ void args_parse(const char *usage_text, Option *opts, int n, int argc, char **ar
         if (a + 1 >= argc) user_error("%s needs a value", o->name);
         set_value(o, argv[++a]);
     }
+    for (int i = 0; i < n; i++)   /* after every flag is known good: a Hub id may mean a download */
+        if (opts[i].type == OPT_MODEL) *(const char **)opts[i].ptr = hub_model_path(*(const char **)opts[i].ptr);
 }
 
 void args_print(const Option *opts, int n) {
@@ -72,7 +76,8 @@ void args_print(const Option *opts, int n) {
         switch (o->type) {
         case OPT_INT: fprintf(stderr, "| %-22s | %-30d |\n", o->name, *(int *)o->ptr); break;
         case OPT_FLOAT: fprintf(stderr, "| %-22s | %-30g |\n", o->name, *(float *)o->ptr); break;
-        case OPT_STR: fprintf(stderr, "| %-22s | %-30s |\n", o->name, *(const char **)o->ptr ? *(const char **)o->ptr : "-"); break;
+        case OPT_STR:
+        case OPT_MODEL: fprintf(stderr, "| %-22s | %-30s |\n", o->name, *(const char **)o->ptr ? *(const char **)o->ptr : "-"); break;
         case OPT_FLAG: fprintf(stderr, "| %-22s | %-30s |\n", o->name, *(int *)o->ptr ? "on" : "off"); break;
         }
     }

@@ -3,11 +3,13 @@
 #ifndef TANDEM_ARGS_H
 #define TANDEM_ARGS_H
 
-typedef enum { OPT_INT, OPT_FLOAT, OPT_STR, OPT_FLAG } OptType;
+/* OPT_MODEL: a string naming a model, a directory or a Hub repo id ORG/NAME; after parsing it holds
+ * the directory (runtime/hub.h: hub_model_path, which fetches a missing repo into the cache). */
+typedef enum { OPT_INT, OPT_FLOAT, OPT_STR, OPT_FLAG, OPT_MODEL } OptType;
 typedef struct {
     const char *name;   /* "--tp" */
     OptType type;
-    void *ptr;          /* int*, float*, const char**, int* */
+    void *ptr;          /* int*, float*, const char** (STR, MODEL), int* */
     const char *dflt;   /* default as text; NULL = unset (strings stay NULL, numbers 0) */
     const char *help;
 } Option;

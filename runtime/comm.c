@@ -21,9 +21,10 @@ void comm_init(int *argc, char ***argv) {
  * raised later in another group (MPI_Abort) still finds it alive. Open MPI's mpirun hangs when one
  * rank aborts after others have left through MPI_Finalize (seen with role groups). */
 void comm_finalize(void) {
-    int fin = 0;
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
     MPI_Finalized(&fin);
-    if (fin) return;
+    if (!init || fin) return;   /* convert and fetch run without MPI */
     MPI_Barrier(MPI_COMM_WORLD);
     MPI_Finalize();
 }

@@ -23,7 +23,7 @@ typedef struct {
 /* the option table (runtime/args.h): parsing, defaults and --help come from it */
 static void parse_args(int argc, char **argv, TokenizeArgs *a) {
     Option opts[] = {
-        {"--model", OPT_STR, &a->model, NULL, "HF model dir (tokenizer.model or tokenizer.json + configs)"},
+        {"--model", OPT_MODEL, &a->model, NULL, "HF model dir (tokenizer.model or tokenizer.json + configs)"},
         {"--tokenizer", OPT_STR, &a->tokenizer, NULL, "tokenizer.model (SentencePiece) or tokenizer.json (HF BPE)"},
         {"--decode", OPT_FLAG, &a->decode, NULL, "ids -> text"},
         {"--jsonl", OPT_FLAG, &a->jsonl, NULL, "JSON lines: {\"text\"} | {\"input_ids\"} | {\"messages\"}"},

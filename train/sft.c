@@ -49,7 +49,7 @@ int sft_main(int argc, char **argv) {
     const char *recompute_name;
     float lr, min_lr, wd, beta1, beta2, eps, clip;
     Option opts[] = {
-        {"--model", OPT_STR, &model_dir, NULL, "Hugging Face model directory to start from"},
+        {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory to start from"},
         {"--data", OPT_STR, &data_path, NULL, "training data: jsonl or JSON array (prompt/response, Alpaca, messages, ShareGPT)"},
         {"--eval-data", OPT_STR, &eval_path, NULL, "held-out data: eval loss before, every --eval-every steps, after"},
         {"--out", OPT_STR, &out, NULL, "output directory: checkpoint-STEP/ (HF model + state), metrics.jsonl"},

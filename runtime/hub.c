@@ -1,0 +1,687 @@
+/* hub.c — see hub.h. One download at a time with curl's easy interface; the file list, the cache
+ * layout and the checks follow huggingface_hub (file_download.py, hf_api.py) so that the two share
+ * one cache. */
+#include "runtime/hub.h"
+#include "runtime/args.h"
+#include "runtime/util.h"
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <mpi.h>
+#include <openssl/evp.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- HTTP: one GET with retries, to memory or resuming into a file ---- */
+
+int http_should_retry(CURLcode rc, long status) {
+    if (rc != CURLE_OK)
+        return rc != CURLE_WRITE_ERROR && rc != CURLE_URL_MALFORMAT && rc != CURLE_UNSUPPORTED_PROTOCOL &&
+               rc != CURLE_COULDNT_RESOLVE_HOST && rc != CURLE_ABORTED_BY_CALLBACK;
+    return status == 429 || status >= 500;
+}
+
+void http_backoff(int attempt) {
+    if (attempt < 1) return;
+    usleep((useconds_t)(0.5e6 * (1 << (attempt - 1 < 4 ? attempt - 1 : 4))));
+}
+
+typedef struct {
+    char endpoint[512];    /* HF_ENDPOINT without a trailing '/' */
+    char cache[4096];      /* the hub cache directory */
+    char *auth;            /* "Authorization: Bearer ..." or NULL */
+    int offline;           /* HF_HUB_OFFLINE: the cache only */
+    int timeout;           /* s a connection may take to open or stall */
+    int retries;           /* attempts after the first that moved no bytes */
+    int bar;               /* progress bar on stderr (a terminal) */
+    int say;               /* a line per fetched file on stderr (not a terminal) */
+} Hub;
+
+typedef struct {
+    Hub *hub;
+    const char *url;
+    int fd;                /* the download's partial file; -1: the answer goes to mem */
+    const char *path;      /* fd's path (messages) */
+    int64_t have;          /* bytes the file held when this request started (the Range start) */
+    int64_t total;         /* the file's size, 0 unknown */
+    long status;           /* of the final response */
+    int werr;              /* errno of a failed write */
+    char *mem;             /* the answer (fd < 0) or the first bytes of an error page */
+    size_t len, max;
+    char ecode[64], emsg[200];   /* X-Error-Code / X-Error-Message */
+    const char *label;     /* progress bar: file name, start time, first byte, last draw */
+    double t0, drawn;
+    int64_t base;
+} Xfer;
+
+static void trim_copy(char *dst, size_t cap, const char *v, size_t n) {
+    while (n && (*v == ' ' || *v == '\t')) v++, n--;
+    while (n && (v[n - 1] == '\r' || v[n - 1] == '\n' || v[n - 1] == ' ')) n--;
+    snprintf(dst, cap, "%.*s", (int)n, v);
+}
+
+static size_t on_header(char *p, size_t size, size_t nmemb, void *u) {
+    Xfer *x = u;
+    size_t n = size * nmemb;
+    if (n >= 5 && !strncmp(p, "HTTP/", 5)) x->ecode[0] = x->emsg[0] = 0;   /* a new response (redirects) */
+    else if (n > 13 && !strncasecmp(p, "x-error-code:", 13)) trim_copy(x->ecode, sizeof x->ecode, p + 13, n - 13);
+    else if (n > 16 && !strncasecmp(p, "x-error-message:", 16)) trim_copy(x->emsg, sizeof x->emsg, p + 16, n - 16);
+    return n;
+}
+
+static CURL *s_curl;   /* the one handle: reused, so keep-alive connections are too */
+
+static size_t on_body(char *p, size_t size, size_t nmemb, void *u) {
+    Xfer *x = u;
+    size_t n = size * nmemb;
+    if (!x->status) {
+        curl_easy_getinfo(s_curl, CURLINFO_RESPONSE_CODE, &x->status);
+        if (x->fd >= 0 && x->status == 200 && x->have > 0) {   /* the server ignored Range: start over */
+            if (ftruncate(x->fd, 0) || lseek(x->fd, 0, SEEK_SET) < 0) { x->werr = errno; return 0; }
+            x->have = x->base = 0;
+        }
+    }
+    if (x->fd >= 0 && (x->status == 200 || x->status == 206)) {
+        for (size_t done = 0; done < n;) {
+            ssize_t w = write(x->fd, p + done, n - done);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) { x->werr = w < 0 ? errno : EIO; return 0; }
+            done += (size_t)w;
+        }
+        return n;
+    }
+    size_t keep = x->len + n > x->max ? x->max - x->len : n;   /* an error page: its first bytes */
+    if (x->fd < 0 && keep < n) { x->werr = EFBIG; return 0; }
+    x->mem = xrealloc(x->mem, x->len + keep + 1);
+    memcpy(x->mem + x->len, p, keep);
+    x->len += keep;
+    x->mem[x->len] = 0;
+    return n;
+}
+
+/* "535 B", "7.3 KiB", "1.0 MiB", "2.1 GiB" */
+static const char *human(double b, char *buf, size_t cap) {
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) b /= 1024, u++;
+    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
+    return buf;
+}
+
+/* "name [#####     ]  45%  1.2 MiB/2.7 MiB  5.3 MiB/s  ETA 0:03" on one terminal line */
+static void draw_bar(Xfer *x, int64_t now_bytes, int final) {
+    double t = now_seconds(), dt = t - x->t0;
+    double rate = dt > 0 ? (double)(now_bytes - x->base) / dt : 0;
+    int pct = x->total > 0 ? (int)(100.0 * (double)now_bytes / (double)x->total) : 0;
+    char eta[32] = "-", a[32], b[32], r[32];
+    if (final) snprintf(eta, sizeof eta, "%.1fs", dt);
+    else if (rate > 0 && x->total > 0) {
+        long s = (long)((double)(x->total - now_bytes) / rate);
+        snprintf(eta, sizeof eta, "%ld:%02ld", s / 60, s % 60);
+    }
+    char bar[21];
+    for (int i = 0; i < 20; i++) bar[i] = i < pct / 5 ? '#' : ' ';
+    bar[20] = 0;
+    fprintf(stderr, "\r%-28.28s [%s] %3d%% %10s/%-10s %10s/s %s %s\033[K%s", x->label, bar, pct,
+            human((double)now_bytes, a, sizeof a), human((double)x->total, b, sizeof b), human(rate, r, sizeof r),
+            final ? "in" : "ETA", eta, final ? "\n" : "");
+    x->drawn = t;
+}
+
+static int on_progress(void *u, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ult, curl_off_t uln) {
+    (void)dltotal, (void)ult, (void)uln;
+    Xfer *x = u;
+    if (x->hub->bar && x->label && now_seconds() - x->drawn >= 0.1) draw_bar(x, x->have + dlnow, 0);
+    return 0;
+}
+
+/* The one line for a failed request: URL, status, the Hub's X-Error-Message, and what to do. */
+static _Noreturn void http_fail(Xfer *x, CURLcode rc, int attempts) {
+    Hub *h = x->hub;
+    char tries[48] = "";
+    if (attempts > 1) snprintf(tries, sizeof tries, " (after %d attempts)", attempts);
+    if (rc == CURLE_WRITE_ERROR && x->werr)
+        user_error("%s: writing %s: %s%s", x->url, x->path ? x->path : "memory", strerror(x->werr),
+                   x->werr == ENOSPC ? " (disk full: free space or point HF_HOME / --dir elsewhere)" : "");
+    if (rc == CURLE_OPERATION_TIMEDOUT)
+        user_error("%s: %s%s: the server stalled for %d s (--timeout)", x->url, curl_easy_strerror(rc), tries, h->timeout);
+    if (rc != CURLE_OK)
+        user_error("%s: %s%s (no network? HF_ENDPOINT is %s; HF_HUB_OFFLINE=1 uses the cache only)", x->url,
+                   curl_easy_strerror(rc), tries, h->endpoint);
+    char why[256] = "";
+    if (x->emsg[0]) snprintf(why, sizeof why, " (%s)", x->emsg);
+    else if (x->len) {
+        snprintf(why, sizeof why, " (%.200s)", x->mem);
+        for (char *c = why; *c; c++) if (*c == '\n' || *c == '\r' || *c == '\t') *c = ' ';
+    }
+    const char *hint = "";
+    if (x->status == 401)
+        hint = h->auth ? ": HF_TOKEN was sent and refused: a token with read access to this repository is needed"
+                       : ": the repository is private or gated, or does not exist: set HF_TOKEN to a token that can read it";
+    else if (x->status == 403)
+        hint = !strcmp(x->ecode, "GatedRepo") || !h->auth
+                   ? ": a gated repository: accept its terms on the Hub, then set HF_TOKEN to that account's token"
+                   : ": HF_TOKEN has no access to this repository";
+    else if (x->status == 404)
+        hint = !strcmp(x->ecode, "RevisionNotFound") ? ": no such revision (check --revision)"
+               : !strcmp(x->ecode, "EntryNotFound")  ? ": no such file in this revision"
+                                                     : ": no such repository or revision (check the id and --revision)";
+    user_error("%s: HTTP %ld%s%s%s", x->url, x->status, tries, why, hint);
+}
+
+/* GET x->url. fd >= 0: appends to the partial file from its current size (Range), restarting if the
+ * server ignores Range; fd < 0: the answer lands in x->mem. Retries what http_should_retry says,
+ * counting only attempts that moved no bytes. Returns when the whole body is in; anything else stops
+ * the job (http_fail). */
+static void http_get(Hub *h, Xfer *x) {
+    if (!s_curl) {
+        curl_global_init(CURL_GLOBAL_DEFAULT);
+        s_curl = curl_easy_init();
+        CHECK(s_curl != NULL);
+    }
+    struct curl_slist *hdr = h->auth ? curl_slist_append(NULL, h->auth) : NULL;
+    for (int attempt = 0, idle = 0;; attempt++) {
+        if (idle) http_backoff(idle);
+        CURL *c = s_curl;
+        curl_easy_reset(c);
+        x->status = 0;
+        x->len = 0;
+        x->werr = 0;
+        x->ecode[0] = x->emsg[0] = 0;
+        if (x->fd >= 0) {
+            off_t end = lseek(x->fd, 0, SEEK_END);
+            if (end < 0) { x->werr = errno; http_fail(x, CURLE_WRITE_ERROR, 1); }
+            x->have = end;
+            if (x->total > 0 && x->have > x->total) {   /* longer than the file: not ours, start over */
+                if (ftruncate(x->fd, 0) || lseek(x->fd, 0, SEEK_SET) < 0) { x->werr = errno; http_fail(x, CURLE_WRITE_ERROR, 1); }
+                x->have = 0;
+            }
+            if (attempt == 0) x->base = x->have, x->t0 = now_seconds();
+            if (x->total > 0 && x->have == x->total) { x->status = 206; break; }
+            if (x->have > 0) curl_easy_setopt(c, CURLOPT_RESUME_FROM_LARGE, (curl_off_t)x->have);
+        }
+        curl_easy_setopt(c, CURLOPT_URL, x->url);
+        curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
+        curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);   /* LFS files redirect to a CDN; Authorization stays with the Hub's host */
+        curl_easy_setopt(c, CURLOPT_USERAGENT, "tandem/1 (huggingface_hub-compatible)");
+        curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+        curl_easy_setopt(c, CURLOPT_HEADERDATA, x);
+        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(c, CURLOPT_WRITEDATA, x);
+        curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+        curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
+        curl_easy_setopt(c, CURLOPT_XFERINFODATA, x);
+        curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)h->timeout);
+        curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);            /* a stall of --timeout s ends the attempt */
+        curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, (long)h->timeout);
+        int64_t before = x->fd >= 0 ? x->have : 0;
+        CURLcode rc = curl_easy_perform(c);
+        if (!x->status) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &x->status);
+        if (rc == CURLE_OK && (x->status == 200 || x->status == 206)) break;
+        if (rc == CURLE_RANGE_ERROR || x->status == 416) {   /* our partial file and the server disagree: start over */
+            if (x->fd >= 0 && ftruncate(x->fd, 0) == 0) { idle++; if (idle <= h->retries) continue; }
+        }
+        if (!http_should_retry(rc, x->status)) http_fail(x, rc, attempt + 1);
+        off_t now = x->fd >= 0 ? lseek(x->fd, 0, SEEK_END) : 0;
+        idle = now > before ? 1 : idle + 1;   /* bytes moved: the count starts again */
+        if (idle > h->retries) http_fail(x, rc, attempt + 1);
+    }
+    curl_slist_free_all(hdr);
+}
+
+/* ---- checks ---- */
+
+/* lowercase hex digest of a file (prefix hashed first: git's "blob N\0"), or -1 with errno */
+static int file_digest(const char *path, const EVP_MD *md, const char *prefix, size_t plen, char *hex) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    CHECK(ctx && EVP_DigestInit_ex(ctx, md, NULL));
+    if (plen) EVP_DigestUpdate(ctx, prefix, plen);
+    static unsigned char buf[1 << 20];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0) EVP_DigestUpdate(ctx, buf, (size_t)n);
+    int e = n < 0 ? errno : 0;
+    close(fd);
+    unsigned char d[EVP_MAX_MD_SIZE];
+    unsigned dl = 0;
+    EVP_DigestFinal_ex(ctx, d, &dl);
+    EVP_MD_CTX_free(ctx);
+    if (e) { errno = e; return -1; }
+    for (unsigned i = 0; i < dl; i++) sprintf(hex + 2 * i, "%02x", d[i]);
+    return 0;
+}
+
+static int is_hex(const char *s, size_t n) {
+    if (!s || strlen(s) != n) return 0;
+    for (size_t i = 0; i < n; i++) if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return 0;
+    return 1;
+}
+
+/* A name from the server becomes a path under our directories: relative, no "..", no empty parts. */
+static int safe_rel_path(const char *f) {
+    if (!*f || *f == '/' || strchr(f, '\\')) return 0;
+    for (const char *p = f; *p;) {
+        const char *e = strchr(p, '/');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        if (n == 0 || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.')) return 0;
+        p += n + (e != NULL);
+        if (e && !*p) return 0;
+    }
+    return 1;
+}
+
+static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static char *fmt(const char *f, ...) {
+    va_list ap, aq;
+    va_start(ap, f);
+    va_copy(aq, ap);
+    int n = vsnprintf(NULL, 0, f, ap);
+    va_end(ap);
+    char *s = xmalloc((size_t)n + 1);
+    vsnprintf(s, (size_t)n + 1, f, aq);
+    va_end(aq);
+    return s;
+}
+
+static void make_parents(const char *path) {
+    if (mkdir_parents(path)) user_error("cannot create the directories of %s: %s", path, strerror(errno));
+}
+
+/* ---- one file ---- */
+
+typedef struct {
+    char *name;            /* path in the repository */
+    char *blob;            /* the cache's blob name: LFS sha256, else the git blob id */
+    int64_t size;
+    int lfs;
+} RepoFile;
+
+/* Downloads url into dest through part (resumed if present) under the flock on lock; checks the size
+ * and the hash, then renames part to dest. Nothing to do when another process got there first. */
+static void download(Hub *h, const char *url, const RepoFile *f, const char *part, const char *dest, const char *lock) {
+    make_parents(lock);
+    int lfd = open(lock, O_CREAT | O_RDWR, 0644);
+    if (lfd < 0) user_error("%s: %s", lock, strerror(errno));
+    while (flock(lfd, LOCK_EX) && errno == EINTR) {}
+    if (access(dest, F_OK) == 0) { close(lfd); return; }
+    make_parents(part);
+    int fd = open(part, O_CREAT | O_RDWR, 0644);
+    if (fd < 0) user_error("%s: %s", part, strerror(errno));
+    struct stat st;
+    struct statvfs vfs;
+    char *dir = xstrdup(part);
+    *strrchr(dir, '/') = 0;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && statvfs(dir, &vfs) == 0 &&
+        (double)vfs.f_bavail * (double)vfs.f_frsize < (double)(f->size - st.st_size))
+        user_error("%s: disk full: %s needs %.1f MiB more, %s has %.1f MiB free (free space or point HF_HOME / --dir elsewhere)",
+                   url, f->name, (double)(f->size - st.st_size) / 1048576.0, dir,
+                   (double)vfs.f_bavail * (double)vfs.f_frsize / 1048576.0);
+    free(dir);
+    Xfer x = {.hub = h, .url = url, .fd = fd, .path = part, .total = f->size, .max = 4096, .label = f->name};
+    http_get(h, &x);
+    if (h->bar) draw_bar(&x, f->size, 1);
+    else if (h->say) {
+        char a[32];
+        fprintf(stderr, "tandem: fetched %s (%s in %.2f s)\n", f->name, human((double)f->size, a, sizeof a), now_seconds() - x.t0);
+    }
+    if (fsync(fd) && errno != EINVAL) { x.werr = errno; http_fail(&x, CURLE_WRITE_ERROR, 1); }
+    if (close(fd)) { x.werr = errno; http_fail(&x, CURLE_WRITE_ERROR, 1); }
+    free(x.mem);
+    if (stat(part, &st) || st.st_size != f->size) {
+        unlink(part);
+        user_error("%s: %lld bytes arrived, the Hub API says %lld; the partial file is removed, run again", url,
+                   (long long)st.st_size, (long long)f->size);
+    }
+    char got[2 * EVP_MAX_MD_SIZE + 1], pre[64];
+    int plen = f->lfs ? 0 : snprintf(pre, sizeof pre, "blob %lld", (long long)f->size) + 1;   /* git hashes "blob N\0" + bytes */
+    if (file_digest(part, f->lfs ? EVP_sha256() : EVP_sha1(), pre, (size_t)plen, got))
+        user_error("%s: %s", part, strerror(errno));
+    if (strcmp(got, f->blob)) {
+        unlink(part);
+        user_error("%s: %s %s, the Hub API says %s: a corrupt download (removed; run again)", url,
+                   f->lfs ? "sha256" : "git blob sha1", got, f->blob);
+    }
+    if (rename(part, dest)) user_error("%s -> %s: %s", part, dest, strerror(errno));
+    close(lfd);
+}
+
+/* ---- the cache ---- */
+
+static void hub_init(Hub *h, int timeout, int retries) {
+    memset(h, 0, sizeof *h);
+    const char *e = getenv("HF_ENDPOINT");
+    snprintf(h->endpoint, sizeof h->endpoint, "%s", e && *e ? e : "https://huggingface.co");
+    for (size_t n = strlen(h->endpoint); n && h->endpoint[n - 1] == '/';) h->endpoint[--n] = 0;
+    const char *c = getenv("HF_HUB_CACHE"), *home = getenv("HF_HOME"), *xdg = getenv("XDG_CACHE_HOME"), *u = getenv("HOME");
+    char hf_home[4000];
+    if (home && *home) snprintf(hf_home, sizeof hf_home, "%s", home);
+    else if (xdg && *xdg) snprintf(hf_home, sizeof hf_home, "%s/huggingface", xdg);
+    else snprintf(hf_home, sizeof hf_home, "%s/.cache/huggingface", u && *u ? u : ".");
+    if (c && *c) snprintf(h->cache, sizeof h->cache, "%s", c);
+    else snprintf(h->cache, sizeof h->cache, "%s/hub", hf_home);
+    const char *tok = getenv("HF_TOKEN");
+    if (!tok || !*tok) tok = getenv("HUGGING_FACE_HUB_TOKEN");
+    char *file_tok = NULL;
+    if (!tok || !*tok) {   /* `huggingface-cli login` stores it here */
+        const char *tp = getenv("HF_TOKEN_PATH");
+        char *p = tp && *tp ? xstrdup(tp) : path_join(hf_home, "token");
+        file_tok = read_file(p, NULL);
+        free(p);
+        if (file_tok) {
+            char *s = file_tok + strspn(file_tok, " \t\r\n");
+            s[strcspn(s, " \t\r\n")] = 0;
+            tok = s;
+        }
+    }
+    if (tok && *tok) h->auth = fmt("Authorization: Bearer %s", tok);
+    free(file_tok);
+    const char *off = getenv("HF_HUB_OFFLINE");
+    if (!off || !*off) off = getenv("TRANSFORMERS_OFFLINE");
+    h->offline = off && (!strcmp(off, "1") || !strcasecmp(off, "true") || !strcasecmp(off, "yes") || !strcasecmp(off, "on"));
+    h->timeout = timeout;
+    h->retries = retries;
+}
+
+/* "models--ORG--NAME": the repository's folder in the cache (and under .locks) */
+static char *folder_name(const char *repo) {
+    const char *slash = strchr(repo, '/');
+    return fmt("models--%.*s--%s", (int)(slash - repo), repo, slash + 1);
+}
+static char *repo_folder(const Hub *h, const char *repo) {
+    char *name = folder_name(repo), *s = path_join(h->cache, name);
+    free(name);
+    return s;
+}
+
+/* config.json and the weights (model.safetensors, or the index and every shard it names) */
+static int snapshot_usable(const char *dir) {
+    char *p = path_join(dir, "config.json");
+    int ok = file_exists(p);
+    free(p);
+    if (!ok) return 0;
+    p = path_join(dir, "model.safetensors");
+    ok = file_exists(p);
+    free(p);
+    if (ok) return 1;
+    p = path_join(dir, "model.safetensors.index.json");
+    char *txt = read_file(p, NULL);
+    free(p);
+    cJSON *o = txt ? cJSON_Parse(txt) : NULL, *map = cJSON_GetObjectItemCaseSensitive(o, "weight_map"), *v;
+    ok = cJSON_IsObject(map) && cJSON_GetArraySize(map) > 0;
+    cJSON_ArrayForEach(v, map) {
+        if (!ok) break;
+        char *s = cJSON_IsString(v) ? path_join(dir, v->valuestring) : NULL;
+        ok = s && file_exists(s);
+        free(s);
+    }
+    cJSON_Delete(o);
+    free(txt);
+    return ok;
+}
+
+/* The cached snapshot of repo at rev (a commit, or a ref resolved through refs/), or NULL. */
+static char *cached_snapshot(const Hub *h, const char *repo, const char *rev) {
+    char *folder = repo_folder(h, repo), *commit = NULL;
+    if (is_hex(rev, 40)) commit = xstrdup(rev);
+    else {
+        char *ref = fmt("%s/refs/%s", folder, rev);
+        commit = read_file(ref, NULL);
+        free(ref);
+    }
+    char *snap = commit && is_hex(commit, 40) ? fmt("%s/snapshots/%s", folder, commit) : NULL;
+    free(commit);
+    free(folder);
+    if (snap && !dir_exists(snap)) { free(snap); snap = NULL; }
+    return snap;
+}
+
+static char *url_escape(const char *s, int keep_slash) {
+    CURL *c = curl_easy_init();
+    CHECK(c != NULL);
+    char *out = xstrdup("");
+    for (const char *p = s; *p;) {
+        size_t n = keep_slash ? strcspn(p, "/") : strlen(p);
+        char *e = curl_easy_escape(c, p, (int)n);
+        CHECK(e != NULL);
+        char *t = fmt("%s%s%s", out, e, p[n] == '/' ? "/" : "");
+        curl_free(e);
+        free(out);
+        out = t;
+        p += n + (p[n] == '/');
+    }
+    curl_easy_cleanup(c);
+    return out;
+}
+
+/* What a model needs (huggingface_hub would take everything; tandem reads these) */
+static const char *default_files[] = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer.model",
+                                      "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                                      "vocab.json", "merges.txt", "model.safetensors.index.json", "*.safetensors"};
+
+static int wanted(const char *name, char **inc, int n_inc) {
+    if (n_inc) {
+        for (int i = 0; i < n_inc; i++) if (!fnmatch(inc[i], name, 0)) return 1;
+        return 0;
+    }
+    if (strchr(name, '/')) return 0;   /* the defaults are the repository's top level */
+    for (size_t i = 0; i < sizeof default_files / sizeof *default_files; i++)
+        if (!fnmatch(default_files[i], name, 0)) return 1;
+    return 0;
+}
+
+/* The repository at rev: the commit and the wanted files with their blob names and sizes. */
+static char *repo_files(Hub *h, const char *repo, const char *rev, char **inc, int n_inc, RepoFile **out, int *n_out) {
+    char *erev = url_escape(rev, 0);
+    char *url = fmt("%s/api/models/%s/revision/%s?blobs=true", h->endpoint, repo, erev);
+    free(erev);
+    Xfer x = {.hub = h, .url = url, .fd = -1, .max = 64u << 20};
+    http_get(h, &x);
+    cJSON *o = cJSON_Parse(x.mem ? x.mem : "");
+    const cJSON *sha = cJSON_GetObjectItemCaseSensitive(o, "sha"), *sib = cJSON_GetObjectItemCaseSensitive(o, "siblings"), *s;
+    if (!cJSON_IsString(sha) || !is_hex(sha->valuestring, 40) || !cJSON_IsArray(sib))
+        user_error("%s: not a Hub model answer (no \"sha\" commit or \"siblings\" list): %.200s", url, x.mem ? x.mem : "");
+    char *commit = xstrdup(sha->valuestring);
+    RepoFile *files = xcalloc((size_t)cJSON_GetArraySize(sib) + 1, sizeof(RepoFile));
+    int n = 0, n_all = 0, weights = 0;
+    char listed[512] = "";
+    cJSON_ArrayForEach(s, sib) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(s, "rfilename");
+        if (!cJSON_IsString(name)) user_error("%s: a sibling without \"rfilename\"", url);
+        const char *nm = name->valuestring;
+        if (!safe_rel_path(nm)) user_error("%s: refusing the file name \"%.100s\" (not a plain relative path)", url, nm);
+        size_t l = strlen(listed);
+        if (l < sizeof listed - 1) snprintf(listed + l, sizeof listed - l, "%s%s", n_all ? ", " : "", nm);
+        n_all++;
+        size_t nl = strlen(nm);
+        weights |= nl > 12 && !strcmp(nm + nl - 12, ".safetensors") && !strchr(nm, '/');
+        if (!wanted(nm, inc, n_inc)) continue;
+        const cJSON *lfs = cJSON_GetObjectItemCaseSensitive(s, "lfs");
+        const cJSON *hash = lfs ? cJSON_GetObjectItemCaseSensitive(lfs, "sha256") : cJSON_GetObjectItemCaseSensitive(s, "blobId");
+        const cJSON *size = cJSON_GetObjectItemCaseSensitive(lfs ? lfs : s, "size");
+        if (!cJSON_IsString(hash) || !is_hex(hash->valuestring, lfs ? 64 : 40) || !cJSON_IsNumber(size) || size->valuedouble < 0)
+            user_error("%s: no %s and size for %s (the API answer lacks blob metadata)", url, lfs ? "lfs.sha256" : "blobId", nm);
+        files[n++] = (RepoFile){xstrdup(nm), xstrdup(hash->valuestring), (int64_t)size->valuedouble, lfs != NULL};
+    }
+    if (!n_inc && !weights)
+        user_error("%s@%s has no .safetensors weights at its top level (files: %s); tandem reads safetensors only "
+                   "(--include GLOB fetches other files)", repo, rev, listed);
+    if (!n) user_error("%s@%s: no file matches --include (files: %s)", repo, rev, listed);
+    cJSON_Delete(o);
+    free(x.mem);
+    free(url);
+    *out = files;
+    *n_out = n;
+    return commit;
+}
+
+/* Fetches repo at rev into the cache (dir NULL) or into dir; returns the snapshot directory (or dir). */
+static char *fetch(Hub *h, const char *repo, const char *rev, const char *dir, char **inc, int n_inc) {
+    if (h->offline) {
+        char *snap = dir ? NULL : cached_snapshot(h, repo, rev);
+        if (snap && (n_inc || snapshot_usable(snap))) return snap;
+        user_error("%s@%s is not in the cache %s and HF_HUB_OFFLINE is set (unset it to fetch)", repo, rev, h->cache);
+    }
+    RepoFile *files;
+    int n;
+    char *commit = repo_files(h, repo, rev, inc, n_inc, &files, &n);
+    char *folder = repo_folder(h, repo), *snap = dir ? xstrdup(dir) : fmt("%s/snapshots/%s", folder, commit);
+    for (int i = 0; i < n; i++) {
+        RepoFile *f = &files[i];
+        char *fname = url_escape(f->name, 1);
+        char *url = fmt("%s/%s/resolve/%s/%s", h->endpoint, repo, commit, fname);
+        char *dest = path_join(snap, f->name);
+        if (dir) {   /* huggingface_hub's local-dir layout: metadata "commit\netag\ntime\n" beside */
+            char *meta = fmt("%s/.cache/huggingface/download/%s.metadata", dir, f->name);
+            char *part = fmt("%s/.cache/huggingface/download/%s.%s.incomplete", dir, f->name, f->blob);
+            char *lock = fmt("%s/.cache/huggingface/download/%s.lock", dir, f->name);
+            char *m = read_file(meta, NULL);
+            int fresh = m && access(dest, F_OK) == 0 && !strncmp(strchr(m, '\n') ? strchr(m, '\n') + 1 : "", f->blob, strlen(f->blob));
+            free(m);
+            if (!fresh) {
+                unlink(dest);
+                download(h, url, f, part, dest, lock);
+                char *txt = fmt("%s\n%s\n%.6f\n", commit, f->blob, (double)time(NULL));
+                if (write_file_atomic(meta, txt, strlen(txt))) user_error("%s: cannot write", meta);
+                free(txt);
+            }
+            free(meta), free(part), free(lock);
+        } else if (access(dest, F_OK) != 0) {   /* the pointer (following the link) is missing */
+            char *blob = fmt("%s/blobs/%s", folder, f->blob), *part = fmt("%s.incomplete", blob);
+            char *fold = folder_name(repo), *lock = fmt("%s/.locks/%s/%s.lock", h->cache, fold, f->blob);
+            download(h, url, f, part, blob, lock);
+            char *rel = xstrdup("../../");   /* snapshots/COMMIT/a/b -> ../../../blobs/X */
+            for (const char *p = f->name; (p = strchr(p, '/')); p++) { char *t = fmt("%s../", rel); free(rel); rel = t; }
+            char *target = fmt("%sblobs/%s", rel, f->blob), *tmp = fmt("%s.tmp.%d", dest, (int)getpid());
+            make_parents(dest);
+            unlink(tmp);
+            if (symlink(target, tmp) || rename(tmp, dest)) user_error("%s: %s", dest, strerror(errno));
+            free(blob), free(part), free(lock), free(fold), free(rel), free(target), free(tmp);
+        }
+        free(fname), free(url), free(dest);
+    }
+    if (!dir && strcmp(rev, commit)) {   /* refs/REV -> commit, as huggingface_hub writes it */
+        char *ref = fmt("%s/refs/%s", folder, rev);
+        make_parents(ref);
+        if (write_file_atomic(ref, commit, strlen(commit))) user_error("%s: cannot write", ref);
+        free(ref);
+    }
+    for (int i = 0; i < n; i++) free(files[i].name), free(files[i].blob);
+    free(files);
+    free(folder);
+    free(commit);
+    return snap;
+}
+
+/* ---- --model ORG/NAME ---- */
+
+static int is_repo_id(const char *s) {
+    const char *slash = strchr(s, '/');
+    if (!slash || strchr(slash + 1, '/') || slash == s || !slash[1] || strstr(s, "..") || strstr(s, "--")) return 0;
+    for (const char *p = s; *p; p++)
+        if (!(p == slash || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '-' || *p == '_' || *p == '.'))
+            return 0;
+    char *org = xstrdup(s);
+    org[slash - s] = 0;
+    int local = dir_exists(org) || s[0] == '.';   /* "build/x": a local path that is not there */
+    free(org);
+    return !local;
+}
+
+const char *hub_model_path(const char *arg) {
+    if (!arg || dir_exists(arg) || !is_repo_id(arg)) return arg;
+    Hub h;
+    hub_init(&h, 10, 5);
+    char *snap = cached_snapshot(&h, arg, "main");
+    if (snap && snapshot_usable(snap)) return snap;
+    free(snap);
+    int init = 0, size = 1, local = 0;
+    MPI_Initialized(&init);
+    MPI_Comm node = MPI_COMM_NULL;
+    if (init) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) {   /* one rank per node fetches; the node's others wait, then read the cache */
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &local);
+    }
+    if (local == 0) {
+        if (util_is_reporter() && !h.offline)
+            fprintf(stderr, "tandem: %s is not a directory nor in the Hugging Face cache %s; fetching it from %s\n", arg,
+                    h.cache, h.endpoint);
+        h.bar = util_is_reporter() && isatty(2);
+        h.say = util_is_reporter() && !h.bar;
+        snap = fetch(&h, arg, "main", NULL, NULL, 0);
+    }
+    if (node != MPI_COMM_NULL) {
+        MPI_Barrier(node);
+        MPI_Comm_free(&node);
+        if (local != 0) {
+            snap = cached_snapshot(&h, arg, "main");
+            if (!snap || !snapshot_usable(snap)) user_error("%s: fetched on this node, yet not found in %s", arg, h.cache);
+        }
+    }
+    free(h.auth);
+    return snap;
+}
+
+/* ---- tandem fetch ---- */
+
+int fetch_main(int argc, char **argv) {
+    const char *rev, *dir, *include;
+    int timeout, retries;
+    Option opts[] = {
+        {"--revision", OPT_STR, &rev, "main", "branch, tag or commit"},
+        {"--dir", OPT_STR, &dir, NULL, "put the files in DIR instead of the hub cache"},
+        {"--include", OPT_STR, &include, NULL, "comma-separated globs of files to fetch (default: config, tokenizer, safetensors)"},
+        {"--timeout", OPT_INT, &timeout, "10", "seconds a connection may take to open or stall"},
+        {"--retries", OPT_INT, &retries, "5", "retries (0.5 s, 1 s, 2 s, ... apart) after a failure that moved no bytes"},
+    };
+    const char *repo = NULL;   /* the one positional argument: the first word not after a flag */
+    char **rest = xmalloc(sizeof(char *) * (size_t)(argc + 1));
+    int nrest = 0;
+    for (int a = 0; a < argc; a++) {
+        if (a > 0 && !repo && argv[a][0] != '-' && (a == 1 || argv[a - 1][0] != '-')) { repo = argv[a]; continue; }
+        rest[nrest++] = argv[a];
+    }
+    args_parse("usage: tandem fetch ORG/NAME [--revision R] [--dir DIR] [--include GLOB,GLOB]\n"
+               "Downloads a Hugging Face Hub model into the hub cache (HF_HUB_CACHE, else $HF_HOME/hub, else\n"
+               "~/.cache/huggingface/hub) and prints its directory. Honours HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE.",
+               opts, sizeof opts / sizeof *opts, nrest, rest);
+    free(rest);
+    if (!repo) user_error("fetch: a repository id ORG/NAME is required");
+    if (!strchr(repo, '/') || strchr(strchr(repo, '/') + 1, '/') || !safe_rel_path(repo) || strstr(repo, "--"))
+        user_error("fetch: \"%s\" is not a repository id ORG/NAME", repo);
+    if (!*rev || !safe_rel_path(rev)) user_error("--revision: \"%s\" is not a revision", rev);
+    if (timeout < 1) user_error("--timeout must be >= 1");
+    if (retries < 0) user_error("--retries must be >= 0");
+    char *inc_buf = include ? xstrdup(include) : NULL, *inc[64];
+    int n_inc = 0;
+    char *save = NULL;
+    for (char *t = inc_buf ? strtok_r(inc_buf, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save)) {
+        if (n_inc == 64) user_error("--include: at most 64 globs");
+        inc[n_inc++] = t;
+    }
+    if (include && !n_inc) user_error("--include: no glob given");
+    Hub h;
+    hub_init(&h, timeout, retries);
+    h.bar = isatty(2);
+    h.say = !h.bar;
+    char *snap = fetch(&h, repo, rev, dir, inc, n_inc);
+    printf("%s\n", snap);
+    free(snap);
+    free(inc_buf);
+    free(h.auth);
+    if (s_curl) curl_easy_cleanup(s_curl);
+    return 0;
+}

@@ -1,0 +1,33 @@
+/* hub.h — models from the Hugging Face Hub: `tandem fetch` and `--model ORG/NAME`.
+ *
+ * Downloads a model repository the way huggingface_hub does: the file list (with blob ids, sizes and
+ * LFS sha256) from {endpoint}/api/models/{repo}/revision/{rev}?blobs=true, then each file from
+ * {endpoint}/{repo}/resolve/{commit}/{file} into the hub cache that huggingface_hub uses
+ * (HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub):
+ *     models--ORG--NAME/blobs/{sha256 for LFS files, git blob id otherwise}
+ *     models--ORG--NAME/snapshots/{commit}/{file} -> ../../blobs/{...}   (relative symlinks)
+ *     models--ORG--NAME/refs/{revision}            the commit, no newline
+ *     .locks/models--ORG--NAME/{blob}.lock         flock'd while a blob downloads (as filelock does)
+ * so a model fetched by either tool is found by the other. Partial downloads live in
+ * blobs/{blob}.incomplete and resume with HTTP Range; 429, 5xx, dropped and stalled connections are
+ * retried with backoff; every file is checked against the API's size and hash (LFS sha256, else the
+ * git blob sha1) before it is renamed into place. HF_ENDPOINT, HF_TOKEN (else the token file under
+ * HF_HOME) and HF_HUB_OFFLINE are honoured.
+ * Owns: the Hub protocol, the cache layout, downloads. Knows nothing of models beyond "config.json and
+ * safetensors make a usable snapshot". */
+#ifndef TANDEM_HUB_H
+#define TANDEM_HUB_H
+#include <curl/curl.h>
+
+int fetch_main(int argc, char **argv);
+
+/* A --model value: an existing directory (or anything that is not a Hub repo id "ORG/NAME" whose ORG
+ * is not a local directory) comes back as is; a repo id comes back as its snapshot directory in the
+ * cache, fetched first when missing (said on stderr). Under mpirun one rank per node fetches while
+ * the node's others wait. Errors stop the job with one line naming the URL and status. */
+const char *hub_model_path(const char *arg);
+
+/* The retry policy shared by every HTTP client of the project (downloads, reward servers). */
+int http_should_retry(CURLcode rc, long status); /* connection trouble, timeouts, 429, 5xx */
+void http_backoff(int attempt);                 /* sleeps 0.5, 1, 2, 4, 8, 8, ... s before attempt 1, 2, ... */
+#endif
