@@ -605,12 +605,14 @@ const char *hub_model_path(const char *arg) {
     Hub h;
     hub_init(&h, 10, 5);
     char *snap = cached_snapshot(&h, arg, "main");
-    if (snap && snapshot_usable(snap)) return snap;
-    free(snap);
-    int init = 0, size = 1, local = 0;
+    int usable = snap && snapshot_usable(snap), init = 0, size = 1, local = 0;
     MPI_Initialized(&init);
-    MPI_Comm node = MPI_COMM_NULL;
     if (init) MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) MPI_Allreduce(MPI_IN_PLACE, &usable, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);   /* all ranks take one branch */
+    if (usable) { free(h.auth); return snap; }
+    free(snap);
+    snap = NULL;
+    MPI_Comm node = MPI_COMM_NULL;
     if (size > 1) {   /* one rank per node fetches; the node's others wait, then read the cache */
         MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
         MPI_Comm_rank(node, &local);

@@ -99,6 +99,7 @@ print("ok: actor loads")' "$ck/actor"
     need_story
     A=(--actor "$STORIES" --critic "$RM" --reward "$RM" --prompts "$TRAIN" --n-samples-per-prompt 2 --rollout-batch-size 4
        --max-new-tokens 16 --steps 3 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3)
+    # default --threads: 2 in the one process, 1 per rank under mpirun; the numbers may not care (README)
     run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
     [ "$status" -eq 0 ]
     run timeout 120 $MPIRUN 4 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/four" --actor-ranks 1 --critic-ranks 1 --ref-ranks 1 --reward-ranks 1
@@ -163,6 +164,7 @@ print("ok: actor loads")' "$ck/actor"
     need_story
     A=(--actor "$STORIES" --critic "$RM" --reward "$RM" --prompts "$TRAIN" --n-samples-per-prompt 2 --rollout-batch-size 4
        --max-new-tokens 16 --steps 3 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3)
+    # default --threads: 2 in the one process, 1 per rank under mpirun; the numbers may not care (README)
     run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
     [ "$status" -eq 0 ]
     run timeout 120 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/dp"

@@ -163,6 +163,16 @@ losses() { jq -r 'select(.loss != null) | .loss' "$1/metrics.jsonl"; }
     [ "$status" -eq 0 ]; [[ "$output" == *"1 bad records skipped"* ]]
 }
 
+@test "sft: --threads 1, 2 and 3 train the same weights bit for bit (the backward's tiles, not OpenBLAS's threading)" {
+    need_assets
+    A=(--model "$ASSETS/models/stories260K-hf" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --seq-len 32 --batch-size 16 --max-steps 4 --lr 1e-3)
+    for t in 1 2 3; do "$TANDEM" sft "${A[@]}" --threads $t --out "$BATS_TEST_TMPDIR/t$t" 2>/dev/null; done
+    for t in 2 3; do
+        diff <(losses "$BATS_TEST_TMPDIR/t1") <(losses "$BATS_TEST_TMPDIR/t$t")
+        cmp <(cat "$BATS_TEST_TMPDIR"/t1/checkpoint-4/*.safetensors) <(cat "$BATS_TEST_TMPDIR"/t$t/checkpoint-4/*.safetensors)
+    done
+}
+
 @test "sft --recompute full: the same losses bit for bit" {
     need_tok
     random_model "$BATS_TEST_TMPDIR/m"

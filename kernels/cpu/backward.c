@@ -11,15 +11,31 @@
 #include <omp.h>
 #include <string.h>
 
+/* Both products run as fixed 128-row tiles, one single-threaded sgemm each (OpenBLAS does not thread
+ * inside an OpenMP region), spread over the threads: an element's arithmetic depends on its tile's
+ * shape only, never on the thread count. OpenBLAS's own threading rounds differently at 1 and 2
+ * threads (16 of 18 training shapes tried); the tiles cost 0-6% of a 15M training step (README). */
+enum { BW_TILE = 128 };
+
 void cpu_matmul_backward(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w, int N,
                          int n_in, int n_out) {
     if (N == 0) return;                                  /* nothing to write, nothing to add */
     if (dx && n_out == 0) memset(dx, 0, sizeof(float) * (size_t)N * n_in);
-    else if (dx)                                         /* dx (N, n_in) = dout (N, n_out) @ w (n_out, n_in) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, n_in, n_out, 1.0f, dout, n_out, w, n_in, 0.0f, dx,
-                    n_in);
-    /* dw (n_out, n_in) += dout^T (n_out, N) @ x (N, n_in) */
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, N, 1.0f, dout, n_out, x, n_in, 1.0f, dw, n_in);
+    else if (dx) {                                       /* dx (N, n_in) = dout (N, n_out) @ w (n_out, n_in) */
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < N; r += BW_TILE) {
+            int m = N - r < BW_TILE ? N - r : BW_TILE;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n_in, n_out, 1.0f, dout + (size_t)r * n_out, n_out,
+                        w, n_in, 0.0f, dx + (size_t)r * n_in, n_in);
+        }
+    }
+    /* dw (n_out, n_in) += dout^T (n_out, N) @ x (N, n_in), in tiles of dw's rows */
+#pragma omp parallel for schedule(static)
+    for (int o = 0; o < n_out; o += BW_TILE) {
+        int m = n_out - o < BW_TILE ? n_out - o : BW_TILE;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n_in, N, 1.0f, dout + o, n_out, x, n_in, 1.0f,
+                    dw + (size_t)o * n_in, n_in);
+    }
     if (db)
         for (int n = 0; n < N; n++) {
             const float *g = dout + (size_t)n * n_out;
