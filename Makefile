@@ -63,7 +63,7 @@ build/%.o: %.c $(wildcard */*.h */*/*.h)
 # the CPU kernels: fused multiply-adds everywhere, the same way in every instantiation (see vec.h).
 # GCC's Zen tuning otherwise leaves loop-carried multiply-add chains of <= 256 bits unfused, so
 # one inlined copy of a dot product could round differently from another.
-KERNEL_FLAGS := -ffp-contract=fast --param avoid-fma-max-bits=0
+KERNEL_FLAGS := -ffp-contract=fast --param avoid-fma-max-bits=0 -Wno-psabi
 build/kernels/cpu/%.o: kernels/cpu/%.c $(wildcard */*.h */*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(KERNEL_FLAGS) -c $< -o $@

@@ -16,5 +16,5 @@ spm=$(awk -v n="$bytes" -v t="$best" 'BEGIN { printf "%.3f", n / t / 1e6 }')
 echo "{\"bench\": \"tokenizer\", \"tokenizer\": \"spm_encode CLI\", \"encode_mb_per_s\": $spm}"
 out=$(bin/tandem bench --tokenizer "$SPM,$BPE" --text "$TEXT" --iters 3)
 echo "$out"
-ours=$(echo "$out" | head -1 | grep -oE '"encode_mb_per_s": [0-9.]+' | cut -d' ' -f2)
+ours=$(sed -n 1p <<<"$out" | grep -oE '"encode_mb_per_s": [0-9.]+' | cut -d' ' -f2)
 awk -v a="$ours" -v b="$spm" 'BEGIN { printf "sentencepiece: tandem / spm_encode = %.2fx\n", a / b }'

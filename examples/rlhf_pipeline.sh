@@ -16,7 +16,8 @@ TEXT=../shared/assets/data/pretrain/tinystories_train_head.txt
 rm -rf "$OUT"; mkdir -p "$OUT"
 rate() {   # the rule's mean over 4 samples of each held-out prompt
     jq -c 'range(0; 4) as $j | {prompt, seed: (70000 + $j)}' tests/fixtures/pref/story_prompts_val.jsonl > "$OUT/heldout.jsonl"
-    $T generate --model "$1" --input "$OUT/heldout.jsonl" --output "$OUT/heldout.out" --max-new-tokens 48 2>/dev/null
+    $T generate --model "$1" --input "$OUT/heldout.jsonl" --output "$OUT/heldout.out" --max-new-tokens 48 \
+        2>"$OUT/heldout.log" || { cat "$OUT/heldout.log" >&2; exit 1; }
     jq -s '[.[].completion | test("\\bhappy\\b"; "i")] | map(if . then 1 else 0 end) | add / length' "$OUT/heldout.out"
 }
 
@@ -26,9 +27,11 @@ $T sft --model "$BASE" --data "$OUT/sft.jsonl" --out "$OUT/sft" --seq-len 128 --
 SFT="$OUT/sft/checkpoint-30"
 
 echo "== 2. preference pairs: 16 samples of 150 prompts from the SFT model, labelled by the rule"
-sed -n 1800,2500p "$TEXT" | awk 'NF >= 8 { print $1, $2, $3 }' | awk '!seen[$0]++' | head -150 |
+# (no `head` here: under pipefail, the writer it cuts off dies of SIGPIPE and fails the script at random)
+sed -n 1800,2500p "$TEXT" | awk 'NF >= 8 { k = $1 " " $2 " " $3; if (!seen[k]++ && n++ < 150) print k }' |
     jq -Rc --argjson k 16 '. as $p | range(0; $k) as $j | {prompt: $p, seed: (1000 * $j + 7)}' > "$OUT/samples_in.jsonl"
-$T generate --model "$SFT" --input "$OUT/samples_in.jsonl" --output "$OUT/samples.jsonl" --max-new-tokens 48 2>/dev/null
+$T generate --model "$SFT" --input "$OUT/samples_in.jsonl" --output "$OUT/samples.jsonl" --max-new-tokens 48 2>"$OUT/samples.log" ||
+    { cat "$OUT/samples.log" >&2; exit 1; }
 jq -sc 'group_by(.prompt)[] | (map(select(.completion | test("\\bhappy\\b"; "i")))) as $c
         | (map(select(.completion | test("\\bhappy\\b"; "i") | not))) as $r
         | range(0; [($c | length), ($r | length)] | min) as $i

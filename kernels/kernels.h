@@ -18,7 +18,7 @@ int cpu_default_threads(void);
 
 /* iters x 12 x 16 fused multiply-adds on every OpenMP thread, nothing else (no loads): timed by the
  * bench, the fp32 FMA peak no kernel here can pass. Returns a value that keeps the work live. */
-float cpu_fma_chains(long iters);
+int cpu_fma_chains(long iters, float *sink); /* FMAs per thread and iteration */
 
 /* out (N, n_out) = x (N, n_in) @ w (n_out, n_in)^T [+ bias (n_out)]; bias may be NULL.
  * Batch-invariant: each element's bits depend only on its x row, w row and bias, never on N, the

@@ -53,9 +53,10 @@ typedef struct {
     int fd;                /* the download's partial file; -1: the answer goes to mem */
     const char *path;      /* fd's path (messages) */
     int64_t have;          /* bytes the file held when this request started (the Range start) */
-    int64_t total;         /* the file's size, 0 unknown */
+    int64_t total;         /* the file's size, -1 unknown */
     long status;           /* of the final response */
     int werr;              /* errno of a failed write */
+    int range_ignored;     /* a 200 to our Range request: the partial file starts over */
     char *mem;             /* the answer (fd < 0) or the first bytes of an error page */
     size_t len, max;
     char ecode[64], emsg[200];   /* X-Error-Code / X-Error-Message */
@@ -84,13 +85,8 @@ static CURL *s_curl;   /* the one handle: reused, so keep-alive connections are 
 static size_t on_body(char *p, size_t size, size_t nmemb, void *u) {
     Xfer *x = u;
     size_t n = size * nmemb;
-    if (!x->status) {
-        curl_easy_getinfo(s_curl, CURLINFO_RESPONSE_CODE, &x->status);
-        if (x->fd >= 0 && x->status == 200 && x->have > 0) {   /* the server ignored Range: start over */
-            if (ftruncate(x->fd, 0) || lseek(x->fd, 0, SEEK_SET) < 0) { x->werr = errno; return 0; }
-            x->have = x->base = 0;
-        }
-    }
+    if (!x->status) curl_easy_getinfo(s_curl, CURLINFO_RESPONSE_CODE, &x->status);
+    if (x->fd >= 0 && x->status == 200 && x->have > 0) { x->range_ignored = 1; return 0; }   /* (curl may say it first) */
     if (x->fd >= 0 && (x->status == 200 || x->status == 206)) {
         for (size_t done = 0; done < n;) {
             ssize_t w = write(x->fd, p + done, n - done);
@@ -107,6 +103,12 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *u) {
     x->len += keep;
     x->mem[x->len] = 0;
     return n;
+}
+
+/* Control bytes (newlines of an error page, escapes) become spaces: an error stays one line. */
+static char *one_line(char *s) {
+    for (char *c = s; *c; c++) if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = ' ';
+    return s;
 }
 
 /* "535 B", "7.3 KiB", "1.0 MiB", "2.1 GiB" */
@@ -148,6 +150,7 @@ static int on_progress(void *u, curl_off_t dltotal, curl_off_t dlnow, curl_off_t
 /* The one line for a failed request: URL, status, the Hub's X-Error-Message, and what to do. */
 static _Noreturn void http_fail(Xfer *x, CURLcode rc, int attempts) {
     Hub *h = x->hub;
+    if (h->bar && x->drawn > 0) fputc('\n', stderr);   /* the bar's line stays; the error gets its own */
     char tries[48] = "";
     if (attempts > 1) snprintf(tries, sizeof tries, " (after %d attempts)", attempts);
     if (rc == CURLE_WRITE_ERROR && x->werr)
@@ -160,10 +163,8 @@ static _Noreturn void http_fail(Xfer *x, CURLcode rc, int attempts) {
                    curl_easy_strerror(rc), tries, h->endpoint);
     char why[256] = "";
     if (x->emsg[0]) snprintf(why, sizeof why, " (%s)", x->emsg);
-    else if (x->len) {
-        snprintf(why, sizeof why, " (%.200s)", x->mem);
-        for (char *c = why; *c; c++) if (*c == '\n' || *c == '\r' || *c == '\t') *c = ' ';
-    }
+    else if (x->len) snprintf(why, sizeof why, " (%.200s)", x->mem);
+    one_line(why);
     const char *hint = "";
     if (x->status == 401)
         hint = h->auth ? ": HF_TOKEN was sent and refused: a token with read access to this repository is needed"
@@ -179,9 +180,9 @@ static _Noreturn void http_fail(Xfer *x, CURLcode rc, int attempts) {
     user_error("%s: HTTP %ld%s%s%s", x->url, x->status, tries, why, hint);
 }
 
-/* GET x->url. fd >= 0: appends to the partial file from its current size (Range), restarting if the
- * server ignores Range; fd < 0: the answer lands in x->mem. Retries what http_should_retry says,
- * counting only attempts that moved no bytes. Returns when the whole body is in; anything else stops
+/* GET x->url. fd >= 0: appends to the partial file from its current size (Range), restarting from
+ * byte 0 if the server ignores Range or refuses it; fd < 0: the answer lands in x->mem. Retries
+ * what http_should_retry says, counting only attempts that moved no bytes. Returns when the whole body is in; anything else stops
  * the job (http_fail). */
 static void http_get(Hub *h, Xfer *x) {
     if (!s_curl) {
@@ -196,23 +197,25 @@ static void http_get(Hub *h, Xfer *x) {
         curl_easy_reset(c);
         x->status = 0;
         x->len = 0;
-        x->werr = 0;
+        x->werr = x->range_ignored = 0;
         x->ecode[0] = x->emsg[0] = 0;
         if (x->fd >= 0) {
             off_t end = lseek(x->fd, 0, SEEK_END);
             if (end < 0) { x->werr = errno; http_fail(x, CURLE_WRITE_ERROR, 1); }
             x->have = end;
-            if (x->total > 0 && x->have > x->total) {   /* longer than the file: not ours, start over */
+            if (x->total >= 0 && x->have > x->total) {   /* longer than the file: not ours, start over */
                 if (ftruncate(x->fd, 0) || lseek(x->fd, 0, SEEK_SET) < 0) { x->werr = errno; http_fail(x, CURLE_WRITE_ERROR, 1); }
                 x->have = 0;
             }
             if (attempt == 0) x->base = x->have, x->t0 = now_seconds();
-            if (x->total > 0 && x->have == x->total) { x->status = 206; break; }
+            if (x->total >= 0 && x->have == x->total) { x->status = 206; break; }
             if (x->have > 0) curl_easy_setopt(c, CURLOPT_RESUME_FROM_LARGE, (curl_off_t)x->have);
         }
         curl_easy_setopt(c, CURLOPT_URL, x->url);
         curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
         curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);   /* LFS files redirect to a CDN; Authorization stays with the Hub's host */
+        curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
+        curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
         curl_easy_setopt(c, CURLOPT_USERAGENT, "tandem/1 (huggingface_hub-compatible)");
         curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
         curl_easy_setopt(c, CURLOPT_HEADERDATA, x);
@@ -229,8 +232,12 @@ static void http_get(Hub *h, Xfer *x) {
         CURLcode rc = curl_easy_perform(c);
         if (!x->status) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &x->status);
         if (rc == CURLE_OK && (x->status == 200 || x->status == 206)) break;
-        if (rc == CURLE_RANGE_ERROR || x->status == 416) {   /* our partial file and the server disagree: start over */
-            if (x->fd >= 0 && ftruncate(x->fd, 0) == 0) { idle++; if (idle <= h->retries) continue; }
+        if (x->fd >= 0 && x->have > 0 && (rc == CURLE_RANGE_ERROR || x->range_ignored || x->status == 416)) {
+            /* the server ignores Range, or our partial file and it disagree: from byte 0 at once (no
+             * Range is sent then, so this happens once) */
+            if (ftruncate(x->fd, 0)) { x->werr = errno; http_fail(x, CURLE_WRITE_ERROR, attempt + 1); }
+            x->base = 0;
+            continue;
         }
         if (!http_should_retry(rc, x->status)) http_fail(x, rc, attempt + 1);
         off_t now = x->fd >= 0 ? lseek(x->fd, 0, SEEK_END) : 0;
@@ -272,6 +279,7 @@ static int is_hex(const char *s, size_t n) {
 /* A name from the server becomes a path under our directories: relative, no "..", no empty parts. */
 static int safe_rel_path(const char *f) {
     if (!*f || *f == '/' || strchr(f, '\\')) return 0;
+    for (const char *c = f; *c; c++) if ((unsigned char)*c < 0x20 || *c == 0x7f) return 0;
     for (const char *p = f; *p;) {
         const char *e = strchr(p, '/');
         size_t n = e ? (size_t)(e - p) : strlen(p);
@@ -309,13 +317,16 @@ typedef struct {
 } RepoFile;
 
 /* Downloads url into dest through part (resumed if present) under the flock on lock; checks the size
- * and the hash, then renames part to dest. Nothing to do when another process got there first. */
-static void download(Hub *h, const char *url, const RepoFile *f, const char *part, const char *dest, const char *lock) {
+ * and the hash, then renames part over dest. With keep, nothing to do when dest exists (a blob:
+ * another process got there first). */
+static void download(Hub *h, const char *url, const RepoFile *f, const char *part, const char *dest, const char *lock,
+                     int keep) {
     make_parents(lock);
     int lfd = open(lock, O_CREAT | O_RDWR, 0644);
     if (lfd < 0) user_error("%s: %s", lock, strerror(errno));
-    while (flock(lfd, LOCK_EX) && errno == EINTR) {}
-    if (access(dest, F_OK) == 0) { close(lfd); return; }
+    while (flock(lfd, LOCK_EX))
+        if (errno != EINTR) user_error("%s: cannot lock: %s (a file system without locks? point HF_HOME elsewhere)", lock, strerror(errno));
+    if (keep && access(dest, F_OK) == 0) { close(lfd); return; }
     make_parents(part);
     int fd = open(part, O_CREAT | O_RDWR, 0644);
     if (fd < 0) user_error("%s: %s", part, strerror(errno));
@@ -353,6 +364,7 @@ static void download(Hub *h, const char *url, const RepoFile *f, const char *par
         user_error("%s: %s %s, the Hub API says %s: a corrupt download (removed; run again)", url,
                    f->lfs ? "sha256" : "git blob sha1", got, f->blob);
     }
+    make_parents(dest);
     if (rename(part, dest)) user_error("%s -> %s: %s", part, dest, strerror(errno));
     close(lfd);
 }
@@ -371,22 +383,21 @@ static void hub_init(Hub *h, int timeout, int retries) {
     else snprintf(hf_home, sizeof hf_home, "%s/.cache/huggingface", u && *u ? u : ".");
     if (c && *c) snprintf(h->cache, sizeof h->cache, "%s", c);
     else snprintf(h->cache, sizeof h->cache, "%s/hub", hf_home);
-    const char *tok = getenv("HF_TOKEN");
-    if (!tok || !*tok) tok = getenv("HUGGING_FACE_HUB_TOKEN");
-    char *file_tok = NULL;
-    if (!tok || !*tok) {   /* `huggingface-cli login` stores it here */
+    const char *env = getenv("HF_TOKEN");
+    if (!env || !*env) env = getenv("HUGGING_FACE_HUB_TOKEN");
+    char *tok = env && *env ? xstrdup(env) : NULL;
+    if (!tok) {   /* `huggingface-cli login` stores it here */
         const char *tp = getenv("HF_TOKEN_PATH");
         char *p = tp && *tp ? xstrdup(tp) : path_join(hf_home, "token");
-        file_tok = read_file(p, NULL);
+        tok = read_file(p, NULL);
         free(p);
-        if (file_tok) {
-            char *s = file_tok + strspn(file_tok, " \t\r\n");
-            s[strcspn(s, " \t\r\n")] = 0;
-            tok = s;
-        }
     }
-    if (tok && *tok) h->auth = fmt("Authorization: Bearer %s", tok);
-    free(file_tok);
+    if (tok) {   /* without the whitespace around it (a pasted newline) */
+        char *t = tok + strspn(tok, " \t\r\n");
+        t[strcspn(t, " \t\r\n")] = 0;
+        if (*t) h->auth = fmt("Authorization: Bearer %s", t);
+    }
+    free(tok);
     const char *off = getenv("HF_HUB_OFFLINE");
     if (!off || !*off) off = getenv("TRANSFORMERS_OFFLINE");
     h->offline = off && (!strcmp(off, "1") || !strcasecmp(off, "true") || !strcasecmp(off, "yes") || !strcasecmp(off, "on"));
@@ -486,12 +497,12 @@ static char *repo_files(Hub *h, const char *repo, const char *rev, char **inc, i
     char *erev = url_escape(rev, 0);
     char *url = fmt("%s/api/models/%s/revision/%s?blobs=true", h->endpoint, repo, erev);
     free(erev);
-    Xfer x = {.hub = h, .url = url, .fd = -1, .max = 64u << 20};
+    Xfer x = {.hub = h, .url = url, .fd = -1, .total = -1, .max = 64u << 20};
     http_get(h, &x);
     cJSON *o = cJSON_Parse(x.mem ? x.mem : "");
     const cJSON *sha = cJSON_GetObjectItemCaseSensitive(o, "sha"), *sib = cJSON_GetObjectItemCaseSensitive(o, "siblings"), *s;
     if (!cJSON_IsString(sha) || !is_hex(sha->valuestring, 40) || !cJSON_IsArray(sib))
-        user_error("%s: not a Hub model answer (no \"sha\" commit or \"siblings\" list): %.200s", url, x.mem ? x.mem : "");
+        user_error("%s: not a Hub model answer (no \"sha\" commit or \"siblings\" list): %.200s", url, x.mem ? one_line(x.mem) : "");
     char *commit = xstrdup(sha->valuestring);
     RepoFile *files = xcalloc((size_t)cJSON_GetArraySize(sib) + 1, sizeof(RepoFile));
     int n = 0, n_all = 0, weights = 0;
@@ -550,8 +561,7 @@ static char *fetch(Hub *h, const char *repo, const char *rev, const char *dir, c
             int fresh = m && access(dest, F_OK) == 0 && !strncmp(strchr(m, '\n') ? strchr(m, '\n') + 1 : "", f->blob, strlen(f->blob));
             free(m);
             if (!fresh) {
-                unlink(dest);
-                download(h, url, f, part, dest, lock);
+                download(h, url, f, part, dest, lock, 0);
                 char *txt = fmt("%s\n%s\n%.6f\n", commit, f->blob, (double)time(NULL));
                 if (write_file_atomic(meta, txt, strlen(txt))) user_error("%s: cannot write", meta);
                 free(txt);
@@ -560,7 +570,7 @@ static char *fetch(Hub *h, const char *repo, const char *rev, const char *dir, c
         } else if (access(dest, F_OK) != 0) {   /* the pointer (following the link) is missing */
             char *blob = fmt("%s/blobs/%s", folder, f->blob), *part = fmt("%s.incomplete", blob);
             char *fold = folder_name(repo), *lock = fmt("%s/.locks/%s/%s.lock", h->cache, fold, f->blob);
-            download(h, url, f, part, blob, lock);
+            download(h, url, f, part, blob, lock, 1);
             char *rel = xstrdup("../../");   /* snapshots/COMMIT/a/b -> ../../../blobs/X */
             for (const char *p = f->name; (p = strchr(p, '/')); p++) { char *t = fmt("%s../", rel); free(rel); rel = t; }
             char *target = fmt("%sblobs/%s", rel, f->blob), *tmp = fmt("%s.tmp.%d", dest, (int)getpid());
@@ -600,40 +610,68 @@ static int is_repo_id(const char *s) {
     return !local;
 }
 
+/* The commit a snapshot directory names (its last part), into c[41]. */
+static void snap_commit(const char *snap, char c[41]) {
+    const char *b = strrchr(snap, '/');
+    snprintf(c, 41, "%s", b ? b + 1 : snap);
+}
+
+static void http_done(void) {
+    if (s_curl) curl_easy_cleanup(s_curl);
+    s_curl = NULL;
+}
+
+/* Every rank takes the same branches and ends on the same commit: rank 0 decides whether arg is a
+ * repository id and which commit of main to use (its cache's, else the one it fetches); then one
+ * rank per other node fetches that commit into its node's cache where it is missing. */
 const char *hub_model_path(const char *arg) {
-    if (!arg || dir_exists(arg) || !is_repo_id(arg)) return arg;
+    int init = 0, size = 1, rank = 0, local = 0;
+    MPI_Initialized(&init);
+    if (init) MPI_Comm_size(MPI_COMM_WORLD, &size), MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int repo = arg && !dir_exists(arg) && is_repo_id(arg);
+    if (size > 1) MPI_Bcast(&repo, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!repo) return arg;
     Hub h;
     hub_init(&h, 10, 5);
-    char *snap = cached_snapshot(&h, arg, "main");
-    int usable = snap && snapshot_usable(snap), init = 0, size = 1, local = 0;
-    MPI_Initialized(&init);
-    if (init) MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size > 1) MPI_Allreduce(MPI_IN_PLACE, &usable, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);   /* all ranks take one branch */
-    if (usable) { free(h.auth); return snap; }
-    free(snap);
-    snap = NULL;
-    MPI_Comm node = MPI_COMM_NULL;
-    if (size > 1) {   /* one rank per node fetches; the node's others wait, then read the cache */
+    char commit[41] = "", *snap = NULL;
+    if (rank == 0) {
+        snap = cached_snapshot(&h, arg, "main");
+        if (snap && snapshot_usable(snap)) snap_commit(snap, commit);
+        else {
+            if (!h.offline)
+                fprintf(stderr, "tandem: %s is not a directory nor in the Hugging Face cache %s; fetching it from %s\n",
+                        arg, h.cache, h.endpoint);
+            h.bar = isatty(2);
+            h.say = !h.bar;
+            free(snap);
+            snap = fetch(&h, arg, "main", NULL, NULL, 0);
+            snap_commit(snap, commit);
+            h.bar = h.say = 0;
+        }
+    }
+    if (size > 1) {
+        MPI_Bcast(commit, sizeof commit, MPI_CHAR, 0, MPI_COMM_WORLD);
+        MPI_Comm node;
         MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
         MPI_Comm_rank(node, &local);
-    }
-    if (local == 0) {
-        if (util_is_reporter() && !h.offline)
-            fprintf(stderr, "tandem: %s is not a directory nor in the Hugging Face cache %s; fetching it from %s\n", arg,
-                    h.cache, h.endpoint);
-        h.bar = util_is_reporter() && isatty(2);
-        h.say = util_is_reporter() && !h.bar;
-        snap = fetch(&h, arg, "main", NULL, NULL, 0);
-    }
-    if (node != MPI_COMM_NULL) {
-        MPI_Barrier(node);
+        if (rank != 0) {
+            snap = cached_snapshot(&h, arg, commit);
+            if (local == 0 && !(snap && snapshot_usable(snap))) {   /* another node (or another cache) */
+                free(snap);
+                snap = fetch(&h, arg, commit, NULL, NULL, 0);
+            }
+        }
+        MPI_Barrier(node);   /* the node's other ranks read what its first one fetched */
         MPI_Comm_free(&node);
         if (local != 0) {
-            snap = cached_snapshot(&h, arg, "main");
-            if (!snap || !snapshot_usable(snap)) user_error("%s: fetched on this node, yet not found in %s", arg, h.cache);
+            free(snap);
+            snap = cached_snapshot(&h, arg, commit);
+            if (!snap || !snapshot_usable(snap))
+                rank_error("%s: commit %s was fetched on this node, yet is not in %s", arg, commit, h.cache);
         }
     }
     free(h.auth);
+    http_done();
     return snap;
 }
 
@@ -684,6 +722,6 @@ int fetch_main(int argc, char **argv) {
     free(snap);
     free(inc_buf);
     free(h.auth);
-    if (s_curl) curl_easy_cleanup(s_curl);
+    http_done();
     return 0;
 }

@@ -157,12 +157,16 @@ EOF
     [ "$status" -eq 0 ]
     since | grep -q "model.safetensors range=bytes=300000- auth=no 206"
     cmp "$output/model.safetensors" "$STORIES/model.safetensors"
-    # a server that ignores Range: the partial file is started over
+    # a server that ignores Range: the partial file is started over at once (not a retry: --retries 0)
     B="$HF_HOME/hub/models--tiny--norange/blobs"
     mkdir -p "$B"
     head -c 300000 "$STORIES/model.safetensors" > "$B/$(sha "$STORIES/model.safetensors").incomplete"
-    run --separate-stderr "$TANDEM" fetch tiny/norange
+    mark
+    run --separate-stderr "$TANDEM" fetch tiny/norange --retries 0
+    echo "$stderr"
     [ "$status" -eq 0 ]
+    since | grep -q "GET /tiny/norange/resolve/.*/model.safetensors range=bytes=300000- auth=no 200"
+    since | grep -q "GET /tiny/norange/resolve/.*/model.safetensors range=- auth=no 200"
     cmp "$output/model.safetensors" "$STORIES/model.safetensors"
 }
 
@@ -208,7 +212,7 @@ EOF
 
 @test "fetch: HF_TOKEN (or the token file under HF_HOME) opens a private repository" {
     mark
-    HF_TOKEN=hf_fake_token run --separate-stderr "$TANDEM" fetch tiny/private
+    HF_TOKEN=$'hf_fake_token\n' run --separate-stderr "$TANDEM" fetch tiny/private   # (a pasted newline is dropped)
     [ "$status" -eq 0 ]
     cmp "$output/model.safetensors" "$STORIES/model.safetensors"
     [ "$(since | grep -c 'auth=no')" -eq 0 ]
@@ -250,6 +254,11 @@ EOF
     [ "$status" -eq 0 ]
     cmp "$output/stories260K/tok512.model" "$ASSETS/models/stories260K/tok512.model"
     [ "$(readlink "$output/stories260K/tok512.model")" = "../../../blobs/$(sha "$ASSETS/models/stories260K/tok512.model")" ]
+    # --dir with files in subfolders: the folders are made
+    run --separate-stderr "$TANDEM" fetch karpathy/tinyllamas --dir "$D/k" --include 'stories260K/*.model'
+    echo "$stderr"
+    [ "$status" -eq 0 ]
+    cmp "$D/k/stories260K/tok512.model" "$ASSETS/models/stories260K/tok512.model"
     # offline: the cache or a clear no
     HF_HUB_OFFLINE=1 run --separate-stderr "$TANDEM" fetch tiny/private
     [ "$stderr" = "tandem: tiny/private@main is not in the cache $HF_HOME/hub and HF_HUB_OFFLINE is set (unset it to fetch)" ]

@@ -58,8 +58,12 @@ static void mm_4x4(float *out, size_t ldo, const float *x, size_t ldx, const flo
         v16 p0 = ld16(x0 + k), p1 = ld16(x1 + k), p2 = ld16(x2 + k), p3 = ld16(x3 + k);
         v16 q0 = ld16(w0 + k), q1 = ld16(w1 + k), q2 = ld16(w2 + k), q3 = ld16(w3 + k);
         /* keep the loaded vectors in registers: folded into each FMA they would be loaded 4 times,
-         * and the loop becomes load-bound */
+         * and the loop becomes load-bound. Only with AVX-512's 32 registers: with AVX2 a v16 takes
+         * two of the 16 ymm registers, the 8 vectors would take them all, and the asm cannot be
+         * compiled (the accumulators spill there either way). */
+#ifdef __AVX512F__
         __asm__("" : "+v"(p0), "+v"(p1), "+v"(p2), "+v"(p3), "+v"(q0), "+v"(q1), "+v"(q2), "+v"(q3));
+#endif
         a00 = a00 + p0 * q0; a01 = a01 + p0 * q1; a02 = a02 + p0 * q2; a03 = a03 + p0 * q3;
         a10 = a10 + p1 * q0; a11 = a11 + p1 * q1; a12 = a12 + p1 * q2; a13 = a13 + p1 * q3;
         a20 = a20 + p2 * q0; a21 = a21 + p2 * q1; a22 = a22 + p2 * q2; a23 = a23 + p2 * q3;
