@@ -212,7 +212,7 @@ EOF
 
 @test "fetch: HF_TOKEN (or the token file under HF_HOME) opens a private repository" {
     mark
-    HF_TOKEN=$'hf_fake_token\n' run --separate-stderr "$TANDEM" fetch tiny/private   # (a pasted newline is dropped)
+    HF_TOKEN=$' hf_fake_token\n' run --separate-stderr "$TANDEM" fetch tiny/private   # (pasted blanks around it are dropped)
     [ "$status" -eq 0 ]
     cmp "$output/model.safetensors" "$STORIES/model.safetensors"
     [ "$(since | grep -c 'auth=no')" -eq 0 ]
