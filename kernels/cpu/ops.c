@@ -46,11 +46,31 @@ static void mm_1x1(float *out, const float *x, const float *w, const float *bias
     *out = bias ? s + *bias : s;
 }
 
+#ifndef __AVX512F__
+/* AVX2 has 16 ymm registers and a v16 takes two: the 4x4 tile's 16 accumulators would spill on
+ * every multiply-add (10 GFLOP/s hot where the FMA peak is 80). So there the tile is computed as
+ * four blocks of 2 rows x 4 outputs x one 8-lane half (h = 0: lanes 0-7, 1: lanes 8-15), 8
+ * accumulators and 6 loads in registers. Lane l still sums x[k + l] w[k + l] for k = 0, 16, 32, ...
+ * in order, so every accumulator gets the AVX-512 tile's bits. acc[4 r + j] (v8) for row r, output j. */
+static void mm_2x4_half(v8 *acc, const float *x0, const float *x1, const float *w0, const float *w1,
+                        const float *w2, const float *w3, int K16) {
+    v8 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
+    for (int k = 0; k < K16; k += 16) {
+        v8 p0 = ld8(x0 + k), p1 = ld8(x1 + k), q0 = ld8(w0 + k), q1 = ld8(w1 + k), q2 = ld8(w2 + k), q3 = ld8(w3 + k);
+        __asm__("" : "+v"(p0), "+v"(p1), "+v"(q0), "+v"(q1), "+v"(q2), "+v"(q3));   /* loaded once (as above) */
+        a00 = a00 + p0 * q0; a01 = a01 + p0 * q1; a02 = a02 + p0 * q2; a03 = a03 + p0 * q3;
+        a10 = a10 + p1 * q0; a11 = a11 + p1 * q1; a12 = a12 + p1 * q2; a13 = a13 + p1 * q3;
+    }
+    acc[0] = a00, acc[1] = a01, acc[2] = a02, acc[3] = a03, acc[4] = a10, acc[5] = a11, acc[6] = a12, acc[7] = a13;
+}
+#endif
+
 /* 4 rows of x by 4 rows of w, 16 accumulators in registers */
 static void mm_4x4(float *out, size_t ldo, const float *x, size_t ldx, const float *w, size_t ldw,
                    const float *bias, int K) {
     const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
     const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;
+#ifdef __AVX512F__
     v16 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
     v16 a20 = {0}, a21 = {0}, a22 = {0}, a23 = {0}, a30 = {0}, a31 = {0}, a32 = {0}, a33 = {0};
     int k = 0;
@@ -58,21 +78,33 @@ static void mm_4x4(float *out, size_t ldo, const float *x, size_t ldx, const flo
         v16 p0 = ld16(x0 + k), p1 = ld16(x1 + k), p2 = ld16(x2 + k), p3 = ld16(x3 + k);
         v16 q0 = ld16(w0 + k), q1 = ld16(w1 + k), q2 = ld16(w2 + k), q3 = ld16(w3 + k);
         /* keep the loaded vectors in registers: folded into each FMA they would be loaded 4 times,
-         * and the loop becomes load-bound. Only with AVX-512's 32 registers: with AVX2 a v16 takes
-         * two of the 16 ymm registers, the 8 vectors would take them all, and the asm cannot be
-         * compiled (the accumulators spill there either way). */
-#ifdef __AVX512F__
+         * and the loop becomes load-bound */
         __asm__("" : "+v"(p0), "+v"(p1), "+v"(p2), "+v"(p3), "+v"(q0), "+v"(q1), "+v"(q2), "+v"(q3));
-#endif
         a00 = a00 + p0 * q0; a01 = a01 + p0 * q1; a02 = a02 + p0 * q2; a03 = a03 + p0 * q3;
         a10 = a10 + p1 * q0; a11 = a11 + p1 * q1; a12 = a12 + p1 * q2; a13 = a13 + p1 * q3;
         a20 = a20 + p2 * q0; a21 = a21 + p2 * q1; a22 = a22 + p2 * q2; a23 = a23 + p2 * q3;
         a30 = a30 + p3 * q0; a31 = a31 + p3 * q1; a32 = a32 + p3 * q2; a33 = a33 + p3 * q3;
     }
+#else
+    int k = K & ~15;
+    v8 lo[16], hi[16];   /* [4 row + output]: lanes 0-7 and 8-15 */
+    mm_2x4_half(lo, x0, x1, w0, w1, w2, w3, k);
+    mm_2x4_half(lo + 8, x2, x3, w0, w1, w2, w3, k);
+    mm_2x4_half(hi, x0 + 8, x1 + 8, w0 + 8, w1 + 8, w2 + 8, w3 + 8, k);
+    mm_2x4_half(hi + 8, x2 + 8, x3 + 8, w0 + 8, w1 + 8, w2 + 8, w3 + 8, k);
+#endif
     /* lane sums of the 16 accumulators at once (hsum16's tree), then the k tail in order and the
      * bias: exactly mm_1x1's arithmetic (dot_fixed, then the bias) per element */
-    v16 r = hsum16x16(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33);
-    for (int i = 0; i < 4; i++) memcpy(out + i * ldo, (const float *)&r + 4 * i, 4 * sizeof(float));
+    float r[16];
+#ifdef __AVX512F__
+    v16 r16 = hsum16x16(a00, a01, a02, a03, a10, a11, a12, a13, a20, a21, a22, a23, a30, a31, a32, a33);
+    memcpy(r, &r16, sizeof r);
+#else
+    v8 sums[16];   /* hsum16x16's first stage (lane i + lane i + 8) is lo + hi here */
+    for (int i = 0; i < 16; i++) sums[i] = lo[i] + hi[i];
+    hsum16x16_halves(r, sums);
+#endif
+    for (int i = 0; i < 4; i++) memcpy(out + i * ldo, r + 4 * i, 4 * sizeof(float));
     if (k < K || bias) {
         const float *xs[4] = {x0, x1, x2, x3}, *ws[4] = {w0, w1, w2, w3};
         for (int i = 0; i < 4; i++)

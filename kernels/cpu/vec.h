@@ -33,12 +33,21 @@ static inline void prefetch_part(const void *p, size_t bytes, size_t part, size_
         __builtin_prefetch((const char *)p + byte, 0, 2);
 }
 
-/* the fixed tree: lanes i and i+8, then i and i+4, then i and i+2, then 0 and 1 */
-static inline float hsum16(v16 a) {
-    v8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
+static inline __attribute__((always_inline)) v8 ld8(const float *p) {
+    v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* the fixed tree: lanes i and i+8, then i and i+4, then i and i+2, then 0 and 1; hsum8 is the
+ * part after the first step (b = lanes 0-7 + lanes 8-15) */
+static inline float hsum8(v8 b) {
     v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
     float d0 = c[0] + c[2], d1 = c[1] + c[3];
     return d0 + d1;
+}
+static inline float hsum16(v16 a) {
+    return hsum8(__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7) + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15));
 }
 
 /* hsum16 of four vectors, the same additions in the same order, results to out[0..3] */
@@ -97,6 +106,26 @@ static inline __attribute__((always_inline)) v16 hsum16x16(v16 a00, v16 a01, v16
     /* so after tree2 and tree1, lane 4I + J is hsum16(aIJ) */
     return tree1(tree2(c0, c1), tree2(c2, c3));
 }
+/* The same sums from the 16 accumulators' lane-half sums b[i] = lanes 0-7 + lanes 8-15 (tree8's
+ * additions, done by the caller), to out[0..15], in 8-lane vectors only: AVX2 keeps the halves of
+ * an accumulator apart, and GCC moves a v16 built from two v8 through memory a float at a time.
+ * A pairs lanes i, i + 4 of two accumulators (x's four sums, then y's); B lanes 0 + 2 and 1 + 3 of
+ * each four (x, z, y, w two each); C the last pair: out = b0, b1, b2, ... in order. */
+static inline __attribute__((always_inline)) void hsum16x16_halves(float *out, const v8 *b) {
+#define S8(x, y, ...) __builtin_shufflevector(x, y, __VA_ARGS__)
+#define A(x, y) (S8(x, y, 0, 1, 2, 3, 8, 9, 10, 11) + S8(x, y, 4, 5, 6, 7, 12, 13, 14, 15))
+#define B(u, v) (S8(u, v, 0, 1, 8, 9, 4, 5, 12, 13) + S8(u, v, 2, 3, 10, 11, 6, 7, 14, 15))
+#define C(p, q) (S8(p, q, 0, 2, 8, 10, 4, 6, 12, 14) + S8(p, q, 1, 3, 9, 11, 5, 7, 13, 15))
+    for (int h = 0; h < 16; h += 8) {
+        const v8 *e = b + h;
+        v8 r = C(B(A(e[0], e[4]), A(e[1], e[5])), B(A(e[2], e[6]), A(e[3], e[7])));
+        memcpy(out + h, &r, sizeof r);
+    }
+#undef S8
+#undef A
+#undef B
+#undef C
+}
 
 /* exp(x), 16 lanes: x = n ln2 + r (n = round(x / ln2), ln2 in two parts so r is exact), Cephes'
  * degree-5 polynomial for exp(r) on |r| <= ln2 / 2, times 2^n set in the exponent bits. Within 2 ulp
@@ -126,10 +155,16 @@ static inline v16 exp16(v16 x) {
 /* dot(a, b) over n floats in the fixed order: 16 lanes over k = lane (mod 16) in increasing k,
  * hsum16, then the tail [n - n % 16, n) in order */
 static inline float dot_fixed(const float *a, const float *b, int n) {
-    v16 acc = {0};
     int k = 0;
+#ifdef __AVX512F__
+    v16 acc = {0};
     for (; k + 16 <= n; k += 16) acc = acc + ld16(a + k) * ld16(b + k);
     float s = hsum16(acc);
+#else   /* AVX2: the two 8-lane halves as two vectors (GCC keeps a lone v16 in memory there) */
+    v8 lo = {0}, hi = {0};
+    for (; k + 16 <= n; k += 16) lo = lo + ld8(a + k) * ld8(b + k), hi = hi + ld8(a + k + 8) * ld8(b + k + 8);
+    float s = hsum8(lo + hi);
+#endif
     for (; k < n; k++) s = fmaf(a[k], b[k], s);
     return s;
 }
@@ -161,11 +196,12 @@ static inline void dot_fixed4(float *out, const float *a, const float *b0, const
  * out[0..15]: the attention scores of a whole 16-key block, where four dot_fixed4 spend more on
  * their lane sums than on the multiply-adds at head_dim 48 */
 static inline void dot_fixed16(float *out, const float *a, const float *b, size_t stride, int n) {
+    int k = 0;
+#ifdef __AVX512F__
     const float *b0 = b, *b4 = b + 4 * stride, *b8 = b + 8 * stride, *b12 = b + 12 * stride;
     size_t s1 = stride, s2 = 2 * stride, s3 = 3 * stride;
     v16 c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0}, c4 = {0}, c5 = {0}, c6 = {0}, c7 = {0};
     v16 c8 = {0}, c9 = {0}, c10 = {0}, c11 = {0}, c12 = {0}, c13 = {0}, c14 = {0}, c15 = {0};
-    int k = 0;
     for (; k + 16 <= n; k += 16) {
         v16 x = ld16(a + k);
         c0 = c0 + x * ld16(b0 + k); c1 = c1 + x * ld16(b0 + s1 + k); c2 = c2 + x * ld16(b0 + s2 + k); c3 = c3 + x * ld16(b0 + s3 + k);
@@ -175,6 +211,22 @@ static inline void dot_fixed16(float *out, const float *a, const float *b, size_
     }
     v16 r = hsum16x16(c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15);
     memcpy(out, &r, sizeof r);
+#else   /* AVX2: four keys at a time, both 8-lane halves (8 accumulators in the 16 ymm registers) */
+    v8 sums[16];
+    for (int g = 0; g < 16; g += 4) {
+        const float *b0 = b + g * stride, *b1 = b0 + stride, *b2 = b1 + stride, *b3 = b2 + stride;
+        v8 l0 = {0}, l1 = {0}, l2 = {0}, l3 = {0}, h0 = {0}, h1 = {0}, h2 = {0}, h3 = {0};
+        for (k = 0; k + 16 <= n; k += 16) {
+            v8 xl = ld8(a + k), xh = ld8(a + k + 8);
+            l0 = l0 + xl * ld8(b0 + k); h0 = h0 + xh * ld8(b0 + k + 8);
+            l1 = l1 + xl * ld8(b1 + k); h1 = h1 + xh * ld8(b1 + k + 8);
+            l2 = l2 + xl * ld8(b2 + k); h2 = h2 + xh * ld8(b2 + k + 8);
+            l3 = l3 + xl * ld8(b3 + k); h3 = h3 + xh * ld8(b3 + k + 8);
+        }
+        sums[g] = l0 + h0, sums[g + 1] = l1 + h1, sums[g + 2] = l2 + h2, sums[g + 3] = l3 + h3;
+    }
+    hsum16x16_halves(out, sums);
+#endif
     for (int j = 0; j < 16 && k < n; j++)
         for (int kk = k; kk < n; kk++) out[j] = fmaf(a[kk], b[j * stride + kk], out[j]);
 }
