@@ -57,7 +57,9 @@ static void mm_2x4_half(v8 *acc, const float *x0, const float *x1, const float *
     v8 a00 = {0}, a01 = {0}, a02 = {0}, a03 = {0}, a10 = {0}, a11 = {0}, a12 = {0}, a13 = {0};
     for (int k = 0; k < K16; k += 16) {
         v8 p0 = ld8(x0 + k), p1 = ld8(x1 + k), q0 = ld8(w0 + k), q1 = ld8(w1 + k), q2 = ld8(w2 + k), q3 = ld8(w3 + k);
+#ifdef __AVX__   /* (without AVX a v8 is two of SSE's registers: no pinning, it only has to build) */
         __asm__("" : "+v"(p0), "+v"(p1), "+v"(q0), "+v"(q1), "+v"(q2), "+v"(q3));   /* loaded once (as above) */
+#endif
         a00 = a00 + p0 * q0; a01 = a01 + p0 * q1; a02 = a02 + p0 * q2; a03 = a03 + p0 * q3;
         a10 = a10 + p1 * q0; a11 = a11 + p1 * q1; a12 = a12 + p1 * q2; a13 = a13 + p1 * q3;
     }
@@ -196,27 +198,44 @@ void cpu_rope(float *x, const float *cs, int N, int n_heads, int Dh) { rope_rota
  * would get in registers throughout. */
 static inline __attribute__((always_inline)) void pv_cols(float *o, const float *p, const float *v, size_t row,
                                                           int ja, int jb, int nch) {
-    v16 a0 = ld16(o), a1 = {0}, a2 = {0}, a3 = {0};   /* named, not an array: GCC keeps them in registers */
-    if (nch > 1) a1 = ld16(o + 16);
-    if (nch > 2) a2 = ld16(o + 32);
-    if (nch > 3) a3 = ld16(o + 48);
+    /* nv native vectors (1-4 with AVX-512, 2-8 with AVX2), named, not an array: GCC keeps them in
+     * registers; each element's FMAs are the same either way */
+    const int nv = nch * 16 / NAT;
+    vnat a0 = ldnat(o), a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+    if (nv > 1) a1 = ldnat(o + NAT);
+    if (nv > 2) a2 = ldnat(o + 2 * NAT);
+    if (nv > 3) a3 = ldnat(o + 3 * NAT);
+    if (nv > 4) a4 = ldnat(o + 4 * NAT);
+    if (nv > 5) a5 = ldnat(o + 5 * NAT);
+    if (nv > 6) a6 = ldnat(o + 6 * NAT);
+    if (nv > 7) a7 = ldnat(o + 7 * NAT);
     for (int j = ja; j <= jb; j++, v += row) {
         float pj = p[j];
-        a0 = a0 + pj * ld16(v);
-        if (nch > 1) a1 = a1 + pj * ld16(v + 16);
-        if (nch > 2) a2 = a2 + pj * ld16(v + 32);
-        if (nch > 3) a3 = a3 + pj * ld16(v + 48);
+        a0 = a0 + pj * ldnat(v);
+        if (nv > 1) a1 = a1 + pj * ldnat(v + NAT);
+        if (nv > 2) a2 = a2 + pj * ldnat(v + 2 * NAT);
+        if (nv > 3) a3 = a3 + pj * ldnat(v + 3 * NAT);
+        if (nv > 4) a4 = a4 + pj * ldnat(v + 4 * NAT);
+        if (nv > 5) a5 = a5 + pj * ldnat(v + 5 * NAT);
+        if (nv > 6) a6 = a6 + pj * ldnat(v + 6 * NAT);
+        if (nv > 7) a7 = a7 + pj * ldnat(v + 7 * NAT);
     }
     memcpy(o, &a0, sizeof a0);
-    if (nch > 1) memcpy(o + 16, &a1, sizeof a1);
-    if (nch > 2) memcpy(o + 32, &a2, sizeof a2);
-    if (nch > 3) memcpy(o + 48, &a3, sizeof a3);
+    if (nv > 1) memcpy(o + NAT, &a1, sizeof a1);
+    if (nv > 2) memcpy(o + 2 * NAT, &a2, sizeof a2);
+    if (nv > 3) memcpy(o + 3 * NAT, &a3, sizeof a3);
+    if (nv > 4) memcpy(o + 4 * NAT, &a4, sizeof a4);
+    if (nv > 5) memcpy(o + 5 * NAT, &a5, sizeof a5);
+    if (nv > 6) memcpy(o + 6 * NAT, &a6, sizeof a6);
+    if (nv > 7) memcpy(o + 7 * NAT, &a7, sizeof a7);
 }
 
 /* o (Dh) += sum over keys ja..jb of p[j] v_j: up to 64 columns at a time in registers, then singly */
 static void pv_block(float *o, const float *p, const float *v, size_t row, int ja, int jb, int Dh) {
+    enum { MAX_CH = NAT >= 8 ? 4 : 2 };   /* pv_cols holds 8 native vectors at most */
     int d0 = 0;
-    for (int nch; (nch = (Dh - d0) / 16) > 0; d0 += 16 * (nch < 4 ? nch : 4)) {
+    for (int nch; (nch = (Dh - d0) / 16) > 0; d0 += 16 * nch) {
+        if (nch > MAX_CH) nch = MAX_CH;
         switch (nch) {
         case 1: pv_cols(o + d0, p, v + d0, row, ja, jb, 1); break;
         case 2: pv_cols(o + d0, p, v + d0, row, ja, jb, 2); break;
@@ -312,23 +331,24 @@ void cpu_embedding(float *out, const float *table, const int *ids, int N, int D,
     }
 }
 
-/* One pass, 16 lanes: each lane keeps its first maximum (a strict >), then the lanes' best with
- * the lowest index among equals, which is the first maximum of x. A row with no value above -inf
- * (all -inf or NaN) goes to the plain scan: its first -inf, else 0. */
+/* One pass, a native vector of lanes: each lane keeps its first maximum (a strict >), then the
+ * lanes' best with the lowest index among equals, which is the first maximum of x. A row with no
+ * value above -inf (all -inf or NaN) goes to the plain scan: its first -inf, else 0. */
 int cpu_argmax(const float *x, int n) {
-    v16 best = (v16){0} - INFINITY;                 /* per lane: its largest so far, */
-    vi16 at = (vi16){0} - 1;                        /* and where (-1: none above -inf yet) */
-    vi16 idx = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    vnat best = (vnat){0} - INFINITY;               /* per lane: its largest so far, */
+    vinat at = (vinat){0} - 1;                      /* and where (-1: none above -inf yet) */
+    vinat idx;
+    for (int l = 0; l < NAT; l++) idx[l] = l;
     int v = 0;
-    for (; v + 16 <= n; v += 16, idx = idx + 16) {
-        v16 xv = ld16(x + v);
-        vi16 gt = xv > best;
-        best = sel16(gt, xv, best);
+    for (; v + NAT <= n; v += NAT, idx = idx + NAT) {
+        vnat xv = ldnat(x + v);
+        vinat gt = xv > best;
+        best = selnat(gt, xv, best);
         at = (idx & gt) | (at & ~gt);
     }
     float mx = -INFINITY;
     int arg = -1;
-    for (int l = 0; l < 16; l++)
+    for (int l = 0; l < NAT; l++)
         if (at[l] >= 0 && (best[l] > mx || (best[l] == mx && at[l] < arg))) mx = best[l], arg = at[l];
     for (; v < n; v++)
         if (x[v] > mx) mx = x[v], arg = v;

@@ -9,14 +9,9 @@
  * with AVX2: twelve of them plus the two operands fit the register file either way), enough to
  * cover the FMA latency on current x86 cores, no loads; the empty asm keeps them in registers.
  * Returns the FMAs done per thread and iteration (12 x lanes); *sink keeps the work alive. */
-#ifdef __AVX512F__
-typedef v16 vnat;
-#else
-typedef v8 vnat;
-#endif
 int cpu_fma_chains(long iters, float *sink_out) {
     float sink = 0;
-    const int lanes = (int)(sizeof(vnat) / sizeof(float));
+    const int lanes = NAT;
 #pragma omp parallel reduction(+ : sink)
     {
         vnat m, b;

@@ -134,6 +134,27 @@ static inline __attribute__((always_inline)) void hsum16x16_halves(float *out, c
  * no faster, which made silu a tenth of a decode step. */
 typedef int vi16 __attribute__((vector_size(64)));
 static inline v16 sel16(vi16 mask, v16 a, v16 b) { return (v16)(((vi16)a & mask) | ((vi16)b & ~mask)); }
+
+/* The native vector, one register: 16 lanes with AVX-512, 8 with AVX2 (where GCC lowers a v16 that
+ * a loop carries through memory), 4 with SSE only. For loops whose bits do not depend on the lane
+ * count. */
+#if defined(__AVX512F__)
+typedef v16 vnat;
+typedef vi16 vinat;
+#elif defined(__AVX__)
+typedef v8 vnat;
+typedef int vinat __attribute__((vector_size(32)));
+#else
+typedef v4 vnat;
+typedef int vinat __attribute__((vector_size(16)));
+#endif
+enum { NAT = sizeof(vnat) / sizeof(float) };
+static inline __attribute__((always_inline)) vnat ldnat(const float *p) {
+    vnat v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline vnat selnat(vinat mask, vnat a, vnat b) { return (vnat)(((vinat)a & mask) | ((vinat)b & ~mask)); }
 static inline v16 exp16(v16 x) {
     const v16 zero = {0};
     vi16 over = x > 88.7228f, under = x < -87.3365f;
