@@ -7,7 +7,7 @@
 #include "rlhf/pref_loss.h"
 #include "generate/engine.h"
 #include "train/grad.h"
-#include "train/optim.h"
+#include "train/learner.h"
 #include "kernels/kernels.h"
 #include "runtime/args.h"
 #include "runtime/comm.h"
@@ -244,15 +244,10 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
 static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int recompute, int threads,
                        const LossHook *hook) {
     int N = B * T;
-    TrainActs a;
-    train_acts_init(&a, m, N, T, recompute);
     OptimConfig oc = optim_config_default();
     oc.lr = 1e-4;
-    Optim *o = optim_new(m, mesh, oc);
-    float *grads = xcalloc(optim_grad_floats(o), sizeof(float));
-    ModelWeights gw;
-    LayerWeights *gl = xcalloc(m->n_layers_local, sizeof(LayerWeights));
-    model_weights_place(m, grads, &gw, gl);
+    Learner L;
+    learner_init(&L, m, oc, N, T, 1, recompute);
     int *tokens = xmalloc(sizeof(int) * N), *start = xmalloc(sizeof(int) * (B + 1)), *targets = xmalloc(sizeof(int) * N);
     float *weight = xmalloc(sizeof(float) * N);
     unsigned rng = 4242;
@@ -267,12 +262,7 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
     for (int it = -1; it < iters; it++) {
         comm_barrier(&mesh->group);
         double t0 = now_seconds();
-        optim_zero_grad(o, grads);
-        train_forward(m, &a, tokens, start, B);
-        loss = train_loss_share(m, train_loss_backward(m, &a, &mb, hook, &gw));
-        train_acts_wait(&a);
-        train_tied_embedding_all_reduce(m, &a, &gw);
-        optim_step(o, m, grads);
+        loss = learner_step(&L, &mb, 1, hook).loss;
         comm_barrier(&mesh->group);
         if (it >= 0) times[it] = now_seconds() - t0;
     }
@@ -283,11 +273,10 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
         printf("{\"bench\": \"train\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"recompute\": \"%s\", "
                "\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"activations_mib\": %.1f, \"peak_rss_mib\": %.1f, "
                "\"last_loss\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"head\": \"%s\"}\n",
-               B, T, threads, recompute ? "full" : "none", N * mesh->dp / med, med, a.n_arena * 4.0 / (1 << 20), pk, loss,
+               B, T, threads, recompute ? "full" : "none", N * mesh->dp / med, med, L.slots[0].n_arena * 4.0 / (1 << 20), pk, loss,
                mesh->tp, mesh->pp, mesh->dp, m->head == HEAD_SCORE ? "score" : "lm");
-    train_acts_free(&a);
-    optim_free(o);
-    free(grads); free(gl); free(tokens); free(start); free(targets); free(weight); free(times);
+    learner_free(&L);
+    free(tokens); free(start); free(targets); free(weight); free(times);
     return 0;
 }
 

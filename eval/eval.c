@@ -324,6 +324,78 @@ static void write_reference(const char *path, const Record *recs, int n, const d
     free(out);
 }
 
+/* The run state for the largest batch: a record (prompt + greedy tokens) at least, every owned
+ * record at once for the greedy check, --batch-tokens otherwise. */
+static void alloc_state(Model *m, const Record *recs, int n, int batch_tokens) {
+    int max_seq = 1, budget = batch_tokens;
+    for (int i = 0; i < n; i++) {
+        int len = recs[i].T + recs[i].G;
+        if (len > max_seq) max_seq = len;
+    }
+    int greedy_total = 0;
+    for (int i = 0; i < n; i++) greedy_total += (recs[i].T + recs[i].G);
+    if (budget < max_seq) budget = max_seq;
+    if (budget < greedy_total) budget = greedy_total; /* greedy packs all owned records per step */
+    model_alloc_state(m, budget, max_seq);
+}
+
+static void records_free(Record *recs, int n) {
+    for (int i = 0; i < n; i++) {
+        free(recs[i].ids); free(recs[i].top_ids); free(recs[i].top_lp); free(recs[i].top_pos);
+        free(recs[i].top1); free(recs[i].greedy); free(recs[i].greedy_gap);
+    }
+    free(recs);
+}
+
+/* The per-record table (unless quiet) and the summary JSON line on stdout (the root); returns 1
+ * when a reference check failed. */
+static int report(const Record *recs, int n, const Result *res, int reference, int quiet, double max_diff,
+                  const Mesh *mesh, double elapsed) {
+    int failed = 0;
+    double max_all = 0, sum_all = 0, nll = 0;
+    long pairs = 0, positions = 0, agree = 0, total1 = 0, gt = 0, gm = 0, gties = 0, nll_tokens = 0;
+    if (!quiet) {
+        if (reference)
+            printf("%-16s %6s %12s %12s %8s %14s\n", "record", "tokens", "max|dlogp|", "mean|dlogp|", "top1", "greedy(mm/tie)");
+        else
+            printf("%-16s %6s %12s %12s\n", "record", "tokens", "loss", "ppl");
+    }
+    for (int i = 0; i < n; i++) {
+        const Result *v = &res[i];
+        max_all = v->max_diff > max_all ? v->max_diff : max_all;
+        sum_all += v->sum_diff; pairs += (long)v->n_pairs; positions += (long)v->positions;
+        agree += (long)v->top1_agree; total1 += (long)v->top1_total;
+        gt += (long)v->greedy_tokens; gm += (long)v->greedy_mismatches; gties += (long)v->greedy_ties; nll += v->nll;
+        nll_tokens += recs[i].T - 1;
+        if (quiet) continue;
+        if (reference)
+            printf("%-16.16s %6d %12.3g %12.3g %8.3f %6d (%d/%d)\n", recs[i].id, recs[i].T, v->max_diff,
+                   v->n_pairs ? v->sum_diff / v->n_pairs : 0.0, v->top1_total ? v->top1_agree / v->top1_total : 1.0,
+                   (int)v->greedy_tokens, (int)v->greedy_mismatches, (int)v->greedy_ties);
+        else {
+            double l = recs[i].T > 1 ? v->nll / (recs[i].T - 1) : 0.0;
+            printf("%-16.16s %6d %12.6f %12.4f\n", recs[i].id, recs[i].T, l, exp(l));
+        }
+    }
+    if (reference) {
+        failed = !(max_all <= max_diff) || gm > 0;
+        printf("{\"records\": %d, \"positions\": %ld, \"max_abs_logprob_diff\": %.9g, \"mean_abs_logprob_diff\": %.9g, "
+               "\"top1_agreement\": %.6f, \"greedy_tokens\": %ld, \"greedy_mismatches\": %ld, \"greedy_ties\": %ld, "
+               "\"tp\": %d, \"pp\": %d, \"dp\": %d, \"seconds\": %.3f, \"pass\": %s}\n",
+               n, positions, max_all, pairs ? sum_all / pairs : 0.0, total1 ? (double)agree / total1 : 1.0, gt, gm,
+               gties, mesh->tp, mesh->pp, mesh->dp, elapsed, failed ? "false" : "true");
+        if (failed)
+            fprintf(stderr, "tandem: eval failed: max |logprob diff| %.3g (limit %.3g), %ld greedy mismatches\n",
+                    max_all, max_diff, gm);
+    } else {
+        double loss = nll_tokens ? nll / nll_tokens : 0.0;
+        printf("{\"records\": %d, \"tokens\": %ld, \"loss\": %.9g, \"ppl\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d, "
+               "\"seconds\": %.3f}\n", n, nll_tokens, loss, exp(loss), mesh->tp, mesh->pp, mesh->dp, elapsed);
+    }
+    fflush(stdout);
+    return failed;
+}
+
 int eval_main(int argc, char **argv) {
     const char *model_dir = NULL, *ref = NULL, *data = NULL, *write_ref = NULL;
     int tp, pp, threads, batch_tokens, quiet, relative;
@@ -368,16 +440,7 @@ int eval_main(int argc, char **argv) {
         model_print_summary(&m);
     }
 
-    int max_seq = 1, budget = batch_tokens;
-    for (int i = 0; i < n; i++) {
-        int len = recs[i].T + recs[i].G;
-        if (len > max_seq) max_seq = len;
-    }
-    int greedy_total = 0;
-    for (int i = 0; i < n; i++) greedy_total += (recs[i].T + recs[i].G);
-    if (budget < max_seq) budget = max_seq;
-    if (budget < greedy_total) budget = greedy_total; /* greedy packs all owned records per step */
-    model_alloc_state(&m, budget, max_seq);
+    alloc_state(&m, recs, n, batch_tokens);
     if (!quiet) {   /* the same flag on every rank: the plan's gather is collective */
         MemPlan plan = model_mem_plan(&m);
         model_print_memory_plan(&m, &plan);
@@ -406,59 +469,12 @@ int eval_main(int argc, char **argv) {
     comm_all_reduce_sum_f64(&mesh.dp_comm, (double *)res, (size_t)n * sizeof(Result) / sizeof(double));
     comm_all_reduce_sum_f64(&mesh.dp_comm, ours, (size_t)n_pairs_all);
     if (mesh_is_root(&mesh) && write_ref) write_reference(write_ref, recs, n, ours);
-    int failed = 0;
-    if (mesh_is_root(&mesh)) {
-        double max_all = 0, sum_all = 0, nll = 0;
-        long pairs = 0, positions = 0, agree = 0, total1 = 0, gt = 0, gm = 0, gties = 0, nll_tokens = 0;
-        if (!quiet) {
-            if (reference)
-                printf("%-16s %6s %12s %12s %8s %14s\n", "record", "tokens", "max|dlogp|", "mean|dlogp|", "top1", "greedy(mm/tie)");
-            else
-                printf("%-16s %6s %12s %12s\n", "record", "tokens", "loss", "ppl");
-        }
-        for (int i = 0; i < n; i++) {
-            const Result *v = &res[i];
-            max_all = v->max_diff > max_all ? v->max_diff : max_all;
-            sum_all += v->sum_diff; pairs += (long)v->n_pairs; positions += (long)v->positions;
-            agree += (long)v->top1_agree; total1 += (long)v->top1_total;
-            gt += (long)v->greedy_tokens; gm += (long)v->greedy_mismatches; gties += (long)v->greedy_ties; nll += v->nll;
-            nll_tokens += recs[i].T - 1;
-            if (quiet) continue;
-            if (reference)
-                printf("%-16.16s %6d %12.3g %12.3g %8.3f %6d (%d/%d)\n", recs[i].id, recs[i].T, v->max_diff,
-                       v->n_pairs ? v->sum_diff / v->n_pairs : 0.0, v->top1_total ? v->top1_agree / v->top1_total : 1.0,
-                       (int)v->greedy_tokens, (int)v->greedy_mismatches, (int)v->greedy_ties);
-            else {
-                double l = recs[i].T > 1 ? v->nll / (recs[i].T - 1) : 0.0;
-                printf("%-16.16s %6d %12.6f %12.4f\n", recs[i].id, recs[i].T, l, exp(l));
-            }
-        }
-        if (reference) {
-            failed = !(max_all <= max_diff) || gm > 0;
-            printf("{\"records\": %d, \"positions\": %ld, \"max_abs_logprob_diff\": %.9g, \"mean_abs_logprob_diff\": %.9g, "
-                   "\"top1_agreement\": %.6f, \"greedy_tokens\": %ld, \"greedy_mismatches\": %ld, \"greedy_ties\": %ld, "
-                   "\"tp\": %d, \"pp\": %d, \"dp\": %d, \"seconds\": %.3f, \"pass\": %s}\n",
-                   n, positions, max_all, pairs ? sum_all / pairs : 0.0, total1 ? (double)agree / total1 : 1.0, gt, gm,
-                   gties, tp, pp, mesh.dp, elapsed, failed ? "false" : "true");
-            if (failed)
-                fprintf(stderr, "tandem: eval failed: max |logprob diff| %.3g (limit %.3g), %ld greedy mismatches\n",
-                        max_all, max_diff, gm);
-        } else {
-            double loss = nll_tokens ? nll / nll_tokens : 0.0;
-            printf("{\"records\": %d, \"tokens\": %ld, \"loss\": %.9g, \"ppl\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d, "
-                   "\"seconds\": %.3f}\n", n, nll_tokens, loss, exp(loss), tp, pp, mesh.dp, elapsed);
-        }
-        fflush(stdout);
-    }
+    int failed = mesh_is_root(&mesh) ? report(recs, n, res, reference, quiet, max_diff, &mesh, elapsed) : 0;
     comm_broadcast(&mesh.group, &failed, sizeof(int), 0);
     free(ours);
     free(res);
     free(own);
-    for (int i = 0; i < n; i++) {
-        free(recs[i].ids); free(recs[i].top_ids); free(recs[i].top_lp); free(recs[i].top_pos);
-        free(recs[i].top1); free(recs[i].greedy); free(recs[i].greedy_gap);
-    }
-    free(recs);
+    records_free(recs, n);
     model_free(&m);
     mesh_free(&mesh);
     comm_finalize();

@@ -1,7 +1,7 @@
 /* pref.c — `tandem rm` (reward model: backbone + score head, Bradley–Terry) and `tandem dpo`
- * (policy against a frozen reference) on preference pairs. Both are SFT's loop (train/trainer.h:
- * steps of M micro-batches per dp rank, 1F1B, AdamW / ZeRO-1, checkpoints, resume) with another
- * loss hook (rlhf/pref_loss.h) and per-pair metrics. A micro-batch holds whole pairs (chosen
+ * (policy against a frozen reference) on preference pairs. Both are the shared training loop
+ * (train/trainer.h: steps of M micro-batches per dp rank, 1F1B, AdamW / ZeRO-1, checkpoints,
+ * resume) with another loss hook (rlhf/pref_loss.h) and per-pair metrics. A micro-batch holds whole pairs (chosen
  * 2i, rejected 2i + 1: train/data.c's preference mode), so both halves of a pair always meet in
  * one hook call. DPO's reference is a second model on its own mesh over the same ranks (the same
  * layout), loaded from --ref or again from --model and never updated; its logprobs come from the
@@ -29,16 +29,18 @@ typedef struct {
     PrefHook hook;
     LossHook lh;
     int max_tokens;
-    int *rows;                 /* (max_tokens) identity rows for model_score */
     float *lse, *lp, *amax_lp; /* (max_tokens) the reference's scores */
     int *amax;
+    PrefCtx *ctx;              /* (M) each micro-batch's margins and reference logprobs */
+    double *refs;              /* (M, max_tokens) */
+    char keys[TRAIN_MAX_METRICS][48]; /* metric names with their prefix */
 } Pref;
 
 /* ctx->ref (n_seqs) = the reference's response logprob per sequence (sum; mean for IPO) */
 static void reference_logps(Pref *p, const MicroBatch *mb, double *ref) {
     int N = mb->seq_start[mb->n_seqs];
     Scores sc = {p->lse, p->amax, p->amax_lp, p->lp};
-    model_score(p->ref, mb->tokens, mb->seq_start, mb->n_seqs, N, p->rows, mb->targets, &sc);
+    model_score(p->ref, mb->tokens, mb->seq_start, mb->n_seqs, N, NULL, mb->targets, &sc);
     pref_seq_logps(mb->seq_start, mb->n_seqs, mb->targets, p->lp, p->hook.type == DPO_IPO, ref);
 }
 
@@ -74,30 +76,24 @@ static PrefStats evaluate(Pref *p, TrainActs *a, Data *d) {
     return s;
 }
 
-/* One metrics object's fields (no braces): prefix "" for a step, "eval_" for an eval pass */
-static void metrics_fields(FILE *f, const Pref *p, const PrefStats *s, const char *pre) {
+/* The pair metrics (prefix "" for a step, "eval_" for an eval pass): TRL's names for DPO */
+static int pref_metrics(const Pref *p, const PrefStats *s, const char *pre, Metric *out, char (*keys)[48]) {
     double n = s->n_pairs > 0 ? s->n_pairs : 1;
-    if (p->dpo)
-        fprintf(f, "\"%sloss\": %.9g, \"%srewards/chosen\": %.9g, \"%srewards/rejected\": %.9g, "
-                   "\"%srewards/accuracies\": %.9g, \"%srewards/margins\": %.9g, \"%slogps/chosen\": %.9g, "
-                   "\"%slogps/rejected\": %.9g", pre, s->loss / n, pre, s->chosen / n, pre, s->rejected / n, pre,
-                s->correct / n, pre, (s->chosen - s->rejected) / n, pre, s->logp_chosen / n, pre, s->logp_rejected / n);
-    else
-        fprintf(f, "\"%sloss\": %.9g, \"%saccuracy\": %.9g, \"%smargin\": %.9g, \"%sreward_chosen\": %.9g, "
-                   "\"%sreward_rejected\": %.9g", pre, s->loss / n, pre, s->correct / n, pre,
-                (s->chosen - s->rejected) / n, pre, s->chosen / n, pre, s->rejected / n);
-}
-
-static void log_eval(Pref *p, FILE *metrics, int step, const PrefStats *s, const char *when) {
-    if (!mesh_is_root(p->mesh)) return;
-    double n = s->n_pairs > 0 ? s->n_pairs : 1;
-    fprintf(stderr, "eval %s (step %d): loss %.4f | accuracy %.3f | margin %.4f | chosen %.4f | rejected %.4f (%.0f pairs)\n",
-            when, step, s->loss / n, s->correct / n, (s->chosen - s->rejected) / n, s->chosen / n, s->rejected / n,
-            s->n_pairs);
-    fprintf(metrics, "{\"step\": %d, ", step);
-    metrics_fields(metrics, p, s, "eval_");
-    fprintf(metrics, "}\n");
-    fflush(metrics);
+    static const char *const dpo[] = {"loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                      "rewards/margins", "logps/chosen", "logps/rejected"};
+    static const char *const rm[] = {"loss", "accuracy", "margin", "reward_chosen", "reward_rejected"};
+    double dv[] = {s->loss / n, s->chosen / n, s->rejected / n, s->correct / n, (s->chosen - s->rejected) / n,
+                   s->logp_chosen / n, s->logp_rejected / n};
+    double rv[] = {s->loss / n, s->correct / n, (s->chosen - s->rejected) / n, s->chosen / n, s->rejected / n};
+    /* the progress line: loss, accuracy, margin */
+    const char *line_dpo[] = {"loss %.4f", NULL, NULL, "accuracy %.3f", "margin %.4f", NULL, NULL};
+    const char *line_rm[] = {"loss %.4f", "accuracy %.3f", "margin %.4f", NULL, NULL};
+    int k = p->dpo ? 7 : 5;
+    for (int i = 0; i < k; i++) {
+        snprintf(keys[i], sizeof keys[i], "%s%s", pre, p->dpo ? dpo[i] : rm[i]);
+        out[i] = (Metric){keys[i], p->dpo ? dv[i] : rv[i], p->dpo ? line_dpo[i] : line_rm[i]};
+    }
+    return k;
 }
 
 /* ---- rm --score: rewards of {"prompt","response"}, {"text"} or {"messages"} lines ---------- */
@@ -234,20 +230,88 @@ static int score_main(const char *model_dir, const char *input, const char *outp
     return 0;
 }
 
+/* ---- the training task (train/trainer.h) ------------------------------------------------ */
+
+static void pref_setup(void *ctx, int max_tokens, int max_seq, int M) {
+    Pref *p = ctx;
+    p->max_tokens = max_tokens;
+    p->ctx = xcalloc(M, sizeof(PrefCtx));
+    p->refs = xcalloc((size_t)M * max_tokens, sizeof(double));
+    if (!p->dpo) return;
+    model_alloc_state(p->ref, max_tokens, max_seq);
+    p->lse = xmalloc(sizeof(float) * max_tokens); p->lp = xmalloc(sizeof(float) * max_tokens);
+    p->amax_lp = xmalloc(sizeof(float) * max_tokens); p->amax = xmalloc(sizeof(int) * max_tokens);
+}
+
+/* DPO: the reference's weights and run state count too */
+static void pref_mem_plan(void *ctx, MemPlan *plan) {
+    Pref *p = ctx;
+    if (!p->dpo) return;
+    MemPlan rp = model_mem_plan(p->ref);
+    plan->weights += rp.weights;
+    plan->acts += sizeof(float) * (double)p->ref->s.n_floats;
+}
+
+/* each pair weighs dp / (the step's pairs): optim_step's dp mean gives the mean over pairs; DPO's
+ * reference logprobs of every micro-batch */
+static void pref_prepare_step(void *ctx, Step *st) {
+    Pref *p = ctx;
+    p->hook.pair_weight = st->n_pairs ? (double)p->mesh->dp / (double)st->n_pairs : 0.0;
+    memset(&p->hook.stats, 0, sizeof p->hook.stats);
+    for (int i = 0; i < st->n; i++) {
+        double *ref = p->refs + (size_t)i * p->max_tokens;
+        p->ctx[i] = (PrefCtx){st->margin + (size_t)i * p->max_tokens, ref};
+        st->mbs[i].ctx = &p->ctx[i];
+        if (p->dpo) reference_logps(p, &st->mbs[i], ref);
+    }
+}
+
+static int pref_step_metrics(void *ctx, const LearnerStep *r, const Step *st, Metric *out) {
+    (void)r; (void)st;
+    Pref *p = ctx;
+    PrefStats s = stats_share(p->mesh, p->hook.stats);
+    return pref_metrics(p, &s, "", out, p->keys);
+}
+
+/* An eval pass: its line and metrics; after training the RM saves the eval rewards' mean and std
+ * (for normalisation) in its config. */
+static void pref_evaluate(void *ctx, TrainActs *a, Data *val, int step, const char *when, MetricsLog *ml) {
+    Pref *p = ctx;
+    PrefStats s = evaluate(p, a, val);
+    int root = mesh_is_root(p->mesh);
+    double n = s.n_pairs > 0 ? s.n_pairs : 1;
+    if (root)
+        fprintf(stderr, "eval %s (step %d): loss %.4f | accuracy %.3f | margin %.4f | chosen %.4f | rejected %.4f (%.0f pairs)\n",
+                when, step, s.loss / n, s.correct / n, (s.chosen - s.rejected) / n, s.chosen / n, s.rejected / n, s.n_pairs);
+    Metric met[TRAIN_MAX_METRICS];
+    int k = pref_metrics(p, &s, "eval_", met, p->keys);
+    metrics_begin(ml, step);
+    for (int i = 0; i < k; i++) metrics_num(ml, met[i].key, met[i].value);
+    metrics_end(ml);
+    if (p->dpo || strcmp(when, "after") || s.n_pairs <= 0) return;
+    double cnt = 2.0 * s.n_pairs, mean = (s.chosen + s.rejected) / cnt, var = s.sq / cnt - mean * mean;
+    Model *m = p->m;
+    m->cfg.has_reward_stats = 1;
+    m->cfg.reward_mean = (float)mean;
+    m->cfg.reward_std = (float)sqrt(var > 1e-12 ? var : 1e-12);
+    if (!root) return;
+    fprintf(stderr, "eval rewards: mean %.6f std %.6f (saved in config.json: normalize_reward)\n", mean,
+            (double)m->cfg.reward_std);
+    metrics_begin(ml, step);
+    metrics_num(ml, "eval_reward_mean", mean);
+    metrics_num(ml, "eval_reward_std", (double)m->cfg.reward_std);
+    metrics_end(ml);
+}
+
 static int pref_main(int argc, char **argv, int dpo) {
-    const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template, *ref_dir, *loss_name;
-    const char *recompute_name;
-    int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, eval_every, save_every, save_limit, warmup, zero, seed;
-    int skip_bad, overwrite, stop_after, log_every, head_seed, score;
-    const char *input, *output;
-    float lr, min_lr, wd, beta1, beta2, eps, clip, center, beta, label_smoothing;
+    TrainOptions o = {0};
+    const char *ref_dir, *loss_name, *input, *output;
+    int head_seed, score;
+    float center, beta, label_smoothing;
     Option opts[] = {
-        {"--model", OPT_MODEL, &model_dir, NULL, dpo ? "policy to start from (HF causal LM)" : "backbone to start from (causal LM / SFT or reward-model directory)"},
-        {"--data", OPT_STR, &data_path, NULL, "preference pairs: jsonl or JSON array (prompt/chosen/rejected, hh-rlhf texts, messages, ShareGPT)"},
-        {"--eval-data", OPT_STR, &eval_path, NULL, "held-out pairs: metrics before, every --eval-every steps, after"},
-        {"--out", OPT_STR, &out, NULL, "output directory: checkpoint-STEP/ (HF model + state), metrics.jsonl"},
-        {"--resume", OPT_STR, &resume, NULL, "continue from a checkpoint directory (out/checkpoint-STEP)"},
-        {"--overwrite", OPT_FLAG, &overwrite, NULL, "allow an existing --out"},
+        {"--model", OPT_MODEL, &o.model_dir, NULL, dpo ? "policy to start from (HF causal LM)" : "backbone to start from (causal LM / SFT or reward-model directory)"},
+        {"--data", OPT_STR, &o.data_path, NULL, "preference pairs: jsonl or JSON array (prompt/chosen/rejected, hh-rlhf texts, messages, ShareGPT)"},
+        TRAIN_OUT_OPTIONS(&o, "held-out pairs: metrics before, every --eval-every steps, after"),
         {"--score", OPT_FLAG, &score, NULL, "RM: score --input lines with the reward model --model (no training)"},
         {"--input", OPT_STR, &input, NULL, "rm --score: jsonl of {\"prompt\",\"response\"}, {\"text\"} or {\"messages\"}"},
         {"--output", OPT_STR, &output, NULL, "rm --score: the lines in input order with \"reward\" (\"reward_normalized\")"},
@@ -257,258 +321,64 @@ static int pref_main(int argc, char **argv, int dpo) {
         {"--label-smoothing", OPT_FLOAT, &label_smoothing, "0", "DPO (sigmoid): label smoothing in [0, 0.5)"},
         {"--center-rewards-coefficient", OPT_FLOAT, &center, "0", "RM: + coef * (r_chosen + r_rejected)^2 (TRL)"},
         {"--head-seed", OPT_INT, &head_seed, "42", "RM: seed of a new score head (normal(0, initializer_range))"},
-        {"--seq-len", OPT_INT, &seq_len, "512", "tokens per sequence at most (the prompt loses tokens from the left)"},
-        {"--batch-size", OPT_INT, &batch_size, "4", "pairs per micro-batch"},
-        {"--micro-batches", OPT_INT, &M, "1", "micro-batches per step per dp rank (accumulation; pipeline)"},
-        {"--epochs", OPT_INT, &epochs, "1", "passes over the data"},
-        {"--max-steps", OPT_INT, &max_steps, "0", "optimizer steps (0 = what --epochs gives); sets the LR schedule"},
-        {"--stop-after", OPT_INT, &stop_after, "0", "stop (saving) after this step, as if killed there (0 = off)"},
-        {"--lr", OPT_FLOAT, &lr, dpo ? "5e-6" : "1e-5", "peak learning rate"},
-        {"--min-lr", OPT_FLOAT, &min_lr, "0", "learning-rate floor"},
-        {"--warmup", OPT_INT, &warmup, "0", "linear warmup steps"},
-        {"--lr-schedule", OPT_STR, &schedule_name, "cosine", "cosine | linear | constant"},
-        {"--weight-decay", OPT_FLOAT, &wd, "0.0", "AdamW decoupled weight decay (not on norms and biases)"},
-        {"--beta1", OPT_FLOAT, &beta1, "0.9", "AdamW"},
-        {"--beta2", OPT_FLOAT, &beta2, "0.999", "AdamW"},
-        {"--eps", OPT_FLOAT, &eps, "1e-8", "AdamW"},
-        {"--clip", OPT_FLOAT, &clip, "1.0", "global gradient-norm clipping (0 = off)"},
-        {"--recompute", OPT_STR, &recompute_name, "none", "full: keep only layer inputs, recompute in backward (less memory)"},
-        {"--zero", OPT_INT, &zero, "0", "1 = ZeRO-1: optimizer state sharded over data-parallel ranks"},
-        {"--skip-bad-lines", OPT_FLAG, &skip_bad, NULL, "skip malformed records (counted) instead of stopping"},
-        {"--chat-template", OPT_STR, &chat_template, NULL, "chat format for messages (default: the tokenizer's)"},
-        {"--seed", OPT_INT, &seed, "1234", "data shuffling seed"},
-        {"--eval-every", OPT_INT, &eval_every, "0", "steps between evals (0 = only before and after)"},
-        {"--save-every", OPT_INT, &save_every, "0", "steps between checkpoints (0 = only at the end)"},
-        {"--save-total-limit", OPT_INT, &save_limit, "0", "keep only the newest N complete checkpoints (0 = all)"},
-        {"--log-every", OPT_INT, &log_every, "1", "steps between progress lines"},
-        MESH_OPTIONS(&tp, &pp, &threads),
+        TRAIN_STEP_OPTIONS(&o, "tokens per sequence at most (the prompt loses tokens from the left)", "pairs per micro-batch",
+                           dpo ? "5e-6" : "1e-5"),
+        TRAIN_DATA_OPTIONS(&o),
+        TRAIN_LOG_OPTIONS(&o),
     };
-    int n_opts = sizeof(opts) / sizeof(opts[0]);
+    o.opts = opts;
+    o.n_opts = sizeof(opts) / sizeof(opts[0]);
     const char *cmd = dpo ? "dpo" : "rm";
     comm_init(&argc, &argv);
     args_parse(dpo ? "usage: tandem dpo --model DIR --data pairs.jsonl [--eval-data val.jsonl] --out DIR [--ref DIR] [options]"
                    : "usage: tandem rm --model DIR --data pairs.jsonl [--eval-data val.jsonl] --out DIR [options]",
-               opts, n_opts, argc, argv);
+               opts, o.n_opts, argc, argv);
     if (score && dpo) user_error("--score is an rm option");
-    if (score && !model_dir) user_error("rm --score: --model is required");
+    if (score && !o.model_dir) user_error("rm --score: --model is required");
     if (score) {
-        if (seq_len < 2 || batch_size < 1 || threads < 0) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
-        threads = cpu_set_threads(threads);
-        return score_main(model_dir, input, output, chat_template, tp, pp, seq_len, batch_size);
+        if (o.seq_len < 2 || o.batch_size < 1 || o.threads < 0) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
+        cpu_set_threads(o.threads);
+        return score_main(o.model_dir, input, output, o.chat_template, o.tp, o.pp, o.seq_len, o.batch_size);
     }
-    if (!model_dir || !data_path || !out) user_error("%s: --model, --data and --out are required", cmd);
-    if (seq_len < 2 || batch_size < 1 || M < 1 || epochs < 1 || max_steps < 0 || threads < 0 || warmup < 0)
-        user_error("%s: --seq-len >= 2, --batch-size, --micro-batches, --epochs >= 1, --threads >= 0 required", cmd);
-    if (!(lr > 0) || min_lr < 0 || wd < 0 || clip < 0 || !(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1) || !(eps > 0))
-        user_error("%s: invalid optimizer setting (--lr > 0, --min-lr/--weight-decay/--clip >= 0, betas in [0, 1), --eps > 0)", cmd);
+    train_options_check(&o, cmd);
     if (!(center >= 0) || !isfinite(center)) user_error("--center-rewards-coefficient %g: must be >= 0", center);
     if (!(beta > 0) || !isfinite(beta)) user_error("--beta %g: must be > 0", beta);
     if (!(label_smoothing >= 0 && label_smoothing < 0.5f)) user_error("--label-smoothing %g: must be in [0, 0.5)", label_smoothing);
-    if (save_limit < 0) user_error("--save-total-limit %d: must be >= 0", save_limit);
     if (strcmp(loss_name, "sigmoid") && strcmp(loss_name, "ipo")) user_error("--loss %s: expected sigmoid or ipo", loss_name);
     if (!dpo && ref_dir) user_error("rm: --ref is a dpo option");
-    LrSchedule sched = lr_schedule_parse("--lr-schedule", schedule_name);
-    if (zero != 0 && zero != 1) user_error("--zero must be 0 or 1");
-    if (strcmp(recompute_name, "none") && strcmp(recompute_name, "full"))
-        user_error("--recompute %s: expected full or none", recompute_name);
-    int recompute = !strcmp(recompute_name, "full");
-    if (dir_exists(out) && !overwrite && !resume)
-        user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", out);
-    if (resume) trainer_check_same_model(model_dir, resume);
-    threads = cpu_set_threads(threads);
 
+    const char *start = o.resume ? o.resume : o.model_dir;
     Mesh mesh, ref_mesh;
     Comm world = comm_world();
-    mesh_init(&mesh, &world, tp, pp);
+    mesh_init(&mesh, &world, o.tp, o.pp);
     Model m, ref;
     if (dpo) {
-        model_load(&m, resume ? resume : model_dir, &mesh);
-        if (m.head != HEAD_LM) user_error("%s: a score-head model; dpo trains a causal LM", resume ? resume : model_dir);
-        mesh_init(&ref_mesh, &world, tp, pp);   /* the reference: same ranks, its own communicators */
-        model_load(&ref, ref_dir ? ref_dir : model_dir, &ref_mesh);
-        if (ref.head != HEAD_LM) user_error("%s: a score-head model; the DPO reference must be a causal LM", ref_dir ? ref_dir : model_dir);
+        model_load(&m, start, &mesh);
+        if (m.head != HEAD_LM) user_error("%s: a score-head model; dpo trains a causal LM", start);
+        mesh_init(&ref_mesh, &world, o.tp, o.pp);   /* the reference: same ranks, its own communicators */
+        model_load(&ref, ref_dir ? ref_dir : o.model_dir, &ref_mesh);
+        if (ref.head != HEAD_LM) user_error("%s: a score-head model; the DPO reference must be a causal LM", ref_dir ? ref_dir : o.model_dir);
         if (ref.cfg.vocab_size != m.cfg.vocab_size)
             user_error("--ref %s: vocabulary %d, the policy's is %d", ref_dir, ref.cfg.vocab_size, m.cfg.vocab_size);
     } else {
-        model_load_score(&m, resume ? resume : model_dir, &mesh, (uint64_t)head_seed);
-        if (resume && m.score_seed)   /* a new head would silently restart the reward model */
-            user_error("--resume %s: a causal-LM checkpoint, not a reward model's (no score head)", resume);
+        model_load_score(&m, start, &mesh, (uint64_t)head_seed);
+        if (o.resume && m.score_seed)   /* a new head would silently restart the reward model */
+            user_error("--resume %s: a causal-LM checkpoint, not a reward model's (no score head)", o.resume);
     }
     comm_free(&world);
-    char err[1024];
-    Tokenizer *tok = tokenizer_open(model_dir, err, sizeof err);
-    if (!tok) user_error("%s", err);
-    DataConfig dc;
-    data_config_default(&dc);
-    dc.preference = 1; dc.seq_len = seq_len; dc.batch_size = batch_size; dc.pack = 0; dc.shuffle = 1;
-    dc.seed = (uint64_t)seed; dc.n_epochs = max_steps ? 0 : epochs; dc.skip_bad_records = skip_bad;
-    dc.chat_template = chat_template;
-    Data train, val;
-    data_open(&train, data_path, tok, &dc);
-    int have_eval = eval_path != NULL;
-    if (have_eval) {
-        DataConfig ec = dc;
-        ec.shuffle = 0;
-        ec.n_epochs = 1;
-        data_open(&val, eval_path, tok, &ec);
-    }
-    tokenizer_free(tok);
 
-    int steps_total = max_steps;
-    if (!steps_total) {
-        DataBatch b;
-        long n = 0;
-        while (data_next_batch(&train, &b)) n++;
-        data_rewind(&train);
-        steps_total = (int)(n / ((long)M * mesh.dp));
-        if (steps_total < 1) user_error("%s: %ld micro-batches make no full step of %d x dp %d", data_path, n, M, mesh.dp);
-    }
-    OptimConfig oc = optim_config_default();
-    oc.lr = lr; oc.min_lr = min_lr; oc.warmup = warmup; oc.total_steps = steps_total; oc.schedule = sched;
-    oc.beta1 = beta1; oc.beta2 = beta2; oc.eps = eps; oc.weight_decay = wd; oc.clip = clip; oc.zero = zero;
-    Optim *o = optim_new(&m, &mesh, oc);
-    int step0 = 0;
-    if (resume) {
-        TrainerState ts;
-        trainer_load_state(resume, &ts);
-        step0 = ts.step;
-        if (data_cursor_restore(&train, ts.cursor, DATA_CURSOR_BYTES, err, sizeof err))
-            user_error("%s/trainer_state.json: %s", resume, err);
-        if (ts.tp == tp && ts.pp == pp && ts.dp == mesh.dp && ts.zero == zero) {
-            char path[4200];
-            snprintf(path, sizeof path, "%s/optim.rank%d.bin", resume, mesh.rank);
-            if (optim_load(o, path)) rank_error("%s: cannot read", path);
-        } else {
-            o->step = step0;
-        }
-    }
-    mkdir_p(out);
-
-    int max_tokens = data_max_batch_tokens(&train);
-    if (have_eval && data_max_batch_tokens(&val) > max_tokens) max_tokens = data_max_batch_tokens(&val);
-    int n_slots = pp < M ? pp : M;
-    TrainActs *slots = xcalloc(n_slots, sizeof(TrainActs));
-    for (int i = 0; i < n_slots; i++) train_acts_init(&slots[i], &m, max_tokens, seq_len, recompute);
-    float *grads = xcalloc(optim_grad_floats(o), sizeof(float));
-    ModelWeights gw;
-    LayerWeights *gl = xcalloc(m.n_layers_local, sizeof(LayerWeights));
-    model_weights_place(&m, grads, &gw, gl);
-    Step st;
-    step_alloc(&st, M, max_tokens);
-    PrefCtx *ctx = xcalloc(M, sizeof(PrefCtx));
-    double *refs = xcalloc((size_t)M * max_tokens, sizeof(double));
-
-    Pref p = {.dpo = dpo, .m = &m, .ref = dpo ? &ref : NULL, .mesh = &mesh, .max_tokens = max_tokens};
+    Pref p = {.dpo = dpo, .m = &m, .ref = dpo ? &ref : NULL, .mesh = &mesh};
     p.hook = (PrefHook){.center = center, .type = !strcmp(loss_name, "ipo") ? DPO_IPO : DPO_SIGMOID, .beta = beta,
                         .label_smoothing = label_smoothing};
     p.lh = (LossHook){dpo ? loss_dpo : loss_bt, &p.hook, 1.0f, 0.0f, NULL};
-    if (dpo) {
-        model_alloc_state(&ref, max_tokens, seq_len);
-        p.rows = xmalloc(sizeof(int) * max_tokens);
-        for (int i = 0; i < max_tokens; i++) p.rows[i] = i;
-        p.lse = xmalloc(sizeof(float) * max_tokens); p.lp = xmalloc(sizeof(float) * max_tokens);
-        p.amax_lp = xmalloc(sizeof(float) * max_tokens); p.amax = xmalloc(sizeof(int) * max_tokens);
-    }
-
-    MemPlan plan = model_mem_plan(&m);
-    plan.grads = sizeof(float) * (double)optim_grad_floats(o);
-    plan.moments = 2.0 * sizeof(float) * o->n_state;
-    for (int i = 0; i < n_slots; i++) plan.acts += sizeof(float) * (double)slots[i].n_arena;
-    if (dpo) { MemPlan rp = model_mem_plan(&ref); plan.weights += rp.weights; plan.acts += sizeof(float) * (double)ref.s.n_floats; }
-    model_print_memory_plan(&m, &plan);
-    if (mesh_is_root(&mesh)) {
-        fprintf(stderr, "+------------------------+--------------------------------+\n");
-        args_print(opts, n_opts);
-        model_print_summary(&m);
-        data_print_summary(&train, stderr);
-        if (have_eval) data_print_summary(&val, stderr);
-        optim_print_summary(o);
-        fprintf(stderr, "steps %d (from %d), %d micro-batches of <= %d pairs per step per dp rank\n", steps_total, step0,
-                M, batch_size);
-    }
-    FILE *metrics = NULL;
-    if (mesh_is_root(&mesh)) {
-        char *mp = path_join(out, "metrics.jsonl");
-        metrics = fopen(mp, resume ? "a" : "w");
-        if (!metrics) user_error("%s: cannot open for writing: %s", mp, strerror(errno));
-        free(mp);
-    }
-    if (have_eval) {
-        PrefStats e0 = evaluate(&p, &slots[0], &val);
-        log_eval(&p, metrics, step0, &e0, "before");
-    }
-
-    double t_start = now_seconds();
-    long tokens_done = 0;
-    int step = step0, last = steps_total;
-    if (stop_after > 0 && stop_after < last) last = stop_after;
-    while (step < last && step_fill(&st, &train, &mesh)) {
-        double t0 = now_seconds();
-        optim_zero_grad(o, grads);
-        /* each pair weighs dp / (the step's pairs): optim_step's dp mean gives the mean over pairs */
-        p.hook.pair_weight = st.n_pairs ? (double)mesh.dp / (double)st.n_pairs : 0.0;
-        memset(&p.hook.stats, 0, sizeof p.hook.stats);
-        for (int i = 0; i < st.n; i++) {
-            ctx[i] = (PrefCtx){st.margin + (size_t)i * max_tokens, refs + (size_t)i * max_tokens};
-            st.mbs[i].ctx = &ctx[i];
-            if (dpo) reference_logps(&p, &st.mbs[i], refs + (size_t)i * max_tokens);
-        }
-        schedule_1f1b(&m, slots, n_slots, st.mbs, st.n, &p.lh, &gw);
-        PrefStats s = stats_share(&mesh, p.hook.stats);
-        float lr_now = (float)optim_lr(o, o->step);
-        float gnorm = optim_step(o, &m, grads);
-        step++;
-        tokens_done += st.n_tokens;
-        double dt = now_seconds() - t0, el = now_seconds() - t_start;
-        double eta = (last - step) * (el / (step - step0)), n = s.n_pairs > 0 ? s.n_pairs : 1;
-        if (mesh_is_root(&mesh)) {
-            if (step % log_every == 0 || step == last)
-                fprintf(stderr, "step %d/%d | loss %.4f | accuracy %.3f | margin %.4f | lr %.3g | grad norm %.3f | %.0f tok/s | ETA %.0f s\n",
-                        step, steps_total, s.loss / n, s.correct / n, (s.chosen - s.rejected) / n, lr_now, gnorm,
-                        st.n_tokens / dt, eta);
-            fprintf(metrics, "{\"step\": %d, ", step);
-            metrics_fields(metrics, &p, &s, "");
-            fprintf(metrics, ", \"lr\": %.9g, \"grad_norm\": %.9g, \"tokens\": %ld, \"tokens_per_s\": %.1f}\n", lr_now, gnorm,
-                    st.n_tokens, st.n_tokens / dt);
-            fflush(metrics);
-        }
-        if (have_eval && eval_every > 0 && step % eval_every == 0 && step != last) {
-            PrefStats e = evaluate(&p, &slots[0], &val);
-            log_eval(&p, metrics, step, &e, "");
-        }
-        if (save_every > 0 && step % save_every == 0 && step != last)
-            trainer_save_checkpoint(&m, o, &train, model_dir, out, step, save_limit);
-    }
-    if (have_eval) {
-        PrefStats e1 = evaluate(&p, &slots[0], &val);
-        log_eval(&p, metrics, step, &e1, "after");
-        if (!dpo && e1.n_pairs > 0) {   /* the eval rewards' mean and std, saved for normalisation */
-            double k = 2.0 * e1.n_pairs, mean = (e1.chosen + e1.rejected) / k, var = e1.sq / k - mean * mean;
-            m.cfg.has_reward_stats = 1;
-            m.cfg.reward_mean = (float)mean;
-            m.cfg.reward_std = (float)sqrt(var > 1e-12 ? var : 1e-12);
-            if (mesh_is_root(&mesh)) {
-                fprintf(stderr, "eval rewards: mean %.6f std %.6f (saved in config.json: normalize_reward)\n", mean,
-                        (double)m.cfg.reward_std);
-                fprintf(metrics, "{\"step\": %d, \"eval_reward_mean\": %.9g, \"eval_reward_std\": %.9g}\n", step, mean,
-                        (double)m.cfg.reward_std);
-            }
-        }
-    }
-    trainer_save_checkpoint(&m, o, &train, model_dir, out, step, save_limit);
-    if (mesh_is_root(&mesh)) {
-        double el = now_seconds() - t_start;
-        fprintf(stderr, "trained %d steps, %ld tokens in %.1f s (%.0f tok/s), peak RSS %.1f MiB\n", step - step0,
-                tokens_done, el, tokens_done / (el > 0 ? el : 1), peak_rss_mib());
-        fclose(metrics);
-    }
-    step_free(&st);
-    for (int i = 0; i < n_slots; i++) train_acts_free(&slots[i]);
-    free(slots); free(grads); free(gl); free(ctx); free(refs);
-    free(p.rows); free(p.lse); free(p.lp); free(p.amax_lp); free(p.amax);
-    optim_free(o);
-    data_free(&train);
-    if (have_eval) data_free(&val);
+    TrainTask t = {.hook = &p.lh, .ctx = &p, .pairs = 1, .setup = pref_setup, .mem_plan = pref_mem_plan,
+                   .prepare_step = pref_prepare_step, .step_metrics = pref_step_metrics, .evaluate = pref_evaluate};
+    data_config_default(&t.data);
+    t.data.preference = 1;
+    t.data.pack = 0;
+    train_run(&o, &m, &t);
+    free(p.ctx); free(p.refs);
+    free(p.lse); free(p.lp); free(p.amax_lp); free(p.amax);
     model_free(&m);
     if (dpo) { model_free(&ref); mesh_free(&ref_mesh); }
     mesh_free(&mesh);

@@ -116,39 +116,9 @@ static int write_random(const char *shape, int seed, const char *tok, const char
     return 0;
 }
 
-int convert_main(int argc, char **argv) {
-    const char *from, *in = NULL, *tok = NULL, *out = NULL, *shape = NULL;
-    int overwrite, seed;
-    Option opts[] = {
-        {"--from", OPT_STR, &from, "llama2c", "source: llama2c (legacy or v1 \"ak42\" .bin) or random (weights for benchmarks)"},
-        {"--tokenizer", OPT_STR, &tok, NULL, "tokenizer.model to copy into the output directory"},
-        {"--out", OPT_STR, &out, NULL, "output Hugging Face directory"},
-        {"--overwrite", OPT_FLAG, &overwrite, NULL, "replace an existing output directory"},
-        {"--shape", OPT_STR, &shape, "15M", "--from random: 15M, 110M, or dim,hidden,layers,heads,kv_heads,vocab,seq"},
-        {"--seed", OPT_INT, &seed, "1", "--from random: RNG seed"},
-    };
-    /* the checkpoint is the one positional argument */
-    char **rest = xmalloc(sizeof(char *) * (argc + 1));
-    int nrest = 0;
-    for (int a = 0; a < argc; a++) {
-        if (a > 0 && argv[a][0] != '-' && (argv[a - 1][0] != '-' || !strcmp(argv[a - 1], "--overwrite")) && !in) {
-            in = argv[a];
-            continue;
-        }
-        rest[nrest++] = argv[a];
-    }
-    args_parse("usage: tandem convert --from llama2c MODEL.bin [--tokenizer tokenizer.model] --out DIR\n"
-               "       tandem convert --from random --shape 15M|110M|D,F,L,H,Hkv,V,S --out DIR",
-               opts, sizeof(opts) / sizeof(opts[0]), nrest, rest);
-    free(rest);
-    if (strcmp(from, "llama2c") && strcmp(from, "random"))
-        user_error("convert: --from %s is not supported (llama2c, random)", from);
-    if (!out) user_error("convert: --out DIR is required");
-    if (tok && !file_exists(tok)) user_error("%s: tokenizer file not found", tok);
-    if (dir_exists(out) && !overwrite) user_error("%s: already exists (use --overwrite to replace it)", out);
-    if (!strcmp(from, "random")) return write_random(shape, seed, tok, out);
-    if (!in) user_error("convert: no input checkpoint given");
-
+/* A llama2.c checkpoint (legacy or v1 "ak42") -> an HF LlamaForCausalLM directory: the header's
+ * shape, every tensor bounds-checked against the file, q/k rows permuted to HF's RoPE layout. */
+static int convert_llama2c(const char *in, const char *tok, const char *out) {
     size_t size;
     char *buf = read_file(in, &size);
     if (!buf) user_error("%s: cannot read", in);
@@ -238,4 +208,39 @@ int convert_main(int argc, char **argv) {
     for (int i = 0; i < 2 * L; i++) free(owned[i]);
     free(names); free(owned); free(t); free(buf);
     return 0;
+}
+
+int convert_main(int argc, char **argv) {
+    const char *from, *in = NULL, *tok = NULL, *out = NULL, *shape = NULL;
+    int overwrite, seed;
+    Option opts[] = {
+        {"--from", OPT_STR, &from, "llama2c", "source: llama2c (legacy or v1 \"ak42\" .bin) or random (weights for benchmarks)"},
+        {"--tokenizer", OPT_STR, &tok, NULL, "tokenizer.model to copy into the output directory"},
+        {"--out", OPT_STR, &out, NULL, "output Hugging Face directory"},
+        {"--overwrite", OPT_FLAG, &overwrite, NULL, "replace an existing output directory"},
+        {"--shape", OPT_STR, &shape, "15M", "--from random: 15M, 110M, or dim,hidden,layers,heads,kv_heads,vocab,seq"},
+        {"--seed", OPT_INT, &seed, "1", "--from random: RNG seed"},
+    };
+    /* the checkpoint is the one positional argument */
+    char **rest = xmalloc(sizeof(char *) * (argc + 1));
+    int nrest = 0;
+    for (int a = 0; a < argc; a++) {
+        if (a > 0 && argv[a][0] != '-' && (argv[a - 1][0] != '-' || !strcmp(argv[a - 1], "--overwrite")) && !in) {
+            in = argv[a];
+            continue;
+        }
+        rest[nrest++] = argv[a];
+    }
+    args_parse("usage: tandem convert --from llama2c MODEL.bin [--tokenizer tokenizer.model] --out DIR\n"
+               "       tandem convert --from random --shape 15M|110M|D,F,L,H,Hkv,V,S --out DIR",
+               opts, sizeof(opts) / sizeof(opts[0]), nrest, rest);
+    free(rest);
+    if (strcmp(from, "llama2c") && strcmp(from, "random"))
+        user_error("convert: --from %s is not supported (llama2c, random)", from);
+    if (!out) user_error("convert: --out DIR is required");
+    if (tok && !file_exists(tok)) user_error("%s: tokenizer file not found", tok);
+    if (dir_exists(out) && !overwrite) user_error("%s: already exists (use --overwrite to replace it)", out);
+    if (!strcmp(from, "random")) return write_random(shape, seed, tok, out);
+    if (!in) user_error("convert: no input checkpoint given");
+    return convert_llama2c(in, tok, out);
 }

@@ -190,7 +190,7 @@ void model_pair_logprobs(const Model *m, const float *logits, const float *lse, 
                          const int *tok, float T, float *pick, float *lp) {
     int Vl = m->vocab_local;
     for (int i = 0; i < n_pairs; i++)   /* the owner contributes the logit, the others 0 */
-        m->be->pick_logits(pick + i, logits + (size_t)row[i] * Vl, tok + i, 1, Vl, m->vocab_start, T);
+        m->be->pick_logits(pick + i, logits + (size_t)(row ? row[i] : i) * Vl, tok + i, 1, Vl, m->vocab_start, T);
     model_tp_sum(m, pick, (size_t)n_pairs);
     m->be->sub_at(lp, pick, lse, row, n_pairs);
 }

@@ -210,8 +210,8 @@ void model_tp_sum(const Model *m, float *buf, size_t n);
  * the last stage calls them (collectives over tp). The full vocab is never gathered. ------------ */
 /* lse (N): log-sum-exp of logits / T over the full vocab */
 void model_logits_lse(const Model *m, const float *logits, int N, float T, float *lse);
-/* lp[i] = logits[row[i], tok[i]] / T - lse[row[i]] for i < n_pairs (tok -1: 0 - lse). The one
- * logprob formula of generation, eval and training. pick (n_pairs) is scratch. */
+/* lp[i] = logits[row[i], tok[i]] / T - lse[row[i]] for i < n_pairs (tok -1: 0 - lse; row NULL:
+ * row[i] = i). The one logprob formula of generation, eval and training. pick (n_pairs) is scratch. */
 void model_pair_logprobs(const Model *m, const float *logits, const float *lse, int n_pairs, const int *row,
                          const int *tok, float T, float *pick, float *lp);
 void model_argmax(const Model *m, const float *logits, int N, int *ids, float *vals);   /* ids, vals (N) */

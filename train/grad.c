@@ -82,12 +82,10 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     for (int i = 0; i < N_REST; i++) { *slots[i] = p; p += sizes[i]; }
     a->dlogits = a->logits;   /* the cross-entropy backward overwrites the logits in place */
 
-    a->iarena = xmalloc(sizeof(int) * (4 * N + 1));
+    a->iarena = xmalloc(sizeof(int) * (3 * N + 1));
     a->tokens = a->iarena;
     a->seq_start = a->tokens + N;
     a->pos = a->seq_start + N + 1;
-    a->rows = a->pos + N;
-    for (size_t n = 0; n < N; n++) a->rows[n] = (int)n;
 
     int tp = m->mesh->tp, Hkv = c->n_heads_kv;
     a->kv_rep = tp > Hkv ? tp / Hkv : 1;
@@ -165,7 +163,7 @@ const float *train_outputs(Model *m, TrainActs *a, const int *targets, float tem
     } else {
         /* the logprob of generation (model_pair_logprobs): vocab-parallel lse, then the target's logit */
         model_logits_lse(m, a->logits, N, temperature, a->lse);
-        model_pair_logprobs(m, a->logits, a->lse, N, a->rows, targets, temperature, a->pick, a->out);
+        model_pair_logprobs(m, a->logits, a->lse, N, NULL, targets, temperature, a->pick, a->out);
     }
     m->be->to_host(a->host_out, a->out, sizeof(float) * N);
     if (m->head != HEAD_SCORE)

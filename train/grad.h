@@ -79,8 +79,7 @@ typedef struct {
     size_t scratch_stride;     /* per thread: max(2, local heads) * max_seq (forward: heads x keys, backward: 2 x keys) */
     float *arena;              /* every float buffer above */
     size_t n_arena;            /* floats in it */
-    int *iarena;               /* tokens, seq_start, pos, rows */
-    int *rows;                 /* (max_tokens) 0, 1, ..., N-1 */
+    int *iarena;               /* tokens, seq_start, pos */
     LayerBatch lb;             /* the batch as model_layer_forward sees it */
     /* tp > Hkv: the tp ranks that hold the same (replicated) kv head; size 1 otherwise */
     Comm kv_comm;

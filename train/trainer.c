@@ -1,10 +1,12 @@
 /* trainer.c — see trainer.h. */
 #include "train/trainer.h"
 #include "runtime/util.h"
+#include "kernels/kernels.h"
 #include "train/checkpoint.h"
 #include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,14 +60,13 @@ int step_fill(Step *s, Data *d, const Mesh *mesh) {
 /* ---- checkpoints: out/checkpoint-STEP = HF model + this layout's training state ----------- */
 
 /* trainer_state.json is written last (rank 0, atomic): a checkpoint without it is incomplete. */
-void trainer_save_checkpoint(Model *m, Optim *o, Data *d, const char *model_dir, const char *out, int step, int keep) {
+void trainer_save_checkpoint(Learner *L, Data *d, const char *model_dir, const char *out, int step, int keep) {
+    const Mesh *mesh = L->m->mesh;
     char dir[4096], path[4200];
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", out, step);
-    if (checkpoint_save_model(m, model_dir, dir, 1)) return;   /* the failing rank said why; go on */
-    snprintf(path, sizeof path, "%s/optim.rank%d.bin", dir, m->mesh->rank);
-    if (optim_save(o, path)) rank_error("%s: cannot write: %s", path, strerror(errno));
-    comm_barrier(&m->mesh->group);
-    if (m->mesh->rank != 0) return;
+    if (learner_save(L, model_dir, dir)) return;   /* the failing rank said why; go on */
+    comm_barrier(&mesh->group);
+    if (mesh->rank != 0) return;
     uint8_t cur[DATA_CURSOR_BYTES];
     data_cursor_save(d, cur);
     char hex[2 * DATA_CURSOR_BYTES + 1];
@@ -74,11 +75,11 @@ void trainer_save_checkpoint(Model *m, Optim *o, Data *d, const char *model_dir,
     int n = snprintf(json, sizeof json,
                      "{\"format\": \"tandem-trainer-state\", \"version\": 1, \"step\": %d, \"tp\": %d, \"pp\": %d, "
                      "\"dp\": %d, \"zero\": %d, \"data_cursor\": \"%s\"}\n",
-                     step, m->mesh->tp, m->mesh->pp, m->mesh->dp, o->cfg.zero, hex);
+                     step, mesh->tp, mesh->pp, mesh->dp, L->opt->cfg.zero, hex);
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
     if (write_file_atomic(path, json, (size_t)n)) user_error("%s: cannot write: %s", path, strerror(errno));
     fprintf(stderr, "saved %s\n", dir);
-    trainer_rotate_checkpoints(out, keep);
+    trainer_rotate_checkpoints(out, keep, "trainer_state.json");
 }
 
 static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
@@ -88,7 +89,7 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
 
 static int cmp_desc(const void *a, const void *b) { return *(const int *)b - *(const int *)a; }
 
-void trainer_rotate_checkpoints(const char *out, int keep) {
+void trainer_rotate_checkpoints(const char *out, int keep, const char *marker) {
     if (keep <= 0) return;
     DIR *d = opendir(out);
     if (!d) return;
@@ -97,10 +98,8 @@ void trainer_rotate_checkpoints(const char *out, int keep) {
     for (struct dirent *e; (e = readdir(d));) {
         int step, len = 0;
         if (sscanf(e->d_name, "checkpoint-%d%n", &step, &len) != 1 || e->d_name[len]) continue;
-        snprintf(path, sizeof path, "%s/%s/trainer_state.json", out, e->d_name);
-        int complete = file_exists(path);
-        snprintf(path, sizeof path, "%s/%s/ppo_state.json", out, e->d_name);
-        if (!complete && !file_exists(path)) continue;
+        snprintf(path, sizeof path, "%s/%s/%s", out, e->d_name, marker);
+        if (!file_exists(path)) continue;
         steps = xrealloc(steps, sizeof(int) * (n + 1));
         steps[n++] = step;
     }
@@ -150,3 +149,162 @@ void trainer_check_same_model(const char *model_dir, const char *resume_dir) {
                    a.n_layers);
 }
 
+
+/* ---- the loop ---------------------------------------------------------------------------- */
+
+void train_options_check(TrainOptions *o, const char *cmd) {
+    if (!o->model_dir || !o->data_path || !o->out) user_error("%s: --model, --data and --out are required", cmd);
+    if (o->seq_len < 2 || o->batch_size < 1 || o->M < 1 || o->epochs < 1 || o->max_steps < 0 || o->threads < 0 || o->warmup < 0)
+        user_error("%s: --seq-len >= 2, --batch-size, --micro-batches, --epochs >= 1, --threads >= 0 required", cmd);
+    if (!(o->lr > 0) || o->min_lr < 0 || o->wd < 0 || o->clip < 0 || !(o->beta1 >= 0 && o->beta1 < 1) ||
+        !(o->beta2 >= 0 && o->beta2 < 1) || !(o->eps > 0))
+        user_error("%s: invalid optimizer setting (--lr > 0, --min-lr/--weight-decay/--clip >= 0, betas in [0, 1), --eps > 0)", cmd);
+    if (o->save_limit < 0) user_error("--save-total-limit %d: must be >= 0", o->save_limit);
+    lr_schedule_parse("--lr-schedule", o->schedule_name);
+    if (o->zero != 0 && o->zero != 1) user_error("--zero must be 0 or 1");
+    if (strcmp(o->recompute_name, "none") && strcmp(o->recompute_name, "full"))
+        user_error("--recompute %s: expected full or none", o->recompute_name);
+    if (dir_exists(o->out) && !o->overwrite && !o->resume)
+        user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", o->out);
+    if (o->resume) trainer_check_same_model(o->model_dir, o->resume);
+    o->threads = cpu_set_threads(o->threads);
+}
+
+/* Train and eval data, tokenized with --model's tokenizer. */
+static void open_data(const TrainOptions *o, const TrainTask *t, Data *train, Data *val) {
+    char err[1024];
+    Tokenizer *tok = tokenizer_open(o->model_dir, err, sizeof err);
+    if (!tok) user_error("%s", err);
+    DataConfig dc = t->data;
+    dc.seq_len = o->seq_len; dc.batch_size = o->batch_size; dc.shuffle = 1; dc.seed = (uint64_t)o->seed;
+    dc.n_epochs = o->max_steps ? 0 : o->epochs;   /* --max-steps decides: the data repeats as needed */
+    dc.skip_bad_records = o->skip_bad; dc.chat_template = o->chat_template;
+    data_open(train, o->data_path, tok, &dc);
+    if (o->eval_path) {
+        DataConfig ec = dc;
+        ec.shuffle = 0;
+        ec.n_epochs = 1;
+        data_open(val, o->eval_path, tok, &ec);
+    }
+    tokenizer_free(tok);
+}
+
+/* --max-steps, else every full step the epochs give */
+static int count_steps(const TrainOptions *o, Data *train, const Mesh *mesh) {
+    if (o->max_steps) return o->max_steps;
+    DataBatch b;
+    long n = 0;
+    while (data_next_batch(train, &b)) n++;
+    data_rewind(train);
+    int steps = (int)(n / ((long)o->M * mesh->dp));
+    if (steps < 1) user_error("%s: %ld micro-batches make no full step of %d x dp %d", o->data_path, n, o->M, mesh->dp);
+    return steps;
+}
+
+/* --resume: the data position, and the optimizer's state at the same layout (else it restarts). */
+static int resume_from(const TrainOptions *o, Learner *L, Data *train) {
+    const Mesh *mesh = L->m->mesh;
+    TrainerState ts;
+    char err[1024];
+    trainer_load_state(o->resume, &ts);
+    if (data_cursor_restore(train, ts.cursor, DATA_CURSOR_BYTES, err, sizeof err))
+        user_error("%s/trainer_state.json: %s", o->resume, err);
+    int same = ts.tp == o->tp && ts.pp == o->pp && ts.dp == mesh->dp && ts.zero == o->zero;
+    learner_resume(L, o->resume, same, ts.step);
+    if (!same && mesh_is_root(mesh))
+        fprintf(stderr, "resume: saved with tp=%d pp=%d dp=%d zero=%d, now tp=%d pp=%d dp=%d zero=%d: weights and "
+                        "data position continue, the optimizer state restarts\n",
+                ts.tp, ts.pp, ts.dp, ts.zero, o->tp, o->pp, mesh->dp, o->zero);
+    return ts.step;
+}
+
+/* The progress line and the metrics line of one step (the writer only). */
+static void log_step(const TrainOptions *o, MetricsLog *ml, int step, int steps_total, int last, const Metric *met, int n,
+                     const LearnerStep *r, const Step *st, double dt, double eta) {
+    if (step % o->log_every == 0 || step == last) {
+        fprintf(stderr, "step %d/%d | ", step, steps_total);
+        for (int i = 0; i < n; i++)
+            if (met[i].line) { fprintf(stderr, met[i].line, met[i].value); fputs(" | ", stderr); }
+        fprintf(stderr, "lr %.3g | grad norm %.3f | %.0f tok/s | ETA %.0f s\n", r->lr, r->grad_norm, st->n_tokens / dt, eta);
+    }
+    metrics_begin(ml, step);
+    for (int i = 0; i < n; i++) metrics_num(ml, met[i].key, met[i].value);
+    metrics_num(ml, "lr", r->lr);
+    metrics_num(ml, "grad_norm", r->grad_norm);
+    metrics_fmt(ml, "tokens", "%.0f", (double)st->n_tokens);
+    metrics_fmt(ml, "tokens_per_s", "%.1f", st->n_tokens / dt);
+    metrics_end(ml);
+}
+
+void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
+    const Mesh *mesh = m->mesh;
+    int root = mesh_is_root(mesh), have_eval = o->eval_path != NULL;
+    Data train, val;
+    open_data(o, t, &train, &val);
+    int steps_total = count_steps(o, &train, mesh);
+    int max_tokens = data_max_batch_tokens(&train);
+    if (have_eval && data_max_batch_tokens(&val) > max_tokens) max_tokens = data_max_batch_tokens(&val);
+
+    OptimConfig oc = optim_config_default();
+    oc.lr = o->lr; oc.min_lr = o->min_lr; oc.warmup = o->warmup; oc.total_steps = steps_total;
+    oc.schedule = lr_schedule_parse("--lr-schedule", o->schedule_name); oc.beta1 = o->beta1; oc.beta2 = o->beta2;
+    oc.eps = o->eps; oc.weight_decay = o->wd; oc.clip = o->clip; oc.zero = o->zero;
+    Learner L;
+    learner_init(&L, m, oc, max_tokens, o->seq_len, o->M, !strcmp(o->recompute_name, "full"));
+    int step0 = o->resume ? resume_from(o, &L, &train) : 0;
+    mkdir_p(o->out);
+    Step st;
+    step_alloc(&st, o->M, max_tokens);
+    if (t->setup) t->setup(t->ctx, max_tokens, o->seq_len, o->M);
+
+    MemPlan plan = model_mem_plan(m);
+    learner_mem_plan(&L, &plan);
+    if (t->mem_plan) t->mem_plan(t->ctx, &plan);
+    model_print_memory_plan(m, &plan);
+    if (root) {
+        fprintf(stderr, "+------------------------+--------------------------------+\n");
+        args_print(o->opts, o->n_opts);
+        model_print_summary(m);
+        data_print_summary(&train, stderr);
+        if (have_eval) data_print_summary(&val, stderr);
+        optim_print_summary(L.opt);
+        fprintf(stderr, "steps %d (from %d), %d micro-batches of <= %d %s per step per dp rank\n", steps_total, step0, o->M,
+                t->pairs ? o->batch_size : max_tokens, t->pairs ? "pairs" : "tokens");
+    }
+    MetricsLog ml;
+    metrics_open(&ml, o->out, o->resume != NULL, root);
+    if (have_eval) t->evaluate(t->ctx, &L.slots[0], &val, step0, "before", &ml);
+
+    double t_start = now_seconds();
+    long tokens_done = 0;
+    int step = step0, last = steps_total;
+    if (o->stop_after > 0 && o->stop_after < last) last = o->stop_after;
+    while (step < last && step_fill(&st, &train, mesh)) {
+        double t0 = now_seconds();
+        if (t->prepare_step) t->prepare_step(t->ctx, &st);
+        LearnerStep r = learner_step(&L, st.mbs, st.n, t->hook);
+        Metric met[TRAIN_MAX_METRICS];
+        int n_met = t->step_metrics(t->ctx, &r, &st, met);
+        step++;
+        tokens_done += st.n_tokens;
+        double dt = now_seconds() - t0, el = now_seconds() - t_start;
+        double eta = (last - step) * (el / (step - step0));
+        if (root) log_step(o, &ml, step, steps_total, last, met, n_met, &r, &st, dt, eta);
+        if (have_eval && o->eval_every > 0 && step % o->eval_every == 0 && step != last)
+            t->evaluate(t->ctx, &L.slots[0], &val, step, "", &ml);
+        if (o->save_every > 0 && step % o->save_every == 0 && step != last)
+            trainer_save_checkpoint(&L, &train, o->model_dir, o->out, step, o->save_limit);
+    }
+    if (have_eval) t->evaluate(t->ctx, &L.slots[0], &val, step, "after", &ml);
+    trainer_save_checkpoint(&L, &train, o->model_dir, o->out, step, o->save_limit);
+    if (root) {
+        double el = now_seconds() - t_start;
+        fprintf(stderr, "trained %d steps, %ld tokens in %.1f s (%.0f tok/s), peak RSS %.1f MiB\n", step - step0,
+                tokens_done, el, tokens_done / (el > 0 ? el : 1), peak_rss_mib());
+    }
+    metrics_close(&ml);
+    step_free(&st);
+    learner_free(&L);
+    data_free(&train);
+    if (have_eval) data_free(&val);
+}

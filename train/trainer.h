@@ -1,13 +1,22 @@
-/* trainer.h — what every training command (sft, rm, dpo) shares around the training step: a
- * step's micro-batches for this dp rank, and checkpoints with their trainer state.
- * Owns: Step (copies of M micro-batches out of Data's buffers; every dp rank reads the same stream
- * and dp rank r keeps micro-batches r, r + dp, ...), out/checkpoint-STEP (HF model + optimizer
- * state per rank + trainer_state.json, written last) and reading it back. */
+/* trainer.h — the one training loop of sft, rm and dpo, and what it is made of.
+ * A command supplies a TrainTask (its loss hook, per-step preparation, metrics and eval) and the
+ * loop does the rest: data (train and eval), the step count, the optimizer settings, resume, one
+ * Learner (train/learner.h: the step itself), the memory plan and summary, eval before / every /
+ * after, the progress line, metrics.jsonl (train/metrics.h), checkpoints and the closing line.
+ * Owns: TrainOptions and their option rows, the loop (train_run), Step (copies of M micro-batches
+ * out of Data's buffers; every dp rank reads the same stream and dp rank r keeps micro-batches r,
+ * r + dp, ...), out/checkpoint-STEP (HF model + optimizer state per rank + trainer_state.json,
+ * written last) and reading it back.
+ * Does not own: the step (learner), losses (train/grad.h LossXent, rlhf/pref_loss.h), loading the
+ * model (the command does: rm adds a score head, dpo a reference). */
 #ifndef TANDEM_TRAINER_H
 #define TANDEM_TRAINER_H
 #include "train/data.h"
 #include "train/grad.h"
+#include "train/learner.h"
+#include "train/metrics.h"
 #include "train/optim.h"
+#include "runtime/args.h"
 
 /* M micro-batches of this dp rank, copied out of Data's buffers */
 typedef struct {
@@ -35,14 +44,100 @@ typedef struct {
 /* out/checkpoint-STEP: the model (checkpoint_save_model from model_dir's config and tokenizer),
  * optim.rankR.bin per rank, then trainer_state.json (rank 0, atomic): a checkpoint without it is
  * incomplete. Collective over m's mesh. A failed model write is reported and the run goes on. */
-void trainer_save_checkpoint(Model *m, Optim *o, Data *d, const char *model_dir, const char *out, int step, int keep);
-/* --save-total-limit: keeps the newest `keep` complete checkpoints of out (those with
- * trainer_state.json or ppo_state.json), deleting the older complete ones; incomplete ones are left
- * alone, so the newest complete one, which a run resumes from, is never deleted. keep <= 0: all.
- * Call on one rank (the writer), after a checkpoint is complete. */
-void trainer_rotate_checkpoints(const char *out, int keep);
+void trainer_save_checkpoint(Learner *L, Data *d, const char *model_dir, const char *out, int step, int keep);
+/* --save-total-limit: keeps the newest `keep` complete checkpoints of out (those holding the file
+ * `marker`, the state file written last: "trainer_state.json", "ppo_state.json"), deleting the
+ * older complete ones; incomplete ones are left alone, so the newest complete one, which a run
+ * resumes from, is never deleted. keep <= 0: all. Call on one rank (the writer), after a checkpoint
+ * is complete. */
+void trainer_rotate_checkpoints(const char *out, int keep, const char *marker);
 /* Reads DIR/trainer_state.json; user_error when it is missing or not ours. */
 void trainer_load_state(const char *dir, TrainerState *ts);
 /* The resume directory must hold the same architecture as --model (its config.json). */
 void trainer_check_same_model(const char *model_dir, const char *resume_dir);
+
+/* ---- the loop ---------------------------------------------------------------------------- */
+
+/* The settings every sft / rm / dpo run shares (their rows: the TRAIN_*_OPTIONS macros). */
+typedef struct {
+    const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template, *recompute_name;
+    int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, stop_after, warmup, zero, skip_bad, overwrite;
+    int seed, eval_every, save_every, save_limit, log_every;
+    float lr, min_lr, wd, beta1, beta2, eps, clip;
+    const Option *opts;    /* the command's whole table, echoed in the summary */
+    int n_opts;
+} TrainOptions;
+
+/* Rows, placed where each command's table has them (the order is --help's and the echo's). */
+#define TRAIN_OUT_OPTIONS(o, eval_help)                                                                          \
+    {"--eval-data", OPT_STR, &(o)->eval_path, NULL, eval_help},                                                 \
+    {"--out", OPT_STR, &(o)->out, NULL, "output directory: checkpoint-STEP/ (HF model + state), metrics.jsonl"}, \
+    {"--resume", OPT_STR, &(o)->resume, NULL, "continue from a checkpoint directory (out/checkpoint-STEP)"},     \
+    {"--overwrite", OPT_FLAG, &(o)->overwrite, NULL, "allow an existing --out"}
+#define TRAIN_STEP_OPTIONS(o, seq_help, batch_help, lr_default)                                                    \
+    {"--seq-len", OPT_INT, &(o)->seq_len, "512", seq_help},                                                       \
+    {"--batch-size", OPT_INT, &(o)->batch_size, "4", batch_help},                                                 \
+    {"--micro-batches", OPT_INT, &(o)->M, "1", "micro-batches per step per dp rank (accumulation; pipeline)"},     \
+    {"--epochs", OPT_INT, &(o)->epochs, "1", "passes over the data"},                                              \
+    {"--max-steps", OPT_INT, &(o)->max_steps, "0", "optimizer steps (0 = what --epochs gives); sets the LR schedule"}, \
+    {"--stop-after", OPT_INT, &(o)->stop_after, "0", "stop (saving) after this step, as if killed there (0 = off)"}, \
+    {"--lr", OPT_FLOAT, &(o)->lr, lr_default, "peak learning rate"},                                               \
+    {"--min-lr", OPT_FLOAT, &(o)->min_lr, "0", "learning-rate floor"},                                             \
+    {"--warmup", OPT_INT, &(o)->warmup, "0", "linear warmup steps"},                                               \
+    {"--lr-schedule", OPT_STR, &(o)->schedule_name, "cosine", "cosine | linear | constant"},                       \
+    {"--weight-decay", OPT_FLOAT, &(o)->wd, "0.0", "AdamW decoupled weight decay (not on norms and biases)"},       \
+    {"--beta1", OPT_FLOAT, &(o)->beta1, "0.9", "AdamW"},                                                           \
+    {"--beta2", OPT_FLOAT, &(o)->beta2, "0.999", "AdamW"},                                                         \
+    {"--eps", OPT_FLOAT, &(o)->eps, "1e-8", "AdamW"},                                                              \
+    {"--clip", OPT_FLOAT, &(o)->clip, "1.0", "global gradient-norm clipping (0 = off)"},                           \
+    {"--recompute", OPT_STR, &(o)->recompute_name, "none", "full: keep only layer inputs, recompute in backward (less memory)"}, \
+    {"--zero", OPT_INT, &(o)->zero, "0", "1 = ZeRO-1: optimizer state sharded over data-parallel ranks"}
+#define TRAIN_DATA_OPTIONS(o)                                                                                      \
+    {"--skip-bad-lines", OPT_FLAG, &(o)->skip_bad, NULL, "skip malformed records (counted) instead of stopping"},  \
+    {"--chat-template", OPT_STR, &(o)->chat_template, NULL, "chat format for messages (default: the tokenizer's)"}
+#define TRAIN_LOG_OPTIONS(o)                                                                                       \
+    {"--seed", OPT_INT, &(o)->seed, "1234", "data shuffling seed"},                                                \
+    {"--eval-every", OPT_INT, &(o)->eval_every, "0", "steps between evals (0 = only before and after)"},           \
+    {"--save-every", OPT_INT, &(o)->save_every, "0", "steps between checkpoints (0 = only at the end)"},           \
+    {"--save-total-limit", OPT_INT, &(o)->save_limit, "0", "keep only the newest N complete checkpoints (0 = all)"}, \
+    {"--log-every", OPT_INT, &(o)->log_every, "1", "steps between progress lines"},                                \
+    MESH_OPTIONS(&(o)->tp, &(o)->pp, &(o)->threads)
+
+/* The shared checks of the parsed options (user_error lines start with cmd), then the thread
+ * count. Call before loading the model. */
+void train_options_check(TrainOptions *o, const char *cmd);
+
+/* One metric of a step: "key" in metrics.jsonl (%.9g); line: the progress line's "label fmt" for
+ * it (NULL: metrics only). */
+typedef struct {
+    const char *key;
+    double value;
+    const char *line;
+} Metric;
+enum { TRAIN_MAX_METRICS = 16 };
+
+/* What a command adds to the loop. Every callback runs on every rank of the mesh (they may be
+ * collective) and may be NULL. ctx is the command's. */
+typedef struct {
+    const LossHook *hook;
+    void *ctx;
+    DataConfig data;       /* the command's data settings (preference, pack, ...); the loop sets the
+                              shared ones (seq_len, batch_size, seed, epochs, shuffle, ...) */
+    int pairs;             /* the summary counts a micro-batch in pairs (batch_size), not tokens */
+    /* after the data is open: buffers for M micro-batches of up to max_tokens tokens, max_seq
+     * per sequence */
+    void (*setup)(void *ctx, int max_tokens, int max_seq, int M);
+    void (*mem_plan)(void *ctx, MemPlan *plan);
+    /* before each step's learner_step */
+    void (*prepare_step)(void *ctx, Step *st);
+    /* after it: fills up to TRAIN_MAX_METRICS metrics (the same on every rank), returns how many */
+    int (*step_metrics)(void *ctx, const LearnerStep *r, const Step *st, Metric *out);
+    /* a pass over the eval set at `step`; when: "before", "" (every --eval-every) or "after";
+     * writes its own progress and metrics lines (the writer's metrics are NULL elsewhere) */
+    void (*evaluate)(void *ctx, TrainActs *slot, Data *val, int step, const char *when, MetricsLog *ml);
+} TrainTask;
+
+/* The run: every rank of m's mesh calls it with the same options. m holds the starting weights
+ * (the checkpoint's on --resume). Returns when the last checkpoint is saved. */
+void train_run(const TrainOptions *o, Model *m, const TrainTask *t);
 #endif

@@ -1,0 +1,368 @@
+/* experience.c — see experience.h. */
+#include "rlhf/experience.h"
+#include "generate/generate.h"
+#include "rlhf/reward_http.h"
+#include "runtime/jsonl.h"
+#include "runtime/util.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the batch -------------------------------------------------------------------------------- */
+
+void experience_alloc(Experience *b, int S, int max_len, int with_ref) {
+    size_t maxN = (size_t)S * max_len;
+    memset(b, 0, sizeof *b);
+    b->tokens = xmalloc(sizeof(int) * maxN); b->targets = xmalloc(sizeof(int) * maxN);
+    b->seq_start = xmalloc(sizeof(int) * (S + 1));
+    b->prompt_len = xmalloc(sizeof(int) * S); b->resp_len = xmalloc(sizeof(int) * S); b->finish = xmalloc(sizeof(int) * S);
+    b->mask = xmalloc(sizeof(float) * maxN); b->old_lp = xmalloc(sizeof(float) * maxN);
+    b->ref_lp = with_ref ? xmalloc(sizeof(float) * maxN) : NULL;
+    b->values = xmalloc(sizeof(float) * maxN);
+    b->score = xmalloc(sizeof(double) * S);
+    b->rewards = xmalloc(sizeof(double) * maxN); b->kl = xmalloc(sizeof(double) * maxN);
+    b->adv = xmalloc(sizeof(double) * maxN); b->ret = xmalloc(sizeof(double) * maxN);
+    b->adv_f = xmalloc(sizeof(float) * maxN); b->ret_f = xmalloc(sizeof(float) * maxN);
+}
+
+void experience_free(Experience *b) {
+    free(b->tokens); free(b->targets); free(b->seq_start); free(b->prompt_len); free(b->resp_len); free(b->finish);
+    free(b->mask); free(b->old_lp); free(b->ref_lp); free(b->values); free(b->score); free(b->rewards); free(b->kl);
+    free(b->adv); free(b->ret); free(b->adv_f); free(b->ret_f);
+}
+
+/* ---- prompts ---------------------------------------------------------------------------------- */
+
+void experience_read_prompts(ExperienceMaker *x, const char *path, const char *key, const char *chat_template, int truncate, int vocab,
+                         int max_pos) {
+    JsonlReader r;
+    jsonl_open(&r, path);
+    int cap = 0;
+    for (cJSON *o; (o = jsonl_next(&r)); cJSON_Delete(o)) {
+        if (x->n_prompts == cap) {
+            cap = 2 * cap + 64;
+            x->prompts = xrealloc(x->prompts, sizeof(TokIds) * cap);
+            x->prompt_text = xrealloc(x->prompt_text, sizeof(char *) * cap);
+            x->labels = xrealloc(x->labels, sizeof(char *) * cap);
+        }
+        TokIds *t = &x->prompts[x->n_prompts];
+        *t = (TokIds){0};
+        free(prompt_tokens(x->tok, o, key, chat_template, 0, vocab, path, r.line, t));
+        int room = max_pos - x->max_new;
+        if ((int)t->n > room) {
+            if (!truncate)
+                user_error("%s:%d: the prompt has %zu tokens; with --max-new-tokens %d the model's %d positions hold %d "
+                           "(use --truncate to keep its last tokens)", path, r.line, t->n, x->max_new, max_pos, room);
+            memmove(t->ids, t->ids + (t->n - room), sizeof(int32_t) * room);
+            t->n = room;
+        }
+        x->prompt_text[x->n_prompts] = x->tok ? tokenizer_decode(x->tok, t->ids, t->n, 1, NULL) : xstrdup("");
+        const cJSON *label = cJSON_GetObjectItemCaseSensitive(o, "label");
+        x->labels[x->n_prompts] = label ? cJSON_PrintUnformatted(label) : NULL;
+        x->n_prompts++;
+    }
+    jsonl_close(&r);
+    if (x->n_prompts < x->B)
+        user_error("%s: %d prompts, fewer than --rollout-batch-size %d", path, x->n_prompts, x->B);
+}
+
+/* The prompts of step `step` (0-based): a fresh shuffle (seeded) per pass over the file. */
+void experience_step_prompts(const ExperienceMaker *x, int step, int *out) {
+    int per = x->n_prompts / x->B;   /* whole batches per pass; the tail of a pass is not used */
+    int pass = step / per, k0 = (step % per) * x->B;
+    int *perm = xmalloc(sizeof(int) * x->n_prompts);
+    for (int i = 0; i < x->n_prompts; i++) perm[i] = i;
+    uint64_t st = splitmix64_mix(x->seed ^ 0x70726f6d707473ull) + (uint64_t)pass;
+    shuffle_ints(perm, x->n_prompts, &st);
+    memcpy(out, perm + k0, sizeof(int) * x->B);
+    free(perm);
+}
+
+/* The engine's per-token callback (every actor rank): does the response now contain a stop string?
+ * A stop may straddle tokens, so the search starts where it could have begun. */
+int experience_stop_on_token(void *ctx, Seq *q) {
+    ExperienceMaker *x = ctx;
+    int i = q->index;
+    size_t before = x->tlen[i];
+    tok_stream_push(&x->ts[i], q->out[q->n_out - 1], &x->txt[i], &x->tlen[i], &x->tcap[i]);
+    for (int k = 0; k < x->n_stops; k++) {
+        size_t sl = strlen(x->stops[k]), from = before >= sl ? before - sl + 1 : 0;
+        if (x->tlen[i] >= sl && memmem(x->txt[i] + from, x->tlen[i] - from, x->stops[k], sl)) return 1;
+    }
+    return 0;
+}
+
+void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b) {
+    const Role *a = &rs->role[R_ACTOR];
+    int S = x->B * x->G, M = x->max_new;
+    int *out = xcalloc((size_t)S * M, sizeof(int)), *n_out = xcalloc(S, sizeof(int)), *fin = xcalloc(S, sizeof(int));
+    float *lp = xcalloc((size_t)S * M, sizeof(float));
+    if (a->member) {
+        Seq *seqs = xcalloc(S, sizeof(Seq));
+        int eos = x->tok ? tokenizer_eos_id(x->tok) : -1;
+        char err[512];
+        for (int s = 0; s < S; s++) {
+            if (s % a->mesh.dp != a->mesh.dp_rank) continue;
+            const TokIds *t = &x->prompts[pidx[s / x->G]];
+            Seq *q = &seqs[s];
+            q->index = s;
+            q->prompt = xmalloc(sizeof(int) * t->n);
+            for (size_t i = 0; i < t->n; i++) q->prompt[i] = t->ids[i];
+            q->n_prompt = (int)t->n;
+            q->sp = x->sp;
+            q->sp.seed = splitmix64_mix(x->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(step + 1) + (uint64_t)s);
+            q->max_new = M;
+            q->stop_ids = xmalloc(sizeof(int) * (x->n_stop_ids + 1));
+            if (eos >= 0) q->stop_ids[q->n_stop_ids++] = eos;
+            for (int k = 0; k < x->n_stop_ids; k++) q->stop_ids[q->n_stop_ids++] = x->stop_ids[k];
+            seq_alloc_results(q);
+            if (x->n_stops) { tok_stream_init(&x->ts[s], x->tok, 1); x->tlen[s] = 0; }
+            if (engine_add(x->engine, q, err, sizeof err)) user_error("rollout: %s", err);
+        }
+        engine_run(x->engine);
+        for (int s = 0; s < S; s++) {
+            if (s % a->mesh.dp != a->mesh.dp_rank) continue;
+            Seq *q = &seqs[s];
+            n_out[s] = q->n_out;
+            fin[s] = q->finish;
+            memcpy(out + (size_t)s * M, q->out, sizeof(int) * q->n_out);
+            memcpy(lp + (size_t)s * M, q->lp, sizeof(float) * q->n_out);
+            free(q->prompt);
+            free(q->stop_ids);
+            seq_free(q);
+        }
+        free(seqs);
+    }
+    roles_share_i(rs, a, out, (size_t)S * M);
+    roles_share_i(rs, a, n_out, S);
+    roles_share_i(rs, a, fin, S);
+    roles_share_f(rs, a, lp, (size_t)S * M);
+
+    /* pack prompt ++ response; actions: the positions before each response token */
+    b->S = S;
+    b->N = 0;
+    b->seq_start[0] = 0;
+    for (int s = 0; s < S; s++) {
+        const TokIds *t = &x->prompts[pidx[s / x->G]];
+        int P = (int)t->n, L = P + n_out[s], n0 = b->N;
+        for (int i = 0; i < P; i++) b->tokens[n0 + i] = t->ids[i];
+        for (int i = 0; i < n_out[s]; i++) b->tokens[n0 + P + i] = out[(size_t)s * M + i];
+        for (int i = 0; i < L; i++) {
+            int act = i >= P - 1 && i < L - 1;
+            b->targets[n0 + i] = act ? b->tokens[n0 + i + 1] : -1;
+            b->mask[n0 + i] = (float)act;
+            b->old_lp[n0 + i] = act ? lp[(size_t)s * M + (i - (P - 1))] : 0.0f;
+        }
+        b->prompt_len[s] = P;
+        b->resp_len[s] = n_out[s];
+        b->finish[s] = fin[s];
+        b->N += L;
+        b->seq_start[s + 1] = b->N;
+    }
+    free(out); free(n_out); free(fin); free(lp);
+}
+
+/* Sequences [s0, s1) of b as one forward chunk at most fwd_tokens long, taken by the dp replicas
+ * in turn: calls fn for this replica's chunks. */
+typedef void (*ChunkFn)(ExperienceMaker *x, Roles *rs, Role *r, Experience *b, int s0, int s1, void *out);
+static void chunks(ExperienceMaker *x, Roles *rs, Role *r, Experience *b, ChunkFn fn, void *out) {
+    for (int s0 = 0, k = 0; s0 < b->S; k++) {
+        int s1 = s0 + 1;
+        while (s1 < b->S && b->seq_start[s1 + 1] - b->seq_start[s0] <= x->fwd_tokens) s1++;
+        if (k % r->mesh.dp == r->mesh.dp_rank) fn(x, rs, r, b, s0, s1, out);
+        s0 = s1;
+    }
+}
+
+/* model_forward of sequences [s0, s1) of b, from their own positions 0 */
+static void chunk_forward(Model *m, const Experience *b, int s0, int s1) {
+    int t0 = b->seq_start[s0], *st = xmalloc(sizeof(int) * (s1 - s0 + 1));
+    for (int s = s0; s <= s1; s++) st[s - s0] = b->seq_start[s] - t0;
+    model_forward(m, b->tokens + t0, st, s1 - s0);
+    free(st);
+}
+
+/* ref logprobs at the temperature, at the chunk's actions */
+static void ref_chunk(ExperienceMaker *x, Roles *rs, Role *r, Experience *b, int s0, int s1, void *outp) {
+    (void)rs;
+    float *out = outp;
+    Model *m = &r->m;
+    int t0 = b->seq_start[s0], N = b->seq_start[s1] - t0;
+    chunk_forward(m, b, s0, s1);
+    if (m->is_last) {
+        float *lse = xmalloc(sizeof(float) * N), *pick = xmalloc(sizeof(float) * N);
+        model_logits_lse(m, m->s.logits, N, x->sp.temperature, lse);
+        model_pair_logprobs(m, m->s.logits, lse, N, NULL, b->targets + t0, x->sp.temperature, pick, out + t0);
+        for (int n = 0; n < N; n++) if (b->targets[t0 + n] < 0) out[t0 + n] = 0.0f;
+        free(lse); free(pick);
+    }
+    comm_broadcast(&m->mesh->pp_comm, out + t0, sizeof(float) * N, m->mesh->pp_comm.size - 1);
+}
+
+/* score-head values at every position of the chunk (critic), or at each sequence's last (reward) */
+static void value_chunk(ExperienceMaker *x, Roles *rs, Role *r, Experience *b, int s0, int s1, void *outp) {
+    (void)x;
+    Model *m = &r->m;
+    int t0 = b->seq_start[s0], N = b->seq_start[s1] - t0;
+    float *v = xmalloc(sizeof(float) * N);
+    chunk_forward(m, b, s0, s1);
+    if (m->is_last) m->be->to_host(v, m->s.logits, sizeof(float) * N);
+    comm_broadcast(&m->mesh->pp_comm, v, sizeof(float) * N, m->mesh->pp_comm.size - 1);
+    if (r == &rs->role[R_REWARD]) {
+        double *score = outp;
+        for (int s = s0; s < s1; s++) score[s] = v[b->seq_start[s + 1] - 1 - t0];
+    } else {
+        float *out = outp;
+        for (int n = 0; n < N; n++) out[t0 + n] = b->mask[t0 + n] > 0 ? v[n] : 0.0f;
+    }
+    free(v);
+}
+
+/* Rewards from the command or the servers, asked by world rank 0 and broadcast. A failure stops
+ * the run (rank_error): the last checkpoint stays as it was. */
+static void reward_from_program(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx) {
+    if (rs->world_rank == 0) {
+        const char **pr = xmalloc(sizeof(char *) * b->S), **rs = xmalloc(sizeof(char *) * b->S);
+        const char **lb = xmalloc(sizeof(char *) * b->S);
+        for (int s = 0; s < b->S; s++) {
+            pr[s] = x->prompt_text[pidx[s / x->G]];
+            lb[s] = x->labels[pidx[s / x->G]];
+            const int *resp = b->tokens + b->seq_start[s] + b->prompt_len[s];
+            rs[s] = tokenizer_decode(x->tok, (const int32_t *)resp, (size_t)b->resp_len[s], 1, NULL);
+        }
+        char err[1024];
+        if (x->n_urls) {   /* OpenRLHF's "query": the prompt and response as one text */
+            char **qs = xmalloc(sizeof(char *) * b->S);
+            for (int s = 0; s < b->S; s++) {
+                size_t a = strlen(pr[s]), c = strlen(rs[s]);
+                qs[s] = xmalloc(a + c + 1);
+                memcpy(qs[s], pr[s], a);
+                memcpy(qs[s] + a, rs[s], c + 1);
+            }
+            int rc = reward_http_score((const char *const *)x->urls, x->n_urls, b->S, (const char *const *)qs, pr, lb,
+                                       b->score, x->reward_timeout, x->reward_retries, err, sizeof err);
+            for (int s = 0; s < b->S; s++) free(qs[s]);
+            free(qs);
+            if (rc) rank_error("%s", err);
+        } else if (reward_cmd_score(x->rcmd, b->S, pr, rs, lb, b->score, x->reward_timeout, err, sizeof err)) {
+            reward_cmd_stop(x->rcmd);
+            x->rcmd = NULL;
+            rank_error("%s", err);
+        }
+        for (int s = 0; s < b->S; s++) free((char *)rs[s]);
+        free(pr); free(rs); free(lb);
+    }
+    comm_broadcast(&rs->world, b->score, sizeof(double) * b->S, 0);
+}
+
+/* The three experience passes, each leaving its result on every rank (a role's dp replicas fill
+ * their own chunks of a zeroed buffer, which share_* sums). */
+void experience_ref(ExperienceMaker *x, Roles *rs, Experience *b) {
+    Role *r = &rs->role[R_REF];
+    if (!r->active) return;
+    memset(b->ref_lp, 0, sizeof(float) * b->N);
+    if (r->member) chunks(x, rs, r, b, ref_chunk, b->ref_lp);
+    roles_share_f(rs, r, b->ref_lp, b->N);
+}
+void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx) {
+    Role *r = &rs->role[R_REWARD];
+    memset(b->score, 0, sizeof(double) * b->S);
+    if (x->reward_cmd || x->n_urls) { reward_from_program(x, rs, b, pidx); return; }
+    if (r->member) chunks(x, rs, r, b, value_chunk, b->score);
+    roles_share_d(rs, r, b->score, b->S);
+}
+void experience_values(ExperienceMaker *x, Roles *rs, Experience *b) {
+    Role *r = &rs->role[R_CRITIC];
+    memset(b->values, 0, sizeof(float) * b->N);
+    if (!r->active) return;
+    if (r->member) chunks(x, rs, r, b, value_chunk, b->values);
+    roles_share_f(rs, r, b->values, b->N);
+}
+
+/* ---- 3. advantages ---------------------------------------------------------------------------- */
+
+double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_coef) {
+    int S = b->S, N = b->N;
+    double score_raw = 0;
+    for (int s = 0; s < S; s++) {   /* the score: normalised, missing-EOS penalty, clipped */
+        double v = b->score[s];
+        score_raw += v;
+        if (x->has_norm) v = (v - x->norm_mean) / x->norm_std;
+        if (x->eos_penalty != 0 && b->finish[s] != FINISH_STOP) v -= x->eos_penalty;
+        if (x->reward_clip > 0) v = v < -x->reward_clip ? -x->reward_clip : v > x->reward_clip ? x->reward_clip : v;
+        b->score[s] = v;
+    }
+    double kl_pen = x->adv_kind == ADV_GAE ? kl_coef : 0.0;   /* grpo / rloo: outcome rewards, KL in the loss */
+    ppo_token_rewards(b->seq_start, S, b->mask, b->old_lp, b->ref_lp ? b->ref_lp : b->old_lp, b->score, x->kl_est,
+                      b->ref_lp ? kl_pen : 0.0, b->rewards, b->kl);
+    if (x->adv_kind == ADV_GAE) {
+        ppo_gae(b->seq_start, S, b->mask, b->rewards, b->values, x->gamma, x->lambda, b->adv, b->ret);
+        if (x->whiten) ppo_whiten(b->adv, b->mask, N);
+    } else {
+        double *gadv = xmalloc(sizeof(double) * S);
+        group_advantages(x->adv_kind, b->score, S, x->G, x->std_norm, 1e-6, gadv);
+        for (int s = 0; s < S; s++)
+            for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++) b->adv[n] = b->mask[n] > 0 ? gadv[s] : 0.0, b->ret[n] = 0.0;
+        free(gadv);
+    }
+    for (int n = 0; n < N; n++) { b->adv_f[n] = (float)b->adv[n]; b->ret_f[n] = (float)b->ret[n]; }
+    return score_raw;
+}
+
+/* ---- 4. mini-batches ---------------------------------------------------------------------------- */
+
+void minibatch_alloc(Minibatch *mb, int max_mb, int micro, int max_len) {
+    mb->micro = micro;
+    mb->cap = micro * max_len;
+    mb->mbs = xcalloc(max_mb, sizeof(MicroBatch));
+    mb->ctx = xcalloc(max_mb, sizeof(PpoCtx));
+    mb->tok = xmalloc(sizeof(int) * max_mb * mb->cap);
+    mb->tgt = xmalloc(sizeof(int) * max_mb * mb->cap);
+    mb->st = xmalloc(sizeof(int) * max_mb * (micro + 1));
+    mb->fl = xmalloc(sizeof(float) * max_mb * mb->cap * 5);
+}
+
+void minibatch_free(Minibatch *mb) {
+    free(mb->mbs); free(mb->ctx); free(mb->tok); free(mb->tgt); free(mb->st); free(mb->fl);
+}
+
+int experience_minibatch(const Experience *b, const int *perm, int k0, int mini, int dp, int dp_rank, int actor,
+                         int check_logprobs, Minibatch *mb) {
+    int micro = mb->micro, cap = mb->cap;
+    long actions = 0;
+    for (int k = k0; k < k0 + mini; k++) actions += b->resp_len[perm[k]];
+    float w = actions ? (float)dp / (float)actions : 0.0f;
+    int n_mb = 0, fill = 0;
+    for (int k = k0 + dp_rank; k < k0 + mini; k += dp) {
+        int s = perm[k], i = n_mb - (fill ? 1 : 0);
+        if (!fill) {   /* a new micro-batch */
+            i = n_mb++;
+            float *f = mb->fl + (size_t)i * cap * 5;
+            mb->mbs[i] = (MicroBatch){mb->tok + (size_t)i * cap, mb->st + (size_t)i * (micro + 1), 0,
+                                      mb->tgt + (size_t)i * cap, f, &mb->ctx[i]};
+            mb->st[(size_t)i * (micro + 1)] = 0;
+            if (actor) mb->ctx[i] = (PpoCtx){f + cap, f + 2 * cap, f + 3 * cap, NULL, NULL, check_logprobs};
+            else mb->ctx[i] = (PpoCtx){NULL, NULL, NULL, f + cap, f + 2 * cap, 0};
+        }
+        MicroBatch *m = &mb->mbs[i];
+        int *sst = (int *)m->seq_start, n0 = sst[m->n_seqs], t0 = b->seq_start[s];
+        int L = b->seq_start[s + 1] - t0;
+        float *f = (float *)m->weight;
+        memcpy((int *)m->tokens + n0, b->tokens + t0, sizeof(int) * L);
+        memcpy((int *)m->targets + n0, b->targets + t0, sizeof(int) * L);
+        for (int n = 0; n < L; n++) {
+            f[n0 + n] = b->mask[t0 + n] * w;
+            if (actor) {
+                f[cap + n0 + n] = b->old_lp[t0 + n];
+                f[2 * cap + n0 + n] = b->ref_lp ? b->ref_lp[t0 + n] : 0.0f;
+                f[3 * cap + n0 + n] = b->adv_f[t0 + n];
+            } else {
+                f[cap + n0 + n] = b->values[t0 + n];
+                f[2 * cap + n0 + n] = b->ret_f[t0 + n];
+            }
+        }
+        sst[++m->n_seqs] = n0 + L;
+        fill = m->n_seqs < micro;
+    }
+    return n_mb;
+}

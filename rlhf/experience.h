@@ -1,0 +1,111 @@
+/* experience.h — one PPO step's experience: the prompts of the step, the actor's rollout, the
+ * reference / reward / critic passes and the advantages, and its mini-batches for the updates.
+ *   1. rollout     actor: each dp replica samples its share of the batch on the live training
+ *                  shards (generate/engine.c); results to every rank
+ *   2. passes      ref: logprobs at the temperature; reward: the score at each sequence's last token
+ *                  (reward model) or the reward program (world rank 0); critic: values. Each
+ *                  role's root broadcasts its results over the world (rlhf/roles.h)
+ *   3. advantages  every rank, identically (rlhf/ppo_loss.c): KL-penalised token rewards + GAE and
+ *                  whitening, or GRPO / RLOO group advantages
+ * and, for step 4 (the updates, rlhf/ppo.c), the repacking of chosen sequences into micro-batches
+ * with their hook contexts. Every rank runs the same control flow (the same collectives in the
+ * same order).
+ * Owns: Experience (the batch, the same on every rank), ExperienceMaker (what making it needs:
+ * prompts, sampling, stops, the reward program, the advantage settings).
+ * Does not own: placement (roles.h), the updates and their optimizers (ppo.c, train/learner.h),
+ * the loss math (ppo_loss.h). */
+#ifndef TANDEM_EXPERIENCE_H
+#define TANDEM_EXPERIENCE_H
+#include "generate/engine.h"
+#include "rlhf/ppo_loss.h"
+#include "rlhf/reward_cmd.h"
+#include "rlhf/roles.h"
+#include "tokenizer/tokenizer.h"
+#include "train/grad.h"
+
+/* The batch of one step, the same on every rank: S sequences (prompt ++ response) packed back to
+ * back. Actions are the positions before each response token. */
+typedef struct {
+    int S, N;
+    int *tokens, *seq_start, *targets;   /* (N), (S + 1), (N): targets[n] = tokens[n + 1] at actions, else -1 */
+    int *prompt_len, *resp_len, *finish; /* (S) */
+    float *mask;                         /* (N) 1 at actions */
+    float *old_lp, *ref_lp, *values;     /* (N) at actions; ref_lp NULL without a reference */
+    double *score;                       /* (S) the reward (after normalising / penalty / clipping) */
+    double *rewards, *kl, *adv, *ret;    /* (N) */
+    float *adv_f, *ret_f;                /* (N) float copies for the hooks */
+} Experience;
+
+typedef struct {
+    /* prompts, tokenized on every rank */
+    int n_prompts;
+    TokIds *prompts;
+    char **prompt_text, **labels;        /* decoded prompt; label JSON text or NULL */
+    Tokenizer *tok;
+    /* rollout */
+    int B, G, max_new, max_len;          /* prompts per step, samples per prompt, response and sequence length at most */
+    int *stop_ids, n_stop_ids;           /* EOS and --stop-token-ids: a response ends at any of them */
+    char **stops;                        /* --stop strings: a response ends with the token that completes one */
+    int n_stops;
+    TokStream *ts;                       /* (S) per sequence: its response decoded so far */
+    char **txt;
+    size_t *tlen, *tcap;
+    SamplingParams sp;
+    uint64_t seed;
+    Engine *engine;                      /* the actor's, on its training shards (actor ranks) */
+    /* forward-only passes */
+    int fwd_tokens;                      /* tokens per forward-only chunk */
+    /* the reward program */
+    RewardCmd *rcmd;
+    const char *reward_cmd;
+    char **urls;                         /* --reward-url: OpenRLHF-style reward servers */
+    int n_urls, reward_retries;
+    double reward_timeout;
+    /* advantages */
+    KlEstimator kl_est;
+    AdvantageKind adv_kind;
+    double reward_clip, eos_penalty, gamma, lambda;
+    int std_norm, whiten;
+    int has_norm;                        /* --normalize-reward with the reward model's saved stats */
+    double norm_mean, norm_std;
+} ExperienceMaker;
+
+/* Reads the prompts (jsonl: "prompt" | "messages" | "input_ids", optional "label") on every rank;
+ * a prompt longer than max_pos - max_new is an error, or keeps its last tokens with truncate. */
+void experience_read_prompts(ExperienceMaker *x, const char *path, const char *key, const char *chat_template,
+                             int truncate, int vocab, int max_pos);
+/* The prompts of step `step` (0-based), B indices: a fresh shuffle (seeded) per pass over the file. */
+void experience_step_prompts(const ExperienceMaker *x, int step, int *pidx);
+/* The engine's per-token callback for --stop strings (ctx: the ExperienceMaker). */
+int experience_stop_on_token(void *ctx, Seq *q);
+
+void experience_alloc(Experience *b, int S, int max_len, int with_ref);
+void experience_free(Experience *b);
+
+/* 1. rollout of the B prompts pidx x G samples at `step` (seeds are functions of seed and step) */
+void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b);
+/* 2. the passes; each leaves its result on every rank */
+void experience_ref(ExperienceMaker *x, Roles *rs, Experience *b);
+void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx);
+void experience_values(ExperienceMaker *x, Roles *rs, Experience *b);
+/* 3. score shaping, token rewards (KL penalty kl_coef for gae), advantages and returns; returns
+ * the sum of the raw scores */
+double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_coef);
+
+/* 4. Mini-batch sequences perm[k0 .. k0 + mini) of b, this dp replica's share (every dp-th), as
+ * micro-batches of at most `micro` sequences, each position weighted by w (token-mean over the
+ * mini-batch, times dp): the actor's (old logprobs, ref logprobs, advantages; check_logprobs on the
+ * first mini-batch of a step) or the critic's (old values, returns) hook contexts. The buffers are
+ * Minibatch's, sized by minibatch_alloc. Returns the number of micro-batches. */
+typedef struct {
+    int micro, cap;              /* sequences and tokens per micro-batch at most */
+    MicroBatch *mbs;             /* (max_mb) */
+    PpoCtx *ctx;                 /* (max_mb) */
+    int *tok, *tgt, *st;         /* (max_mb, cap), (max_mb, cap), (max_mb, micro + 1) */
+    float *fl;                   /* (max_mb, 5, cap): weight, then the hook's columns */
+} Minibatch;
+void minibatch_alloc(Minibatch *mb, int max_mb, int micro, int max_len);
+void minibatch_free(Minibatch *mb);
+int experience_minibatch(const Experience *b, const int *perm, int k0, int mini, int dp, int dp_rank, int actor,
+                         int check_logprobs, Minibatch *mb);
+#endif

@@ -1,0 +1,154 @@
+/* roles.c — see roles.h. */
+#include "rlhf/roles.h"
+#include "runtime/util.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const ROLE_NAMES[N_ROLES] = {"actor", "critic", "ref", "reward"};
+
+/* ---- placement ------------------------------------------------------------------------------ */
+
+static int role_of(const char *name, const char *spec) {
+    for (int r = 0; r < N_ROLES; r++) if (!strcmp(name, ROLE_NAMES[r])) return r;
+    user_error("--colocate %s: unknown role \"%s\" (actor, critic, ref, reward)", spec, name);
+}
+
+/* Role groups from the counts and --colocate ("all", or sets like "actor,ref:critic,reward"). */
+void roles_place(Roles *p, const char *colocate) {
+    Role *R = p->role;
+    int set_of[N_ROLES], n_sets = 0, any_count = 0;
+    for (int r = 0; r < N_ROLES; r++) { set_of[r] = -1; any_count |= R[r].active && R[r].count > 0; }
+    if (!colocate && !any_count) colocate = "all";
+    if (colocate && !strcmp(colocate, "all")) {
+        for (int r = 0; r < N_ROLES; r++) if (R[r].active) set_of[r] = 0;
+        n_sets = 1;
+    } else if (colocate) {
+        char *spec = xstrdup(colocate), *save1 = NULL;
+        for (char *set = strtok_r(spec, ":", &save1); set; set = strtok_r(NULL, ":", &save1), n_sets++) {
+            char *save2 = NULL;
+            for (char *nm = strtok_r(set, ",", &save2); nm; nm = strtok_r(NULL, ",", &save2)) {
+                int r = role_of(nm, colocate);
+                if (set_of[r] >= 0) user_error("--colocate %s: role %s named twice", colocate, nm);
+                set_of[r] = n_sets;
+            }
+        }
+        free(spec);
+    }
+    /* the rest: a group each, except that a role given no rank count shares the actor's */
+    if (set_of[R_ACTOR] < 0) set_of[R_ACTOR] = n_sets++;
+    for (int r = 0; r < N_ROLES; r++)
+        if (R[r].active && set_of[r] < 0) set_of[r] = R[r].count > 0 ? n_sets++ : set_of[R_ACTOR];
+    /* groups in role order (actor first: world rank 0 is the actor's root) */
+    int order[N_ROLES], n_groups = 0, counts[N_ROLES], first_role[N_ROLES];
+    const char *names[N_ROLES];
+    static char name_buf[N_ROLES][32];
+    for (int r = 0; r < N_ROLES; r++) {
+        if (!R[r].active) continue;
+        int g = -1;
+        for (int k = 0; k < n_groups; k++) if (order[k] == set_of[r]) g = k;
+        if (g < 0) {
+            g = n_groups++;
+            order[g] = set_of[r];
+            counts[g] = 0;
+            first_role[g] = r;
+            name_buf[g][0] = 0;
+        }
+        R[r].group = g;
+        if (name_buf[g][0]) strncat(name_buf[g], "+", sizeof name_buf[g] - strlen(name_buf[g]) - 1);
+        strncat(name_buf[g], ROLE_NAMES[r], sizeof name_buf[g] - strlen(name_buf[g]) - 1);
+        if (R[r].count > 0) {
+            if (counts[g] > 0 && counts[g] != R[r].count)
+                user_error("--%s-ranks %d: colocated roles (%s) must have the same rank count (%d)", ROLE_NAMES[r],
+                           R[r].count, name_buf[g], counts[g]);
+            counts[g] = R[r].count;
+        }
+    }
+    for (int g = 0; g < n_groups; g++) {
+        names[g] = name_buf[g];
+        if (counts[g] == 0) {
+            if (n_groups > 1) user_error("role group %s: give its rank count (--%s-ranks)", names[g], ROLE_NAMES[first_role[g]]);
+            counts[g] = p->world.size;
+        }
+    }
+    RoleGroup mine;
+    group_split(&p->world, n_groups, names, counts, "--actor-ranks/--critic-ranks/--ref-ranks/--reward-ranks", &mine);
+    int first = 0;
+    for (int g = 0; g < n_groups; g++) {
+        for (int r = 0; r < N_ROLES; r++)
+            if (R[r].active && R[r].group == g) { R[r].root = first; R[r].member = g == mine.index; }
+        first += counts[g];
+    }
+    for (int r = 0; r < N_ROLES; r++)
+        if (R[r].member) mesh_init(&R[r].mesh, &mine.comm, R[r].tp, R[r].pp);
+    for (int r = 0; r < N_ROLES; r++)
+        if (R[r].active)
+            snprintf(p->placement + strlen(p->placement), sizeof p->placement - strlen(p->placement), "%s%s@%d+%d:tp%d:pp%d",
+                     p->placement[0] ? "," : "", ROLE_NAMES[r], R[r].root, counts[R[r].group], R[r].tp, R[r].pp);
+    if (p->world_rank == 0) {
+        fprintf(stderr, "placement (%d ranks):", p->world.size);
+        for (int r = 0; r < N_ROLES; r++)
+            if (R[r].active)
+                fprintf(stderr, " %s ranks %d-%d (group %s, tp %d pp %d dp %d)%s", ROLE_NAMES[r], R[r].root,
+                        R[r].root + counts[R[r].group] - 1, names[R[r].group], R[r].tp, R[r].pp,
+                        counts[R[r].group] / (R[r].tp * R[r].pp), r + 1 < N_ROLES ? ";" : "");
+        fprintf(stderr, "\n");
+    }
+    p->group_root = mine.comm.rank == 0;
+    snprintf(p->group_name, sizeof p->group_name, "%s", n_groups > 1 ? mine.name : "");
+    group_free(&mine);
+}
+
+/* Another role's model must read the actor's token ids. */
+void roles_check_vocab(const Roles *p) {
+    ModelConfig a;
+    config_load(&a, p->role[R_ACTOR].dir);
+    for (int r = R_CRITIC; r < N_ROLES; r++) {
+        if (!p->role[r].active) continue;
+        ModelConfig c;
+        config_load(&c, p->role[r].dir);
+        if (c.vocab_size != a.vocab_size)
+            user_error("--%s %s: vocabulary of %d tokens, the actor's has %d: the roles must share the actor's tokenizer",
+                       ROLE_NAMES[r], p->role[r].dir, c.vocab_size, a.vocab_size);
+        if (r == R_REWARD && !c.score_head)
+            user_error("--reward %s: a causal LM, not a reward model (*ForSequenceClassification, e.g. from `tandem rm`)",
+                       p->role[r].dir);
+        if (r == R_REF && c.score_head) user_error("--ref %s: a score-head model; the reference is a causal LM", p->role[r].dir);
+        for (const char *const *f = (const char *const[]){"tokenizer.model", "tokenizer.json", NULL}; *f; f++) {
+            char *pa = path_join(p->role[R_ACTOR].dir, *f), *pc = path_join(p->role[r].dir, *f);
+            size_t la = 0, lc = 0;
+            char *ta = read_file(pa, &la), *tc = read_file(pc, &lc);
+            int differ = ta && tc && (la != lc || memcmp(ta, tc, la));
+            free(ta); free(tc); free(pa); free(pc);
+            if (differ) user_error("--%s %s: its %s differs from the actor's: the roles must share the actor's tokenizer",
+                                   ROLE_NAMES[r], p->role[r].dir, *f);
+        }
+    }
+}
+
+/* ---- moving results between roles ------------------------------------------------------------ */
+
+void roles_share_f(const Roles *p, const Role *r, float *x, size_t n) {
+    if (r->member) comm_all_reduce_sum(&r->mesh.dp_comm, x, n);
+    comm_broadcast(&p->world, x, sizeof(float) * n, r->root);
+}
+void roles_share_d(const Roles *p, const Role *r, double *x, size_t n) {
+    if (r->member) comm_all_reduce_sum_f64(&r->mesh.dp_comm, x, n);
+    comm_broadcast(&p->world, x, sizeof(double) * n, r->root);
+}
+void roles_share_i(const Roles *p, const Role *r, int *x, size_t n) {
+    if (r->member) comm_all_reduce_sum_int(&r->mesh.dp_comm, x, n);
+    comm_broadcast(&p->world, x, sizeof(int) * n, r->root);
+}
+
+void roles_share_stats(const Roles *p, const Role *r, PpoStats *s) {
+    if (r->member) {
+        double mx = s->logprob_diff_max;
+        comm_all_reduce_sum_f64(&r->mesh.dp_comm, (double *)s, PPO_STATS_N);
+        float fm = (float)mx;   /* a max of differences of floats: exact in float */
+        comm_all_reduce_max(&r->mesh.dp_comm, &fm, 1);
+        s->logprob_diff_max = fm;
+        comm_broadcast(&r->mesh.pp_comm, s, sizeof *s, r->mesh.pp_comm.size - 1);
+    }
+    comm_broadcast(&p->world, s, sizeof *s, r->root);
+}

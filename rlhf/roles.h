@@ -1,0 +1,52 @@
+/* roles.h — which ranks run which RLHF role, and moving a role's results to every rank.
+ * The four roles of a ppo run (actor, critic, reference, reward) are placed on role groups of one
+ * job (runtime/mesh.h group_split): --ROLE-ranks consecutive ranks in the order actor, critic, ref,
+ * reward; --colocate puts roles in one group, where they take turns; a role given no count shares
+ * the actor's; with no counts every role shares every rank (one process works without mpirun).
+ * Each role has its own tp x pp x dp mesh over its group and its own Model.
+ * Owns: placement, each role's mesh and model, the vocabulary check between roles, and sharing a
+ * role's per-item results (dp sum inside the role, then a broadcast from its root over the world).
+ * Does not own: what the roles compute (rlhf/experience.c), their training (train/learner.h). */
+#ifndef TANDEM_ROLES_H
+#define TANDEM_ROLES_H
+#include "rlhf/ppo_loss.h"
+#include "runtime/model.h"
+
+enum { R_ACTOR, R_CRITIC, R_REF, R_REWARD, N_ROLES };
+extern const char *const ROLE_NAMES[N_ROLES];   /* "actor", "critic", "ref", "reward" */
+
+typedef struct {
+    int active, member;        /* in this run; held by this rank */
+    int group, root;           /* its role group, and that group's first world rank */
+    int count, tp, pp;         /* --ROLE-ranks, --ROLE-tp, --ROLE-pp */
+    const char *dir;
+    Mesh mesh;                 /* members only */
+    Model m;                   /* members only */
+} Role;
+
+typedef struct {
+    Role role[N_ROLES];
+    Comm world;
+    int world_rank;
+    char placement[512];       /* the layout, as a checkpoint saves it: "actor@0+2:tp1:pp1,..." */
+    char group_name[32];       /* this rank's role group ("" with one group), for error lines */
+    int group_root;            /* this rank is its group's root */
+} Roles;
+
+/* Splits the world into role groups from the counts and --colocate ("all", or sets like
+ * "actor,ref:critic,reward") and builds each member role's mesh; prints the placement (world rank
+ * 0). rs->role[*].active/count/tp/pp must be set. Collective over the world. */
+void roles_place(Roles *rs, const char *colocate);
+/* Every other role must read the actor's token ids: the same vocabulary size and tokenizer files;
+ * the reward is a score model, the reference a causal LM. user_error naming the role otherwise. */
+void roles_check_vocab(const Roles *rs);
+/* A role's per-item results, computed by its dp replicas (each filled its own items, zeros
+ * elsewhere) and its pp stages (the last computes; its broadcast done already): summed over the
+ * role's dp, then from the role's root to every rank of the world. Every rank calls it. */
+void roles_share_f(const Roles *rs, const Role *r, float *x, size_t n);
+void roles_share_d(const Roles *rs, const Role *r, double *x, size_t n);
+void roles_share_i(const Roles *rs, const Role *r, int *x, size_t n);
+/* A loss hook's sums over the role's mesh (dp sum; max for the logprob check; from the last
+ * stage), then to every rank. */
+void roles_share_stats(const Roles *rs, const Role *r, PpoStats *s);
+#endif

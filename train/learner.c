@@ -1,0 +1,63 @@
+/* learner.c — see learner.h. */
+#include "train/learner.h"
+#include "runtime/util.h"
+#include "train/checkpoint.h"
+#include "train/schedule.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_seq, int n_micro, int recompute) {
+    memset(L, 0, sizeof *L);
+    L->m = m;
+    L->opt = optim_new(m, m->mesh, oc);
+    L->n_slots = m->mesh->pp < n_micro ? m->mesh->pp : n_micro;
+    L->slots = xcalloc(L->n_slots, sizeof(TrainActs));
+    for (int i = 0; i < L->n_slots; i++) train_acts_init(&L->slots[i], m, max_tokens, max_seq, recompute);
+    L->grads = xcalloc(optim_grad_floats(L->opt), sizeof(float));
+    L->gl = xcalloc(m->n_layers_local, sizeof(LayerWeights));
+    model_weights_place(m, L->grads, &L->gw, L->gl);
+}
+
+void learner_free(Learner *L) {
+    for (int i = 0; i < L->n_slots; i++) train_acts_free(&L->slots[i]);
+    free(L->slots);
+    free(L->grads);
+    free(L->gl);
+    if (L->opt) optim_free(L->opt);
+    memset(L, 0, sizeof *L);
+}
+
+LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHook *hook) {
+    LearnerStep r;
+    optim_zero_grad(L->opt, L->grads);
+    r.loss = schedule_1f1b(L->m, L->slots, L->n_slots, mbs, M, hook, &L->gw);
+    r.lr = (float)optim_lr(L->opt, L->opt->step);
+    r.grad_norm = optim_step(L->opt, L->m, L->grads);
+    return r;
+}
+
+void learner_mem_plan(const Learner *L, MemPlan *plan) {
+    plan->grads = sizeof(float) * (double)optim_grad_floats(L->opt);
+    plan->moments = 2.0 * sizeof(float) * L->opt->n_state;
+    for (int i = 0; i < L->n_slots; i++) plan->acts += sizeof(float) * (double)L->slots[i].n_arena;
+}
+
+int learner_save(Learner *L, const char *src_dir, const char *dir) {
+    if (checkpoint_save_model(L->m, src_dir, dir, 1)) return -1;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/optim.rank%d.bin", dir, L->m->mesh->rank);
+    if (optim_save(L->opt, path)) rank_error("%s: cannot write: %s", path, strerror(errno));
+    return 0;
+}
+
+void learner_resume(Learner *L, const char *dir, int same_layout, int step) {
+    if (!same_layout) {
+        L->opt->step = step;
+        return;
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/optim.rank%d.bin", dir, L->m->mesh->rank);
+    if (optim_load(L->opt, path)) rank_error("%s: cannot read", path);
+}

@@ -1,0 +1,55 @@
+/* learner.h — one trained model's training step as an object: the model it updates, its optimizer
+ * (AdamW, plain or ZeRO-1), the gradient arena with the model's layout, and the activation slots
+ * of the 1F1B pipeline. One step reads like llm.c's four lines:
+ *
+ *     optim_zero_grad;  schedule_1f1b (forward + hook + backward of M micro-batches);  optim_step
+ *
+ * Used by sft, rm and dpo (train/trainer.c's loop), the two trained roles of ppo (actor, critic)
+ * and `tandem bench --train`.
+ * Owns: the optimizer, the gradient arena, the activation slots, the step's order, and saving /
+ * resuming this rank's part of them (the weights as an HF directory, optim.rankR.bin).
+ * Does not own: the model's weights (the caller loaded them), data, the loss (the hook), logging,
+ * the loop, the trainer's own state file (trainer_state.json, ppo_state.json). */
+#ifndef TANDEM_LEARNER_H
+#define TANDEM_LEARNER_H
+#include "train/grad.h"
+#include "train/optim.h"
+
+typedef struct {
+    Model *m;              /* the trained model (on its own mesh: m->mesh) */
+    Optim *opt;
+    float *grads;          /* (optim_grad_floats(opt)) gradient arena, the parameter arena's layout */
+    ModelWeights gw;       /* the gradients as tensors (views into grads) */
+    LayerWeights *gl;      /* (L_local) */
+    TrainActs *slots;      /* (n_slots) one per micro-batch in flight: min(pp, micro-batches) */
+    int n_slots;
+} Learner;
+
+/* What one step gives back, the same on every rank of the mesh. */
+typedef struct {
+    float loss;            /* the hook's summed loss over this rank's micro-batches (last stage's,
+                              shared over pp; not summed over dp) */
+    float grad_norm;       /* global gradient norm before clipping */
+    float lr;              /* the learning rate the step used */
+} LearnerStep;
+
+/* Sizes everything up front: slots for micro-batches of up to max_tokens tokens (max_seq per
+ * sequence), enough for n_micro micro-batches per step on this pp; recompute: keep only layer
+ * inputs. Collective over m's tp group (train_acts_init). */
+void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_seq, int n_micro, int recompute);
+void learner_free(Learner *L);
+/* One optimizer step over M micro-batches of this dp rank (collective over the mesh):
+ * zero the gradients, 1F1B forward + hook + backward, AdamW (dp reduction, clipping, ZeRO-1). */
+LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHook *hook);
+/* Adds the learner's parts to a memory plan: gradients, moments, activation slots. */
+void learner_mem_plan(const Learner *L, MemPlan *plan);
+/* dir: the weights as an HF directory (checkpoint_save_model from src_dir's config and tokenizer,
+ * atomic), then this rank's optim.rankR.bin in it. Collective over the mesh. Returns 0, or -1 on
+ * every rank when the weights could not be written (the failing rank said why; dir is left as it
+ * was). An optimizer file that cannot be written is a rank_error. */
+int learner_save(Learner *L, const char *src_dir, const char *dir);
+/* Continues from dir (what learner_save wrote): at the same layout (tp, pp, dp, zero) this rank's
+ * optim.rankR.bin is read (bit-exact resume); at another the moments restart from zero at step
+ * `step`. The weights were loaded with the model. */
+void learner_resume(Learner *L, const char *dir, int same_layout, int step);
+#endif

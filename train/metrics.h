@@ -1,0 +1,23 @@
+/* metrics.h — the one writer of OUT/metrics.jsonl, used by every training command (sft, rm, dpo,
+ * ppo): one JSON object per line, {"step": N, "key": value, ...}, flushed at the end of each line
+ * so a killed run leaves whole lines. Only the writing rank (the command's root) holds the file;
+ * on every other rank each call is a no-op, so callers need no rank test around it.
+ * Does not own: what the keys mean (each command's names: TRL's for dpo, verl's for ppo). */
+#ifndef TANDEM_METRICS_H
+#define TANDEM_METRICS_H
+#include <stdio.h>
+
+typedef struct {
+    FILE *f;       /* NULL on ranks that do not write */
+} MetricsLog;
+
+/* Opens out/metrics.jsonl on the writer (append: continue a resumed run's file); a user_error
+ * naming the file when it cannot be opened. Not collective. */
+void metrics_open(MetricsLog *ml, const char *out, int append, int writer);
+void metrics_close(MetricsLog *ml);
+/* A line: metrics_begin, fields, metrics_end (which writes "}\n" and flushes). */
+void metrics_begin(MetricsLog *ml, int step);
+void metrics_num(MetricsLog *ml, const char *key, double v);                   /* "key": %.9g */
+void metrics_fmt(MetricsLog *ml, const char *key, const char *fmt, double v);  /* "key": fmt (one double) */
+void metrics_end(MetricsLog *ml);
+#endif
