@@ -5,7 +5,7 @@
 #include "eval/eval.h"
 #include "generate/generate.h"
 #include "runtime/convert.h"
-#include "runtime/hub.h"
+#include "runtime/fetch.h"
 #include "tokenizer/tokenize_cli.h"
 #include "rlhf/pref.h"
 #include "rlhf/ppo.h"
