@@ -325,9 +325,7 @@ int bench_main(int argc, char **argv) {
     if (score && !train) user_error("bench: --score is a --train option");
     threads = cpu_set_threads(threads);
     Mesh mesh;
-    Comm world = comm_world();   /* this command's meshes span the job */
-    mesh_init(&mesh, &world, tp, pp);
-    comm_free(&world);
+    mesh_init_world(&mesh, tp, pp);
     Model m;
     if (score) model_load_score(&m, model_dir, &mesh, 1);   /* a directory's own score head is kept */
     else model_load(&m, model_dir, &mesh);

@@ -351,9 +351,7 @@ int eval_main(int argc, char **argv) {
     threads = cpu_set_threads(threads);
 
     Mesh mesh;
-    Comm world = comm_world();   /* this command's meshes span the job */
-    mesh_init(&mesh, &world, tp, pp);
-    comm_free(&world);
+    mesh_init_world(&mesh, tp, pp);
     Model m;
     model_load(&m, model_dir, &mesh);
     int reference = ref != NULL, n;

@@ -640,9 +640,7 @@ int generate_main(int argc, char **argv) {
     threads = cpu_set_threads(threads);
 
     Mesh mesh;
-    Comm world = comm_world();   /* this command's meshes span the job */
-    mesh_init(&mesh, &world, tp, pp);
-    comm_free(&world);
+    mesh_init_world(&mesh, tp, pp);
     Run run = {0};
     run.resume_keep = -1;   /* keep the whole file (--resume may say less); 0 would truncate a pipe */
     run.out_path = out_path;

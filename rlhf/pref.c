@@ -161,9 +161,7 @@ static int score_main(const char *model_dir, const char *input, const char *outp
         user_error("%s: a causal LM, not a reward model (rm --score needs a *ForSequenceClassification directory, "
                    "e.g. one `tandem rm` saved)", model_dir);
     Mesh mesh;
-    Comm world = comm_world();
-    mesh_init(&mesh, &world, tp, pp);
-    comm_free(&world);
+    mesh_init_world(&mesh, tp, pp);
     Model m;
     model_load(&m, model_dir, &mesh);
     char err[1024];
