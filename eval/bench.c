@@ -8,7 +8,7 @@
 #include "generate/engine.h"
 #include "train/grad.h"
 #include "train/optim.h"
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu.h"   /* on purpose: times cpu_matmul and the FMA peak directly */
 #include "runtime/args.h"
 #include "runtime/comm.h"
 #include "runtime/mesh.h"
@@ -323,7 +323,7 @@ int bench_main(int argc, char **argv) {
     if (!model_dir) user_error("bench: --model DIR or --tokenizer FILE is required");
     if (batch < 1 || seq < 1 || iters < 1 || threads < 0) user_error("bench: --batch, --seq, --iters must be >= 1, --threads >= 0");
     if (score && !train) user_error("bench: --score is a --train option");
-    threads = cpu_set_threads(threads);
+    threads = backend_set_threads(threads);
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
     Model m;

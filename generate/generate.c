@@ -637,7 +637,7 @@ int generate_main(int argc, char **argv) {
     same_file_check(in_path, out_path);
     if (block < 1 || max_batch < 1 || max_batch_tokens < 1 || threads < 0 || !(kv_mib > 0))
         user_error("--block-size, --max-batch, --max-batch-tokens, --threads, --kv-cache-mem must be positive");
-    threads = cpu_set_threads(threads);
+    threads = backend_set_threads(threads);
 
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);

@@ -834,7 +834,7 @@ int ppo_main(int argc, char **argv) {
     p.actor_hook = (PpoHook){.clip_low = clip_eps, .clip_high = clip_high > 0 ? clip_high : clip_eps, .clip_c = dual_clip,
                              .kl_loss_coef = kl_loss_coef};
     p.critic_hook = (PpoHook){.value_clip = value_clip};
-    threads = cpu_set_threads(threads);
+    threads = backend_set_threads(threads);
 
     /* roles and placement */
     R[R_ACTOR].active = 1;

@@ -291,7 +291,7 @@ static int pref_main(int argc, char **argv, int dpo) {
     if (score && !model_dir) user_error("rm --score: --model is required");
     if (score) {
         if (seq_len < 2 || batch_size < 1 || threads < 0) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
-        threads = cpu_set_threads(threads);
+        threads = backend_set_threads(threads);
         return score_main(model_dir, input, output, chat_template, tp, pp, seq_len, batch_size);
     }
     if (!model_dir || !data_path || !out) user_error("%s: --model, --data and --out are required", cmd);
@@ -313,7 +313,7 @@ static int pref_main(int argc, char **argv, int dpo) {
     if (dir_exists(out) && !overwrite && !resume)
         user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", out);
     if (resume) trainer_check_same_model(model_dir, resume);
-    threads = cpu_set_threads(threads);
+    threads = backend_set_threads(threads);
 
     Mesh mesh, ref_mesh;
     Comm world = comm_world();

@@ -102,7 +102,7 @@ int sft_main(int argc, char **argv) {
         user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", out);
     if (resume) trainer_check_same_model(model_dir, resume);
     if (save_limit < 0) user_error("--save-total-limit %d: must be >= 0", save_limit);
-    threads = cpu_set_threads(threads);
+    threads = backend_set_threads(threads);
 
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
