@@ -21,7 +21,7 @@ DEB_PKGS = build-essential pkg-config libopenblas-openmp-dev libsentencepiece-de
            libcurl4-openssl-dev libssl-dev libopenmpi-dev openmpi-bin libcjson-dev libpcre2-dev libutf8proc-dev bats jq \
            python3 python3-venv python3-torch python3-numpy
 
-LIB_C   := $(wildcard runtime/*.c kernels/cpu/*.c tokenizer/*.c generate/*.c train/*.c rlhf/*.c eval/*.c)
+LIB_C   := $(wildcard runtime/*.c kernels/cpu/*.c tokenizer/*.c generate/*.c train/*.c rlhf/*.c eval/*.c bench/*.c)
 LIB_CXX := $(wildcard tokenizer/*.cpp)
 LIB_OBJ := $(patsubst %.c,build/%.o,$(LIB_C)) $(patsubst %.cpp,build/%.o,$(LIB_CXX))
 TEST_C  := $(wildcard tests/test_*.c)

@@ -1,7 +1,7 @@
 /* tandem.c — the one binary. Only dispatches subcommands; every job lives in its module. */
 #include <stdio.h>
 #include <string.h>
-#include "eval/bench.h"
+#include "bench/bench.h"
 #include "eval/eval.h"
 #include "generate/generate.h"
 #include "runtime/convert.h"

@@ -3,7 +3,7 @@
  * training step (LM cross-entropy, or with --score a reward model's Bradley–Terry loss), --tokenizer
  * encode speed. Reports the median of --iters timed runs after one warm-up. Random token ids: speed
  * does not depend on the text. */
-#include "eval/bench.h"
+#include "bench/bench.h"
 #include "rlhf/pref_loss.h"
 #include "generate/engine.h"
 #include "train/grad.h"
