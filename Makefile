@@ -21,7 +21,7 @@ DEB_PKGS = build-essential pkg-config libopenblas-openmp-dev libsentencepiece-de
            libcurl4-openssl-dev libssl-dev libopenmpi-dev openmpi-bin libcjson-dev libpcre2-dev libutf8proc-dev bats jq \
            python3 python3-venv python3-torch python3-numpy
 
-LIB_C   := $(wildcard runtime/*.c kernels/cpu/*.c tokenizer/*.c generate/*.c train/*.c rlhf/*.c eval/*.c)
+LIB_C   := $(wildcard runtime/*.c kernels/cpu/*.c tokenizer/*.c generate/*.c train/*.c rlhf/*.c eval/*.c bench/*.c)
 LIB_CXX := $(wildcard tokenizer/*.cpp)
 LIB_OBJ := $(patsubst %.c,build/%.o,$(LIB_C)) $(patsubst %.cpp,build/%.o,$(LIB_CXX))
 TEST_C  := $(wildcard tests/test_*.c)
@@ -79,17 +79,17 @@ build/tests/%: tests/%.c build/libtandem.a
 	@mkdir -p build/tests
 	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
 
-# CUDA backend: kernels/cuda/*.cu behind the same interface as kernels/cpu (see kernels/kernels.h).
+# CUDA backend: kernels/cuda/*.cu, the kernels/cpu ones with a cuda_ prefix (see kernels/cuda/cuda.h).
 CUDA_OBJ := $(patsubst %.cu,build/%.o,$(wildcard kernels/cuda/*.cu))
 NVFLAGS  ?= -O2 -std=c++17 -I. -arch=sm_90 -Xcompiler -Wall,-Wextra
 cuda: all
 	@$(MAKE) --no-print-directory build/tests/cuda_vs_cpu
-build/%.o: %.cu kernels/kernels.h
+build/%.o: %.cu kernels/cuda/cuda.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 build/tests/cuda_vs_cpu: tests/cuda/cuda_vs_cpu.c $(CUDA_OBJ) build/libtandem.a
 	@mkdir -p build/tests
-	$(CC) $(CFLAGS) -DTANDEM_CUDA $^ -o $@ $(LDLIBS) -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublas -lstdc++
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS) -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 -lcudart -lcublas -lstdc++
 
 clean:
 	rm -rf build bin

@@ -1,11 +1,11 @@
 /* tandem.c — the one binary. Only dispatches subcommands; every job lives in its module. */
 #include <stdio.h>
 #include <string.h>
-#include "eval/bench.h"
+#include "bench/bench.h"
 #include "eval/eval.h"
 #include "generate/generate.h"
 #include "runtime/convert.h"
-#include "runtime/hub.h"
+#include "runtime/fetch.h"
 #include "tokenizer/tokenize_cli.h"
 #include "rlhf/pref.h"
 #include "rlhf/ppo.h"

@@ -420,12 +420,10 @@ int eval_main(int argc, char **argv) {
     if (!ref == !data) user_error("eval: give exactly one of --reference or --data");
     if (threads < 0) user_error("--threads must be >= 0 (0 = the cores available)");
     if (batch_tokens < 1) user_error("--batch-tokens must be >= 1");
-    threads = cpu_set_threads(threads);
+    threads = backend_set_threads(threads);
 
     Mesh mesh;
-    Comm world = comm_world();   /* this command's meshes span the job */
-    mesh_init(&mesh, &world, tp, pp);
-    comm_free(&world);
+    mesh_init_world(&mesh, tp, pp);
     Model m;
     model_load(&m, model_dir, &mesh);
     int reference = ref != NULL, n;

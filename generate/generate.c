@@ -637,12 +637,10 @@ int generate_main(int argc, char **argv) {
     same_file_check(in_path, out_path);
     if (block < 1 || max_batch < 1 || max_batch_tokens < 1 || threads < 0 || !(kv_mib > 0))
         user_error("--block-size, --max-batch, --max-batch-tokens, --threads, --kv-cache-mem must be positive");
-    threads = cpu_set_threads(threads);
+    threads = backend_set_threads(threads);
 
     Mesh mesh;
-    Comm world = comm_world();   /* this command's meshes span the job */
-    mesh_init(&mesh, &world, tp, pp);
-    comm_free(&world);
+    mesh_init_world(&mesh, tp, pp);
     Run run = {0};
     run.resume_keep = -1;   /* keep the whole file (--resume may say less); 0 would truncate a pipe */
     run.out_path = out_path;

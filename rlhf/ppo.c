@@ -321,7 +321,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     p->actor_hook = (PpoHook){.clip_low = o->clip_eps, .clip_high = o->clip_high > 0 ? o->clip_high : o->clip_eps, .clip_c = o->dual_clip,
                              .kl_loss_coef = o->kl_loss_coef};
     p->critic_hook = (PpoHook){.value_clip = o->value_clip};
-    o->threads = cpu_set_threads(o->threads);
+    o->threads = backend_set_threads(o->threads);
 
     return memcpy(xmalloc(sizeof opts), opts, sizeof opts);
 }

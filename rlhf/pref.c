@@ -157,9 +157,7 @@ static int score_main(const char *model_dir, const char *input, const char *outp
         user_error("%s: a causal LM, not a reward model (rm --score needs a *ForSequenceClassification directory, "
                    "e.g. one `tandem rm` saved)", model_dir);
     Mesh mesh;
-    Comm world = comm_world();
-    mesh_init(&mesh, &world, tp, pp);
-    comm_free(&world);
+    mesh_init_world(&mesh, tp, pp);
     Model m;
     model_load(&m, model_dir, &mesh);
     char err[1024];
@@ -337,7 +335,7 @@ static int pref_main(int argc, char **argv, int dpo) {
     if (score && !o.model_dir) user_error("rm --score: --model is required");
     if (score) {
         if (o.seq_len < 2 || o.batch_size < 1 || o.threads < 0) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
-        cpu_set_threads(o.threads);
+        backend_set_threads(o.threads);
         return score_main(o.model_dir, input, output, o.chat_template, o.tp, o.pp, o.seq_len, o.batch_size);
     }
     train_options_check(&o, cmd);

@@ -1,7 +1,7 @@
 /* reward_http.c — see reward_http.h. curl's multi interface runs one request per URL at once; each
  * failed part is retried by itself. */
 #include "rlhf/reward_http.h"
-#include "runtime/hub.h"
+#include "runtime/http.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
 #include <curl/curl.h>

@@ -29,6 +29,12 @@ void comm_finalize(void) {
     MPI_Finalize();
 }
 
+int comm_initialized(void) {
+    int init = 0;
+    MPI_Initialized(&init);
+    return init;
+}
+
 static Comm dup_of(MPI_Comm parent) {
     Comm c;
     MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
@@ -45,6 +51,16 @@ Comm comm_split(const Comm *parent, int color, int key) {
     Comm c;
     MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
     MPI_CHECK(MPI_Comm_split(HANDLE(parent), color, key, h));
+    c.handle = h;
+    MPI_Comm_rank(*h, &c.rank);
+    MPI_Comm_size(*h, &c.size);
+    return c;
+}
+
+Comm comm_split_node(const Comm *parent) {
+    Comm c;
+    MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
+    MPI_CHECK(MPI_Comm_split_type(HANDLE(parent), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, h));
     c.handle = h;
     MPI_Comm_rank(*h, &c.rank);
     MPI_Comm_size(*h, &c.size);

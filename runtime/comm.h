@@ -1,7 +1,9 @@
 /* comm.h — the one communication API (ARCHITECTURE.md): all_reduce, all_gather, reduce_scatter,
  * broadcast, send/recv, over a Comm (a group of ranks). MPI backend on host buffers; a single
- * process needs no launcher (MPI singleton). MPI types stay inside comm.c.
- * Does not own the rank algebra (runtime/mesh.c). */
+ * process needs no launcher (MPI singleton). MPI stays inside comm.c; the one other file that
+ * includes <mpi.h> is runtime/util.c, whose error path asks for the world rank and aborts the job.
+ * Does not own the rank algebra (runtime/mesh.c) or who fetches a model on each node (runtime/hub.c,
+ * through comm_split_node). */
 #ifndef TANDEM_COMM_H
 #define TANDEM_COMM_H
 #include <stddef.h>
@@ -14,11 +16,16 @@ typedef struct {
 
 void comm_init(int *argc, char ***argv);   /* MPI_Init; world rank 0 reports errors until groups exist */
 void comm_finalize(void);
+/* 1 once comm_init has run in this process: commands without ranks (fetch, convert, tokenize) parse a
+ * --model without it, and then there is no world to ask. */
+int comm_initialized(void);
 /* A new communicator over every rank of the job: what a command cuts its meshes or role groups
  * from (the only place the world is named outside the error path). */
 Comm comm_world(void);
 Comm comm_dup(const Comm *c);
 Comm comm_split(const Comm *parent, int color, int key);
+/* The ranks of parent that share this node's memory, in parent's order (collective over parent). */
+Comm comm_split_node(const Comm *parent);
 void comm_free(Comm *c);
 
 void comm_all_reduce_sum(const Comm *c, float *buf, size_t n);     /* in place */

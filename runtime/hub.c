@@ -2,13 +2,14 @@
  * layout and the checks follow huggingface_hub (file_download.py, hf_api.py) so that the two share
  * one cache. */
 #include "runtime/hub.h"
-#include "runtime/args.h"
+#include "runtime/comm.h"
+#include "runtime/http.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
+#include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
-#include <mpi.h>
 #include <openssl/evp.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -23,18 +24,6 @@
 #include <unistd.h>
 
 /* ---- HTTP: one GET with retries, to memory or resuming into a file ---- */
-
-int http_should_retry(CURLcode rc, long status) {
-    if (rc != CURLE_OK)
-        return rc != CURLE_WRITE_ERROR && rc != CURLE_URL_MALFORMAT && rc != CURLE_UNSUPPORTED_PROTOCOL &&
-               rc != CURLE_COULDNT_RESOLVE_HOST && rc != CURLE_ABORTED_BY_CALLBACK;
-    return status == 429 || status >= 500;
-}
-
-void http_backoff(int attempt) {
-    if (attempt < 1) return;
-    usleep((useconds_t)(0.5e6 * (1 << (attempt - 1 < 4 ? attempt - 1 : 4))));
-}
 
 typedef struct {
     char endpoint[512];    /* HF_ENDPOINT without a trailing '/' */
@@ -277,7 +266,7 @@ static int is_hex(const char *s, size_t n) {
 }
 
 /* A name from the server becomes a path under our directories: relative, no "..", no empty parts. */
-static int safe_rel_path(const char *f) {
+int hub_safe_rel_path(const char *f) {
     if (!*f || *f == '/' || strchr(f, '\\')) return 0;
     for (const char *c = f; *c; c++) if ((unsigned char)*c < 0x20 || *c == 0x7f) return 0;
     for (const char *p = f; *p;) {
@@ -511,7 +500,7 @@ static char *repo_files(Hub *h, const char *repo, const char *rev, char **inc, i
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(s, "rfilename");
         if (!cJSON_IsString(name)) user_error("%s: a sibling without \"rfilename\"", url);
         const char *nm = name->valuestring;
-        if (!safe_rel_path(nm)) user_error("%s: refusing the file name \"%.100s\" (not a plain relative path)", url, nm);
+        if (!hub_safe_rel_path(nm)) user_error("%s: refusing the file name \"%.100s\" (not a plain relative path)", url, nm);
         size_t l = strlen(listed);
         if (l < sizeof listed - 1) snprintf(listed + l, sizeof listed - l, "%s%s", n_all ? ", " : "", nm);
         n_all++;
@@ -625,12 +614,15 @@ static void http_done(void) {
  * repository id and which commit of main to use (its cache's, else the one it fetches); then one
  * rank per other node fetches that commit into its node's cache where it is missing. */
 const char *hub_model_path(const char *arg) {
-    int init = 0, size = 1, rank = 0, local = 0;
-    MPI_Initialized(&init);
-    if (init) MPI_Comm_size(MPI_COMM_WORLD, &size), MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    Comm world = {.rank = 0, .size = 1, .handle = NULL};   /* without MPI (fetch, convert, tokenize): one rank */
+    if (comm_initialized()) world = comm_world();
+    int rank = world.rank, size = world.size;
     int repo = arg && !dir_exists(arg) && is_repo_id(arg);
-    if (size > 1) MPI_Bcast(&repo, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (!repo) return arg;
+    comm_broadcast(&world, &repo, sizeof repo, 0);
+    if (!repo) {
+        comm_free(&world);
+        return arg;
+    }
     Hub h;
     hub_init(&h, 10, 5);
     char commit[41] = "", *snap = NULL;
@@ -650,10 +642,9 @@ const char *hub_model_path(const char *arg) {
         }
     }
     if (size > 1) {
-        MPI_Bcast(commit, sizeof commit, MPI_CHAR, 0, MPI_COMM_WORLD);
-        MPI_Comm node;
-        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-        MPI_Comm_rank(node, &local);
+        comm_broadcast(&world, commit, sizeof commit, 0);
+        Comm node = comm_split_node(&world);
+        int local = node.rank;
         if (rank != 0) {
             snap = cached_snapshot(&h, arg, commit);
             if (local == 0 && !(snap && snapshot_usable(snap))) {   /* another node (or another cache) */
@@ -661,8 +652,8 @@ const char *hub_model_path(const char *arg) {
                 snap = fetch(&h, arg, commit, NULL, NULL, 0);
             }
         }
-        MPI_Barrier(node);   /* the node's other ranks read what its first one fetched */
-        MPI_Comm_free(&node);
+        comm_barrier(&node);   /* the node's other ranks read what its first one fetched */
+        comm_free(&node);
         if (local != 0) {
             free(snap);
             snap = cached_snapshot(&h, arg, commit);
@@ -670,58 +661,22 @@ const char *hub_model_path(const char *arg) {
                 rank_error("%s: commit %s was fetched on this node, yet is not in %s", arg, commit, h.cache);
         }
     }
+    comm_free(&world);
     free(h.auth);
     http_done();
     return snap;
 }
 
-/* ---- tandem fetch ---- */
+/* ---- tandem fetch (runtime/fetch.c) ---- */
 
-int fetch_main(int argc, char **argv) {
-    const char *rev, *dir, *include;
-    int timeout, retries;
-    Option opts[] = {
-        {"--revision", OPT_STR, &rev, "main", "branch, tag or commit"},
-        {"--dir", OPT_STR, &dir, NULL, "put the files in DIR instead of the hub cache"},
-        {"--include", OPT_STR, &include, NULL, "comma-separated globs of files to fetch (default: config, tokenizer, safetensors)"},
-        {"--timeout", OPT_INT, &timeout, "10", "seconds a connection may take to open or stall"},
-        {"--retries", OPT_INT, &retries, "5", "retries (0.5 s, 1 s, 2 s, ... apart) after a failure that moved no bytes"},
-    };
-    const char *repo = NULL;   /* the one positional argument: the first word not after a flag */
-    char **rest = xmalloc(sizeof(char *) * (size_t)(argc + 1));
-    int nrest = 0;
-    for (int a = 0; a < argc; a++) {
-        if (a > 0 && !repo && argv[a][0] != '-' && (a == 1 || argv[a - 1][0] != '-')) { repo = argv[a]; continue; }
-        rest[nrest++] = argv[a];
-    }
-    args_parse("usage: tandem fetch ORG/NAME [--revision R] [--dir DIR] [--include GLOB,GLOB]\n"
-               "Downloads a Hugging Face Hub model into the hub cache (HF_HUB_CACHE, else $HF_HOME/hub, else\n"
-               "~/.cache/huggingface/hub) and prints its directory. Honours HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE.",
-               opts, sizeof opts / sizeof *opts, nrest, rest);
-    free(rest);
-    if (!repo) user_error("fetch: a repository id ORG/NAME is required");
-    if (!strchr(repo, '/') || strchr(strchr(repo, '/') + 1, '/') || !safe_rel_path(repo) || strstr(repo, "--"))
-        user_error("fetch: \"%s\" is not a repository id ORG/NAME", repo);
-    if (!*rev || !safe_rel_path(rev)) user_error("--revision: \"%s\" is not a revision", rev);
-    if (timeout < 1) user_error("--timeout must be >= 1");
-    if (retries < 0) user_error("--retries must be >= 0");
-    char *inc_buf = include ? xstrdup(include) : NULL, *inc[64];
-    int n_inc = 0;
-    char *save = NULL;
-    for (char *t = inc_buf ? strtok_r(inc_buf, ",", &save) : NULL; t; t = strtok_r(NULL, ",", &save)) {
-        if (n_inc == 64) user_error("--include: at most 64 globs");
-        inc[n_inc++] = t;
-    }
-    if (include && !n_inc) user_error("--include: no glob given");
+char *hub_fetch(const char *repo, const char *rev, const char *dir, char **include, int n_include, int timeout,
+                int retries) {
     Hub h;
     hub_init(&h, timeout, retries);
     h.bar = isatty(2);
     h.say = !h.bar;
-    char *snap = fetch(&h, repo, rev, dir, inc, n_inc);
-    printf("%s\n", snap);
-    free(snap);
-    free(inc_buf);
+    char *snap = fetch(&h, repo, rev, dir, include, n_include);
     free(h.auth);
     http_done();
-    return 0;
+    return snap;
 }

@@ -1,4 +1,4 @@
-/* hub.h — models from the Hugging Face Hub: `tandem fetch` and `--model ORG/NAME`.
+/* hub.h — models from the Hugging Face Hub: the library under `tandem fetch` and `--model ORG/NAME`.
  *
  * Downloads a model repository the way huggingface_hub does: the file list (with blob ids, sizes and
  * LFS sha256) from {endpoint}/api/models/{repo}/revision/{rev}?blobs=true, then each file from
@@ -13,13 +13,20 @@
  * retried with backoff; every file is checked against the API's size and hash (LFS sha256, else the
  * git blob sha1) before it is renamed into place. HF_ENDPOINT, HF_TOKEN (else the token file under
  * HF_HOME) and HF_HUB_OFFLINE are honoured.
- * Owns: the Hub protocol, the cache layout, downloads. Knows nothing of models beyond "config.json and
- * safetensors make a usable snapshot". */
+ * Owns: the Hub protocol, the cache layout, downloads. Does not own the `tandem fetch` command line
+ * (runtime/fetch.c), the HTTP retry policy (runtime/http.c) or MPI (runtime/comm.c: one rank per node
+ * fetches through it). Knows nothing of models beyond "config.json and safetensors make a usable
+ * snapshot". */
 #ifndef TANDEM_HUB_H
 #define TANDEM_HUB_H
-#include <curl/curl.h>
 
-int fetch_main(int argc, char **argv);
+/* Fetches repo ("ORG/NAME") at rev (branch, tag or commit) into the hub cache, or into dir when it is
+ * not NULL: the files matching one of the n_include globs, else (n_include 0) the top level's config,
+ * tokenizer and safetensors files. timeout: s a connection may take to open or stall; retries:
+ * attempts after a failure that moved no bytes. Progress on stderr (a bar on a terminal, else a line
+ * per file). Returns the snapshot directory (or dir), malloc'd; errors stop the job with one line. */
+char *hub_fetch(const char *repo, const char *rev, const char *dir, char **include, int n_include, int timeout,
+                int retries);
 
 /* A --model value: an existing directory (or anything that is not a Hub repo id "ORG/NAME" whose ORG
  * is not a local directory) comes back as is; a repo id comes back as its snapshot directory in the
@@ -27,7 +34,7 @@ int fetch_main(int argc, char **argv);
  * the node's others wait. Errors stop the job with one line naming the URL and status. */
 const char *hub_model_path(const char *arg);
 
-/* The retry policy shared by every HTTP client of the project (downloads, reward servers). */
-int http_should_retry(CURLcode rc, long status); /* connection trouble, timeouts, 429, 5xx */
-void http_backoff(int attempt);                 /* sleeps 0.5, 1, 2, 4, 8, 8, ... s before attempt 1, 2, ... */
+/* 1 when f is a plain relative path: no leading '/', no part that is empty, "." or "..", no '\\' and
+ * no control bytes. What a repository id, a revision and a file name from the server must be. */
+int hub_safe_rel_path(const char *f);
 #endif

@@ -30,6 +30,12 @@ void mesh_init(Mesh *m, const Comm *parent, int tp, int pp) {
     CHECK(m->tp_comm.rank == m->tp_rank && m->dp_comm.rank == m->dp_rank && m->pp_comm.rank == m->pp_rank);
 }
 
+void mesh_init_world(Mesh *m, int tp, int pp) {
+    Comm world = comm_world();
+    mesh_init(m, &world, tp, pp);
+    comm_free(&world);
+}
+
 void mesh_free(Mesh *m) {
     comm_free(&m->tp_comm);
     comm_free(&m->dp_comm);

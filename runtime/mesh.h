@@ -28,6 +28,8 @@ typedef struct {
 /* Cuts the ranks of parent into a tp x pp x dp mesh (collective over parent); an impossible layout
  * is a user_error (reported by the group's root). */
 void mesh_init(Mesh *m, const Comm *parent, int tp, int pp);
+/* mesh_init over every rank of the job (collective over the world): a command whose model spans it. */
+void mesh_init_world(Mesh *m, int tp, int pp);
 void mesh_free(Mesh *m);
 int mesh_rank_of(const Mesh *m, int tp_rank, int dp_rank, int pp_rank);
 static inline int mesh_is_root(const Mesh *m) { return m->rank == 0; }

@@ -299,7 +299,7 @@ static void rope_init(Model *m) {
 static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_t seed) {
     memset(m, 0, sizeof(*m));
     m->mesh = mesh;
-    m->be = &cpu_backend;
+    m->be = backend_default();
     config_load(&m->cfg, dir);
     if (score && !m->cfg.score_head) {   /* a score head on a causal LM: lm_head unused, nothing tied */
         m->cfg.score_head = 1;

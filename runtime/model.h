@@ -81,7 +81,7 @@ typedef struct {
     float *hb2;    /* (N, F_local) up */
     float *logits; /* (N, V_local) last stage; padded vocab columns are -inf. Score head: (N, 1) values */
     float *scratch;/* (threads, heads, max_seq) attention scores */
-    float *rope;   /* (N, Dh) cos then sin of each token's RoPE angles (cpu_rope_table) */
+    float *rope;   /* (N, Dh) cos then sin of each token's RoPE angles (the backend's rope_table) */
     int *pos;      /* (N) position of each token in its sequence */
     float *arena;  /* every float buffer above */
     size_t n_floats;

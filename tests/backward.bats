@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# Backward kernels for training (kernels/cpu/backward.c, kernels/backward.h), two oracles each:
+# Backward kernels for training (kernels/cpu/backward.c, kernels/cpu/backward.h), two oracles each:
 #   torch: PyTorch autograd of HF-style forward ops (fixtures written by
 #          tests/fixtures/backward/make_backward_fixtures.py), fp32 within 1e-5 relative; the
 #          forward kernel is checked against torch's output on the same inputs too

@@ -9,8 +9,7 @@
  * start as NaN, so an element left unwritten fails), parameter gradients accumulate (a second call
  * must double them). Each prints one line per tensor with the measured max |diff|, then
  * "ok: KERNEL ..." and exits 0, or names what failed and exits 1. */
-#include "kernels/backward.h"
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
 #include <math.h>

@@ -364,7 +364,7 @@ static int cmd_torch_sft(char **argv) {
 
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
-    cpu_set_threads(getenv("OMPI_COMM_WORLD_SIZE") ? 1 : 2);   /* 1 per rank under mpirun */
+    backend_set_threads(getenv("OMPI_COMM_WORLD_SIZE") ? 1 : 2);   /* 1 per rank under mpirun */
     int rc = 2;
     if (argc >= 4 && strcmp(argv[1], "save") == 0 && argc != 5 && argc <= 7) rc = cmd_save(argc, argv);
     else if (argc >= 4 && strcmp(argv[1], "compare") == 0) rc = cmd_compare(argc, argv);

@@ -160,7 +160,7 @@ int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     if (argc < 2) { fprintf(stderr, "usage: test_exact MODEL_DIR [TP PP]\n"); return 2; }
     int tp = argc > 3 ? atoi(argv[2]) : 1, pp = argc > 3 ? atoi(argv[3]) : 1;
-    cpu_set_threads(1);
+    backend_set_threads(1);
     if (getenv("TANDEM_TEST_TEMPERATURE")) g_T = (float)atof(getenv("TANDEM_TEST_TEMPERATURE"));
     Mesh mesh;
     Comm world = comm_world();   /* this command's meshes span the job */

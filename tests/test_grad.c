@@ -187,7 +187,7 @@ int main(int argc, char **argv) {
     int tp = argc >= 5 ? atoi(argv[3]) : 1, pp = argc >= 5 ? atoi(argv[4]) : 1;
     int one_f_one_b = argc == 6 && !strcmp(argv[5], "1f1b");  /* each sequence its own micro-batch, 1F1B */
     int recompute = getenv("TANDEM_TEST_RECOMPUTE") != NULL;   /* --recompute full: the same numbers */
-    cpu_set_threads(getenv("OMPI_COMM_WORLD_SIZE") ? 1 : 2);   /* 1 per rank under mpirun */
+    backend_set_threads(getenv("OMPI_COMM_WORLD_SIZE") ? 1 : 2);   /* 1 per rank under mpirun */
     Mesh mesh;
     Comm world = comm_world();   /* this command's meshes span the job */
     mesh_init(&mesh, &world, tp, pp);

@@ -47,7 +47,7 @@ static void score_one(Model *mp, const Mesh *mesh, const char *dir, const char *
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     if (argc < 3 || argc - 2 > MAX_GROUPS) { fprintf(stderr, "usage: test_groups OUT_PREFIX NAME:RANKS:DIR:TP:PP[+DIR:TP:PP] ...\n"); return 2; }
-    cpu_set_threads(1);
+    backend_set_threads(1);
     int n = argc - 2, counts[MAX_GROUPS];
     char *names[MAX_GROUPS], *rest[MAX_GROUPS];
     for (int g = 0; g < n; g++) {

@@ -1,11 +1,11 @@
-/* test_kernels.c — the batch-invariance contract of the CPU forward kernels (kernels/kernels.h):
+/* test_kernels.c — the batch-invariance contract of the CPU forward kernels (kernels/cpu/cpu.h):
  * cpu_matmul gives each output row the same bits whether the row is computed alone, inside a batch
  * of any size and offset (4x4 tiles vs the 1x1 edge kernel), or with 1 or 2 threads; the same for
  * cpu_attention across thread counts, and across the contiguous and paged layouts. Exact
  * comparison: the contract is bitwise. Also silu (exp16) against exact values, and the one-pass
  * argmax against a plain scan.
  * Usage: test_kernels  (prints one line per shape, exits 1 on any difference) */
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu.h"
 #include "runtime/util.h"
 #include <omp.h>
 #include <math.h>

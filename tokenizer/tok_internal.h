@@ -1,5 +1,7 @@
-/* tok_internal.h — what tokenizer.c, spm.cpp, bpe.c and chat.c share; not part of the public API.
- * Owns the Tokenizer struct layout, the string->id hash map and the model back-end entry points. */
+/* tok_internal.h — what tokenizer.c, vocab.c, spm.cpp, bpe.c and chat.c share; not part of the public
+ * API. Owns the Tokenizer struct layout, the declarations of the shared containers (string->id hash
+ * map, UTF-8 helpers, per-token tables and specials; defined in vocab.c) and the model back-end entry
+ * points (spm.cpp, bpe.c). */
 #ifndef TANDEM_TOK_INTERNAL_H
 #define TANDEM_TOK_INTERNAL_H
 #include "tokenizer/tokenizer.h"
@@ -81,7 +83,7 @@ void bpe_free(Bpe *b);
 void bpe_encode_chunk(Bpe *b, const char *text, size_t len, size_t base, TokIds *out,
                       TokIds *starts);
 
-/* UTF-8 helpers (tokenizer.c) */
+/* UTF-8 helpers (vocab.c) */
 /* Length of the valid UTF-8 sequence at s[0..n) or 0 if it is invalid/truncated; *bad gets the
  * length of the maximal invalid subpart to replace by one U+FFFD. */
 int utf8_seq_len(const unsigned char *s, size_t n, int *bad);

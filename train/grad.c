@@ -1,7 +1,7 @@
 /* grad.c — see grad.h. train_forward runs runtime/forward.c's functions (model_stage_input,
  * model_layer_forward, model_head) with one buffer per kept activation instead of one reused
  * buffer, so its logits carry the same bits as generation's; train_loss_backward mirrors it in
- * reverse, one backward kernel (kernels/backward.h, through m->be) per forward kernel.
+ * reverse, one backward kernel (kernels/cpu/backward.h, through m->be) per forward kernel.
  *
  * Tensor parallel: Megatron's conjugate pair of collectives (tensor_parallel/mappings.py). With
  * tp ranks r and a replicated input x (N, D):

@@ -84,9 +84,7 @@ int sft_main(int argc, char **argv) {
     train_options_check(&o, "sft");
 
     Mesh mesh;
-    Comm world = comm_world();   /* this command's meshes span the job */
-    mesh_init(&mesh, &world, o.tp, o.pp);
-    comm_free(&world);
+    mesh_init_world(&mesh, o.tp, o.pp);
     Model m;
     model_load(&m, o.resume ? o.resume : o.model_dir, &mesh);
     Sft s = {&m, NAN};

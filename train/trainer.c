@@ -167,7 +167,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     if (dir_exists(o->out) && !o->overwrite && !o->resume)
         user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", o->out);
     if (o->resume) trainer_check_same_model(o->model_dir, o->resume);
-    o->threads = cpu_set_threads(o->threads);
+    o->threads = backend_set_threads(o->threads);
 }
 
 /* Train and eval data, tokenized with --model's tokenizer. */

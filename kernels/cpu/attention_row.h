@@ -3,7 +3,7 @@
  * rotation. Private to kernels/cpu. */
 #ifndef TANDEM_ATTENTION_ROW_H
 #define TANDEM_ATTENTION_ROW_H
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/vec.h"
 #include <math.h>
 #include <stddef.h>

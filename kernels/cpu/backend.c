@@ -1,7 +1,8 @@
 /* backend.c — the CPU backend: kernels/kernels.h's operation table filled with the cpu_ kernels
- * (ops.c forward, backward.c backward). Host memory is the backend's memory, so the transfers are
- * plain copies. Owns nothing else. */
-#include "kernels/kernels.h"
+ * (ops.c forward, backward.c backward), and the seam's two functions that pick it (backend_default)
+ * and set its threads (backend_set_threads). Host memory is the backend's memory, so the transfers
+ * are plain copies. Owns nothing else. */
+#include "kernels/cpu/cpu.h"
 #include <string.h>
 
 static void host_copy(void *dst, const void *src, size_t bytes) {
@@ -40,3 +41,6 @@ const Backend cpu_backend = {
     .to_host = host_copy,
     .to_device = host_copy,
 };
+
+const Backend *backend_default(void) { return &cpu_backend; }
+int backend_set_threads(int n) { return cpu_set_threads(n); }

@@ -1,9 +1,9 @@
-/* backward.c — CPU backward kernels for training (declared and derived in kernels/backward.h).
+/* backward.c — CPU backward kernels for training (declared and derived in kernels/cpu/backward.h).
  * Each mirrors its forward in ops.c: the same fp32 arithmetic where a forward quantity is
  * recomputed (RMS scale, RoPE angles, attention probabilities), so the gradient is the gradient of
  * exactly the function the forward computes. Parameter gradients accumulate, activation gradients
  * are written. Owns no memory and does no communication; not batch-invariant (does not need to be). */
-#include "kernels/backward.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/attention_row.h"
 #include "kernels/cpu/vec.h"
 #include <cblas.h>

@@ -1,6 +1,6 @@
 /* ops.c — CPU forward kernels (the oracle for CUDA): the batch-invariant matmul, attention over the
  * paged cache, and plain loops for the rest. Owns no memory and does no communication. */
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/attention_row.h"
 #include "kernels/cpu/vec.h"
 #include <cblas.h>

@@ -2,7 +2,7 @@
  * `bench --generate` holds batched decode against (every weight costs one multiply-add per token,
  * so tokens/s <= peak / (2 x weights)). Here because only KERNEL_FLAGS make `a * m + b` one FMA;
  * the bench times it. */
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/vec.h"
 
 /* Twelve independent FMA chains per thread of the widest native vector (16 lanes with AVX-512, 8

@@ -1,11 +1,10 @@
-/* ops.cu — CUDA kernels behind kernels/kernels.h: matmul (cuBLAS) and RMSNorm, plus the device
+/* ops.cu — CUDA kernels of kernels/cuda/cuda.h: matmul (cuBLAS) and RMSNorm, plus the device
  * memory helpers the tests and the runtime use. Same names and argument order as kernels/cpu/ops.c
  * with a cuda_ prefix, device pointers and a trailing stream (STYLE.md 7). Kernels first, then the
  * launchers; every launch ends with a launch-error check.
  * Owns no tensor memory and does no communication; the only state is the lazily created cuBLAS
  * handle. Picking a device per rank is the runtime's job, not this file's. */
-#define TANDEM_CUDA
-#include "kernels/kernels.h"
+#include "kernels/cuda/cuda.h"
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

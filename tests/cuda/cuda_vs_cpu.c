@@ -3,10 +3,8 @@
  * included. Prints the max abs / rel difference per case.
  * Exit: 0 all cases pass, 1 some case fails, 77 "SKIP: no CUDA device" (bats and automake read 77 as
  * skip). Does not test speed. Built by `make cuda`, run by tests/cuda.bats. */
-#ifndef TANDEM_CUDA
-#define TANDEM_CUDA
-#endif
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/cuda/cuda.h"
 #include "runtime/util.h"
 #include <math.h>
 #include <stdint.h>

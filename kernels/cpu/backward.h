@@ -1,4 +1,4 @@
-/* backward.h — backward kernels for training, one per forward kernel in kernels/kernels.h.
+/* backward.h — CPU backward kernels for training, one per forward kernel in kernels/cpu/cpu.h.
  * Pure math on pointers (STYLE.md 7): no communication, no allocation (the caller passes scratch),
  * no model knowledge. Row-major everywhere, the shape vocabulary of kernels.h (N tokens, T tokens
  * of one sequence, D model dim, H / Hkv heads, Dh head dim, V vocab, `_local` = this TP rank's share).
@@ -75,7 +75,7 @@ void cpu_embedding_backward(float *dtable, const float *dout, const int *ids, in
 
 /* ---- per-token logprobs (the loss hook's LM side) -----------------------------------------------
  * lp_n = x[n, t_n] / T - lse_n with lse_n the log-sum-exp of x[n, :] / T over the full vocab
- * (cpu_row_max / cpu_row_sumexp / cpu_pick_logits in kernels.h, all-reduced by the caller).
+ * (cpu_row_max / cpu_row_sumexp / cpu_pick_logits in cpu.h, all-reduced by the caller).
  * Given dlogprob_n = d loss / d lp_n (from the loss hook):
  *     dlogits[n, c] = -dlogprob_n / T * (exp(x[n, c] / T - lse_n) - [v0 + c == t_n])
  * written, in place allowed (dlogits == logits); rows with t_n == -1 get 0. For cross-entropy

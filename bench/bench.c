@@ -3,12 +3,12 @@
  * training step (LM cross-entropy, or with --score a reward model's Bradley–Terry loss), --tokenizer
  * encode speed. Reports the median of --iters timed runs after one warm-up. Random token ids: speed
  * does not depend on the text. */
-#include "eval/bench.h"
+#include "bench/bench.h"
 #include "rlhf/pref_loss.h"
 #include "generate/engine.h"
 #include "train/grad.h"
 #include "train/learner.h"
-#include "kernels/kernels.h"
+#include "kernels/cpu/cpu.h"   /* on purpose: times cpu_matmul and the FMA peak directly */
 #include "runtime/args.h"
 #include "runtime/comm.h"
 #include "runtime/mesh.h"
@@ -312,11 +312,9 @@ int bench_main(int argc, char **argv) {
     if (!model_dir) user_error("bench: --model DIR or --tokenizer FILE is required");
     if (batch < 1 || seq < 1 || iters < 1 || threads < 0) user_error("bench: --batch, --seq, --iters must be >= 1, --threads >= 0");
     if (score && !train) user_error("bench: --score is a --train option");
-    threads = cpu_set_threads(threads);
+    threads = backend_set_threads(threads);
     Mesh mesh;
-    Comm world = comm_world();   /* this command's meshes span the job */
-    mesh_init(&mesh, &world, tp, pp);
-    comm_free(&world);
+    mesh_init_world(&mesh, tp, pp);
     Model m;
     if (score) model_load_score(&m, model_dir, &mesh, 1);   /* a directory's own score head is kept */
     else model_load(&m, model_dir, &mesh);
