@@ -1,4 +1,4 @@
-/* bench.h — `tandem bench`: throughput and peak memory (never timed tests). Its scripts (the .sh files)
+/* bench.h — `tandem bench`: throughput and peak memory (never timed tests). Its shell scripts
  * and PyTorch baselines sit beside it in bench/. Owns the measurements and their report; does not own
  * any of what it times (the engine, the training step, the tokenizers, the CPU kernels it calls
  * directly on purpose). */

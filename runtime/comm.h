@@ -1,7 +1,7 @@
 /* comm.h — the one communication API (ARCHITECTURE.md): all_reduce, all_gather, reduce_scatter,
  * broadcast, send/recv, over a Comm (a group of ranks). MPI backend on host buffers; a single
  * process needs no launcher (MPI singleton). MPI stays inside comm.c; the one other file that
- * includes <mpi.h> is runtime/util.c, whose error path asks for the world rank and aborts the job.
+ * calls MPI is runtime/util.c, whose error path asks for the world rank and aborts the job.
  * Does not own the rank algebra (runtime/mesh.c) or who fetches a model on each node (runtime/hub.c,
  * through comm_split_node). */
 #ifndef TANDEM_COMM_H
