@@ -4,6 +4,8 @@
  * over-long policy, bad-record policy, per-epoch shuffle, packing, batching, the cursor.
  * Does not own: the tokenizer (the caller opens and frees it; Data does not keep it), the model,
  * the loss, nor splitting batches over data-parallel ranks.
+ * Implemented in data.c (Data, order, packing, batches, cursor) and records.c (files and records
+ * -> samples, behind the internal train/records.h).
  *
  * ---- Files ----
  * The first non-blank character decides: '[' -> one JSON array of objects (Alpaca / LLaMA-Factory
