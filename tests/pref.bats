@@ -208,7 +208,7 @@ first_metric() { jq -r "select(has(\"$2\")) | .\"$2\"" "$1" | head -1; }
     [ -e "$hh" ] || skip "$hh not present (../shared/assets)"
     head -400 "$hh" > "$BATS_TEST_TMPDIR/train.jsonl"; tail -100 "$hh" > "$BATS_TEST_TMPDIR/val.jsonl"
     out="$BATS_TEST_TMPDIR/hh"
-    run timeout 300 "$TANDEM" rm --model "$STORIES" --data "$BATS_TEST_TMPDIR/train.jsonl" --eval-data "$BATS_TEST_TMPDIR/val.jsonl" \
+    run timeout 1200 "$TANDEM" rm --model "$STORIES" --data "$BATS_TEST_TMPDIR/train.jsonl" --eval-data "$BATS_TEST_TMPDIR/val.jsonl" \
         --out "$out" --seq-len 256 --batch-size 16 --lr 1e-3 --epochs 2 --log-every 10
     echo "$output" | grep -E "eval|step|data"
     [ "$status" -eq 0 ]
