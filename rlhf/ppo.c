@@ -18,7 +18,7 @@
  * Owns: options, placement, the exchange between roles, metrics (verl's names). */
 #include "rlhf/ppo.h"
 #include "generate/engine.h"
-#include "generate/generate.h"
+#include "generate/request.h"
 #include "kernels/kernels.h"
 #include "rlhf/ppo_loss.h"
 #include "rlhf/reward_cmd.h"
