@@ -262,14 +262,9 @@ static void read_prompts(Ppo *p, const char *path, const char *key, const char *
         TokIds *t = &p->prompts[p->n_prompts];
         *t = (TokIds){0};
         free(prompt_tokens(p->tok, o, key, chat_template, 0, vocab, path, r.line, t));
-        int room = max_pos - p->max_new;
-        if ((int)t->n > room) {
-            if (!truncate)
-                user_error("%s:%d: the prompt has %zu tokens; with --max-new-tokens %d the model's %d positions hold %d "
-                           "(use --truncate to keep its last tokens)", path, r.line, t->n, p->max_new, max_pos, room);
-            memmove(t->ids, t->ids + (t->n - room), sizeof(int32_t) * room);
-            t->n = room;
-        }
+        char where[600];
+        snprintf(where, sizeof where, "%s:%d", path, r.line);
+        prompt_fit(t, p->max_new, max_pos, truncate, where);
         p->prompt_text[p->n_prompts] = p->tok ? tokenizer_decode(p->tok, t->ids, t->n, 1, NULL) : xstrdup("");
         const cJSON *label = cJSON_GetObjectItemCaseSensitive(o, "label");
         p->labels[p->n_prompts] = label ? cJSON_PrintUnformatted(label) : NULL;
@@ -301,11 +296,7 @@ static int stop_on_token(void *ctx, Seq *q) {
     int i = q->index;
     size_t before = p->tlen[i];
     tok_stream_push(&p->ts[i], q->out[q->n_out - 1], &p->txt[i], &p->tlen[i], &p->tcap[i]);
-    for (int k = 0; k < p->n_stops; k++) {
-        size_t sl = strlen(p->stops[k]), from = before >= sl ? before - sl + 1 : 0;
-        if (p->tlen[i] >= sl && memmem(p->txt[i] + from, p->tlen[i] - from, p->stops[k], sl)) return 1;
-    }
-    return 0;
+    return stop_find(p->stops, p->n_stops, p->txt[i], p->tlen[i], before) != NULL;
 }
 
 static void rollout(Ppo *p, int step, const int *pidx, Experience *b) {
@@ -869,32 +860,14 @@ int ppo_main(int argc, char **argv) {
     config_load(&acfg, R[R_ACTOR].dir);
     read_prompts(&p, prompts_path, key, chat_template, truncate, acfg.vocab_size, acfg.max_pos);
     if (stop_json) {   /* one string, or a JSON list of strings (as generate's --stop) */
-        cJSON *j = cJSON_ParseWithOpts(stop_json, NULL, 1);
-        if (!cJSON_IsArray(j)) { cJSON_Delete(j); j = cJSON_CreateArray(); cJSON_AddItemToArray(j, cJSON_CreateString(stop_json)); }
-        const cJSON *e;
-        cJSON_ArrayForEach(e, j) {
-            if (!cJSON_IsString(e) || !e->valuestring[0]) user_error("--stop %s: stop strings must be non-empty strings", stop_json);
-            p.stops = xrealloc(p.stops, sizeof(char *) * (p.n_stops + 1));
-            p.stops[p.n_stops++] = xstrdup(e->valuestring);
-        }
-        cJSON_Delete(j);
+        p.stops = xcalloc(MAX_STOPS, sizeof(char *));
+        p.n_stops = stops_parse_flag(stop_json, p.stops);
         p.ts = xcalloc(S, sizeof(TokStream));
         p.txt = xcalloc(S, sizeof(char *));
         p.tlen = xcalloc(S, sizeof(size_t));
         p.tcap = xcalloc(S, sizeof(size_t));
     }
-    if (stop_ids) {
-        char *list = xstrdup(stop_ids), *save = NULL;
-        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            char *end;
-            long v = strtol(t, &end, 10);
-            if (*end || end == t || v < 0 || v >= acfg.vocab_size)
-                user_error("--stop-token-ids %s: \"%s\" is not a token id in [0, %d)", stop_ids, t, acfg.vocab_size);
-            p.stop_ids = xrealloc(p.stop_ids, sizeof(int) * (p.n_stop_ids + 1));
-            p.stop_ids[p.n_stop_ids++] = (int)v;
-        }
-        free(list);
-    }
+    if (stop_ids) stop_ids_parse_flag(stop_ids, acfg.vocab_size, &p.stop_ids, &p.n_stop_ids);
     p.max_len = 0;
     for (int i = 0; i < p.n_prompts; i++) if ((int)p.prompts[i].n + p.max_new > p.max_len) p.max_len = (int)p.prompts[i].n + p.max_new;
     if (p.reward_cmd && p.world_rank == 0) {
