@@ -306,7 +306,6 @@ static void rollout(Ppo *p, int step, const int *pidx, Experience *b) {
     float *lp = xcalloc((size_t)S * M, sizeof(float));
     if (a->member) {
         Seq *seqs = xcalloc(S, sizeof(Seq));
-        int eos = p->tok ? tokenizer_eos_id(p->tok) : -1;
         char err[512];
         for (int s = 0; s < S; s++) {
             if (s % a->mesh.dp != a->mesh.dp_rank) continue;
@@ -320,7 +319,6 @@ static void rollout(Ppo *p, int step, const int *pidx, Experience *b) {
             q->sp.seed = splitmix64_mix(p->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(step + 1) + (uint64_t)s);
             q->max_new = M;
             q->stop_ids = xmalloc(sizeof(int) * (p->n_stop_ids + 1));
-            if (eos >= 0) q->stop_ids[q->n_stop_ids++] = eos;
             for (int k = 0; k < p->n_stop_ids; k++) q->stop_ids[q->n_stop_ids++] = p->stop_ids[k];
             seq_alloc_results(q);
             if (p->n_stops) { tok_stream_init(&p->ts[s], p->tok, 1); p->tlen[s] = 0; }
@@ -867,6 +865,10 @@ int ppo_main(int argc, char **argv) {
         p.tlen = xcalloc(S, sizeof(size_t));
         p.tcap = xcalloc(S, sizeof(size_t));
     }
+    /* a response ends at an EOS id, by generate's rule (config.json, generation_config.json, the
+     * tokenizer), or at one of --stop-token-ids */
+    p.stop_ids = xmalloc(sizeof(int) * EOS_IDS_CAP);
+    p.n_stop_ids = eos_ids_load(R[R_ACTOR].dir, &acfg, p.tok, p.stop_ids);
     if (stop_ids) stop_ids_parse_flag(stop_ids, acfg.vocab_size, &p.stop_ids, &p.n_stop_ids);
     p.max_len = 0;
     for (int i = 0; i < p.n_prompts; i++) if ((int)p.prompts[i].n + p.max_new > p.max_len) p.max_len = (int)p.prompts[i].n + p.max_new;
