@@ -201,6 +201,28 @@ static Engine *engine_start(Run *run, Model *m, EngineConfig *ec, const char *in
     return e;
 }
 
+/* Generates every line; rank 0 writes them in input order as they finish. */
+static void run_all(Run *run, Engine *e) {
+    comm_barrier(&run->mesh->group);
+    run->t0 = now_seconds();
+    output_ready(&run->out, -1);
+    engine_run(e);
+    if (mesh_is_root(run->mesh)) collect_lines(run, run->n_remote);   /* the other groups' last lines */
+    else run->n_remote = 0;
+    for (int i = 0; i < run->n_out; i++) { comm_wait(&run->sends[i]); free(run->outbox[i]); }
+    free(run->sends);
+    free(run->outbox);
+    output_ready(&run->out, -1);
+    output_close(&run->out);
+}
+
+static void run_free(Run *run) {
+    for (int i = 0; i < run->n; i++) { request_free(&run->reqs[i]); free(run->gens[i].text); }
+    free(run->reqs);
+    free(run->gens);
+    if (run->tok) tokenizer_free(run->tok);
+}
+
 /* The last line: the data-parallel groups summed (each group's ranks hold the same numbers). */
 static void report(Run *run, Engine *e) {
     const Mesh *mesh = run->mesh;
@@ -306,24 +328,11 @@ int generate_main(int argc, char **argv) {
                        micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run, on_step, 0, 0};
     Engine *e = engine_start(&run, &m, &ec, in_path);
     if (mesh_is_root(&mesh)) output_open(&run.out, resume);   /* every input check is done: only now */
-    comm_barrier(&mesh.group);
-    run.t0 = now_seconds();
-    output_ready(&run.out, -1);
-    engine_run(e);
-    if (mesh_is_root(&mesh)) collect_lines(&run, run.n_remote);   /* the other groups' last lines */
-    else run.n_remote = 0;
-    for (int i = 0; i < run.n_out; i++) { comm_wait(&run.sends[i]); free(run.outbox[i]); }
-    free(run.sends);
-    free(run.outbox);
-    output_ready(&run.out, -1);
-    output_close(&run.out);
+    run_all(&run, e);
     progress(&run, PROGRESS_FINAL);
     report(&run, e);
     engine_free(e);
-    for (int i = 0; i < run.n; i++) { request_free(&run.reqs[i]); free(run.gens[i].text); }
-    free(run.reqs);
-    free(run.gens);
-    if (run.tok) tokenizer_free(run.tok);
+    run_free(&run);
     for (int k = 0; k < d.n_stops; k++) free(d.stops[k]);
     free(d.stop_ids);
     model_free(&m);
