@@ -10,6 +10,7 @@
  *   4. the last pp stage chooses tokens (greedy without gathering the vocab, or a full-row gather
  *      and the sampler), broadcasts them over the pp group, and every rank applies them. */
 #include "generate/engine.h"
+#include "generate/kv_cache.h"
 #include "runtime/util.h"
 #include <math.h>
 #include <stdlib.h>
@@ -63,9 +64,7 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
     e->m = m;
     e->cfg = *cfg;
     size_t kv_bytes = cfg->kv_bytes;
-    if (cfg->kv_blocks > 0)   /* kv_init's per-block size on this rank */
-        kv_bytes = (size_t)cfg->kv_blocks * 2 * m->n_layers_local * cfg->block * m->n_heads_kv_local * m->cfg.head_dim *
-                   sizeof(float);
+    if (cfg->kv_blocks > 0) kv_bytes = (size_t)cfg->kv_blocks * kv_block_bytes(m, cfg->block);
     kv_init(&e->kv, m, kv_bytes, cfg->block);
     const ModelConfig *c = &m->cfg;
     int all = c->sliding_window > 0 && c->window_from_layer == 0;

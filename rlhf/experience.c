@@ -1,6 +1,6 @@
 /* experience.c — see experience.h. */
 #include "rlhf/experience.h"
-#include "generate/generate.h"
+#include "generate/request.h"
 #include "rlhf/reward_http.h"
 #include "runtime/jsonl.h"
 #include "runtime/util.h"
@@ -48,14 +48,9 @@ void experience_read_prompts(ExperienceMaker *x, const char *path, const char *k
         TokIds *t = &x->prompts[x->n_prompts];
         *t = (TokIds){0};
         free(prompt_tokens(x->tok, o, key, chat_template, 0, vocab, path, r.line, t));
-        int room = max_pos - x->max_new;
-        if ((int)t->n > room) {
-            if (!truncate)
-                user_error("%s:%d: the prompt has %zu tokens; with --max-new-tokens %d the model's %d positions hold %d "
-                           "(use --truncate to keep its last tokens)", path, r.line, t->n, x->max_new, max_pos, room);
-            memmove(t->ids, t->ids + (t->n - room), sizeof(int32_t) * room);
-            t->n = room;
-        }
+        char where[600];
+        snprintf(where, sizeof where, "%s:%d", path, r.line);
+        prompt_fit(t, x->max_new, max_pos, truncate, where);
         x->prompt_text[x->n_prompts] = x->tok ? tokenizer_decode(x->tok, t->ids, t->n, 1, NULL) : xstrdup("");
         const cJSON *label = cJSON_GetObjectItemCaseSensitive(o, "label");
         x->labels[x->n_prompts] = label ? cJSON_PrintUnformatted(label) : NULL;
@@ -85,11 +80,7 @@ int experience_stop_on_token(void *ctx, Seq *q) {
     int i = q->index;
     size_t before = x->tlen[i];
     tok_stream_push(&x->ts[i], q->out[q->n_out - 1], &x->txt[i], &x->tlen[i], &x->tcap[i]);
-    for (int k = 0; k < x->n_stops; k++) {
-        size_t sl = strlen(x->stops[k]), from = before >= sl ? before - sl + 1 : 0;
-        if (x->tlen[i] >= sl && memmem(x->txt[i] + from, x->tlen[i] - from, x->stops[k], sl)) return 1;
-    }
-    return 0;
+    return stop_find(x->stops, x->n_stops, x->txt[i], x->tlen[i], before) != NULL;
 }
 
 void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b) {
@@ -99,7 +90,6 @@ void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int
     float *lp = xcalloc((size_t)S * M, sizeof(float));
     if (a->member) {
         Seq *seqs = xcalloc(S, sizeof(Seq));
-        int eos = x->tok ? tokenizer_eos_id(x->tok) : -1;
         char err[512];
         for (int s = 0; s < S; s++) {
             if (s % a->mesh.dp != a->mesh.dp_rank) continue;
@@ -113,7 +103,6 @@ void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int
             q->sp.seed = splitmix64_mix(x->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(step + 1) + (uint64_t)s);
             q->max_new = M;
             q->stop_ids = xmalloc(sizeof(int) * (x->n_stop_ids + 1));
-            if (eos >= 0) q->stop_ids[q->n_stop_ids++] = eos;
             for (int k = 0; k < x->n_stop_ids; k++) q->stop_ids[q->n_stop_ids++] = x->stop_ids[k];
             seq_alloc_results(q);
             if (x->n_stops) { tok_stream_init(&x->ts[s], x->tok, 1); x->tlen[s] = 0; }

@@ -44,7 +44,8 @@ typedef struct {
     Tokenizer *tok;
     /* rollout */
     int B, G, max_new, max_len;          /* prompts per step, samples per prompt, response and sequence length at most */
-    int *stop_ids, n_stop_ids;           /* EOS and --stop-token-ids: a response ends at any of them */
+    int *stop_ids, n_stop_ids;           /* the EOS ids (generate's rule: eos_ids_load) and --stop-token-ids:
+                                            a response ends at any of them */
     char **stops;                        /* --stop strings: a response ends with the token that completes one */
     int n_stops;
     TokStream *ts;                       /* (S) per sequence: its response decoded so far */

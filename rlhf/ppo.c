@@ -13,6 +13,7 @@
  * (ppo_state.json), --bench-alone. */
 #include "rlhf/ppo.h"
 #include "kernels/kernels.h"
+#include "generate/request.h"
 #include "rlhf/experience.h"
 #include "rlhf/reward_http.h"
 #include "rlhf/roles.h"
@@ -365,32 +366,18 @@ static void setup(Ppo *p, PpoOptions *o) {
     config_load(&acfg, R[R_ACTOR].dir);
     experience_read_prompts(x, o->prompts_path, o->key, o->chat_template, o->truncate, acfg.vocab_size, acfg.max_pos);
     if (o->stop_json) {   /* one string, or a JSON list of strings (as generate's --stop) */
-        cJSON *j = cJSON_ParseWithOpts(o->stop_json, NULL, 1);
-        if (!cJSON_IsArray(j)) { cJSON_Delete(j); j = cJSON_CreateArray(); cJSON_AddItemToArray(j, cJSON_CreateString(o->stop_json)); }
-        const cJSON *e;
-        cJSON_ArrayForEach(e, j) {
-            if (!cJSON_IsString(e) || !e->valuestring[0]) user_error("--stop %s: stop strings must be non-empty strings", o->stop_json);
-            x->stops = xrealloc(x->stops, sizeof(char *) * (x->n_stops + 1));
-            x->stops[x->n_stops++] = xstrdup(e->valuestring);
-        }
-        cJSON_Delete(j);
+        x->stops = xcalloc(MAX_STOPS, sizeof(char *));
+        x->n_stops = stops_parse_flag(o->stop_json, x->stops);
         x->ts = xcalloc(S, sizeof(TokStream));
         x->txt = xcalloc(S, sizeof(char *));
         x->tlen = xcalloc(S, sizeof(size_t));
         x->tcap = xcalloc(S, sizeof(size_t));
     }
-    if (o->stop_ids) {
-        char *list = xstrdup(o->stop_ids), *save = NULL;
-        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            char *end;
-            long v = strtol(t, &end, 10);
-            if (*end || end == t || v < 0 || v >= acfg.vocab_size)
-                user_error("--stop-token-ids %s: \"%s\" is not a token id in [0, %d)", o->stop_ids, t, acfg.vocab_size);
-            x->stop_ids = xrealloc(x->stop_ids, sizeof(int) * (x->n_stop_ids + 1));
-            x->stop_ids[x->n_stop_ids++] = (int)v;
-        }
-        free(list);
-    }
+    /* a response ends at an EOS id, by generate's rule (config.json, generation_config.json, the
+     * tokenizer), or at one of --stop-token-ids */
+    x->stop_ids = xmalloc(sizeof(int) * EOS_IDS_CAP);
+    x->n_stop_ids = eos_ids_load(R[R_ACTOR].dir, &acfg, x->tok, x->stop_ids);
+    if (o->stop_ids) stop_ids_parse_flag(o->stop_ids, acfg.vocab_size, &x->stop_ids, &x->n_stop_ids);
     x->max_len = 0;
     for (int i = 0; i < x->n_prompts; i++) if ((int)x->prompts[i].n + x->max_new > x->max_len) x->max_len = (int)x->prompts[i].n + x->max_new;
     if (x->reward_cmd && rs->world_rank == 0) {

@@ -422,33 +422,3 @@ void model_print_memory_plan(const Model *m, const MemPlan *p) {
     free(all);
 }
 
-/* ---- paged KV cache ---------------------------------------------------------------------- */
-
-void kv_init(KVCache *kv, const Model *m, size_t bytes, int block) {
-    memset(kv, 0, sizeof(*kv));
-    size_t kvd = (size_t)m->n_heads_kv_local * m->cfg.head_dim;
-    size_t per_block = 2 * (size_t)m->n_layers_local * block * kvd * sizeof(float);
-    float nb = (float)(bytes / per_block);
-    comm_all_reduce_max(&m->mesh->group, (nb = -nb, &nb), 1);   /* the minimum over ranks */
-    kv->n_blocks = (int)-nb;
-    if (kv->n_blocks < 1)
-        user_error("--kv-cache-mem: %.2f MiB holds no %d-token block (%.3f MiB per block on the largest stage)",
-                   bytes / 1048576.0, block, per_block / 1048576.0);
-    kv->block = block;
-    kv->layer_stride = (size_t)kv->n_blocks * block * kvd;
-    kv->k = xmalloc_huge(sizeof(float) * kv->layer_stride * m->n_layers_local);
-    kv->v = xmalloc_huge(sizeof(float) * kv->layer_stride * m->n_layers_local);
-    kv->free_ids = xmalloc(sizeof(int) * kv->n_blocks);
-    for (int i = 0; i < kv->n_blocks; i++) kv->free_ids[i] = kv->n_blocks - 1 - i;
-    kv->n_free = kv->n_blocks;
-}
-void kv_free(KVCache *kv) {
-    free(kv->k); free(kv->v); free(kv->free_ids);
-    memset(kv, 0, sizeof(*kv));
-}
-int kv_block_alloc(KVCache *kv) { return kv->n_free ? kv->free_ids[--kv->n_free] : -1; }
-void kv_block_release(KVCache *kv, int id) {
-    CHECK(id >= 0 && id < kv->n_blocks && kv->n_free < kv->n_blocks);
-    kv->free_ids[kv->n_free++] = id;
-}
-

@@ -4,7 +4,8 @@
  * training (keys/values in the batch's own rows, every layer's activations kept for the backward),
  * with the heads (LM logits -> logprobs, or a scalar score) at the end of the last stage.
  * Owns: sharding rules (ARCHITECTURE.md table), loading from an HF directory, the forward, the
- * vocab-parallel log-softmax helpers, the paged KV pool. Kernels only through m->be.
+ * vocab-parallel log-softmax helpers, the paged KV cache's struct (its pool: generate/kv_cache.c).
+ * Kernels only through m->be.
  * Does not own: sampling, scheduling, the backward and the optimizer (train/), I/O formats.
  * Shapes: N tokens packed over sequences, D, F, H, Hkv, Dh, V; `_local` = this TP rank's share. */
 #ifndef TANDEM_MODEL_H
@@ -155,7 +156,8 @@ MemPlan model_mem_plan(const Model *m);
 void model_print_memory_plan(const Model *m, const MemPlan *p);
 
 /* Paged KV cache of this rank: its pp stage's layers, its tp rank's kv heads. Blocks of `block`
- * token slots; sequences own blocks through block tables (generate/ manages them). */
+ * token slots; sequences own blocks through block tables. generate/kv_cache.c manages the pool,
+ * generate/engine.c the tables. */
 typedef struct KVCache {
     int block;            /* token slots per block */
     int n_blocks;         /* blocks in the pool (the same on every rank) */
@@ -164,13 +166,6 @@ typedef struct KVCache {
     int *free_ids;        /* (n_blocks) stack of free block ids */
     int n_free;
 } KVCache;
-
-/* Sizes the pool from a byte budget per rank; n_blocks is the minimum over all ranks so every
- * rank's scheduler makes the same decisions. user_error if not even one block fits. */
-void kv_init(KVCache *kv, const Model *m, size_t bytes, int block);
-void kv_free(KVCache *kv);
-int kv_block_alloc(KVCache *kv);             /* a free block id, or -1 */
-void kv_block_release(KVCache *kv, int id);
 
 /* One forward step over n_seqs sequences packed back to back. */
 typedef struct {

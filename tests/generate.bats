@@ -347,8 +347,10 @@ paged_vs_eval() { # MODEL [generate flags]
     printf '{"prompt": "a"}\n' > "$P"
     gen --logprobs 50;                   [[ "$output" == "tandem: --logprobs must be in [0, 20]" ]]
     gen --min-new-tokens 9 --max-new-tokens 3; [[ "$output" == "tandem: --min-new-tokens must be in [0, --max-new-tokens]" ]]
-    gen --stop-token-ids '407] junk';    [[ "$output" == *"--stop-token-ids: expected comma-separated token ids"* ]]
-    gen --stop-token-ids 407.5;          [[ "$output" == *"--stop-token-ids: \"stop_token_ids\" entries must be token ids"* ]]
+    # one parser for generate's and ppo's --stop-token-ids: it names the bad entry
+    gen --stop-token-ids '407] junk';    [[ "$output" == *'--stop-token-ids 407] junk: "407] junk" is not a token id in [0, 512)'* ]]
+    gen --stop-token-ids 407.5;          [[ "$output" == *'--stop-token-ids 407.5: "407.5" is not a token id in [0, 512)'* ]]
+    gen --stop-token-ids 5,512;          [[ "$output" == *'--stop-token-ids 5,512: "512" is not a token id in [0, 512)'* ]]
     run "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR" --output "$O"
     [ "$status" -ne 0 ]; [[ "$output" == *"cannot read after line 0: Is a directory"* ]]
     # --output naming the --input file would overwrite the prompts: refused, the file untouched

@@ -361,3 +361,32 @@ teardown() { [ -z "${SERVERS:-}" ] || kill $SERVERS 2>/dev/null || true; }
     run "$TANDEM" sft --model "$STORIES" --data "$BATS_TEST_TMPDIR/s.jsonl" --save-total-limit -1 --out "$BATS_TEST_TMPDIR/x"
     [ "$status" -ne 0 ]; [ "${lines[-1]}" = "tandem: --save-total-limit -1: must be >= 0" ]
 }
+
+@test "one EOS rule: generation_config.json's EOS ids end rollouts as they end generate's completions" {
+    need_story
+    # stories260K-hf has no generation_config.json; a copy declaring the "." token an EOS besides
+    # the tokenizer's (2) must cut responses at their first "." in both commands
+    dot=$(jq -cn '{text: "He."}' | "$TANDEM" tokenize --tokenizer "$STORIES" --jsonl --no-bos | jq '.input_ids[-1]')
+    M="$BATS_TEST_TMPDIR/m"
+    cp -r "$STORIES" "$M"
+    echo "{\"eos_token_id\": [2, $dot]}" > "$M/generation_config.json"
+    echo '{"prompt": "Once upon a time", "max_new_tokens": 48}' > "$BATS_TEST_TMPDIR/p.jsonl"
+    "$TANDEM" generate --model "$M" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/g.jsonl" --greedy 2>/dev/null
+    "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/f.jsonl" --greedy 2>/dev/null
+    [ "$(jq -r .finish_reason "$BATS_TEST_TMPDIR/g.jsonl")" = stop ]
+    [ "$(jq -c '.completion_ids[-1]' "$BATS_TEST_TMPDIR/g.jsonl")" = "$dot" ]
+    [ "$(jq -c .completion_ids "$BATS_TEST_TMPDIR/g.jsonl")" = "$(jq -c --argjson d "$dot" '.completion_ids | .[:index($d) + 1]' "$BATS_TEST_TMPDIR/f.jsonl")" ]
+    # ppo: the rollouts of the copy are those of the original with --stop-token-ids "." (the same
+    # seeds, so the same numbers), and not those of the original alone
+    A=(--reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 4 --rollout-batch-size 4
+       --max-new-tokens 48 --steps 2)
+    run timeout 60 "$TANDEM" ppo --actor "$M" "${A[@]}" --out "$BATS_TEST_TMPDIR/e"
+    [ "$status" -eq 0 ]
+    run timeout 60 "$TANDEM" ppo --actor "$STORIES" "${A[@]}" --out "$BATS_TEST_TMPDIR/d" --stop-token-ids "$dot"
+    [ "$status" -eq 0 ]
+    run timeout 60 "$TANDEM" ppo --actor "$STORIES" "${A[@]}" --out "$BATS_TEST_TMPDIR/n"
+    [ "$status" -eq 0 ]
+    [ "$(numbers "$BATS_TEST_TMPDIR/e/metrics.jsonl")" = "$(numbers "$BATS_TEST_TMPDIR/d/metrics.jsonl")" ]
+    [ "$(numbers "$BATS_TEST_TMPDIR/e/metrics.jsonl")" != "$(numbers "$BATS_TEST_TMPDIR/n/metrics.jsonl")" ]
+    jq -s -e 'map(.["response_length/mean"] < 48) | all' "$BATS_TEST_TMPDIR/e/metrics.jsonl"
+}
