@@ -237,7 +237,7 @@ print("ok: actor loads")' "$ck/actor"
 
 @test "examples/rlhf_pipeline.sh: SFT -> rule-labelled pairs of the SFT model's own samples -> reward model -> PPO; the held-out rule score rises" {
     need_story
-    run timeout 600 bash "$ROOT/examples/rlhf_pipeline.sh" "$BATS_TEST_TMPDIR/pipe"
+    run timeout 1800 bash "$ROOT/examples/rlhf_pipeline.sh" "$BATS_TEST_TMPDIR/pipe"
     echo "$output"
     [ "$status" -eq 0 ]
     line=$(grep "^held-out rule score" <<<"$output")
@@ -252,7 +252,7 @@ print("ok: actor loads")' "$ck/actor"
     dot=$(jq -cn '{text: "He."}' | "$TANDEM" tokenize --tokenizer "$STORIES" --jsonl --no-bos | jq '.input_ids[-1]')
     A=(--actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 4 --rollout-batch-size 4
        --max-new-tokens 48 --steps 3)
-    run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/s" --stop-token-ids "$dot" --bench-alone 2
+    run timeout 300 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/s" --stop-token-ids "$dot" --bench-alone 2
     [ "$status" -eq 0 ]
     [ "$(jq -s 'map(.["response_length/mean"] < 48 and .["response_length/clip_ratio"] < 1) | all' "$BATS_TEST_TMPDIR/s/metrics.jsonl")" = true ]
     grep '^{"bench": "ppo_phases_alone"' <<<"$output" | jq -e '.rounds == 2 and .sum_alone_s > 0 and .step_median_s > 0
