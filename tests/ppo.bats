@@ -212,7 +212,8 @@ print("ok: actor loads")' "$ck/actor"
     [ "$status" -ne 0 ]; [ "$output" = "tandem: --advantage gae needs --critic (or use grpo / rloo)" ]
     printf '{"prompt": "%s"}\n' "$(printf 'Once upon a time %.0s' $(seq 1 200))" > "$BATS_TEST_TMPDIR/long.jsonl"
     run timeout 60 "$TANDEM" ppo "${A[@]/$TRAIN/$BATS_TEST_TMPDIR/long.jsonl}" --out "$BATS_TEST_TMPDIR/x" --rollout-batch-size 1
-    [ "$status" -ne 0 ]; [[ "${lines[-1]}" == "tandem: $BATS_TEST_TMPDIR/long.jsonl:1: the prompt has "*"(use --truncate to keep its last tokens)" ]]
+    # the message of generate's (one fit of a prompt to the positions: generate/request.c prompt_fit)
+    [ "$status" -ne 0 ]; [[ "${lines[-1]}" == "tandem: $BATS_TEST_TMPDIR/long.jsonl:1: prompt of "*" tokens + max_new_tokens "*" exceeds max_position_embeddings 512 (use --truncate to keep the prompt's last tokens)" ]]
     run timeout 60 "$TANDEM" ppo "${A[@]/$TRAIN/$BATS_TEST_TMPDIR/long.jsonl}" --out "$BATS_TEST_TMPDIR/t" --rollout-batch-size 1 --truncate
     [ "$status" -eq 0 ]
     [ ! -e "$BATS_TEST_TMPDIR/x" ]
