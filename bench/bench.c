@@ -280,6 +280,48 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
     return 0;
 }
 
+/* Prefill throughput: B random sequences of T tokens, median of iters forwards after one warm-up,
+ * and the peak RSS per rank and in all. */
+static int bench_prefill(Model *m, const Mesh *mesh, int batch, int seq, int iters, int threads, const Option *opts,
+                         int n_opts) {
+    int N = batch * seq;
+    model_alloc_state(m, N, seq);
+    MemPlan plan = model_mem_plan(m);
+    model_print_memory_plan(m, &plan);
+    if (mesh_is_root(mesh)) {
+        fprintf(stderr, "+------------------------+--------------------------------+\n");
+        args_print(opts, n_opts);
+        model_print_summary(m);
+    }
+    int *tokens = xmalloc(sizeof(int) * N), *start = xmalloc(sizeof(int) * (batch + 1));
+    unsigned rng = 12345;
+    for (int i = 0; i < N; i++) { rng = rng * 1103515245u + 12345u; tokens[i] = (int)((rng >> 8) % (unsigned)m->cfg.vocab_size); }
+    for (int b = 0; b <= batch; b++) start[b] = b * seq;
+    double *times = xmalloc(sizeof(double) * iters);
+    for (int it = -1; it < iters; it++) {
+        comm_barrier(&mesh->group);
+        double t0 = now_seconds();
+        model_forward(m, tokens, start, batch);
+        comm_barrier(&mesh->group);
+        if (it >= 0) times[it] = now_seconds() - t0;
+    }
+    double med = median(times, iters);
+    double peak = peak_rss_mib(), peak_max = peak;
+    comm_all_reduce_sum_f64(&mesh->group, &peak, 1);
+    float pm = (float)peak_max;
+    comm_all_reduce_max(&mesh->group, &pm, 1);
+    if (mesh_is_root(mesh)) {
+        printf("prefill: batch %d x seq %d = %d tokens, median %.4f s over %d runs -> %.1f tokens/s\n", batch, seq, N, med,
+               iters, N / med);
+        printf("peak memory: %.1f MiB max per rank, %.1f MiB all %d ranks\n", pm, peak, mesh->size);
+        printf("{\"bench\": \"prefill\", \"batch\": %d, \"seq\": %d, \"tokens_per_s\": %.2f, \"median_s\": %.6f, "
+               "\"peak_rss_mib_max_rank\": %.1f, \"peak_rss_mib_total\": %.1f, \"tp\": %d, \"pp\": %d, \"threads\": %d}\n",
+               batch, seq, N / med, med, pm, peak, mesh->tp, mesh->pp, threads);
+    }
+    free(tokens); free(start); free(times);
+    return 0;
+}
+
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
     int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score;
@@ -318,6 +360,7 @@ int bench_main(int argc, char **argv) {
     Model m;
     if (score) model_load_score(&m, model_dir, &mesh, 1);   /* a directory's own score head is kept */
     else model_load(&m, model_dir, &mesh);
+    int rc;
     if (train) {
         if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
         if (m.head == HEAD_SCORE && batch % 2)   /* --score, or a *ForSequenceClassification directory */
@@ -326,59 +369,17 @@ int bench_main(int argc, char **argv) {
          * LOSS_XENT's weights give the mean over its tokens (optim_step averages over dp) */
         PrefHook ph = {.pair_weight = 2.0 / batch};
         LossHook bt = {loss_bt, &ph, 1.0f, 0.0f, NULL};
-        int rc = bench_train(&m, &mesh, batch, seq, iters, !strcmp(recompute, "full"), threads,
-                             m.head == HEAD_SCORE ? &bt : &LOSS_XENT);
-        model_free(&m);
-        mesh_free(&mesh);
-        comm_finalize();
-        return rc;
-    }
-    if (generate) {
+        rc = bench_train(&m, &mesh, batch, seq, iters, !strcmp(recompute, "full"), threads,
+                         m.head == HEAD_SCORE ? &bt : &LOSS_XENT);
+    } else if (generate) {
         if (mesh.size != 1) user_error("bench --generate runs on one rank");
         if (new_tokens < 1 || big < 1) user_error("--new-tokens and --big-batch must be >= 1");
-        int rc = bench_generate(&m, threads, seq, new_tokens, big, iters);
-        model_free(&m);
-        mesh_free(&mesh);
-        comm_finalize();
-        return rc;
+        rc = bench_generate(&m, threads, seq, new_tokens, big, iters);
+    } else {
+        rc = bench_prefill(&m, &mesh, batch, seq, iters, threads, opts, n_opts);
     }
-    int N = batch * seq;
-    model_alloc_state(&m, N, seq);
-    MemPlan plan = model_mem_plan(&m);
-    model_print_memory_plan(&m, &plan);
-    if (mesh_is_root(&mesh)) {
-        fprintf(stderr, "+------------------------+--------------------------------+\n");
-        args_print(opts, n_opts);
-        model_print_summary(&m);
-    }
-    int *tokens = xmalloc(sizeof(int) * N), *start = xmalloc(sizeof(int) * (batch + 1));
-    unsigned rng = 12345;
-    for (int i = 0; i < N; i++) { rng = rng * 1103515245u + 12345u; tokens[i] = (int)((rng >> 8) % (unsigned)m.cfg.vocab_size); }
-    for (int b = 0; b <= batch; b++) start[b] = b * seq;
-    double *times = xmalloc(sizeof(double) * iters);
-    for (int it = -1; it < iters; it++) {
-        comm_barrier(&mesh.group);
-        double t0 = now_seconds();
-        model_forward(&m, tokens, start, batch);
-        comm_barrier(&mesh.group);
-        if (it >= 0) times[it] = now_seconds() - t0;
-    }
-    double med = median(times, iters);
-    double peak = peak_rss_mib(), peak_max = peak;
-    comm_all_reduce_sum_f64(&mesh.group, &peak, 1);
-    float pm = (float)peak_max;
-    comm_all_reduce_max(&mesh.group, &pm, 1);
-    if (mesh_is_root(&mesh)) {
-        printf("prefill: batch %d x seq %d = %d tokens, median %.4f s over %d runs -> %.1f tokens/s\n", batch, seq, N, med,
-               iters, N / med);
-        printf("peak memory: %.1f MiB max per rank, %.1f MiB all %d ranks\n", pm, peak, mesh.size);
-        printf("{\"bench\": \"prefill\", \"batch\": %d, \"seq\": %d, \"tokens_per_s\": %.2f, \"median_s\": %.6f, "
-               "\"peak_rss_mib_max_rank\": %.1f, \"peak_rss_mib_total\": %.1f, \"tp\": %d, \"pp\": %d, \"threads\": %d}\n",
-               batch, seq, N / med, med, pm, peak, tp, pp, threads);
-    }
-    free(tokens); free(start); free(times);
     model_free(&m);
     mesh_free(&mesh);
     comm_finalize();
-    return 0;
+    return rc;
 }

@@ -73,6 +73,40 @@ void experience_step_prompts(const ExperienceMaker *x, int step, int *out) {
     free(perm);
 }
 
+/* ---- stops ------------------------------------------------------------------------------------- */
+
+void experience_stops(ExperienceMaker *x, const char *model_dir, const ModelConfig *cfg, const char *stop_json,
+                      const char *stop_ids) {
+    if (stop_json) {   /* one string, or a JSON list of strings (as generate's --stop) */
+        x->stops = xcalloc(MAX_STOPS, sizeof(char *));
+        x->n_stops = stops_parse_flag(stop_json, x->stops);
+        x->ts = xcalloc(x->B * x->G, sizeof(TokStream));
+        x->txt = xcalloc(x->B * x->G, sizeof(char *));
+        x->tlen = xcalloc(x->B * x->G, sizeof(size_t));
+        x->tcap = xcalloc(x->B * x->G, sizeof(size_t));
+    }
+    /* a response ends at an EOS id, by generate's rule (config.json, generation_config.json, the
+     * tokenizer), or at one of --stop-token-ids */
+    x->stop_ids = xmalloc(sizeof(int) * EOS_IDS_CAP);
+    x->n_stop_ids = eos_ids_load(model_dir, cfg, x->tok, x->stop_ids);
+    if (stop_ids) stop_ids_parse_flag(stop_ids, cfg->vocab_size, &x->stop_ids, &x->n_stop_ids);
+}
+
+void experience_maker_free(ExperienceMaker *x) {
+    reward_cmd_stop(x->rcmd);
+    if (x->engine) engine_free(x->engine);
+    for (int i = 0; i < x->n_prompts; i++) { tok_ids_free(&x->prompts[i]); free(x->prompt_text[i]); free(x->labels[i]); }
+    free(x->prompts); free(x->prompt_text); free(x->labels);
+    tokenizer_free(x->tok);
+    free(x->stop_ids);
+    for (int i = 0; i < x->n_stops; i++) free(x->stops[i]);
+    for (int i = 0; x->txt && i < x->B * x->G; i++) free(x->txt[i]);
+    for (int i = 0; i < x->n_urls; i++) free(x->urls[i]);
+    free(x->urls); free(x->stops); free(x->ts); free(x->txt); free(x->tlen); free(x->tcap);
+}
+
+/* ---- 1. rollout ----------------------------------------------------------------------------------- */
+
 /* The engine's per-token callback (every actor rank): does the response now contain a stop string?
  * A stop may straddle tokens, so the search starts where it could have begun. */
 int experience_stop_on_token(void *ctx, Seq *q) {
@@ -150,6 +184,8 @@ void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int
     }
     free(out); free(n_out); free(fin); free(lp);
 }
+
+/* ---- 2. the passes: forward-only ref, reward and critic, or the reward program ---------------- */
 
 /* Sequences [s0, s1) of b as one forward chunk at most fwd_tokens long, taken by the dp replicas
  * in turn: calls fn for this replica's chunks. */

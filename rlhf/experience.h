@@ -77,6 +77,13 @@ void experience_read_prompts(ExperienceMaker *x, const char *path, const char *k
                              int truncate, int vocab, int max_pos);
 /* The prompts of step `step` (0-based), B indices: a fresh shuffle (seeded) per pass over the file. */
 void experience_step_prompts(const ExperienceMaker *x, int step, int *pidx);
+/* What ends a response: the EOS ids by generate's rule (generate/request.h eos_ids_load: config.json,
+ * generation_config.json, the tokenizer), --stop-token-ids (comma-separated) and --stop strings (one,
+ * or a JSON list); either flag may be NULL. user_error naming the flag on a bad value. */
+void experience_stops(ExperienceMaker *x, const char *model_dir, const ModelConfig *cfg, const char *stop_json,
+                      const char *stop_ids);
+/* Frees what the maker holds: prompts, tokenizer, stops, the reward program (stopped) and the engine. */
+void experience_maker_free(ExperienceMaker *x);
 /* The engine's per-token callback for --stop strings (ctx: the ExperienceMaker). */
 int experience_stop_on_token(void *ctx, Seq *q);
 

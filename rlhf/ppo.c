@@ -13,7 +13,6 @@
  * (ppo_state.json), --bench-alone. */
 #include "rlhf/ppo.h"
 #include "kernels/kernels.h"
-#include "generate/request.h"
 #include "rlhf/experience.h"
 #include "rlhf/reward_http.h"
 #include "rlhf/roles.h"
@@ -365,19 +364,7 @@ static void setup(Ppo *p, PpoOptions *o) {
     ModelConfig acfg;
     config_load(&acfg, R[R_ACTOR].dir);
     experience_read_prompts(x, o->prompts_path, o->key, o->chat_template, o->truncate, acfg.vocab_size, acfg.max_pos);
-    if (o->stop_json) {   /* one string, or a JSON list of strings (as generate's --stop) */
-        x->stops = xcalloc(MAX_STOPS, sizeof(char *));
-        x->n_stops = stops_parse_flag(o->stop_json, x->stops);
-        x->ts = xcalloc(S, sizeof(TokStream));
-        x->txt = xcalloc(S, sizeof(char *));
-        x->tlen = xcalloc(S, sizeof(size_t));
-        x->tcap = xcalloc(S, sizeof(size_t));
-    }
-    /* a response ends at an EOS id, by generate's rule (config.json, generation_config.json, the
-     * tokenizer), or at one of --stop-token-ids */
-    x->stop_ids = xmalloc(sizeof(int) * EOS_IDS_CAP);
-    x->n_stop_ids = eos_ids_load(R[R_ACTOR].dir, &acfg, x->tok, x->stop_ids);
-    if (o->stop_ids) stop_ids_parse_flag(o->stop_ids, acfg.vocab_size, &x->stop_ids, &x->n_stop_ids);
+    experience_stops(x, R[R_ACTOR].dir, &acfg, o->stop_json, o->stop_ids);
     x->max_len = 0;
     for (int i = 0; i < x->n_prompts; i++) if ((int)x->prompts[i].n + x->max_new > x->max_len) x->max_len = (int)x->prompts[i].n + x->max_new;
     if (x->reward_cmd && rs->world_rank == 0) {
@@ -439,20 +426,11 @@ static void setup(Ppo *p, PpoOptions *o) {
 static void teardown(Ppo *p) {
     ExperienceMaker *x = &p->x;
     Role *R = p->roles.role;
-    reward_cmd_stop(x->rcmd);
-    if (x->engine) engine_free(x->engine);
     for (int r = 0; r < N_ROLES; r++) {
         if (r <= R_CRITIC && R[r].member) learner_free(&p->learner[r]);
         if (R[r].member) { model_free(&R[r].m); mesh_free(&R[r].mesh); }
     }
-    for (int i = 0; i < x->n_prompts; i++) { tok_ids_free(&x->prompts[i]); free(x->prompt_text[i]); free(x->labels[i]); }
-    free(x->prompts); free(x->prompt_text); free(x->labels);
-    tokenizer_free(x->tok);
-    free(x->stop_ids);
-    for (int i = 0; i < x->n_stops; i++) free(x->stops[i]);
-    for (int i = 0; x->txt && i < x->B * x->G; i++) free(x->txt[i]);
-    for (int i = 0; i < x->n_urls; i++) free(x->urls[i]);
-    free(x->urls); free(x->stops); free(x->ts); free(x->txt); free(x->tlen); free(x->tcap);
+    experience_maker_free(x);
     comm_free(&p->roles.world);
 }
 

@@ -321,7 +321,8 @@ static int pref_main(int argc, char **argv, int dpo) {
         {"--head-seed", OPT_INT, &head_seed, "42", "RM: seed of a new score head (normal(0, initializer_range))"},
         TRAIN_STEP_OPTIONS(&o, "tokens per sequence at most (the prompt loses tokens from the left)", "pairs per micro-batch",
                            dpo ? "5e-6" : "1e-5"),
-        TRAIN_DATA_OPTIONS(&o),
+        TRAIN_SKIP_OPTION(&o),
+        TRAIN_CHAT_OPTION(&o),
         TRAIN_LOG_OPTIONS(&o),
     };
     o.opts = opts;

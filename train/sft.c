@@ -72,8 +72,9 @@ int sft_main(int argc, char **argv) {
         TRAIN_STEP_OPTIONS(&o, "tokens per sample / packed row at most", "rows per micro-batch", "1e-4"),
         {"--pack", OPT_FLAG, &pack, NULL, "pack several samples per row (positions restart, no cross-attention)"},
         {"--train-on-prompt", OPT_FLAG, &train_on_prompt, NULL, "loss on prompt tokens too"},
-        TRAIN_DATA_OPTIONS(&o),
+        TRAIN_SKIP_OPTION(&o),
         {"--drop-long", OPT_FLAG, &drop_long, NULL, "drop samples longer than --seq-len (default: truncate)"},
+        TRAIN_CHAT_OPTION(&o),
         TRAIN_LOG_OPTIONS(&o),
     };
     o.opts = opts;

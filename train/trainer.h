@@ -92,8 +92,9 @@ typedef struct {
     {"--clip", OPT_FLOAT, &(o)->clip, "1.0", "global gradient-norm clipping (0 = off)"},                           \
     {"--recompute", OPT_STR, &(o)->recompute_name, "none", "full: keep only layer inputs, recompute in backward (less memory)"}, \
     {"--zero", OPT_INT, &(o)->zero, "0", "1 = ZeRO-1: optimizer state sharded over data-parallel ranks"}
-#define TRAIN_DATA_OPTIONS(o)                                                                                      \
-    {"--skip-bad-lines", OPT_FLAG, &(o)->skip_bad, NULL, "skip malformed records (counted) instead of stopping"},  \
+#define TRAIN_SKIP_OPTION(o)                                                                                       \
+    {"--skip-bad-lines", OPT_FLAG, &(o)->skip_bad, NULL, "skip malformed records (counted) instead of stopping"}
+#define TRAIN_CHAT_OPTION(o)                                                                                       \
     {"--chat-template", OPT_STR, &(o)->chat_template, NULL, "chat format for messages (default: the tokenizer's)"}
 #define TRAIN_LOG_OPTIONS(o)                                                                                       \
     {"--seed", OPT_INT, &(o)->seed, "1234", "data shuffling seed"},                                                \
