@@ -1,6 +1,8 @@
-/* hub.c — see hub.h. One download at a time with curl's easy interface; the file list, the cache
- * layout and the checks follow huggingface_hub (file_download.py, hf_api.py) so that the two share
- * one cache. */
+/* hub.c — see hub.h. The Hub protocol and the cache: the file list, the cache layout and the checks
+ * follow huggingface_hub (file_download.py, hf_api.py) so that the two share one cache. The transfers
+ * themselves (one GET with retries, Range resumes, the progress bar, the failure line) are
+ * runtime/http.c's; this file gives each one the Hub's curl handle, token and limits, and the advice
+ * its failure line ends with (HF_TOKEN, HF_ENDPOINT, --revision, ...). */
 #include "runtime/hub.h"
 #include "runtime/comm.h"
 #include "runtime/http.h"
@@ -23,7 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ---- HTTP: one GET with retries, to memory or resuming into a file ---- */
+/* ---- the Hub and its transfers ---- */
 
 typedef struct {
     char endpoint[512];    /* HF_ENDPOINT without a trailing '/' */
@@ -34,206 +36,45 @@ typedef struct {
     int retries;           /* attempts after the first that moved no bytes */
     int bar;               /* progress bar on stderr (a terminal) */
     int say;               /* a line per fetched file on stderr (not a terminal) */
+    CURL *curl;            /* the one handle (made on first use): reused, so keep-alive connections are too */
 } Hub;
 
-typedef struct {
-    Hub *hub;
-    const char *url;
-    int fd;                /* the download's partial file; -1: the answer goes to mem */
-    const char *path;      /* fd's path (messages) */
-    int64_t have;          /* bytes the file held when this request started (the Range start) */
-    int64_t total;         /* the file's size, -1 unknown */
-    long status;           /* of the final response */
-    int werr;              /* errno of a failed write */
-    int range_ignored;     /* a 200 to our Range request: the partial file starts over */
-    char *mem;             /* the answer (fd < 0) or the first bytes of an error page */
-    size_t len, max;
-    char ecode[64], emsg[200];   /* X-Error-Code / X-Error-Message */
-    const char *label;     /* progress bar: file name, start time, first byte, last draw */
-    double t0, drawn;
-    int64_t base;
-} Xfer;
-
-static void trim_copy(char *dst, size_t cap, const char *v, size_t n) {
-    while (n && (*v == ' ' || *v == '\t')) v++, n--;
-    while (n && (v[n - 1] == '\r' || v[n - 1] == '\n' || v[n - 1] == ' ')) n--;
-    snprintf(dst, cap, "%.*s", (int)n, v);
-}
-
-static size_t on_header(char *p, size_t size, size_t nmemb, void *u) {
-    Xfer *x = u;
-    size_t n = size * nmemb;
-    if (n >= 5 && !strncmp(p, "HTTP/", 5)) x->ecode[0] = x->emsg[0] = 0;   /* a new response (redirects) */
-    else if (n > 13 && !strncasecmp(p, "x-error-code:", 13)) trim_copy(x->ecode, sizeof x->ecode, p + 13, n - 13);
-    else if (n > 16 && !strncasecmp(p, "x-error-message:", 16)) trim_copy(x->emsg, sizeof x->emsg, p + 16, n - 16);
-    return n;
-}
-
-static CURL *s_curl;   /* the one handle: reused, so keep-alive connections are too */
-
-static size_t on_body(char *p, size_t size, size_t nmemb, void *u) {
-    Xfer *x = u;
-    size_t n = size * nmemb;
-    if (!x->status) curl_easy_getinfo(s_curl, CURLINFO_RESPONSE_CODE, &x->status);
-    if (x->fd >= 0 && x->status == 200 && x->have > 0) { x->range_ignored = 1; return 0; }   /* (curl may say it first) */
-    if (x->fd >= 0 && (x->status == 200 || x->status == 206)) {
-        for (size_t done = 0; done < n;) {
-            ssize_t w = write(x->fd, p + done, n - done);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) { x->werr = w < 0 ? errno : EIO; return 0; }
-            done += (size_t)w;
-        }
-        return n;
-    }
-    size_t keep = x->len + n > x->max ? x->max - x->len : n;   /* an error page: its first bytes */
-    if (x->fd < 0 && keep < n) { x->werr = EFBIG; return 0; }
-    x->mem = xrealloc(x->mem, x->len + keep + 1);
-    memcpy(x->mem + x->len, p, keep);
-    x->len += keep;
-    x->mem[x->len] = 0;
-    return n;
-}
-
-/* Control bytes (newlines of an error page, escapes) become spaces: an error stays one line. */
-static char *one_line(char *s) {
-    for (char *c = s; *c; c++) if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = ' ';
-    return s;
-}
-
-/* "535 B", "7.3 KiB", "1.0 MiB", "2.1 GiB" */
-static const char *human(double b, char *buf, size_t cap) {
-    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (b >= 1024 && u < 4) b /= 1024, u++;
-    snprintf(buf, cap, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
-    return buf;
-}
-
-/* "name [#####     ]  45%  1.2 MiB/2.7 MiB  5.3 MiB/s  ETA 0:03" on one terminal line */
-static void draw_bar(Xfer *x, int64_t now_bytes, int final) {
-    double t = now_seconds(), dt = t - x->t0;
-    double rate = dt > 0 ? (double)(now_bytes - x->base) / dt : 0;
-    int pct = x->total > 0 ? (int)(100.0 * (double)now_bytes / (double)x->total) : 0;
-    char eta[32] = "-", a[32], b[32], r[32];
-    if (final) snprintf(eta, sizeof eta, "%.1fs", dt);
-    else if (rate > 0 && x->total > 0) {
-        long s = (long)((double)(x->total - now_bytes) / rate);
-        snprintf(eta, sizeof eta, "%ld:%02ld", s / 60, s % 60);
-    }
-    char bar[21];
-    for (int i = 0; i < 20; i++) bar[i] = i < pct / 5 ? '#' : ' ';
-    bar[20] = 0;
-    fprintf(stderr, "\r%-28.28s [%s] %3d%% %10s/%-10s %10s/s %s %s\033[K%s", x->label, bar, pct,
-            human((double)now_bytes, a, sizeof a), human((double)x->total, b, sizeof b), human(rate, r, sizeof r),
-            final ? "in" : "ETA", eta, final ? "\n" : "");
-    x->drawn = t;
-}
-
-static int on_progress(void *u, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ult, curl_off_t uln) {
-    (void)dltotal, (void)ult, (void)uln;
-    Xfer *x = u;
-    if (x->hub->bar && x->label && now_seconds() - x->drawn >= 0.1) draw_bar(x, x->have + dlnow, 0);
-    return 0;
-}
-
-/* The one line for a failed request: URL, status, the Hub's X-Error-Message, and what to do. */
-static _Noreturn void http_fail(Xfer *x, CURLcode rc, int attempts) {
-    Hub *h = x->hub;
-    if (h->bar && x->drawn > 0) fputc('\n', stderr);   /* the bar's line stays; the error gets its own */
-    char tries[48] = "";
-    if (attempts > 1) snprintf(tries, sizeof tries, " (after %d attempts)", attempts);
+/* What a failed Hub request's line ends with (http_fail): what to do about it. */
+static const char *hub_advice(const HttpXfer *x, CURLcode rc) {
+    const Hub *h = x->ctx;
+    static char net[640];
     if (rc == CURLE_WRITE_ERROR && x->werr)
-        user_error("%s: writing %s: %s%s", x->url, x->path ? x->path : "memory", strerror(x->werr),
-                   x->werr == ENOSPC ? " (disk full: free space or point HF_HOME / --dir elsewhere)" : "");
-    if (rc == CURLE_OPERATION_TIMEDOUT)
-        user_error("%s: %s%s: the server stalled for %d s (--timeout)", x->url, curl_easy_strerror(rc), tries, h->timeout);
-    if (rc != CURLE_OK)
-        user_error("%s: %s%s (no network? HF_ENDPOINT is %s; HF_HUB_OFFLINE=1 uses the cache only)", x->url,
-                   curl_easy_strerror(rc), tries, h->endpoint);
-    char why[256] = "";
-    if (x->emsg[0]) snprintf(why, sizeof why, " (%s)", x->emsg);
-    else if (x->len) snprintf(why, sizeof why, " (%.200s)", x->mem);
-    one_line(why);
-    const char *hint = "";
+        return x->werr == ENOSPC ? " (disk full: free space or point HF_HOME / --dir elsewhere)" : "";
+    if (rc == CURLE_OPERATION_TIMEDOUT) return " (--timeout)";
+    if (rc != CURLE_OK) {
+        snprintf(net, sizeof net, " (no network? HF_ENDPOINT is %s; HF_HUB_OFFLINE=1 uses the cache only)", h->endpoint);
+        return net;
+    }
     if (x->status == 401)
-        hint = h->auth ? ": HF_TOKEN was sent and refused: a token with read access to this repository is needed"
+        return x->auth ? ": HF_TOKEN was sent and refused: a token with read access to this repository is needed"
                        : ": the repository is private or gated, or does not exist: set HF_TOKEN to a token that can read it";
-    else if (x->status == 403)
-        hint = !strcmp(x->ecode, "GatedRepo") || !h->auth
+    if (x->status == 403)
+        return !strcmp(x->ecode, "GatedRepo") || !x->auth
                    ? ": a gated repository: accept its terms on the Hub, then set HF_TOKEN to that account's token"
                    : ": HF_TOKEN has no access to this repository";
-    else if (x->status == 404)
-        hint = !strcmp(x->ecode, "RevisionNotFound") ? ": no such revision (check --revision)"
+    if (x->status == 404)
+        return !strcmp(x->ecode, "RevisionNotFound") ? ": no such revision (check --revision)"
                : !strcmp(x->ecode, "EntryNotFound")  ? ": no such file in this revision"
                                                      : ": no such repository or revision (check the id and --revision)";
-    user_error("%s: HTTP %ld%s%s%s", x->url, x->status, tries, why, hint);
+    return "";
 }
 
-/* GET x->url. fd >= 0: appends to the partial file from its current size (Range), restarting from
- * byte 0 if the server ignores Range or refuses it; fd < 0: the answer lands in x->mem. Retries
- * what http_should_retry says, counting only attempts that moved no bytes. Returns when the whole body is in; anything else stops
- * the job (http_fail). */
-static void http_get(Hub *h, Xfer *x) {
-    if (!s_curl) {
+/* A GET of url through the Hub's handle with its token, limits and advice; into memory until the
+ * caller sets fd. */
+static HttpXfer hub_xfer(Hub *h, const char *url) {
+    if (!h->curl) {
         curl_global_init(CURL_GLOBAL_DEFAULT);
-        s_curl = curl_easy_init();
-        CHECK(s_curl != NULL);
+        h->curl = curl_easy_init();
+        CHECK(h->curl != NULL);
     }
-    struct curl_slist *hdr = h->auth ? curl_slist_append(NULL, h->auth) : NULL;
-    for (int attempt = 0, idle = 0;; attempt++) {
-        if (idle) http_backoff(idle);
-        CURL *c = s_curl;
-        curl_easy_reset(c);
-        x->status = 0;
-        x->len = 0;
-        x->werr = x->range_ignored = 0;
-        x->ecode[0] = x->emsg[0] = 0;
-        if (x->fd >= 0) {
-            off_t end = lseek(x->fd, 0, SEEK_END);
-            if (end < 0) { x->werr = errno; http_fail(x, CURLE_WRITE_ERROR, 1); }
-            x->have = end;
-            if (x->total >= 0 && x->have > x->total) {   /* longer than the file: not ours, start over */
-                if (ftruncate(x->fd, 0) || lseek(x->fd, 0, SEEK_SET) < 0) { x->werr = errno; http_fail(x, CURLE_WRITE_ERROR, 1); }
-                x->have = 0;
-            }
-            if (attempt == 0) x->base = x->have, x->t0 = now_seconds();
-            if (x->total >= 0 && x->have == x->total) { x->status = 206; break; }
-            if (x->have > 0) curl_easy_setopt(c, CURLOPT_RESUME_FROM_LARGE, (curl_off_t)x->have);
-        }
-        curl_easy_setopt(c, CURLOPT_URL, x->url);
-        curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
-        curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);   /* LFS files redirect to a CDN; Authorization stays with the Hub's host */
-        curl_easy_setopt(c, CURLOPT_MAXREDIRS, 10L);
-        curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-        curl_easy_setopt(c, CURLOPT_USERAGENT, "tandem/1 (huggingface_hub-compatible)");
-        curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-        curl_easy_setopt(c, CURLOPT_HEADERDATA, x);
-        curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-        curl_easy_setopt(c, CURLOPT_WRITEDATA, x);
-        curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
-        curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, on_progress);
-        curl_easy_setopt(c, CURLOPT_XFERINFODATA, x);
-        curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, (long)h->timeout);
-        curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);            /* a stall of --timeout s ends the attempt */
-        curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, (long)h->timeout);
-        int64_t before = x->fd >= 0 ? x->have : 0;
-        CURLcode rc = curl_easy_perform(c);
-        if (!x->status) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &x->status);
-        if (rc == CURLE_OK && (x->status == 200 || x->status == 206)) break;
-        if (x->fd >= 0 && x->have > 0 && (rc == CURLE_RANGE_ERROR || x->range_ignored || x->status == 416)) {
-            /* the server ignores Range, or our partial file and it disagree: from byte 0 at once (no
-             * Range is sent then, so this happens once) */
-            if (ftruncate(x->fd, 0)) { x->werr = errno; http_fail(x, CURLE_WRITE_ERROR, attempt + 1); }
-            x->base = 0;
-            continue;
-        }
-        if (!http_should_retry(rc, x->status)) http_fail(x, rc, attempt + 1);
-        off_t now = x->fd >= 0 ? lseek(x->fd, 0, SEEK_END) : 0;
-        idle = now > before ? 1 : idle + 1;   /* bytes moved: the count starts again */
-        if (idle > h->retries) http_fail(x, rc, attempt + 1);
-    }
-    curl_slist_free_all(hdr);
+    return (HttpXfer){.curl = h->curl, .url = url, .auth = h->auth, .agent = "tandem/1 (huggingface_hub-compatible)",
+                      .timeout = h->timeout, .retries = h->retries, .bar = h->bar, .fd = -1, .total = -1,
+                      .advice = hub_advice, .ctx = h};
 }
 
 /* ---- checks ---- */
@@ -329,12 +170,14 @@ static void download(Hub *h, const char *url, const RepoFile *f, const char *par
                    url, f->name, (double)(f->size - st.st_size) / 1048576.0, dir,
                    (double)vfs.f_bavail * (double)vfs.f_frsize / 1048576.0);
     free(dir);
-    Xfer x = {.hub = h, .url = url, .fd = fd, .path = part, .total = f->size, .max = 4096, .label = f->name};
-    http_get(h, &x);
-    if (h->bar) draw_bar(&x, f->size, 1);
+    HttpXfer x = hub_xfer(h, url);
+    x.fd = fd, x.path = part, x.total = f->size, x.max = 4096, x.label = f->name;
+    http_get(&x);
+    if (h->bar) http_draw_bar(&x, f->size, 1);
     else if (h->say) {
         char a[32];
-        fprintf(stderr, "tandem: fetched %s (%s in %.2f s)\n", f->name, human((double)f->size, a, sizeof a), now_seconds() - x.t0);
+        fprintf(stderr, "tandem: fetched %s (%s in %.2f s)\n", f->name, http_human_bytes((double)f->size, a, sizeof a),
+                now_seconds() - x.t0);
     }
     if (fsync(fd) && errno != EINVAL) { x.werr = errno; http_fail(&x, CURLE_WRITE_ERROR, 1); }
     if (close(fd)) { x.werr = errno; http_fail(&x, CURLE_WRITE_ERROR, 1); }
@@ -486,12 +329,13 @@ static char *repo_files(Hub *h, const char *repo, const char *rev, char **inc, i
     char *erev = url_escape(rev, 0);
     char *url = fmt("%s/api/models/%s/revision/%s?blobs=true", h->endpoint, repo, erev);
     free(erev);
-    Xfer x = {.hub = h, .url = url, .fd = -1, .total = -1, .max = 64u << 20};
-    http_get(h, &x);
+    HttpXfer x = hub_xfer(h, url);
+    x.max = 64u << 20;
+    http_get(&x);
     cJSON *o = cJSON_Parse(x.mem ? x.mem : "");
     const cJSON *sha = cJSON_GetObjectItemCaseSensitive(o, "sha"), *sib = cJSON_GetObjectItemCaseSensitive(o, "siblings"), *s;
     if (!cJSON_IsString(sha) || !is_hex(sha->valuestring, 40) || !cJSON_IsArray(sib))
-        user_error("%s: not a Hub model answer (no \"sha\" commit or \"siblings\" list): %.200s", url, x.mem ? one_line(x.mem) : "");
+        user_error("%s: not a Hub model answer (no \"sha\" commit or \"siblings\" list): %.200s", url, x.mem ? http_one_line(x.mem) : "");
     char *commit = xstrdup(sha->valuestring);
     RepoFile *files = xcalloc((size_t)cJSON_GetArraySize(sib) + 1, sizeof(RepoFile));
     int n = 0, n_all = 0, weights = 0;
@@ -605,9 +449,9 @@ static void snap_commit(const char *snap, char c[41]) {
     snprintf(c, 41, "%s", b ? b + 1 : snap);
 }
 
-static void http_done(void) {
-    if (s_curl) curl_easy_cleanup(s_curl);
-    s_curl = NULL;
+static void hub_free(Hub *h) {
+    free(h->auth);
+    if (h->curl) curl_easy_cleanup(h->curl);
 }
 
 /* Every rank takes the same branches and ends on the same commit: rank 0 decides whether arg is a
@@ -662,8 +506,7 @@ const char *hub_model_path(const char *arg) {
         }
     }
     comm_free(&world);
-    free(h.auth);
-    http_done();
+    hub_free(&h);
     return snap;
 }
 
@@ -676,7 +519,6 @@ char *hub_fetch(const char *repo, const char *rev, const char *dir, char **inclu
     h.bar = isatty(2);
     h.say = !h.bar;
     char *snap = fetch(&h, repo, rev, dir, include, n_include);
-    free(h.auth);
-    http_done();
+    hub_free(&h);
     return snap;
 }

@@ -13,10 +13,11 @@
  * retried with backoff; every file is checked against the API's size and hash (LFS sha256, else the
  * git blob sha1) before it is renamed into place. HF_ENDPOINT, HF_TOKEN (else the token file under
  * HF_HOME) and HF_HUB_OFFLINE are honoured.
- * Owns: the Hub protocol, the cache layout, downloads. Does not own the `tandem fetch` command line
- * (runtime/fetch.c), the HTTP retry policy (runtime/http.c) or MPI (runtime/comm.c: one rank per node
- * fetches through it). Knows nothing of models beyond "config.json and safetensors make a usable
- * snapshot". */
+ * Owns: the Hub protocol, the cache layout, what is downloaded where and how it is checked. Does not
+ * own the `tandem fetch` command line (runtime/fetch.c), HTTP (runtime/http.c: the GET with retries
+ * and Range resumes, the retry policy, the progress bar, the failure line that hub.c's advice ends)
+ * or MPI (runtime/comm.c: one rank per node fetches through it). Knows nothing of models beyond
+ * "config.json and safetensors make a usable snapshot". */
 #ifndef TANDEM_HUB_H
 #define TANDEM_HUB_H
 
