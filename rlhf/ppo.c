@@ -304,6 +304,9 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     if (p->x.adv_kind == ADV_GAE && !R[R_CRITIC].dir) user_error("--advantage gae needs --critic (or use grpo / rloo)");
     if (p->x.adv_kind != ADV_GAE && R[R_CRITIC].dir) user_error("--critic: --advantage %s uses no critic", o->adv_name);
     if (p->x.adv_kind == ADV_RLOO && p->x.G < 2) user_error("--advantage rloo needs --n-samples-per-prompt >= 2");
+    /* a group of one sample is its own mean: advantage 0 for every token, so nothing would be trained */
+    if (p->x.adv_kind == ADV_GRPO && p->x.G < 2)
+        user_error("--advantage grpo needs --n-samples-per-prompt >= 2 (a group of 1 has advantage 0: nothing would be trained)");
     p->x.kl_est = !strcmp(o->kl_est, "k1") ? KL_K1 : !strcmp(o->kl_est, "k2") ? KL_K2 : !strcmp(o->kl_est, "k3") ? KL_K3 : (KlEstimator)-1;
     if ((int)p->x.kl_est < 0) user_error("--kl-estimator %s: expected k1, k2 or k3", o->kl_est);
     if (!(o->temperature > 0)) user_error("--temperature %g: must be > 0 (the policy is softmax(logits / T))", o->temperature);
