@@ -44,7 +44,9 @@ void experience_read_prompts(ExperienceMaker *x, const char *path, const char *k
             x->prompts = xrealloc(x->prompts, sizeof(TokIds) * cap);
             x->prompt_text = xrealloc(x->prompt_text, sizeof(char *) * cap);
             x->labels = xrealloc(x->labels, sizeof(char *) * cap);
+            x->prompt_line = xrealloc(x->prompt_line, sizeof(int) * cap);
         }
+        x->prompt_line[x->n_prompts] = r.line;
         TokIds *t = &x->prompts[x->n_prompts];
         *t = (TokIds){0};
         free(prompt_tokens(x->tok, o, key, chat_template, 0, vocab, path, r.line, t));
@@ -57,6 +59,7 @@ void experience_read_prompts(ExperienceMaker *x, const char *path, const char *k
         x->n_prompts++;
     }
     jsonl_close(&r);
+    x->prompts_path = path;
     if (x->n_prompts < x->B)
         user_error("%s: %d prompts, fewer than --rollout-batch-size %d", path, x->n_prompts, x->B);
 }
@@ -96,7 +99,7 @@ void experience_maker_free(ExperienceMaker *x) {
     reward_cmd_stop(x->rcmd);
     if (x->engine) engine_free(x->engine);
     for (int i = 0; i < x->n_prompts; i++) { tok_ids_free(&x->prompts[i]); free(x->prompt_text[i]); free(x->labels[i]); }
-    free(x->prompts); free(x->prompt_text); free(x->labels);
+    free(x->prompts); free(x->prompt_text); free(x->labels); free(x->prompt_line);
     tokenizer_free(x->tok);
     free(x->stop_ids);
     for (int i = 0; i < x->n_stops; i++) free(x->stops[i]);

@@ -39,6 +39,8 @@ typedef struct {
 typedef struct {
     /* prompts, tokenized on every rank */
     int n_prompts;
+    const char *prompts_path;            /* the --prompts file */
+    int *prompt_line;                    /* (n_prompts) each prompt's line in it */
     TokIds *prompts;
     char **prompt_text, **labels;        /* decoded prompt; label JSON text or NULL */
     Tokenizer *tok;

@@ -63,11 +63,28 @@ static int micro_size(const Ppo *p, const Role *r) {
     return p->micro > 0 && p->micro < share ? p->micro : share;
 }
 
+/* A mini-batch step of role ri whose loss or gradient norm was not finite was not applied
+ * (learner_step); the run stops before the step's metrics and checkpoint, naming the step and its
+ * prompts (their lines in --prompts). Every rank of the role's mesh gets here together. */
+static _Noreturn void stop_non_finite(const Ppo *p, int ri, int step, const int *pidx, int epoch, int k0,
+                                      const LearnerStep *r) {
+    const ExperienceMaker *x = &p->x;
+    char lines[512];
+    int n = 0, shown = x->B < 16 ? x->B : 16;
+    for (int i = 0; i < shown && n < (int)sizeof lines; i++)
+        n += snprintf(lines + n, sizeof lines - n, "%s%d", i ? ", " : "", x->prompt_line[pidx[i]]);
+    if (shown < x->B && n < (int)sizeof lines) snprintf(lines + n, sizeof lines - n, ", ... (%d prompts)", x->B);
+    user_error("step %d: the %s's update (epoch %d, mini-batch %d): %s is not finite (NaN or inf; lr %g): the update "
+               "was not applied and no checkpoint was written after it; the step's prompts: %s lines %s; lower "
+               "--%s-lr or check the rewards", step + 1, ROLE_NAMES[ri], epoch + 1, k0 / p->mini + 1, r->non_finite,
+               r->lr, x->prompts_path, lines, ROLE_NAMES[ri]);
+}
+
 /* One role's update: --ppo-epochs passes over shuffled mini-batches of the batch's sequences, each
  * an optimizer step; a dp replica takes every dp-th sequence of a mini-batch, in micro-batches of
  * --micro-batch-size sequences through 1F1B. Each action weighs dp / (actions in the mini-batch)
  * (token-mean; optim_step averages over dp). Returns the mean gradient norm. */
-static double update(Ppo *p, int ri, int step, Experience *b) {
+static double update(Ppo *p, int ri, int step, const int *pidx, Experience *b) {
     Role *r = &p->roles.role[ri];
     int dp = r->mesh.dp, S = b->S, actor = ri == R_ACTOR;
     PpoHook *h = actor ? &p->actor_hook : &p->critic_hook;
@@ -85,7 +102,9 @@ static double update(Ppo *p, int ri, int step, Experience *b) {
         shuffle_ints(perm, S, &rs);
         for (int k0 = 0; k0 < S; k0 += p->mini) {
             int n_mb = experience_minibatch(b, perm, k0, p->mini, dp, r->mesh.dp_rank, actor, e == 0 && k0 == 0, &mb);
-            gsum += learner_step(&p->learner[ri], mb.mbs, n_mb, &lh).grad_norm;
+            LearnerStep ls = learner_step(&p->learner[ri], mb.mbs, n_mb, &lh);
+            if (ls.non_finite) stop_non_finite(p, ri, step, pidx, e, k0, &ls);
+            gsum += ls.grad_norm;
             n_steps++;
         }
     }
@@ -115,8 +134,8 @@ static void bench_phases_alone(Ppo *p, int step, const int *pidx, Experience *b,
             else if (ph == 1) experience_ref(&p->x, &p->roles, b);
             else if (ph == 2) experience_reward(&p->x, &p->roles, b, pidx);
             else if (ph == 3) experience_values(&p->x, &p->roles, b);
-            else if (ph == 4 && R[R_ACTOR].member) update(p, R_ACTOR, step, b);
-            else if (ph == 5 && R[R_CRITIC].member) update(p, R_CRITIC, step, b);
+            else if (ph == 4 && R[R_ACTOR].member) update(p, R_ACTOR, step, pidx, b);
+            else if (ph == 5 && R[R_CRITIC].member) update(p, R_CRITIC, step, pidx, b);
             comm_barrier(&p->roles.world);
             t[(size_t)ph * rounds + k] = (float)(now_seconds() - t0);
         }
@@ -285,6 +304,9 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     if (p->x.adv_kind == ADV_GAE && !R[R_CRITIC].dir) user_error("--advantage gae needs --critic (or use grpo / rloo)");
     if (p->x.adv_kind != ADV_GAE && R[R_CRITIC].dir) user_error("--critic: --advantage %s uses no critic", o->adv_name);
     if (p->x.adv_kind == ADV_RLOO && p->x.G < 2) user_error("--advantage rloo needs --n-samples-per-prompt >= 2");
+    /* a group of one sample is its own mean: advantage 0 for every token, so nothing would be trained */
+    if (p->x.adv_kind == ADV_GRPO && p->x.G < 2)
+        user_error("--advantage grpo needs --n-samples-per-prompt >= 2 (a group of 1 has advantage 0: nothing would be trained)");
     p->x.kl_est = !strcmp(o->kl_est, "k1") ? KL_K1 : !strcmp(o->kl_est, "k2") ? KL_K2 : !strcmp(o->kl_est, "k3") ? KL_K3 : (KlEstimator)-1;
     if ((int)p->x.kl_est < 0) user_error("--kl-estimator %s: expected k1, k2 or k3", o->kl_est);
     if (!(o->temperature > 0)) user_error("--temperature %g: must be > 0 (the policy is softmax(logits / T))", o->temperature);
@@ -475,9 +497,9 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so) {
     memset(&p->actor_hook.stats, 0, sizeof(PpoStats));
     p->entropy[0] = p->entropy[1] = 0;
     memset(&p->critic_hook.stats, 0, sizeof(PpoStats));
-    if (R[R_ACTOR].member) so->gn[0] = update(p, R_ACTOR, step, b);
+    if (R[R_ACTOR].member) so->gn[0] = update(p, R_ACTOR, step, pidx, b);
     LAP(T_ACTOR);
-    if (R[R_CRITIC].member) so->gn[1] = update(p, R_CRITIC, step, b);
+    if (R[R_CRITIC].member) so->gn[1] = update(p, R_CRITIC, step, pidx, b);
     LAP(T_CRITIC);
 #undef LAP
     so->as = p->actor_hook.stats;

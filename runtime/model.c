@@ -191,6 +191,20 @@ static void load_param(Model *m, const ParamSpec *p, int layer, float **slot, si
     int64_t r0, nr, c0, nc;
     spec_block(m, p, &r0, &nr, &c0, &nc);
     st_read_block(ctx, name, dim_size(m, p->rows), p->cols ? dim_size(m, p->cols) : 0, r0, nr, c0, nc, *slot);
+    /* A NaN or inf weight (a diverged run's checkpoint, a corrupt file) would give NaN logits and
+     * losses later, far from the cause: refuse it here, in the one pass over what this rank loaded.
+     * Only this rank reads its block, so it reports (rank_error). */
+    const float *w = *slot;
+    for (size_t i = 0; i < (size_t)(nr * nc); i++) {
+        if (isfinite(w[i])) continue;
+        const SafeTensors *st = ctx;
+        char at[64];
+        long long r = r0 + (long long)(i / nc), c = c0 + (long long)(i % nc);
+        if (p->cols) snprintf(at, sizeof at, "[%lld, %lld]", r, c);
+        else snprintf(at, sizeof at, "[%lld]", r);
+        rank_error("%s: tensor %s holds a non-finite value (%s%s = %g): refusing to load it (a diverged run's "
+                   "checkpoint? use an earlier one)", st->files[st_find(st, name)->file].path, name, name, at, w[i]);
+    }
 }
 
 typedef struct {

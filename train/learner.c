@@ -4,6 +4,7 @@
 #include "train/checkpoint.h"
 #include "train/schedule.h"
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,12 +30,28 @@ void learner_free(Learner *L) {
     memset(L, 0, sizeof *L);
 }
 
+/* A non-finite step stops the run; it is not skipped. DeepSpeed's fp16 path skips such a step,
+ * because there an overflow is expected now and then (dynamic loss scaling probes for the largest
+ * scale that fits). Tandem trains in fp32 without loss scaling, so a NaN or inf is a real fault
+ * (a learning rate that diverged, bad weights, bad data), and skipping it would hide the fault and
+ * go on from a state that produced it. Megatron stops on a NaN gradient norm for the same reason. */
 LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHook *hook) {
+    const Mesh *mesh = L->m->mesh;
     LearnerStep r;
     optim_zero_grad(L->opt, L->grads);
     r.loss = schedule_1f1b(L->m, L->slots, L->n_slots, mbs, M, hook, &L->gw);
     r.lr = (float)optim_lr(L->opt, L->opt->step);
-    r.grad_norm = optim_step(L->opt, L->m, L->grads);
+    /* The loss is each dp replica's own (the same over tp and pp): every rank learns whether any
+     * rank's loss is bad, so all take the same branch (the same collectives). */
+    float bad = isfinite(r.loss) ? 0.0f : 1.0f;
+    comm_all_reduce_max(&mesh->group, &bad, 1);
+    if (bad > 0) {
+        r.grad_norm = NAN;   /* not computed */
+        r.non_finite = "the loss";
+        return r;
+    }
+    r.grad_norm = optim_step(L->opt, L->m, L->grads);   /* applies nothing when the norm is not finite */
+    r.non_finite = isfinite(r.grad_norm) ? NULL : "the gradient norm";
     return r;
 }
 

@@ -31,6 +31,10 @@ typedef struct {
                               shared over pp; not summed over dp) */
     float grad_norm;       /* global gradient norm before clipping */
     float lr;              /* the learning rate the step used */
+    const char *non_finite;/* NULL: the step was applied. Else what was NaN or inf ("the loss" on
+                              some rank of the mesh, "the gradient norm") and the step was NOT applied
+                              (weights, moments and the optimizer's step count are as before it):
+                              the caller stops the run */
 } LearnerStep;
 
 /* Sizes everything up front: slots for micro-batches of up to max_tokens tokens (max_seq per
@@ -39,7 +43,9 @@ typedef struct {
 void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_seq, int n_micro, int recompute);
 void learner_free(Learner *L);
 /* One optimizer step over M micro-batches of this dp rank (collective over the mesh):
- * zero the gradients, 1F1B forward + hook + backward, AdamW (dp reduction, clipping, ZeRO-1). */
+ * zero the gradients, 1F1B forward + hook + backward, AdamW (dp reduction, clipping, ZeRO-1).
+ * A step whose loss (on any rank) or global gradient norm is not finite is not applied and comes
+ * back with non_finite set, the same on every rank of the mesh. */
 LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHook *hook);
 /* Adds the learner's parts to a memory plan: gradients, moments, activation slots. */
 void learner_mem_plan(const Learner *L, MemPlan *plan);

@@ -2,6 +2,7 @@
 #include "train/metrics.h"
 #include "runtime/util.h"
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,7 +29,8 @@ void metrics_num(MetricsLog *ml, const char *key, double v) { metrics_fmt(ml, ke
 void metrics_fmt(MetricsLog *ml, const char *key, const char *fmt, double v) {
     if (!ml->f) return;
     fprintf(ml->f, ", \"%s\": ", key);
-    fprintf(ml->f, fmt, v);
+    if (isfinite(v)) fprintf(ml->f, fmt, v);
+    else fputs("null", ml->f);   /* JSON has no NaN or inf: printf's "nan" / "-inf" would break the line */
 }
 
 void metrics_end(MetricsLog *ml) {

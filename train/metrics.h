@@ -15,7 +15,8 @@ typedef struct {
  * naming the file when it cannot be opened. Not collective. */
 void metrics_open(MetricsLog *ml, const char *out, int append, int writer);
 void metrics_close(MetricsLog *ml);
-/* A line: metrics_begin, fields, metrics_end (which writes "}\n" and flushes). */
+/* A line: metrics_begin, fields, metrics_end (which writes "}\n" and flushes). A value that is not
+ * finite (NaN, inf) is written as null, so every line is JSON whatever the numbers. */
 void metrics_begin(MetricsLog *ml, int step);
 void metrics_num(MetricsLog *ml, const char *key, double v);                   /* "key": %.9g */
 void metrics_fmt(MetricsLog *ml, const char *key, const char *fmt, double v);  /* "key": fmt (one double) */

@@ -247,6 +247,10 @@ float optim_step(Optim *o, Model *m, float *grads) {
     comm_all_reduce_sum_f64(&mesh->pp_comm, &sumsq, 1);
     if (c->zero) comm_all_reduce_sum_f64(&mesh->dp_comm, &sumsq, 1);
     float norm = (float)sqrt(sumsq);
+    /* A NaN or inf anywhere in the gradient makes the global norm non-finite, on every rank alike
+     * (the sum went over the whole mesh): apply nothing, so the weights, the moments and the step
+     * stay as the last good step left them. The caller decides what follows (the learner stops). */
+    if (!isfinite(norm)) return norm;
 
     /* 3. clip factor, folded into the update (grads are not rescaled in place) */
     float scale = clip_scale(norm, c->clip);

@@ -95,7 +95,8 @@ double optim_lr(const Optim *o, int step);  /* lr_schedule(&o->cfg, step) */
  * with a tied embedding's copies already summed across stages. Updates m->params in place.
  * Returns the global gradient norm before clipping, the same on every rank. Afterwards grads hold
  * scratch (dp-reduced values, or under ZeRO-1 the gathered params): zero them before accumulating
- * the next step. Increments o->step. */
+ * the next step. Increments o->step. When the norm is not finite (a NaN or inf gradient anywhere in
+ * the mesh) nothing is updated (weights, moments, step) and that norm is returned. */
 float optim_step(Optim *o, Model *m, float *grads);
 
 /* Writes this rank's moments and step (the rank's own file, e.g. optim.rank3.bin) atomically

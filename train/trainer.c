@@ -236,6 +236,14 @@ static void log_step(const TrainOptions *o, MetricsLog *ml, int step, int steps_
     metrics_end(ml);
 }
 
+/* A step whose loss or gradient norm was not finite was not applied (learner_step); the run stops
+ * here, before its metrics line and before any checkpoint, so OUT's last checkpoint is the last good
+ * one. Every rank of the mesh gets here together (learner_step agrees over the mesh). */
+static _Noreturn void stop_non_finite(const TrainOptions *o, const LearnerStep *r, int step) {
+    user_error("step %d: %s is not finite (NaN or inf; lr %g): the step was not applied and no checkpoint was "
+               "written after it; lower --lr (now %g) or check the data and the model", step, r->non_finite, r->lr, o->lr);
+}
+
 void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
     const Mesh *mesh = m->mesh;
     int root = mesh_is_root(mesh), have_eval = o->eval_path != NULL;
@@ -283,6 +291,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
         double t0 = now_seconds();
         if (t->prepare_step) t->prepare_step(t->ctx, &st);
         LearnerStep r = learner_step(&L, st.mbs, st.n, t->hook);
+        if (r.non_finite) stop_non_finite(o, &r, step + 1);
         Metric met[TRAIN_MAX_METRICS];
         int n_met = t->step_metrics(t->ctx, &r, &st, met);
         step++;
