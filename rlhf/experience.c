@@ -298,6 +298,12 @@ void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *
     if (x->reward_cmd || x->n_urls) { reward_from_program(x, rs, b, pidx); return; }
     if (r->member) chunks(x, rs, r, b, value_chunk, b->score);
     roles_share_d(rs, r, b->score, b->S);
+    /* the bound of a program's rewards (reward_cmd.h) holds for the model's scores too; every rank
+     * has the same scores */
+    for (int s = 0; s < b->S; s++)
+        if (!(fabs(b->score[s]) <= REWARD_ABS_MAX))
+            user_error("reward model %s: score %.9g of sample %d (prompt %d) is outside [-%g, %g]", r->dir, b->score[s],
+                       s + 1, pidx[s / x->G] + 1, REWARD_ABS_MAX, REWARD_ABS_MAX);
 }
 void experience_values(ExperienceMaker *x, Roles *rs, Experience *b) {
     Role *r = &rs->role[R_CRITIC];
@@ -309,11 +315,12 @@ void experience_values(ExperienceMaker *x, Roles *rs, Experience *b) {
 
 /* ---- 3. advantages ---------------------------------------------------------------------------- */
 
-double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_coef) {
+double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_coef, int step, const int *pidx) {
     int S = b->S, N = b->N;
-    double score_raw = 0;
+    double score_raw = 0, *raw = xmalloc(sizeof(double) * S);
     for (int s = 0; s < S; s++) {   /* the score: normalised, missing-EOS penalty, clipped */
         double v = b->score[s];
+        raw[s] = v;
         score_raw += v;
         if (x->has_norm) v = (v - x->norm_mean) / x->norm_std;
         if (x->eos_penalty != 0 && b->finish[s] != FINISH_STOP) v -= x->eos_penalty;
@@ -334,6 +341,15 @@ double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_
         free(gadv);
     }
     for (int n = 0; n < N; n++) { b->adv_f[n] = (float)b->adv[n]; b->ret_f[n] = (float)b->ret[n]; }
+    /* bounded rewards give finite advantages, but shaping (--normalize-reward's std,
+     * --missing-eos-penalty) and the critic's values can still overflow: an update on them would
+     * make every weight NaN. Every rank computed the same numbers. */
+    for (int s = 0; s < S; s++)
+        for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++)
+            if (!isfinite(b->adv_f[n]) || !isfinite(b->ret_f[n]))
+                user_error("step %d: sample %d (prompt %d, reward %.9g, %.9g after shaping) gives a non-finite advantage or "
+                           "return; the step is not applied", step + 1, s + 1, pidx[s / x->G] + 1, raw[s], b->score[s]);
+    free(raw);
     return score_raw;
 }
 

@@ -96,11 +96,14 @@ void experience_free(Experience *b);
 void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b);
 /* 2. the passes; each leaves its result on every rank */
 void experience_ref(ExperienceMaker *x, Roles *rs, Experience *b);
+/* The reward: the program's (reward_cmd.h, reward_http.h) or the reward model's score, which is
+ * held to the same bound (REWARD_ABS_MAX) or stops the run naming the sample and its prompt. */
 void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx);
 void experience_values(ExperienceMaker *x, Roles *rs, Experience *b);
 /* 3. score shaping, token rewards (KL penalty kl_coef for gae), advantages and returns; returns
- * the sum of the raw scores */
-double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_coef);
+ * the sum of the raw scores. An advantage or return that is not finite (as a float) stops the run
+ * (user_error naming step, 0-based, and the sample and its prompt pidx). */
+double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_coef, int step, const int *pidx);
 
 /* 4. Mini-batch sequences perm[k0 .. k0 + mini) of b, this dp replica's share (every dp-th), as
  * micro-batches of at most `micro` sequences, each position weighted by w (token-mean over the

@@ -492,7 +492,7 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so) {
     LAP(T_REWARD);
     experience_values(&p->x, rs, b);
     LAP(T_VALUES);
-    so->score_raw = experience_advantages(&p->x, b, p->kl_coef);
+    so->score_raw = experience_advantages(&p->x, b, p->kl_coef, step, pidx);
     LAP(T_ADV);
     memset(&p->actor_hook.stats, 0, sizeof(PpoStats));
     p->entropy[0] = p->entropy[1] = 0;

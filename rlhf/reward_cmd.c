@@ -151,24 +151,42 @@ static void describe_gone(RewardCmd *rc, const char *closed, char *buf, size_t l
     }
 }
 
-/* Takes the reward from one reply line (NUL-terminated, newline removed). 0, or -1 with the error. */
+/* Takes the reward from reply k (1-based; NUL-terminated, newline removed): a finite number within
+ * the bound, and an echoed "index", if any, that is k - 1. 0, or -1 with the error. */
 static int take_reply(RewardCmd *rc, const char *line, size_t len, int k, double *reward, char *err, size_t errlen) {
     /* require_null_terminated: `{"reward": 1} junk` is not a reply */
     cJSON *o = cJSON_ParseWithOpts(line, NULL, 1);
     const cJSON *r = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "reward") : NULL;
+    const cJSON *ix = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "index") : NULL;
     int ok = cJSON_IsNumber(r) && isfinite(r->valuedouble);
-    if (ok) *reward = r->valuedouble;
+    double v = ok ? r->valuedouble : 0.0;
+    int index_ok = !ix || (cJSON_IsNumber(ix) && ix->valuedouble == k - 1);
     cJSON_Delete(o);
-    if (ok) return 0;
     char bad[4 * REWARD_CMD_SHOWN + 8];
     shown(bad, sizeof bad, line, len);
-    snprintf(err, errlen, "reward command `%s`: reply %d is not a JSON object with a finite number \"reward\": %s",
-             rc->name, k, bad);
-    return -1;
+    if (!ok) {
+        snprintf(err, errlen, "reward command `%s`: reply %d is not a JSON object with a finite number \"reward\": %s",
+                 rc->name, k, bad);
+        return -1;
+    }
+    if (!index_ok) {
+        snprintf(err, errlen, "reward command `%s`: reply %d echoes an \"index\" other than its request's %d "
+                 "(replies out of order, or more replies than requests): %s", rc->name, k, k - 1, bad);
+        return -1;
+    }
+    if (!(fabs(v) <= REWARD_ABS_MAX)) {
+        snprintf(err, errlen, "reward command `%s`: reply %d: reward %.9g is outside [-%g, %g]: %s", rc->name, k, v,
+                 REWARD_ABS_MAX, REWARD_ABS_MAX, bad);
+        return -1;
+    }
+    *reward = v;
+    return 0;
 }
 
-/* Consumes the whole lines in rbuf (and, at_eof, a last line with no newline) as replies got..n-1. */
-static int take_lines(RewardCmd *rc, int n, int *got, double *rewards, int at_eof, char *err, size_t errlen) {
+/* Consumes the whole lines in rbuf (and, at_eof, a last line with no newline) as replies got..n-1.
+ * sent: the requests written whole before these bytes were read; a reply beyond them answers no
+ * request of ours (a surplus line of the program's). */
+static int take_lines(RewardCmd *rc, int n, int sent, int *got, double *rewards, int at_eof, char *err, size_t errlen) {
     size_t pos = 0;
     int rv = 0;
     while (*got < n && pos < rc->rlen) {
@@ -186,6 +204,14 @@ static int take_lines(RewardCmd *rc, int n, int *got, double *rewards, int at_eo
         size_t len = nl ? (size_t)(nl - line) : rc->rlen - pos;
         line[len] = 0;
         if ((rv = take_reply(rc, line, len, *got + 1, &rewards[*got], err, errlen))) break;
+        if (*got >= sent) {
+            char bad[4 * REWARD_CMD_SHOWN + 8];
+            shown(bad, sizeof bad, line, len);
+            snprintf(err, errlen, "reward command `%s`: more replies than requests: reply %d came before request %d "
+                     "was written: %s", rc->name, *got + 1, *got + 1, bad);
+            rv = -1;
+            break;
+        }
         (*got)++;
         pos += len + (nl != NULL);
     }
@@ -212,8 +238,8 @@ int reward_cmd_score(RewardCmd *rc, int n, const char *const *prompts, const cha
                      const char *const *labels, double *rewards, double timeout_s, char *err, size_t errlen) {
     CHECK(!rc->failed);   /* the caller must stop a RewardCmd after an error */
     if (n <= 0) return 0;
-    /* the request: n lines */
-    size_t wlen = 0, wcap = 4096, woff = 0;
+    /* the request: n lines; line i ends at ends[i] */
+    size_t wlen = 0, wcap = 4096, woff = 0, *ends = xmalloc(sizeof(size_t) * n);
     char *w = xmalloc(wcap);
     for (int i = 0; i < n; i++) {
         cJSON *o = cJSON_CreateObject();
@@ -224,23 +250,28 @@ int reward_cmd_score(RewardCmd *rc, int n, const char *const *prompts, const cha
             CHECK(l != NULL);   /* labels are JSON texts the caller printed */
             cJSON_AddItemToObject(o, "label", l);
         }
+        cJSON_AddNumberToObject(o, "index", i);
         jsonl_append(&w, &wlen, &wcap, o);
+        ends[i] = wlen;
         cJSON_Delete(o);
     }
-    int got = 0, rv = -1, input_closed = 0;
+    /* sent: requests written whole; seen: that count when the bytes in rbuf were read (a reply can
+     * only answer a request the program had then) */
+    int got = 0, rv = -1, input_closed = 0, sent = 0, seen = 0;
     double t_end = timeout_s > 0 ? mono() + timeout_s : 0;
     char why[256];
     for (;;) {
-        if (take_lines(rc, n, &got, rewards, 0, err, errlen)) goto done;
+        if (take_lines(rc, n, seen, &got, rewards, 0, err, errlen)) goto done;
         if (got == n) break;
         if (input_closed) {
             /* EPIPE: it closed its stdin, most likely by exiting. What it wrote before is already in
              * the pipe; a bad line there explains more than the exit does. */
             ssize_t k;
+            seen = sent;
             while ((k = read_some(rc)) > 0) {
-                if (take_lines(rc, n, &got, rewards, 0, err, errlen)) goto done;
+                if (take_lines(rc, n, seen, &got, rewards, 0, err, errlen)) goto done;
             }
-            if (take_lines(rc, n, &got, rewards, k == 0, err, errlen)) goto done;
+            if (take_lines(rc, n, seen, &got, rewards, k == 0, err, errlen)) goto done;
             if (got == n) break;
             describe_gone(rc, "input", why, sizeof why);
             snprintf(err, errlen, "reward command `%s`: %s after %d of %d replies", rc->name, why, got, n);
@@ -264,9 +295,10 @@ int reward_cmd_score(RewardCmd *rc, int n, const char *const *prompts, const cha
             goto done;
         }
         if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+            seen = sent;
             ssize_t k = read_some(rc);
             if (k == 0) {   /* end of its output: a last line without a newline still counts */
-                if (take_lines(rc, n, &got, rewards, 1, err, errlen)) goto done;
+                if (take_lines(rc, n, seen, &got, rewards, 1, err, errlen)) goto done;
                 if (got == n) break;
                 describe_gone(rc, "output", why, sizeof why);
                 snprintf(err, errlen, "reward command `%s`: %s after %d of %d replies", rc->name, why, got, n);
@@ -279,18 +311,31 @@ int reward_cmd_score(RewardCmd *rc, int n, const char *const *prompts, const cha
         }
         if (nfds == 2 && (fds[1].revents & (POLLOUT | POLLERR | POLLHUP))) {
             ssize_t k = write(rc->to, w + woff, wlen - woff);
-            if (k > 0) woff += (size_t)k;
-            else if (k < 0 && errno == EPIPE) input_closed = 1;
+            if (k > 0) {
+                woff += (size_t)k;
+                while (sent < n && ends[sent] <= woff) sent++;
+            } else if (k < 0 && errno == EPIPE) input_closed = 1;
             else if (k < 0 && errno != EAGAIN && errno != EINTR) {
                 snprintf(err, errlen, "reward command `%s`: write: %s", rc->name, strerror(errno));
                 goto done;
             }
         }
     }
+    /* n replies to n requests: anything more already written (or read with the last reply) is a
+     * surplus, which would otherwise become the next batch's first reward */
+    while (read_some(rc) > 0) {}
+    if (rc->rlen > 0) {
+        char *nl = memchr(rc->rbuf, '\n', rc->rlen), bad[4 * REWARD_CMD_SHOWN + 8];
+        shown(bad, sizeof bad, rc->rbuf, nl ? (size_t)(nl - rc->rbuf) : rc->rlen);
+        snprintf(err, errlen, "reward command `%s`: more replies than requests: a line after reply %d of %d: %s",
+                 rc->name, n, n, bad);
+        goto done;
+    }
     rv = 0;
 done:
     if (rv) rc->failed = 1;
     free(w);
+    free(ends);
     return rv;
 }
 

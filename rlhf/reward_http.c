@@ -1,6 +1,7 @@
 /* reward_http.c — see reward_http.h. curl's multi interface runs one request per URL at once; each
  * failed part is retried by itself. */
 #include "rlhf/reward_http.h"
+#include "rlhf/reward_cmd.h"
 #include "runtime/http.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
@@ -88,7 +89,15 @@ static int finish(Part *q, double *rewards, char *err, size_t errlen) {
         cJSON_Delete(o);
         return -1;
     }
-    cJSON_ArrayForEach(v, r) rewards[q->first + i++] = v->valuedouble;
+    cJSON_ArrayForEach(v, r) {
+        if (!(fabs(v->valuedouble) <= REWARD_ABS_MAX)) {
+            snprintf(err, errlen, "reward server %s: reward %d of %d is %.9g, outside [-%g, %g]", q->url, i + 1, q->n,
+                     v->valuedouble, REWARD_ABS_MAX, REWARD_ABS_MAX);
+            cJSON_Delete(o);
+            return -1;
+        }
+        rewards[q->first + i++] = v->valuedouble;
+    }
     cJSON_Delete(o);
     return 0;
 }

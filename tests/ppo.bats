@@ -337,6 +337,70 @@ teardown() { [ -z "${SERVERS:-}" ] || kill $SERVERS 2>/dev/null || true; }
     [ "$status" -eq 0 ]
 }
 
+# bad_rm OUT SCALE [STD]: a reward model from stories260K whose scores are about SCALE (tests/fixtures/ppo/score_head_rm.py)
+bad_rm() { python3 "$FIX/ppo/score_head_rm.py" "$STORIES" "$@"; }
+
+@test "huge rewards stop the run at step 1 with one line naming them: a command's 3e38, a server's 1e300 or NaN, a reward model's 1e12 score, overflowing advantages; nothing is saved" {
+    need_story
+    A=(--actor "$STORIES" --prompts "$TRAIN" --advantage rloo --n-samples-per-prompt 2 --rollout-batch-size 2 --max-new-tokens 8
+       --steps 2 --save-every 1)
+    # RLOO's advantages from +-3e38 overflowed: a NaN update, checkpoint-1 all NaN, exit at step 2 (issue 27)
+    cmd='i=0; while read l; do i=$((i + 1)); [ $((i % 2)) = 0 ] && echo "{\"reward\": 3e38}" || echo "{\"reward\": -3e38}"; done'
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-cmd "$cmd" --out "$BATS_TEST_TMPDIR/a"
+    [ "$status" -ne 0 ]
+    [ "${lines[-1]}" = "tandem: reward command \`$cmd\`: reply 1: reward -3e+38 is outside [-1e+06, 1e+06]: {\"reward\": -3e38}" ]
+    [ ! -e "$BATS_TEST_TMPDIR/a/checkpoint-1" ]
+    serve huge
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "$URL" --out "$BATS_TEST_TMPDIR/b"
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = "tandem: reward server $URL: reward 4 of 4 is 1e+300, outside [-1e+06, 1e+06]" ]
+    [ ! -e "$BATS_TEST_TMPDIR/b/checkpoint-1" ]
+    serve nan
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "$URL" --out "$BATS_TEST_TMPDIR/c"
+    [ "$status" -ne 0 ]; [[ "${lines[-1]}" == "tandem: reward server $URL: the answer is not {\"rewards\": [numbers]}: {\"rewards\": ["*", NaN]"* ]]
+    [ ! -e "$BATS_TEST_TMPDIR/c/checkpoint-1" ]
+    # a reward model's scores are held to the same bound
+    bad_rm "$BATS_TEST_TMPDIR/rm_big" 1e12
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward "$BATS_TEST_TMPDIR/rm_big" --out "$BATS_TEST_TMPDIR/d"
+    [ "$status" -ne 0 ]
+    [[ "${lines[-1]}" == "tandem: reward model $BATS_TEST_TMPDIR/rm_big: score "*"e+12 of sample 1 (prompt "*") is outside [-1e+06, 1e+06]" ]]
+    [ ! -e "$BATS_TEST_TMPDIR/d/checkpoint-1" ]
+    # bounded scores, but --normalize-reward by a std of 1e-45 makes advantages past float's range
+    bad_rm "$BATS_TEST_TMPDIR/rm_std" 0.1 1e-45
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward "$BATS_TEST_TMPDIR/rm_std" --normalize-reward --out "$BATS_TEST_TMPDIR/e"
+    [ "$status" -ne 0 ]
+    [[ "${lines[-1]}" == "tandem: step 1: sample "*" (prompt "*", reward "*", "*"e+4"*" after shaping) gives a non-finite advantage or return; the step is not applied" ]]
+    [ ! -e "$BATS_TEST_TMPDIR/e/checkpoint-1" ]
+    [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
+    # the same model's scores unnormalised train
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward "$BATS_TEST_TMPDIR/rm_std" --out "$BATS_TEST_TMPDIR/f"
+    [ "$status" -eq 0 ]; [ -e "$BATS_TEST_TMPDIR/f/checkpoint-2/ppo_state.json" ]
+}
+
+@test "a reward command's replies match its requests: two replies per request, a wrong or out-of-order echoed index stop the run naming the command; an echoed index in order trains" {
+    need_story
+    A=(--actor "$STORIES" --prompts "$TRAIN" --advantage grpo --max-new-tokens 8 --steps 2 --save-every 1)
+    # 3 requests: the surplus of request 2 comes in the same write as the batch's last reply (the
+    # surplus lines became other samples' rewards, exit 0: issue 27)
+    two='while read l; do printf "{\"reward\": 1}\n{\"reward\": 2}\n"; done'
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --rollout-batch-size 1 --n-samples-per-prompt 3 --reward-cmd "$two" --out "$BATS_TEST_TMPDIR/a"
+    [ "$status" -ne 0 ]
+    [ "${lines[-1]}" = "tandem: reward command \`$two\`: more replies than requests: a line after reply 3 of 3: {\"reward\": 2}" ]
+    [ ! -e "$BATS_TEST_TMPDIR/a/checkpoint-1" ]
+    A+=(--rollout-batch-size 2 --n-samples-per-prompt 2)
+    wrong="jq --unbuffered -c '{reward: 1, index: (.index + 1)}'"
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-cmd "$wrong" --out "$BATS_TEST_TMPDIR/b"
+    [ "$status" -ne 0 ]
+    [ "${lines[-1]}" = "tandem: reward command \`$wrong\`: reply 1 echoes an \"index\" other than its request's 0 (replies out of order, or more replies than requests): {\"reward\":1,\"index\":1}" ]
+    swapped='while read a && read b; do echo "$b" | jq -c "{reward: 1, index}"; echo "$a" | jq -c "{reward: 0, index}"; done'
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-cmd "$swapped" --out "$BATS_TEST_TMPDIR/c"
+    [ "$status" -ne 0 ]
+    [ "${lines[-1]}" = "tandem: reward command \`$swapped\`: reply 1 echoes an \"index\" other than its request's 0 (replies out of order, or more replies than requests): {\"reward\":1,\"index\":1}" ]
+    [ ! -e "$BATS_TEST_TMPDIR/c/checkpoint-1" ]
+    # echoing the index in order trains (and one that does not echo it: every other test)
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-cmd "jq --unbuffered -c '{reward: (.response | length / 100), index}'" --out "$BATS_TEST_TMPDIR/d"
+    [ "$status" -eq 0 ]; [ -e "$BATS_TEST_TMPDIR/d/checkpoint-2/ppo_state.json" ]
+}
+
 @test "--save-total-limit keeps the newest N complete checkpoints (sft, rm, dpo, ppo), never an incomplete one's place, and the kept one resumes" {
     need_story
     mkdir -p "$BATS_TEST_TMPDIR/p"

@@ -4,7 +4,8 @@
 # pipe buffers both ways (line by line, batch first, all input first), one long-lived process across
 # calls, no file descriptors of ours leaking into it; then every error as its exact one line naming the command: the program exits (status,
 # signal, 127 for a missing command), closes its input or output, writes a reply that is not a JSON
-# object with a finite number "reward" (quoted one line, cut to 200 bytes), or does not answer in
+# object with a finite number "reward" (quoted one line, cut to 200 bytes), a reward outside +-1e6,
+# more replies than requests, an echoed "index" that is not its request's, or does not answer in
 # time; and reward_cmd_stop kills a program that ignores its stdin, and all it started, after 5 s.
 load helpers
 
@@ -59,8 +60,43 @@ score_error() {
     [ "$stderr" = $'debug 1\ndebug 2\ndebug 3' ]
     score "read l; printf '{\"reward\": 7}'" 1
     [ "$status" -eq 0 ]; [ "$output" = 7 ]
-    score 'jq --unbuffered -c "{reward: 1e300}"' 2
-    [ "$status" -eq 0 ]; [ "$output" = $'1.0000000000000001e+300\n1.0000000000000001e+300' ]
+    score 'jq --unbuffered -c "{reward: 1e6}"' 2
+    [ "$status" -eq 0 ]; [ "$output" = $'1000000\n1000000' ]
+}
+
+@test "reward command: a reward is within +-1e6 (REWARD_ABS_MAX): 3e38, -1e300, 1000001 are errors naming the reply and the value" {
+    score 'jq --unbuffered -c "{reward: -1e6}"' 1
+    [ "$status" -eq 0 ]; [ "$output" = -1000000 ]
+    score_error 'while read l; do echo "{\"reward\": 3e38}"; done' 2 \
+        'reward command `while read l; do echo "{\"reward\": 3e38}"; done`: reply 1: reward 3e+38 is outside [-1e+06, 1e+06]: {"reward": 3e38}'
+    score_error 'jq --unbuffered -c "if .index == 1 then {reward: -1e300} else {reward: 1} end"' 3 \
+        'reward command `jq --unbuffered -c "if .index == 1 then {reward: -1e300} else {reward: 1} end"`: reply 2: reward -1e+300 is outside [-1e+06, 1e+06]: {"reward":-1e+300}'
+    score_error 'jq --unbuffered -c "{reward: 1000001}"' 1 \
+        'reward command `jq --unbuffered -c "{reward: 1000001}"`: reply 1: reward 1000001 is outside [-1e+06, 1e+06]: {"reward":1000001}'
+}
+
+@test "reward command: one reply per request: a line after the batch's replies, or a reply before its request was written, is an error" {
+    # two replies per request, each pair in one write: the surplus is there when the batch's last reply is
+    score_error 'while read l; do printf "{\"reward\": 1}\n{\"reward\": 2}\n"; done' 3 \
+        'reward command `while read l; do printf "{\"reward\": 1}\n{\"reward\": 2}\n"; done`: more replies than requests: a line after reply 3 of 3: {"reward": 2}'
+    score_error 'read l; printf "{\"reward\": 1}\n{\"reward\": 2}\n"; cat >/dev/null' 1 \
+        'reward command `read l; printf "{\"reward\": 1}\n{\"reward\": 2}\n"; cat >/dev/null`: more replies than requests: a line after reply 1 of 1: {"reward": 2}'
+    # a reply before it read anything, while a 300 kB request (past the 64 KiB pipe) is still being written
+    score 'echo "{\"reward\": 1}"; cat >/dev/null' 1 0 300000
+    [ "$status" -eq 1 ]
+    [ "$output" = 'reward command `echo "{\"reward\": 1}"; cat >/dev/null`: more replies than requests: reply 1 came before request 1 was written: {"reward": 1}' ]
+}
+
+@test "reward command: requests carry \"index\" 0..n-1; an echoed index must be its request's (wrong, out of order, not a number: errors)" {
+    score 'jq --unbuffered -c "{reward: (.index * 10), index}"' 3
+    [ "$status" -eq 0 ]; [ "$output" = $'0\n10\n20' ]
+    local why='echoes an "index" other than its request'"'"'s 0 (replies out of order, or more replies than requests)'
+    score_error 'jq --unbuffered -c "{reward: 1, index: (.index + 1)}"' 2 \
+        "reward command \`jq --unbuffered -c \"{reward: 1, index: (.index + 1)}\"\`: reply 1 $why: {\"reward\":1,\"index\":1}"
+    score_error 'while read a && read b; do echo "$b" | jq -c "{reward: 1, index}"; echo "$a" | jq -c "{reward: 2, index}"; done' 4 \
+        "reward command \`while read a && read b; do echo \"\$b\" | jq -c \"{reward: 1, index}\"; echo \"\$a\" | jq -c \"{reward: 2, index}\"; done\`: reply 1 $why: {\"reward\":1,\"index\":1}"
+    score_error 'jq --unbuffered -c "{reward: 1, index: (.index | tostring)}"' 1 \
+        "reward command \`jq --unbuffered -c \"{reward: 1, index: (.index | tostring)}\"\`: reply 1 $why: {\"reward\":1,\"index\":\"0\"}"
 }
 
 @test "reward command: no open file of ours but stdin, stdout and stderr reaches the program" {
