@@ -1,5 +1,6 @@
 /* tandem.c — the one binary. Only dispatches subcommands; every job lives in its module. */
 #include <stdio.h>
+#include <signal.h>
 #include <string.h>
 #include "bench/bench.h"
 #include "eval/eval.h"
@@ -38,6 +39,10 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* A file-size limit (ulimit -f) makes a write fail with EFBIG, which every writer reports like a
+     * full disk (one line, exit 1, nothing half-written), instead of SIGXFSZ killing the process
+     * mid-line without a word. Set before MPI starts, and for the whole process. */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 typedef struct {
@@ -320,7 +321,7 @@ static void write_reference(const char *path, const Record *recs, int n, const d
         EMIT("}\n");
     }
 #undef EMIT
-    if (write_file_atomic(path, out, len)) user_error("%s: cannot write", path);
+    if (write_file_atomic(path, out, len)) user_error("%s: cannot write: %s", path, strerror(errno));
     free(out);
 }
 
@@ -392,7 +393,7 @@ static int report(const Record *recs, int n, const Result *res, int reference, i
         printf("{\"records\": %d, \"tokens\": %ld, \"loss\": %.9g, \"ppl\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d, "
                "\"seconds\": %.3f}\n", n, nll_tokens, loss, exp(loss), mesh->tp, mesh->pp, mesh->dp, elapsed);
     }
-    fflush(stdout);
+    if (fflush(stdout) != 0 || ferror(stdout)) user_error("stdout: cannot write: %s", strerror(errno));
     return failed;
 }
 

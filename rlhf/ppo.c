@@ -19,6 +19,7 @@
 #include "runtime/args.h"
 #include "runtime/jsonl.h"
 #include "runtime/util.h"
+#include "train/checkpoint.h"
 #include "train/learner.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
@@ -166,23 +167,31 @@ static void bench_phases_alone(Ppo *p, int step, const int *pidx, Experience *b,
  * pure functions of (seed, step), so the step is the whole data and RNG position. */
 static void save_checkpoint(Ppo *p, const char *out, int step) {
     const Roles *rs = &p->roles;
-    char dir[4096], path[4200];
+    char dir[4096], path[4200], err[CHECKPOINT_ERR_CAP] = "";
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", out, step);
     if (rs->world_rank == 0) mkdir_p(dir);
     comm_barrier(&rs->world);
-    int failed = 0;
     for (int r = R_ACTOR; r <= R_CRITIC; r++) {
         if (!rs->role[r].member) continue;
         snprintf(path, sizeof path, "%s/%s", dir, ROLE_NAMES[r]);
-        if (learner_save(&p->learner[r], p->load_dir[r], path)) failed = 1;
+        char e[CHECKPOINT_ERR_CAP];
+        if (learner_save(&p->learner[r], p->load_dir[r], path, e) && !err[0]) snprintf(err, sizeof err, "%s", e);
     }
-    comm_all_reduce_sum_int(&rs->world, &failed, 1);
-    if (failed || rs->world_rank != 0) return;   /* a failed write was reported; the run goes on */
+    /* a failed save stops the run (all roles): what is on disk is the previous complete checkpoint */
+    snprintf(path, sizeof path, "%s/ppo_state.json", dir);
+    if (comm_first_error(&rs->world, err, sizeof err)) {
+        if (rs->world_rank == 0 && !file_exists(path)) remove_tree(dir);   /* one role's part alone is no checkpoint */
+        job_error(rs->world_rank == 0, "%s", err);
+    }
+    if (rs->world_rank != 0) return;
     char json[1024];
     int n = snprintf(json, sizeof json, "{\"format\": \"tandem-ppo-state\", \"version\": 1, \"step\": %d, \"kl_coef\": %.17g, "
                      "\"seed\": %llu, \"placement\": \"%s\"}\n", step, p->kl_coef, (unsigned long long)p->x.seed, rs->placement);
-    snprintf(path, sizeof path, "%s/ppo_state.json", dir);
-    if (write_file_atomic(path, json, (size_t)n)) user_error("%s: cannot write: %s", path, strerror(errno));
+    if (write_file_atomic(path, json, (size_t)n)) {
+        int e = errno;
+        remove_tree(dir);   /* no state file: not a checkpoint */
+        user_error("%s: cannot write: %s", path, strerror(e));
+    }
     fprintf(stderr, "saved %s\n", dir);
     trainer_rotate_checkpoints(out, p->save_limit, "ppo_state.json");
 }
@@ -323,7 +332,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     int S = p->x.B * p->x.G;
     if (p->mini == 0) p->mini = S;
     if (p->mini < 1 || S % p->mini) user_error("--mini-batch-size %d: must divide the batch's %d sequences", p->mini, S);
-    if (dir_exists(o->out) && !o->overwrite && !o->resume) user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", o->out);
+    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out);
     if (o->resume) {
         load_state(o->resume, &o->state);
         char *ad = path_join(o->resume, "actor");

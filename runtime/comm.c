@@ -158,6 +158,16 @@ void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each) 
 void comm_reduce_scatter_sum(const Comm *c, const float *in, float *out, size_t n_each) {
     MPI_CHECK(MPI_Reduce_scatter_block(in, out, count(n_each), MPI_FLOAT, MPI_SUM, HANDLE(c)));
 }
+int comm_first_error(const Comm *c, char *msg, size_t cap) {
+    float failed = msg[0] != 0;
+    int who = c->rank;
+    comm_all_reduce_maxloc(c, &failed, &who, 1);   /* ties: the lowest rank */
+    if (failed == 0) return 0;
+    comm_broadcast(c, msg, cap, who);
+    msg[cap - 1] = 0;
+    return 1;
+}
+
 void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root) {
     if (c->size > 1) MPI_CHECK(MPI_Bcast(buf, count(bytes), MPI_BYTE, root, HANDLE(c)));
 }

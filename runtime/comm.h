@@ -61,4 +61,8 @@ int comm_probe(const Comm *c, int tag, int blocking, int *src, size_t *bytes);
 void comm_recv_tag(const Comm *c, void *buf, size_t bytes, int src, int tag);
 void comm_recv(const Comm *c, void *buf, size_t bytes, int src);
 void comm_barrier(const Comm *c);
+/* A failure some ranks may have met (msg: this rank's error line, "" when it did fine; cap bytes on
+ * every rank). Returns 1 on every rank when any failed, msg then holding the lowest failing rank's
+ * line everywhere; else 0. Collective. */
+int comm_first_error(const Comm *c, char *msg, size_t cap);
 #endif

@@ -396,7 +396,7 @@ static char *fetch(Hub *h, const char *repo, const char *rev, const char *dir, c
             if (!fresh) {
                 download(h, url, f, part, dest, lock, 0);
                 char *txt = fmt("%s\n%s\n%.6f\n", commit, f->blob, (double)time(NULL));
-                if (write_file_atomic(meta, txt, strlen(txt))) user_error("%s: cannot write", meta);
+                if (write_file_atomic(meta, txt, strlen(txt))) user_error("%s: cannot write: %s", meta, strerror(errno));
                 free(txt);
             }
             free(meta), free(part), free(lock);
@@ -417,7 +417,7 @@ static char *fetch(Hub *h, const char *repo, const char *rev, const char *dir, c
     if (!dir && strcmp(rev, commit)) {   /* refs/REV -> commit, as huggingface_hub writes it */
         char *ref = fmt("%s/refs/%s", folder, rev);
         make_parents(ref);
-        if (write_file_atomic(ref, commit, strlen(commit))) user_error("%s: cannot write", ref);
+        if (write_file_atomic(ref, commit, strlen(commit))) user_error("%s: cannot write: %s", ref, strerror(errno));
         free(ref);
     }
     for (int i = 0; i < n; i++) free(files[i].name), free(files[i].blob);

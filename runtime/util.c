@@ -1,6 +1,7 @@
 /* util.c — see util.h. Owns error exits and small system helpers; knows nothing of models. */
 #include "runtime/util.h"
 #include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdarg.h>
@@ -77,6 +78,18 @@ _Noreturn void rank_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     report(world_size() > 1, fmt, ap);
+    va_end(ap);
+    stop_job();
+}
+
+_Noreturn void job_error(int speaker, const char *fmt, ...) {
+    va_list ap;
+    if (!speaker) {
+        sleep(10);   /* the speaker's line and abort come first; this is only a backstop */
+        stop_job();
+    }
+    va_start(ap, fmt);
+    report(0, fmt, ap);
     va_end(ap);
     stop_job();
 }
@@ -172,6 +185,12 @@ int mkdir_parents(const char *path) {
     return rc;
 }
 
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path);
+}
+int remove_tree(const char *path) { return nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS) ? -1 : 0; }
+
 void mkdir_p(const char *path) {
     if (mkdir_parents(path) != 0 || (mkdir(path, 0755) != 0 && errno != EEXIST))
         user_error("%s: cannot create directory: %s", path, strerror(errno));
@@ -221,13 +240,21 @@ int write_file_atomic(const char *path, const void *data, size_t len) {
     char *tmp = xmalloc(n);
     snprintf(tmp, n, "%s.tmp.%d", path, (int)getpid());
     FILE *f = fopen(tmp, "wb");
-    if (!f) { free(tmp); return -1; }
-    int ok = fwrite(data, 1, len, f) == len;
-    ok = (fflush(f) == 0) && ok;
-    ok = (fsync(fileno(f)) == 0) && ok;
-    ok = (fclose(f) == 0) && ok;
-    if (ok) ok = rename(tmp, path) == 0;
-    if (!ok) unlink(tmp);
+    if (!f) {
+        int err = errno;
+        free(tmp);
+        errno = err;
+        return -1;
+    }
+    int err = 0;   /* the first failure's errno: the one that says why */
+    errno = 0;
+    if (fwrite(data, 1, len, f) != len) err = errno ? errno : EIO;
+    if (fflush(f) != 0 && !err) err = errno;
+    if (fsync(fileno(f)) != 0 && !err) err = errno;
+    if (fclose(f) != 0 && !err) err = errno;
+    if (!err && rename(tmp, path) != 0) err = errno;
+    if (err) unlink(tmp);
     free(tmp);
-    return ok ? 0 : -1;
+    errno = err;
+    return err ? -1 : 0;
 }

@@ -24,6 +24,10 @@ int util_is_reporter(void);
 
 _Noreturn void user_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 _Noreturn void rank_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A failure every rank learned of together (a collective's result, e.g. a checkpoint write that
+ * failed on some rank): `speaker` (exactly one rank of the world) prints the one line, every rank
+ * stops (exit 1; MPI_Abort with several ranks). */
+_Noreturn void job_error(int speaker, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 _Noreturn void check_failed(const char *expr, const char *file, int line);
 #define CHECK(cond) do { if (!(cond)) check_failed(#cond, __FILE__, __LINE__); } while (0)
 
@@ -38,6 +42,7 @@ int dir_exists(const char *path);
 char *path_join(const char *dir, const char *name); /* malloc'd "dir/name" */
 void mkdir_p(const char *path);     /* user_error if it cannot be created */
 int mkdir_parents(const char *path); /* the missing parents of path (not path): 0, or -1 with errno */
+int remove_tree(const char *path);  /* deletes a tree we wrote (links removed, never followed): 0, or -1 with errno */
 double now_seconds(void);
 double peak_rss_mib(void);          /* peak resident memory of this process */
 
@@ -58,6 +63,7 @@ static inline uint64_t splitmix64_next(uint64_t *state) { return splitmix64_mix(
 /* Fisher–Yates over x (n), drawing from the splitmix64 stream *state (the project's one shuffle). */
 void shuffle_ints(int *x, int n, uint64_t *state);
 
-/* atomic file write: write to path.tmp.<pid>, fsync, rename. Returns 0 on success. */
+/* atomic file write: write to path.tmp.<pid>, fsync, rename. Returns 0 on success, else -1 with
+ * errno saying why (ENOSPC, EFBIG, ...) and nothing left behind. */
 int write_file_atomic(const char *path, const void *data, size_t len);
 #endif

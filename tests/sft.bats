@@ -145,7 +145,7 @@ losses() { jq -r 'select(.loss != null) | .loss' "$1/metrics.jsonl"; }
 @test "sft: bad input: existing --out, another model's checkpoint, incomplete checkpoint, malformed data line" {
     need_tok
     random_model "$BATS_TEST_TMPDIR/m"
-    mkdir "$BATS_TEST_TMPDIR/exists"
+    mkdir "$BATS_TEST_TMPDIR/exists"; touch "$BATS_TEST_TMPDIR/exists/notes.txt"   # not a run's: an OUT with only metrics.jsonl is fine (faults.bats)
     run "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --out "$BATS_TEST_TMPDIR/exists"
     [ "$status" -ne 0 ]; [[ "$output" == *"exists: already exists (use --resume DIR to continue a run, or --overwrite)"* ]]
     run "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --out "$BATS_TEST_TMPDIR/o" \

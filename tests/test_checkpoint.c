@@ -68,8 +68,10 @@ static int cmd_save(int argc, char **argv) {
         CHECK(getrlimit(RLIMIT_FSIZE, &old) == 0);
         lim = (struct rlimit){4096, old.rlim_max};  /* the soft limit only: it can be lifted again */
         if (last) CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
-        int rc = checkpoint_save_model(&m, argv[2], argv[3], 0);
+        char err[CHECKPOINT_ERR_CAP];
+        int rc = checkpoint_save_model(&m, argv[2], argv[3], 0, err);
         if (last) CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
+        if (rc != 0 && mesh.rank == 0) fprintf(stderr, "tandem: %s\n", err);
         if (rc != -1) { fprintf(stderr, "FAIL: the save with a failing writer returned %d\n", rc); return 1; }
         if (mesh.rank == 0) {
             char tmp[4096];
@@ -83,7 +85,9 @@ static int cmd_save(int argc, char **argv) {
         fflush(stdout);
         comm_barrier(&mesh.group);  /* every rank's line before the second save */
     }
-    int rc = checkpoint_save_model(&m, argv[2], argv[3], overwrite);
+    char err[CHECKPOINT_ERR_CAP];
+    int rc = checkpoint_save_model(&m, argv[2], argv[3], overwrite, err);
+    if (rc != 0 && mesh.rank == 0) fprintf(stderr, "tandem: %s\n", err);
     if (rc == 0)
         printf("ok: saved [tp %d/%d pp %d/%d dp %d/%d]\n", mesh.tp_rank, tp, mesh.pp_rank, pp, mesh.dp_rank, mesh.dp);
     fflush(stdout);
@@ -223,7 +227,9 @@ static int cmd_save_score(int argc, char **argv) {
     float last[S];
     for (int i = 0; i < S && m.is_last; i++) last[i] = m.s.logits[start[i + 1] - 1];
     comm_broadcast(&mesh.pp_comm, last, sizeof last, pp - 1);
-    int rc = checkpoint_save_model(&m, argv[2], argv[3], 1);
+    char err[CHECKPOINT_ERR_CAP];
+    int rc = checkpoint_save_model(&m, argv[2], argv[3], 1, err);
+    if (rc != 0 && mesh.rank == 0) fprintf(stderr, "tandem: %s\n", err);
     if (mesh.rank == 0 && rc == 0) {
         FILE *f = fopen(argv[4], "w");
         CHECK(f);

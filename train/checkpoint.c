@@ -20,7 +20,6 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -34,13 +33,6 @@ static const char *const COPY_FILES[] = {CHECKPOINT_COPY_FILES};
 #define N_COPY_FILES ((int)(sizeof(COPY_FILES) / sizeof(COPY_FILES[0])))
 
 /* ---- small filesystem helpers (rank 0) ---------------------------------------------------- */
-
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(path);
-}
-/* Deletes a directory tree we created (or swapped out); links are removed, never followed. */
-static void remove_tree(const char *path) { nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* fsync a directory so a rename inside it survives a crash; best effort (some filesystems refuse). */
 static void fsync_dir(const char *dir) {
@@ -257,9 +249,9 @@ typedef struct {
     int64_t bytes;    /* sum of the stage's tensor sizes in bytes */
 } StageList;
 
-/* Every dp-rank-0 rank of the stage calls it (a collective over the tp group). Returns 1 if this
- * rank failed to write (it printed why), else 0. */
-static int save_stage(const Model *m, const char *tmp, StageList *list) {
+/* Every dp-rank-0 rank of the stage calls it (a collective over the tp group). A failed write puts
+ * its line in err (cap CHECKPOINT_ERR_CAP; left "" when this rank wrote fine). */
+static void save_stage(const Model *m, const char *tmp, StageList *list, char *err) {
     const Mesh *mesh = m->mesh;
     const Comm *tpc = &mesh->tp_comm;
     int tp = mesh->tp, writer = mesh->tp_rank == 0;
@@ -269,8 +261,9 @@ static int save_stage(const Model *m, const char *tmp, StageList *list) {
 
     /* the writer streams the stage file: header from the shapes, then each tensor as it is gathered,
      * so it never holds more than one full tensor */
-    int failed = 0;
     StWriter *w = NULL;
+    char who[32] = "";   /* which rank failed, when there are several */
+    if (mesh->size > 1) snprintf(who, sizeof who, "[rank %d] ", mesh->rank);
     char *path = NULL;
     if (writer) {
         StWriteTensor *hdr = xcalloc((size_t)n, sizeof(StWriteTensor));
@@ -283,14 +276,11 @@ static int save_stage(const Model *m, const char *tmp, StageList *list) {
         char name[64];
         snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", mesh->pp_rank + 1, mesh->pp);
         path = path_join(tmp, name);
-        if (!dir_exists(tmp)) {
-            fprintf(stderr, "tandem: [rank %d] %s: directory not visible from this rank (the output must be "
-                    "on a filesystem every rank sees)\n", mesh->rank, tmp);
-            failed = 1;
-        } else if (!(w = st_writer_open(path, hdr, nh, ST_F32))) {
-            fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->rank, path, strerror(errno));
-            failed = 1;
-        }
+        if (!dir_exists(tmp))
+            snprintf(err, CHECKPOINT_ERR_CAP, "%s%s: directory not visible from this rank (the output must be "
+                     "on a filesystem every rank sees)", who, tmp);
+        else if (!(w = st_writer_open(path, hdr, nh, ST_F32)))
+            snprintf(err, CHECKPOINT_ERR_CAP, "%s%s: cannot write: %s", who, path, strerror(errno));
         free(hdr);
     }
     size_t cap = 0, names_cap = 0;
@@ -322,10 +312,8 @@ static int save_stage(const Model *m, const char *tmp, StageList *list) {
         }
         CHECK(placed == numel_global);  /* the shards tile the tensor exactly once */
         /* a failed write still gathers the rest: the other tp ranks are sending */
-        if (w && st_writer_put(w, full, numel_global) != 0 && !failed) {
-            fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->rank, path, strerror(errno));
-            failed = 1;
-        }
+        if (w && st_writer_put(w, full, numel_global) != 0 && !err[0])
+            snprintf(err, CHECKPOINT_ERR_CAP, "%s%s: cannot write: %s", who, path, strerror(errno));
         free(full);
         size_t need = list->len + strlen(in->name) + 2;
         if (need > names_cap) list->names = xrealloc(list->names, names_cap = 2 * need);
@@ -333,13 +321,10 @@ static int save_stage(const Model *m, const char *tmp, StageList *list) {
         list->bytes += (int64_t)(sizeof(float) * numel_global);
     }
     free(recv_buf);
-    if (w && st_writer_close(w) != 0 && !failed) {
-        fprintf(stderr, "tandem: [rank %d] %s: cannot write: %s\n", mesh->rank, path, strerror(errno));
-        failed = 1;
-    }
+    if (w && st_writer_close(w) != 0 && !err[0])
+        snprintf(err, CHECKPOINT_ERR_CAP, "%s%s: cannot write: %s", who, path, strerror(errno));
     free(path);
     free(infos);
-    return failed;
 }
 
 /* ---- step 3 (the stage writers, one pp group): the index, written by rank 0 ---------------- */
@@ -354,8 +339,8 @@ static int map_cmp(const void *a, const void *b) {
 
 /* Stage writers send their lists to pp rank 0 (world rank 0), which writes
  * model.safetensors.index.json with the weight_map sorted by name (as transformers writes it).
- * Returns 1 if the write failed (printed), else 0. */
-static int write_index(const Model *m, const char *tmp, StageList *mine) {
+ * A failed write puts its line in err (rank 0). */
+static void write_index(const Model *m, const char *tmp, StageList *mine, char *err) {
     const Mesh *mesh = m->mesh;
     const Comm *ppc = &mesh->pp_comm;
     int pp = mesh->pp;
@@ -363,7 +348,7 @@ static int write_index(const Model *m, const char *tmp, StageList *mine) {
         int64_t hdr[2] = {(int64_t)mine->len, mine->bytes};
         comm_send(ppc, hdr, sizeof hdr, 0);
         comm_send(ppc, mine->names, mine->len, 0);
-        return 0;
+        return;
     }
     StageList *lists = xcalloc((size_t)pp, sizeof(StageList));
     lists[0] = *mine;
@@ -402,20 +387,20 @@ static int write_index(const Model *m, const char *tmp, StageList *mine) {
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     char *path = path_join(tmp, "model.safetensors.index.json");
-    int failed = write_file_atomic(path, text, strlen(text)) != 0;
-    if (failed) fprintf(stderr, "tandem: %s: cannot write: %s\n", path, strerror(errno));
+    if (write_file_atomic(path, text, strlen(text)) != 0 && !err[0])
+        snprintf(err, CHECKPOINT_ERR_CAP, "%s: cannot write: %s", path, strerror(errno));
     free(path);
     free(text);
     free(map);
     for (int s = 1; s < pp; s++) free(lists[s].names);
     free(lists);
-    return failed;
 }
 
 /* ---- step 4 (rank 0): publish ------------------------------------------------------------ */
 
-/* Moves the finished tmp to out (replacing an existing out when overwrite). Returns 0 or -1. */
-static int publish(const char *tmp, const char *out, int overwrite) {
+/* Moves the finished tmp to out (replacing an existing out when overwrite). Returns 0, or -1 with
+ * the line in err. */
+static int publish(const char *tmp, const char *out, int overwrite, char *err) {
     struct stat st;
     int replace = overwrite && lstat(out, &st) == 0;
     const char *old = NULL;          /* where the replaced model ends up, deleted once out is new */
@@ -439,7 +424,7 @@ static int publish(const char *tmp, const char *out, int overwrite) {
         if (rc != 0 && (errno == EINVAL || errno == ENOSYS)) rc = rename(tmp, out);
     }
     if (rc != 0) {
-        fprintf(stderr, "tandem: %s: cannot move the saved model there from %s: %s\n", out, tmp, strerror(errno));
+        snprintf(err, CHECKPOINT_ERR_CAP, "%s: cannot move the saved model there from %s: %s", out, tmp, strerror(errno));
         remove_tree(tmp);
         return -1;
     }
@@ -450,35 +435,36 @@ static int publish(const char *tmp, const char *out, int overwrite) {
     return 0;
 }
 
-int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_dir, int overwrite) {
+int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_dir, int overwrite, char *err) {
     const Mesh *mesh = m->mesh;
     int root = mesh->rank == 0;
     /* "out/" and "out" are the same directory; the temp name must sit beside it, not inside */
     char out[PATH_MAX];
     snprintf(out, sizeof out, "%s", out_dir);
     for (size_t n = strlen(out); n > 1 && out[n - 1] == '/'; n--) out[n - 1] = 0;
+    err[0] = 0;
 
     Prepare *p = xcalloc(1, sizeof(Prepare));
     if (root) prepare(src_dir, out, overwrite, m->head == HEAD_SCORE ? &m->cfg : NULL, p);
     comm_broadcast(&mesh->group, p, sizeof(Prepare), 0);
     if (p->status == PREP_USER_ERROR) user_error("%s", p->text);
     if (p->status == PREP_IO_ERROR) {
-        if (root) fprintf(stderr, "tandem: %s\n", p->text);
+        snprintf(err, CHECKPOINT_ERR_CAP, "%s", p->text);
         free(p);
         return -1;
     }
 
-    int failed = 0;
     StageList list = {0};
-    if (mesh->dp_rank == 0) failed = save_stage(m, p->tmp, &list);
-    if (mesh->dp_rank == 0 && mesh->tp_rank == 0) failed |= write_index(m, p->tmp, &list);
+    if (mesh->dp_rank == 0) save_stage(m, p->tmp, &list, err);
+    if (mesh->dp_rank == 0 && mesh->tp_rank == 0) write_index(m, p->tmp, &list, err);
     free(list.names);
-    comm_all_reduce_sum_int(&mesh->group, &failed, 1);  /* also: every writer has finished */
+    int failed = comm_first_error(&mesh->group, err, CHECKPOINT_ERR_CAP);   /* also: every writer has finished */
 
     int result = -1;
     if (root && failed) remove_tree(p->tmp);
-    if (root && !failed) result = publish(p->tmp, out, overwrite);
+    if (root && !failed) result = publish(p->tmp, out, overwrite, err);
     comm_broadcast(&mesh->group, &result, sizeof result, 0);
+    if (result != 0) comm_broadcast(&mesh->group, err, CHECKPOINT_ERR_CAP, 0);
     free(p);
     return result;
 }

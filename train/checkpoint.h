@@ -34,8 +34,10 @@
  * User errors (one line from rank 0, the job exits, nothing written): out_dir exists and overwrite
  * is 0; out_dir exists but is not a model directory (no config.json), overwrite or not;
  * src_dir/config.json unreadable.
- * Returns 0 on every rank, or -1 on every rank when a write failed (disk full, permissions; the rank
- * that failed printed why): the temp directory is removed and out_dir is left as it was, so a
- * training loop may go on and save again later. */
-int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_dir, int overwrite);
+ * Returns 0 on every rank, or -1 on every rank when a write failed (disk full, a file-size limit,
+ * permissions): err (CHECKPOINT_ERR_CAP bytes on every rank) then holds the one line that says which
+ * file and why (the lowest failing rank's, without "tandem: "), printed by nobody; the temp directory
+ * is removed and out_dir is left as it was. The caller stops the run (job_error). */
+#define CHECKPOINT_ERR_CAP 4608   /* a PATH_MAX path and its reason */
+int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_dir, int overwrite, char *err);
 #endif

@@ -1,5 +1,6 @@
 /* learner.c — see learner.h. */
 #include "train/learner.h"
+#include "runtime/comm.h"
 #include "runtime/util.h"
 #include "train/checkpoint.h"
 #include "train/schedule.h"
@@ -61,12 +62,16 @@ void learner_mem_plan(const Learner *L, MemPlan *plan) {
     for (int i = 0; i < L->n_slots; i++) plan->acts += sizeof(float) * (double)L->slots[i].n_arena;
 }
 
-int learner_save(Learner *L, const char *src_dir, const char *dir) {
-    if (checkpoint_save_model(L->m, src_dir, dir, 1)) return -1;
+int learner_save(Learner *L, const char *src_dir, const char *dir, char *err) {
+    const Mesh *mesh = L->m->mesh;
+    if (checkpoint_save_model(L->m, src_dir, dir, 1, err)) return -1;
     char path[4200];
-    snprintf(path, sizeof path, "%s/optim.rank%d.bin", dir, L->m->mesh->rank);
-    if (optim_save(L->opt, path)) rank_error("%s: cannot write: %s", path, strerror(errno));
-    return 0;
+    snprintf(path, sizeof path, "%s/optim.rank%d.bin", dir, mesh->rank);
+    if (optim_save(L->opt, path)) snprintf(err, CHECKPOINT_ERR_CAP, "%s: cannot write: %s", path, strerror(errno));
+    if (!comm_first_error(&mesh->group, err, CHECKPOINT_ERR_CAP)) return 0;
+    if (mesh->rank == 0) remove_tree(dir);   /* weights without their optimizer state: not a checkpoint */
+    comm_barrier(&mesh->group);
+    return -1;
 }
 
 void learner_resume(Learner *L, const char *dir, int same_layout, int step) {

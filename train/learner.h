@@ -51,9 +51,10 @@ LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHoo
 void learner_mem_plan(const Learner *L, MemPlan *plan);
 /* dir: the weights as an HF directory (checkpoint_save_model from src_dir's config and tokenizer,
  * atomic), then this rank's optim.rankR.bin in it. Collective over the mesh. Returns 0, or -1 on
- * every rank when the weights could not be written (the failing rank said why; dir is left as it
- * was). An optimizer file that cannot be written is a rank_error. */
-int learner_save(Learner *L, const char *src_dir, const char *dir);
+ * every rank when a file could not be written: err (CHECKPOINT_ERR_CAP bytes) then holds the line
+ * naming it (printed by nobody) and dir is gone (the weights alone are no checkpoint); the caller
+ * stops the run. */
+int learner_save(Learner *L, const char *src_dir, const char *dir, char *err);
 /* Continues from dir (what learner_save wrote): at the same layout (tp, pp, dp, zero) this rank's
  * optim.rankR.bin is read (bit-exact resume); at another the moments restart from zero at step
  * `step`. The weights were loaded with the model. */

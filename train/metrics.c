@@ -8,16 +8,18 @@
 
 void metrics_open(MetricsLog *ml, const char *out, int append, int writer) {
     ml->f = NULL;
+    ml->path = NULL;
     if (!writer) return;
-    char *path = path_join(out, "metrics.jsonl");
-    ml->f = fopen(path, append ? "a" : "w");
-    if (!ml->f) user_error("%s: cannot open for writing: %s", path, strerror(errno));
-    free(path);
+    ml->path = path_join(out, "metrics.jsonl");
+    ml->f = fopen(ml->path, append ? "a" : "w");
+    if (!ml->f) user_error("%s: cannot open for writing: %s", ml->path, strerror(errno));
 }
 
 void metrics_close(MetricsLog *ml) {
-    if (ml->f) fclose(ml->f);
+    if (ml->f && fclose(ml->f) != 0) user_error("%s: cannot write: %s", ml->path, strerror(errno));
+    free(ml->path);
     ml->f = NULL;
+    ml->path = NULL;
 }
 
 void metrics_begin(MetricsLog *ml, int step) {
@@ -36,5 +38,6 @@ void metrics_fmt(MetricsLog *ml, const char *key, const char *fmt, double v) {
 void metrics_end(MetricsLog *ml) {
     if (!ml->f) return;
     fputs("}\n", ml->f);
-    fflush(ml->f);
+    /* fprintf's failures are sticky (ferror); fflush reports those still in the buffer */
+    if (fflush(ml->f) != 0 || ferror(ml->f)) user_error("%s: cannot write: %s", ml->path, strerror(errno));
 }

@@ -9,6 +9,7 @@
 
 typedef struct {
     FILE *f;       /* NULL on ranks that do not write */
+    char *path;    /* out/metrics.jsonl (the writer) */
 } MetricsLog;
 
 /* Opens out/metrics.jsonl on the writer (append: continue a resumed run's file); a user_error
@@ -16,7 +17,9 @@ typedef struct {
 void metrics_open(MetricsLog *ml, const char *out, int append, int writer);
 void metrics_close(MetricsLog *ml);
 /* A line: metrics_begin, fields, metrics_end (which writes "}\n" and flushes). A value that is not
- * finite (NaN, inf) is written as null, so every line is JSON whatever the numbers. */
+ * finite (NaN, inf) is written as null, so every line is JSON whatever the numbers. A write that
+ * failed (disk full, a file-size limit) is a user_error naming the file, at metrics_end or
+ * metrics_close. */
 void metrics_begin(MetricsLog *ml, int step);
 void metrics_num(MetricsLog *ml, const char *key, double v);                   /* "key": %.9g */
 void metrics_fmt(MetricsLog *ml, const char *key, const char *fmt, double v);  /* "key": fmt (one double) */

@@ -5,7 +5,6 @@
 #include "train/checkpoint.h"
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,7 +63,9 @@ void trainer_save_checkpoint(Learner *L, Data *d, const char *model_dir, const c
     const Mesh *mesh = L->m->mesh;
     char dir[4096], path[4200];
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", out, step);
-    if (learner_save(L, model_dir, dir)) return;   /* the failing rank said why; go on */
+    char err[CHECKPOINT_ERR_CAP];
+    /* a failed save stops the run: what is on disk is the previous complete checkpoint */
+    if (learner_save(L, model_dir, dir, err)) job_error(mesh->rank == 0, "%s", err);
     comm_barrier(&mesh->group);
     if (mesh->rank != 0) return;
     uint8_t cur[DATA_CURSOR_BYTES];
@@ -77,14 +78,13 @@ void trainer_save_checkpoint(Learner *L, Data *d, const char *model_dir, const c
                      "\"dp\": %d, \"zero\": %d, \"data_cursor\": \"%s\"}\n",
                      step, mesh->tp, mesh->pp, mesh->dp, L->opt->cfg.zero, hex);
     snprintf(path, sizeof path, "%s/trainer_state.json", dir);
-    if (write_file_atomic(path, json, (size_t)n)) user_error("%s: cannot write: %s", path, strerror(errno));
+    if (write_file_atomic(path, json, (size_t)n)) {
+        int e = errno;
+        remove_tree(dir);   /* no state file: not a checkpoint */
+        user_error("%s: cannot write: %s", path, strerror(e));
+    }
     fprintf(stderr, "saved %s\n", dir);
     trainer_rotate_checkpoints(out, keep, "trainer_state.json");
-}
-
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(path);
 }
 
 static int cmp_desc(const void *a, const void *b) { return *(const int *)b - *(const int *)a; }
@@ -107,7 +107,7 @@ void trainer_rotate_checkpoints(const char *out, int keep, const char *marker) {
     qsort(steps, n, sizeof(int), cmp_desc);
     for (int i = keep; i < n; i++) {
         snprintf(path, sizeof path, "%s/checkpoint-%d", out, steps[i]);
-        if (nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS)) fprintf(stderr, "warning: %s: cannot delete: %s\n", path, strerror(errno));
+        if (remove_tree(path)) fprintf(stderr, "warning: %s: cannot delete: %s\n", path, strerror(errno));
         else fprintf(stderr, "deleted %s (--save-total-limit %d)\n", path, keep);
     }
     free(steps);
@@ -134,6 +134,31 @@ void trainer_load_state(const char *dir, TrainerState *ts) {
     }
     free(text);
     free(path);
+}
+
+/* See trainer.h. */
+void trainer_check_new_out(const char *out) {
+    DIR *d = opendir(out);
+    if (!d) return;   /* absent (or not a directory: mkdir_p says so) */
+    const char *blocker = NULL;
+    for (struct dirent *e; !blocker && (e = readdir(d));) {
+        const char *name = e->d_name;
+        int step, len = 0;
+        if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, "metrics.jsonl")) continue;
+        if (sscanf(name, "checkpoint-%d%n", &step, &len) != 1 || (name[len] && strncmp(name + len, ".tmp.", 5))) {
+            blocker = name;   /* not a run's */
+            continue;
+        }
+        char a[4200], b[4200];
+        snprintf(a, sizeof a, "%s/%s/trainer_state.json", out, name);
+        snprintf(b, sizeof b, "%s/%s/ppo_state.json", out, name);
+        if (file_exists(a) || file_exists(b)) blocker = name;   /* a complete checkpoint */
+    }
+    char name[256];
+    snprintf(name, sizeof name, "%s", blocker ? blocker : "");
+    closedir(d);
+    if (blocker)
+        user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite): it holds %s", out, name);
 }
 
 /* The resume directory must hold the same architecture as --model (its config.json). */
@@ -164,8 +189,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     if (o->zero != 0 && o->zero != 1) user_error("--zero must be 0 or 1");
     if (strcmp(o->recompute_name, "none") && strcmp(o->recompute_name, "full"))
         user_error("--recompute %s: expected full or none", o->recompute_name);
-    if (dir_exists(o->out) && !o->overwrite && !o->resume)
-        user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite)", o->out);
+    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out);
     if (o->resume) trainer_check_same_model(o->model_dir, o->resume);
     o->threads = backend_set_threads(o->threads);
 }

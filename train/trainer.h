@@ -53,6 +53,12 @@ void trainer_save_checkpoint(Learner *L, Data *d, const char *model_dir, const c
 void trainer_rotate_checkpoints(const char *out, int keep, const char *marker);
 /* Reads DIR/trainer_state.json; user_error when it is missing or not ours. */
 void trainer_load_state(const char *dir, TrainerState *ts);
+/* A new run (no --resume, no --overwrite) may write into out unless it holds something a run would
+ * lose: a complete checkpoint (checkpoint-N with trainer_state.json or ppo_state.json) or anything
+ * no run writes (a name other than metrics.jsonl, checkpoint-N, checkpoint-N.tmp.*). So a run that
+ * stopped before its first checkpoint (a failed step 1, a failed save, kill -9) leaves nothing that
+ * blocks the same command; its metrics.jsonl is started afresh. user_error otherwise. */
+void trainer_check_new_out(const char *out);
 /* The resume directory must hold the same architecture as --model (its config.json). */
 void trainer_check_same_model(const char *model_dir, const char *resume_dir);
 
