@@ -1,6 +1,7 @@
 /* fetch.c — see fetch.h. */
 #include "runtime/fetch.h"
 #include "runtime/args.h"
+#include "runtime/http.h"
 #include "runtime/hub.h"
 #include "runtime/util.h"
 #include <stdio.h>
@@ -30,9 +31,10 @@ int fetch_main(int argc, char **argv) {
                opts, sizeof opts / sizeof *opts, nrest, rest);
     free(rest);
     if (!repo) user_error("fetch: a repository id ORG/NAME is required");
-    if (!strchr(repo, '/') || strchr(strchr(repo, '/') + 1, '/') || !hub_safe_rel_path(repo) || strstr(repo, "--"))
-        user_error("fetch: \"%s\" is not a repository id ORG/NAME", repo);
-    if (!*rev || !hub_safe_rel_path(rev)) user_error("--revision: \"%s\" is not a revision", rev);
+    const char *why = hub_repo_id_error(repo);   /* (control bytes shown as spaces: one line) */
+    if (why) user_error("fetch: \"%s\" is not a repository id ORG/NAME: %s", http_one_line(xstrdup(repo)), why);
+    if ((why = hub_revision_error(rev)))
+        user_error("--revision: \"%s\" is not a revision: %s", http_one_line(xstrdup(rev)), why);
     if (timeout < 1) user_error("--timeout must be >= 1");
     if (retries < 0) user_error("--retries must be >= 0");
     char *inc_buf = include ? xstrdup(include) : NULL, *inc[64];

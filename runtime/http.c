@@ -65,6 +65,20 @@ char *http_one_line(char *s) {
     return s;
 }
 
+char *http_url_shown(const char *url) {
+    const char *host = strstr(url, "://");   /* a scheme, if "://" comes before the path */
+    if (!host || strcspn(url, "/?#") < (size_t)(host - url)) host = url;
+    else host += 3;
+    const char *at = NULL;   /* the last '@' of the authority ends the user:password */
+    for (const char *p = host; *p && !strchr("/?#", *p); p++) if (*p == '@') at = p;
+    if (!at) return xstrdup(url);
+    size_t pre = (size_t)(host - url), n = pre + strlen(at + 1);
+    char *s = xmalloc(n + 1);
+    memcpy(s, url, pre);
+    strcpy(s + pre, at + 1);
+    return s;
+}
+
 const char *http_human_bytes(double b, char *buf, size_t cap) {
     const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
     int u = 0;
@@ -103,18 +117,19 @@ static int on_progress(void *u, curl_off_t dltotal, curl_off_t dlnow, curl_off_t
 _Noreturn void http_fail(HttpXfer *x, CURLcode rc, int attempts) {
     if (x->bar && x->drawn > 0) fputc('\n', stderr);   /* the bar's line stays; the error gets its own */
     const char *advice = x->advice ? x->advice(x, rc) : "";
+    char *url = http_url_shown(x->url);   /* (not freed: user_error ends the process) */
     char tries[48] = "";
     if (attempts > 1) snprintf(tries, sizeof tries, " (after %d attempts)", attempts);
     if (rc == CURLE_WRITE_ERROR && x->werr)
-        user_error("%s: writing %s: %s%s", x->url, x->path ? x->path : "memory", strerror(x->werr), advice);
+        user_error("%s: writing %s: %s%s", url, x->path ? x->path : "memory", strerror(x->werr), advice);
     if (rc == CURLE_OPERATION_TIMEDOUT)
-        user_error("%s: %s%s: the server stalled for %d s%s", x->url, curl_easy_strerror(rc), tries, x->timeout, advice);
-    if (rc != CURLE_OK) user_error("%s: %s%s%s", x->url, curl_easy_strerror(rc), tries, advice);
+        user_error("%s: %s%s: the server stalled for %d s%s", url, curl_easy_strerror(rc), tries, x->timeout, advice);
+    if (rc != CURLE_OK) user_error("%s: %s%s%s", url, curl_easy_strerror(rc), tries, advice);
     char why[256] = "";
     if (x->emsg[0]) snprintf(why, sizeof why, " (%s)", x->emsg);
     else if (x->len) snprintf(why, sizeof why, " (%.200s)", x->mem);
     http_one_line(why);
-    user_error("%s: HTTP %ld%s%s%s", x->url, x->status, tries, why, advice);
+    user_error("%s: HTTP %ld%s%s%s", url, x->status, tries, why, advice);
 }
 
 void http_get(HttpXfer *x) {

@@ -61,4 +61,7 @@ void http_draw_bar(HttpXfer *x, int64_t now_bytes, int final);
 
 const char *http_human_bytes(double b, char *buf, size_t cap);   /* "535 B", "7.3 KiB", "1.0 MiB", "2.1 GiB" into buf */
 char *http_one_line(char *s);   /* control bytes (newlines of an error page, escapes) become spaces, in place */
+/* url as a message may show it: without the user:password of its authority ("http://u:p@host/x" ->
+ * "http://host/x"), malloc'd. Every line that names a URL shows this, never the URL itself. */
+char *http_url_shown(const char *url);
 #endif

@@ -29,6 +29,7 @@
 
 typedef struct {
     char endpoint[512];    /* HF_ENDPOINT without a trailing '/' */
+    char shown[512];       /* endpoint as messages show it: without a user:password (http_url_shown) */
     char cache[4096];      /* the hub cache directory */
     char *auth;            /* "Authorization: Bearer ..." or NULL */
     int offline;           /* HF_HUB_OFFLINE: the cache only */
@@ -47,7 +48,7 @@ static const char *hub_advice(const HttpXfer *x, CURLcode rc) {
         return x->werr == ENOSPC ? " (disk full: free space or point HF_HOME / --dir elsewhere)" : "";
     if (rc == CURLE_OPERATION_TIMEDOUT) return " (--timeout)";
     if (rc != CURLE_OK) {
-        snprintf(net, sizeof net, " (no network? HF_ENDPOINT is %s; HF_HUB_OFFLINE=1 uses the cache only)", h->endpoint);
+        snprintf(net, sizeof net, " (no network? HF_ENDPOINT is %s; HF_HUB_OFFLINE=1 uses the cache only)", h->shown);
         return net;
     }
     if (x->status == 401)
@@ -120,6 +121,60 @@ int hub_safe_rel_path(const char *f) {
     return 1;
 }
 
+/* "'c' is not allowed", or "byte 0xNN" for what does not print, into a static buffer */
+static const char *bad_char(unsigned char c, const char *allowed) {
+    static char why[160];
+    if (c >= 0x20 && c < 0x7f) snprintf(why, sizeof why, "'%c' is not allowed (%s)", c, allowed);
+    else snprintf(why, sizeof why, "byte 0x%02x is not allowed (%s)", c, allowed);
+    return why;
+}
+
+static int is_word_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
+
+/* huggingface_hub's validate_repo_id (utils/_validators.py) with the ORG required and ASCII only:
+ * ^(\b[\w\-.]+\b/)?\b[\w\-.]{1,96}\b$, no "--" or "..", no ".git" at the end. */
+const char *hub_repo_id_error(const char *id) {
+    const char *slash = strchr(id, '/');
+    if (!slash) return "no '/' between ORG and NAME";
+    if (strchr(slash + 1, '/')) return "more than one '/'";
+    const char *name = slash + 1;
+    size_t len = strlen(id), name_len = strlen(name);
+    if (slash == id || !name_len) return "ORG and NAME cannot be empty";
+    for (const char *p = id; *p; p++)
+        if (p != slash && !is_word_char(*p) && *p != '-' && *p != '.')
+            return bad_char((unsigned char)*p, "letters, digits, '-', '_' and '.' only");
+    if (!is_word_char(id[0]) || !is_word_char(slash[-1]) || !is_word_char(name[0]) || !is_word_char(id[len - 1]))
+        return "ORG and NAME must start and end with a letter, a digit or '_'";
+    if (strstr(id, "--") || strstr(id, "..")) return "'--' and '..' are not allowed";
+    if (name_len > 96) return "NAME is longer than 96 characters";
+    if (name_len >= 4 && !strcmp(id + len - 4, ".git")) return "NAME cannot end in \".git\"";
+    return NULL;
+}
+
+/* git check-ref-format's rules for a branch or tag (a 40-hex commit passes them too), printable ASCII
+ * only, and none of the URL's '#', '%'; at most 255 bytes (refs/REV is a file of the cache). */
+const char *hub_revision_error(const char *rev) {
+    size_t n = strlen(rev);
+    if (!n) return "it is empty";
+    if (n > 255) return "longer than 255 characters";
+    for (const char *p = rev; *p; p++)
+        if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f || strchr("~^:?*[\\#%", *p))
+            return bad_char((unsigned char)*p, "a branch, a tag or a commit");
+    if (strstr(rev, "..")) return "'..' is not allowed";
+    if (rev[0] == '/' || rev[n - 1] == '/' || strstr(rev, "//")) return "an empty part between '/'";
+    if (rev[n - 1] == '.') return "it cannot end in '.'";
+    if (!strcmp(rev, "@") || strstr(rev, "@{")) return "'@' alone and '@{' are not allowed";
+    for (const char *p = rev; *p;) {   /* each part between '/' */
+        size_t k = strcspn(p, "/");
+        if (p[0] == '.') return "a part cannot start with '.'";
+        if (k >= 5 && !strncmp(p + k - 5, ".lock", 5)) return "a part cannot end in \".lock\"";
+        p += k + (p[k] == '/');
+    }
+    return NULL;
+}
+
 static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
 static char *fmt(const char *f, ...) {
     va_list ap, aq;
@@ -167,7 +222,7 @@ static void download(Hub *h, const char *url, const RepoFile *f, const char *par
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && statvfs(dir, &vfs) == 0 &&
         (double)vfs.f_bavail * (double)vfs.f_frsize < (double)(f->size - st.st_size))
         user_error("%s: disk full: %s needs %.1f MiB more, %s has %.1f MiB free (free space or point HF_HOME / --dir elsewhere)",
-                   url, f->name, (double)(f->size - st.st_size) / 1048576.0, dir,
+                   http_url_shown(url), f->name, (double)(f->size - st.st_size) / 1048576.0, dir,
                    (double)vfs.f_bavail * (double)vfs.f_frsize / 1048576.0);
     free(dir);
     HttpXfer x = hub_xfer(h, url);
@@ -184,7 +239,7 @@ static void download(Hub *h, const char *url, const RepoFile *f, const char *par
     free(x.mem);
     if (stat(part, &st) || st.st_size != f->size) {
         unlink(part);
-        user_error("%s: %lld bytes arrived, the Hub API says %lld; the partial file is removed, run again", url,
+        user_error("%s: %lld bytes arrived, the Hub API says %lld; the partial file is removed, run again", http_url_shown(url),
                    (long long)st.st_size, (long long)f->size);
     }
     char got[2 * EVP_MAX_MD_SIZE + 1], pre[64];
@@ -193,7 +248,7 @@ static void download(Hub *h, const char *url, const RepoFile *f, const char *par
         user_error("%s: %s", part, strerror(errno));
     if (strcmp(got, f->blob)) {
         unlink(part);
-        user_error("%s: %s %s, the Hub API says %s: a corrupt download (removed; run again)", url,
+        user_error("%s: %s %s, the Hub API says %s: a corrupt download (removed; run again)", http_url_shown(url),
                    f->lfs ? "sha256" : "git blob sha1", got, f->blob);
     }
     make_parents(dest);
@@ -208,6 +263,9 @@ static void hub_init(Hub *h, int timeout, int retries) {
     const char *e = getenv("HF_ENDPOINT");
     snprintf(h->endpoint, sizeof h->endpoint, "%s", e && *e ? e : "https://huggingface.co");
     for (size_t n = strlen(h->endpoint); n && h->endpoint[n - 1] == '/';) h->endpoint[--n] = 0;
+    char *shown = http_url_shown(h->endpoint);
+    snprintf(h->shown, sizeof h->shown, "%s", shown);
+    free(shown);
     const char *c = getenv("HF_HUB_CACHE"), *home = getenv("HF_HOME"), *xdg = getenv("XDG_CACHE_HOME"), *u = getenv("HOME");
     char hf_home[4000];
     if (home && *home) snprintf(hf_home, sizeof hf_home, "%s", home);
@@ -326,25 +384,25 @@ static int wanted(const char *name, char **inc, int n_inc) {
 
 /* The repository at rev: the commit and the wanted files with their blob names and sizes. */
 static char *repo_files(Hub *h, const char *repo, const char *rev, char **inc, int n_inc, RepoFile **out, int *n_out) {
-    char *erev = url_escape(rev, 0);
-    char *url = fmt("%s/api/models/%s/revision/%s?blobs=true", h->endpoint, repo, erev);
-    free(erev);
+    char *erepo = url_escape(repo, 1), *erev = url_escape(rev, 0);   /* "refs/pr/1" is one part: %2F */
+    char *url = fmt("%s/api/models/%s/revision/%s?blobs=true", h->endpoint, erepo, erev);
+    free(erepo), free(erev);
     HttpXfer x = hub_xfer(h, url);
     x.max = 64u << 20;
     http_get(&x);
     cJSON *o = cJSON_Parse(x.mem ? x.mem : "");
     const cJSON *sha = cJSON_GetObjectItemCaseSensitive(o, "sha"), *sib = cJSON_GetObjectItemCaseSensitive(o, "siblings"), *s;
     if (!cJSON_IsString(sha) || !is_hex(sha->valuestring, 40) || !cJSON_IsArray(sib))
-        user_error("%s: not a Hub model answer (no \"sha\" commit or \"siblings\" list): %.200s", url, x.mem ? http_one_line(x.mem) : "");
+        user_error("%s: not a Hub model answer (no \"sha\" commit or \"siblings\" list): %.200s", http_url_shown(url), x.mem ? http_one_line(x.mem) : "");
     char *commit = xstrdup(sha->valuestring);
     RepoFile *files = xcalloc((size_t)cJSON_GetArraySize(sib) + 1, sizeof(RepoFile));
     int n = 0, n_all = 0, weights = 0;
     char listed[512] = "";
     cJSON_ArrayForEach(s, sib) {
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(s, "rfilename");
-        if (!cJSON_IsString(name)) user_error("%s: a sibling without \"rfilename\"", url);
+        if (!cJSON_IsString(name)) user_error("%s: a sibling without \"rfilename\"", http_url_shown(url));
         const char *nm = name->valuestring;
-        if (!hub_safe_rel_path(nm)) user_error("%s: refusing the file name \"%.100s\" (not a plain relative path)", url, nm);
+        if (!hub_safe_rel_path(nm)) user_error("%s: refusing the file name \"%.100s\" (not a plain relative path)", http_url_shown(url), nm);
         size_t l = strlen(listed);
         if (l < sizeof listed - 1) snprintf(listed + l, sizeof listed - l, "%s%s", n_all ? ", " : "", nm);
         n_all++;
@@ -355,7 +413,7 @@ static char *repo_files(Hub *h, const char *repo, const char *rev, char **inc, i
         const cJSON *hash = lfs ? cJSON_GetObjectItemCaseSensitive(lfs, "sha256") : cJSON_GetObjectItemCaseSensitive(s, "blobId");
         const cJSON *size = cJSON_GetObjectItemCaseSensitive(lfs ? lfs : s, "size");
         if (!cJSON_IsString(hash) || !is_hex(hash->valuestring, lfs ? 64 : 40) || !cJSON_IsNumber(size) || size->valuedouble < 0)
-            user_error("%s: no %s and size for %s (the API answer lacks blob metadata)", url, lfs ? "lfs.sha256" : "blobId", nm);
+            user_error("%s: no %s and size for %s (the API answer lacks blob metadata)", http_url_shown(url), lfs ? "lfs.sha256" : "blobId", nm);
         files[n++] = (RepoFile){xstrdup(nm), xstrdup(hash->valuestring), (int64_t)size->valuedouble, lfs != NULL};
     }
     if (!n_inc && !weights)
@@ -372,6 +430,7 @@ static char *repo_files(Hub *h, const char *repo, const char *rev, char **inc, i
 
 /* Fetches repo at rev into the cache (dir NULL) or into dir; returns the snapshot directory (or dir). */
 static char *fetch(Hub *h, const char *repo, const char *rev, const char *dir, char **inc, int n_inc) {
+    CHECK(!hub_repo_id_error(repo) && !hub_revision_error(rev));   /* the callers check them */
     if (h->offline) {
         char *snap = dir ? NULL : cached_snapshot(h, repo, rev);
         if (snap && (n_inc || snapshot_usable(snap))) return snap;
@@ -381,10 +440,11 @@ static char *fetch(Hub *h, const char *repo, const char *rev, const char *dir, c
     int n;
     char *commit = repo_files(h, repo, rev, inc, n_inc, &files, &n);
     char *folder = repo_folder(h, repo), *snap = dir ? xstrdup(dir) : fmt("%s/snapshots/%s", folder, commit);
+    char *erepo = url_escape(repo, 1);
     for (int i = 0; i < n; i++) {
         RepoFile *f = &files[i];
-        char *fname = url_escape(f->name, 1);
-        char *url = fmt("%s/%s/resolve/%s/%s", h->endpoint, repo, commit, fname);
+        char *fname = url_escape(f->name, 1);   /* (commit is 40 hex digits: nothing to escape) */
+        char *url = fmt("%s/%s/resolve/%s/%s", h->endpoint, erepo, commit, fname);
         char *dest = path_join(snap, f->name);
         if (dir) {   /* huggingface_hub's local-dir layout: metadata "commit\netag\ntime\n" beside */
             char *meta = fmt("%s/.cache/huggingface/download/%s.metadata", dir, f->name);
@@ -422,6 +482,7 @@ static char *fetch(Hub *h, const char *repo, const char *rev, const char *dir, c
     }
     for (int i = 0; i < n; i++) free(files[i].name), free(files[i].blob);
     free(files);
+    free(erepo);
     free(folder);
     free(commit);
     return snap;
@@ -429,18 +490,19 @@ static char *fetch(Hub *h, const char *repo, const char *rev, const char *dir, c
 
 /* ---- --model ORG/NAME ---- */
 
-static int is_repo_id(const char *s) {
-    const char *slash = strchr(s, '/');
-    if (!slash || strchr(slash + 1, '/') || slash == s || !slash[1] || strstr(s, "..") || strstr(s, "--")) return 0;
-    for (const char *p = s; *p; p++)
-        if (!(p == slash || (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
-              *p == '-' || *p == '_' || *p == '.'))
-            return 0;
+/* What a --model value names: a local path; a Hub id; or "ORG/NAME" with an ORG that is no local
+ * folder yet against the Hub's rules (refused: neither a directory nor an id, nothing is requested). */
+enum { MODEL_PATH, MODEL_REPO_ID, MODEL_BAD_ID };
+
+static int model_kind(const char *s) {
+    const char *slash = s ? strchr(s, '/') : NULL;
+    if (!slash || dir_exists(s) || slash == s || s[0] == '.' || strchr(slash + 1, '/')) return MODEL_PATH;
     char *org = xstrdup(s);
     org[slash - s] = 0;
-    int local = dir_exists(org) || s[0] == '.';   /* "build/x": a local path that is not there */
+    int local = dir_exists(org);   /* "build/x": a local path that is not there */
     free(org);
-    return !local;
+    if (local) return MODEL_PATH;
+    return hub_repo_id_error(s) ? MODEL_BAD_ID : MODEL_REPO_ID;
 }
 
 /* The commit a snapshot directory names (its last part), into c[41]. */
@@ -461,9 +523,12 @@ const char *hub_model_path(const char *arg) {
     Comm world = {.rank = 0, .size = 1, .handle = NULL};   /* without MPI (fetch, convert, tokenize): one rank */
     if (comm_initialized()) world = comm_world();
     int rank = world.rank, size = world.size;
-    int repo = arg && !dir_exists(arg) && is_repo_id(arg);
-    comm_broadcast(&world, &repo, sizeof repo, 0);
-    if (!repo) {
+    int kind = model_kind(arg);
+    comm_broadcast(&world, &kind, sizeof kind, 0);
+    if (kind == MODEL_BAD_ID)
+        user_error("\"%s\" is not a directory, nor a Hub repository id ORG/NAME: %s", http_one_line(xstrdup(arg)),
+                   hub_repo_id_error(arg));
+    if (kind == MODEL_PATH) {
         comm_free(&world);
         return arg;
     }
@@ -476,7 +541,7 @@ const char *hub_model_path(const char *arg) {
         else {
             if (!h.offline)
                 fprintf(stderr, "tandem: %s is not a directory nor in the Hugging Face cache %s; fetching it from %s\n",
-                        arg, h.cache, h.endpoint);
+                        arg, h.cache, h.shown);
             h.bar = isatty(2);
             h.say = !h.bar;
             free(snap);

@@ -21,8 +21,9 @@
 #ifndef TANDEM_HUB_H
 #define TANDEM_HUB_H
 
-/* Fetches repo ("ORG/NAME") at rev (branch, tag or commit) into the hub cache, or into dir when it is
- * not NULL: the files matching one of the n_include globs, else (n_include 0) the top level's config,
+/* Fetches repo ("ORG/NAME", passing hub_repo_id_error) at rev (branch, tag or commit, passing
+ * hub_revision_error) into the hub cache, or into dir when it is not NULL: the files matching one of
+ * the n_include globs, else (n_include 0) the top level's config,
  * tokenizer and safetensors files. timeout: s a connection may take to open or stall; retries:
  * attempts after a failure that moved no bytes. Progress on stderr (a bar on a terminal, else a line
  * per file). Returns the snapshot directory (or dir), malloc'd; errors stop the job with one line. */
@@ -36,6 +37,18 @@ char *hub_fetch(const char *repo, const char *rev, const char *dir, char **inclu
 const char *hub_model_path(const char *arg);
 
 /* 1 when f is a plain relative path: no leading '/', no part that is empty, "." or "..", no '\\' and
- * no control bytes. What a repository id, a revision and a file name from the server must be. */
+ * no control bytes. What a file name from the server must be. */
 int hub_safe_rel_path(const char *f);
+
+/* NULL when id is a model id "ORG/NAME" by the Hub's rules (huggingface_hub's validate_repo_id, the ORG
+ * required, ASCII only): ORG and NAME of letters, digits, '-', '_' and '.', each starting and ending
+ * with a letter, digit or '_'; no "--" or ".."; NAME at most 96 characters, not ending in ".git".
+ * Else what is wrong, for a message ("'?' is not allowed (...)"). */
+const char *hub_repo_id_error(const char *id);
+
+/* NULL when rev can be a branch, a tag or a commit: git's ref-name rules (no control bytes, space,
+ * '~', '^', ':', '?', '*', '[', '\\'; no "..", "//", "@{"; no part starting with '.' or ending in
+ * ".lock"; not ending in '/' or '.'), printable ASCII without '#' and '%', at most 255 bytes. Else what
+ * is wrong, for a message. */
+const char *hub_revision_error(const char *rev);
 #endif

@@ -277,9 +277,9 @@ EOF
     e
     [ "$stderr" = "tandem: fetch: a repository id ORG/NAME is required" ]
     e a/b/c
-    [ "$stderr" = 'tandem: fetch: "a/b/c" is not a repository id ORG/NAME' ]
+    [ "$stderr" = "tandem: fetch: \"a/b/c\" is not a repository id ORG/NAME: more than one '/'" ]
     e tiny/model --revision ../x
-    [ "$stderr" = 'tandem: --revision: "../x" is not a revision' ]
+    [ "$stderr" = "tandem: --revision: \"../x\" is not a revision: '..' is not allowed" ]
     e tiny/model --timeout 0
     [ "$stderr" = "tandem: --timeout must be >= 1" ]
     e tiny/model --retries -1
@@ -326,4 +326,78 @@ EOF
     [[ "$output" == *"Couldn't connect to server"* ]]
     [[ "$output" == *"tandem: no model to run. Set TANDEM_MODEL to a Hugging Face model directory"* ]]
     [ ! -e "$W/build/models/stories260K-hf" ]
+}
+
+@test "fetch: repository ids and revisions follow the Hub's rules; nothing else reaches a URL (no request made)" {
+    e() { run --separate-stderr "$TANDEM" fetch "$@"; echo "$stderr"; [ "$status" -eq 1 ]; [ -z "$output" ]; }
+    ok="letters, digits, '-', '_' and '.' only"
+    mark
+    # hostile ids: a path walk through an escaped '/', a query, a fragment
+    e 'tiny/model%2f..%2f..'
+    [ "$stderr" = "tandem: fetch: \"tiny/model%2f..%2f..\" is not a repository id ORG/NAME: '%' is not allowed ($ok)" ]
+    e 'tiny/model?x=1'
+    [ "$stderr" = "tandem: fetch: \"tiny/model?x=1\" is not a repository id ORG/NAME: '?' is not allowed ($ok)" ]
+    e 'tiny/model#f'
+    [ "$stderr" = "tandem: fetch: \"tiny/model#f\" is not a repository id ORG/NAME: '#' is not allowed ($ok)" ]
+    # huggingface_hub's validate_repo_id: the ends, "--" / "..", 96 characters, ".git"
+    e tiny/model.
+    [ "$stderr" = "tandem: fetch: \"tiny/model.\" is not a repository id ORG/NAME: ORG and NAME must start and end with a letter, a digit or '_'" ]
+    e .tiny/model
+    [[ "$stderr" == *"must start and end with a letter, a digit or '_'" ]]
+    e tiny/a--b
+    [[ "$stderr" == *"'--' and '..' are not allowed" ]]
+    e "tiny/$(printf 'm%.0s' $(seq 97))"
+    [[ "$stderr" == *"NAME is longer than 96 characters" ]]
+    e tiny/model.git
+    [[ "$stderr" == *'NAME cannot end in ".git"' ]]
+    # revisions: git's ref-name rules, and nothing that means something in a URL
+    e tiny/model --revision 'main?x=1'
+    [ "$stderr" = "tandem: --revision: \"main?x=1\" is not a revision: '?' is not allowed (a branch, a tag or a commit)" ]
+    e tiny/model --revision 'main#f'
+    [[ "$stderr" == *"'#' is not allowed (a branch, a tag or a commit)" ]]
+    e tiny/model --revision 'x%2f..%2f..'
+    [[ "$stderr" == *"'%' is not allowed (a branch, a tag or a commit)" ]]
+    e tiny/model --revision 'a b'
+    [[ "$stderr" == *"' ' is not allowed (a branch, a tag or a commit)" ]]
+    e tiny/model --revision $'main\r'
+    [ "$stderr" = "tandem: --revision: \"main \" is not a revision: byte 0x0d is not allowed (a branch, a tag or a commit)" ]   # one line
+    e tiny/model --revision main.lock
+    [[ "$stderr" == *'a part cannot end in ".lock"' ]]
+    # --model: an ORG/NAME whose ORG is no folder yet breaks the rules is neither a directory nor an id
+    for id in 'tiny/model%2f..%2f..' 'tiny/model?x=1' 'tiny/model#f' tiny/model. tiny/model.git; do
+        run --separate-stderr gen "$id" "$BATS_TEST_TMPDIR/o.jsonl"
+        echo "$stderr"
+        [ "$status" -eq 1 ]
+        [[ "$stderr" == "tandem: \"$id\" is not a directory, nor a Hub repository id ORG/NAME: "* ]]
+        [ ! -e "$BATS_TEST_TMPDIR/o.jsonl" ]
+    done
+    [ -z "$(since)" ]   # not one request
+    # valid ids and revisions still go out, escaped: a Hub pull-request ref is one part
+    e tiny/model --revision refs/pr/1
+    [ "$stderr" = "tandem: $HF_ENDPOINT/api/models/tiny/model/revision/refs%2Fpr%2F1?blobs=true: HTTP 404 (Invalid rev id: refs/pr/1): no such revision (check --revision)" ]
+}
+
+@test "fetch: a user:password in HF_ENDPOINT is sent, never shown" {
+    E="http://tandem-user:s3cret-pw@${HF_ENDPOINT#http://}"
+    e() { run --separate-stderr "$TANDEM" fetch "$@"; echo "$stderr"; [ "$status" -eq 1 ]; [[ "$stderr" != *s3cret* ]]; [[ "$stderr" != *tandem-user* ]]; }
+    HF_ENDPOINT=$E e tiny/nosuch
+    [ "$stderr" = "tandem: $HF_ENDPOINT/api/models/tiny/nosuch/revision/main?blobs=true: HTTP 404 (Repository Not Found for url: /api/models/tiny/nosuch/revision/main?blobs=true.): no such repository or revision (check the id and --revision)" ]
+    HF_ENDPOINT=http://tandem-user:s3cret-pw@127.0.0.1:1 e tiny/model --retries 0
+    [ "$stderr" = "tandem: http://127.0.0.1:1/api/models/tiny/model/revision/main?blobs=true: Couldn't connect to server (no network? HF_ENDPOINT is http://127.0.0.1:1; HF_HUB_OFFLINE=1 uses the cache only)" ]
+    HF_ENDPOINT=$E e tiny/evil
+    [ "$stderr" = "tandem: $HF_ENDPOINT/api/models/tiny/evil/revision/main?blobs=true: refusing the file name \"../evil.json\" (not a plain relative path)" ]
+    HF_ENDPOINT=$E e tiny/corrupt
+    [[ "$(echo "$stderr" | tail -1)" == "tandem: $HF_ENDPOINT/tiny/corrupt/resolve/"*"/model.safetensors: sha256 "*"a corrupt download (removed; run again)" ]]
+    HF_ENDPOINT=$E e tiny/slow --timeout 1 --retries 0
+    [[ "$stderr" == "tandem: $HF_ENDPOINT/tiny/slow/resolve/"*"/config.json: Timeout was reached: the server stalled for 1 s (--timeout)" ]]
+    # --model says where it fetches from, without them
+    HF_ENDPOINT=$E run --separate-stderr gen tiny/nosuch "$BATS_TEST_TMPDIR/o.jsonl"
+    echo "$stderr"
+    [ "$status" -eq 1 ] && [[ "$stderr" != *s3cret* ]] && [[ "$stderr" != *tandem-user* ]]
+    [[ "$stderr" == *"; fetching it from $HF_ENDPOINT"$'\n'"tandem: $HF_ENDPOINT/api/models/tiny/nosuch/revision/main?blobs=true: HTTP 404 "* ]]
+    # and a fetch through it works (the server saw them as Basic auth)
+    mark
+    HF_ENDPOINT=$E run --separate-stderr "$TANDEM" fetch tiny/model
+    [ "$status" -eq 0 ] && [[ "$stderr" != *s3cret* ]]
+    [ "$(since | grep -c 'auth=yes 200')" -eq 4 ]
 }
