@@ -284,6 +284,7 @@ int requests_read(const char *path, const RequestDefaults *d, Tokenizer *tok, co
                   int n_eos, Request **reqs) {
     JsonlReader rd;
     jsonl_open(&rd, path);
+    rd.max_positions = cfg->max_pos;
     int n = 0;
     *reqs = NULL;
     for (cJSON *j; (j = jsonl_next(&rd)); cJSON_Delete(j)) {

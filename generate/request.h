@@ -46,7 +46,8 @@ char *prompt_tokens(Tokenizer *tok, const cJSON *j, const char *key, const char 
 
 /* Every line of the jsonl file `path` as a Request (*reqs, malloc'd; returns how many). Each line's
  * stop ids are the EOS ids eos[n_eos] (none with d->ignore_eos), then its "stop_token_ids" or
- * --stop-token-ids. A prompt too long for cfg->max_pos: see prompt_fit. user_error on a bad line
+ * --stop-token-ids. A prompt too long for cfg->max_pos: see prompt_fit; a line longer than
+ * jsonl_max_bytes(cfg->max_pos) is refused before it is tokenized. user_error on a bad line
  * or an empty file. tok may be NULL. */
 int requests_read(const char *path, const RequestDefaults *d, Tokenizer *tok, const ModelConfig *cfg, const int *eos,
                   int n_eos, Request **reqs);

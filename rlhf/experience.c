@@ -37,6 +37,7 @@ void experience_read_prompts(ExperienceMaker *x, const char *path, const char *k
                          int max_pos) {
     JsonlReader r;
     jsonl_open(&r, path);
+    r.max_positions = max_pos;
     int cap = 0;
     for (cJSON *o; (o = jsonl_next(&r)); cJSON_Delete(o)) {
         if (x->n_prompts == cap) {

@@ -74,7 +74,8 @@ typedef struct {
 } ExperienceMaker;
 
 /* Reads the prompts (jsonl: "prompt" | "messages" | "input_ids", optional "label") on every rank;
- * a prompt longer than max_pos - max_new is an error, or keeps its last tokens with truncate. */
+ * a prompt longer than max_pos - max_new is an error, or keeps its last tokens with truncate; a
+ * line longer than jsonl_max_bytes(max_pos) is an error before it is tokenized. */
 void experience_read_prompts(ExperienceMaker *x, const char *path, const char *key, const char *chat_template,
                              int truncate, int vocab, int max_pos);
 /* The prompts of step `step` (0-based), B indices: a fresh shuffle (seeded) per pass over the file. */

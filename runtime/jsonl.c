@@ -20,6 +20,21 @@ void jsonl_attach(JsonlReader *r, FILE *f, const char *name) {
     r->borrowed = 1;
 }
 
+size_t jsonl_max_bytes(int64_t n_positions) {
+    size_t floor = (size_t)1 << 20;
+    return n_positions > (int64_t)(floor / 64) ? (size_t)n_positions * 64 : floor;
+}
+
+size_t utf8_valid_prefix(const char *s, size_t n) {
+    for (size_t at = 0; at < n;) {
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + at, (utf8proc_ssize_t)(n - at), &cp);
+        if (k < 0) return at;
+        at += (size_t)k;
+    }
+    return n;
+}
+
 cJSON *jsonl_next(JsonlReader *r) {
     ssize_t len;
     while ((len = getline(&r->buf, &r->cap, r->f)) != -1) {
@@ -27,14 +42,14 @@ cJSON *jsonl_next(JsonlReader *r) {
         if (strlen(r->buf) != (size_t)len) user_error("%s:%d: a NUL byte in the line", r->path, r->line);
         while (len > 0 && (r->buf[len - 1] == '\n' || r->buf[len - 1] == '\r' || r->buf[len - 1] == ' ')) r->buf[--len] = 0;
         if (len == 0) continue;
+        if (r->max_positions && (size_t)len > jsonl_max_bytes(r->max_positions))
+            user_error("%s:%d: a line of %zd bytes, over the limit of %zu bytes for %lld positions (64 bytes "
+                       "per position, at least 1 MiB)", r->path, r->line, len, jsonl_max_bytes(r->max_positions),
+                       (long long)r->max_positions);
         /* JSON text is UTF-8 (RFC 8259): a stray byte would be echoed into the output's "prompt" and
          * make the whole output file unreadable to strict readers */
-        for (ssize_t at = 0; at < len;) {
-            utf8proc_int32_t cp;
-            utf8proc_ssize_t n = utf8proc_iterate((const utf8proc_uint8_t *)r->buf + at, len - at, &cp);
-            if (n < 0) user_error("%s:%d: not valid UTF-8 (byte %zd)", r->path, r->line, at + 1);
-            at += n;
-        }
+        size_t valid = utf8_valid_prefix(r->buf, (size_t)len);
+        if (valid < (size_t)len) user_error("%s:%d: not valid UTF-8 (byte %zu)", r->path, r->line, valid + 1);
         const char *end = NULL;
         cJSON *j = cJSON_ParseWithOpts(r->buf, &end, 0);
         if (!j) user_error("%s:%d: not a JSON object (invalid JSON near column %d)", r->path, r->line, (int)(end - r->buf) + 1);

@@ -45,7 +45,12 @@
  * ---- Bad records (skip_bad_records = 0: user_error "FILE:LINE: what", exit 1;
  *                   skip_bad_records = 1: skipped, counted in stats.n_bad; the first 5 are printed
  *                   as warnings) ----
- *   invalid JSON; not an object; none of the four formats' keys; a field missing or not a string
+ *   checked first, from the record's bytes alone (the rules of every text input, runtime/jsonl.h):
+ *   a record (a line, an array element) longer than jsonl_max_bytes(seq_len) = max(64 * seq_len,
+ *   1 MiB) bytes ("a record of N bytes, over the limit of L bytes for seq_len S ..."), refused
+ *   without tokenizing it; text that is not UTF-8 ("not valid UTF-8 (byte K)", FILE:LINE naming
+ *   the line of the bad byte and K its byte in that line; never replaced by U+FFFD);
+ *   then: invalid JSON; not an object; none of the four formats' keys; a field missing or not a string
  *   (null "input" / "content" count as ""; an empty prompt / instruction is allowed);
  *   messages / conversations not an array or empty, an entry not an object; unknown role / "from";
  *   no assistant turn; an empty response / output / assistant content (it would train only the end

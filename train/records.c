@@ -6,6 +6,7 @@
  * batches or the cursor (data.c). The formats are specified in data.h; records.h is the one entry
  * point, records_load. */
 #include "train/records.h"
+#include "runtime/jsonl.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
 #include <stdarg.h>
@@ -26,6 +27,7 @@ typedef struct {
     Tokenizer *t;
     const DataConfig *c;
     Keys k;
+    const char *file;        /* the whole file's text (a bad byte's line starts in it) */
     int chat_format;         /* -1 until the first record that needs it */
     int n_warned;
     TokIds ids, mask;        /* the record being built */
@@ -402,9 +404,26 @@ static void keep_pair(Loader *L, int line) {
     d->margin[d->n_samples / 2 - 1] = L->margin;
 }
 
+/* The rules of every text input (jsonl.h), checked before the record is parsed: at most
+ * jsonl_max_bytes(seq_len) bytes, and UTF-8 (a bad byte named by its line and its byte in that
+ * line, as generate names it). Returns 0, or -1 (reported). */
+static int check_text(Loader *L, const char *text, size_t len, int line) {
+    size_t max = jsonl_max_bytes(L->c->seq_len);
+    if (len > max)
+        return bad(L, line, "a record of %zu bytes, over the limit of %zu bytes for seq_len %d (64 bytes per token, "
+                   "at least 1 MiB)", len, max, L->c->seq_len);
+    size_t valid = utf8_valid_prefix(text, len);
+    if (valid == len) return 0;
+    const char *at = text + valid, *line_start = at;
+    for (const char *p = text; p < at; p++) line += *p == '\n';
+    while (line_start > L->file && line_start[-1] != '\n') line_start--;
+    return bad(L, line, "not valid UTF-8 (byte %zu)", (size_t)(at - line_start) + 1);
+}
+
 /* text[0..len) holds one record starting at line `line` of the file. */
 static void load_record(Loader *L, const char *text, size_t len, int line) {
     L->d->stats.n_records++;
+    if (check_text(L, text, len, line) < 0) return;
     const char *end = NULL;
     cJSON *o = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (o) {   /* one record per line: anything but whitespace after it is a bad record too */
@@ -508,6 +527,7 @@ void records_load(Data *d, const char *path, Tokenizer *t, const DataConfig *cfg
     size_t n;
     char *s = read_file(path, &n);
     if (!s) user_error("%s: cannot read the data file", path);
+    L.file = s;
     size_t pos = 0;
     int line = 1;
     while (pos < n && (s[pos] == ' ' || s[pos] == '\t' || s[pos] == '\r' || s[pos] == '\n'))
