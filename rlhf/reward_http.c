@@ -14,6 +14,7 @@
 
 typedef struct {
     const char *url;
+    char *shown;           /* url as messages show it (no user:password) */
     int first, n;              /* the part of the batch: items first .. first + n - 1 */
     char *body;                /* the request */
     char *ans;                 /* the answer so far */
@@ -68,11 +69,11 @@ static void start(CURLM *multi, Part *q, double timeout_s, struct curl_slist *hd
 /* 0: rewards written; 1: worth retrying (connection, timeout, 429, 5xx); -1: an error now */
 static int finish(Part *q, double *rewards, char *err, size_t errlen) {
     if (q->rc != CURLE_OK) {
-        snprintf(err, errlen, "reward server %s: %s", q->url, curl_easy_strerror(q->rc));
+        snprintf(err, errlen, "reward server %s: %s", q->shown, curl_easy_strerror(q->rc));
         return http_should_retry(q->rc, 0) ? 1 : -1;
     }
     if (q->status != 200) {
-        snprintf(err, errlen, "reward server %s: HTTP %ld: %.200s", q->url, q->status, q->ans ? q->ans : "");
+        snprintf(err, errlen, "reward server %s: HTTP %ld: %.200s", q->shown, q->status, q->ans ? q->ans : "");
         return http_should_retry(CURLE_OK, q->status) ? 1 : -1;
     }
     cJSON *o = cJSON_Parse(q->ans ? q->ans : "");
@@ -82,16 +83,16 @@ static int finish(Part *q, double *rewards, char *err, size_t errlen) {
     cJSON_ArrayForEach(v, r) ok &= cJSON_IsNumber(v) && isfinite(v->valuedouble);
     if (!ok) {
         if (cJSON_IsArray(r) && cJSON_GetArraySize(r) != q->n)
-            snprintf(err, errlen, "reward server %s: %d rewards for %d responses", q->url, cJSON_GetArraySize(r), q->n);
+            snprintf(err, errlen, "reward server %s: %d rewards for %d responses", q->shown, cJSON_GetArraySize(r), q->n);
         else
-            snprintf(err, errlen, "reward server %s: the answer is not {\"rewards\": [numbers]}: %.200s", q->url,
+            snprintf(err, errlen, "reward server %s: the answer is not {\"rewards\": [numbers]}: %.200s", q->shown,
                      q->ans ? q->ans : "");
         cJSON_Delete(o);
         return -1;
     }
     cJSON_ArrayForEach(v, r) {
         if (!(fabs(v->valuedouble) <= REWARD_ABS_MAX)) {
-            snprintf(err, errlen, "reward server %s: reward %d of %d is %.9g, outside [-%g, %g]", q->url, i + 1, q->n,
+            snprintf(err, errlen, "reward server %s: reward %d of %d is %.9g, outside [-%g, %g]", q->shown, i + 1, q->n,
                      v->valuedouble, REWARD_ABS_MAX, REWARD_ABS_MAX);
             cJSON_Delete(o);
             return -1;
@@ -111,7 +112,7 @@ int reward_http_score(const char *const *urls, int n_urls, int n, const char *co
     Part *parts = xcalloc(k ? k : 1, sizeof(Part));
     for (int u = 0, first = 0; u < k; u++) {   /* contiguous parts, sizes differing by at most one */
         int m = n / k + (u < n % k);
-        parts[u] = (Part){.url = urls[u], .first = first, .n = m};
+        parts[u] = (Part){.url = urls[u], .shown = http_url_shown(urls[u]), .first = first, .n = m};
         parts[u].body = request_body(first, m, queries, prompts, labels);
         first += m;
     }
@@ -154,6 +155,7 @@ int reward_http_score(const char *const *urls, int n_urls, int n, const char *co
         if (parts[u].h) { curl_multi_remove_handle(multi, parts[u].h); curl_easy_cleanup(parts[u].h); }
         free(parts[u].body);
         free(parts[u].ans);
+        free(parts[u].shown);
     }
     curl_multi_cleanup(multi);
     curl_slist_free_all(hdr);

@@ -322,6 +322,9 @@ teardown() { [ -z "${SERVERS:-}" ] || kill $SERVERS 2>/dev/null || true; }
     serve notfound
     run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "$URL" --out "$BATS_TEST_TMPDIR/e"
     [ "$status" -ne 0 ]; [ "${lines[-1]}" = "tandem: reward server $URL: HTTP 404: no such route" ]
+    # a user:password in the URL is sent, never shown in the error line
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "${URL/http:\/\//http://rm-user:s3cret-pw@}" --out "$BATS_TEST_TMPDIR/e2"
+    [ "$status" -ne 0 ]; [ "${lines[-1]}" = "tandem: reward server $URL: HTTP 404: no such route" ]
     run timeout 60 "$TANDEM" ppo "${A[@]}" --reward-url "ftp://x" --out "$BATS_TEST_TMPDIR/f"
     [ "$status" -ne 0 ]; [ "${lines[-1]}" = 'tandem: --reward-url ftp://x: "ftp://x" is not an http(s) URL' ]
     # a server that dies mid-run: the run stops, its last checkpoint resumes against a live one
