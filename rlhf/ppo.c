@@ -631,9 +631,12 @@ int ppo_main(int argc, char **argv) {
     Experience b;
     experience_alloc(&b, S, x->max_len, p.roles.role[R_REF].active);
     int *pidx = xmalloc(sizeof(int) * x->B);
-    if (world0) mkdir_p(o.out);
+    if (world0) {
+        mkdir_p(o.out);
+        trainer_remove_stale_tmp(o.out);
+    }
     MetricsLog ml;
-    metrics_open(&ml, o.out, o.resume != NULL, world0);
+    metrics_open(&ml, o.out, o.resume ? o.state.step : -1, world0);
     int step0 = o.resume ? o.state.step : 0, last = o.stop_after > 0 && o.stop_after < o.steps ? o.stop_after : o.steps;
     double t_run = now_seconds();
     float *step_s = xcalloc(last + 1, sizeof(float));

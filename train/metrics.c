@@ -6,12 +6,45 @@
 #include <stdlib.h>
 #include <string.h>
 
-void metrics_open(MetricsLog *ml, const char *out, int append, int writer) {
+/* A resumed run's file keeps what the uninterrupted run has up to the resumed step: the lines of
+ * earlier steps and the first line of that step (its training line; an eval line after it, or rm's
+ * reward statistics, are written again by the resumed run when the uninterrupted run has them).
+ * Lines of later steps and a cut last line (a kill, a full disk) go. A line without a readable
+ * step is not ours to judge and stays. The kept lines replace the file in one rename. */
+static void trim_past(const char *path, int step) {
+    size_t len;
+    char *text = read_file(path, &len);
+    if (!text) return;   /* none yet: the resumed run starts it */
+    char *kept = xmalloc(len + 1);
+    size_t n = 0;
+    int seen_step = 0;
+    for (const char *line = text; line < text + len;) {
+        const char *nl = memchr(line, '\n', (size_t)(text + len - line));
+        if (!nl) break;   /* a cut last line */
+        int s, keep = 1;
+        if (sscanf(line, "{\"step\": %d", &s) == 1) {
+            if (s == step) keep = !seen_step++;
+            else keep = s < step;
+        }
+        if (keep) {
+            memcpy(kept + n, line, (size_t)(nl + 1 - line));
+            n += (size_t)(nl + 1 - line);
+        }
+        line = nl + 1;
+    }
+    if (n != len && write_file_atomic(path, kept, n))
+        user_error("%s: cannot write: %s", path, strerror(errno));
+    free(kept);
+    free(text);
+}
+
+void metrics_open(MetricsLog *ml, const char *out, int resume_step, int writer) {
     ml->f = NULL;
     ml->path = NULL;
     if (!writer) return;
     ml->path = path_join(out, "metrics.jsonl");
-    ml->f = fopen(ml->path, append ? "a" : "w");
+    if (resume_step >= 0) trim_past(ml->path, resume_step);
+    ml->f = fopen(ml->path, resume_step >= 0 ? "a" : "w");
     if (!ml->f) user_error("%s: cannot open for writing: %s", ml->path, strerror(errno));
 }
 

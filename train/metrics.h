@@ -12,9 +12,13 @@ typedef struct {
     char *path;    /* out/metrics.jsonl (the writer) */
 } MetricsLog;
 
-/* Opens out/metrics.jsonl on the writer (append: continue a resumed run's file); a user_error
- * naming the file when it cannot be opened. Not collective. */
-void metrics_open(MetricsLog *ml, const char *out, int append, int writer);
+/* Opens out/metrics.jsonl on the writer: a new file when resume_step < 0; else a resumed run's
+ * file, continued after dropping what lies past resume_step (TensorBoard's purge_step): lines of
+ * later steps, all but the first line of resume_step itself (the step's training line; the run
+ * writes that step's eval line again if the uninterrupted run has one) and a cut last line, so the
+ * resumed file equals the uninterrupted run's, timings aside. The trim is atomic (a temp file and a
+ * rename). A user_error naming the file when it cannot be opened or rewritten. Not collective. */
+void metrics_open(MetricsLog *ml, const char *out, int resume_step, int writer);
 void metrics_close(MetricsLog *ml);
 /* A line: metrics_begin, fields, metrics_end (which writes "}\n" and flushes). A value that is not
  * finite (NaN, inf) is written as null, so every line is JSON whatever the numbers. A write that

@@ -136,6 +136,15 @@ void trainer_load_state(const char *dir, TrainerState *ts) {
     free(path);
 }
 
+/* NAME.tmp.DIGITS: a temporary that checkpoint_save_model or write_file_atomic names after its pid. */
+static int is_tmp_name(const char *name) {
+    const char *t = strstr(name, ".tmp.");
+    if (!t || t == name || !t[5]) return 0;
+    for (t += 5; *t; t++)
+        if (*t < '0' || *t > '9') return 0;
+    return 1;
+}
+
 /* See trainer.h. */
 void trainer_check_new_out(const char *out) {
     DIR *d = opendir(out);
@@ -145,6 +154,7 @@ void trainer_check_new_out(const char *out) {
         const char *name = e->d_name;
         int step, len = 0;
         if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, "metrics.jsonl")) continue;
+        if (!strncmp(name, "metrics.jsonl.", 14) && is_tmp_name(name)) continue;   /* a killed resume's trim */
         if (sscanf(name, "checkpoint-%d%n", &step, &len) != 1 || (name[len] && strncmp(name + len, ".tmp.", 5))) {
             blocker = name;   /* not a run's */
             continue;
@@ -159,6 +169,37 @@ void trainer_check_new_out(const char *out) {
     closedir(d);
     if (blocker)
         user_error("%s: already exists (use --resume DIR to continue a run, or --overwrite): it holds %s", out, name);
+}
+
+/* Removes the temporaries directly inside dir (a file or a whole tree each); in OUT itself
+ * (top) only those of names a run writes there. */
+static void remove_tmp_in(const char *dir, int top) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char path[4200];
+    for (struct dirent *e; (e = readdir(d));) {
+        if (!is_tmp_name(e->d_name)) continue;
+        if (top && strncmp(e->d_name, "checkpoint-", 11) && strncmp(e->d_name, "metrics.jsonl.", 14)) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (remove_tree(path) != 0) user_error("%s: cannot remove a killed run's temporary: %s", path, strerror(errno));
+        fprintf(stderr, "removed %s (a killed run's unfinished write)\n", path);
+    }
+    closedir(d);
+}
+
+/* See trainer.h. */
+void trainer_remove_stale_tmp(const char *out) {
+    remove_tmp_in(out, 1);
+    DIR *d = opendir(out);
+    if (!d) return;
+    char path[4200];
+    for (struct dirent *e; (e = readdir(d));) {
+        int step, len = 0;
+        if (sscanf(e->d_name, "checkpoint-%d%n", &step, &len) != 1 || e->d_name[len]) continue;
+        snprintf(path, sizeof path, "%s/%s", out, e->d_name);
+        remove_tmp_in(path, 0);
+    }
+    closedir(d);
 }
 
 /* The resume directory must hold the same architecture as --model (its config.json). */
@@ -285,6 +326,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
     learner_init(&L, m, oc, max_tokens, o->seq_len, o->M, !strcmp(o->recompute_name, "full"));
     int step0 = o->resume ? resume_from(o, &L, &train) : 0;
     mkdir_p(o->out);
+    if (root) trainer_remove_stale_tmp(o->out);
     Step st;
     step_alloc(&st, o->M, max_tokens);
     if (t->setup) t->setup(t->ctx, max_tokens, o->seq_len, o->M);
@@ -303,14 +345,20 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
         fprintf(stderr, "steps %d (from %d), %d micro-batches of <= %d %s per step per dp rank\n", steps_total, step0, o->M,
                 t->pairs ? o->batch_size : max_tokens, t->pairs ? "pairs" : "tokens");
     }
-    MetricsLog ml;
-    metrics_open(&ml, o->out, o->resume != NULL, root);
-    if (have_eval) t->evaluate(t->ctx, &L.slots[0], &val, step0, "before", &ml);
+    int step = step0, last = steps_total;
+    if (o->stop_after > 0 && o->stop_after < last) last = o->stop_after;
+    MetricsLog ml, no_line = {0};
+    metrics_open(&ml, o->out, o->resume ? step0 : -1, root);
+    if (have_eval) {
+        /* resumed at step0 > 0, the uninterrupted run has an eval line there only as an --eval-every
+         * step (the "after" eval of the last step comes below): the eval is printed, its line
+         * written only then, so the file stays equal to that run's */
+        int line = !o->resume || (o->eval_every > 0 && step0 % o->eval_every == 0 && step0 != last);
+        t->evaluate(t->ctx, &L.slots[0], &val, step0, "before", line ? &ml : &no_line);
+    }
 
     double t_start = now_seconds();
     long tokens_done = 0;
-    int step = step0, last = steps_total;
-    if (o->stop_after > 0 && o->stop_after < last) last = o->stop_after;
     while (step < last && step_fill(&st, &train, mesh)) {
         double t0 = now_seconds();
         if (t->prepare_step) t->prepare_step(t->ctx, &st);

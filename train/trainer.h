@@ -55,10 +55,21 @@ void trainer_rotate_checkpoints(const char *out, int keep, const char *marker);
 void trainer_load_state(const char *dir, TrainerState *ts);
 /* A new run (no --resume, no --overwrite) may write into out unless it holds something a run would
  * lose: a complete checkpoint (checkpoint-N with trainer_state.json or ppo_state.json) or anything
- * no run writes (a name other than metrics.jsonl, checkpoint-N, checkpoint-N.tmp.*). So a run that
+ * no run writes (a name other than metrics.jsonl, metrics.jsonl.tmp.PID, checkpoint-N,
+ * checkpoint-N.tmp.*). So a run that
  * stopped before its first checkpoint (a failed step 1, a failed save, kill -9) leaves nothing that
  * blocks the same command; its metrics.jsonl is started afresh. user_error otherwise. */
 void trainer_check_new_out(const char *out);
+/* Removes what a killed run's unfinished writes left in out: its temporaries NAME.tmp.PID
+ * (checkpoint-N.tmp.PID/, metrics.jsonl.tmp.PID) and those inside each checkpoint-N/ (ppo's
+ * actor.tmp.PID/ and critic.tmp.PID/, the state files' temporaries), so none ends up inside a
+ * checkpoint the run rewrites. Every such name is removed, whatever its PID: one run at a time
+ * writes an OUT (a new run refuses one holding a checkpoint, and two runs would overwrite each
+ * other's checkpoints and metrics anyway), and a PID proves nothing here: the writer may have run
+ * on another node of a shared filesystem or in another PID namespace, and PIDs are reused. Call on
+ * the writer at every start (new, --overwrite or --resume), before any checkpoint is written. Each
+ * removal is printed; one that fails is a user_error. */
+void trainer_remove_stale_tmp(const char *out);
 /* The resume directory must hold the same architecture as --model (its config.json). */
 void trainer_check_same_model(const char *model_dir, const char *resume_dir);
 
@@ -140,7 +151,9 @@ typedef struct {
     /* after it: fills up to TRAIN_MAX_METRICS metrics (the same on every rank), returns how many */
     int (*step_metrics)(void *ctx, const LearnerStep *r, const Step *st, Metric *out);
     /* a pass over the eval set at `step`; when: "before", "" (every --eval-every) or "after";
-     * writes its own progress and metrics lines (the writer's metrics are NULL elsewhere) */
+     * writes its own progress and metrics lines (the writer's metrics are NULL elsewhere; a resumed
+     * run's "before" pass gets a log that writes nothing unless the uninterrupted run has an eval
+     * line at that step, so the file stays equal to that run's) */
     void (*evaluate)(void *ctx, TrainActs *slot, Data *val, int step, const char *when, MetricsLog *ml);
 } TrainTask;
 
