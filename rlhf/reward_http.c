@@ -65,6 +65,13 @@ static void start(CURLM *multi, Part *q, double timeout_s, struct curl_slist *hd
     curl_multi_add_handle(multi, q->h);
 }
 
+/* The answer as a message quotes it: its first 200 bytes, made one line (an error page's newlines
+ * would otherwise break the one-line error) */
+static const char *shown(const char *ans, char *buf, size_t len) {
+    snprintf(buf, len, "%.200s", ans ? ans : "");
+    return http_one_line(buf);
+}
+
 /* 0: rewards written; 1: worth retrying (connection, timeout, 429, 5xx); -1: an error now */
 static int finish(Part *q, double *rewards, char *err, size_t errlen) {
     if (q->rc != CURLE_OK) {
@@ -72,31 +79,39 @@ static int finish(Part *q, double *rewards, char *err, size_t errlen) {
         return http_should_retry(q->rc, 0) ? 1 : -1;
     }
     if (q->status != 200) {
-        snprintf(err, errlen, "reward server %s: HTTP %ld: %.200s", q->url, q->status, q->ans ? q->ans : "");
+        char buf[256];
+        snprintf(err, errlen, "reward server %s: HTTP %ld: %s", q->url, q->status, shown(q->ans, buf, sizeof buf));
         return http_should_retry(CURLE_OK, q->status) ? 1 : -1;
     }
-    cJSON *o = cJSON_Parse(q->ans ? q->ans : "");
+    return reward_http_parse_answer(q->url, q->ans, q->n, rewards + q->first, err, errlen);
+}
+
+/* See reward_http.h. */
+int reward_http_parse_answer(const char *url, const char *ans, int n, double *rewards, char *err, size_t errlen) {
+    cJSON *o = cJSON_Parse(ans ? ans : "");
     const cJSON *r = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "rewards") : NULL;
-    int ok = cJSON_IsArray(r) && cJSON_GetArraySize(r) == q->n, i = 0;
+    int ok = cJSON_IsArray(r) && cJSON_GetArraySize(r) == n, i = 0;
     const cJSON *v;
     cJSON_ArrayForEach(v, r) ok &= cJSON_IsNumber(v) && isfinite(v->valuedouble);
     if (!ok) {
-        if (cJSON_IsArray(r) && cJSON_GetArraySize(r) != q->n)
-            snprintf(err, errlen, "reward server %s: %d rewards for %d responses", q->url, cJSON_GetArraySize(r), q->n);
-        else
-            snprintf(err, errlen, "reward server %s: the answer is not {\"rewards\": [numbers]}: %.200s", q->url,
-                     q->ans ? q->ans : "");
+        if (cJSON_IsArray(r) && cJSON_GetArraySize(r) != n) {
+            snprintf(err, errlen, "reward server %s: %d rewards for %d responses", url, cJSON_GetArraySize(r), n);
+        } else {
+            char buf[256];
+            snprintf(err, errlen, "reward server %s: the answer is not {\"rewards\": [numbers]}: %s", url,
+                     shown(ans, buf, sizeof buf));
+        }
         cJSON_Delete(o);
         return -1;
     }
     cJSON_ArrayForEach(v, r) {
         if (!(fabs(v->valuedouble) <= REWARD_ABS_MAX)) {
-            snprintf(err, errlen, "reward server %s: reward %d of %d is %.9g, outside [-%g, %g]", q->url, i + 1, q->n,
+            snprintf(err, errlen, "reward server %s: reward %d of %d is %.9g, outside [-%g, %g]", url, i + 1, n,
                      v->valuedouble, REWARD_ABS_MAX, REWARD_ABS_MAX);
             cJSON_Delete(o);
             return -1;
         }
-        rewards[q->first + i++] = v->valuedouble;
+        rewards[i++] = v->valuedouble;
     }
     cJSON_Delete(o);
     return 0;
