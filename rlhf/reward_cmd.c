@@ -221,6 +221,34 @@ static int take_lines(RewardCmd *rc, int n, int sent, int *got, double *rewards,
     return rv;
 }
 
+/* After n replies: anything left in rbuf is a surplus reply. 0, or -1 with the error. */
+static int surplus(const RewardCmd *rc, int n, char *err, size_t errlen) {
+    if (rc->rlen == 0) return 0;
+    char *nl = memchr(rc->rbuf, '\n', rc->rlen), bad[4 * REWARD_CMD_SHOWN + 8];
+    shown(bad, sizeof bad, rc->rbuf, nl ? (size_t)(nl - rc->rbuf) : rc->rlen);
+    snprintf(err, errlen, "reward command `%s`: more replies than requests: a line after reply %d of %d: %s",
+             rc->name, n, n, bad);
+    return -1;
+}
+
+/* See reward_cmd.h. The reading half of reward_cmd_score on bytes already in hand: every request
+ * written, then the program's whole output up to its end. */
+int reward_cmd_parse_replies(const char *name, const char *bytes, size_t len, int n, double *rewards, char *err,
+                             size_t errlen) {
+    RewardCmd rc = {.name = (char *)name, .pid = -1, .to = -1, .from = -1, .rlen = len, .rcap = len + 1};
+    rc.rbuf = xmalloc(len + 1);
+    memcpy(rc.rbuf, bytes, len);
+    rc.rbuf[len] = 0;
+    int got = 0, rv = take_lines(&rc, n, n, &got, rewards, 1, err, errlen);
+    if (rv == 0 && got < n) {
+        snprintf(err, errlen, "reward command `%s`: closed its output after %d of %d replies", name, got, n);
+        rv = -1;
+    }
+    if (rv == 0) rv = surplus(&rc, n, err, errlen);
+    free(rc.rbuf);
+    return rv;
+}
+
 /* One read into rbuf: >0 bytes read, 0 end of file, -1 nothing to read now (EAGAIN/EINTR), -2 error. */
 static ssize_t read_some(RewardCmd *rc) {
     if (rc->rlen + 65536 + 1 > rc->rcap) rc->rbuf = xrealloc(rc->rbuf, rc->rcap = 2 * rc->rcap + 65536);
@@ -324,13 +352,7 @@ int reward_cmd_score(RewardCmd *rc, int n, const char *const *prompts, const cha
     /* n replies to n requests: anything more already written (or read with the last reply) is a
      * surplus, which would otherwise become the next batch's first reward */
     while (read_some(rc) > 0) {}
-    if (rc->rlen > 0) {
-        char *nl = memchr(rc->rbuf, '\n', rc->rlen), bad[4 * REWARD_CMD_SHOWN + 8];
-        shown(bad, sizeof bad, rc->rbuf, nl ? (size_t)(nl - rc->rbuf) : rc->rlen);
-        snprintf(err, errlen, "reward command `%s`: more replies than requests: a line after reply %d of %d: %s",
-                 rc->name, n, n, bad);
-        goto done;
-    }
+    if (surplus(rc, n, err, errlen)) goto done;
     rv = 0;
 done:
     if (rv) rc->failed = 1;

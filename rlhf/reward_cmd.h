@@ -33,6 +33,12 @@ RewardCmd *reward_cmd_start(const char *cmd, char *err, size_t errlen);
  * within timeout_s seconds (0 = no limit). After an error the RewardCmd is unusable (stop it). */
 int reward_cmd_score(RewardCmd *rc, int n, const char *const *prompts, const char *const *responses,
                      const char *const *labels, double *rewards, double timeout_s, char *err, size_t errlen);
+/* The replies part of reward_cmd_score alone, on a program's whole output bytes[0..len) to a batch of
+ * n requests (all written): the same line framing and checks, the same messages (naming `name` as
+ * the command). 0 with rewards (n), or -1 with the message in err. For tests and the fuzz harness
+ * (tests/fuzz/libfuzz.sh): no process is started. */
+int reward_cmd_parse_replies(const char *name, const char *bytes, size_t len, int n, double *rewards, char *err,
+                             size_t errlen);
 /* Closes its stdin, waits for it (killing it after 5 s), frees. NULL is a no-op. */
 void reward_cmd_stop(RewardCmd *rc);
 #endif

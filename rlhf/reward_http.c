@@ -14,7 +14,7 @@
 
 typedef struct {
     const char *url;
-    char *shown;           /* url as messages show it (no user:password) */
+    char *url_shown;       /* url as messages show it (no user:password) */
     int first, n;              /* the part of the batch: items first .. first + n - 1 */
     char *body;                /* the request */
     char *ans;                 /* the answer so far */
@@ -66,38 +66,53 @@ static void start(CURLM *multi, Part *q, double timeout_s, struct curl_slist *hd
     curl_multi_add_handle(multi, q->h);
 }
 
+/* The answer as a message quotes it: its first 200 bytes, made one line (an error page's newlines
+ * would otherwise break the one-line error) */
+static const char *shown(const char *ans, char *buf, size_t len) {
+    snprintf(buf, len, "%.200s", ans ? ans : "");
+    return http_one_line(buf);
+}
+
 /* 0: rewards written; 1: worth retrying (connection, timeout, 429, 5xx); -1: an error now */
 static int finish(Part *q, double *rewards, char *err, size_t errlen) {
     if (q->rc != CURLE_OK) {
-        snprintf(err, errlen, "reward server %s: %s", q->shown, curl_easy_strerror(q->rc));
+        snprintf(err, errlen, "reward server %s: %s", q->url_shown, curl_easy_strerror(q->rc));
         return http_should_retry(q->rc, 0) ? 1 : -1;
     }
     if (q->status != 200) {
-        snprintf(err, errlen, "reward server %s: HTTP %ld: %.200s", q->shown, q->status, q->ans ? q->ans : "");
+        char buf[256];
+        snprintf(err, errlen, "reward server %s: HTTP %ld: %s", q->url_shown, q->status, shown(q->ans, buf, sizeof buf));
         return http_should_retry(CURLE_OK, q->status) ? 1 : -1;
     }
-    cJSON *o = cJSON_Parse(q->ans ? q->ans : "");
+    return reward_http_parse_answer(q->url_shown, q->ans, q->n, rewards + q->first, err, errlen);
+}
+
+/* See reward_http.h. */
+int reward_http_parse_answer(const char *url, const char *ans, int n, double *rewards, char *err, size_t errlen) {
+    cJSON *o = cJSON_Parse(ans ? ans : "");
     const cJSON *r = cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, "rewards") : NULL;
-    int ok = cJSON_IsArray(r) && cJSON_GetArraySize(r) == q->n, i = 0;
+    int ok = cJSON_IsArray(r) && cJSON_GetArraySize(r) == n, i = 0;
     const cJSON *v;
     cJSON_ArrayForEach(v, r) ok &= cJSON_IsNumber(v) && isfinite(v->valuedouble);
     if (!ok) {
-        if (cJSON_IsArray(r) && cJSON_GetArraySize(r) != q->n)
-            snprintf(err, errlen, "reward server %s: %d rewards for %d responses", q->shown, cJSON_GetArraySize(r), q->n);
-        else
-            snprintf(err, errlen, "reward server %s: the answer is not {\"rewards\": [numbers]}: %.200s", q->shown,
-                     q->ans ? q->ans : "");
+        if (cJSON_IsArray(r) && cJSON_GetArraySize(r) != n) {
+            snprintf(err, errlen, "reward server %s: %d rewards for %d responses", url, cJSON_GetArraySize(r), n);
+        } else {
+            char buf[256];
+            snprintf(err, errlen, "reward server %s: the answer is not {\"rewards\": [numbers]}: %s", url,
+                     shown(ans, buf, sizeof buf));
+        }
         cJSON_Delete(o);
         return -1;
     }
     cJSON_ArrayForEach(v, r) {
         if (!(fabs(v->valuedouble) <= REWARD_ABS_MAX)) {
-            snprintf(err, errlen, "reward server %s: reward %d of %d is %.9g, outside [-%g, %g]", q->shown, i + 1, q->n,
+            snprintf(err, errlen, "reward server %s: reward %d of %d is %.9g, outside [-%g, %g]", url, i + 1, n,
                      v->valuedouble, REWARD_ABS_MAX, REWARD_ABS_MAX);
             cJSON_Delete(o);
             return -1;
         }
-        rewards[q->first + i++] = v->valuedouble;
+        rewards[i++] = v->valuedouble;
     }
     cJSON_Delete(o);
     return 0;
@@ -112,7 +127,7 @@ int reward_http_score(const char *const *urls, int n_urls, int n, const char *co
     Part *parts = xcalloc(k ? k : 1, sizeof(Part));
     for (int u = 0, first = 0; u < k; u++) {   /* contiguous parts, sizes differing by at most one */
         int m = n / k + (u < n % k);
-        parts[u] = (Part){.url = urls[u], .shown = http_url_shown(urls[u]), .first = first, .n = m};
+        parts[u] = (Part){.url = urls[u], .url_shown = http_url_shown(urls[u]), .first = first, .n = m};
         parts[u].body = request_body(first, m, queries, prompts, labels);
         first += m;
     }
@@ -155,7 +170,7 @@ int reward_http_score(const char *const *urls, int n_urls, int n, const char *co
         if (parts[u].h) { curl_multi_remove_handle(multi, parts[u].h); curl_easy_cleanup(parts[u].h); }
         free(parts[u].body);
         free(parts[u].ans);
-        free(parts[u].shown);
+        free(parts[u].url_shown);
     }
     curl_multi_cleanup(multi);
     curl_slist_free_all(hdr);

@@ -194,17 +194,10 @@ static void make_parents(const char *path) {
 
 /* ---- one file ---- */
 
-typedef struct {
-    char *name;            /* path in the repository */
-    char *blob;            /* the cache's blob name: LFS sha256, else the git blob id */
-    int64_t size;
-    int lfs;
-} RepoFile;
-
 /* Downloads url into dest through part (resumed if present) under the flock on lock; checks the size
  * and the hash, then renames part over dest. With keep, nothing to do when dest exists (a blob:
  * another process got there first). */
-static void download(Hub *h, const char *url, const RepoFile *f, const char *part, const char *dest, const char *lock,
+static void download(Hub *h, const char *url, const HubFile *f, const char *part, const char *dest, const char *lock,
                      int keep) {
     make_parents(lock);
     int lfd = open(lock, O_CREAT | O_RDWR, 0644);
@@ -382,20 +375,15 @@ static int wanted(const char *name, char **inc, int n_inc) {
     return 0;
 }
 
-/* The repository at rev: the commit and the wanted files with their blob names and sizes. */
-static char *repo_files(Hub *h, const char *repo, const char *rev, char **inc, int n_inc, RepoFile **out, int *n_out) {
-    char *erepo = url_escape(repo, 1), *erev = url_escape(rev, 0);   /* "refs/pr/1" is one part: %2F */
-    char *url = fmt("%s/api/models/%s/revision/%s?blobs=true", h->endpoint, erepo, erev);
-    free(erepo), free(erev);
-    HttpXfer x = hub_xfer(h, url);
-    x.max = 64u << 20;
-    http_get(&x);
-    cJSON *o = cJSON_Parse(x.mem ? x.mem : "");
+/* See hub.h. */
+char *hub_parse_files(char *answer, const char *url, const char *repo, const char *rev, char **inc, int n_inc,
+                      HubFile **out, int *n_out) {
+    cJSON *o = cJSON_Parse(answer ? answer : "");
     const cJSON *sha = cJSON_GetObjectItemCaseSensitive(o, "sha"), *sib = cJSON_GetObjectItemCaseSensitive(o, "siblings"), *s;
     if (!cJSON_IsString(sha) || !is_hex(sha->valuestring, 40) || !cJSON_IsArray(sib))
-        user_error("%s: not a Hub model answer (no \"sha\" commit or \"siblings\" list): %.200s", http_url_shown(url), x.mem ? http_one_line(x.mem) : "");
+        user_error("%s: not a Hub model answer (no \"sha\" commit or \"siblings\" list): %.200s", http_url_shown(url), answer ? http_one_line(answer) : "");
     char *commit = xstrdup(sha->valuestring);
-    RepoFile *files = xcalloc((size_t)cJSON_GetArraySize(sib) + 1, sizeof(RepoFile));
+    HubFile *files = xcalloc((size_t)cJSON_GetArraySize(sib) + 1, sizeof(HubFile));
     int n = 0, n_all = 0, weights = 0;
     char listed[512] = "";
     cJSON_ArrayForEach(s, sib) {
@@ -412,19 +400,37 @@ static char *repo_files(Hub *h, const char *repo, const char *rev, char **inc, i
         const cJSON *lfs = cJSON_GetObjectItemCaseSensitive(s, "lfs");
         const cJSON *hash = lfs ? cJSON_GetObjectItemCaseSensitive(lfs, "sha256") : cJSON_GetObjectItemCaseSensitive(s, "blobId");
         const cJSON *size = cJSON_GetObjectItemCaseSensitive(lfs ? lfs : s, "size");
-        if (!cJSON_IsString(hash) || !is_hex(hash->valuestring, lfs ? 64 : 40) || !cJSON_IsNumber(size) || size->valuedouble < 0)
+        if (!cJSON_IsString(hash) || !is_hex(hash->valuestring, lfs ? 64 : 40) || !cJSON_IsNumber(size) ||
+            !(size->valuedouble >= 0 && size->valuedouble < 0x1p53))   /* (int64_t) of 1e300 is undefined */
             user_error("%s: no %s and size for %s (the API answer lacks blob metadata)", http_url_shown(url), lfs ? "lfs.sha256" : "blobId", nm);
-        files[n++] = (RepoFile){xstrdup(nm), xstrdup(hash->valuestring), (int64_t)size->valuedouble, lfs != NULL};
+        files[n++] = (HubFile){xstrdup(nm), xstrdup(hash->valuestring), (int64_t)size->valuedouble, lfs != NULL};
     }
     if (!n_inc && !weights)
         user_error("%s@%s has no .safetensors weights at its top level (files: %s); tandem reads safetensors only "
                    "(--include GLOB fetches other files)", repo, rev, listed);
     if (!n) user_error("%s@%s: no file matches --include (files: %s)", repo, rev, listed);
     cJSON_Delete(o);
-    free(x.mem);
-    free(url);
     *out = files;
     *n_out = n;
+    return commit;
+}
+
+void hub_files_free(HubFile *files, int n) {
+    for (int i = 0; i < n; i++) free(files[i].name), free(files[i].blob);
+    free(files);
+}
+
+/* The repository at rev: the commit and the wanted files with their blob names and sizes. */
+static char *repo_files(Hub *h, const char *repo, const char *rev, char **inc, int n_inc, HubFile **out, int *n_out) {
+    char *erepo = url_escape(repo, 1), *erev = url_escape(rev, 0);   /* "refs/pr/1" is one part: %2F */
+    char *url = fmt("%s/api/models/%s/revision/%s?blobs=true", h->endpoint, erepo, erev);
+    free(erepo), free(erev);
+    HttpXfer x = hub_xfer(h, url);
+    x.max = 64u << 20;
+    http_get(&x);
+    char *commit = hub_parse_files(x.mem, url, repo, rev, inc, n_inc, out, n_out);
+    free(x.mem);
+    free(url);
     return commit;
 }
 
@@ -436,13 +442,13 @@ static char *fetch(Hub *h, const char *repo, const char *rev, const char *dir, c
         if (snap && (n_inc || snapshot_usable(snap))) return snap;
         user_error("%s@%s is not in the cache %s and HF_HUB_OFFLINE is set (unset it to fetch)", repo, rev, h->cache);
     }
-    RepoFile *files;
+    HubFile *files;
     int n;
     char *commit = repo_files(h, repo, rev, inc, n_inc, &files, &n);
     char *folder = repo_folder(h, repo), *snap = dir ? xstrdup(dir) : fmt("%s/snapshots/%s", folder, commit);
     char *erepo = url_escape(repo, 1);
     for (int i = 0; i < n; i++) {
-        RepoFile *f = &files[i];
+        HubFile *f = &files[i];
         char *fname = url_escape(f->name, 1);   /* (commit is 40 hex digits: nothing to escape) */
         char *url = fmt("%s/%s/resolve/%s/%s", h->endpoint, erepo, commit, fname);
         char *dest = path_join(snap, f->name);
@@ -480,8 +486,7 @@ static char *fetch(Hub *h, const char *repo, const char *rev, const char *dir, c
         if (write_file_atomic(ref, commit, strlen(commit))) user_error("%s: cannot write: %s", ref, strerror(errno));
         free(ref);
     }
-    for (int i = 0; i < n; i++) free(files[i].name), free(files[i].blob);
-    free(files);
+    hub_files_free(files, n);
     free(erepo);
     free(folder);
     free(commit);

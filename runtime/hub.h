@@ -20,6 +20,7 @@
  * "config.json and safetensors make a usable snapshot". */
 #ifndef TANDEM_HUB_H
 #define TANDEM_HUB_H
+#include <stdint.h>
 
 /* Fetches repo ("ORG/NAME", passing hub_repo_id_error) at rev (branch, tag or commit, passing
  * hub_revision_error) into the hub cache, or into dir when it is not NULL: the files matching one of
@@ -35,6 +36,23 @@ char *hub_fetch(const char *repo, const char *rev, const char *dir, char **inclu
  * cache, fetched first when missing (said on stderr). Under mpirun one rank per node fetches while
  * the node's others wait. Errors stop the job with one line naming the URL and status. */
 const char *hub_model_path(const char *arg);
+
+/* One file of a revision, as the Hub API lists it. */
+typedef struct {
+    char *name;            /* path in the repository (hub_safe_rel_path holds) */
+    char *blob;            /* the cache's blob name: LFS sha256 (64 hex), else the git blob id (40 hex) */
+    int64_t size;
+    int lfs;
+} HubFile;
+
+/* The parse step of the file list: answer (the API's NUL-terminated body, NULL for none; an error
+ * message quotes it, made one line in place) for repo at rev, named `url` in errors. Returns the
+ * commit (malloc'd) and the wanted files (as hub_fetch's include globs choose them) into *files
+ * (*n_files, at least one; hub_files_free). A malformed answer, an unsafe file name, a wanted file
+ * without its hash and size, or nothing to fetch is a user_error. */
+char *hub_parse_files(char *answer, const char *url, const char *repo, const char *rev, char **include,
+                      int n_include, HubFile **files, int *n_files);
+void hub_files_free(HubFile *files, int n);
 
 /* 1 when f is a plain relative path: no leading '/', no part that is empty, "." or "..", no '\\' and
  * no control bytes. What a file name from the server must be. */

@@ -52,33 +52,53 @@ _Noreturn static void stop_job(void) {
     exit(1);
 }
 
+/* The message of fmt, ap (malloc'd) as one line: control bytes (a newline or a terminal escape in a
+ * quoted value from the input) become spaces, so an error is always the one `tandem: ...` line. */
+static char *one_line(const char *fmt, va_list ap) {
+    va_list aq;
+    va_copy(aq, ap);
+    int n = vsnprintf(NULL, 0, fmt, aq);
+    va_end(aq);
+    char *msg = malloc(n > 0 ? (size_t)n + 1 : 1);
+    if (!msg) return NULL;
+    vsnprintf(msg, (size_t)(n > 0 ? n + 1 : 1), fmt, ap);
+    for (char *c = msg; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = ' ';
+    return msg;
+}
+
 /* "tandem: [group] [rank N] message": the one line every error exit prints (the group's name only
  * when the world has several role groups) */
-static void report(int with_rank, const char *fmt, va_list ap) {
+static void report(int with_rank, const char *msg) {
     fputs("tandem: ", stderr);
     if (s_group[0]) fprintf(stderr, "[%s] ", s_group);
     if (with_rank) fprintf(stderr, "[rank %d] ", world_rank());
-    vfprintf(stderr, fmt, ap);
+    fputs(msg ? msg : "(out of memory formatting the message)", stderr);
     fputc('\n', stderr);
 }
 
+void (*util_user_error_hook)(const char *msg);
+
 _Noreturn void user_error(const char *fmt, ...) {
     va_list ap;
+    va_start(ap, fmt);
+    char *msg = one_line(fmt, ap);
+    va_end(ap);
+    if (util_user_error_hook) util_user_error_hook(msg ? msg : "");   /* tests only (util.h): does not return */
     /* The other ranks of the group saw the same input; its root reports and aborts the whole job
      * (every group). Should the root not get here (a problem only this rank sees), this rank is
      * still alive after a while: it says it itself rather than let the job end without a word. */
     if (!s_reporter) sleep(10);
-    va_start(ap, fmt);
-    report(!s_reporter, fmt, ap);
-    va_end(ap);
+    report(!s_reporter, msg);
     stop_job();
 }
 
 _Noreturn void rank_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    report(world_size() > 1, fmt, ap);
+    char *msg = one_line(fmt, ap);
     va_end(ap);
+    report(world_size() > 1, msg);
     stop_job();
 }
 
@@ -89,8 +109,9 @@ _Noreturn void job_error(int speaker, const char *fmt, ...) {
         stop_job();
     }
     va_start(ap, fmt);
-    report(0, fmt, ap);
+    char *msg = one_line(fmt, ap);
     va_end(ap);
+    report(0, msg);
     stop_job();
 }
 

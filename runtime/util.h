@@ -3,7 +3,8 @@
  * Two kinds of failure (STYLE.md 3 and 4):
  *   CHECK(cond)         a bug or a system failure: names the statement, file, line and rank,
  *                       then stops the whole job (MPI_Abort with several ranks).
- *   user_error(...)     bad user input: one line "tandem: <message>", non-zero exit. Call it only
+ *   user_error(...)     bad user input: one line "tandem: <message>" (control bytes of the message,
+ *                       such as a newline in a quoted value, print as spaces), non-zero exit. Call it only
  *                       where every rank of a group sees the same input (config, flags, layout):
  *                       the group's root prints (the reporter), the whole job stops (every group).
  *                       rank_error(...) is for input only one rank sees (its own shard's bytes):
@@ -23,6 +24,12 @@ void util_set_reporter(int is_reporter, const char *group_name);
 int util_is_reporter(void);
 
 _Noreturn void user_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Test-only: NULL in tandem. When set, user_error hands it the message (the one line that would
+ * follow "tandem: ") instead of printing it and stopping the job; it must not return (tests/fuzz/harness.h
+ * checks the message and longjmps back to the fuzz harness, so that a rejected input is one more
+ * input, not the end of the process). rank_error, job_error and CHECK are untouched: they still
+ * stop the process. */
+extern void (*util_user_error_hook)(const char *msg);
 _Noreturn void rank_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* A failure every rank learned of together (a collective's result, e.g. a checkpoint write that
  * failed on some rank): `speaker` (exactly one rank of the world) prints the one line, every rank

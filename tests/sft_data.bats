@@ -360,3 +360,25 @@ BAD_MSGS=(
     [ "$status" -eq 0 ]
     [[ "${lines[-1]}" == "stats records=2 samples=1 bad=1 "* ]]
 }
+
+@test "sft data: a stray '}' between array elements is one bad element (it hung skip_bad: found by tests/fuzz/libfuzz.sh)" {
+    need_sft_assets
+    f="$BATS_TEST_TMPDIR/stray.json"
+    printf '[{"prompt": "Hi", "response": "Hello"}}, {"prompt": "a", "response": "b"}, }\n]\n' > "$f"
+    run timeout 20 "$SD" dump "$LLAMA" "$f" skip_bad=1
+    [ "$status" -eq 0 ]
+    [[ "${lines[-1]}" == "stats records=4 samples=2 bad=2 "* ]]
+    run timeout 20 "$SD" dump "$LLAMA" "$f"
+    [ "$status" -eq 1 ]
+    [ "$output" = "tandem: $f:1: invalid JSON" ]
+}
+
+@test "sft data: a quoted value with a newline or control byte still makes one error line (found by tests/fuzz/libfuzz.sh)" {
+    need_sft_assets
+    f="$BATS_TEST_TMPDIR/role.jsonl"
+    printf '{"messages": [{"role": "us\\ner\\u0006", "content": "x"}]}\n' > "$f"
+    run "$SD" dump "$LLAMA" "$f"
+    [ "$status" -eq 1 ]
+    [ "${#lines[@]}" -eq 1 ]
+    [ "$output" = "tandem: $f:1: messages[0]: unknown role \"us er \" (expected system, user or assistant)" ]
+}

@@ -492,8 +492,15 @@ static void load_array(Loader *L, const char *s, size_t n, size_t pos, int line)
             } else if (c == '{' || c == '[') {
                 depth++;
             } else if (c == '}' || c == ']') {
-                if (depth == 0) break;          /* the array's own ']' after a bare value */
-                if (--depth == 0) { pos++; break; }
+                /* at depth 0: ']' is the array's own, after a bare value; a stray '}' belongs to
+                 * this (bad) element, so that every element holds at least one byte and the scan
+                 * moves on (it used to end empty there, again and again under skip_bad_records) */
+                if (depth == 0) {
+                    if (c == ']') break;
+                } else if (--depth == 0) {
+                    pos++;
+                    break;
+                }
             } else if (c == ',' && depth == 0) {
                 break;
             }

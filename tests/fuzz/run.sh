@@ -3,6 +3,8 @@
 # Usage: bash tests/fuzz/run.sh [RUNS per target, default 100] [SEED, default 1]
 # Minutes, not seconds: a developer tool, not part of `make test`. Problems are kept in
 # fuzz-problems/ (input, argv, stderr); the exit status is non-zero if there were any.
+# In-process fuzzing of the parsers themselves (libFuzzer, 100,000 executions by default):
+# tests/fuzz/libfuzz.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 runs=${1:-100} seed=${2:-1}
