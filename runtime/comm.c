@@ -1,16 +1,49 @@
-/* comm.c — MPI backend of comm.h. Every call is checked; an MPI failure aborts the job. */
+/* comm.c — MPI backend of comm.h, and a process alone without it. Every MPI call is checked; an
+ * MPI failure aborts the job. */
 #include "runtime/comm.h"
 #include "runtime/util.h"
 #include <limits.h>
 #include <mpi.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define MPI_CHECK(call) CHECK((call) == MPI_SUCCESS)
 #define HANDLE(c) (*(MPI_Comm *)(c)->handle)
 
+/* A process that no launcher started runs alone, without MPI (mpi_on 0): Open MPI's singleton start
+ * spawns its own runtime and writes a shared-memory segment and a PMIx store first, so it fails
+ * (PMIx banners) or hangs under a small `ulimit -f`, before any Tandem code runs. Alone, every
+ * Comm is the one-rank world {0, 1, NULL}: a collective is the identity, or a copy where the input
+ * and output buffers differ, and no message is ever sent. */
+static int initialized, mpi_on;
+
+/* Started by a launcher: Open MPI's mpirun sets OMPI_COMM_WORLD_SIZE/RANK and PMIX_RANK (also
+ * Slurm's srun with PMIx), MPICH's hydra and Slurm's PMI-2 set PMI_RANK. */
+static int launched(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i])) return 1;
+    return 0;
+}
+
+static Comm alone(void) { return (Comm){.rank = 0, .size = 1, .handle = NULL}; }
+
+/* 1 when c is the one-rank world of a process without MPI */
+static int is_alone(const Comm *c) {
+    if (mpi_on) return 0;
+    CHECK(c->size == 1);
+    return 1;
+}
+
 void comm_init(int *argc, char ***argv) {
     int init = 0;
     MPI_Initialized(&init);
+    initialized = 1;
+    mpi_on = init || launched();
+    if (!mpi_on) {
+        util_set_reporter(1, NULL);
+        return;
+    }
     if (!init) MPI_CHECK(MPI_Init(argc, argv));
     int r = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &r);
@@ -21,19 +54,15 @@ void comm_init(int *argc, char ***argv) {
  * raised later in another group (MPI_Abort) still finds it alive. Open MPI's mpirun hangs when one
  * rank aborts after others have left through MPI_Finalize (seen with role groups). */
 void comm_finalize(void) {
-    int init = 0, fin = 0;
-    MPI_Initialized(&init);
+    if (!mpi_on) return;   /* alone, or convert and fetch, which never start comm */
+    int fin = 0;
     MPI_Finalized(&fin);
-    if (!init || fin) return;   /* convert and fetch run without MPI */
+    if (fin) return;
     MPI_Barrier(MPI_COMM_WORLD);
     MPI_Finalize();
 }
 
-int comm_initialized(void) {
-    int init = 0;
-    MPI_Initialized(&init);
-    return init;
-}
+int comm_initialized(void) { return initialized; }
 
 static Comm dup_of(MPI_Comm parent) {
     Comm c;
@@ -44,10 +73,11 @@ static Comm dup_of(MPI_Comm parent) {
     MPI_Comm_size(*h, &c.size);
     return c;
 }
-Comm comm_world(void) { return dup_of(MPI_COMM_WORLD); }
-Comm comm_dup(const Comm *c) { return dup_of(HANDLE(c)); }
+Comm comm_world(void) { return mpi_on ? dup_of(MPI_COMM_WORLD) : alone(); }
+Comm comm_dup(const Comm *c) { return is_alone(c) ? alone() : dup_of(HANDLE(c)); }
 
 Comm comm_split(const Comm *parent, int color, int key) {
+    if (is_alone(parent)) return alone();
     Comm c;
     MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
     MPI_CHECK(MPI_Comm_split(HANDLE(parent), color, key, h));
@@ -58,6 +88,7 @@ Comm comm_split(const Comm *parent, int color, int key) {
 }
 
 Comm comm_split_node(const Comm *parent) {
+    if (is_alone(parent)) return alone();
     Comm c;
     MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
     MPI_CHECK(MPI_Comm_split_type(HANDLE(parent), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, h));
@@ -149,6 +180,10 @@ void comm_all_reduce_maxloc(const Comm *c, float *val, int *idx, size_t n) {
     free(pair);
 }
 void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each) {
+    if (is_alone(c)) {
+        if (in != out) memcpy(out, in, sizeof(float) * n_each);
+        return;
+    }
     if (in == out + (size_t)c->rank * n_each) {   /* already in its place */
         MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, count(n_each), MPI_FLOAT, HANDLE(c)));
         return;
@@ -156,6 +191,10 @@ void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each) 
     MPI_CHECK(MPI_Allgather(in, count(n_each), MPI_FLOAT, out, count(n_each), MPI_FLOAT, HANDLE(c)));
 }
 void comm_reduce_scatter_sum(const Comm *c, const float *in, float *out, size_t n_each) {
+    if (is_alone(c)) {
+        if (in != out) memcpy(out, in, sizeof(float) * n_each);
+        return;
+    }
     MPI_CHECK(MPI_Reduce_scatter_block(in, out, count(n_each), MPI_FLOAT, MPI_SUM, HANDLE(c)));
 }
 int comm_first_error(const Comm *c, char *msg, size_t cap) {
@@ -172,18 +211,21 @@ void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root) {
     if (c->size > 1) MPI_CHECK(MPI_Bcast(buf, count(bytes), MPI_BYTE, root, HANDLE(c)));
 }
 void comm_send(const Comm *c, const void *buf, size_t bytes, int dst) {
+    CHECK(mpi_on);   /* alone, nothing is ever sent or received */
     MPI_CHECK(MPI_Send(buf, count(bytes), MPI_BYTE, dst, 0, HANDLE(c)));
 }
 void comm_isend(const Comm *c, const void *buf, size_t bytes, int dst, CommRequest *req) {
     comm_isend_tag(c, buf, bytes, dst, 0, req);
 }
 void comm_isend_tag(const Comm *c, const void *buf, size_t bytes, int dst, int tag, CommRequest *req) {
+    CHECK(mpi_on);
     comm_wait(req);
     MPI_Request *r = xmalloc(sizeof(MPI_Request));
     MPI_CHECK(MPI_Isend(buf, count(bytes), MPI_BYTE, dst, tag, HANDLE(c), r));
     req->handle = r;
 }
 int comm_probe(const Comm *c, int tag, int blocking, int *src, size_t *bytes) {
+    CHECK(mpi_on);
     MPI_Status st;
     int flag = 1, n = 0;
     if (blocking) MPI_CHECK(MPI_Probe(MPI_ANY_SOURCE, tag, HANDLE(c), &st));
@@ -195,6 +237,7 @@ int comm_probe(const Comm *c, int tag, int blocking, int *src, size_t *bytes) {
     return 1;
 }
 void comm_recv_tag(const Comm *c, void *buf, size_t bytes, int src, int tag) {
+    CHECK(mpi_on);
     MPI_CHECK(MPI_Recv(buf, count(bytes), MPI_BYTE, src, tag, HANDLE(c), MPI_STATUS_IGNORE));
 }
 void comm_wait(CommRequest *req) {
@@ -204,4 +247,6 @@ void comm_wait(CommRequest *req) {
     req->handle = NULL;
 }
 void comm_recv(const Comm *c, void *buf, size_t bytes, int src) { comm_recv_tag(c, buf, bytes, src, 0); }
-void comm_barrier(const Comm *c) { MPI_CHECK(MPI_Barrier(HANDLE(c))); }
+void comm_barrier(const Comm *c) {
+    if (!is_alone(c)) MPI_CHECK(MPI_Barrier(HANDLE(c)));
+}

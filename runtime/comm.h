@@ -1,7 +1,9 @@
 /* comm.h — the one communication API (ARCHITECTURE.md): all_reduce, all_gather, reduce_scatter,
- * broadcast, send/recv, over a Comm (a group of ranks). MPI backend on host buffers; a single
- * process needs no launcher (MPI singleton). MPI stays inside comm.c; the one other file that
- * calls MPI is runtime/util.c, whose error path asks for the world rank and aborts the job.
+ * broadcast, send/recv, over a Comm (a group of ranks). MPI backend on host buffers under a
+ * launcher (mpirun); a process started without one never initialises MPI: its world is one rank,
+ * every Comm has size 1, a collective is the identity (or a copy between distinct buffers) and
+ * send/recv never happen. MPI stays inside comm.c; the one other file that calls MPI is
+ * runtime/util.c, whose error path asks for the world rank and aborts the job.
  * Does not own the rank algebra (runtime/mesh.c) or who fetches a model on each node (runtime/hub.c,
  * through comm_split_node). */
 #ifndef TANDEM_COMM_H
@@ -14,7 +16,9 @@ typedef struct {
     void *handle;  /* the backend's communicator */
 } Comm;
 
-void comm_init(int *argc, char ***argv);   /* MPI_Init; world rank 0 reports errors until groups exist */
+/* MPI_Init when a launcher started the process (OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK,
+ * PMIX_RANK or PMI_RANK set), else nothing: alone. World rank 0 reports errors until groups exist. */
+void comm_init(int *argc, char ***argv);
 void comm_finalize(void);
 /* 1 once comm_init has run in this process: commands without ranks (fetch, convert, tokenize) parse a
  * --model without it, and then there is no world to ask. */

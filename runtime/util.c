@@ -25,6 +25,7 @@ void util_set_reporter(int is_reporter, const char *group_name) {
 }
 int util_is_reporter(void) { return s_reporter; }
 
+/* 0 in a process alone (comm.c never initialises MPI without a launcher): rank 0 of 1, plain exit */
 static int mpi_up(void) {
     int init = 0, fin = 0;
     MPI_Initialized(&init);

@@ -137,9 +137,9 @@ digits() {
     gen=("$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --max-new-tokens 200 --logprobs 10 --threads 1)
     "${gen[@]}" --output "$BATS_TEST_TMPDIR/ref.jsonl" 2>/dev/null
     [ "$(stat -c %s "$BATS_TEST_TMPDIR/ref.jsonl")" -gt $((5000 * 1024 + 1000000)) ]
-    # bash's ulimit -f counts KiB. 5000: Open MPI's singleton start writes a 4 MiB shared-memory
-    # segment and a PMIx store; under about 4000 KiB MPI_Init fails with PMIx errors (under 1 it
-    # hangs), before any Tandem code runs (measured: 4000 fails, 5000 starts)
+    # bash's ulimit -f counts KiB. 5000: below the output's size, above every other file written.
+    # One process runs without MPI (runtime/comm.c), so Open MPI's start (which needed about 4000)
+    # plays no part: tests/no_launcher.bats
     run timeout 120 bash -c 'ulimit -f 5000 && exec "$@"' _ "${gen[@]}" --output "$BATS_TEST_TMPDIR/out.jsonl"
     echo "$output"
     [ "$status" -eq 1 ]
