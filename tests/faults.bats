@@ -7,16 +7,8 @@
 # again after a run that stopped before its first checkpoint. Model: stories260K (a step is ms).
 load helpers
 
-STORIES="$ASSETS/models/stories260K-hf"
-TRAIN="$FIX/ppo/story_prompts_train.jsonl"
-RULE="python3 -u $FIX/ppo/happy_reward.py"
 PPO="--advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2 --max-new-tokens 8 --threads 1"
 SFT="--seq-len 32 --batch-size 4 --max-steps 2 --threads 1"
-
-need_story() {
-    need_assets
-    [ -e "$STORIES/config.json" ] || skip "$STORIES not present (../shared/assets)"
-}
 
 MOUNTS=()
 # small_disk DIR SIZE: a tmpfs of SIZE at DIR, unmounted in teardown

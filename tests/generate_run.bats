@@ -4,8 +4,6 @@
 # reach the engine (--input-key, penalties, config.json's EOS, --truncate).
 load helpers
 
-STORIES="$ASSETS/models/stories260K-hf"
-
 @test "generate: --output may be a pipe; a full disk is a write error naming the file" {
     need_assets
     printf '{"id": "a", "prompt": "Once"}\n{"id": "b", "prompt": "Lily"}\n' > "$BATS_TEST_TMPDIR/p.jsonl"

@@ -18,3 +18,13 @@ need_hfpy() {
 need_assets() {
     [ -d "$ASSETS/models" ] || skip "../shared/assets not present (real models and tokenizers live there)"
 }
+
+# stories260K and the story data the training and RLHF suites share
+STORIES="$ASSETS/models/stories260K-hf"
+PF="$FIX/pref"
+TRAIN="$FIX/ppo/story_prompts_train.jsonl"
+RULE="python3 -u $FIX/ppo/happy_reward.py"
+need_story() {
+    need_assets
+    [ -e "$STORIES/config.json" ] || skip "$STORIES not present (../shared/assets)"
+}

@@ -6,15 +6,6 @@
 # tensor. metrics.jsonl is strict JSON on every line. grpo with one sample per prompt is refused.
 load helpers
 
-STORIES="$ASSETS/models/stories260K-hf"
-PF="$FIX/pref"
-TRAIN="$FIX/ppo/story_prompts_train.jsonl"
-
-need_story() {
-    need_assets
-    [ -e "$STORIES/config.json" ] || skip "$STORIES not present (../shared/assets)"
-}
-
 setup_file() {
     D="$BATS_FILE_TMPDIR"
     for i in $(seq 1 40); do

@@ -6,15 +6,9 @@
 # the limit, and print nothing of Open MPI or PMIx. Model: stories260K (a step is ms).
 load helpers
 
-STORIES="$ASSETS/models/stories260K-hf"
 # bash's ulimit -f counts KiB: 3000 is below the ~4000 Open MPI needed (measured: 3000 and 4000 fail),
 # above every file written here (the largest: sft's optim.rank0.bin, 2 MiB of AdamW moments)
 LIMIT=3000
-
-need_story() {
-    need_assets
-    [ -e "$STORIES/config.json" ] || skip "$STORIES not present (../shared/assets)"
-}
 
 # limited CMD...: runs CMD under ulimit -f $LIMIT, no launcher in its environment
 limited() {

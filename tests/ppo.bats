@@ -8,16 +8,6 @@
 # torch: tests/ppo_loss.bats.
 load helpers
 
-STORIES="$ASSETS/models/stories260K-hf"
-PF="$FIX/pref"
-TRAIN="$FIX/ppo/story_prompts_train.jsonl"
-RULE="python3 -u $FIX/ppo/happy_reward.py"
-
-need_story() {
-    need_assets
-    [ -e "$STORIES/config.json" ] || skip "$STORIES not present (../shared/assets)"
-}
-
 # rule_rate MODEL: the rule's mean score over 4 samples (T 1, fixed seeds) of each held-out prompt
 rule_rate() {
     jq -c 'range(0; 4) as $j | {prompt, seed: (70000 + $j)}' "$PF/story_prompts_val.jsonl" > "$BATS_TEST_TMPDIR/hv.jsonl"

@@ -8,10 +8,8 @@
 load helpers
 
 SD="$ROOT/build/tests/test_sft_data"
-PF="$FIX/pref"
 LLAMA="$ASSETS/tokenizers/llama2/tokenizer.model"
 MINI="$ASSETS/tokenizers/minimind"
-STORIES="$ASSETS/models/stories260K-hf"
 
 need_pref_assets() {
     need_assets

@@ -9,16 +9,6 @@
 # Model: stories260K, 6 steps of a few ms.
 load helpers
 
-STORIES="$ASSETS/models/stories260K-hf"
-PF="$FIX/pref"
-TRAIN="$FIX/ppo/story_prompts_train.jsonl"
-RULE="python3 -u $FIX/ppo/happy_reward.py"
-
-need_story() {
-    need_assets
-    [ -e "$STORIES/config.json" ] || skip "$STORIES not present (../shared/assets)"
-}
-
 setup_file() {
     # sft data on the stories tokenizer: reverse 4 digits (train and eval)
     awk 'BEGIN { srand(7); for (i = 0; i < 80; i++) { s = ""; for (k = 0; k < 4; k++) s = s int(rand() * 10);

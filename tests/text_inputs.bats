@@ -7,14 +7,6 @@
 # 100 MB line used to be tokenized for 70-90 s before it was dropped or truncated.
 load helpers
 
-STORIES="$ASSETS/models/stories260K-hf"
-RULE="python3 -u $FIX/ppo/happy_reward.py"
-
-need_story() {
-    need_assets
-    [ -e "$STORIES/config.json" ] || skip "$STORIES not present (../shared/assets)"
-}
-
 # one_line PATTERN: the command run last failed with exit 1, exactly one "tandem:" line, and it matches the glob
 one_line() {
     echo "$output"
