@@ -298,26 +298,15 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         user_error("ppo: give exactly one of --reward DIR, --reward-cmd CMD and --reward-url URL[,URL...]");
     if (p->save_limit < 0) user_error("--save-total-limit %d: must be >= 0", p->save_limit);
     if (p->x.reward_retries < 0) user_error("--reward-retries %d: must be >= 0", p->x.reward_retries);
-    if (o->reward_urls) {
-        char *list = xstrdup(o->reward_urls), *save = NULL;
-        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            if (strncmp(t, "http://", 7) && strncmp(t, "https://", 8)) user_error("--reward-url %s: \"%s\" is not an http(s) URL", o->reward_urls, t);
-            p->x.urls = xrealloc(p->x.urls, sizeof(char *) * (p->x.n_urls + 1));
-            p->x.urls[p->x.n_urls++] = xstrdup(t);
-        }
-        free(list);
-        if (!p->x.n_urls) user_error("--reward-url: no URL given");
-    }
-    p->x.adv_kind = !strcmp(o->adv_name, "gae") ? ADV_GAE : !strcmp(o->adv_name, "grpo") ? ADV_GRPO : !strcmp(o->adv_name, "rloo") ? ADV_RLOO : (AdvantageKind)-1;
-    if ((int)p->x.adv_kind < 0) user_error("--advantage %s: expected gae, grpo or rloo", o->adv_name);
+    if (o->reward_urls) p->x.n_urls = reward_http_parse_urls(o->reward_urls, &p->x.urls);
+    p->x.adv_kind = advantage_kind_parse("--advantage", o->adv_name);
     if (p->x.adv_kind == ADV_GAE && !R[R_CRITIC].dir) user_error("--advantage gae needs --critic (or use grpo / rloo)");
     if (p->x.adv_kind != ADV_GAE && R[R_CRITIC].dir) user_error("--critic: --advantage %s uses no critic", o->adv_name);
     if (p->x.adv_kind == ADV_RLOO && p->x.G < 2) user_error("--advantage rloo needs --n-samples-per-prompt >= 2");
     /* a group of one sample is its own mean: advantage 0 for every token, so nothing would be trained */
     if (p->x.adv_kind == ADV_GRPO && p->x.G < 2)
         user_error("--advantage grpo needs --n-samples-per-prompt >= 2 (a group of 1 has advantage 0: nothing would be trained)");
-    p->x.kl_est = !strcmp(o->kl_est, "k1") ? KL_K1 : !strcmp(o->kl_est, "k2") ? KL_K2 : !strcmp(o->kl_est, "k3") ? KL_K3 : (KlEstimator)-1;
-    if ((int)p->x.kl_est < 0) user_error("--kl-estimator %s: expected k1, k2 or k3", o->kl_est);
+    p->x.kl_est = kl_estimator_parse("--kl-estimator", o->kl_est);
     if (!(o->temperature > 0)) user_error("--temperature %g: must be > 0 (the policy is softmax(logits / T))", o->temperature);
     if (p->x.B < 1 || p->x.G < 1 || p->x.max_new < 1 || o->steps < 1 || p->ppo_epochs < 1 || o->threads < 0)
         user_error("ppo: --rollout-batch-size, --n-samples-per-prompt, --max-new-tokens, --steps, --ppo-epochs, --threads must be >= 1");

@@ -4,6 +4,20 @@
 #include <math.h>
 #include <string.h>
 
+KlEstimator kl_estimator_parse(const char *flag, const char *name) {
+    if (!strcmp(name, "k1")) return KL_K1;
+    if (!strcmp(name, "k2")) return KL_K2;
+    if (!strcmp(name, "k3")) return KL_K3;
+    user_error("%s %s: expected k1, k2 or k3", flag, name);
+}
+
+AdvantageKind advantage_kind_parse(const char *flag, const char *name) {
+    if (!strcmp(name, "gae")) return ADV_GAE;
+    if (!strcmp(name, "grpo")) return ADV_GRPO;
+    if (!strcmp(name, "rloo")) return ADV_RLOO;
+    user_error("%s %s: expected gae, grpo or rloo", flag, name);
+}
+
 /* k3 as verl's "low_var_kl": kl = clamp(ref - lp, -20, 20), clamp(e^kl - kl - 1, -10, 10). The inner
  * clamp never changes a finite result (past +-20 the value is > 10) but keeps an infinite lp from
  * giving inf - inf. */

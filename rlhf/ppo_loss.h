@@ -15,6 +15,8 @@
 #include "train/grad.h"
 
 typedef enum { KL_K1, KL_K2, KL_K3 } KlEstimator;   /* k1: lp - ref; k2: 0.5 (lp - ref)^2; k3: e^(ref-lp) - (ref-lp) - 1 */
+/* "k1" | "k2" | "k3"; anything else is a user_error naming flag and name */
+KlEstimator kl_estimator_parse(const char *flag, const char *name);
 /* One token's KL estimate of pi (lp) against the reference (ref_lp). k3 is clamped to [-10, 10] as verl,
  * after verl's clamp of ref - lp to [-20, 20] before exp (k3 > 10 beyond it, so it changes no finite
  * result; an infinite lp gives 10, not NaN). */
@@ -47,6 +49,8 @@ void ppo_whiten(double *x, const float *mask, int N);
  *     RLOO: s - mean of the OTHER G - 1 samples = G / (G - 1) (s - mean_g)
  * G == 1: GRPO uses mean 0, std 1 (as verl: s / (1 + eps)); RLOO needs G >= 2 (CHECK). */
 typedef enum { ADV_GAE, ADV_GRPO, ADV_RLOO } AdvantageKind;
+/* "gae" | "grpo" | "rloo"; anything else is a user_error naming flag and name */
+AdvantageKind advantage_kind_parse(const char *flag, const char *name);
 void group_advantages(AdvantageKind kind, const double *score, int S, int G, int std_norm, double eps, double *adv);
 
 /* Statistics a hook accumulates over its calls (sums; the caller divides and reduces over ranks). */

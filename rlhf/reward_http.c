@@ -87,6 +87,19 @@ static int finish(Part *q, double *rewards, char *err, size_t errlen) {
     return reward_http_parse_answer(q->url_shown, q->ans, q->n, rewards + q->first, err, errlen);
 }
 
+int reward_http_parse_urls(const char *list, char ***urls) {
+    char *copy = xstrdup(list), *save = NULL;
+    int n = 0;
+    for (char *t = strtok_r(copy, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (strncmp(t, "http://", 7) && strncmp(t, "https://", 8)) user_error("--reward-url %s: \"%s\" is not an http(s) URL", list, t);
+        *urls = xrealloc(*urls, sizeof(char *) * (n + 1));
+        (*urls)[n++] = xstrdup(t);
+    }
+    free(copy);
+    if (!n) user_error("--reward-url: no URL given");
+    return n;
+}
+
 /* See reward_http.h. */
 int reward_http_parse_answer(const char *url, const char *ans, int n, double *rewards, char *err, size_t errlen) {
     cJSON *o = cJSON_Parse(ans ? ans : "");

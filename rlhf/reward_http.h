@@ -21,5 +21,8 @@ int reward_http_score(const char *const *urls, int n_urls, int n, const char *co
 /* The check of one server's answer: ans (NUL-terminated, NULL for none) must be {"rewards": [n finite
  * numbers within +-REWARD_ABS_MAX]}. 0 with rewards (n), or -1 with the one-line message naming url.
  * reward_http_score's own step, exposed for the fuzz harness (tests/fuzz/libfuzz.sh). */
+/* --reward-url's comma-separated list: each an http(s) URL (user_error naming the flag otherwise);
+ * returns how many, the malloc'd copies in *urls. */
+int reward_http_parse_urls(const char *list, char ***urls);
 int reward_http_parse_answer(const char *url, const char *ans, int n, double *rewards, char *err, size_t errlen);
 #endif
