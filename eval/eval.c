@@ -397,6 +397,34 @@ static int report(const Record *recs, int n, const Result *res, int reference, i
     return failed;
 }
 
+/* Scores this dp replica's records (i % dp == dp_rank; packed up to batch_tokens when dp is 1)
+ * into res and ours (every listed pair's logprob), the greedy check with a reference, then sums
+ * both over dp (each record's result lives on one replica, zeros elsewhere). Returns the seconds
+ * of the scoring. */
+static double score_records(Model *m, Record *recs, int n, int reference, int relative, float tie_gap, int batch_tokens,
+                            Result *res, double *ours, int n_pairs_all) {
+    /* records i with i % dp == dp_rank belong to this dp group */
+    int *own = xmalloc(sizeof(int) * n), n_own = 0;
+    for (int i = 0; i < n; i++) if (i % m->mesh->dp == m->mesh->dp_rank) own[n_own++] = i;
+    double t0 = now_seconds();
+    for (int k = 0; k < n_own;) {
+        /* pack consecutive owned records up to the token budget (records are contiguous in recs
+         * only for dp == 1; pack one at a time otherwise) */
+        int a = own[k], b = a + 1, tokens = recs[a].T;
+        k++;
+        while (m->mesh->dp == 1 && k < n_own && tokens + recs[own[k]].T <= batch_tokens) { tokens += recs[own[k]].T; b++; k++; }
+        score_group(m, recs, a, b, res, reference, ours, relative);
+    }
+    if (reference) greedy_check(m, recs, n, own, n_own, res, tie_gap);
+    double elapsed = now_seconds() - t0;
+    free(own);
+
+    /* gather: each record's result lives on its dp group; sum over dp (others hold zeros) */
+    comm_all_reduce_sum_f64(&m->mesh->dp_comm, (double *)res, (size_t)n * sizeof(Result) / sizeof(double));
+    comm_all_reduce_sum_f64(&m->mesh->dp_comm, ours, (size_t)n_pairs_all);
+    return elapsed;
+}
+
 int eval_main(int argc, char **argv) {
     const char *model_dir = NULL, *ref = NULL, *data = NULL, *write_ref = NULL;
     int tp, pp, threads, batch_tokens, quiet, relative;
@@ -445,34 +473,16 @@ int eval_main(int argc, char **argv) {
         model_print_memory_plan(&m, &plan);
     }
 
-    /* records i with i % dp == dp_rank belong to this dp group */
-    int *own = xmalloc(sizeof(int) * n), n_own = 0;
-    for (int i = 0; i < n; i++) if (i % mesh.dp == mesh.dp_rank) own[n_own++] = i;
     Result *res = xcalloc(n, sizeof(Result));
     int n_pairs_all = 0;
     for (int i = 0; i < n; i++) { recs[i].pair0 = n_pairs_all; n_pairs_all += recs[i].n_top; }
     double *ours = xcalloc(n_pairs_all + 1, sizeof(double)); /* our logprob of every listed pair */
-    double t0 = now_seconds();
-    for (int k = 0; k < n_own;) {
-        /* pack consecutive owned records up to the token budget (records are contiguous in recs
-         * only for dp == 1; pack one at a time otherwise) */
-        int a = own[k], b = a + 1, tokens = recs[a].T;
-        k++;
-        while (mesh.dp == 1 && k < n_own && tokens + recs[own[k]].T <= batch_tokens) { tokens += recs[own[k]].T; b++; k++; }
-        score_group(&m, recs, a, b, res, reference, ours, relative);
-    }
-    if (reference) greedy_check(&m, recs, n, own, n_own, res, tie_gap);
-    double elapsed = now_seconds() - t0;
-
-    /* gather: each record's result lives on its dp group; sum over dp (others hold zeros) */
-    comm_all_reduce_sum_f64(&mesh.dp_comm, (double *)res, (size_t)n * sizeof(Result) / sizeof(double));
-    comm_all_reduce_sum_f64(&mesh.dp_comm, ours, (size_t)n_pairs_all);
+    double elapsed = score_records(&m, recs, n, reference, relative, tie_gap, batch_tokens, res, ours, n_pairs_all);
     if (mesh_is_root(&mesh) && write_ref) write_reference(write_ref, recs, n, ours);
     int failed = mesh_is_root(&mesh) ? report(recs, n, res, reference, quiet, max_diff, &mesh, elapsed) : 0;
     comm_broadcast(&mesh.group, &failed, sizeof(int), 0);
     free(ours);
     free(res);
-    free(own);
     records_free(recs, n);
     model_free(&m);
     mesh_free(&mesh);

@@ -249,6 +249,22 @@ static void report(Run *run, Engine *e) {
 
 /* ---- main ------------------------------------------------------------------------------- */
 
+/* The requests: the tokenizer (optional: input_ids work without one), --stop-token-ids and the EOS
+ * ids (generate/request.h eos_ids_load), every input line, and the output (resume scan). */
+static void run_read(Run *run, RequestDefaults *d, const Model *m, const char *model_dir, const char *in_path,
+                     const char *out_path, const char *stop_ids, int resume) {
+    char err[1024];
+    run->tok = tokenizer_open(model_dir, err, sizeof err);   /* optional: input_ids work without one */
+    if (d->chat_template && run->tok && chat_format_resolve(run->tok, d->chat_template, err, sizeof err) < 0)
+        user_error("--chat-template: %s", err);        /* checked even when no line has "messages" */
+    if (stop_ids) stop_ids_parse_flag(stop_ids, m->cfg.vocab_size, &d->stop_ids, &d->n_stop_ids);
+    int eos[EOS_IDS_CAP], n_eos = eos_ids_load(model_dir, &m->cfg, run->tok, eos);
+    run->n = requests_read(in_path, d, run->tok, &m->cfg, eos, n_eos, &run->reqs);
+    run->gens = xcalloc(run->n, sizeof(Gen));
+    output_init(&run->out, out_path, run->reqs, run->n, mesh_is_root(m->mesh));
+    if (resume) output_resume_scan(&run->out);
+}
+
 int generate_main(int argc, char **argv) {
     const char *model_dir, *in_path, *out_path;
     RequestDefaults d = {0};
@@ -305,16 +321,7 @@ int generate_main(int argc, char **argv) {
     run.leader = mesh.tp_rank == 0 && mesh.pp_rank == 0;
     Model m;
     model_load(&m, model_dir, &mesh);
-    char err[1024];
-    run.tok = tokenizer_open(model_dir, err, sizeof err);   /* optional: input_ids work without one */
-    if (d.chat_template && run.tok && chat_format_resolve(run.tok, d.chat_template, err, sizeof err) < 0)
-        user_error("--chat-template: %s", err);        /* checked even when no line has "messages" */
-    if (stop_ids) stop_ids_parse_flag(stop_ids, m.cfg.vocab_size, &d.stop_ids, &d.n_stop_ids);
-    int eos[EOS_IDS_CAP], n_eos = eos_ids_load(model_dir, &m.cfg, run.tok, eos);
-    run.n = requests_read(in_path, &d, run.tok, &m.cfg, eos, n_eos, &run.reqs);
-    run.gens = xcalloc(run.n, sizeof(Gen));
-    output_init(&run.out, out_path, run.reqs, run.n, mesh_is_root(&mesh));
-    if (resume) output_resume_scan(&run.out);
+    run_read(&run, &d, &m, model_dir, in_path, out_path, stop_ids, resume);
     run.progress = show_progress || isatty(2);
     if (mesh_is_root(&mesh)) {
         fprintf(stderr, "+------------------------+--------------------------------+\n");

@@ -77,6 +77,14 @@ void experience_step_prompts(const ExperienceMaker *x, int step, int *out) {
     free(perm);
 }
 
+void experience_prompt_lines(const ExperienceMaker *x, const int *pidx, char *buf, size_t len) {
+    int n = 0, shown = x->B < 16 ? x->B : 16;
+    buf[0] = 0;
+    for (int i = 0; i < shown && n < (int)len; i++)
+        n += snprintf(buf + n, len - n, "%s%d", i ? ", " : "", x->prompt_line[pidx[i]]);
+    if (shown < x->B && n < (int)len) snprintf(buf + n, len - n, ", ... (%d prompts)", x->B);
+}
+
 /* ---- stops ------------------------------------------------------------------------------------- */
 
 void experience_stops(ExperienceMaker *x, const char *model_dir, const ModelConfig *cfg, const char *stop_json,

@@ -87,6 +87,9 @@ void experience_stops(ExperienceMaker *x, const char *model_dir, const ModelConf
                       const char *stop_ids);
 /* Frees what the maker holds: prompts, tokenizer, stops, the reward program (stopped) and the engine. */
 void experience_maker_free(ExperienceMaker *x);
+/* "L1, L2, ..." the --prompts lines of a step's B prompts pidx (16 at most, then their count), for
+ * error lines. */
+void experience_prompt_lines(const ExperienceMaker *x, const int *pidx, char *buf, size_t len);
 /* The engine's per-token callback for --stop strings (ctx: the ExperienceMaker). */
 int experience_stop_on_token(void *ctx, Seq *q);
 

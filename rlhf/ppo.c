@@ -71,10 +71,7 @@ static _Noreturn void stop_non_finite(const Ppo *p, int ri, int step, const int 
                                       const LearnerStep *r) {
     const ExperienceMaker *x = &p->x;
     char lines[512];
-    int n = 0, shown = x->B < 16 ? x->B : 16;
-    for (int i = 0; i < shown && n < (int)sizeof lines; i++)
-        n += snprintf(lines + n, sizeof lines - n, "%s%d", i ? ", " : "", x->prompt_line[pidx[i]]);
-    if (shown < x->B && n < (int)sizeof lines) snprintf(lines + n, sizeof lines - n, ", ... (%d prompts)", x->B);
+    experience_prompt_lines(x, pidx, lines, sizeof lines);
     user_error("step %d: the %s's update (epoch %d, mini-batch %d): %s is not finite (NaN or inf; lr %g): the update "
                "was not applied and no checkpoint was written after it; the step's prompts: %s lines %s; lower "
                "--%s-lr or check the rewards", step + 1, ROLE_NAMES[ri], epoch + 1, k0 / p->mini + 1, r->non_finite,
@@ -353,31 +350,12 @@ static void setup(Ppo *p, PpoOptions *o) {
     Role *R = rs->role;
     ExperienceMaker *x = &p->x;
     int S = x->B * x->G;
-    R[R_ACTOR].active = 1;
-    R[R_CRITIC].active = R[R_CRITIC].dir != NULL;
-    R[R_REWARD].active = R[R_REWARD].dir != NULL;
-    R[R_REF].active = o->kl_coef > 0 || o->kl_loss_coef > 0;
-    if (R[R_REF].active && !R[R_REF].dir) R[R_REF].dir = R[R_ACTOR].dir;
-    for (int r = 0; r < N_ROLES; r++) {
-        if (R[r].active && !dir_exists(R[r].dir)) user_error("--%s %s: not a directory", ROLE_NAMES[r], R[r].dir);
-        if (!R[r].active && R[r].count > 0) user_error("--%s-ranks %d: this run has no %s", ROLE_NAMES[r], R[r].count, ROLE_NAMES[r]);
-    }
-    roles_check_vocab(rs);
-    rs->world = comm_world();
-    rs->world_rank = rs->world.rank;
-    roles_place(rs, o->colocate);
+    roles_open(rs, o->kl_coef > 0 || o->kl_loss_coef > 0, o->colocate);
     for (int r = 0; r < N_ROLES; r++) {   /* the reference stays the starting weights on resume */
         p->load_dir[r] = R[r].dir;
         if (o->resume && (r == R_ACTOR || r == R_CRITIC) && R[r].active) p->load_dir[r] = path_join(o->resume, ROLE_NAMES[r]);
     }
-    for (int r = 0; r < N_ROLES; r++) {
-        if (!R[r].member) continue;
-        util_set_reporter(R[r].mesh.rank == 0, ROLE_NAMES[r]);   /* a role's model errors name the role */
-        if (r == R_CRITIC) model_load_score(&R[r].m, p->load_dir[r], &R[r].mesh, 42);
-        else model_load(&R[r].m, p->load_dir[r], &R[r].mesh);
-        if (r == R_ACTOR && R[r].m.head != HEAD_LM) user_error("--actor %s: a score-head model; the actor is a causal LM", R[r].dir);
-    }
-    util_set_reporter(rs->group_root, rs->group_name[0] ? rs->group_name : NULL);
+    roles_load(rs, p->load_dir);
     char err[1024];
     x->tok = tokenizer_open(R[R_ACTOR].dir, err, sizeof err);
     if (!x->tok) user_error("%s", err);
@@ -446,21 +424,12 @@ static void setup(Ppo *p, PpoOptions *o) {
 static void teardown(Ppo *p) {
     ExperienceMaker *x = &p->x;
     Role *R = p->roles.role;
-    for (int r = 0; r < N_ROLES; r++) {
-        if (r <= R_CRITIC && R[r].member) learner_free(&p->learner[r]);
-        if (R[r].member) { model_free(&R[r].m); mesh_free(&R[r].mesh); }
-    }
+    for (int r = R_ACTOR; r <= R_CRITIC; r++) if (R[r].member) learner_free(&p->learner[r]);
     experience_maker_free(x);
-    comm_free(&p->roles.world);
+    roles_free(&p->roles);
 }
 
 /* ---- one step ------------------------------------------------------------------------------------ */
-
-static double masked_mean(const double *x, const float *mask, int N) {
-    double s = 0, n = 0;
-    for (int i = 0; i < N; i++) if (mask[i] > 0) { s += x[i]; n += 1; }
-    return n ? s / n : 0.0;
-}
 
 enum { T_GEN, T_REF, T_REWARD, T_VALUES, T_ADV, T_ACTOR, T_CRITIC, T_STEP, N_T };
 static const char *const TIMING_NAMES[N_T] = {"gen", "ref", "reward", "values", "adv", "update_actor", "update_critic", "step"};
@@ -553,23 +522,14 @@ static void log_step(const Ppo *p, MetricsLog *ml, int step, int steps, int prin
     }
     const PpoStats *as = &so->as, *cs = &so->cs;
     double na = as->n_tokens > 0 ? as->n_tokens : 1, nc = cs->n_tokens > 0 ? cs->n_tokens : 1;
-    double vmean = masked_mean(b->ret, b->mask, N), ev = 0;
-    if (R[R_CRITIC].active) {   /* explained variance of the returns by the values */
-        double *d = xmalloc(sizeof(double) * N), *vv = xmalloc(sizeof(double) * N);
-        for (int n = 0; n < N; n++) { d[n] = b->ret[n] - b->values[n]; vv[n] = b->values[n]; }
-        double md = masked_mean(d, b->mask, N), vd = 0, vr = 0;
-        for (int n = 0; n < N; n++)
-            if (b->mask[n] > 0) { vd += (d[n] - md) * (d[n] - md); vr += (b->ret[n] - vmean) * (b->ret[n] - vmean); }
-        ev = vr > 0 ? 1 - vd / vr : 0;
-        vmean = masked_mean(vv, b->mask, N);
-        free(d); free(vv);
-    }
+    double vsum = 0, vn = 0;   /* the critic's values over the actions */
+    for (int n = 0; n < N; n++) if (b->mask[n] > 0) { vsum += b->values[n]; vn += 1; }
     metrics_begin(ml, step + 1);
     metrics_num(ml, "critic/score/mean", so->score_raw / S);
     metrics_num(ml, "critic/rewards/mean", rew_sum / S);
     metrics_num(ml, "critic/advantages/mean", masked_mean(b->adv, b->mask, N));
     metrics_num(ml, "critic/returns/mean", masked_mean(b->ret, b->mask, N));
-    metrics_num(ml, "critic/values/mean", R[R_CRITIC].active ? vmean : 0.0);
+    metrics_num(ml, "critic/values/mean", R[R_CRITIC].active && vn ? vsum / vn : 0.0);
     metrics_num(ml, "actor/pg_loss", as->pg_loss / na);
     metrics_num(ml, "actor/pg_clipfrac", as->pg_clipfrac / na);
     metrics_num(ml, "actor/pg_clipfrac_lower", as->pg_clipfrac_lower / na);
@@ -581,7 +541,7 @@ static void log_step(const Ppo *p, MetricsLog *ml, int step, int steps, int prin
     metrics_num(ml, "actor/grad_norm", so->gn[0]);
     metrics_num(ml, "critic/vf_loss", cs->vf_loss / nc);
     metrics_num(ml, "critic/vf_clipfrac", cs->vf_clipfrac / nc);
-    metrics_num(ml, "critic/vf_explained_var", ev);
+    metrics_num(ml, "critic/vf_explained_var", R[R_CRITIC].active ? explained_variance(b->ret, b->values, b->mask, N) : 0.0);
     metrics_num(ml, "critic/grad_norm", so->gn[1]);
     metrics_num(ml, "response_length/mean", resp_len / S);
     metrics_num(ml, "response_length/clip_ratio", clipped / S);

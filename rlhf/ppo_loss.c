@@ -175,3 +175,18 @@ double loss_ppo_critic(const MicroBatch *mb, int N, const float *out, float *dou
     }
     return loss;
 }
+
+double masked_mean(const double *x, const float *mask, int N) {
+    double s = 0, n = 0;
+    for (int i = 0; i < N; i++) if (mask[i] > 0) { s += x[i]; n += 1; }
+    return n ? s / n : 0.0;
+}
+
+double explained_variance(const double *ret, const float *values, const float *mask, int N) {
+    double sr = 0, sd = 0, n = 0, vd = 0, vr = 0;
+    for (int i = 0; i < N; i++) if (mask[i] > 0) { sr += ret[i]; sd += ret[i] - values[i]; n += 1; }
+    double mr = n ? sr / n : 0.0, md = n ? sd / n : 0.0;
+    for (int i = 0; i < N; i++)
+        if (mask[i] > 0) { double d = ret[i] - values[i]; vd += (d - md) * (d - md); vr += (ret[i] - mr) * (ret[i] - mr); }
+    return vr > 0 ? 1 - vd / vr : 0;
+}

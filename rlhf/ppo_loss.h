@@ -48,6 +48,12 @@ void ppo_whiten(double *x, const float *mask, int N);
  *     GRPO: (s - mean_g) / (std_g + eps), std unbiased (torch.std); std_norm = 0: s - mean_g (Dr. GRPO)
  *     RLOO: s - mean of the OTHER G - 1 samples = G / (G - 1) (s - mean_g)
  * G == 1: GRPO uses mean 0, std 1 (as verl: s / (1 + eps)); RLOO needs G >= 2 (CHECK). */
+/* The metrics' means over the actions: sum of x where mask > 0 / their count (0 when none). */
+double masked_mean(const double *x, const float *mask, int N);
+/* verl's vf_explained_var: 1 - Var(ret - values) / Var(ret) over the actions (population
+ * variances); 0 when Var(ret) is 0. */
+double explained_variance(const double *ret, const float *values, const float *mask, int N);
+
 typedef enum { ADV_GAE, ADV_GRPO, ADV_RLOO } AdvantageKind;
 /* "gae" | "grpo" | "rloo"; anything else is a user_error naming flag and name */
 AdvantageKind advantage_kind_parse(const char *flag, const char *name);

@@ -301,6 +301,29 @@ static void pref_evaluate(void *ctx, TrainActs *a, Data *val, int step, const ch
     metrics_end(ml);
 }
 
+/* The policy (dpo; with its frozen reference on a second mesh over the same ranks) or the reward
+ * model (rm: a score head, new unless the directory has one), from --resume when given. */
+static void load_models(const TrainOptions *o, int dpo, const char *ref_dir, int head_seed, Mesh *mesh, Model *m,
+                        Mesh *ref_mesh, Model *ref) {
+    const char *start = o->resume ? o->resume : o->model_dir;
+    Comm world = comm_world();
+    mesh_init(mesh, &world, o->tp, o->pp);
+    if (dpo) {
+        model_load(m, start, mesh);
+        if (m->head != HEAD_LM) user_error("%s: a score-head model; dpo trains a causal LM", start);
+        mesh_init(ref_mesh, &world, o->tp, o->pp);   /* the reference: same ranks, its own communicators */
+        model_load(ref, ref_dir ? ref_dir : o->model_dir, ref_mesh);
+        if (ref->head != HEAD_LM) user_error("%s: a score-head model; the DPO reference must be a causal LM", ref_dir ? ref_dir : o->model_dir);
+        if (ref->cfg.vocab_size != m->cfg.vocab_size)
+            user_error("--ref %s: vocabulary %d, the policy's is %d", ref_dir, ref->cfg.vocab_size, m->cfg.vocab_size);
+    } else {
+        model_load_score(m, start, mesh, (uint64_t)head_seed);
+        if (o->resume && m->score_seed)   /* a new head would silently restart the reward model */
+            user_error("--resume %s: a causal-LM checkpoint, not a reward model's (no score head)", o->resume);
+    }
+    comm_free(&world);
+}
+
 static int pref_main(int argc, char **argv, int dpo) {
     TrainOptions o = {0};
     const char *ref_dir, *loss_name, *input, *output;
@@ -346,25 +369,9 @@ static int pref_main(int argc, char **argv, int dpo) {
     if (strcmp(loss_name, "sigmoid") && strcmp(loss_name, "ipo")) user_error("--loss %s: expected sigmoid or ipo", loss_name);
     if (!dpo && ref_dir) user_error("rm: --ref is a dpo option");
 
-    const char *start = o.resume ? o.resume : o.model_dir;
     Mesh mesh, ref_mesh;
-    Comm world = comm_world();
-    mesh_init(&mesh, &world, o.tp, o.pp);
     Model m, ref;
-    if (dpo) {
-        model_load(&m, start, &mesh);
-        if (m.head != HEAD_LM) user_error("%s: a score-head model; dpo trains a causal LM", start);
-        mesh_init(&ref_mesh, &world, o.tp, o.pp);   /* the reference: same ranks, its own communicators */
-        model_load(&ref, ref_dir ? ref_dir : o.model_dir, &ref_mesh);
-        if (ref.head != HEAD_LM) user_error("%s: a score-head model; the DPO reference must be a causal LM", ref_dir ? ref_dir : o.model_dir);
-        if (ref.cfg.vocab_size != m.cfg.vocab_size)
-            user_error("--ref %s: vocabulary %d, the policy's is %d", ref_dir, ref.cfg.vocab_size, m.cfg.vocab_size);
-    } else {
-        model_load_score(&m, start, &mesh, (uint64_t)head_seed);
-        if (o.resume && m.score_seed)   /* a new head would silently restart the reward model */
-            user_error("--resume %s: a causal-LM checkpoint, not a reward model's (no score head)", o.resume);
-    }
-    comm_free(&world);
+    load_models(&o, dpo, ref_dir, head_seed, &mesh, &m, &ref_mesh, &ref);
 
     Pref p = {.dpo = dpo, .m = &m, .ref = dpo ? &ref : NULL, .mesh = &mesh};
     p.hook = (PrefHook){.center = center, .type = !strcmp(loss_name, "ipo") ? DPO_IPO : DPO_SIGMOID, .beta = beta,

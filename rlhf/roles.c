@@ -126,6 +126,41 @@ void roles_check_vocab(const Roles *p) {
     }
 }
 
+void roles_open(Roles *rs, int has_ref, const char *colocate) {
+    Role *R = rs->role;
+    R[R_ACTOR].active = 1;
+    R[R_CRITIC].active = R[R_CRITIC].dir != NULL;
+    R[R_REWARD].active = R[R_REWARD].dir != NULL;
+    R[R_REF].active = has_ref;
+    if (R[R_REF].active && !R[R_REF].dir) R[R_REF].dir = R[R_ACTOR].dir;
+    for (int r = 0; r < N_ROLES; r++) {
+        if (R[r].active && !dir_exists(R[r].dir)) user_error("--%s %s: not a directory", ROLE_NAMES[r], R[r].dir);
+        if (!R[r].active && R[r].count > 0) user_error("--%s-ranks %d: this run has no %s", ROLE_NAMES[r], R[r].count, ROLE_NAMES[r]);
+    }
+    roles_check_vocab(rs);
+    rs->world = comm_world();
+    rs->world_rank = rs->world.rank;
+    roles_place(rs, colocate);
+}
+
+void roles_load(Roles *rs, const char *const *load_dir) {
+    Role *R = rs->role;
+    for (int r = 0; r < N_ROLES; r++) {
+        if (!R[r].member) continue;
+        util_set_reporter(R[r].mesh.rank == 0, ROLE_NAMES[r]);   /* a role's model errors name the role */
+        if (r == R_CRITIC) model_load_score(&R[r].m, load_dir[r], &R[r].mesh, 42);
+        else model_load(&R[r].m, load_dir[r], &R[r].mesh);
+        if (r == R_ACTOR && R[r].m.head != HEAD_LM) user_error("--actor %s: a score-head model; the actor is a causal LM", R[r].dir);
+    }
+    util_set_reporter(rs->group_root, rs->group_name[0] ? rs->group_name : NULL);
+}
+
+void roles_free(Roles *rs) {
+    for (int r = 0; r < N_ROLES; r++)
+        if (rs->role[r].member) { model_free(&rs->role[r].m); mesh_free(&rs->role[r].mesh); }
+    comm_free(&rs->world);
+}
+
 /* ---- moving results between roles ------------------------------------------------------------ */
 
 void roles_share_f(const Roles *p, const Role *r, float *x, size_t n) {

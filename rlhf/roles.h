@@ -33,6 +33,15 @@ typedef struct {
     int group_root;            /* this rank is its group's root */
 } Roles;
 
+/* The run's roles: the actor always, critic and reward when given a directory, the reference when
+ * has_ref (default: the actor's directory); checks the directories, the rank counts and the
+ * vocabularies (roles_check_vocab), then places them (roles_place) over the job's world. */
+void roles_open(Roles *rs, int has_ref, const char *colocate);
+/* Each member role's model from load_dir[role] on its mesh (the critic with a score head, a new
+ * one seeded 42 on a causal LM); a role's model errors name the role. */
+void roles_load(Roles *rs, const char *const *load_dir);
+/* This rank's models and meshes, and the world. */
+void roles_free(Roles *rs);
 /* Splits the world into role groups from the counts and --colocate ("all", or sets like
  * "actor,ref:critic,reward") and builds each member role's mesh; prints the placement (world rank
  * 0). rs->role[*].active/count/tp/pp must be set. Collective over the world. */

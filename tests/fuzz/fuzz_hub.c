@@ -1,7 +1,7 @@
 /* fuzz_hub.c — libFuzzer harness: the Hub API's answer for a revision (hub_parse_files,
  * runtime/hub.c: the commit, the file list, which files are wanted, their hashes and sizes).
  * Input: byte 0 chooses the --include globs (none: the default files; "*"; "*.json" and
- * "tokenizer*"; "sub/*"), the rest is the answer.
+ * "tokenizer*"; "sub/" and a star), the rest is the answer.
  * Invariants: the commit is 40 hex digits; at least one file; each name a plain relative path (it
  * becomes a path under the cache), each blob 64 hex (LFS) or 40 hex (git), each size >= 0. */
 #include "tests/fuzz/harness.h"

@@ -14,13 +14,6 @@
 enum { MAX_POS = 64, MAX_NEW = 16 };
 static Tokenizer *tok[2];
 
-static Tokenizer *open_tok(const char *rel) {
-    char err[512], *p = fuzz_asset(rel);
-    Tokenizer *t = tokenizer_open(p, err, sizeof err);
-    if (!t) { fprintf(stderr, "fuzz: %s\n", err); exit(2); }
-    free(p);
-    return t;
-}
 
 static void check_prompt(const int *ids, size_t n, int max_new, int vocab) {
     FUZZ_ASSERT(n >= 1 && n + (size_t)max_new <= MAX_POS);
@@ -28,10 +21,7 @@ static void check_prompt(const int *ids, size_t n, int max_new, int vocab) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
-    if (!tok[0]) {
-        tok[0] = open_tok("models/stories260K-hf/tokenizer.model");
-        tok[1] = open_tok("tokenizers/minimind/tokenizer.json");
-    }
+    fuzz_tokenizers(tok);
     if (n < 1) return 0;
     FUZZ_CATCH_USER_ERROR();
     static const char *templates[] = {NULL, "chatml", "llama2", "llama3"};

@@ -10,6 +10,7 @@
 #ifndef TANDEM_FUZZ_HARNESS_H
 #define TANDEM_FUZZ_HARNESS_H
 #include "runtime/util.h"
+#include "tokenizer/tokenizer.h"
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,6 +63,18 @@ static const char *fuzz_as_file(const uint8_t *data, size_t n) {
 static char *fuzz_asset(const char *rel) {
     const char *dir = getenv("TANDEM_FUZZ_ASSETS");
     return path_join(dir && *dir ? dir : "../shared/assets", rel);
+}
+
+/* The two tokenizer kinds the text harnesses pick from: stories260K's SentencePiece model [0] and
+ * minimind's BPE tokenizer.json [1], opened once. */
+static inline void fuzz_tokenizers(Tokenizer *tok[2]) {
+    static const char *const rel[2] = {"models/stories260K-hf/tokenizer.model", "tokenizers/minimind/tokenizer.json"};
+    for (int i = 0; i < 2 && !tok[i]; i++) {
+        char err[512], *p = fuzz_asset(rel[i]);
+        tok[i] = tokenizer_open(p, err, sizeof err);
+        if (!tok[i]) { fprintf(stderr, "fuzz: %s\n", err); exit(2); }
+        free(p);
+    }
 }
 
 /* data[0..n) NUL-terminated, malloc'd */
