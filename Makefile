@@ -13,7 +13,7 @@ MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 BLAS_DIR   := /usr/lib/x86_64-linux-gnu/openblas-openmp
 BLAS_INC   := /usr/include/x86_64-linux-gnu/openblas-openmp
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
-CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -I. -I$(BLAS_INC) $(MPI_CFLAGS) -fopenmp
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Wpointer-arith -I. -I$(BLAS_INC) $(MPI_CFLAGS) -fopenmp
 CXXFLAGS+= -std=c++17 $(OPT) -Wall -Wextra -I.
 LDLIBS  += $(MPI_LIBS) -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lsentencepiece -lcjson -lpcre2-8 -lutf8proc -lcurl -lcrypto -lm -lstdc++ -fopenmp
 

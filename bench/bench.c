@@ -153,7 +153,7 @@ static double matmul_peak_gflops(int N, int K) {
     double best = 0;
     for (int rep = 0; rep < 6; rep++) {
         double t0 = now_seconds();
-        for (int it = 0; it < 64; it++) cpu_matmul(y, x, w, NULL, N, K, O);
+        for (int it = 0; it < 64; it++) cpu_matmul(y, x, w, NULL, DTYPE_F32, N, K, O);
         double gf = 64 * 2.0 * N * K * O / (now_seconds() - t0) / 1e9;
         if (rep > 0 && gf > best) best = gf;   /* rep 0 warms the caches */
     }
@@ -188,10 +188,11 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
     double copy = copy_bandwidth_gbs();
     /* bytes of weights streamed per decode token: every matrix and norm; an untied embedding table
      * is only looked up (one row), a tied one is read whole as the lm head */
-    double bytes = 4.0 * m->n_params - (m->cfg.tie_embeddings ? 0.0 : 4.0 * m->vocab_local * m->cfg.dim);
-    double peak = matmul_peak_gflops(big, m->cfg.dim), ceiling = peak * 1e9 / (2.0 * bytes / 4.0);
+    double es = (double)dtype_size(m->dtype), n_read = m->n_params - (m->cfg.tie_embeddings ? 0.0 : (double)m->vocab_local * m->cfg.dim);
+    double bytes = es * n_read;
+    double peak = matmul_peak_gflops(big, m->cfg.dim), ceiling = peak * 1e9 / (2.0 * n_read);
     /* and the hardware's: the fp32 FMA peak over the same multiply-adds, whatever the kernel */
-    double fma = fma_peak_gflops(), fma_ceiling = fma * 1e9 / (2.0 * bytes / 4.0);
+    double fma = fma_peak_gflops(), fma_ceiling = fma * 1e9 / (2.0 * n_read);
     double *bw = xmalloc(sizeof(double) * rounds), *d1 = xmalloc(sizeof(double) * rounds);
     double *db = xmalloc(sizeof(double) * rounds), *pf = xmalloc(sizeof(double) * rounds);
     double *ratio = xmalloc(sizeof(double) * rounds), *frac = xmalloc(sizeof(double) * rounds);
@@ -325,6 +326,7 @@ static int bench_prefill(Model *m, const Mesh *mesh, int batch, int seq, int ite
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
     int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score;
+    const char *dtype_name;
     const char *recompute;
     Option opts[] = {
         {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
@@ -339,7 +341,7 @@ int bench_main(int argc, char **argv) {
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
-        MESH_OPTIONS(&tp, &pp, &threads),
+        MESH_OPTIONS(&tp, &pp, &threads, &dtype_name),
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
@@ -358,8 +360,9 @@ int bench_main(int argc, char **argv) {
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
     Model m;
-    if (score) model_load_score(&m, model_dir, &mesh, 1);   /* a directory's own score head is kept */
-    else model_load(&m, model_dir, &mesh);
+    DType dtype = dtype_parse("--dtype", dtype_name);
+    if (score) model_load_score(&m, model_dir, &mesh, 1, dtype);   /* a directory's own score head is kept */
+    else model_load(&m, model_dir, &mesh, dtype);
     int rc;
     if (train) {
         if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");

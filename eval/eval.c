@@ -428,12 +428,13 @@ static double score_records(Model *m, Record *recs, int n, int reference, int re
 int eval_main(int argc, char **argv) {
     const char *model_dir = NULL, *ref = NULL, *data = NULL, *write_ref = NULL;
     int tp, pp, threads, batch_tokens, quiet, relative;
+    const char *dtype_name;
     float max_diff, tie_gap;
     Option opts[] = {
         {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
         {"--reference", OPT_STR, &ref, NULL, "reference jsonl written by eval/hf_reference.py"},
         {"--data", OPT_STR, &data, NULL, "jsonl of {\"input_ids\": [...]} or {\"text\": ...}: loss and perplexity"},
-        MESH_OPTIONS(&tp, &pp, &threads),
+        MESH_OPTIONS(&tp, &pp, &threads, &dtype_name),
         {"--max-logprob-diff", OPT_FLOAT, &max_diff, "1e-4", "fail (exit 1) above this |logprob difference|"},
         {"--relative", OPT_FLAG, &relative, NULL, "measure |diff| / max(1, |reference logprob|) (fp32 rounding is relative)"},
         {"--tie-gap", OPT_FLOAT, &tie_gap, "1e-4", "greedy mismatch with a top-2 gap below this is a tie"},
@@ -454,7 +455,7 @@ int eval_main(int argc, char **argv) {
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
     Model m;
-    model_load(&m, model_dir, &mesh);
+    model_load(&m, model_dir, &mesh, dtype_parse("--dtype", dtype_name));
     int reference = ref != NULL, n;
     const char *path = reference ? ref : data;
     char terr[512];

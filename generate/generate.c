@@ -270,6 +270,7 @@ int generate_main(int argc, char **argv) {
     RequestDefaults d = {0};
     const char *stop = NULL, *stop_ids = NULL;
     int tp, pp, threads, greedy, resume, show_progress, max_batch, max_batch_tokens, block, seed, micro;
+    const char *dtype_name;
     float kv_mib;
     Option opts[] = {
         {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
@@ -301,7 +302,7 @@ int generate_main(int argc, char **argv) {
         {"--max-batch", OPT_INT, &max_batch, "64", "running sequences at most"},
         {"--max-batch-tokens", OPT_INT, &max_batch_tokens, "2048", "tokens a step admits (a longer context runs alone)"},
         {"--micro-batches", OPT_INT, &micro, "0", "pp > 1: pipelined micro-batches per step (0 = pp)"},
-        MESH_OPTIONS(&tp, &pp, &threads),
+        MESH_OPTIONS(&tp, &pp, &threads, &dtype_name),
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
@@ -320,7 +321,7 @@ int generate_main(int argc, char **argv) {
     run.mesh = &mesh;
     run.leader = mesh.tp_rank == 0 && mesh.pp_rank == 0;
     Model m;
-    model_load(&m, model_dir, &mesh);
+    model_load(&m, model_dir, &mesh, dtype_parse("--dtype", dtype_name));
     run_read(&run, &d, &m, model_dir, in_path, out_path, stop_ids, resume);
     run.progress = show_progress || isatty(2);
     if (mesh_is_root(&mesh)) {

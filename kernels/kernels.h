@@ -10,12 +10,44 @@
 #ifndef TANDEM_KERNELS_H
 #define TANDEM_KERNELS_H
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- dtypes ----------------------------------------------------------------------------------
+ * A weight tensor's storage dtype (Model.dtype): F32, or BF16 (the top 16 bits of an fp32: 8-bit
+ * significand, fp32's exponent range). Every kernel computes in fp32; a BF16 weight is read through
+ * its exact upcast (bf16_to_f32 is a shift), so a kernel's BF16 result has the bits of its F32
+ * result on the upcast weights, on every ISA. Activations, gradients, the KV cache and optimizer
+ * state are fp32 buffers; in BF16 mode the matmul inputs are rounded to bf16 values in place
+ * (Backend.round_to) where runtime/forward.c says so. DTYPE_AUTO is a request only (--dtype auto:
+ * the checkpoint's torch_dtype), never a tensor's dtype. */
+typedef enum { DTYPE_AUTO = -1, DTYPE_F32 = 0, DTYPE_BF16 = 1 } DType;
+static inline size_t dtype_size(DType t) { return t == DTYPE_BF16 ? 2 : 4; }
+static inline const char *dtype_name(DType t) { return t == DTYPE_BF16 ? "bf16" : t == DTYPE_F32 ? "fp32" : "auto"; }
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* round to nearest, ties to even (torch's .to(torch.bfloat16)); a NaN stays a NaN */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffff) > 0x7f800000) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+/* element i of a weight of dtype t, as fp32 (exact) */
+static inline float weight_at(const void *w, DType t, size_t i) {
+    return t == DTYPE_BF16 ? bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
 
 /* One output of Backend.matmuls: a weight that reads the shared x (q, k, v; gate, up). */
 typedef struct {
     float *out;          /* (N, n_out) */
-    const float *w;      /* (n_out, n_in) */
-    const float *bias;   /* (n_out) or NULL */
+    const void *w;       /* (n_out, n_in) in the call's weight dtype */
+    const void *bias;    /* (n_out) or NULL, the same dtype */
     int n_out;
 } MatmulOut;
 
@@ -44,14 +76,16 @@ static inline size_t kv_offset(const KVLayout *kv, size_t kvd, int j) {
  * Model code reaches kernels only through a Backend (Model.be), never cpu_* directly, so another
  * backend (kernels/cuda, a later issue) slots in without touching model code. Entries have the
  * cpu_ functions' names without the prefix and the same arguments and contracts (kernels/cpu/cpu.h
- * and kernels/cpu/backward.h); pointers are the backend's memory. Host-side work (sampling, jsonl)
+ * and kernels/cpu/backward.h); pointers are the backend's memory. Entries that read a weight take
+ * its dtype (wt); everything else is fp32. Host-side work (sampling, jsonl)
  * copies its rows out explicitly (to_host). */
 typedef struct Backend {
     const char *name;
     /* forward */
-    void (*matmul)(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out);
-    void (*matmuls)(const float *x, int N, int n_in, const MatmulOut *outs, int n);
-    void (*rmsnorm)(float *out, const float *x, const float *w, int N, int D, float eps);
+    void (*matmul)(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out);
+    void (*matmuls)(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt);
+    void (*rmsnorm)(float *out, const float *x, const void *w, DType wt, int N, int D, float eps);
+    void (*round_to)(float *x, size_t n, DType t);
     void (*rope_table)(float *cs, const int *pos, const float *inv_freq, int N, int Dh);
     void (*rope)(float *x, const float *cs, int N, int n_heads, int Dh);
     void (*kv_store)(float *kc, float *vc, const float *k, const float *v, const KVLayout *kv, const int *pos, int T,
@@ -62,7 +96,7 @@ typedef struct Backend {
     void (*add_to)(float *out, const float *a, const float *b, size_t n);
     void (*copy)(float *dst, const float *src, size_t n);
     void (*gather_rows)(float *out, const float *x, const int *rows, int R, int D);
-    void (*embedding)(float *out, const float *table, const int *ids, int N, int D, int v0, int V_local);
+    void (*embedding)(float *out, const void *table, DType wt, const int *ids, int N, int D, int v0, int V_local);
     void (*mask_cols)(float *x, int N, int V, int from);
     void (*argmax_rows)(int *ids, float *vals, const float *x, int N, int V, int v0);
     void (*row_max)(float *mx, const float *x, int N, int V, float T);
@@ -72,10 +106,10 @@ typedef struct Backend {
     void (*row_entropy_part)(float *s, const float *x, const float *lse, int N, int V, float T);
     void (*sub_at)(float *out, const float *a, const float *b, const int *idx, int n);
     /* backward */
-    void (*matmul_backward)(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w, int N,
-                            int n_in, int n_out);
-    void (*rmsnorm_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int D,
-                             float eps);
+    void (*matmul_backward)(float *dx, float *dw, float *db, const float *dout, const float *x, const void *w, DType wt,
+                            int N, int n_in, int n_out);
+    void (*rmsnorm_backward)(float *dx, float *dw, const float *dout, const float *x, const void *w, DType wt, int N,
+                             int D, float eps);
     void (*rope_backward)(float *dx, const float *cs, int N, int n_heads, int Dh);
     void (*attention_backward)(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
                                const float *v, int T, int H, int Hkv, int Dh, int window, float *scratch);

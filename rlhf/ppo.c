@@ -33,7 +33,7 @@ typedef struct { int step; double kl_coef; char placement[512]; } PpoState;
 /* The options that only setup reads (the rest go straight into Ppo). */
 typedef struct {
     const char *stop_ids, *critic_sched_name, *stop_json, *reward_urls, *prompts_path, *out, *resume, *key;
-    const char *chat_template, *colocate, *kl_est, *adv_name, *sched_name;
+    const char *chat_template, *colocate, *kl_est, *adv_name, *sched_name, *dtype_name, *save_dtype_name;
     int bench_alone, steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite;
     int no_whiten, normalize_reward;
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
@@ -285,6 +285,8 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
         {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
         {"--threads", OPT_INT, &o->threads, "0", "CPU threads per rank (0 = the cores available to this rank)"},
+        DTYPE_OPTION(&o->dtype_name),
+        {"--save-dtype", OPT_STR, &o->save_dtype_name, "auto", "saved actor / critic weights: auto (the model's dtype) | bf16 | fp32"},
     };
     *n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
@@ -355,7 +357,7 @@ static void setup(Ppo *p, PpoOptions *o) {
         p->load_dir[r] = R[r].dir;
         if (o->resume && (r == R_ACTOR || r == R_CRITIC) && R[r].active) p->load_dir[r] = path_join(o->resume, ROLE_NAMES[r]);
     }
-    roles_load(rs, p->load_dir);
+    roles_load(rs, p->load_dir, dtype_parse("--dtype", o->dtype_name));
     char err[1024];
     x->tok = tokenizer_open(R[R_ACTOR].dir, err, sizeof err);
     if (!x->tok) user_error("%s", err);
@@ -394,6 +396,7 @@ static void setup(Ppo *p, PpoOptions *o) {
         oc.schedule = r == R_ACTOR ? o->sched : o->critic_sched;
         int micro = micro_size(p, &R[r]), n_mb = (p->mini / R[r].mesh.dp + micro - 1) / micro;
         learner_init(&p->learner[r], m, oc, micro * x->max_len, x->max_len, n_mb, 0);
+        p->learner[r].save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);
     }
     if (o->resume) {
         p->kl_coef = o->state.kl_coef;

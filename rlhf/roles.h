@@ -39,7 +39,7 @@ typedef struct {
 void roles_open(Roles *rs, int has_ref, const char *colocate);
 /* Each member role's model from load_dir[role] on its mesh (the critic with a score head, a new
  * one seeded 42 on a causal LM); a role's model errors name the role. */
-void roles_load(Roles *rs, const char *const *load_dir);
+void roles_load(Roles *rs, const char *const *load_dir, DType dtype);
 /* This rank's models and meshes, and the world. */
 void roles_free(Roles *rs);
 /* Splits the world into role groups from the counts and --colocate ("all", or sets like

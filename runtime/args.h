@@ -14,11 +14,15 @@ typedef struct {
     const char *help;
 } Option;
 
-/* The three rows every model-running subcommand shares (int *tp, *pp, *threads). */
-#define MESH_OPTIONS(tp, pp, threads)                                             \
+/* The rows every model-running subcommand shares (int *tp, *pp, *threads; const char **dtype, read
+ * with dtype_parse). */
+#define DTYPE_OPTION(dtype)                                                                             \
+    {"--dtype", OPT_STR, dtype, "auto", "weights: auto (config.json's torch_dtype; float16 loads as bf16) | bf16 | fp32"}
+#define MESH_OPTIONS(tp, pp, threads, dtype)                                      \
     {"--tp", OPT_INT, tp, "1", "tensor-parallel size"},                           \
     {"--pp", OPT_INT, pp, "1", "pipeline-parallel size"},                         \
-    {"--threads", OPT_INT, threads, "0", "CPU threads per rank (0 = the cores available to this rank)"}
+    {"--threads", OPT_INT, threads, "0", "CPU threads per rank (0 = the cores available to this rank)"}, \
+    DTYPE_OPTION(dtype)
 
 /* Parses argv (argv[0] is the subcommand). --help prints usage and exits 0. */
 void args_parse(const char *usage, Option *opts, int n_opts, int argc, char **argv);

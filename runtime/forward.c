@@ -9,7 +9,17 @@
  * and down_proj row-parallel (each rank holds a partial sum of the (N, D) output), so each layer has
  * two tp sums. They are model_tp_sum: the ranks' partials added in rank order, never in the order an
  * all-reduce algorithm picks, so the same tokens give the same bits at every batch size, in
- * generation and in training, at any tp. */
+ * generation and in training, at any tp.
+ *
+ * Precision (m->dtype = BF16; every round_to below is a no-op in F32): the weights are bf16 and
+ * every matmul's input is rounded to bf16 just before the matmul (the norms' outputs xb1, xb2 and
+ * the final xb, the attention output, silu(gate) * up), so each product of a matmul is a product of
+ * two bf16 values, exact in fp32, summed in fp32: the function torch.autocast(bfloat16) computes,
+ * and the one a bf16 GEMM on a GPU computes. Everything else stays fp32: the residual stream (x_in,
+ * x_mid, the embedding's rows), RMSNorm's statistics, q/k/v and RoPE, attention scores, softmax
+ * and the KV cache, the matmuls' outputs and their tp sums, logits, log-softmax, logprobs, values.
+ * Training keeps the rounded values (they are what each matmul read), so its gradients are those
+ * of exactly this function; the rounding's own gradient is the identity (autocast's cast). */
 #include "runtime/model.h"
 #include "runtime/util.h"
 #include <math.h>
@@ -23,7 +33,7 @@ void model_stage_input(const Model *m, const int *tokens, float *x, int N) {
     const Comm *pp = &m->mesh->pp_comm;
     int D = m->cfg.dim;
     if (m->is_first) {
-        m->be->embedding(x, m->w.embed, tokens, N, D, m->vocab_start, m->vocab_local);  /* rows this rank owns */
+        m->be->embedding(x, m->w.embed, m->dtype, tokens, N, D, m->vocab_start, m->vocab_local); /* rows this rank owns */
         model_tp_sum(m, x, (size_t)N * D);                                               /* vocab-parallel lookup */
     } else {
         comm_recv(pp, x, sizeof(float) * N * D, pp->rank - 1);                          /* activations from stage s-1 */
@@ -34,6 +44,7 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerWeights *w = &m->w.layers[l];
+    DType wt = m->dtype;
     int N = b->N, D = c->dim, Dh = c->head_dim, Fl = m->hidden_local;
     int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
     int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
@@ -43,9 +54,10 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
     float *xo = b->xo;   /* (N, D) */
 
     /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
-    be->rmsnorm(a->xb1, a->x_in, w->attn_norm, N, D, c->norm_eps);
+    be->rmsnorm(a->xb1, a->x_in, w->attn_norm, wt, N, D, c->norm_eps);
+    be->round_to(a->xb1, ND, wt);                                                      /* matmul input */
     be->matmuls(a->xb1, N, D, (MatmulOut[]){{a->q, w->wq, w->bq, qd}, {a->k, w->wk, w->bk, kvd}, {a->v, w->wv, w->bv, kvd}},
-                3);                                                                      /* column-parallel */
+                3, wt);                                                                  /* column-parallel */
     be->rope(a->q, b->rope, N, Hl, Dh);
     be->rope(a->k, b->rope, N, Hkvl, Dh);
     /* sequences in parallel (decode: many small ones); a lone sequence parallelises over heads
@@ -68,14 +80,18 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
         be->kv_store(kc, vc, k, v, &paged, b->pos + t0, Tq, Hkvl, Dh);
         be->attention(att, q, kc, vc, &paged, Tq, b->pos[t0], Hl, Hkvl, Dh, window, sc);
     }
-    be->matmul(xo, a->att, w->wo, NULL, N, qd, D);                                     /* row-parallel: partial */
+    be->round_to(a->att, (size_t)N * qd, wt);                                          /* matmul input */
+    be->matmul(xo, a->att, w->wo, NULL, wt, N, qd, D);                                 /* row-parallel: partial */
     model_tp_sum(m, xo, ND);
     be->add_to(a->x_mid, a->x_in, xo, ND);
     /* MLP block: x_out = x_mid + down(silu(gate(xb2)) * up(xb2)) */
-    be->rmsnorm(a->xb2, a->x_mid, w->mlp_norm, N, D, c->norm_eps);
-    be->matmuls(a->xb2, N, D, (MatmulOut[]){{a->gate, w->w_gate, NULL, Fl}, {a->up, w->w_up, NULL, Fl}}, 2); /* column-parallel */
+    be->rmsnorm(a->xb2, a->x_mid, w->mlp_norm, wt, N, D, c->norm_eps);
+    be->round_to(a->xb2, ND, wt);                                                      /* matmul input */
+    be->matmuls(a->xb2, N, D, (MatmulOut[]){{a->gate, w->w_gate, NULL, Fl}, {a->up, w->w_up, NULL, Fl}}, 2,
+                wt);                                                                     /* column-parallel */
     be->swiglu(a->act, a->gate, a->up, (size_t)N * Fl);
-    be->matmul(xo, a->act, w->w_down, NULL, N, Fl, D);                                 /* row-parallel: partial */
+    be->round_to(a->act, (size_t)N * Fl, wt);                                          /* matmul input */
+    be->matmul(xo, a->act, w->w_down, NULL, wt, N, Fl, D);                             /* row-parallel: partial */
     model_tp_sum(m, xo, ND);
     be->add_to(x_out, a->x_mid, xo, ND);
 }
@@ -83,12 +99,13 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
 void model_head(const Model *m, float *out, float *xb, const float *x, int R) {
     const ModelConfig *c = &m->cfg;
     const Backend *be = m->be;
-    be->rmsnorm(xb, x, m->w.final_norm, R, c->dim, c->norm_eps);
+    be->rmsnorm(xb, x, m->w.final_norm, m->dtype, R, c->dim, c->norm_eps);
+    be->round_to(xb, (size_t)R * c->dim, m->dtype);                                    /* matmul input */
     if (m->head == HEAD_SCORE) {
-        be->matmul(out, xb, m->w.score, NULL, R, c->dim, 1);                            /* replicated */
+        be->matmul(out, xb, m->w.score, NULL, m->dtype, R, c->dim, 1);                  /* replicated */
         return;
     }
-    be->matmul(out, xb, m->w.lm_head, NULL, R, c->dim, m->vocab_local);                /* vocab-parallel logits */
+    be->matmul(out, xb, m->w.lm_head, NULL, m->dtype, R, c->dim, m->vocab_local);      /* vocab-parallel logits */
     be->mask_cols(out, R, m->vocab_local, c->vocab_size - m->vocab_start);             /* padded rows -> -inf */
 }
 

@@ -121,7 +121,7 @@ static void spec_block(const Model *m, const ParamSpec *p, int64_t *r0, int64_t 
 }
 
 /* Calls fn for every (spec, local layer) present on this rank, in arena order. */
-typedef void (*SpecFn)(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx);
+typedef void (*SpecFn)(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx);
 static void for_each_param(Model *m, SpecFn fn, void *ctx) {
     for (int i = 0; i < N_SPECS; i++) {
         const ParamSpec *p = &SPECS[i];
@@ -130,23 +130,23 @@ static void for_each_param(Model *m, SpecFn fn, void *ctx) {
         spec_block(m, p, &r0, &nr, &c0, &nc);
         size_t numel = (size_t)nr * (size_t)nc;
         if (p->where != ON_LAYER) {
-            fn(m, p, -1, (float **)((char *)&m->w + p->offset), numel, ctx);
+            fn(m, p, -1, (void **)((char *)&m->w + p->offset), numel, ctx);
             continue;
         }
         for (int l = 0; l < m->n_layers_local; l++)
-            fn(m, p, m->layer_start + l, (float **)((char *)&m->w.layers[l] + p->offset), numel, ctx);
+            fn(m, p, m->layer_start + l, (void **)((char *)&m->w.layers[l] + p->offset), numel, ctx);
     }
 }
 
-static void count_param(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
+static void count_param(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx) {
     (void)layer; (void)slot;
     if (!spec_aliased(m, p)) *(size_t *)ctx += numel;
 }
-static void place_param(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
+static void place_param(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx) {
     (void)layer;
     size_t *off = ctx;
     if (spec_aliased(m, p)) { *slot = m->w.embed; return; }
-    *slot = m->params + *off;
+    *slot = (char *)m->params + *off * dtype_size(m->dtype);
     *off += numel;
 }
 /* Every tensor of the whole model, all stages and all tp shards, by name and full shape, before
@@ -165,7 +165,7 @@ static void check_tensors(const Model *m, const SafeTensors *st) {
             if (!st_find(st, name) && p->offset == MW(lm_head) && !m->cfg.tie_embeddings)
                 user_error("%s: tensor lm_head.weight not found and config.json says tie_word_embeddings is false",
                            st->files[0].path);
-            st_read_block(st, name, rows, cols, 0, 0, 0, cols ? cols : 1, NULL);   /* 0 rows: checks only */
+            st_read_block(st, name, rows, cols, 0, 0, 0, cols ? cols : 1, NULL, DTYPE_F32);   /* 0 rows: checks only */
         }
     }
 }
@@ -183,27 +183,37 @@ static void score_init(float *w, size_t n, float std, uint64_t seed) {
     }
 }
 
-static void load_param(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
+static void load_param(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx) {
     if (spec_aliased(m, p)) return;
-    if (p->when == IF_SCORE && m->score_seed) { score_init(*slot, numel, m->cfg.init_range, m->score_seed); return; }
+    if (p->when == IF_SCORE && m->score_seed) {
+        float *w = xmalloc(sizeof(float) * numel);
+        score_init(w, numel, m->cfg.init_range, m->score_seed);
+        for (size_t i = 0; i < numel; i++) {
+            if (m->dtype == DTYPE_BF16) ((uint16_t *)*slot)[i] = f32_to_bf16(w[i]);
+            else ((float *)*slot)[i] = w[i];
+        }
+        free(w);
+        return;
+    }
     char name[256];
     snprintf(name, sizeof(name), spec_source_name(m, p), layer);
     int64_t r0, nr, c0, nc;
     spec_block(m, p, &r0, &nr, &c0, &nc);
-    st_read_block(ctx, name, dim_size(m, p->rows), p->cols ? dim_size(m, p->cols) : 0, r0, nr, c0, nc, *slot);
+    st_read_block(ctx, name, dim_size(m, p->rows), p->cols ? dim_size(m, p->cols) : 0, r0, nr, c0, nc, *slot,
+                  m->dtype);
     /* A NaN or inf weight (a diverged run's checkpoint, a corrupt file) would give NaN logits and
      * losses later, far from the cause: refuse it here, in the one pass over what this rank loaded.
      * Only this rank reads its block, so it reports (rank_error). */
-    const float *w = *slot;
     for (size_t i = 0; i < (size_t)(nr * nc); i++) {
-        if (isfinite(w[i])) continue;
+        float wi = weight_at(*slot, m->dtype, i);
+        if (isfinite(wi)) continue;
         const SafeTensors *st = ctx;
         char at[64];
         long long r = r0 + (long long)(i / nc), c = c0 + (long long)(i % nc);
         if (p->cols) snprintf(at, sizeof at, "[%lld, %lld]", r, c);
         else snprintf(at, sizeof at, "[%lld]", r);
         rank_error("%s: tensor %s holds a non-finite value (%s%s = %g): refusing to load it (a diverged run's "
-                   "checkpoint? use an earlier one)", st->files[st_find(st, name)->file].path, name, name, at, w[i]);
+                   "checkpoint? use an earlier one)", st->files[st_find(st, name)->file].path, name, name, at, wi);
     }
 }
 
@@ -216,7 +226,7 @@ typedef struct {
     size_t off;
 } ParamWalk;
 
-static void info_param(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
+static void info_param(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx) {
     (void)slot;
     ParamWalk *pw = ctx;
     if (spec_aliased(m, p)) return;
@@ -250,12 +260,12 @@ int model_param_infos(const Model *m, ParamInfo *infos, int max) {
     return pw.n;
 }
 
-static void place_other(Model *m, const ParamSpec *p, int layer, float **slot, size_t numel, void *ctx) {
+static void place_other(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx) {
     ParamWalk *pw = ctx;
     /* the same slot in the other struct: same offset from its base */
     char *base = layer < 0 ? (char *)&m->w : (char *)&m->w.layers[layer - m->layer_start];
     char *obase = layer < 0 ? (char *)pw->w : (char *)&pw->layers[layer - m->layer_start];
-    float **oslot = (float **)(obase + ((char *)slot - base));
+    void **oslot = (void **)(obase + ((char *)slot - base));
     if (spec_aliased(m, p)) { *oslot = pw->w->embed; return; }
     *oslot = pw->arena + pw->off;
     pw->off += numel;
@@ -310,11 +320,24 @@ static void rope_init(Model *m) {
     }
 }
 
-static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_t seed) {
+DType model_dtype_auto(const ModelConfig *c) {
+    const char *t = c->torch_dtype;
+    return !strcmp(t, "bfloat16") || !strcmp(t, "float16") || !strcmp(t, "half") ? DTYPE_BF16 : DTYPE_F32;
+}
+
+DType dtype_parse(const char *flag, const char *value) {
+    if (!strcmp(value, "auto")) return DTYPE_AUTO;
+    if (!strcmp(value, "bf16") || !strcmp(value, "bfloat16")) return DTYPE_BF16;
+    if (!strcmp(value, "fp32") || !strcmp(value, "float32")) return DTYPE_F32;
+    user_error("%s %s: expected auto, bf16 or fp32 (fp16 checkpoints load as bf16 or fp32)", flag, value);
+}
+
+static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_t seed, DType dtype) {
     memset(m, 0, sizeof(*m));
     m->mesh = mesh;
     m->be = backend_default();
     config_load(&m->cfg, dir);
+    m->dtype = dtype == DTYPE_AUTO ? model_dtype_auto(&m->cfg) : dtype;
     if (score && !m->cfg.score_head) {   /* a score head on a causal LM: lm_head unused, nothing tied */
         m->cfg.score_head = 1;
         m->cfg.num_labels = 1;
@@ -344,7 +367,7 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
     size_t n = 0, off = 0;
     for_each_param(m, count_param, &n);
     m->n_params = n;
-    m->params = xmalloc_huge(sizeof(float) * n);
+    m->params = xmalloc_huge(dtype_size(m->dtype) * n);
     for_each_param(m, place_param, &off);
     CHECK(off == n);
     for_each_param(m, load_param, st);
@@ -352,8 +375,10 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
     rope_init(m);
 }
 
-void model_load(Model *m, const char *dir, const Mesh *mesh) { load(m, dir, mesh, 0, 0); }
-void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed) { load(m, dir, mesh, 1, seed); }
+void model_load(Model *m, const char *dir, const Mesh *mesh, DType dtype) { load(m, dir, mesh, 0, 0, dtype); }
+void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed, DType dtype) {
+    load(m, dir, mesh, 1, seed, dtype);
+}
 
 void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq) {
     const ModelConfig *c = &m->cfg;
@@ -408,31 +433,34 @@ void model_print_summary(const Model *m) {
     fprintf(stderr, "| %-20s | %-10s |\n", "head", m->head == HEAD_SCORE ? (m->score_seed ? "score(new)" : "score") : "lm");
     fprintf(stderr, "| %-20s | %10d |\n| %-20s | %10d |\n| %-20s | %10d |\n", "tp", m->mesh->tp, "pp", m->mesh->pp,
             "dp", m->mesh->dp);
-    fprintf(stderr, "| %-20s | %10.2f |\n", "params MiB (rank 0)", m->n_params * 4.0 / (1 << 20));
+    fprintf(stderr, "| %-20s | %-10s |\n", "dtype", dtype_name(m->dtype));
+    fprintf(stderr, "| %-20s | %10.2f |\n", "params MiB (rank 0)", m->n_params * (double)dtype_size(m->dtype) / (1 << 20));
     fprintf(stderr, "| %-20s | %10.2f |\n", "acts MiB (rank 0)", m->s.n_floats * 4.0 / (1 << 20));
     fprintf(stderr, "+----------------------+------------+\n");
 }
 
 MemPlan model_mem_plan(const Model *m) {
-    return (MemPlan){m->n_params * sizeof(float), 0, 0, m->s.n_floats * sizeof(float), 0};
+    return (MemPlan){(double)m->n_params * dtype_size(m->dtype), 0, 0, 0, m->s.n_floats * sizeof(float), 0};
 }
 
 void model_print_memory_plan(const Model *m, const MemPlan *p) {
     const Mesh *mesh = m->mesh;
-    enum { K = 5 };
-    float mine[K] = {(float)p->weights, (float)p->grads, (float)p->moments, (float)p->acts, (float)p->kv};
+    enum { K = 6 };
+    float mine[K] = {(float)p->weights, (float)p->master, (float)p->grads, (float)p->moments, (float)p->acts,
+                     (float)p->kv};
     float *all = xmalloc(sizeof(float) * K * mesh->size);
     comm_all_gather(&mesh->group, mine, all, K);
     if (mesh->rank == 0) {
-        fprintf(stderr, "memory plan (MiB)       weights   grads  moments  activations  kv_cache    total\n");
+        /* each part's dtype in its heading: only the weights change with --dtype */
+        fprintf(stderr, "memory plan (MiB)     weights(%s) master(fp32) grads(fp32) moments(fp32) activations(fp32) "
+                "kv_cache(fp32)     total\n", dtype_name(m->dtype));
         for (int r = 0; r < mesh->size; r++) {
             const float *v = all + K * r;
             double mib[K], tot = 0;
             for (int k = 0; k < K; k++) tot += mib[k] = v[k] / 1048576.0;
-            fprintf(stderr, "  rank %-3d (tp %d pp %d) %8.2f %7.2f %8.2f %12.2f %9.2f %8.2f\n", r, r % mesh->tp,
-                    r / (mesh->tp * mesh->dp), mib[0], mib[1], mib[2], mib[3], mib[4], tot);
+            fprintf(stderr, "  rank %-3d (tp %d pp %d) %13.2f %12.2f %11.2f %13.2f %17.2f %14.2f %9.2f\n", r,
+                    r % mesh->tp, r / (mesh->tp * mesh->dp), mib[0], mib[1], mib[2], mib[3], mib[4], mib[5], tot);
         }
     }
     free(all);
 }
-

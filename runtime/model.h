@@ -16,26 +16,28 @@
 #include "runtime/config.h"
 #include "runtime/mesh.h"
 
+/* Weight pointers are untyped: the model's own are of Model.dtype; the same structs laid over a
+ * gradient or moment arena (model_weights_place) point at fp32. */
 typedef struct {
-    float *attn_norm;  /* (D) */
-    float *wq;         /* (H_local*Dh, D)    column-parallel by query heads */
-    float *bq;         /* (H_local*Dh)       qwen2 / attention_bias, else NULL */
-    float *wk;         /* (Hkv_local*Dh, D)  column-parallel by kv heads (replicated if tp > Hkv) */
-    float *bk;         /* (Hkv_local*Dh) */
-    float *wv;         /* (Hkv_local*Dh, D) */
-    float *bv;         /* (Hkv_local*Dh) */
-    float *wo;         /* (D, H_local*Dh)    row-parallel: partial sums, all-reduced over tp */
-    float *mlp_norm;   /* (D) */
-    float *w_gate;     /* (F_local, D)       column-parallel */
-    float *w_up;       /* (F_local, D)       column-parallel, split separately from gate */
-    float *w_down;     /* (D, F_local)       row-parallel */
+    void *attn_norm;  /* (D) */
+    void *wq;         /* (H_local*Dh, D)    column-parallel by query heads */
+    void *bq;         /* (H_local*Dh)       qwen2 / attention_bias, else NULL */
+    void *wk;         /* (Hkv_local*Dh, D)  column-parallel by kv heads (replicated if tp > Hkv) */
+    void *bk;         /* (Hkv_local*Dh) */
+    void *wv;         /* (Hkv_local*Dh, D) */
+    void *bv;         /* (Hkv_local*Dh) */
+    void *wo;         /* (D, H_local*Dh)    row-parallel: partial sums, all-reduced over tp */
+    void *mlp_norm;   /* (D) */
+    void *w_gate;     /* (F_local, D)       column-parallel */
+    void *w_up;       /* (F_local, D)       column-parallel, split separately from gate */
+    void *w_down;     /* (D, F_local)       row-parallel */
 } LayerWeights;
 
 typedef struct {
-    float *embed;      /* (V_local, D) vocab rows [vocab_start, +V_local); first stage */
-    float *final_norm; /* (D) last stage */
-    float *lm_head;    /* (V_local, D) last stage, LM head; same pointer as embed when tied and pp == 1 */
-    float *score;      /* (1, D) last stage, score head (replicated over tp); NULL for an LM */
+    void *embed;      /* (V_local, D) vocab rows [vocab_start, +V_local); first stage */
+    void *final_norm; /* (D) last stage */
+    void *lm_head;    /* (V_local, D) last stage, LM head; same pointer as embed when tied and pp == 1 */
+    void *score;      /* (1, D) last stage, score head (replicated over tp); NULL for an LM */
     LayerWeights *layers; /* (L_local) this stage's layers */
 } ModelWeights;
 
@@ -101,9 +103,11 @@ typedef struct {
     int vocab_padded, vocab_local, vocab_start;          /* V rounded up to tp; this rank's rows */
     int layer_start, n_layers_local;                     /* this pp stage's layers */
     int is_first, is_last;                               /* pp stage owns embedding / head */
+    DType dtype;          /* the weights' storage dtype (F32 or BF16, never AUTO); matmul inputs are rounded
+                           * to it (runtime/forward.c) */
     ModelWeights w;
-    float *params;        /* the parameter arena */
-    size_t n_params;      /* floats in it */
+    void *params;         /* the parameter arena, n_params elements of dtype */
+    size_t n_params;      /* elements in it */
     float *inv_freq;      /* (Dh/2) RoPE inverse frequencies, scaling applied */
     RunState s;           /* the run state of model_forward / model_score (model_alloc_state); a
                            * generation engine owns its own */
@@ -113,7 +117,7 @@ typedef struct {
  * gradient-norm clipping and saving). */
 typedef struct {
     char name[96];        /* HF name, layer index filled in */
-    size_t offset;        /* floats from the start of the arena (params, grads and moments share it) */
+    size_t offset;        /* elements from the start of the arena (params, grads and moments share it) */
     size_t numel;         /* this rank's shard */
     int decay;            /* AdamW weight decay applies (matrices, not norms or biases) */
     int tp_replicated;    /* identical on every tp rank (norms) */
@@ -129,16 +133,25 @@ typedef struct {
 /* Fills infos (capacity max) in arena order; returns how many. A tied lm_head that aliases the
  * embedding on the same stage is listed once. */
 int model_param_infos(const Model *m, ParamInfo *infos, int max);
-/* Points a ModelWeights at another arena with the parameter layout (gradients, Adam moments). */
+/* Points a ModelWeights at another (fp32) arena with the parameter layout (gradients, Adam moments). */
 void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWeights *layers);
 
-/* Loads this rank's shard from an HF directory. Checks the layout against the config first
- * (tp must divide heads, pp <= layers, ...): a violation is one user_error on rank 0. The head is
- * the directory's: a *ForSequenceClassification directory has the score head, else the LM head. */
-void model_load(Model *m, const char *dir, const Mesh *mesh);
+/* Loads this rank's shard from an HF directory, tensor by tensor, converted to `dtype` as it is
+ * read (DTYPE_AUTO: model_dtype_auto of the directory's config.json). Checks the layout against the
+ * config first (tp must divide heads, pp <= layers, ...): a violation is one user_error on rank 0.
+ * The head is the directory's: a *ForSequenceClassification directory has the score head, else the
+ * LM head. */
+void model_load(Model *m, const char *dir, const Mesh *mesh, DType dtype);
 /* model_load with a score head whatever the directory: a causal-LM directory's lm_head is not read
  * and score.weight starts as normal(0, initializer_range) from `seed` (model.c score_init). */
-void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed);
+void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed, DType dtype);
+/* --dtype auto (transformers' torch_dtype="auto", vLLM's --dtype auto): a config's torch_dtype
+ * "bfloat16" -> BF16; "float16" -> BF16 too (no fp16 kernels: bf16 keeps fp16's 2 bytes and every
+ * fp16 value's range, rounding its 11-bit significand to 8 bits, as vLLM's CPU backend does; pass
+ * --dtype fp32 to keep fp16 weights exactly); "float32", absent or anything else -> F32. */
+DType model_dtype_auto(const ModelConfig *c);
+/* "auto", "bf16" (or "bfloat16"), "fp32" (or "float32"); anything else is a user_error naming flag */
+DType dtype_parse(const char *flag, const char *value);
 /* Sizes a run state (inference activations) for batches of up to max_tokens tokens, max_seq per
  * sequence; run_state_free releases it. model_alloc_state sizes the model's own, m->s. */
 void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq);
@@ -148,7 +161,7 @@ void model_free(Model *m);
 /* Prints the parameter/value table and arena sizes (rank 0). */
 void model_print_summary(const Model *m);
 /* Bytes one rank holds, by kind: what each command prints as its memory plan. */
-typedef struct { double weights, grads, moments, acts, kv; } MemPlan;
+typedef struct { double weights, master, grads, moments, acts, kv; } MemPlan;
 /* The plan of a model's rank before the command's own parts: weights, and the run state's
  * activations when allocated. */
 MemPlan model_mem_plan(const Model *m);

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static size_t dtype_size(StDtype d) { return d == ST_F32 ? 4 : 2; }
+static size_t dtype_size_st(StDtype d) { return d == ST_F32 ? 4 : 2; }
 
 static void add_file(SafeTensors *st, const char *path) {
     int fd = open(path, O_RDONLY);
@@ -68,7 +68,7 @@ static void add_file(SafeTensors *st, const char *path) {
         if (b < 0 || en < b) user_error("%s: tensor %s: bad data_offsets", path, t.name);
         if ((size_t)en > data_size)
             user_error("%s: tensor %s ends past end of file (truncated download?)", path, t.name);
-        if ((uint64_t)(en - b) != numel * dtype_size(t.dtype))
+        if ((uint64_t)(en - b) != numel * dtype_size_st(t.dtype))
             user_error("%s: tensor %s: %llu bytes for %llu elements of its dtype", path, t.name,
                        (unsigned long long)(en - b), (unsigned long long)numel);
         t.data = base + (size_t)b;
@@ -147,8 +147,18 @@ static float load_elem(const StTensor *t, size_t i) {
     }
 }
 
+/* Drops the mapped pages wholly inside [p, p + bytes) from this process's resident set: the file
+ * stays in the page cache, but the mapping no longer counts once its bytes are in the arena, so a
+ * load peaks at about the weights, not weights + file (MAP_PRIVATE and read-only: nothing to write
+ * back; a later read would fault the pages in again). */
+static void release_pages(const uint8_t *p, size_t bytes) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = ((uintptr_t)p + page - 1) / page * page,
+              hi = ((uintptr_t)p + bytes) / page * page;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 void st_read_block(const SafeTensors *st, const char *name, int64_t rows, int64_t cols, int64_t r0,
-                   int64_t nr, int64_t c0, int64_t nc, float *dst) {
+                   int64_t nr, int64_t c0, int64_t nc, void *dst, DType dt) {
     const StTensor *t = st_find(st, name);
     if (!t) user_error("%s: tensor %s not found", st->files[0].path, name);
     const char *file = st->files[t->file].path;
@@ -163,13 +173,18 @@ void st_read_block(const SafeTensors *st, const char *name, int64_t rows, int64_
     }
     int64_t ncols = cols ? cols : 1;
     CHECK(c0 >= 0 && c0 + nc <= ncols && r0 >= 0);
+    size_t es = dtype_size(dt), ss = dtype_size_st(t->dtype);
+    int same = (t->dtype == ST_F32 && dt == DTYPE_F32) || (t->dtype == ST_BF16 && dt == DTYPE_BF16);
     for (int64_t r = 0; r < nr; r++) {
-        float *o = dst + r * nc;
-        if (r0 + r >= rows) { memset(o, 0, sizeof(float) * nc); continue; }
+        char *o = (char *)dst + (size_t)(r * nc) * es;
+        if (r0 + r >= rows) { memset(o, 0, es * nc); continue; }
         size_t base = (size_t)(r0 + r) * ncols + c0;
-        if (t->dtype == ST_F32) memcpy(o, t->data + 4 * base, sizeof(float) * nc);
-        else for (int64_t c = 0; c < nc; c++) o[c] = load_elem(t, base + c);
+        if (same) memcpy(o, t->data + ss * base, es * nc);
+        else if (dt == DTYPE_F32) for (int64_t c = 0; c < nc; c++) ((float *)o)[c] = load_elem(t, base + c);
+        else for (int64_t c = 0; c < nc; c++) ((uint16_t *)o)[c] = f32_to_bf16(load_elem(t, base + c));
     }
+    int64_t r1 = r0 + nr < rows ? r0 + nr : rows;
+    if (nr > 0 && r1 > r0) release_pages(t->data + ss * (size_t)(r0 * ncols), ss * (size_t)((r1 - r0) * ncols));
 }
 
 struct StWriter {
@@ -186,7 +201,7 @@ StWriter *st_writer_open(const char *path, const StWriteTensor *t, int n, StDtyp
     cJSON_AddStringToObject(meta, "format", "pt");
     StWriter *w = xcalloc(1, sizeof(StWriter));
     w->numel = xmalloc(sizeof(size_t) * (n ? n : 1));
-    size_t off = 0, ds = dtype_size(dtype);
+    size_t off = 0, ds = dtype_size_st(dtype);
     for (int i = 0; i < n; i++) {
         cJSON *e = cJSON_AddObjectToObject(h, t[i].name);
         cJSON_AddStringToObject(e, "dtype", dtype == ST_F32 ? "F32" : dtype == ST_BF16 ? "BF16" : "F16");

@@ -1,11 +1,12 @@
 /* safetensors.h — reading (mmap, bounds-checked) and writing safetensors files.
  * Owns: the file format, the sharded index (model.safetensors.index.json), dtype conversion
- * (F32/BF16/F16 -> f32 compute dtype). Does not know model names or sharding rules: callers ask
+ * (F32/BF16/F16 -> the model's F32 or BF16). Does not know model names or sharding rules: callers ask
  * for a 2-D block [r0, r0+nr) x [c0, c0+nc) of a tensor, so each rank touches only its own bytes. */
 #ifndef TANDEM_SAFETENSORS_H
 #define TANDEM_SAFETENSORS_H
 #include <stddef.h>
 #include <stdint.h>
+#include "kernels/kernels.h"   /* DType, bf16 conversions */
 
 typedef enum { ST_F32 = 0, ST_BF16, ST_F16 } StDtype;
 
@@ -38,12 +39,14 @@ SafeTensors *st_open_dir(const char *dir);
 void st_close(SafeTensors *st);
 const StTensor *st_find(const SafeTensors *st, const char *name); /* NULL if absent */
 
-/* Copies block rows [r0, r0+nr) x cols [c0, c0+nc) of tensor `name` into dst (nr, nc) as f32.
+/* Copies block rows [r0, r0+nr) x cols [c0, c0+nc) of tensor `name` into dst (nr, nc) as dtype dt
+ * (F32 exactly, or BF16 rounded to nearest even; BF16 -> BF16 is a copy), then releases the mapped
+ * pages of the rows read (their bytes now live in dst).
  * The tensor must have exactly the shape (rows, cols), or (rows) when cols == 0 (then c0 = 0,
  * nc = 1): a mismatch is a user_error naming the tensor and both shapes. Rows of the block at or
  * beyond `rows` (vocab padding) are zero-filled. */
 void st_read_block(const SafeTensors *st, const char *name, int64_t rows, int64_t cols, int64_t r0,
-                   int64_t nr, int64_t c0, int64_t nc, float *dst);
+                   int64_t nr, int64_t c0, int64_t nc, void *dst, DType dt);
 
 /* Writing. Tensors are f32 in memory; stored as F32 or BF16. */
 typedef struct {

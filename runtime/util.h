@@ -53,9 +53,7 @@ int remove_tree(const char *path);  /* deletes a tree we wrote (links removed, n
 double now_seconds(void);
 double peak_rss_mib(void);          /* peak resident memory of this process */
 
-/* bf16/f16 <-> f32 */
-float bf16_to_f32(uint16_t h);
-uint16_t f32_to_bf16(float f);      /* round to nearest even */
+/* f16 -> f32 (bf16: kernels/kernels.h) */
 float f16_to_f32(uint16_t h);
 
 /* splitmix64 (Steele, Lea, Flood 2014; Vigna's constants): the one PRNG of the project.

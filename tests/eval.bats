@@ -5,10 +5,12 @@ load helpers
 
 FIXTURES="llama_gqa mistral_swa qwen2_bias qwen2_swa llama3_rope llama_linear_rope llama_sharded llama_mqa llama_odd_vocab"
 
+# Every run here is --dtype fp32: the references are fp32 computations (eval/hf_reference.py), and
+# qwen2_bias's config.json says bfloat16, which --dtype auto would run in bf16 (tests/bf16.bats).
 # Tolerance 1e-4 on |logprob| against HF (fp32 both sides): the only differences are summation
 # order in GEMMs and libm vs torch transcendental rounding; measured max is ~1e-5 here.
 hf_parity() { # MODEL REF [extra args]
-    run "$TANDEM" eval --model "$1" --reference "$2" --max-logprob-diff 1e-4 "${@:3}"
+    run "$TANDEM" eval --dtype fp32 --model "$1" --reference "$2" --max-logprob-diff 1e-4 "${@:3}"
     echo "$output"
     [ "$status" -eq 0 ]
     echo "$output" | grep '^{"records"' | grep -q '"greedy_mismatches": 0'
@@ -35,7 +37,7 @@ hf_parity() { # MODEL REF [extra args]
     # the same reference with one logprob set to -99: eval must notice
     sed -E '1s/(\[\[[0-9]+, )(-?[0-9.]+)/\1-99.0/' "$FIX/refs/llama_gqa.jsonl" > "$BATS_TEST_TMPDIR/bad.jsonl"
     run ! cmp -s "$FIX/refs/llama_gqa.jsonl" "$BATS_TEST_TMPDIR/bad.jsonl"
-    run "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/bad.jsonl" --quiet
+    run "$TANDEM" eval --dtype fp32 --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/bad.jsonl" --quiet
     [ "$status" -eq 1 ]
     echo "$output" | grep -q '"pass": false'
     # the 1e-4 limit itself: one logprob moved by 2e-4 fails, by 5e-5 passes (HF vs Tandem differ by
@@ -44,10 +46,10 @@ hf_parity() { # MODEL REF [extra args]
                   (.top_logprobs | map(length > 0) | index(true)) as $i | .top_logprobs[$i][0][1] += $d else . end' \
               "$FIX/refs/llama_gqa.jsonl" > "$BATS_TEST_TMPDIR/s.jsonl"; }
     moved 2e-4
-    run "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/s.jsonl" --quiet
+    run "$TANDEM" eval --dtype fp32 --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/s.jsonl" --quiet
     [ "$status" -eq 1 ]
     moved 5e-5
-    run "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/s.jsonl" --quiet
+    run "$TANDEM" eval --dtype fp32 --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/s.jsonl" --quiet
     echo "$output"
     [ "$status" -eq 0 ]
 }
@@ -56,7 +58,7 @@ hf_parity() { # MODEL REF [extra args]
     # replace the first greedy id of record 1 by the next token id (HF's top-2 gap there is > 1e-3)
     perl -pe 's/"greedy_ids": \[(\d+)/"greedy_ids": [@{[($1 + 1) % 128]}/ if $. == 1' "$FIX/refs/llama_gqa.jsonl" > "$BATS_TEST_TMPDIR/g.jsonl"
     run ! cmp -s "$FIX/refs/llama_gqa.jsonl" "$BATS_TEST_TMPDIR/g.jsonl"
-    run "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/g.jsonl" --quiet
+    run "$TANDEM" eval --dtype fp32 --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/g.jsonl" --quiet
     echo "$output"
     [ "$status" -eq 1 ]
     echo "$output" | grep '^{"records"' | grep -qE '"greedy_mismatches": [1-9]'
@@ -66,14 +68,14 @@ hf_parity() { # MODEL REF [extra args]
 # the tp all-reduce sums differs) and HF greedy exactly.
 layouts_match_1x1() { # FIXTURE
     local ref1="$BATS_TEST_TMPDIR/$1.1x1.jsonl"
-    "$TANDEM" eval --model "$FIX/models/$1" --reference "$FIX/refs/$1.jsonl" --write-reference "$ref1" --quiet
+    "$TANDEM" eval --dtype fp32 --model "$FIX/models/$1" --reference "$FIX/refs/$1.jsonl" --write-reference "$ref1" --quiet
     for l in "2 2 1" "2 1 2" "4 2 2"; do
         set -- $l "$1"
-        run timeout 120 $MPIRUN "$1" "$TANDEM" eval --model "$FIX/models/$4" --reference "$ref1" --tp "$2" --pp "$3" \
+        run timeout 120 $MPIRUN "$1" "$TANDEM" eval --dtype fp32 --model "$FIX/models/$4" --reference "$ref1" --tp "$2" --pp "$3" \
             --max-logprob-diff 1e-5 --quiet
         echo "$4 np=$1 tp=$2 pp=$3: $output"
         [ "$status" -eq 0 ]
-        run timeout 120 $MPIRUN "$1" "$TANDEM" eval --model "$FIX/models/$4" --reference "$FIX/refs/$4.jsonl" --tp "$2" \
+        run timeout 120 $MPIRUN "$1" "$TANDEM" eval --dtype fp32 --model "$FIX/models/$4" --reference "$FIX/refs/$4.jsonl" --tp "$2" \
             --pp "$3" --quiet
         [ "$status" -eq 0 ]
         set -- "$4"
@@ -87,13 +89,13 @@ layouts_match_1x1() { # FIXTURE
 @test "eval: tp=4 (kv-head replication when tp > n_kv_heads, vocab padding) and dp=2 match 1x1" {
     for f in llama_gqa llama_mqa llama_odd_vocab qwen2_bias mistral_swa; do
         ref1="$BATS_TEST_TMPDIR/$f.1x1.jsonl"
-        "$TANDEM" eval --model "$FIX/models/$f" --reference "$FIX/refs/$f.jsonl" --write-reference "$ref1" --quiet
-        run timeout 120 $MPIRUN 4 "$TANDEM" eval --model "$FIX/models/$f" --reference "$ref1" --tp 4 --max-logprob-diff 1e-5 --quiet
+        "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --reference "$FIX/refs/$f.jsonl" --write-reference "$ref1" --quiet
+        run timeout 120 $MPIRUN 4 "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --reference "$ref1" --tp 4 --max-logprob-diff 1e-5 --quiet
         echo "$f tp=4: $output"
         [ "$status" -eq 0 ]
     done
     # dp=2 of tp=2 x pp=2 against the 1x1 run (written above for llama_gqa), as tight as tp=4
-    run timeout 120 $MPIRUN 8 "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/llama_gqa.1x1.jsonl" \
+    run timeout 120 $MPIRUN 8 "$TANDEM" eval --dtype fp32 --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/llama_gqa.1x1.jsonl" \
         --tp 2 --pp 2 --max-logprob-diff 1e-5 --quiet
     echo "$output"
     [ "$status" -eq 0 ]
@@ -102,7 +104,7 @@ layouts_match_1x1() { # FIXTURE
     # set-up (it used to return early and leave the first group waiting forever)
     jq -c 'if input_line_number % 2 == 0 then del(.greedy_ids, .greedy_top_logprobs) else . end' \
         "$FIX/refs/llama_gqa.jsonl" | head -2 > "$BATS_TEST_TMPDIR/half.jsonl"
-    run timeout 60 $MPIRUN 2 "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/half.jsonl" --quiet
+    run timeout 60 $MPIRUN 2 "$TANDEM" eval --dtype fp32 --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/half.jsonl" --quiet
     echo "$output"
     [ "$status" -eq 0 ]
     echo "$output" | grep '^{"records"' | jq -e '.records == 2 and .greedy_tokens > 0 and .dp == 2'
@@ -110,9 +112,9 @@ layouts_match_1x1() { # FIXTURE
 
 @test "eval: more greedy records than run at once (64) wait their turn: same counts as one by one" {
     ref="$FIX/refs/llama_gqa.jsonl"
-    one=$("$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$ref" --quiet | grep '^{"records"')
+    one=$("$TANDEM" eval --dtype fp32 --model "$FIX/models/llama_gqa" --reference "$ref" --quiet | grep '^{"records"')
     for i in $(seq 1 40); do cat "$ref"; done > "$BATS_TEST_TMPDIR/many.jsonl"
-    run "$TANDEM" eval --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/many.jsonl" --quiet
+    run "$TANDEM" eval --dtype fp32 --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/many.jsonl" --quiet
     echo "$output"
     [ "$status" -eq 0 ]
     n=$(wc -l < "$ref")
@@ -125,8 +127,8 @@ layouts_match_1x1() { # FIXTURE
 @test "eval: real stories260K under tp=2 pp=2 matches 1x1 (1e-5 relative)" {
     need_assets
     ref1="$BATS_TEST_TMPDIR/s.jsonl"
-    "$TANDEM" eval --model "$ASSETS/models/stories260K-hf" --reference "$FIX/refs/stories260K.jsonl" --write-reference "$ref1" --quiet
-    run timeout 120 $MPIRUN 4 "$TANDEM" eval --model "$ASSETS/models/stories260K-hf" --reference "$ref1" --tp 2 --pp 2 --max-logprob-diff 1e-5 --relative --quiet
+    "$TANDEM" eval --dtype fp32 --model "$ASSETS/models/stories260K-hf" --reference "$FIX/refs/stories260K.jsonl" --write-reference "$ref1" --quiet
+    run timeout 120 $MPIRUN 4 "$TANDEM" eval --dtype fp32 --model "$ASSETS/models/stories260K-hf" --reference "$ref1" --tp 2 --pp 2 --max-logprob-diff 1e-5 --relative --quiet
     echo "$output"
     [ "$status" -eq 0 ]
 }
@@ -140,9 +142,9 @@ layouts_match_1x1() { # FIXTURE
     cmp "$BATS_TEST_TMPDIR/legacy/model.safetensors" "$BATS_TEST_TMPDIR/v1/model.safetensors"
     # the HF directory's own logprobs (Tandem, 1x1) are the reference; the import must equal them
     ref="$BATS_TEST_TMPDIR/hf.jsonl"
-    "$TANDEM" eval --model "$ASSETS/models/stories260K-hf" --reference "$FIX/refs/stories260K.jsonl" --write-reference "$ref" --quiet
+    "$TANDEM" eval --dtype fp32 --model "$ASSETS/models/stories260K-hf" --reference "$FIX/refs/stories260K.jsonl" --write-reference "$ref" --quiet
     # diff 0: the import holds the very floats of the HF directory (measured 0)
-    run "$TANDEM" eval --model "$BATS_TEST_TMPDIR/legacy" --reference "$ref" --max-logprob-diff 0 --quiet
+    run "$TANDEM" eval --dtype fp32 --model "$BATS_TEST_TMPDIR/legacy" --reference "$ref" --max-logprob-diff 0 --quiet
     echo "$output"
     [ "$status" -eq 0 ]
     # and HF's own reference
@@ -156,7 +158,7 @@ layouts_match_1x1() { # FIXTURE
     [ "$#" -eq 201 ]
     first=$1; shift
     echo "{\"id\":\"golden\",\"input_ids\":[$first],\"top_logprobs\":[[]],\"greedy_ids\":[$(echo "$@" | tr ' ' ',')]}" > "$BATS_TEST_TMPDIR/golden.jsonl"
-    run "$TANDEM" eval --model "$BATS_TEST_TMPDIR/m" --reference "$BATS_TEST_TMPDIR/golden.jsonl" --quiet
+    run "$TANDEM" eval --dtype fp32 --model "$BATS_TEST_TMPDIR/m" --reference "$BATS_TEST_TMPDIR/golden.jsonl" --quiet
     echo "$output"
     [ "$status" -eq 0 ]
     echo "$output" | grep '^{"records"' | grep -q '"greedy_tokens": 200, "greedy_mismatches": 0, "greedy_ties": 0'
@@ -177,7 +179,7 @@ layouts_match_1x1() { # FIXTURE
 
 @test "eval --data: loss and perplexity equal HF's" {
     for f in llama_gqa qwen2_bias; do
-        run "$TANDEM" eval --model "$FIX/models/$f" --data "$FIX/refs/$f.data.jsonl" --quiet
+        run "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --data "$FIX/refs/$f.data.jsonl" --quiet
         [ "$status" -eq 0 ]
         got=$(echo "$output" | grep '^{"records"' | sed -E 's/.*"loss": ([-0-9.e+]+).*/\1/')
         want=$(grep -oE '"loss": [-0-9.e+]+' "$FIX/refs/$f.data.expected.json" | cut -d' ' -f2)
@@ -191,12 +193,12 @@ layouts_match_1x1() { # FIXTURE
     need_assets
     printf '{"text": "Once upon a time, there was a little girl named Lily."}\n{"text": "The cat sat on the mat. It was happy."}\n' > "$BATS_TEST_TMPDIR/t.jsonl"
     "$TANDEM" tokenize --model "$ASSETS/models/stories260K-hf" --jsonl < "$BATS_TEST_TMPDIR/t.jsonl" | jq -c '{input_ids}' > "$BATS_TEST_TMPDIR/i.jsonl"
-    a=$("$TANDEM" eval --model "$ASSETS/models/stories260K-hf" --data "$BATS_TEST_TMPDIR/t.jsonl" --quiet | jq -e '.loss | numbers')
-    b=$("$TANDEM" eval --model "$ASSETS/models/stories260K-hf" --data "$BATS_TEST_TMPDIR/i.jsonl" --quiet | jq -e '.loss | numbers')
+    a=$("$TANDEM" eval --dtype fp32 --model "$ASSETS/models/stories260K-hf" --data "$BATS_TEST_TMPDIR/t.jsonl" --quiet | jq -e '.loss | numbers')
+    b=$("$TANDEM" eval --dtype fp32 --model "$ASSETS/models/stories260K-hf" --data "$BATS_TEST_TMPDIR/i.jsonl" --quiet | jq -e '.loss | numbers')
     echo "text $a ids $b"
     [ -n "$a" ]
     [ "$a" = "$b" ]
     printf '{"txt": "x"}\n' > "$BATS_TEST_TMPDIR/bad.jsonl"
-    run "$TANDEM" eval --model "$ASSETS/models/stories260K-hf" --data "$BATS_TEST_TMPDIR/bad.jsonl"
+    run "$TANDEM" eval --dtype fp32 --model "$ASSETS/models/stories260K-hf" --data "$BATS_TEST_TMPDIR/bad.jsonl"
     [ "$status" -ne 0 ]; [[ "$output" == *'bad.jsonl:1: field "input_ids" missing (or give "text")'* ]]
 }

@@ -116,11 +116,11 @@ same_as_1x1() {
     [ "$status" -ne 0 ]
     grep -q 'magic.bin: not a Tandem optimizer state file' <<<"$output"
 
-    cp "$good" "$d/version.bin"; printf '\x02' | dd of="$d/version.bin" bs=1 seek=8 conv=notrunc 2>/dev/null
+    cp "$good" "$d/version.bin"; printf '\x03' | dd of="$d/version.bin" bs=1 seek=8 conv=notrunc 2>/dev/null
     run "$TO" load "$M/llama_gqa" 1 1 0 "$d/version.bin"
     echo "$output"
     [ "$status" -ne 0 ]
-    grep -q 'format version 2; this build reads version 1' <<<"$output"
+    grep -q 'format version 3; this build reads version 2' <<<"$output"
 
     run "$TO" load "$M/llama_gqa" 1 1 1 "$good"
     echo "$output"

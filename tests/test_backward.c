@@ -170,7 +170,7 @@ static void all_written(const char *name, const float *x, size_t n) {
 typedef struct { int N, n_in, n_out; float *x, *w, *b, *g, *out; } MatmulCtx;
 static double matmul_loss(void *p) {
     MatmulCtx *c = p;
-    cpu_matmul(c->out, c->x, c->w, c->b, c->N, c->n_in, c->n_out);
+    cpu_matmul(c->out, c->x, c->w, c->b, DTYPE_F32, c->N, c->n_in, c->n_out);
     return dot_g(c->out, c->g, (size_t)c->N * c->n_out);
 }
 
@@ -179,15 +179,15 @@ static void matmul_torch(void) {
     size_t nx = (size_t)N * n_in, nw = (size_t)n_out * n_in, no = (size_t)N * n_out;
     float *x = in_f("x", nx), *w = in_f("w", nw), *b = in_f("b", n_out), *g = in_f("dout", no);
     float *out = falloc(no), *dx = falloc(nx), *dw = falloc(nw), *db = falloc(n_out);
-    cpu_matmul(out, x, w, b, N, n_in, n_out);
+    cpu_matmul(out, x, w, b, DTYPE_F32, N, n_in, n_out);
     vs_torch("out", out, no, 1.0);
     fill_nan(dx, nx);
-    cpu_matmul_backward(dx, dw, db, g, x, w, N, n_in, n_out);
+    cpu_matmul_backward(dx, dw, db, g, x, w, DTYPE_F32, N, n_in, n_out);
     vs_torch("dx", dx, nx, 1.0);
     vs_torch("dw", dw, nw, 1.0);
     vs_torch("db", db, n_out, 1.0);
     printf("  second call with dx = db = NULL: dw accumulates to 2x, db untouched\n");
-    cpu_matmul_backward(NULL, dw, NULL, g, x, w, N, n_in, n_out);
+    cpu_matmul_backward(NULL, dw, NULL, g, x, w, DTYPE_F32, N, n_in, n_out);
     vs_torch("dw", dw, nw, 2.0);
     vs_torch("db", db, n_out, 1.0);
     free(x); free(w); free(b); free(g); free(out); free(dx); free(dw); free(db);
@@ -200,7 +200,7 @@ static void matmul_fd(void) {
     c.x = randn(nx, 1.0); c.w = randn(nw, 0.3); c.b = randn(c.n_out, 0.2); c.g = randn(no, 1.0);
     c.out = falloc(no);
     float *dx = falloc(nx), *dw = falloc(nw), *db = falloc(c.n_out);
-    cpu_matmul_backward(dx, dw, db, c.g, c.x, c.w, c.N, c.n_in, c.n_out);
+    cpu_matmul_backward(dx, dw, db, c.g, c.x, c.w, DTYPE_F32, c.N, c.n_in, c.n_out);
     vs_fd("dx", matmul_loss, &c, c.x, nx, dx);
     vs_fd("dw", matmul_loss, &c, c.w, nw, dw);
     vs_fd("db", matmul_loss, &c, c.b, c.n_out, db);
@@ -212,7 +212,7 @@ static void matmul_fd(void) {
 typedef struct { int N, D; float eps, *x, *w, *g, *out; } RmsCtx;
 static double rms_loss(void *p) {
     RmsCtx *c = p;
-    cpu_rmsnorm(c->out, c->x, c->w, c->N, c->D, c->eps);
+    cpu_rmsnorm(c->out, c->x, c->w, DTYPE_F32, c->N, c->D, c->eps);
     return dot_g(c->out, c->g, (size_t)c->N * c->D);
 }
 
@@ -222,13 +222,13 @@ static void rmsnorm_torch(void) {
     size_t n = (size_t)N * D;
     float *x = in_f("x", n), *w = in_f("w", D), *g = in_f("dout", n);
     float *out = falloc(n), *dx = falloc(n), *dw = falloc(D);
-    cpu_rmsnorm(out, x, w, N, D, eps);
+    cpu_rmsnorm(out, x, w, DTYPE_F32, N, D, eps);
     vs_torch("out", out, n, 1.0);
     fill_nan(dx, n);
-    cpu_rmsnorm_backward(dx, dw, g, x, w, N, D, eps);
+    cpu_rmsnorm_backward(dx, dw, g, x, w, DTYPE_F32, N, D, eps);
     vs_torch("dx", dx, n, 1.0);
     vs_torch("dw", dw, D, 1.0);
-    cpu_rmsnorm_backward(dx, dw, g, x, w, N, D, eps);
+    cpu_rmsnorm_backward(dx, dw, g, x, w, DTYPE_F32, N, D, eps);
     printf("  second call: dw accumulates to 2x, dx is rewritten\n");
     vs_torch("dw", dw, D, 2.0);
     vs_torch("dx", dx, n, 1.0);
@@ -242,7 +242,7 @@ static void rmsnorm_fd(void) {
     for (int i = 0; i < c.D; i++) c.w[i] += 1.0f;
     for (int i = 0; i < c.D; i++) c.x[c.D + i] *= 0.02f;   /* a row where eps is ~5% of mean(x^2) */
     float *dx = falloc(n), *dw = falloc(c.D);
-    cpu_rmsnorm_backward(dx, dw, c.g, c.x, c.w, c.N, c.D, c.eps);
+    cpu_rmsnorm_backward(dx, dw, c.g, c.x, c.w, DTYPE_F32, c.N, c.D, c.eps);
     vs_fd("dx", rms_loss, &c, c.x, n, dx);
     vs_fd("dw", rms_loss, &c, c.w, c.D, dw);
     free(c.x); free(c.w); free(c.g); free(c.out); free(dx); free(dw);
@@ -401,7 +401,7 @@ static void emb_forward(EmbCtx *c) {
     size_t n = (size_t)c->N * c->D;
     memset(c->out, 0, n * sizeof(float));
     for (int s = 0; s < c->n_shards; s++) {
-        cpu_embedding(c->part, c->table + (size_t)c->v0[s] * c->D, c->ids, c->N, c->D, c->v0[s], c->v0[s + 1] - c->v0[s]);
+        cpu_embedding(c->part, c->table + (size_t)c->v0[s] * c->D, DTYPE_F32, c->ids, c->N, c->D, c->v0[s], c->v0[s + 1] - c->v0[s]);
         cpu_add(c->out, c->part, n);
     }
 }

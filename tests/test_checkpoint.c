@@ -59,7 +59,7 @@ static int cmd_save(int argc, char **argv) {
     mesh_init(&mesh, &world, tp, pp);
     comm_free(&world);
     Model m;
-    model_load(&m, argv[2], &mesh);
+    model_load(&m, argv[2], &mesh, DTYPE_F32);
     if (fail_last) {
         /* after MPI_Init and the load: only the checkpoint's own writes hit the limit (EFBIG) */
         struct rlimit old, lim;
@@ -69,7 +69,7 @@ static int cmd_save(int argc, char **argv) {
         lim = (struct rlimit){4096, old.rlim_max};  /* the soft limit only: it can be lifted again */
         if (last) CHECK(setrlimit(RLIMIT_FSIZE, &lim) == 0);
         char err[CHECKPOINT_ERR_CAP];
-        int rc = checkpoint_save_model(&m, argv[2], argv[3], 0, err);
+        int rc = checkpoint_save_model(&m, argv[2], argv[3], 0, DTYPE_AUTO, err);
         if (last) CHECK(setrlimit(RLIMIT_FSIZE, &old) == 0);
         if (rc != 0 && mesh.rank == 0) fprintf(stderr, "tandem: %s\n", err);
         if (rc != -1) { fprintf(stderr, "FAIL: the save with a failing writer returned %d\n", rc); return 1; }
@@ -86,7 +86,7 @@ static int cmd_save(int argc, char **argv) {
         comm_barrier(&mesh.group);  /* every rank's line before the second save */
     }
     char err[CHECKPOINT_ERR_CAP];
-    int rc = checkpoint_save_model(&m, argv[2], argv[3], overwrite, err);
+    int rc = checkpoint_save_model(&m, argv[2], argv[3], overwrite, DTYPE_AUTO, err);
     if (rc != 0 && mesh.rank == 0) fprintf(stderr, "tandem: %s\n", err);
     if (rc == 0)
         printf("ok: saved [tp %d/%d pp %d/%d dp %d/%d]\n", mesh.tp_rank, tp, mesh.pp_rank, pp, mesh.dp_rank, mesh.dp);
@@ -108,7 +108,9 @@ static void check_params(const Model *a, const Model *b) {
     for (int i = 0; i < n; i++) {
         EXPECT(strcmp(ia[i].name, ib[i].name) == 0 && ia[i].numel == ib[i].numel, "tensor %d: %s vs %s", i,
                ia[i].name, ib[i].name);
-        EXPECT(memcmp(a->params + ia[i].offset, b->params + ib[i].offset, sizeof(float) * ia[i].numel) == 0,
+        size_t es = dtype_size(a->dtype);
+        EXPECT(a->dtype == b->dtype && memcmp((char *)a->params + es * ia[i].offset, (char *)b->params + es * ib[i].offset,
+                                              es * ia[i].numel) == 0,
                "%s: loaded values differ from the original's", ia[i].name);
     }
     if (g_fail == fail0)
@@ -120,7 +122,7 @@ static void check_params(const Model *a, const Model *b) {
 /* full HF tensor `name` of shape (rows, cols) as f32 (cols 0 = 1-D) */
 static float *read_full(const SafeTensors *st, const char *name, int rows, int cols) {
     float *x = xmalloc(sizeof(float) * (size_t)rows * (cols ? cols : 1));
-    st_read_block(st, name, rows, cols, 0, rows, 0, cols ? cols : 1, x);
+    st_read_block(st, name, rows, cols, 0, rows, 0, cols ? cols : 1, x, DTYPE_F32);
     return x;
 }
 
@@ -211,7 +213,7 @@ static int cmd_save_score(int argc, char **argv) {
     mesh_init(&mesh, &world, tp, pp);
     comm_free(&world);
     Model m;
-    model_load_score(&m, argv[2], &mesh, 7);
+    model_load_score(&m, argv[2], &mesh, 7, DTYPE_F32);
     enum { S = 3 };
     const int len[S] = {5, 9, 7};
     int start[S + 1] = {0}, ids[32], V = m.cfg.vocab_size;
@@ -228,7 +230,7 @@ static int cmd_save_score(int argc, char **argv) {
     for (int i = 0; i < S && m.is_last; i++) last[i] = m.s.logits[start[i + 1] - 1];
     comm_broadcast(&mesh.pp_comm, last, sizeof last, pp - 1);
     char err[CHECKPOINT_ERR_CAP];
-    int rc = checkpoint_save_model(&m, argv[2], argv[3], 1, err);
+    int rc = checkpoint_save_model(&m, argv[2], argv[3], 1, DTYPE_AUTO, err);
     if (rc != 0 && mesh.rank == 0) fprintf(stderr, "tandem: %s\n", err);
     if (mesh.rank == 0 && rc == 0) {
         FILE *f = fopen(argv[4], "w");
@@ -254,8 +256,8 @@ static int cmd_compare(int argc, char **argv) {
     mesh_init(&mesh, &world, 1, 1);
     comm_free(&world);
     Model orig, saved;
-    model_load(&orig, argv[2], &mesh);
-    model_load(&saved, argv[3], &mesh);
+    model_load(&orig, argv[2], &mesh, DTYPE_F32);
+    model_load(&saved, argv[3], &mesh, DTYPE_F32);
     check_params(&orig, &saved);
     check_files(&orig, argv[2], argv[3]);
     for (int i = 4; i < argc; i++) check_same(argv[3], argv[i]);

@@ -34,13 +34,13 @@ int main(void) {
         for (int use_bias = 0; use_bias < 2; use_bias++) {
             cpu_set_threads(1);
             for (int n = 0; n < NMAX; n++)   /* every row alone: the reference */
-                cpu_matmul(ref + (size_t)n * O, x + (size_t)n * K, w, use_bias ? b : NULL, 1, K, O);
+                cpu_matmul(ref + (size_t)n * O, x + (size_t)n * K, w, use_bias ? b : NULL, DTYPE_F32, 1, K, O);
             for (int th = 1; th <= 2; th++) {
                 cpu_set_threads(th);
                 for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
                     int N = batches[bi];
                     for (int off = 0; off + N <= NMAX; off += N > 1 ? N : 17) {
-                        cpu_matmul(out, x + (size_t)off * K, w, use_bias ? b : NULL, N, K, O);
+                        cpu_matmul(out, x + (size_t)off * K, w, use_bias ? b : NULL, DTYPE_F32, N, K, O);
                         if (memcmp(out, ref + (size_t)off * O, sizeof(float) * N * O)) bad++;
                     }
                 }
@@ -155,6 +155,83 @@ int main(void) {
         printf("cpu_argmax: %d rows (ties, NaN, -inf): %s\n", rows, bad ? "DIFFERENT" : "the plain scan's index");
         fail |= bad != 0;
         free(x);
+    }
+    /* BF16 weights: every kernel that reads a weight gives, on bf16 weights, the bits it gives on
+     * their fp32 upcast (bf16 -> fp32 is exact: a 16-bit shift), whatever the batch, offset and
+     * threads; so BF16 mode inherits the fp32 kernels' batch invariance and their bits on every ISA.
+     * cpu_matmul_backward's dx is the same sum in one block of w's rows (n_out <= 512) and a sum of
+     * per-block sgemms above that (checked to 1e-5 relative: summation order only). */
+    {
+        const int bshapes[][2] = {{16, 4}, {33, 7}, {64, 64}, {288, 768}, {47, 130}, {1, 5}, {64, 1100}};
+        int bad = 0, bad_bw = 0;
+        for (size_t si = 0; si < sizeof bshapes / sizeof bshapes[0]; si++) {
+            int K = bshapes[si][0], O = bshapes[si][1], NMAX = 37;
+            float *x = xmalloc(sizeof(float) * NMAX * K), *wf = xmalloc(sizeof(float) * O * K), *bf = xmalloc(sizeof(float) * O);
+            uint16_t *w = xmalloc(2 * (size_t)O * K), *b = xmalloc(2 * (size_t)O);
+            size_t KO = (size_t)NMAX * (K > O ? K : O);   /* ref, out also hold (NMAX, K) rows */
+            float *ref = xmalloc(sizeof(float) * KO), *out = xmalloc(sizeof(float) * KO);
+            for (int i = 0; i < NMAX * K; i++) x[i] = frand(&seed);
+            for (int i = 0; i < O * K; i++) { w[i] = f32_to_bf16(frand(&seed)); wf[i] = bf16_to_f32(w[i]); }
+            for (int i = 0; i < O; i++) { b[i] = f32_to_bf16(frand(&seed)); bf[i] = bf16_to_f32(b[i]); }
+            cpu_set_threads(1);
+            cpu_matmul(ref, x, wf, bf, DTYPE_F32, NMAX, K, O);
+            for (int th = 1; th <= 2; th++) {
+                cpu_set_threads(th);
+                for (int N = 1; N <= NMAX; N += N < 5 ? 1 : 8)
+                    for (int off = 0; off + N <= NMAX; off += N + 3) {
+                        cpu_matmul(out, x + (size_t)off * K, w, b, DTYPE_BF16, N, K, O);
+                        if (memcmp(out, ref + (size_t)off * O, sizeof(float) * N * O)) bad++;
+                    }
+            }
+            /* rmsnorm (weight of K), embedding (a table of O rows of K) */
+            cpu_rmsnorm(ref, x, wf, DTYPE_F32, NMAX, K, 1e-5f);
+            cpu_rmsnorm(out, x, w, DTYPE_BF16, NMAX, K, 1e-5f);
+            if (memcmp(out, ref, sizeof(float) * NMAX * K)) bad++;
+            int ids[5] = {0, O - 1, O / 2, O + 3, -1};
+            cpu_embedding(ref, wf, DTYPE_F32, ids, 5, K, 0, O);
+            cpu_embedding(out, w, DTYPE_BF16, ids, 5, K, 0, O);
+            if (memcmp(out, ref, sizeof(float) * 5 * K)) bad++;
+            /* matmul backward: dx (NMAX, K) from dout (NMAX, O) */
+            float *dx0 = xmalloc(sizeof(float) * NMAX * K), *dx1 = xmalloc(sizeof(float) * NMAX * K);
+            float *dw0 = xcalloc((size_t)O * K, sizeof(float)), *dw1 = xcalloc((size_t)O * K, sizeof(float));
+            float *db0 = xcalloc(O, sizeof(float)), *db1 = xcalloc(O, sizeof(float));
+            for (int i = 0; i < NMAX * O; i++) out[i] = frand(&seed);
+            cpu_matmul_backward(dx0, dw0, db0, out, x, wf, DTYPE_F32, NMAX, K, O);
+            cpu_matmul_backward(dx1, dw1, db1, out, x, w, DTYPE_BF16, NMAX, K, O);
+            if (memcmp(dw0, dw1, sizeof(float) * O * K) || memcmp(db0, db1, sizeof(float) * O)) bad_bw++;
+            for (int i = 0; i < NMAX * K; i++) {
+                float d = fabsf(dx0[i] - dx1[i]), mag = fabsf(dx0[i]) > 1.0f ? fabsf(dx0[i]) : 1.0f;
+                if (O <= 512 ? dx0[i] != dx1[i] : d > 1e-5f * mag * sqrtf((float)O)) { bad_bw++; break; }
+            }
+            free(dx0); free(dx1); free(dw0); free(dw1); free(db0); free(db1);
+            free(x); free(wf); free(bf); free(w); free(b); free(ref); free(out);
+        }
+        printf("bf16 weights: cpu_matmul (batches 1..37 at offsets, 1 and 2 threads, bias), cpu_rmsnorm, "
+               "cpu_embedding: %s; cpu_matmul_backward: %s\n", bad ? "DIFFERENT" : "the fp32 kernels' bits on the upcast",
+               bad_bw ? "DIFFERENT" : "dw, db bit-identical, dx as the fp32 sum");
+        fail |= bad != 0 || bad_bw != 0;
+    }
+    /* cpu_round_to BF16: round to nearest, ties to even (torch's .to(torch.bfloat16)); NaN stays NaN,
+     * inf stays inf, the largest values round to inf as torch's do; F32 leaves the bits alone */
+    {
+        /* a tie to even, a tie to the odd neighbour's even one, above a tie, the largest bf16 (exact),
+         * the tie above it (-> inf), a subnormal (truncated: its low half is below the half-ulp) */
+        float in[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f + 0x1p-20f), 0x1.fep127f, 0x1.ffp127f,
+                      0x1.0p-133f, INFINITY, -0.0f, NAN};
+        float want[] = {1.0f, 1.0f + 0x1p-6f, -(1.0f + 0x1p-7f), 0x1.fep127f, INFINITY, 0x1.0p-133f, INFINITY, -0.0f, NAN};
+        float y[9], z[9];
+        memcpy(y, in, sizeof in);
+        memcpy(z, in, sizeof in);
+        cpu_round_to(y, 9, DTYPE_BF16);
+        cpu_round_to(z, 9, DTYPE_F32);
+        int bad = memcmp(z, in, sizeof in) != 0;
+        for (int i = 0; i < 9; i++)
+            if (!(y[i] == want[i] || (isnan(y[i]) && isnan(want[i]))) || signbit(y[i]) != signbit(want[i])) {
+                bad++;
+                printf("  round_to(%a) = %a, want %a\n", in[i], y[i], want[i]);
+            }
+        printf("cpu_round_to bf16: ties to even, NaN, inf, overflow, subnormal, -0: %s\n", bad ? "WRONG" : "as torch");
+        fail |= bad != 0;
     }
     return fail;
 }

@@ -258,12 +258,12 @@ static void run_init(Run *r, const char *dir, int tp, int pp) {
     Comm world = comm_world();   /* this command's meshes span the job */
     mesh_init(&r->mesh, &world, tp, pp);
     comm_free(&world);
-    model_load(&r->m, dir, &r->mesh);
+    model_load(&r->m, dir, &r->mesh, DTYPE_F32);
     r->n_info = model_param_infos(&r->m, NULL, 0);
     r->infos = xmalloc(sizeof(ParamInfo) * r->n_info);
     model_param_infos(&r->m, r->infos, r->n_info);
     r->p0 = xmalloc(sizeof(float) * r->m.n_params);
-    memcpy(r->p0, r->m.params, sizeof(float) * r->m.n_params);
+    memcpy(r->p0, ((float *)r->m.params), sizeof(float) * r->m.n_params);
     r->grads = NULL;
 }
 static void run_free(Run *r) {
@@ -306,7 +306,7 @@ static void print_checksum(Run *r) {
             if (!in->norm_once) continue;
             for (size_t i = 0; i < in->numel; i++) {
                 if (is_pad_row(m, in, i)) continue;
-                float now = m->params[in->offset + i];
+                float now = ((float *)m->params)[in->offset + i];
                 uint64_t h = mix64(elem_key(m, in, r->p0, i) ^ mix64(f32_bits(now)));
                 for (int c = 0; c < 4; c++) col[c] += (double)((h >> (16 * c)) & 0xffff);
                 col[4] += now != r->p0[in->offset + i];
@@ -324,18 +324,18 @@ static int check_replicas(Run *r) {
     const Model *m = &r->m;
     int fail = 0;
     float *tmp = xmalloc(sizeof(float) * m->n_params);
-    memcpy(tmp, m->params, sizeof(float) * m->n_params);
+    memcpy(tmp, ((float *)m->params), sizeof(float) * m->n_params);
     comm_broadcast(&r->mesh.dp_comm, tmp, sizeof(float) * m->n_params, 0);
-    if (memcmp(tmp, m->params, sizeof(float) * m->n_params) != 0) {
+    if (memcmp(tmp, ((float *)m->params), sizeof(float) * m->n_params) != 0) {
         fprintf(stderr, "FAIL rank %d: params differ from dp rank 0's\n", r->mesh.rank);
         fail = 1;
     }
     for (int t = 0; t < r->n_info; t++) {
         const ParamInfo *in = &r->infos[t];
         if (!in->tp_replicated) continue;
-        memcpy(tmp, m->params + in->offset, sizeof(float) * in->numel);
+        memcpy(tmp, ((float *)m->params) + in->offset, sizeof(float) * in->numel);
         comm_broadcast(&r->mesh.tp_comm, tmp, sizeof(float) * in->numel, 0);
-        if (memcmp(tmp, m->params + in->offset, sizeof(float) * in->numel) != 0) {
+        if (memcmp(tmp, ((float *)m->params) + in->offset, sizeof(float) * in->numel) != 0) {
             fprintf(stderr, "FAIL rank %d: %s differs from tp rank 0's\n", r->mesh.rank, in->name);
             fail = 1;
         }
@@ -349,10 +349,10 @@ static int check_replicas(Run *r) {
         CHECK(in != NULL);
         size_t bytes = sizeof(float) * in->numel;
         if (m->is_first) {
-            comm_send(&r->mesh.pp_comm, m->params + in->offset, bytes, r->mesh.pp - 1);
+            comm_send(&r->mesh.pp_comm, ((float *)m->params) + in->offset, bytes, r->mesh.pp - 1);
         } else {
             comm_recv(&r->mesh.pp_comm, tmp, bytes, 0);
-            if (memcmp(tmp, m->params + in->offset, bytes) != 0) {
+            if (memcmp(tmp, ((float *)m->params) + in->offset, bytes) != 0) {
                 fprintf(stderr, "FAIL rank %d: the tied lm_head copy differs from the first stage's embedding\n",
                         r->mesh.rank);
                 fail = 1;
@@ -392,9 +392,9 @@ static int test_resume(const char *dir, int tp, int pp, int zero, const char *ou
     r.grads = xmalloc(sizeof(float) * optim_grad_floats(o));
     run_steps(&r, o, 0, 4);
     float *straight = xmalloc(sizeof(float) * r.m.n_params);
-    memcpy(straight, r.m.params, sizeof(float) * r.m.n_params);
+    memcpy(straight, ((float *)r.m.params), sizeof(float) * r.m.n_params);
 
-    memcpy(r.m.params, r.p0, sizeof(float) * r.m.n_params);
+    memcpy(((float *)r.m.params), r.p0, sizeof(float) * r.m.n_params);
     optim_free(o);
     o = optim_new(&r.m, &r.mesh, mesh_config(zero));
     run_steps(&r, o, 0, 2);
@@ -406,7 +406,7 @@ static int test_resume(const char *dir, int tp, int pp, int zero, const char *ou
     CHECK(optim_load(o, path) == 0);
     CHECK(o->step == 2);
     run_steps(&r, o, 2, 4);
-    int fail = memcmp(straight, r.m.params, sizeof(float) * r.m.n_params) != 0;
+    int fail = memcmp(straight, ((float *)r.m.params), sizeof(float) * r.m.n_params) != 0;
     if (fail) fprintf(stderr, "FAIL rank %d: params after save/load differ from the straight run\n", r.mesh.rank);
     else printf("ok: optim resume rank %d: bit-identical params after 2 + save/load + 2 steps\n", r.mesh.rank);
     free(straight);

@@ -52,11 +52,11 @@ static void parent_of(const char *path, char *out, size_t cap) {
 
 /* ---- config.json ------------------------------------------------------------------------- */
 
-/* src's config.json with the top-level "torch_dtype" set to "float32" (the dtype of the stored
- * tensors). When the key appears exactly once the text is kept byte for byte apart from that
+/* src's config.json with the top-level "torch_dtype" set to dt ("float32" or "bfloat16": the dtype
+ * of the stored tensors). When the key appears exactly once the text is kept byte for byte apart from that
  * value; otherwise (absent, or nested copies in sub-configs) the JSON is re-printed. NULL if not a
  * JSON object. malloc'd. */
-static char *config_text_float32(const char *text) {
+static char *config_text_dtype(const char *text, const char *dt) {
     cJSON *root = cJSON_Parse(text);
     if (!cJSON_IsObject(root)) { cJSON_Delete(root); return NULL; }
     const char *key = "\"torch_dtype\"";
@@ -69,14 +69,14 @@ static char *config_text_float32(const char *text) {
         while (isspace((unsigned char)*v)) v++;
         const char *end = *v == '"' ? strchr(v + 1, '"') : NULL;
         if (end) {
-            size_t head = (size_t)(v - text), n = head + strlen("\"float32\"") + strlen(end + 1) + 1;
+            size_t head = (size_t)(v - text), n = head + strlen(dt) + 2 + strlen(end + 1) + 1;
             out = xmalloc(n);
-            snprintf(out, n, "%.*s\"float32\"%s", (int)head, text, end + 1);
+            snprintf(out, n, "%.*s\"%s\"%s", (int)head, text, dt, end + 1);
         }
     }
     if (!out) {
         cJSON_DeleteItemFromObjectCaseSensitive(root, "torch_dtype");
-        cJSON_AddStringToObject(root, "torch_dtype", "float32");
+        cJSON_AddStringToObject(root, "torch_dtype", dt);
         out = cJSON_Print(root);
     }
     cJSON_Delete(root);
@@ -86,7 +86,7 @@ static char *config_text_float32(const char *text) {
 /* A score-head model's config.json, as transformers writes a *ForSequenceClassification: the
  * family's architecture, num_labels 1 (id2label / label2id dropped so they cannot disagree), a
  * pad_token_id (score_pad_id: transformers needs one to find each row's last token in a padded
- * batch) and no tied embeddings. text: config_text_float32's output; malloc'd. */
+ * batch) and no tied embeddings. text: config_text_dtype's output; malloc'd. */
 static int is_eos(const ModelConfig *c, int id) {
     for (int i = 0; i < c->n_eos; i++)
         if (c->eos_ids[i] == id) return 1;
@@ -167,7 +167,8 @@ static int copy_file(const char *src_dir, const char *dir, const char *name, con
 }
 
 /* score: the model's config when it has a score head (its config.json says so), else NULL */
-static void prepare(const char *src_dir, const char *out_dir, int overwrite, const ModelConfig *score, Prepare *p) {
+static void prepare(const char *src_dir, const char *out_dir, int overwrite, const ModelConfig *score, DType dt,
+                    Prepare *p) {
     struct stat st;
     if (strlen(out_dir) + 32 >= sizeof p->tmp) {
         prep_fail(p, PREP_USER_ERROR, "%s: path too long", out_dir);
@@ -189,7 +190,7 @@ static void prepare(const char *src_dir, const char *out_dir, int overwrite, con
     }
     char *cfg_path = path_join(src_dir, "config.json");
     char *cfg_text = read_file(cfg_path, NULL);
-    char *cfg_out = cfg_text ? config_text_float32(cfg_text) : NULL;
+    char *cfg_out = cfg_text ? config_text_dtype(cfg_text, dt == DTYPE_BF16 ? "bfloat16" : "float32") : NULL;
     if (!cfg_text) prep_fail(p, PREP_USER_ERROR, "%s: cannot read: %s", cfg_path, strerror(errno));
     else if (!cfg_out) prep_fail(p, PREP_USER_ERROR, "%s: not a JSON object", cfg_path);
     free(cfg_text);
@@ -251,7 +252,7 @@ typedef struct {
 
 /* Every dp-rank-0 rank of the stage calls it (a collective over the tp group). A failed write puts
  * its line in err (cap CHECKPOINT_ERR_CAP; left "" when this rank wrote fine). */
-static void save_stage(const Model *m, const char *tmp, StageList *list, char *err) {
+static void save_stage(const Model *m, DType dt, const char *tmp, StageList *list, char *err) {
     const Mesh *mesh = m->mesh;
     const Comm *tpc = &mesh->tp_comm;
     int tp = mesh->tp, writer = mesh->tp_rank == 0;
@@ -279,7 +280,7 @@ static void save_stage(const Model *m, const char *tmp, StageList *list, char *e
         if (!dir_exists(tmp))
             snprintf(err, CHECKPOINT_ERR_CAP, "%s%s: directory not visible from this rank (the output must be "
                      "on a filesystem every rank sees)", who, tmp);
-        else if (!(w = st_writer_open(path, hdr, nh, ST_F32)))
+        else if (!(w = st_writer_open(path, hdr, nh, dt == DTYPE_BF16 ? ST_BF16 : ST_F32)))
             snprintf(err, CHECKPOINT_ERR_CAP, "%s%s: cannot write: %s", who, path, strerror(errno));
         free(hdr);
     }
@@ -288,7 +289,14 @@ static void save_stage(const Model *m, const char *tmp, StageList *list, char *e
     for (int i = 0; i < n; i++) {
         const ParamInfo *in = &infos[i];
         if (skip_tensor(m, in)) continue;
-        const float *shard = m->params + in->offset;
+        /* the shard as fp32 (a bf16 weight's exact upcast): what the ranks send and place */
+        float *shard_f = NULL;
+        const float *shard = (const float *)m->params + in->offset;
+        if (m->dtype != DTYPE_F32) {
+            shard_f = xmalloc(sizeof(float) * (in->numel ? in->numel : 1));
+            for (size_t k = 0; k < in->numel; k++) shard_f[k] = weight_at(m->params, m->dtype, in->offset + k);
+            shard = shard_f;
+        }
         /* replicas: consecutive tp ranks holding the same copy (all tp for norms); the first of each
          * group stands for it */
         if (!writer) {
@@ -296,6 +304,7 @@ static void save_stage(const Model *m, const char *tmp, StageList *list, char *e
                 comm_send(tpc, in, sizeof(ParamInfo), 0);
                 comm_send(tpc, shard, sizeof(float) * in->numel, 0);
             }
+            free(shard_f);
             continue;
         }
         size_t cols_global = in->cols_global ? (size_t)in->cols_global : 1;
@@ -315,10 +324,11 @@ static void save_stage(const Model *m, const char *tmp, StageList *list, char *e
         if (w && st_writer_put(w, full, numel_global) != 0 && !err[0])
             snprintf(err, CHECKPOINT_ERR_CAP, "%s%s: cannot write: %s", who, path, strerror(errno));
         free(full);
+        free(shard_f);
         size_t need = list->len + strlen(in->name) + 2;
         if (need > names_cap) list->names = xrealloc(list->names, names_cap = 2 * need);
         list->len += (size_t)snprintf(list->names + list->len, names_cap - list->len, "%s\n", in->name);
-        list->bytes += (int64_t)(sizeof(float) * numel_global);
+        list->bytes += (int64_t)(dtype_size(dt) * numel_global);
     }
     free(recv_buf);
     if (w && st_writer_close(w) != 0 && !err[0])
@@ -435,7 +445,8 @@ static int publish(const char *tmp, const char *out, int overwrite, char *err) {
     return 0;
 }
 
-int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_dir, int overwrite, char *err) {
+int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_dir, int overwrite, DType dtype,
+                          char *err) {
     const Mesh *mesh = m->mesh;
     int root = mesh->rank == 0;
     /* "out/" and "out" are the same directory; the temp name must sit beside it, not inside */
@@ -445,7 +456,8 @@ int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_d
     err[0] = 0;
 
     Prepare *p = xcalloc(1, sizeof(Prepare));
-    if (root) prepare(src_dir, out, overwrite, m->head == HEAD_SCORE ? &m->cfg : NULL, p);
+    if (dtype == DTYPE_AUTO) dtype = m->dtype;
+    if (root) prepare(src_dir, out, overwrite, m->head == HEAD_SCORE ? &m->cfg : NULL, dtype, p);
     comm_broadcast(&mesh->group, p, sizeof(Prepare), 0);
     if (p->status == PREP_USER_ERROR) user_error("%s", p->text);
     if (p->status == PREP_IO_ERROR) {
@@ -455,7 +467,7 @@ int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_d
     }
 
     StageList list = {0};
-    if (mesh->dp_rank == 0) save_stage(m, p->tmp, &list, err);
+    if (mesh->dp_rank == 0) save_stage(m, dtype, p->tmp, &list, err);
     if (mesh->dp_rank == 0 && mesh->tp_rank == 0) write_index(m, p->tmp, &list, err);
     free(list.names);
     int failed = comm_first_error(&mesh->group, err, CHECKPOINT_ERR_CAP);   /* also: every writer has finished */

@@ -25,7 +25,9 @@
 
 /* Writes m (every stage, every tp shard) as an HF directory out_dir that transformers'
  * AutoModelForCausalLM loads. Collective: every rank of m->mesh calls it with the same arguments.
- * src_dir is the directory m was loaded from (config.json and tokenizer files are copied from it;
+ * The tensors are stored in dtype (DTYPE_AUTO: the model's own; a bf16 model saved as F32 is its
+ * exact upcast, an fp32 one saved as BF16 is rounded to nearest even) and config.json's torch_dtype
+ * says which. src_dir is the directory m was loaded from (config.json and tokenizer files are copied from it;
  * out_dir may be src_dir itself when overwrite is set).
  * Atomic: rank 0 creates out_dir.tmp.<its pid>, the tp rank 0 of dp rank 0 of each stage writes its
  * stage file there, and rank 0 renames the finished directory to out_dir (atomically swapped with
@@ -39,5 +41,6 @@
  * file and why (the lowest failing rank's, without "tandem: "), printed by nobody; the temp directory
  * is removed and out_dir is left as it was. The caller stops the run (job_error). */
 #define CHECKPOINT_ERR_CAP 4608   /* a PATH_MAX path and its reason */
-int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_dir, int overwrite, char *err);
+int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_dir, int overwrite, DType dtype,
+                          char *err);
 #endif

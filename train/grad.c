@@ -231,6 +231,7 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
     const int *start = a->seq_start;
     float *dx = a->dx, *dxb = a->dxb, *dtmp = a->dtmp;   /* (N, D) */
     int kv_lead = a->kv_comm.rank == 0;                  /* adds the k/v input gradient (see the top) */
+    DType wt = m->dtype;                                 /* the weights' (the forward's); gradients are fp32 */
     float loss = 0.0f;
     comm_wait(&a->send_req);
 
@@ -244,16 +245,16 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         be->to_device(a->dout, a->host_dout, sizeof(float) * N);
         if (m->head == HEAD_SCORE) {
             /* values = xb_final score^T, score replicated: dxb is the same full sum on every rank */
-            be->matmul_backward(dxb, grads->score, NULL, a->dout, a->xb_final, m->w.score, N, D, 1);
+            be->matmul_backward(dxb, grads->score, NULL, a->dout, a->xb_final, m->w.score, wt, N, D, 1);
         } else {
             be->logprob_backward(a->dlogits, a->logits, a->lse, mb->targets, a->dout, ent ? a->ent : NULL,
                                  ent && hook->entropy_coef != 0.0f ? a->dent : NULL, N, Vl, m->vocab_start, hook->temperature);
             /* logits = xb_final lm_head^T, lm_head split by vocab rows: column-parallel, so dxb is a
              * partial sum on each rank ("copy" backward: all-reduce) */
-            be->matmul_backward(dxb, grads->lm_head, NULL, a->dlogits, a->xb_final, m->w.lm_head, N, D, Vl);
+            be->matmul_backward(dxb, grads->lm_head, NULL, a->dlogits, a->xb_final, m->w.lm_head, wt, N, D, Vl);
             tp_copy_backward(m, dxb, ND);
         }
-        be->rmsnorm_backward(dx, grads->final_norm, dxb, a->x_final, m->w.final_norm, N, D, c->norm_eps);
+        be->rmsnorm_backward(dx, grads->final_norm, dxb, a->x_final, m->w.final_norm, wt, N, D, c->norm_eps);
     } else {
         comm_recv(pp, dx, sizeof(float) * ND, pp->rank + 1);                            /* d(x) from stage s+1 */
     }
@@ -270,16 +271,16 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         /* dx enters as d(x_out) and leaves as d(x_in); the residual adds pass it through. */
         /* MLP block: x_out = x_mid + reduce(down(act)); reduce's backward is the identity: d(down's
          * output) is dx on every rank */
-        be->matmul_backward(a->dact, g->w_down, NULL, dx, la->act, w->w_down, N, Fl, D);
+        be->matmul_backward(a->dact, g->w_down, NULL, dx, la->act, w->w_down, wt, N, Fl, D);
         be->swiglu_backward(a->dgate, a->dup, a->dact, la->gate, la->up, (size_t)N * Fl);
-        be->matmul_backward(dxb, g->w_gate, NULL, a->dgate, la->xb2, w->w_gate, N, D, Fl);
-        be->matmul_backward(dtmp, g->w_up, NULL, a->dup, la->xb2, w->w_up, N, D, Fl);
+        be->matmul_backward(dxb, g->w_gate, NULL, a->dgate, la->xb2, w->w_gate, wt, N, D, Fl);
+        be->matmul_backward(dtmp, g->w_up, NULL, a->dup, la->xb2, w->w_up, wt, N, D, Fl);
         be->add_to(dxb, dxb, dtmp, ND);
         tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
-        be->rmsnorm_backward(dtmp, g->mlp_norm, dxb, la->x_mid, w->mlp_norm, N, D, c->norm_eps);
+        be->rmsnorm_backward(dtmp, g->mlp_norm, dxb, la->x_mid, w->mlp_norm, wt, N, D, c->norm_eps);
         be->add_to(dx, dx, dtmp, ND);                                                           /* now d(x_mid) */
         /* attention block: x_mid = x_in + reduce(o_proj(att)) */
-        be->matmul_backward(a->datt, g->wo, NULL, dx, la->att, w->wo, N, qd, D);
+        be->matmul_backward(a->datt, g->wo, NULL, dx, la->att, w->wo, wt, N, qd, D);
 #pragma omp parallel for schedule(dynamic) if (a->n_seqs > 1)   /* sequences in parallel, own scratch */
         for (int i = 0; i < a->n_seqs; i++) {
             size_t t0 = start[i];
@@ -291,13 +292,13 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         be->rope_backward(a->dk, a->rope, N, Hkvl, Dh);
         comm_all_reduce_sum(&a->kv_comm, a->dk, (size_t)N * kvd);                      /* replicated kv head: */
         comm_all_reduce_sum(&a->kv_comm, a->dv, (size_t)N * kvd);                      /* sum the query groups */
-        be->matmul_backward(dxb, g->wq, g->bq, a->dq, la->xb1, w->wq, N, D, qd);
-        be->matmul_backward(kv_lead ? dtmp : NULL, g->wk, g->bk, a->dk, la->xb1, w->wk, N, D, kvd);
+        be->matmul_backward(dxb, g->wq, g->bq, a->dq, la->xb1, w->wq, wt, N, D, qd);
+        be->matmul_backward(kv_lead ? dtmp : NULL, g->wk, g->bk, a->dk, la->xb1, w->wk, wt, N, D, kvd);
         if (kv_lead) be->add_to(dxb, dxb, dtmp, ND);
-        be->matmul_backward(kv_lead ? dtmp : NULL, g->wv, g->bv, a->dv, la->xb1, w->wv, N, D, kvd);
+        be->matmul_backward(kv_lead ? dtmp : NULL, g->wv, g->bv, a->dv, la->xb1, w->wv, wt, N, D, kvd);
         if (kv_lead) be->add_to(dxb, dxb, dtmp, ND);
         tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
-        be->rmsnorm_backward(dtmp, g->attn_norm, dxb, la->x_in, w->attn_norm, N, D, c->norm_eps);
+        be->rmsnorm_backward(dtmp, g->attn_norm, dxb, la->x_in, w->attn_norm, wt, N, D, c->norm_eps);
         be->add_to(dx, dx, dtmp, ND);                                                           /* now d(x_in) */
     }
 

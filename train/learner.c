@@ -13,6 +13,7 @@
 void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_seq, int n_micro, int recompute) {
     memset(L, 0, sizeof *L);
     L->m = m;
+    L->save_dtype = DTYPE_AUTO;
     L->opt = optim_new(m, m->mesh, oc);
     L->n_slots = m->mesh->pp < n_micro ? m->mesh->pp : n_micro;
     L->slots = xcalloc(L->n_slots, sizeof(TrainActs));
@@ -59,12 +60,13 @@ LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHoo
 void learner_mem_plan(const Learner *L, MemPlan *plan) {
     plan->grads = sizeof(float) * (double)optim_grad_floats(L->opt);
     plan->moments = 2.0 * sizeof(float) * L->opt->n_state;
+    plan->master = (double)optim_master_bytes(L->opt);
     for (int i = 0; i < L->n_slots; i++) plan->acts += sizeof(float) * (double)L->slots[i].n_arena;
 }
 
 int learner_save(Learner *L, const char *src_dir, const char *dir, char *err) {
     const Mesh *mesh = L->m->mesh;
-    if (checkpoint_save_model(L->m, src_dir, dir, 1, err)) return -1;
+    if (checkpoint_save_model(L->m, src_dir, dir, 1, L->save_dtype, err)) return -1;
     char path[4200];
     snprintf(path, sizeof path, "%s/optim.rank%d.bin", dir, mesh->rank);
     if (optim_save(L->opt, path)) snprintf(err, CHECKPOINT_ERR_CAP, "%s: cannot write: %s", path, strerror(errno));

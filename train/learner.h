@@ -23,6 +23,7 @@ typedef struct {
     LayerWeights *gl;      /* (L_local) */
     TrainActs *slots;      /* (n_slots) one per micro-batch in flight: min(pp, micro-batches) */
     int n_slots;
+    DType save_dtype;      /* learner_save's weights (DTYPE_AUTO, learner_init's default: the model's) */
 } Learner;
 
 /* What one step gives back, the same on every rank of the mesh. */

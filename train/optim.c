@@ -128,18 +128,23 @@ static void check_config(const OptimConfig *c) {
 
 /* The optimizer state file (optim_save), little-endian, and the head of Optim.state. */
 #define OPTIM_MAGIC "TNDMOPTM"
-#define OPTIM_VERSION 1u
+#define OPTIM_VERSION 2u
 typedef struct {
     char magic[8];                          /* OPTIM_MAGIC */
     uint32_t version;                       /* OPTIM_VERSION */
-    uint32_t zero;                          /* 1: the moments are this dp rank's ZeRO-1 slice */
+    uint16_t zero;                          /* 1: the moments are this dp rank's ZeRO-1 slice */
+    uint16_t dtype;                         /* the weights' DType; BF16: the fp32 master follows v
+                                             * (version 1 had uint32_t zero here: dtype reads 0, F32) */
     int32_t tp, pp, dp;                     /* the mesh that wrote it */
     int32_t tp_rank, pp_rank, dp_rank;      /* the rank that wrote it */
     int64_t step;                           /* optimizer steps taken */
     uint64_t n_params;                      /* floats in the rank's parameter arena */
-    uint64_t n_state;                       /* floats per moment; then m (n_state), v (n_state) */
+    uint64_t n_state;                       /* floats per moment; then m (n_state), v (n_state), [master] */
 } OptimHeader;
 _Static_assert(sizeof(OptimHeader) == 64, "OptimHeader is the 64-byte file header");
+
+/* fp32 sections after the header: m, v, and the master with BF16 weights */
+static int optim_sections(const Optim *o) { return o->dtype == DTYPE_BF16 ? 3 : 2; }
 
 Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
     check_config(&cfg);
@@ -159,9 +164,15 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
         o->slice_lo = 0;
         o->slice_hi = m->n_params;
     }
-    o->state = xcalloc(1, sizeof(OptimHeader) + 2 * sizeof(float) * o->n_state);
+    o->dtype = m->dtype;
+    o->state = xcalloc(1, sizeof(OptimHeader) + optim_sections(o) * sizeof(float) * o->n_state);
     o->m = (float *)((char *)o->state + sizeof(OptimHeader));
     o->v = o->m + o->n_state;
+    if (o->dtype == DTYPE_BF16) {   /* the master starts as the loaded weights (exact upcast) */
+        o->master = o->v + o->n_state;
+        size_t hi = o->slice_hi < m->n_params ? o->slice_hi : m->n_params;
+        for (size_t i = o->slice_lo; i < hi; i++) o->master[i - o->slice_lo] = weight_at(m->params, m->dtype, i);
+    }
 
     int n_info = model_param_infos(m, NULL, 0);
     ParamInfo *infos = xmalloc(sizeof(ParamInfo) * n_info);
@@ -192,8 +203,9 @@ void optim_free(Optim *o) {
 
 size_t optim_grad_floats(const Optim *o) { return o->n_grad; }
 size_t optim_state_bytes(const Optim *o) {
-    return sizeof(float) * o->n_state * (o->cfg.zero ? 3 : 2);
+    return sizeof(float) * o->n_state * (optim_sections(o) + (o->cfg.zero ? 1 : 0));
 }
+size_t optim_master_bytes(const Optim *o) { return o->master ? sizeof(float) * o->n_state : 0; }
 void optim_zero_grad(const Optim *o, float *grads) { memset(grads, 0, sizeof(float) * o->n_grad); }
 double optim_lr(const Optim *o, int step) { return lr_schedule(&o->cfg, step); }
 
@@ -203,6 +215,7 @@ void optim_print_summary(const Optim *o) {
     const char *sched = c->schedule == LR_COSINE ? "cosine" : c->schedule == LR_LINEAR ? "linear" : "constant";
     fprintf(stderr, "+----------------------+------------+\n");
     fprintf(stderr, "| %-20s | %-10s |\n", "optimizer", c->zero ? "AdamW ZeRO1" : "AdamW");
+    fprintf(stderr, "| %-20s | %-10s |\n", "master weights", o->master ? "fp32" : "= weights");
     fprintf(stderr, "| %-20s | %10.3g |\n| %-20s | %10.3g |\n", "lr", c->lr, "min_lr", c->min_lr);
     fprintf(stderr, "| %-20s | %-10s |\n| %-20s | %10d |\n| %-20s | %10d |\n", "schedule", sched, "warmup",
             c->warmup, "total_steps", c->total_steps);
@@ -262,18 +275,24 @@ float optim_step(Optim *o, Model *m, float *grads) {
         size_t lo = rg->lo > o->slice_lo ? rg->lo : o->slice_lo, hi = rg->hi < o->slice_hi ? rg->hi : o->slice_hi;
         if (lo >= hi) continue;
         size_t k = lo - o->slice_lo;
-        adamw_update(m->params + lo, held + k, o->m + k, o->v + k, hi - lo, scale, lr, c->beta1, c->beta2, c->eps,
+        float *p = o->master ? o->master + k : (float *)m->params + lo;
+        adamw_update(p, held + k, o->m + k, o->v + k, hi - lo, scale, lr, c->beta1, c->beta2, c->eps,
                      rg->decay ? c->weight_decay : 0.0, o->step + 1);
+        if (o->master) {   /* the bf16 weights: the updated master, rounded to nearest even */
+            uint16_t *w = (uint16_t *)m->params + lo;
+#pragma omp parallel for schedule(static) if (hi - lo > 65536)
+            for (size_t i = 0; i < hi - lo; i++) w[i] = f32_to_bf16(p[i]);
+        }
     }
 
     /* 5. ZeRO-1: every dp rank gets every slice back (the grads arena is the gather buffer) */
-    if (c->zero) {
-        size_t own = o->slice_lo >= o->n_params ? 0
+    if (c->zero) {   /* in the weights' dtype: bf16 sends half the bytes (n_state is a multiple of 16) */
+        size_t es = dtype_size(m->dtype), own = o->slice_lo >= o->n_params ? 0
                    : (o->slice_hi < o->n_params ? o->slice_hi : o->n_params) - o->slice_lo;
-        memcpy(o->slice, m->params + o->slice_lo, sizeof(float) * own);
-        memset(o->slice + own, 0, sizeof(float) * (o->n_state - own));
-        comm_all_gather(&mesh->dp_comm, o->slice, grads, o->n_state);
-        memcpy(m->params, grads, sizeof(float) * o->n_params);
+        memcpy(o->slice, (char *)m->params + o->slice_lo * es, es * own);
+        memset((char *)o->slice + es * own, 0, es * (o->n_state - own));
+        comm_all_gather(&mesh->dp_comm, o->slice, grads, o->n_state * es / sizeof(float));
+        memcpy(m->params, grads, es * o->n_params);
     }
     o->step++;
     return norm;
@@ -286,7 +305,8 @@ static void header_fill(const Optim *o, OptimHeader *h) {
     memset(h, 0, sizeof(*h));
     memcpy(h->magic, OPTIM_MAGIC, 8);
     h->version = OPTIM_VERSION;
-    h->zero = (uint32_t)o->cfg.zero;
+    h->zero = (uint16_t)o->cfg.zero;
+    h->dtype = (uint16_t)o->dtype;
     h->tp = mesh->tp; h->pp = mesh->pp; h->dp = mesh->dp;
     h->tp_rank = mesh->tp_rank; h->pp_rank = mesh->pp_rank; h->dp_rank = mesh->dp_rank;
     h->step = o->step;
@@ -296,7 +316,7 @@ static void header_fill(const Optim *o, OptimHeader *h) {
 
 int optim_save(Optim *o, const char *path) {
     header_fill(o, (OptimHeader *)o->state);
-    return write_file_atomic(path, o->state, sizeof(OptimHeader) + 2 * sizeof(float) * o->n_state);
+    return write_file_atomic(path, o->state, sizeof(OptimHeader) + optim_sections(o) * sizeof(float) * o->n_state);
 }
 
 int optim_load(Optim *o, const char *path) {
@@ -307,14 +327,14 @@ int optim_load(Optim *o, const char *path) {
     CHECK(size >= 0 && fseek(f, 0, SEEK_SET) == 0);
     OptimHeader h, want;
     header_fill(o, &want);
-    size_t want_bytes = sizeof(OptimHeader) + 2 * sizeof(float) * o->n_state;
+    size_t want_bytes = sizeof(OptimHeader) + optim_sections(o) * sizeof(float) * o->n_state;
     if ((size_t)size < sizeof h || fread(&h, sizeof h, 1, f) != 1)
         rank_error("%s: %ld bytes, shorter than the %zu-byte optimizer state header (an interrupted copy?); "
                    "restore it from the checkpoint, or resume without optimizer state", path, size, sizeof h);
     if (memcmp(h.magic, OPTIM_MAGIC, 8) != 0)
         rank_error("%s: not a Tandem optimizer state file (it does not start with \"" OPTIM_MAGIC "\"); "
                    "pass the optim.rank<N>.bin that optim_save wrote for this rank", path);
-    if (h.version != OPTIM_VERSION)
+    if (h.version != OPTIM_VERSION && h.version != 1)
         rank_error("%s: optimizer state format version %u; this build reads version %u: resume with the build "
                    "that saved it, or resume without optimizer state (moments restart from zero)",
                    path, h.version, OPTIM_VERSION);
@@ -324,14 +344,19 @@ int optim_load(Optim *o, const char *path) {
                    "zero=%u (rank tp %d, dp %d, pp %d): resume with the same --tp, --pp, number of ranks and ZeRO "
                    "setting, and each rank's own file", path, h.tp, h.pp, h.dp, h.zero, h.tp_rank, h.dp_rank,
                    h.pp_rank, want.tp, want.pp, want.dp, want.zero, want.tp_rank, want.dp_rank, want.pp_rank);
+    if (h.dtype != want.dtype)
+        rank_error("%s: saved by a run with %s weights; this run has %s weights: resume with --dtype %s (or "
+                   "--dtype auto, which reads the checkpoint's torch_dtype)", path, dtype_name((DType)h.dtype),
+                   dtype_name(o->dtype), dtype_name((DType)h.dtype));
     if (h.n_params != want.n_params || h.n_state != want.n_state)
         rank_error("%s: state for %llu parameters on this rank (%llu per moment); this model has %llu: "
                    "saved for another model or config.json", path, (unsigned long long)h.n_params,
                    (unsigned long long)h.n_state, (unsigned long long)want.n_params);
     if ((size_t)size != want_bytes)
-        rank_error("%s: %ld bytes, expected %zu (64-byte header + 2 moments x %llu floats): truncated or "
-                   "corrupt; restore it from the checkpoint", path, size, want_bytes, (unsigned long long)h.n_state);
-    if (fread(o->m, sizeof(float), 2 * o->n_state, f) != 2 * o->n_state)
+        rank_error("%s: %ld bytes, expected %zu (64-byte header + %d x %llu floats: moments%s): truncated or "
+                   "corrupt; restore it from the checkpoint", path, size, want_bytes, optim_sections(o),
+                   (unsigned long long)h.n_state, o->master ? " and master" : "");
+    if (fread(o->m, sizeof(float), optim_sections(o) * o->n_state, f) != optim_sections(o) * o->n_state)
         rank_error("%s: read failed: %s", path, strerror(errno));
     fclose(f);
     o->step = (int)h.step;

@@ -5,9 +5,14 @@
  * moments of 1/dp of the flat arena and updates only that slice, then all-gather). Saves and loads
  * this rank's moments and step.
  * Does not own: computing or accumulating gradients (train/grad.c), summing a tied embedding's two
- * copies across pp stages (train_tied_embedding_all_reduce, called before optim_step), mixed
- * precision (params are fp32 and are the master weights), the training loop or its checkpoints of
- * the weights themselves.
+ * copies across pp stages (train_tied_embedding_all_reduce, called before optim_step), the training
+ * loop or its checkpoints of the weights themselves.
+ *
+ * Mixed precision (Megatron's --bf16, FSDP's MixedPrecision): with fp32 weights (Model.dtype F32)
+ * the params are the master weights. With BF16 weights the optimizer keeps an fp32 master copy of
+ * the slice it updates (all of it plain, 1/dp under ZeRO-1, sharded with the moments), AdamW
+ * updates the master, and the bf16 weights are the master rounded to nearest even after every
+ * step; optim_save writes the master with the moments, so a resume continues bit for bit.
  *
  * One step, in this order (optim_step):
  *   1. dp reduction: grads = mean over the dp group (sum, then / dp). Plain: every rank gets the
@@ -16,8 +21,10 @@
  *      sum of squares over what this rank holds, skipping copies (ParamInfo.norm_once), in
  *      double, all-reduced over tp and pp (and dp under ZeRO-1, where each rank holds 1/dp).
  *   3. clip: scale = min(1, clip / (norm + 1e-6)) (torch: (1 / (norm + 1e-6)) * clip in fp32).
- *   4. AdamW on the slice this rank updates, lr from the schedule at the current step.
- *   5. ZeRO-1: all-gather of the updated slices, so every dp rank again holds all its params.
+ *   4. AdamW on the slice this rank updates, lr from the schedule at the current step (BF16: on
+ *      the master slice, then the slice's bf16 weights = round(master)).
+ *   5. ZeRO-1: all-gather of the updated slices (in the weights' dtype), so every dp rank again
+ *      holds all its params.
  * Replicas (dp ranks; tp copies of norms and of replicated kv heads; a tied embedding's copy on the
  * last stage) see identical gradients and identical state, so they stay bit-identical.
  *
@@ -69,8 +76,11 @@ typedef struct {
     size_t slice_lo, slice_hi;/* arena floats this rank updates: [0, n_params) plain; ZeRO-1:
                                  [r * n_grad / dp, (r + 1) * n_grad / dp) for dp rank r */
     size_t n_state;           /* floats per moment: n_params plain, n_grad / dp ZeRO-1 */
-    void *state;              /* one block laid out as the file optim_save writes: header, m, v */
+    DType dtype;              /* the model's weights' dtype */
+    void *state;              /* one block laid out as the file optim_save writes: header, m, v[, master] */
     float *m, *v;             /* (n_state) Adam moments of arena floats slice_lo + i */
+    float *master;            /* (n_state) BF16 weights: the fp32 master of arena floats slice_lo + i
+                                 (0 past n_params); NULL for F32 weights (the params are the master) */
     float *slice;             /* (n_state) ZeRO-1: the reduced gradient slice, then the updated
                                  params for the all-gather; NULL plain */
     OptimRange *ranges;       /* (n_ranges) the parameter tensors in arena order */
@@ -86,7 +96,8 @@ void optim_free(Optim *o);
 void optim_print_summary(const Optim *o);
 
 size_t optim_grad_floats(const Optim *o);   /* floats the gradient arena must hold */
-size_t optim_state_bytes(const Optim *o);   /* bytes of moments (+ the ZeRO-1 slice buffer) */
+size_t optim_state_bytes(const Optim *o);   /* bytes of moments and master (+ the ZeRO-1 slice buffer) */
+size_t optim_master_bytes(const Optim *o);  /* bytes of the fp32 master copy (0 for F32 weights) */
 void optim_zero_grad(const Optim *o, float *grads);   /* zeroes optim_grad_floats(o) floats */
 double optim_lr(const Optim *o, int step);  /* lr_schedule(&o->cfg, step) */
 

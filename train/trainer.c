@@ -220,6 +220,8 @@ void trainer_check_same_model(const char *model_dir, const char *resume_dir) {
 
 void train_options_check(TrainOptions *o, const char *cmd) {
     if (!o->model_dir || !o->data_path || !o->out) user_error("%s: --model, --data and --out are required", cmd);
+    o->dtype = dtype_parse("--dtype", o->dtype_name);
+    o->save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);
     if (o->seq_len < 2 || o->batch_size < 1 || o->M < 1 || o->epochs < 1 || o->max_steps < 0 || o->threads < 0 || o->warmup < 0)
         user_error("%s: --seq-len >= 2, --batch-size, --micro-batches, --epochs >= 1, --threads >= 0 required", cmd);
     if (!(o->lr > 0) || o->min_lr < 0 || o->wd < 0 || o->clip < 0 || !(o->beta1 >= 0 && o->beta1 < 1) ||
@@ -324,6 +326,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
     oc.eps = o->eps; oc.weight_decay = o->wd; oc.clip = o->clip; oc.zero = o->zero;
     Learner L;
     learner_init(&L, m, oc, max_tokens, o->seq_len, o->M, !strcmp(o->recompute_name, "full"));
+    L.save_dtype = o->save_dtype;
     int step0 = o->resume ? resume_from(o, &L, &train) : 0;
     mkdir_p(o->out);
     if (root) trainer_remove_stale_tmp(o->out);

@@ -78,6 +78,8 @@ void trainer_check_same_model(const char *model_dir, const char *resume_dir);
 /* The settings every sft / rm / dpo run shares (their rows: the TRAIN_*_OPTIONS macros). */
 typedef struct {
     const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template, *recompute_name;
+    const char *dtype_name, *save_dtype_name;
+    DType dtype, save_dtype;   /* parsed by train_options_check (DTYPE_AUTO: the checkpoint's / the model's) */
     int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, stop_after, warmup, zero, skip_bad, overwrite;
     int seed, eval_every, save_every, save_limit, log_every;
     float lr, min_lr, wd, beta1, beta2, eps, clip;
@@ -90,7 +92,8 @@ typedef struct {
     {"--eval-data", OPT_STR, &(o)->eval_path, NULL, eval_help},                                                 \
     {"--out", OPT_STR, &(o)->out, NULL, "output directory: checkpoint-STEP/ (HF model + state), metrics.jsonl"}, \
     {"--resume", OPT_STR, &(o)->resume, NULL, "continue from a checkpoint directory (out/checkpoint-STEP)"},     \
-    {"--overwrite", OPT_FLAG, &(o)->overwrite, NULL, "allow an existing --out"}
+    {"--overwrite", OPT_FLAG, &(o)->overwrite, NULL, "allow an existing --out"},                                 \
+    {"--save-dtype", OPT_STR, &(o)->save_dtype_name, "auto", "saved weights: auto (the model's dtype) | bf16 | fp32"}
 #define TRAIN_STEP_OPTIONS(o, seq_help, batch_help, lr_default)                                                    \
     {"--seq-len", OPT_INT, &(o)->seq_len, "512", seq_help},                                                       \
     {"--batch-size", OPT_INT, &(o)->batch_size, "4", batch_help},                                                 \
@@ -119,7 +122,7 @@ typedef struct {
     {"--save-every", OPT_INT, &(o)->save_every, "0", "steps between checkpoints (0 = only at the end)"},           \
     {"--save-total-limit", OPT_INT, &(o)->save_limit, "0", "keep only the newest N complete checkpoints (0 = all)"}, \
     {"--log-every", OPT_INT, &(o)->log_every, "1", "steps between progress lines"},                                \
-    MESH_OPTIONS(&(o)->tp, &(o)->pp, &(o)->threads)
+    MESH_OPTIONS(&(o)->tp, &(o)->pp, &(o)->threads, &(o)->dtype_name)
 
 /* The shared checks of the parsed options (user_error lines start with cmd), then the thread
  * count. Call before loading the model. */

@@ -14,6 +14,7 @@ const Backend cpu_backend = {
     .matmul = cpu_matmul,
     .matmuls = cpu_matmuls,
     .rmsnorm = cpu_rmsnorm,
+    .round_to = cpu_round_to,
     .rope_table = cpu_rope_table,
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,

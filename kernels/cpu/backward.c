@@ -9,6 +9,8 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Both products run as fixed 128-row tiles, one single-threaded sgemm each (OpenBLAS does not thread
@@ -17,17 +19,37 @@
  * threads (16 of 18 training shapes tried); the tiles cost 0-6% of a 15M training step (README). */
 enum { BW_TILE = 128 };
 
-void cpu_matmul_backward(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w, int N,
-                         int n_in, int n_out) {
+/* dx (N, n_in) = dout (N, n_out) @ w (n_out, n_in), w fp32, in fixed 128-row tiles of dx; beta 1
+ * adds into dx (a later block of w's rows) */
+static void dx_tiles(float *dx, const float *dout, int ld_dout, const float *w, int N, int n_in, int n_out, float beta) {
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < N; r += BW_TILE) {
+        int m = N - r < BW_TILE ? N - r : BW_TILE;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n_in, n_out, 1.0f, dout + (size_t)r * ld_dout,
+                    ld_dout, w, n_in, beta, dx + (size_t)r * n_in, n_in);
+    }
+}
+
+void cpu_matmul_backward(float *dx, float *dw, float *db, const float *dout, const float *x, const void *w, DType wt,
+                         int N, int n_in, int n_out) {
     if (N == 0) return;                                  /* nothing to write, nothing to add */
     if (dx && n_out == 0) memset(dx, 0, sizeof(float) * (size_t)N * n_in);
-    else if (dx) {                                       /* dx (N, n_in) = dout (N, n_out) @ w (n_out, n_in) */
-#pragma omp parallel for schedule(static)
-        for (int r = 0; r < N; r += BW_TILE) {
-            int m = N - r < BW_TILE ? N - r : BW_TILE;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n_in, n_out, 1.0f, dout + (size_t)r * n_out, n_out,
-                        w, n_in, 0.0f, dx + (size_t)r * n_in, n_in);
+    else if (dx && wt == DTYPE_F32) dx_tiles(dx, dout, n_out, w, N, n_in, n_out, 0.0f);
+    else if (dx) {
+        /* BF16: w's exact upcast, W_ROWS rows at a time (never a full fp32 copy of an lm_head):
+         * dx = sum over the blocks of dout[:, block] @ w[block], added in block order */
+        enum { W_ROWS = 512 };
+        int rows = n_out < W_ROWS ? n_out : W_ROWS;
+        float *wf = malloc(sizeof(float) * (size_t)rows * n_in);
+        if (!wf) { fprintf(stderr, "cpu_matmul_backward: out of memory for a %d x %d block\n", rows, n_in); abort(); }
+        for (int o = 0; o < n_out; o += W_ROWS) {
+            int m = n_out - o < W_ROWS ? n_out - o : W_ROWS;
+            size_t n = (size_t)m * n_in;
+#pragma omp parallel for schedule(static) if (n > 65536)
+            for (size_t i = 0; i < n; i++) wf[i] = weight_at(w, wt, (size_t)o * n_in + i);
+            dx_tiles(dx, dout + o, n_out, wf, N, n_in, m, o ? 1.0f : 0.0f);
         }
+        free(wf);
     }
     /* dw (n_out, n_in) += dout^T (n_out, N) @ x (N, n_in), in tiles of dw's rows */
 #pragma omp parallel for schedule(static)
@@ -43,20 +65,20 @@ void cpu_matmul_backward(float *dx, float *dw, float *db, const float *dout, con
         }
 }
 
-void cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int D,
-                          float eps) {
+void cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const void *w, DType wt, int N,
+                          int D, float eps) {
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * D, *g = dout + (size_t)n * D;
         float *o = dx + (size_t)n * D;
         float ss = dot_fixed(xr, xr, D);                 /* the forward's scale, the forward's way */
         float r = 1.0f / sqrtf(ss / D + eps);
         float dot = 0.0f;                                /* sum_i (dout * w)_i * xh_i */
-        for (int i = 0; i < D; i++) dot += g[i] * w[i] * (xr[i] * r);
+        for (int i = 0; i < D; i++) dot += g[i] * weight_at(w, wt, i) * (xr[i] * r);
         float c = dot / D;
         for (int i = 0; i < D; i++) {                    /* reads g[i] before writing o[i]: dx may alias dout */
             float xh = xr[i] * r, gi = g[i];
             dw[i] += gi * xh;
-            o[i] = r * (gi * w[i] - xh * c);
+            o[i] = r * (gi * weight_at(w, wt, i) - xh * c);
         }
     }
 }

@@ -1,5 +1,6 @@
 /* backward.h — CPU backward kernels for training, one per forward kernel in kernels/cpu/cpu.h.
- * Pure math on pointers (STYLE.md 7): no communication, no allocation (the caller passes scratch),
+ * Pure math on pointers (STYLE.md 7): no communication, no allocation (the caller passes scratch;
+ * one exception: cpu_matmul_backward's bf16 row-block buffer),
  * no model knowledge. Row-major everywhere, the shape vocabulary of kernels.h (N tokens, T tokens
  * of one sequence, D model dim, H / Hkv heads, Dh head dim, V vocab, `_local` = this TP rank's share).
  *
@@ -16,19 +17,21 @@
 #ifndef TANDEM_BACKWARD_H
 #define TANDEM_BACKWARD_H
 #include <stddef.h>
+#include "kernels/kernels.h"   /* DType */
 
-/* Forward: out (N, n_out) = x (N, n_in) @ w (n_out, n_in)^T + b (n_out).
+/* Forward: out (N, n_out) = x (N, n_in) @ w (n_out, n_in)^T + b (n_out); w of dtype wt (BF16: its
+ * exact upcast, converted a block of rows at a time into a buffer this call allocates).
  * dx (N, n_in)  = dout (N, n_out) @ w            written; NULL skips it (first layer's input)
  * dw (n_out, n_in) += dout^T @ x                  accumulated
  * db (n_out)    += column sums of dout            accumulated; NULL for a layer without bias */
-void cpu_matmul_backward(float *dx, float *dw, float *db, const float *dout, const float *x, const float *w, int N,
-                         int n_in, int n_out);
+void cpu_matmul_backward(float *dx, float *dw, float *db, const float *dout, const float *x, const void *w, DType wt,
+                         int N, int n_in, int n_out);
 
 /* Forward: out (N, D) = w (D) * (x * r), r = 1 / sqrt(mean(x^2) + eps) per row (HF order).
  * With xh = x * r and g = dout * w:  dx = r * (g - xh * mean(g * xh))   written (N, D)
  *                                   dw += sum over rows of dout * xh     accumulated (D) */
-void cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const float *w, int N, int D,
-                          float eps);
+void cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const void *w, DType wt, int N,
+                          int D, float eps);
 
 /* In place on dx (N, n_heads * Dh): the gradient at cpu_rope's output becomes the gradient at its
  * input. RoPE is a rotation of each pair (i, i + Dh/2) by angle pos[n] * inv_freq[i], so its

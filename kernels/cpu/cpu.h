@@ -23,17 +23,23 @@ int cpu_default_threads(void);
  * bench, the fp32 FMA peak no kernel here can pass. Returns a value that keeps the work live. */
 int cpu_fma_chains(long iters, float *sink); /* FMAs per thread and iteration */
 
-/* out (N, n_out) = x (N, n_in) @ w (n_out, n_in)^T [+ bias (n_out)]; bias may be NULL.
+/* out (N, n_out) = x (N, n_in) @ w (n_out, n_in)^T [+ bias (n_out)]; bias may be NULL; w and bias
+ * of dtype wt (BF16: read through the exact upcast, so out has the bits of the F32 call on the
+ * upcast weights).
  * Batch-invariant: each element's bits depend only on its x row, w row and bias, never on N, the
  * tiling or the threads (fixed 16-lane FMA order, fixed lane tree). Used by every forward pass. */
-void cpu_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out);
+void cpu_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out);
 
 /* cpu_matmul for several weights that read the same x (q, k, v; gate, up), in one parallel region:
  * one wake-up and one barrier instead of one each. Every out gets exactly cpu_matmul's bits. */
-void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n);
+void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt);
+
+/* x (n) rounded in place to the nearest value of dtype t (BF16: round to nearest even, what
+ * torch's .to(torch.bfloat16) gives, kept in fp32); F32: nothing. */
+void cpu_round_to(float *x, size_t n, DType t);
 
 /* out (N, D) = x / sqrt(mean(x^2) + eps) * w, normalised in fp32 then multiplied (HF order). */
-void cpu_rmsnorm(float *out, const float *x, const float *w, int N, int D, float eps);
+void cpu_rmsnorm(float *out, const float *x, const void *w, DType wt, int N, int D, float eps);
 
 /* RoPE's cos and sin of N rows: cs (N, Dh) = cos(pos[n] * inv_freq[i]) for i < Dh/2, then the sines,
  * the angle in fp32. inv_freq (Dh/2). Made once per forward, used by q and k of every layer. */
@@ -91,8 +97,8 @@ void cpu_log_add(float *lse, const float *sum, int N);
 void cpu_sub_at(float *out, const float *a, const float *b, const int *idx, int n);
 
 /* Vocab-parallel lookup: out (N, D) = table rows for ids in [v0, v0 + V_local), zero elsewhere.
- * table (V_local, D). */
-void cpu_embedding(float *out, const float *table, const int *ids, int N, int D, int v0, int V_local);
+ * table (V_local, D) of dtype wt (rows upcast exactly). */
+void cpu_embedding(float *out, const void *table, DType wt, const int *ids, int N, int D, int v0, int V_local);
 
 #include "kernels/cpu/backward.h"
 

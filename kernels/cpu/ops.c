@@ -5,6 +5,7 @@
 #include "kernels/cpu/vec.h"
 #include <cblas.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <omp.h>
@@ -118,10 +119,35 @@ static void mm_4x4(float *out, size_t ldo, const float *x, size_t ldx, const flo
     }
 }
 
+/* The rows [j0, j0 + rows) of w (ld n_in) as fp32: w itself (F32), or their exact upcast (BF16) in
+ * this thread's buffer, kept between calls and grown to the largest tile seen (the kernels' one
+ * allocation: a pool thread lives as long as the process). Upcast once per tile, the rows are then
+ * reused by every row group, so a BF16 weight costs its conversion once per 64 rows of x. */
+static const float *tile_weights(const void *w, DType wt, int j0, int rows, int n_in) {
+    if (wt == DTYPE_F32) return (const float *)w + (size_t)j0 * n_in;
+    static _Thread_local float *buf;
+    static _Thread_local size_t cap;
+    size_t n = (size_t)rows * n_in;
+    if (n > cap) {
+        free(buf);
+        buf = malloc(sizeof(float) * n);
+        if (!buf) { fprintf(stderr, "cpu_matmul: out of memory for a %zu-float weight tile\n", n); abort(); }
+        cap = n;
+    }
+    const uint16_t *src = (const uint16_t *)w + (size_t)j0 * n_in;
+    for (size_t i = 0; i < n; i++) buf[i] = bf16_to_f32(src[i]);
+    return buf;
+}
+
 /* Output tile ot (4 outputs) of o for x rows [n0, n1) */
-static void matmul_tile(const MatmulOut *o, const float *x, int n_in, int n0, int n1, int ot) {
+static void matmul_tile(const MatmulOut *o, DType wt, const float *x, int n_in, int n0, int n1, int ot) {
     int n_out = o->n_out, n_otiles = (n_out + 3) / 4, j0 = ot * 4, ro = n_out - j0 < 4 ? n_out - j0 : 4;
-    const float *w = o->w, *bias = o->bias;
+    const float *w = tile_weights(o->w, wt, j0, ro, n_in);   /* (ro, n_in) */
+    float bias_f[4], *bias = NULL;                            /* (ro) */
+    if (o->bias) {
+        bias = bias_f;
+        for (int j = 0; j < ro; j++) bias[j] = weight_at(o->bias, wt, (size_t)j0 + j);
+    }
     float *out = o->out;
     for (int n = n0; n < n1; n += 4) {
         int rn = n1 - n < 4 ? n1 - n : 4;
@@ -130,21 +156,20 @@ static void matmul_tile(const MatmulOut *o, const float *x, int n_in, int n0, in
          * does not wait on DRAM (at N <= 4 the hardware prefetcher streams w better alone). Only
          * speed: the arithmetic is unchanged. */
         if (ot + 1 < n_otiles && n1 - n0 > 4)
-            prefetch_part(w + (size_t)(j0 + 4) * n_in, (size_t)4 * n_in * sizeof(float), (size_t)(n - n0) / 4,
-                          (size_t)(n1 - n0 + 3) / 4);
+            prefetch_part((const char *)o->w + (size_t)(j0 + 4) * n_in * dtype_size(wt), (size_t)4 * n_in * dtype_size(wt),
+                          (size_t)(n - n0) / 4, (size_t)(n1 - n0 + 3) / 4);
         if (rn == 4 && ro == 4) {
-            mm_4x4(out + (size_t)n * n_out + j0, n_out, x + (size_t)n * n_in, n_in, w + (size_t)j0 * n_in, n_in,
-                   bias ? bias + j0 : NULL, n_in);
+            mm_4x4(out + (size_t)n * n_out + j0, n_out, x + (size_t)n * n_in, n_in, w, n_in, bias, n_in);
             continue;
         }
         for (int i = 0; i < rn; i++)
             for (int j = 0; j < ro; j++)
-                mm_1x1(out + (size_t)(n + i) * n_out + j0 + j, x + (size_t)(n + i) * n_in,
-                       w + (size_t)(j0 + j) * n_in, bias ? bias + j0 + j : NULL, n_in);
+                mm_1x1(out + (size_t)(n + i) * n_out + j0 + j, x + (size_t)(n + i) * n_in, w + (size_t)j * n_in,
+                       bias ? bias + j : NULL, n_in);
     }
 }
 
-void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n) {
+void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt) {
     int first[n + 1];   /* the tiles of outs[j] are first[j] .. first[j + 1] - 1 */
     first[0] = 0;
     for (int j = 0; j < n; j++) first[j + 1] = first[j] + (outs[j].n_out + 3) / 4;
@@ -156,27 +181,36 @@ void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n) 
         for (int t = 0; t < tiles; t++) {
             int j = 0;
             while (t >= first[j + 1]) j++;
-            matmul_tile(&outs[j], x, n_in, n0, n1, t - first[j]);
+            matmul_tile(&outs[j], wt, x, n_in, n0, n1, t - first[j]);
         }
     }
 }
 
-void cpu_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out) {
-    cpu_matmuls(x, N, n_in, &(MatmulOut){out, w, bias, n_out}, 1);
+void cpu_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out) {
+    cpu_matmuls(x, N, n_in, &(MatmulOut){out, w, bias, n_out}, 1, wt);
+}
+
+void cpu_round_to(float *x, size_t n, DType t) {
+    if (t != DTYPE_BF16) return;
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+    for (size_t i = 0; i < n; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
 }
 
 /* Elementwise kernels split rows or elements over threads only when there is enough work to pay
  * for waking them; each element's arithmetic is the same either way. */
 enum { PAR_MIN = 1 << 14 };
 
-void cpu_rmsnorm(float *out, const float *x, const float *w, int N, int D, float eps) {
+void cpu_rmsnorm(float *out, const float *x, const void *w, DType wt, int N, int D, float eps) {
 #pragma omp parallel for schedule(static) if ((size_t)N * D >= PAR_MIN)
     for (int n = 0; n < N; n++) {
         const float *xr = x + (size_t)n * D;
         float *o = out + (size_t)n * D;
         float ss = dot_fixed(xr, xr, D);   /* 16 lanes, not one serial chain of D adds */
         float scale = 1.0f / sqrtf(ss / D + eps);
-        for (int i = 0; i < D; i++) o[i] = w[i] * (xr[i] * scale);
+        if (wt == DTYPE_F32)
+            for (int i = 0; i < D; i++) o[i] = ((const float *)w)[i] * (xr[i] * scale);
+        else
+            for (int i = 0; i < D; i++) o[i] = weight_at(w, wt, i) * (xr[i] * scale);
     }
 }
 
@@ -322,12 +356,13 @@ void cpu_add(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-void cpu_embedding(float *out, const float *table, const int *ids, int N, int D, int v0, int V_local) {
+void cpu_embedding(float *out, const void *table, DType wt, const int *ids, int N, int D, int v0, int V_local) {
     for (int n = 0; n < N; n++) {
         int r = ids[n] - v0;
         float *o = out + (size_t)n * D;
-        if (r >= 0 && r < V_local) memcpy(o, table + (size_t)r * D, sizeof(float) * D);
-        else memset(o, 0, sizeof(float) * D);
+        if (r < 0 || r >= V_local) memset(o, 0, sizeof(float) * D);
+        else if (wt == DTYPE_F32) memcpy(o, (const float *)table + (size_t)r * D, sizeof(float) * D);
+        else for (int i = 0; i < D; i++) o[i] = weight_at(table, wt, (size_t)r * D + i);
     }
 }
 

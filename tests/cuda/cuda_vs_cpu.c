@@ -50,7 +50,7 @@ static int check_matmul(int N, int n_in, int n_out, int with_bias) {
     float *bias = with_bias ? rand_array(n_out, 1.0f) : NULL;   /* (n_out) */
     float *ref = xmalloc(no * sizeof(float));                   /* (N, n_out) */
     float *got = xmalloc(no * sizeof(float));                   /* (N, n_out) */
-    cpu_matmul(ref, x, w, bias, N, n_in, n_out);
+    cpu_matmul(ref, x, w, bias, DTYPE_F32, N, n_in, n_out);
 
     float *dx = to_device(x, nx), *dw = to_device(w, nw), *db = bias ? to_device(bias, n_out) : NULL;
     float *dout = cuda_alloc(no * sizeof(float));
@@ -95,7 +95,7 @@ static int check_rmsnorm(int N, int D, float eps, float amp, int zero_row) {
     float *got = xmalloc(n * sizeof(float));   /* (N, D) */
     if (zero_row)
         for (int i = 0; i < D; i++) x[i] = 0.0f;
-    cpu_rmsnorm(ref, x, w, N, D, eps);
+    cpu_rmsnorm(ref, x, w, DTYPE_F32, N, D, eps);
 
     float *dx = to_device(x, n), *dw = to_device(w, D), *dout = cuda_alloc(n * sizeof(float));
     cuda_rmsnorm(dout, dx, dw, N, D, eps, NULL);
