@@ -326,7 +326,7 @@ static int bench_prefill(Model *m, const Mesh *mesh, int batch, int seq, int ite
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
     int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score;
-    const char *dtype_name;
+    const char *dtype_flag;
     const char *recompute;
     Option opts[] = {
         {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
@@ -341,7 +341,7 @@ int bench_main(int argc, char **argv) {
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
-        MESH_OPTIONS(&tp, &pp, &threads, &dtype_name),
+        MESH_OPTIONS(&tp, &pp, &threads, &dtype_flag),
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
@@ -360,9 +360,15 @@ int bench_main(int argc, char **argv) {
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
     Model m;
-    DType dtype = dtype_parse("--dtype", dtype_name);
+    DType dtype = dtype_parse("--dtype", dtype_flag);
     if (score) model_load_score(&m, model_dir, &mesh, 1, dtype);   /* a directory's own score head is kept */
     else model_load(&m, model_dir, &mesh, dtype);
+    /* the load's memory: the peak so far against the weights held (each tensor is read from the
+     * mapped file into the arena, converted, and its mapped pages released: issue 28 item 7) */
+    double w_mib = (double)m.n_params * dtype_size(m.dtype) / 1048576.0, load_rss = peak_rss_mib();
+    if (mesh.rank == 0)
+        fprintf(stderr, "{\"bench\": \"load\", \"dtype\": \"%s\", \"weights_mib\": %.1f, \"peak_rss_mib\": %.1f, "
+                "\"peak_over_weights\": %.3f}\n", dtype_name(m.dtype), w_mib, load_rss, load_rss / w_mib);
     int rc;
     if (train) {
         if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");

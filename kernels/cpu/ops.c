@@ -135,20 +135,38 @@ static const float *tile_weights(const void *w, DType wt, int j0, int rows, int 
         cap = n;
     }
     const uint16_t *src = (const uint16_t *)w + (size_t)j0 * n_in;
-    for (size_t i = 0; i < n; i++) buf[i] = bf16_to_f32(src[i]);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8 f = ld8_bf16(src + i);
+        memcpy(buf + i, &f, sizeof f);
+    }
+    for (; i < n; i++) buf[i] = bf16_to_f32(src[i]);
     return buf;
 }
 
 /* Output tile ot (4 outputs) of o for x rows [n0, n1) */
 static void matmul_tile(const MatmulOut *o, DType wt, const float *x, int n_in, int n0, int n1, int ot) {
     int n_out = o->n_out, n_otiles = (n_out + 3) / 4, j0 = ot * 4, ro = n_out - j0 < 4 ? n_out - j0 : 4;
+    float *out = o->out;
+    if (wt == DTYPE_BF16 && n1 - n0 <= 4) {
+        /* a few rows (decode): the rows read once, straight from bf16 (half the bytes of fp32,
+         * no buffer in between), dot_fixed's bits on the upcast */
+        const uint16_t *wb = (const uint16_t *)o->w + (size_t)j0 * n_in;   /* (ro, n_in) */
+        for (int n = n0; n < n1; n++) {
+            const float *xr = x + (size_t)n * n_in;
+            float *orow = out + (size_t)n * n_out + j0;
+            if (ro == 4) dot_fixed4_bf16(orow, xr, wb, wb + n_in, wb + 2 * (size_t)n_in, wb + 3 * (size_t)n_in, n_in);
+            else for (int j = 0; j < ro; j++) orow[j] = dot_fixed_bf16(xr, wb + (size_t)j * n_in, n_in);
+            if (o->bias) for (int j = 0; j < ro; j++) orow[j] += weight_at(o->bias, wt, (size_t)j0 + j);
+        }
+        return;
+    }
     const float *w = tile_weights(o->w, wt, j0, ro, n_in);   /* (ro, n_in) */
     float bias_f[4], *bias = NULL;                            /* (ro) */
     if (o->bias) {
         bias = bias_f;
         for (int j = 0; j < ro; j++) bias[j] = weight_at(o->bias, wt, (size_t)j0 + j);
     }
-    float *out = o->out;
     for (int n = n0; n < n1; n += 4) {
         int rn = n1 - n < 4 ? n1 - n : 4;
         /* this tile's w rows are read from memory once and then reused from cache by every row
