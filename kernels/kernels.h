@@ -86,6 +86,8 @@ typedef struct Backend {
     void (*matmuls)(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt);
     void (*rmsnorm)(float *out, const float *x, const void *w, DType wt, int N, int D, float eps);
     void (*round_to)(float *x, size_t n, DType t);
+    void (*pack)(void *dst, DType t, const float *src, size_t n);
+    void (*unpack)(float *dst, const void *src, DType t, size_t n);
     void (*rope_table)(float *cs, const int *pos, const float *inv_freq, int N, int Dh);
     void (*rope)(float *x, const float *cs, int N, int n_heads, int Dh);
     void (*kv_store)(float *kc, float *vc, const float *k, const float *v, const KVLayout *kv, const int *pos, int T,

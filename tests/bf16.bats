@@ -257,3 +257,32 @@ rule_rate() {
     paste <(jq '.["critic/score/mean"]' "$BATS_TEST_TMPDIR/one/metrics.jsonl") <(jq '.["critic/score/mean"]' "$BATS_TEST_TMPDIR/dp/metrics.jsonl") |
         awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (d > 1e-4 * (a > 1 ? a : 1)) { print "differ", $0; bad = 1 } } END { exit bad }'
 }
+
+@test "bf16 sft: the matmul inputs kept for the backward are stored as bf16 (less activation memory than fp32), and give --recompute full's losses bit for bit, at 1x1 and pp 2" {
+    need_m
+    # 6 layers: the saving grows with the layers (see below)
+    "$TANDEM" convert --from random --shape 64,256,6,4,4,512,64 --tokenizer "$ASSETS/models/stories260K/tok512.model" --seed 3 \
+        --out "$BATS_TEST_TMPDIR/m6" 2>/dev/null
+    A=(--model "$BATS_TEST_TMPDIR/m6" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --seq-len 32 --batch-size 16 --max-steps 6 --lr 3e-3)
+    acts() { grep -o 'train activations: [0-9.]* MiB' <<<"$1" | head -1 | awk '{ print $3 }'; }
+    run "$TANDEM" sft "${A[@]}" --dtype fp32 --out "$BATS_TEST_TMPDIR/f"
+    [ "$status" -eq 0 ]; f=$(acts "$output")
+    run "$TANDEM" sft "${A[@]}" --dtype bf16 --out "$BATS_TEST_TMPDIR/b"
+    [ "$status" -eq 0 ]; b=$(acts "$output")
+    [[ "$output" == *"matmul inputs kept as bf16"* ]]
+    echo "train activations MiB: fp32 $f, bf16 $b"
+    # per layer, xb1, att, xb2, act (D + H*Dh + D + F = 448 values a token here, of 1280 kept) at 2
+    # bytes instead of 4, plus one shared fp32 set of them: L layers save (L / 2 - 1) x that set,
+    # 2 x 512 tokens x 448 x 4 bytes = 1.75 MiB at L = 6, of 6 x 2.375 MiB + the head's
+    awk -v f="$f" -v b="$b" 'BEGIN { d = f - b - 1.75; exit !(b > 0 && d < 0.02 && d > -0.02) }'
+    run "$TANDEM" sft "${A[@]}" --dtype bf16 --recompute full --out "$BATS_TEST_TMPDIR/r"
+    [ "$status" -eq 0 ]
+    diff <(losses "$BATS_TEST_TMPDIR/b") <(losses "$BATS_TEST_TMPDIR/r")
+    cmp "$BATS_TEST_TMPDIR/b/checkpoint-6/model-00001-of-00001.safetensors" "$BATS_TEST_TMPDIR/r/checkpoint-6/model-00001-of-00001.safetensors"
+    run timeout 120 $MPIRUN 2 "$TANDEM" sft "${A[@]}" --dtype bf16 --pp 2 --micro-batches 2 --out "$BATS_TEST_TMPDIR/p"
+    [ "$status" -eq 0 ]
+    run timeout 120 $MPIRUN 2 "$TANDEM" sft "${A[@]}" --dtype bf16 --pp 2 --micro-batches 2 --recompute full --out "$BATS_TEST_TMPDIR/q"
+    [ "$status" -eq 0 ]
+    diff <(losses "$BATS_TEST_TMPDIR/p") <(losses "$BATS_TEST_TMPDIR/q")
+    [ "$(losses "$BATS_TEST_TMPDIR/p" | wc -l)" -eq 6 ]
+}

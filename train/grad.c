@@ -51,8 +51,11 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     /* per layer, in LayerActs' field order */
     size_t layer_sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * D, N * F, N * F, N * F};
     enum { N_LAYER = sizeof(layer_sizes) / sizeof(layer_sizes[0]) };
-    size_t per_layer = 0;
+    static const int PACKED[4] = {1, 5, 7, 10};   /* xb1, att, xb2, act: the matmul inputs */
+    int packed = m->dtype == DTYPE_BF16 && !recompute;
+    size_t per_layer = 0, packed_floats = 0;       /* packed: bf16 elements, two per float of the arena */
     for (int i = 0; i < N_LAYER; i++) per_layer += layer_sizes[i];
+    for (int j = 0; j < 4; j++) packed_floats += (layer_sizes[PACKED[j]] + 1) / 2;
     /* the rest, in TrainActs' field order */
     float **slots[] = {&a->x_final, &a->xb_final, &a->logits, &a->dx, &a->dxb, &a->dtmp, &a->dq, &a->datt,
                        &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->out, &a->dout, &a->lse, &a->pick, &a->rope,
@@ -60,8 +63,13 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     size_t sizes[] = {N * D, N * Dl, N * V, N * D, N * D, N * D, N * qd, N * qd, N * kvd, N * kvd, N * F, N * F,
                       N * F, N, N, N, N, N * Dh, (size_t)omp_get_max_threads() * a->scratch_stride, N, N};
     enum { N_REST = sizeof(sizes) / sizeof(sizes[0]) };
-    /* recompute: every layer keeps its input x_in; the other ten buffers are one shared set */
-    size_t total = recompute ? layer_sizes[0] * Ll + (per_layer - layer_sizes[0]) : per_layer * Ll;
+    /* recompute: every layer keeps its input x_in; the other ten buffers are one shared set.
+     * packed: the four matmul inputs are one shared fp32 set plus each layer's bf16 copies */
+    size_t shared4 = 0;
+    for (int j = 0; j < 4; j++) shared4 += layer_sizes[PACKED[j]];
+    size_t total = recompute ? layer_sizes[0] * Ll + (per_layer - layer_sizes[0])
+                 : packed    ? (per_layer - shared4) * Ll + shared4 + packed_floats * Ll
+                             : per_layer * Ll;
     for (int i = 0; i < N_REST; i++) total += sizes[i];
 
     a->arena = xmalloc(sizeof(float) * (total ? total : 1));
@@ -69,14 +77,23 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     a->host_dout = xmalloc(sizeof(float) * (N ? N : 1));
     a->n_arena = total;
     float *p = a->arena;
+    if (packed) a->packed = xmalloc(sizeof(uint16_t *) * 4 * (Ll ? Ll : 1));
     for (size_t l = 0; l < Ll; l++) {
         LayerActs *la = &a->layers[l];
         float **lslots[] = {&la->x_in, &la->xb1, &la->q, &la->k, &la->v, &la->att, &la->x_mid, &la->xb2,
                             &la->gate, &la->up, &la->act};
         for (int i = 0; i < N_LAYER; i++) {
-            if (recompute && l > 0 && i > 0) { *lslots[i] = *(&a->layers[0].x_in + i); continue; } /* shared */
+            int is_packed = i == 1 || i == 5 || i == 7 || i == 10;
+            if (l > 0 && ((recompute && i > 0) || (packed && is_packed))) {   /* layer 0's: shared */
+                *lslots[i] = *(&a->layers[0].x_in + i);
+                continue;
+            }
             *lslots[i] = p;
             p += layer_sizes[i];
+        }
+        for (int j = 0; packed && j < 4; j++) {
+            a->packed[4 * l + j] = (uint16_t *)p;
+            p += (layer_sizes[PACKED[j]] + 1) / 2;
         }
     }
     for (int i = 0; i < N_REST; i++) { *slots[i] = p; p += sizes[i]; }
@@ -98,8 +115,9 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
 
     if (m->mesh->rank == 0)
         fprintf(stderr, "train activations: %.2f MiB (rank 0: %d tokens, %zu layers, %.2f MiB per layer%s)\n",
-                total * 4.0 / (1 << 20), max_tokens, Ll, per_layer * 4.0 / (1 << 20),
-                recompute ? "; recompute: only layer inputs kept" : "");
+                total * 4.0 / (1 << 20), max_tokens, Ll,
+                (packed ? per_layer - shared4 + packed_floats : per_layer) * 4.0 / (1 << 20),
+                recompute ? "; recompute: only layer inputs kept" : packed ? "; matmul inputs kept as bf16" : "");
 }
 
 void train_acts_free(TrainActs *a) {
@@ -111,15 +129,31 @@ void train_acts_free(TrainActs *a) {
     free(a->host_dout);
     free(a->iarena);
     free(a->layers);
+    free(a->packed);
     memset(a, 0, sizeof(*a));
 }
 
 /* ---- forward ------------------------------------------------------------------------------ */
 
+/* Packed (see TrainActs.packed): layer l's four matmul inputs from the shared fp32 set into its bf16
+ * copies (after its forward), or back (before its backward, unpack = 1). Exact both ways: the
+ * values are bf16 already (runtime/forward.c rounds them). */
+static void layer_pack(const Model *m, TrainActs *a, int l, int unpack) {
+    const LayerActs *la = &a->layers[l];
+    size_t N = (size_t)a->N, D = m->cfg.dim, qd = (size_t)m->n_heads_local * m->cfg.head_dim, F = m->hidden_local;
+    float *buf[4] = {la->xb1, la->att, la->xb2, la->act};
+    size_t n[4] = {N * D, N * qd, N * D, N * F};
+    for (int j = 0; j < 4; j++) {
+        if (unpack) m->be->unpack(buf[j], a->packed[4 * l + j], DTYPE_BF16, n[j]);
+        else m->be->pack(a->packed[4 * l + j], DTYPE_BF16, buf[j], n[j]);
+    }
+}
+
 /* Layer l of this stage: x_out (N, D) = layer(x_in), keeping what backward needs in a->layers[l]
  * (with recompute, one shared set of buffers that backward refills by calling this again). */
 static void layer_forward(Model *m, TrainActs *a, int l, float *x_out) {
     model_layer_forward(m, l, &a->lb, &a->layers[l], x_out);
+    if (a->packed) layer_pack(m, a, l, 0);
 }
 
 void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_start, int n_seqs) {
@@ -264,6 +298,7 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
          * last layer's are still there from the forward */
         if (a->recompute && l + 1 < m->n_layers_local)
             layer_forward(m, a, l, l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final);
+        if (a->packed) layer_pack(m, a, l, 1);   /* this layer's matmul inputs into the shared set */
         const LayerWeights *w = &m->w.layers[l];
         LayerWeights *g = &grads->layers[l];
         const LayerActs *la = &a->layers[l];

@@ -56,6 +56,11 @@ typedef struct {
     int max_tokens, max_seq;   /* capacity: tokens per batch, tokens per sequence */
     int N, n_seqs;             /* the batch of the last train_forward */
     int recompute;             /* 1: keep only each layer's input; backward re-runs the layer first */
+    /* BF16 weights without recompute: the four matmul inputs of each layer (xb1, att, xb2, act: bf16
+     * values, runtime/forward.c) are kept packed as bf16, half the bytes; one fp32 set (layer 0's
+     * LayerActs pointers, shared by every layer) is where the forward writes them and the backward
+     * unpacks them. NULL otherwise. */
+    uint16_t **packed;         /* (L_local * 4): layer l's xb1, att, xb2, act, (N, width) each */
     int *tokens;               /* (max_tokens) copy of the batch */
     int *seq_start;            /* (max_tokens + 1) */
     int *pos;                  /* (max_tokens) position of each token in its sequence */

@@ -34,6 +34,10 @@ void cpu_matmul(float *out, const float *x, const void *w, const void *bias, DTy
  * one wake-up and one barrier instead of one each. Every out gets exactly cpu_matmul's bits. */
 void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt);
 
+/* dst (n) of dtype t = src (n) rounded to nearest even (F32: a copy); unpack: dst (n) = the exact fp32
+ * values of src (n) of dtype t. Training keeps bf16-valued activations this way at half the bytes. */
+void cpu_pack(void *dst, DType t, const float *src, size_t n);
+void cpu_unpack(float *dst, const void *src, DType t, size_t n);
 /* x (n) rounded in place to the nearest value of dtype t (BF16: round to nearest even, what
  * torch's .to(torch.bfloat16) gives, kept in fp32); F32: nothing. */
 void cpu_round_to(float *x, size_t n, DType t);

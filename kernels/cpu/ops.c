@@ -208,6 +208,20 @@ void cpu_matmul(float *out, const float *x, const void *w, const void *bias, DTy
     cpu_matmuls(x, N, n_in, &(MatmulOut){out, w, bias, n_out}, 1, wt);
 }
 
+void cpu_pack(void *dst, DType t, const float *src, size_t n) {
+    if (t == DTYPE_F32) { memcpy(dst, src, sizeof(float) * n); return; }
+    uint16_t *d = dst;
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+    for (size_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+}
+
+void cpu_unpack(float *dst, const void *src, DType t, size_t n) {
+    if (t == DTYPE_F32) { memcpy(dst, src, sizeof(float) * n); return; }
+    const uint16_t *s = src;
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+    for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+}
+
 void cpu_round_to(float *x, size_t n, DType t) {
     if (t != DTYPE_BF16) return;
 #pragma omp parallel for schedule(static) if (n >= (1 << 16))
