@@ -31,6 +31,7 @@ typedef struct {
     int n_top;
     int *greedy;       /* (G) reference greedy continuation */
     float *greedy_gap; /* (G) reference top-2 logprob gap per greedy step, NAN if unknown */
+    float *tie_gap;    /* (G) the reference's own tie gap per greedy step ("greedy_tie_gap"), NAN: --tie-gap */
     int G;
     int pair0;         /* offset of this record's pairs in the all-records logprob array */
 } Record;
@@ -41,6 +42,7 @@ typedef struct {
     double max_diff, sum_diff;
     double n_pairs, positions, top1_agree, top1_total;
     double greedy_tokens, greedy_mismatches, greedy_ties;
+    double greedy_prefix; /* greedy steps before the first token unlike the reference's (tie or not) */
     double nll;        /* --data */
 } Result;
 
@@ -141,7 +143,24 @@ static Record *read_records(const char *path, int vocab, int reference, Tokenize
             cJSON *g = cJSON_GetObjectItemCaseSensitive(j, "greedy_ids");
             if (g) r->greedy = json_int_array(g, &r->G, path, line, "greedy_ids", vocab);
             r->greedy_gap = xmalloc(sizeof(float) * (r->G ? r->G : 1));
-            for (int k = 0; k < r->G; k++) r->greedy_gap[k] = NAN;
+            r->tie_gap = xmalloc(sizeof(float) * (r->G ? r->G : 1));
+            for (int k = 0; k < r->G; k++) r->greedy_gap[k] = r->tie_gap[k] = NAN;
+            /* optional: how large a top-2 gap still makes each step a tie, when a single --tie-gap does
+             * not fit every step (tests/bf16_fidelity.bats: a bound on the bf16 rounding error of
+             * that step's gap, which varies 5 to 15 fold over a continuation) */
+            cJSON *tg = cJSON_GetObjectItemCaseSensitive(j, "greedy_tie_gap");
+            if (tg && r->G) {
+                if (!cJSON_IsArray(tg) || cJSON_GetArraySize(tg) != r->G)
+                    user_error("%s:%d: field \"greedy_tie_gap\" must be a list of %d numbers (one per greedy step)",
+                               path, line, r->G);
+                int k = 0;
+                cJSON *e;
+                cJSON_ArrayForEach(e, tg) {
+                    if (!cJSON_IsNumber(e) || !(e->valuedouble >= 0))
+                        user_error("%s:%d: greedy_tie_gap[%d] must be a number >= 0", path, line, k);
+                    r->tie_gap[k++] = (float)e->valuedouble;
+                }
+            }
             cJSON *gt = cJSON_GetObjectItemCaseSensitive(j, "greedy_top_logprobs");
             if (gt && r->G) {
                 int *gi = NULL, *gp = NULL, gn = 0;
@@ -233,7 +252,8 @@ static void score_group(Model *m, Record *recs, int a, int b, Result *res, int r
 /* Greedy decoding of every owned record with a reference continuation on the generation engine
  * (paged KV cache, continuous batching), teacher-forced with the reference tokens so each step is
  * compared on the same prefix. A mismatch where the top-2 logprob gap is < tie_gap (the
- * reference's gap when listed, else ours) is a tie, not an error. */
+ * reference's gap when listed, else ours; the record's own greedy_tie_gap for that step if it has
+ * one) is a tie, not an error. */
 static void greedy_check(Model *m, Record *recs, int n, const int *own, int n_own, Result *res, float tie_gap) {
     /* the engine is sized from every record, not this group's: kv_init agrees on one pool size over
      * all ranks, and a group without greedy records must still take part in it. At most MAX_RUN
@@ -277,11 +297,17 @@ static void greedy_check(Model *m, Record *recs, int n, const int *own, int n_ow
         Seq *q = &seqs[i];
         Record *r = &recs[who[i]];
         Result *o = &res[who[i]];
+        /* teacher-forced, the steps up to the first different token saw the prefixes a free-running
+         * decode would have: that many tokens come out the same without forcing */
+        int prefix = q->n_out;
+        for (int step = 0; step < q->n_out; step++)
+            if (q->chosen[step] != r->greedy[step]) { prefix = step; break; }
+        o->greedy_prefix = prefix;
         for (int step = 0; step < q->n_out; step++) {
             o->greedy_tokens++;
             if (q->chosen[step] == r->greedy[step]) continue;
             float gap = isnan(r->greedy_gap[step]) ? q->chosen_lp[step] - q->lp[step] : r->greedy_gap[step];
-            if (gap < tie_gap) o->greedy_ties++;
+            if (gap < (isnan(r->tie_gap[step]) ? tie_gap : r->tie_gap[step])) o->greedy_ties++;
             else o->greedy_mismatches++;
         }
         seq_free(q);
@@ -343,21 +369,50 @@ static void alloc_state(Model *m, const Record *recs, int n, int batch_tokens) {
 static void records_free(Record *recs, int n) {
     for (int i = 0; i < n; i++) {
         free(recs[i].ids); free(recs[i].top_ids); free(recs[i].top_lp); free(recs[i].top_pos);
-        free(recs[i].top1); free(recs[i].greedy); free(recs[i].greedy_gap);
+        free(recs[i].top1); free(recs[i].greedy); free(recs[i].greedy_gap); free(recs[i].tie_gap);
     }
     free(recs);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Quantiles (nearest rank: the ceil(q n)-th smallest) of |logprob difference| over every listed pair
+ * of every record, measured as score_group does (relative or not, NaN as inf): the max alone says
+ * nothing of how the other pairs are spread, and fidelity tests (tests/bf16_fidelity.bats) read it. */
+static void diff_quantiles(const Record *recs, int n, const double *ours, int relative, const double *q, int nq,
+                           double *out) {
+    size_t total = 0, k = 0;
+    for (int i = 0; i < n; i++) total += recs[i].n_top;
+    double *d = xmalloc(sizeof(double) * (total ? total : 1));
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < recs[i].n_top; j++) {
+            double v = fabs(ours[recs[i].pair0 + j] - recs[i].top_lp[j]);
+            if (relative) v /= fmax(1.0, fabs((double)recs[i].top_lp[j]));
+            d[k++] = isnan(v) ? INFINITY : v;
+        }
+    qsort(d, total, sizeof(double), cmp_double);
+    for (int i = 0; i < nq; i++) {
+        size_t r = (size_t)ceil(q[i] * (double)total);
+        out[i] = total ? d[r ? r - 1 : 0] : 0.0;
+    }
+    free(d);
 }
 
 /* The per-record table (unless quiet) and the summary JSON line on stdout (the root); returns 1
  * when a reference check failed. */
 static int report(const Record *recs, int n, const Result *res, int reference, int quiet, double max_diff,
-                  const Mesh *mesh, double elapsed) {
+                  const double *ours, int relative, const Mesh *mesh, double elapsed) {
     int failed = 0;
     double max_all = 0, sum_all = 0, nll = 0;
-    long pairs = 0, positions = 0, agree = 0, total1 = 0, gt = 0, gm = 0, gties = 0, nll_tokens = 0;
+    long pairs = 0, positions = 0, agree = 0, total1 = 0, gt = 0, gm = 0, gties = 0, gprefix = 0, nll_tokens = 0;
+    int first_div = -1;   /* the earliest greedy step at which any record's decode differs */
     if (!quiet) {
         if (reference)
-            printf("%-16s %6s %12s %12s %8s %14s\n", "record", "tokens", "max|dlogp|", "mean|dlogp|", "top1", "greedy(mm/tie)");
+            printf("%-16s %6s %12s %12s %8s %14s %8s\n", "record", "tokens", "max|dlogp|", "mean|dlogp|", "top1",
+                   "greedy(mm/tie)", "diverge");
         else
             printf("%-16s %6s %12s %12s\n", "record", "tokens", "loss", "ppl");
     }
@@ -367,24 +422,35 @@ static int report(const Record *recs, int n, const Result *res, int reference, i
         sum_all += v->sum_diff; pairs += (long)v->n_pairs; positions += (long)v->positions;
         agree += (long)v->top1_agree; total1 += (long)v->top1_total;
         gt += (long)v->greedy_tokens; gm += (long)v->greedy_mismatches; gties += (long)v->greedy_ties; nll += v->nll;
+        gprefix += (long)v->greedy_prefix;
+        int diverged = v->greedy_prefix < v->greedy_tokens;   /* the step of its first different token */
+        if (diverged && (first_div < 0 || v->greedy_prefix < first_div)) first_div = (int)v->greedy_prefix;
         nll_tokens += recs[i].T - 1;
         if (quiet) continue;
-        if (reference)
-            printf("%-16.16s %6d %12.3g %12.3g %8.3f %6d (%d/%d)\n", recs[i].id, recs[i].T, v->max_diff,
+        if (reference) {
+            printf("%-16.16s %6d %12.3g %12.3g %8.3f %6d (%d/%d)", recs[i].id, recs[i].T, v->max_diff,
                    v->n_pairs ? v->sum_diff / v->n_pairs : 0.0, v->top1_total ? v->top1_agree / v->top1_total : 1.0,
                    (int)v->greedy_tokens, (int)v->greedy_mismatches, (int)v->greedy_ties);
-        else {
+            if (diverged) printf(" %8d\n", (int)v->greedy_prefix);
+            else printf(" %8s\n", "-");
+        } else {
             double l = recs[i].T > 1 ? v->nll / (recs[i].T - 1) : 0.0;
             printf("%-16.16s %6d %12.6f %12.4f\n", recs[i].id, recs[i].T, l, exp(l));
         }
     }
     if (reference) {
         failed = !(max_all <= max_diff) || gm > 0;
+        static const double q[] = {0.5, 0.9, 0.99};
+        double qv[3];
+        diff_quantiles(recs, n, ours, relative, q, 3, qv);
         printf("{\"records\": %d, \"positions\": %ld, \"max_abs_logprob_diff\": %.9g, \"mean_abs_logprob_diff\": %.9g, "
+               "\"p50_abs_logprob_diff\": %.9g, \"p90_abs_logprob_diff\": %.9g, \"p99_abs_logprob_diff\": %.9g, "
                "\"top1_agreement\": %.6f, \"greedy_tokens\": %ld, \"greedy_mismatches\": %ld, \"greedy_ties\": %ld, "
+               "\"greedy_agreed_prefix\": %ld, \"greedy_first_divergence\": %d, "
                "\"tp\": %d, \"pp\": %d, \"dp\": %d, \"seconds\": %.3f, \"pass\": %s}\n",
-               n, positions, max_all, pairs ? sum_all / pairs : 0.0, total1 ? (double)agree / total1 : 1.0, gt, gm,
-               gties, mesh->tp, mesh->pp, mesh->dp, elapsed, failed ? "false" : "true");
+               n, positions, max_all, pairs ? sum_all / pairs : 0.0, qv[0], qv[1], qv[2],
+               total1 ? (double)agree / total1 : 1.0, gt, gm, gties, gprefix, first_div,
+               mesh->tp, mesh->pp, mesh->dp, elapsed, failed ? "false" : "true");
         if (failed)
             fprintf(stderr, "tandem: eval failed: max |logprob diff| %.3g (limit %.3g), %ld greedy mismatches\n",
                     max_all, max_diff, gm);
@@ -437,7 +503,7 @@ int eval_main(int argc, char **argv) {
         MESH_OPTIONS(&tp, &pp, &threads, &dtype_name),
         {"--max-logprob-diff", OPT_FLOAT, &max_diff, "1e-4", "fail (exit 1) above this |logprob difference|"},
         {"--relative", OPT_FLAG, &relative, NULL, "measure |diff| / max(1, |reference logprob|) (fp32 rounding is relative)"},
-        {"--tie-gap", OPT_FLOAT, &tie_gap, "1e-4", "greedy mismatch with a top-2 gap below this is a tie"},
+        {"--tie-gap", OPT_FLOAT, &tie_gap, "1e-4", "greedy mismatch with a top-2 gap below this is a tie (a record's greedy_tie_gap overrides it)"},
         {"--batch-tokens", OPT_INT, &batch_tokens, "4096", "tokens per forward pass"},
         {"--write-reference", OPT_STR, &write_ref, NULL, "write Tandem's own logprobs of the listed tokens as a reference file"},
         {"--quiet", OPT_FLAG, &quiet, NULL, "only the final JSON line"},
@@ -480,7 +546,7 @@ int eval_main(int argc, char **argv) {
     double *ours = xcalloc(n_pairs_all + 1, sizeof(double)); /* our logprob of every listed pair */
     double elapsed = score_records(&m, recs, n, reference, relative, tie_gap, batch_tokens, res, ours, n_pairs_all);
     if (mesh_is_root(&mesh) && write_ref) write_reference(write_ref, recs, n, ours);
-    int failed = mesh_is_root(&mesh) ? report(recs, n, res, reference, quiet, max_diff, &mesh, elapsed) : 0;
+    int failed = mesh_is_root(&mesh) ? report(recs, n, res, reference, quiet, max_diff, ours, relative, &mesh, elapsed) : 0;
     comm_broadcast(&mesh.group, &failed, sizeof(int), 0);
     free(ours);
     free(res);

@@ -3,6 +3,7 @@
 
 Usage:
     python eval/hf_reference.py --model DIR --input IN.jsonl --out REF.jsonl [--top-k 8] [--greedy N]
+                                [--dtype float32|bfloat16|bf16-emulated]
 
 IN.jsonl, one object per line:
     {"id": "optional string", "input_ids": [1, 345, ...]}
@@ -23,10 +24,21 @@ REF.jsonl, one object per input line:
                           may legitimately pick the other token)
 Logprobs are fp32 values written as Python floats (repr), i.e. exactly.
 
-REF.jsonl.meta.json: {"torch", "transformers", "model", "dtype": "float32", "top_k"}.
+REF.jsonl.meta.json: {"torch", "transformers", "model", "dtype", "top_k"}; dtype is --dtype's value.
 
-The model is always loaded with torch_dtype=float32 and attn_implementation="eager" (weights stored
-in bf16/fp16 are upcast, so references are fp32 computations on the rounded weights).
+--dtype (attn_implementation="eager" in every case; one sequence per forward, no KV cache):
+    float32        (default) the model in fp32: weights stored in bf16/fp16 are upcast exactly, so
+                   the reference is an fp32 computation on the stored weights.
+    bfloat16       the model in torch.bfloat16 throughout (from_pretrained(torch_dtype=bfloat16)):
+                   weights, activations, residual stream and matmul outputs in bf16, as transformers
+                   computes them (its RMSNorm and attention softmax work in fp32 internally and cast
+                   back); logprobs are log_softmax (fp32) of the bf16 logits cast to fp32. What a
+                   transformers user running the model in bf16 gets.
+    bf16-emulated  Tandem's --dtype bf16 function (runtime/forward.c), transcribed independently: an
+                   fp32 model whose every parameter is rounded to bf16 (round to nearest even) and
+                   whose every nn.Linear input is rounded to bf16 by a forward pre-hook
+                   (x.to(bfloat16).float()); everything else fp32. Tandem --dtype bf16 computes the
+                   same function up to fp32 summation order.
 
 Pinned versions (the committed fixtures in tests/fixtures/refs were made with these):
     torch 1.13 (CPU)      Debian: apt-get install python3-torch   (reported as 1.13.0a0)
@@ -52,16 +64,52 @@ import sys
 import torch
 
 
-def load_model(model_dir, **config_overrides):
-    """Load DIR in fp32 / eager attention; config_overrides go to from_pretrained (config kwargs)."""
+DTYPES = ("float32", "bfloat16", "bf16-emulated")
+
+
+def load_model(model_dir, dtype="float32", **config_overrides):
+    """Load DIR with eager attention in one of DTYPES (see the module docstring); config_overrides go
+    to from_pretrained (config kwargs)."""
     from transformers import AutoModelForCausalLM
 
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, torch_dtype=torch.float32, attn_implementation="eager", **config_overrides
+        model_dir, torch_dtype=torch_dtype, attn_implementation="eager", **config_overrides
     )
     model.eval()
+    if dtype == "bf16-emulated":
+        emulate_bf16(model)
     patch_qwen2_window_layers(model)
     return model
+
+
+def round_bf16(t):
+    """t rounded to the nearest bf16 value (ties to even), kept in t's dtype (fp32)."""
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
+@torch.no_grad()
+def emulate_bf16(model):
+    """Make an fp32 model compute Tandem's bf16 function: every parameter (embeddings, projections,
+    norm weights, biases, lm_head; a tied lm_head is the embedding tensor) rounded to bf16 in place,
+    and every nn.Linear's input rounded to bf16 before the product (so each product is of two bf16
+    values, exact in fp32, summed in fp32). Buffers (RoPE's inv_freq) are not weights: left fp32."""
+    for p in model.parameters():
+        p.copy_(round_bf16(p))
+
+    def round_input(_module, args):
+        return (round_bf16(args[0]),) + tuple(args[1:])
+
+    n = 0
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.Linear):
+            mod.register_forward_pre_hook(round_input)
+            n += 1
+    if n == 0:
+        raise RuntimeError("bf16-emulated: the model has no nn.Linear to hook")
+    return n
 
 
 def qwen2_full_layers(config):
@@ -174,14 +222,14 @@ def mean_nll(model, seqs):
     return (total / count if count else float("nan")), count
 
 
-def meta(model_dir, top_k, model=None):
+def meta(model_dir, top_k, model=None, dtype="float32"):
     import transformers
 
     m = {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "model": os.path.basename(os.path.normpath(model_dir)),
-        "dtype": "float32",
+        "dtype": dtype,
         "top_k": top_k,
     }
     if model is not None and qwen2_full_layers(model.config):
@@ -197,11 +245,11 @@ def write_jsonl(path, records):
     os.replace(tmp, path)
 
 
-def write_meta(out_path, model_dir, top_k, model=None):
+def write_meta(out_path, model_dir, top_k, model=None, dtype="float32"):
     p = out_path + ".meta.json"
     tmp = p + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(meta(model_dir, top_k, model), f, indent=1)
+        json.dump(meta(model_dir, top_k, model, dtype), f, indent=1)
         f.write("\n")
     os.replace(tmp, p)
 
@@ -213,10 +261,12 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="output reference jsonl")
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--greedy", type=int, default=0, help="greedy tokens per record (EOS ignored)")
+    ap.add_argument("--dtype", choices=DTYPES, default="float32",
+                    help="float32 (default), bfloat16 (the model in bf16), bf16-emulated (Tandem's bf16)")
     args = ap.parse_args(argv)
 
     torch.set_grad_enabled(False)
-    model = load_model(args.model)
+    model = load_model(args.model, args.dtype)
     tok = None
     records = []
     with open(args.input) as f:
@@ -242,7 +292,7 @@ def main(argv=None):
         rid = str(rid) if rid is not None else f"rec{i}"
         records.append(reference_record(model, ids, args.top_k, args.greedy, rid))
     write_jsonl(args.out, records)
-    write_meta(args.out, args.model, args.top_k, model)
+    write_meta(args.out, args.model, args.top_k, model, args.dtype)
     print(f"wrote {len(records)} records to {args.out}", file=sys.stderr)
 
 
