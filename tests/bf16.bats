@@ -71,7 +71,7 @@ make_prompts() { # OUT N: prompts of several lengths and budgets
         # pp only moves activations between stages and dp replicas run the same arithmetic: the same
         # bits. tp adds a row-parallel layer's partial sums in another grouping than one rank's dot
         # product: an fp32 ulp apart, as in fp32 (eval.bats: 1e-5); in bf16 that ulp can carry a
-        # matmul input across a rounding boundary, to the neighbouring bf16 value (2^-8 relative), so
+        # matmul input across a rounding boundary, to the neighbouring bf16 value (one bf16 ulp: 2^-8 to 2^-7 relative), so
         # tp 2's logprobs differ from 1x1's by up to the size of bf16's own rounding (measured 0.05 on
         # one 48-token prompt of stories260K; 0 on shorter ones) and 9 of these 70 sampled
         # continuations differ. Greedy picks agree (measured) unless a top-2 gap is that small.
@@ -169,7 +169,7 @@ print(sum(math.prod(v["shape"]) for k, v in h.items() if k != "__metadata__"))' 
         # Other layouts add the same fp32 terms in other orders (tp sums, micro-batch gradient sums),
         # as in fp32 (sft.bats: within 1e-5 relative, measured 1e-7). bf16 adds one effect: after each
         # step the weights are the master rounded to bf16, and a master that differs by an fp32 ulp
-        # can round to the neighbouring bf16 value, 2^-8 relative, on the few weights sitting within
+        # can round to the neighbouring bf16 value, one bf16 ulp (2^-8 to 2^-7 relative), on the few weights sitting within
         # an ulp of a rounding boundary (a fraction ~2^-16 of them). Their effect on the loss is far
         # below 1e-5 relative, so the fp32 tolerance stands (measured: 8e-7).
         paste <(losses "$BATS_TEST_TMPDIR/ref") <(losses "$BATS_TEST_TMPDIR/l") |
