@@ -366,9 +366,10 @@ int bench_main(int argc, char **argv) {
     /* the load's memory: the peak so far against the weights held (each tensor is read from the
      * mapped file into the arena, converted, and its mapped pages released: issue 28 item 7) */
     double w_mib = (double)m.n_params * dtype_size(m.dtype) / 1048576.0, load_rss = peak_rss_mib();
-    if (mesh.rank == 0)
-        fprintf(stderr, "{\"bench\": \"load\", \"dtype\": \"%s\", \"weights_mib\": %.1f, \"peak_rss_mib\": %.1f, "
-                "\"peak_over_weights\": %.3f}\n", dtype_name(m.dtype), w_mib, load_rss, load_rss / w_mib);
+#define PRINT_LOAD()                                                                                                  \
+    if (mesh.rank == 0)                                                                                               \
+        fprintf(stderr, "{\"bench\": \"load\", \"dtype\": \"%s\", \"weights_mib\": %.1f, \"peak_rss_mib\": %.1f, "        \
+                "\"peak_over_weights\": %.3f}\n", dtype_name(m.dtype), w_mib, load_rss, load_rss / w_mib)
     int rc;
     if (train) {
         if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
@@ -378,15 +379,19 @@ int bench_main(int argc, char **argv) {
          * LOSS_XENT's weights give the mean over its tokens (optim_step averages over dp) */
         PrefHook ph = {.pair_weight = 2.0 / batch};
         LossHook bt = {loss_bt, &ph, 1.0f, 0.0f, NULL};
+        PRINT_LOAD();
         rc = bench_train(&m, &mesh, batch, seq, iters, !strcmp(recompute, "full"), threads,
                          m.head == HEAD_SCORE ? &bt : &LOSS_XENT);
     } else if (generate) {
         if (mesh.size != 1) user_error("bench --generate runs on one rank");
         if (new_tokens < 1 || big < 1) user_error("--new-tokens and --big-batch must be >= 1");
+        PRINT_LOAD();
         rc = bench_generate(&m, threads, seq, new_tokens, big, iters);
     } else {
+        PRINT_LOAD();
         rc = bench_prefill(&m, &mesh, batch, seq, iters, threads, opts, n_opts);
     }
+#undef PRINT_LOAD
     model_free(&m);
     mesh_free(&mesh);
     comm_finalize();

@@ -286,3 +286,22 @@ rule_rate() {
     diff <(losses "$BATS_TEST_TMPDIR/p") <(losses "$BATS_TEST_TMPDIR/q")
     [ "$(losses "$BATS_TEST_TMPDIR/p" | wc -l)" -eq 6 ]
 }
+
+@test "bf16 ppo (gae) with a reward model and a critic: reward and held-out rule score rise (the fp32 test's thresholds)" {
+    need_story
+    # ppo.bats's setup: stories260K + score head on the rule's preference pairs, here in bf16 too
+    "$TANDEM" rm --dtype bf16 --model "$STORIES" --data "$PF/story_train.jsonl" --out "$BATS_TEST_TMPDIR/rm" --seq-len 64 \
+        --batch-size 8 --lr 3e-3 --epochs 3 2>/dev/null
+    RMD="$BATS_TEST_TMPDIR/rm/checkpoint-78"
+    out="$BATS_TEST_TMPDIR/ppo"
+    run timeout 300 "$TANDEM" ppo --dtype bf16 --actor "$STORIES" --critic "$RMD" --reward "$RMD" --prompts "$TRAIN" --out "$out" \
+        --rollout-batch-size 16 --max-new-tokens 48 --steps 30 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --log-every 5
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$out/metrics.jsonl" -c)" = "[0]" ]
+    s0=$(jq -s '.[0:5] | map(.["critic/score/mean"]) | add / 5' "$out/metrics.jsonl")
+    s1=$(jq -s '.[-5:] | map(.["critic/score/mean"]) | add / 5' "$out/metrics.jsonl")
+    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-30/actor")
+    echo "bf16 ppo: RM score (first 5 / last 5 steps) $s0 -> $s1; held-out rule score $before -> $after"
+    awk -v a="$s0" -v b="$s1" 'BEGIN { exit !(b > a + 2) }'
+    awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'
+}
