@@ -105,7 +105,7 @@ make_prompts() { # OUT N: prompts of several lengths and budgets
     "$TANDEM" sft "${A[@]}" --out "$BATS_TEST_TMPDIR/o" 2>/dev/null
     e0=$(grep eval_loss "$BATS_TEST_TMPDIR/o/metrics.jsonl" | head -1 | jq .eval_loss)
     e1=$(grep eval_loss "$BATS_TEST_TMPDIR/o/metrics.jsonl" | tail -1 | jq .eval_loss)
-    echo "bf16 eval loss: $e0 -> $e1"
+    echo "bf16 eval loss: $e0 -> $e1" >&3
     awk -v a="$e1" 'BEGIN { exit !(a + 0 == a && a < 0.05) }'
     ck="$BATS_TEST_TMPDIR/o/checkpoint-300"
     [ "$(st_dtypes "$ck/model-00001-of-00001.safetensors")" = BF16 ]
@@ -114,7 +114,7 @@ make_prompts() { # OUT N: prompts of several lengths and budgets
     head -20 "$BATS_FILE_TMPDIR/rev_val.jsonl" | jq -c '{id: .response, prompt: .prompt, max_new_tokens: 6}' > "$BATS_TEST_TMPDIR/p.jsonl"
     "$TANDEM" generate --model "$ck" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/g.jsonl" --greedy 2>/dev/null
     right=$(jq -r 'select((.completion | gsub("^ "; "")) == .id) | .id' "$BATS_TEST_TMPDIR/g.jsonl" | wc -l)
-    echo "greedy reversals right: $right / 20"
+    echo "greedy reversals right: $right / 20" >&3
     [ "$right" -ge 18 ]
     # the same run saving F32: every tensor the exact upcast of the BF16 one (transformers loads both
     # as float32: check_hf_load.py compares every parameter with torch.equal and the logits)
@@ -186,7 +186,7 @@ print(sum(math.prod(v["shape"]) for k, v in h.items() if k != "__metadata__"))' 
     [ "$status" -eq 0 ]
     a0=$(jq -s 'map(select(.eval_accuracy != null)) | .[0].eval_accuracy' "$out/metrics.jsonl")
     a1=$(jq -s 'map(select(.eval_accuracy != null)) | .[-1].eval_accuracy' "$out/metrics.jsonl")
-    echo "bf16 rm held-out accuracy $a0 -> $a1"
+    echo "bf16 rm held-out accuracy $a0 -> $a1" >&3
     awk -v a="$a0" 'BEGIN { exit !(a < 0.7) }'
     awk -v a="$a1" 'BEGIN { exit !(a >= 0.9) }'
     [ "$(st_dtypes "$out/checkpoint-78/model-00001-of-00001.safetensors")" = BF16 ]
@@ -201,14 +201,14 @@ print(sum(math.prod(v["shape"]) for k, v in h.items() if k != "__metadata__"))' 
     # policy and reference are the same bf16 model, bit for bit
     [ "$(jq -c 'select(.step == 1) | [.loss, ."rewards/chosen", ."rewards/rejected"]' "$out/metrics.jsonl")" = "[0.693147181,0,0]" ]
     a1=$(jq -s 'map(select(."eval_rewards/accuracies" != null)) | .[-1]."eval_rewards/accuracies"' "$out/metrics.jsonl")
-    echo "bf16 dpo held-out implicit-reward accuracy -> $a1"
+    echo "bf16 dpo held-out implicit-reward accuracy -> $a1" >&3
     awk -v a="$a1" 'BEGIN { exit !(a >= 0.7) }'
     jq -c --argjson k 16 'range(0; $k) as $j | {prompt, seed: (50000 + $j)}' "$PF/story_prompts_val.jsonl" > "$BATS_TEST_TMPDIR/g.jsonl"
     for m in "$STORIES" "$out/checkpoint-78"; do
         "$TANDEM" generate --dtype bf16 --model "$m" --input "$BATS_TEST_TMPDIR/g.jsonl" --output "$BATS_TEST_TMPDIR/g.out" --max-new-tokens 48 2>/dev/null
         jq -s '[.[].completion | test("\\bhappy\\b"; "i")] | map(if . then 1 else 0 end) | add / length' "$BATS_TEST_TMPDIR/g.out" >> "$BATS_TEST_TMPDIR/rates"
     done
-    echo "bf16 property rate before / after: $(paste -sd' ' "$BATS_TEST_TMPDIR/rates")"
+    echo "bf16 property rate before / after: $(paste -sd' ' "$BATS_TEST_TMPDIR/rates")" >&3
     awk 'NR == 1 { b = $1 } NR == 2 { a = $1 } END { exit !(a >= 3 * b && a >= 0.2) }' "$BATS_TEST_TMPDIR/rates"
 }
 
@@ -229,7 +229,7 @@ rule_rate() {
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$out/metrics.jsonl" -c)" = "[0]" ]
     [ "$(st_dtypes "$out/checkpoint-30/actor/model-00001-of-00001.safetensors")" = BF16 ]
     before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-30/actor")
-    echo "bf16 grpo: held-out rule score $before -> $after"
+    echo "bf16 grpo: held-out rule score $before -> $after" >&3
     awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'
 }
 
@@ -270,7 +270,7 @@ rule_rate() {
     run "$TANDEM" sft "${A[@]}" --dtype bf16 --out "$BATS_TEST_TMPDIR/b"
     [ "$status" -eq 0 ]; b=$(acts "$output")
     [[ "$output" == *"matmul inputs kept as bf16"* ]]
-    echo "train activations MiB: fp32 $f, bf16 $b"
+    echo "train activations MiB: fp32 $f, bf16 $b" >&3
     # per layer, xb1, att, xb2, act (D + H*Dh + D + F = 448 values a token here, of 1280 kept) at 2
     # bytes instead of 4, plus one shared fp32 set of them: L layers save (L / 2 - 1) x that set,
     # 2 x 512 tokens x 448 x 4 bytes = 1.75 MiB at L = 6, of 6 x 2.375 MiB + the head's
@@ -301,7 +301,7 @@ rule_rate() {
     s0=$(jq -s '.[0:5] | map(.["critic/score/mean"]) | add / 5' "$out/metrics.jsonl")
     s1=$(jq -s '.[-5:] | map(.["critic/score/mean"]) | add / 5' "$out/metrics.jsonl")
     before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-30/actor")
-    echo "bf16 ppo: RM score (first 5 / last 5 steps) $s0 -> $s1; held-out rule score $before -> $after"
+    echo "bf16 ppo: RM score (first 5 / last 5 steps) $s0 -> $s1; held-out rule score $before -> $after" >&3
     awk -v a="$s0" -v b="$s1" 'BEGIN { exit !(b > a + 2) }'
     awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'
 }
