@@ -135,30 +135,25 @@ static const float *tile_weights(const void *w, DType wt, int j0, int rows, int 
         cap = n;
     }
     const uint16_t *src = (const uint16_t *)w + (size_t)j0 * n_in;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        v8 f = ld8_bf16(src + i);
-        memcpy(buf + i, &f, sizeof f);
-    }
-    for (; i < n; i++) buf[i] = bf16_to_f32(src[i]);
+    for (size_t i = 0; i < n; i++) buf[i] = bf16_scalar(src[i]);   /* vectorised by the compiler */
     return buf;
 }
 
-/* Output tile ot (4 outputs) of o for x rows [n0, n1) */
-static void matmul_tile(const MatmulOut *o, DType wt, const float *x, int n_in, int n0, int n1, int ot) {
+/* Output tile ot (4 outputs) of o for x rows [n0, n1). xs: x split for dot_split_bf16 (bf16
+ * weights and N <= 4: decode), else NULL */
+static void matmul_tile(const MatmulOut *o, DType wt, const float *x, const float *xs, int n_in, int n0, int n1, int ot) {
     int n_out = o->n_out, n_otiles = (n_out + 3) / 4, j0 = ot * 4, ro = n_out - j0 < 4 ? n_out - j0 : 4;
     float *out = o->out;
-    if (wt == DTYPE_BF16 && n1 - n0 <= 4) {
-        /* a few rows (decode): the rows read once, straight from bf16 (half the bytes of fp32,
-         * no buffer in between), dot_fixed's bits on the upcast */
+    if (xs) {
+        /* decode: each bf16 row read once, front to back, straight from the weights (half the
+         * bytes of fp32, no buffer in between; one stream at a time, as the fp32 path reads them),
+         * dot_fixed's bits on the upcast */
         const uint16_t *wb = (const uint16_t *)o->w + (size_t)j0 * n_in;   /* (ro, n_in) */
-        for (int n = n0; n < n1; n++) {
-            const float *xr = x + (size_t)n * n_in;
-            float *orow = out + (size_t)n * n_out + j0;
-            if (ro == 4) dot_fixed4_bf16(orow, xr, wb, wb + n_in, wb + 2 * (size_t)n_in, wb + 3 * (size_t)n_in, n_in);
-            else for (int j = 0; j < ro; j++) orow[j] = dot_fixed_bf16(xr, wb + (size_t)j * n_in, n_in);
-            if (o->bias) for (int j = 0; j < ro; j++) orow[j] += weight_at(o->bias, wt, (size_t)j0 + j);
-        }
+        for (int n = n0; n < n1; n++)
+            for (int j = 0; j < ro; j++) {
+                float s = dot_split_bf16(xs + (size_t)n * n_in, wb + (size_t)j * n_in, n_in);
+                out[(size_t)n * n_out + j0 + j] = o->bias ? s + weight_at(o->bias, wt, (size_t)j0 + j) : s;
+            }
         return;
     }
     const float *w = tile_weights(o->w, wt, j0, ro, n_in);   /* (ro, n_in) */
@@ -188,6 +183,10 @@ static void matmul_tile(const MatmulOut *o, DType wt, const float *x, int n_in, 
 }
 
 void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt) {
+    /* decode with bf16 weights: x split once for every weight row (dot_split_bf16) */
+    int split = wt == DTYPE_BF16 && N <= 4;
+    float xs[split ? (size_t)N * n_in : 1];   /* (N, n_in): at most 4 rows, on this thread's stack */
+    for (int r = 0; split && r < N; r++) eo_split_row(xs + (size_t)r * n_in, x + (size_t)r * n_in, n_in);
     int first[n + 1];   /* the tiles of outs[j] are first[j] .. first[j + 1] - 1 */
     first[0] = 0;
     for (int j = 0; j < n; j++) first[j + 1] = first[j] + (outs[j].n_out + 3) / 4;
@@ -199,7 +198,7 @@ void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, 
         for (int t = 0; t < tiles; t++) {
             int j = 0;
             while (t >= first[j + 1]) j++;
-            matmul_tile(&outs[j], wt, x, n_in, n0, n1, t - first[j]);
+            matmul_tile(&outs[j], wt, x, split ? xs : NULL, n_in, n0, n1, t - first[j]);
         }
     }
 }

@@ -252,88 +252,50 @@ static inline void dot_fixed16(float *out, const float *a, const float *b, size_
         for (int kk = k; kk < n; kk++) out[j] = fmaf(a[kk], b[j * stride + kk], out[j]);
 }
 
-/* ---- bf16 weights: the same dot products with b read through its exact upcast ----------------
- * A bf16 value is the top half of an fp32 one, so widening the 16 bits and shifting them up gives
- * the fp32 value itself: these functions give dot_fixed's and dot_fixed4's bits on the upcast b,
- * reading half the bytes (batch-1 decode streams every weight once: bytes are its speed). */
-typedef unsigned short u16x8 __attribute__((vector_size(16)));
-typedef unsigned int u32x8 __attribute__((vector_size(32)));
-static inline __attribute__((always_inline)) v8 ld8_bf16(const unsigned short *p) {
-    u16x8 h;
-    memcpy(&h, p, sizeof h);
-    return (v8)(__builtin_convertvector(h, u32x8) << 16);
-}
+/* ---- bf16 weights: dot_fixed's bits with b read through its exact upcast ----------------------
+ * A bf16 value is the top half of an fp32 one, so shifting its 16 bits up gives the fp32 value
+ * itself; batch-1 decode streams every weight once, so reading half the bytes is its speed. */
+/* The bf16 dot product below reads b 16 values (32 bytes) at a time as 8 dwords: dword i holds
+ * b[2i] in its low half and b[2i + 1] in its high half, so `<< 16` gives the fp32 values of the even
+ * elements and `& 0xffff0000` those of the odd ones, with no shuffle (a widening move costs a
+ * shuffle per 8 values, and the shuffle port, not memory, then sets batch-1 decode's speed). a comes
+ * split the same way (eo_split_row, once per row of x for all the weight rows). Lane i of the even
+ * accumulator then sums class 2i (elements k = 2i mod 16), lane i of the odd one class 2i + 1, each
+ * in increasing k: the very FMA chains of dot_fixed's 16 lanes, in other registers; eo_hsum puts the
+ * 16 classes back in dot_fixed's order and adds them with its tree. So the result has dot_fixed's
+ * bits on the upcast b, on every ISA (8-lane vectors everywhere). */
+typedef unsigned int vu8 __attribute__((vector_size(32)));
 static inline float bf16_scalar(unsigned short h) {
     unsigned int u = (unsigned int)h << 16;
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
-
-/* The bf16 dot products below read b 16 values (32 bytes) at a time as 8 dwords: dword i holds
- * b[2i] in its low half and b[2i + 1] in its high half, so `<< 16` gives the fp32 values of the even
- * elements and `& 0xffff0000` those of the odd ones, with no shuffle (a widening move would cost a
- * shuffle per 8 values, and the shuffle port, not memory, would set batch-1 decode's speed). a is
- * split the same way (eo_split, shared by the rows). Lane i of the even accumulator then sums
- * class 2i (elements k = 2i mod 16), lane i of the odd one class 2i + 1, each in increasing k: the
- * very FMA chains of dot_fixed's 16 lanes, in other registers; eo_hsum puts the 16 classes back in
- * dot_fixed's order and adds them with its tree. So the result has dot_fixed's bits on the upcast b,
- * on every ISA (these use 8-lane vectors everywhere). */
-typedef unsigned int vu8 __attribute__((vector_size(32)));
-static inline __attribute__((always_inline)) void eo_split(const float *p, v8 *even, v8 *odd) {
-    v8 lo = ld8(p), hi = ld8(p + 8);
-    *even = __builtin_shufflevector(lo, hi, 0, 2, 4, 6, 8, 10, 12, 14);
-    *odd = __builtin_shufflevector(lo, hi, 1, 3, 5, 7, 9, 11, 13, 15);
-}
-static inline __attribute__((always_inline)) void eo_bf16(const unsigned short *p, v8 *even, v8 *odd) {
-    vu8 u;
-    memcpy(&u, p, sizeof u);
-    *even = (v8)(u << 16);
-    *odd = (v8)(u & 0xffff0000u);
+/* xs (n) = x (n) with each whole 16-element chunk as its 8 even elements, then its 8 odd ones; the
+ * tail (n % 16) as it is */
+static inline void eo_split_row(float *xs, const float *x, int n) {
+    int k = 0;
+    for (; k + 16 <= n; k += 16)
+        for (int i = 0; i < 8; i++) xs[k + i] = x[k + 2 * i], xs[k + 8 + i] = x[k + 2 * i + 1];
+    for (; k < n; k++) xs[k] = x[k];
 }
 static inline __attribute__((always_inline)) float eo_hsum(v8 e, v8 o) {
     v8 lo = __builtin_shufflevector(e, o, 0, 8, 1, 9, 2, 10, 3, 11);    /* classes 0..7 */
     v8 hi = __builtin_shufflevector(e, o, 4, 12, 5, 13, 6, 14, 7, 15);  /* classes 8..15 */
     return hsum8(lo + hi);
 }
-
-/* dot_fixed(a, upcast(b), n) */
-static inline __attribute__((always_inline)) float dot_fixed_bf16(const float *a, const unsigned short *b, int n) {
+/* dot_fixed(x, upcast(b), n), xs = eo_split_row(x): one row of b streamed front to back */
+static inline __attribute__((always_inline)) float dot_split_bf16(const float *xs, const unsigned short *b, int n) {
     v8 e = {0}, o = {0};
     int k = 0;
     for (; k + 16 <= n; k += 16) {
-        v8 xe, xo, we, wo;
-        eo_split(a + k, &xe, &xo);
-        eo_bf16(b + k, &we, &wo);
-        e = e + xe * we, o = o + xo * wo;
+        vu8 u;
+        memcpy(&u, b + k, sizeof u);
+        e = e + ld8(xs + k) * (v8)(u << 16);
+        o = o + ld8(xs + k + 8) * (v8)(u & 0xffff0000u);
     }
     float s = eo_hsum(e, o);
-    for (; k < n; k++) s = fmaf(a[k], bf16_scalar(b[k]), s);
+    for (; k < n; k++) s = fmaf(xs[k], bf16_scalar(b[k]), s);
     return s;
-}
-
-/* dot_fixed4(out, a, upcast(b0..b3), n): four rows streamed at once (8 accumulators) */
-static inline __attribute__((always_inline)) void dot_fixed4_bf16(float *out, const float *a, const unsigned short *b0,
-                                                                 const unsigned short *b1, const unsigned short *b2,
-                                                                 const unsigned short *b3, int n) {
-    v8 e0 = {0}, o0 = {0}, e1 = {0}, o1 = {0}, e2 = {0}, o2 = {0}, e3 = {0}, o3 = {0};
-    int k = 0;
-    for (; k + 16 <= n; k += 16) {
-        v8 xe, xo, we, wo;
-        eo_split(a + k, &xe, &xo);
-        eo_bf16(b0 + k, &we, &wo); e0 = e0 + xe * we; o0 = o0 + xo * wo;
-        eo_bf16(b1 + k, &we, &wo); e1 = e1 + xe * we; o1 = o1 + xo * wo;
-        eo_bf16(b2 + k, &we, &wo); e2 = e2 + xe * we; o2 = o2 + xo * wo;
-        eo_bf16(b3 + k, &we, &wo); e3 = e3 + xe * we; o3 = o3 + xo * wo;
-    }
-    float r[4] = {eo_hsum(e0, o0), eo_hsum(e1, o1), eo_hsum(e2, o2), eo_hsum(e3, o3)};
-    for (; k < n; k++) {
-        float x = a[k];
-        r[0] = fmaf(x, bf16_scalar(b0[k]), r[0]);
-        r[1] = fmaf(x, bf16_scalar(b1[k]), r[1]);
-        r[2] = fmaf(x, bf16_scalar(b2[k]), r[2]);
-        r[3] = fmaf(x, bf16_scalar(b3[k]), r[3]);
-    }
-    memcpy(out, r, sizeof r);
 }
 #endif
