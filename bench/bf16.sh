@@ -63,7 +63,10 @@ sys.argv = sys.argv[1:]; sys.path.insert(0, sys.argv[0].rsplit("/", 1)[0]); runp
     # autocast's bf16 weight copies do not fit this machine's 23 GB beside the system
     [ $s = 1.1B ] && { echo "pytorch: skipped at 1.1B (memory)"; continue; }
     for ac in "" --autocast; do
-        p=$(OMP_WAIT_POLICY=PASSIVE "$PY" bench/train_pytorch.py --model $dir $A --iters 2 --threads "$TH" $ac 2>/dev/null) || { echo "pytorch $ac: failed"; continue; }
+        # torch 1.13's CPU autocast has no fast bf16 GEMM on a CPU without AVX512_BF16: its step can
+        # take minutes; 600 s bounds it, and a timeout is reported as such
+        p=$(OMP_WAIT_POLICY=PASSIVE timeout 600 "$PY" bench/train_pytorch.py --model $dir $A --iters 2 --threads "$TH" $ac 2>/dev/null) ||
+            { echo "pytorch ${ac:-fp32}: no result within 600 s (3 steps)"; continue; }
         echo "$(field "$p" impl) train: $(field "$p" tokens_per_s) tok/s, peak RSS $(field "$p" peak_rss_mib) MiB"
         awk -v a="$tr_bf16" -v b="$(field "$p" tokens_per_s)" -v n="$(field "$p" impl)" 'BEGIN { printf "tandem bf16 / %s = %.2fx\n", n, a / b }'
     done
