@@ -323,6 +323,16 @@ static int bench_prefill(Model *m, const Mesh *mesh, int batch, int seq, int ite
     return 0;
 }
 
+/* The load's memory (stderr, rank 0, once the run goes ahead): the peak RSS right after loading against
+ * the weights held. Each tensor is read from the mapped file into the arena, converted, and its mapped
+ * pages released, so the two are about equal. */
+static void print_load(const Model *m, double load_rss) {
+    double w_mib = (double)m->n_params * dtype_size(m->dtype) / 1048576.0;
+    if (m->mesh->rank == 0)
+        fprintf(stderr, "{\"bench\": \"load\", \"dtype\": \"%s\", \"weights_mib\": %.1f, \"peak_rss_mib\": %.1f, "
+                "\"peak_over_weights\": %.3f}\n", dtype_name(m->dtype), w_mib, load_rss, load_rss / w_mib);
+}
+
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
     int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score;
@@ -363,13 +373,8 @@ int bench_main(int argc, char **argv) {
     DType dtype = dtype_parse("--dtype", dtype_flag);
     if (score) model_load_score(&m, model_dir, &mesh, 1, dtype);   /* a directory's own score head is kept */
     else model_load(&m, model_dir, &mesh, dtype);
-    /* the load's memory: the peak so far against the weights held (each tensor is read from the
-     * mapped file into the arena, converted, and its mapped pages released: issue 28 item 7) */
-    double w_mib = (double)m.n_params * dtype_size(m.dtype) / 1048576.0, load_rss = peak_rss_mib();
-#define PRINT_LOAD()                                                                                                  \
-    if (mesh.rank == 0)                                                                                               \
-        fprintf(stderr, "{\"bench\": \"load\", \"dtype\": \"%s\", \"weights_mib\": %.1f, \"peak_rss_mib\": %.1f, "        \
-                "\"peak_over_weights\": %.3f}\n", dtype_name(m.dtype), w_mib, load_rss, load_rss / w_mib)
+    /* the load's peak memory, printed by print_load once the options are known good */
+    double load_rss = peak_rss_mib();
     int rc;
     if (train) {
         if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
@@ -379,19 +384,18 @@ int bench_main(int argc, char **argv) {
          * LOSS_XENT's weights give the mean over its tokens (optim_step averages over dp) */
         PrefHook ph = {.pair_weight = 2.0 / batch};
         LossHook bt = {loss_bt, &ph, 1.0f, 0.0f, NULL};
-        PRINT_LOAD();
+        print_load(&m, load_rss);
         rc = bench_train(&m, &mesh, batch, seq, iters, !strcmp(recompute, "full"), threads,
                          m.head == HEAD_SCORE ? &bt : &LOSS_XENT);
     } else if (generate) {
         if (mesh.size != 1) user_error("bench --generate runs on one rank");
         if (new_tokens < 1 || big < 1) user_error("--new-tokens and --big-batch must be >= 1");
-        PRINT_LOAD();
+        print_load(&m, load_rss);
         rc = bench_generate(&m, threads, seq, new_tokens, big, iters);
     } else {
-        PRINT_LOAD();
+        print_load(&m, load_rss);
         rc = bench_prefill(&m, &mesh, batch, seq, iters, threads, opts, n_opts);
     }
-#undef PRINT_LOAD
     model_free(&m);
     mesh_free(&mesh);
     comm_finalize();

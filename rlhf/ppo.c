@@ -39,6 +39,7 @@ typedef struct {
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
         clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, wd, clip, timeout;
     LrSchedule sched, critic_sched;
+    DType dtype, save_dtype;
     PpoState state;        /* --resume's ppo_state.json */
 } PpoOptions;
 
@@ -284,9 +285,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         {"--critic-tp", OPT_INT, &R[R_CRITIC].tp, "1", ""}, {"--critic-pp", OPT_INT, &R[R_CRITIC].pp, "1", ""},
         {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
         {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
-        {"--threads", OPT_INT, &o->threads, "0", "CPU threads per rank (0 = the cores available to this rank)"},
-        DTYPE_OPTION(&o->dtype_name),
-        {"--save-dtype", OPT_STR, &o->save_dtype_name, "auto", "saved actor / critic weights: auto (the model's dtype) | bf16 | fp32"},
+        THREADS_OPTION(&o->threads), DTYPE_OPTION(&o->dtype_name), SAVE_DTYPE_OPTION(&o->save_dtype_name),
     };
     *n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
@@ -316,6 +315,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     if (o->dual_clip != 0 && !(o->dual_clip > 1)) user_error("--dual-clip %g: must be > 1 (or 0 = off)", o->dual_clip);
     if (!(o->actor_lr > 0) || !(o->critic_lr > 0)) user_error("ppo: --actor-lr and --critic-lr must be > 0");
     o->sched = lr_schedule_parse("--lr-schedule", o->sched_name);
+    o->dtype = dtype_parse("--dtype", o->dtype_name), o->save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);
     o->critic_sched = o->critic_sched_name ? lr_schedule_parse("--critic-lr-schedule", o->critic_sched_name) : o->sched;
     int S = p->x.B * p->x.G;
     if (p->mini == 0) p->mini = S;
@@ -357,7 +357,7 @@ static void setup(Ppo *p, PpoOptions *o) {
         p->load_dir[r] = R[r].dir;
         if (o->resume && (r == R_ACTOR || r == R_CRITIC) && R[r].active) p->load_dir[r] = path_join(o->resume, ROLE_NAMES[r]);
     }
-    roles_load(rs, p->load_dir, dtype_parse("--dtype", o->dtype_name));
+    roles_load(rs, p->load_dir, o->dtype);
     char err[1024];
     x->tok = tokenizer_open(R[R_ACTOR].dir, err, sizeof err);
     if (!x->tok) user_error("%s", err);
@@ -396,7 +396,7 @@ static void setup(Ppo *p, PpoOptions *o) {
         oc.schedule = r == R_ACTOR ? o->sched : o->critic_sched;
         int micro = micro_size(p, &R[r]), n_mb = (p->mini / R[r].mesh.dp + micro - 1) / micro;
         learner_init(&p->learner[r], m, oc, micro * x->max_len, x->max_len, n_mb, 0);
-        p->learner[r].save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);
+        p->learner[r].save_dtype = o->save_dtype;
     }
     if (o->resume) {
         p->kl_coef = o->state.kl_coef;

@@ -16,13 +16,17 @@ typedef struct {
 
 /* The rows every model-running subcommand shares (int *tp, *pp, *threads; const char **dtype, read
  * with dtype_parse). */
+#define THREADS_OPTION(threads)                                                                         \
+    {"--threads", OPT_INT, threads, "0", "CPU threads per rank (0 = the cores available to this rank)"}
 #define DTYPE_OPTION(dtype)                                                                             \
     {"--dtype", OPT_STR, dtype, "auto", "weights: auto (config.json's torch_dtype; float16 loads as bf16) | bf16 | fp32"}
+/* the trainers' (const char **save_dtype) */
+#define SAVE_DTYPE_OPTION(save_dtype)                                                                   \
+    {"--save-dtype", OPT_STR, save_dtype, "auto", "saved weights: auto (the model's dtype) | bf16 | fp32"}
 #define MESH_OPTIONS(tp, pp, threads, dtype)                                      \
     {"--tp", OPT_INT, tp, "1", "tensor-parallel size"},                           \
     {"--pp", OPT_INT, pp, "1", "pipeline-parallel size"},                         \
-    {"--threads", OPT_INT, threads, "0", "CPU threads per rank (0 = the cores available to this rank)"}, \
-    DTYPE_OPTION(dtype)
+    THREADS_OPTION(threads), DTYPE_OPTION(dtype)
 
 /* Parses argv (argv[0] is the subcommand). --help prints usage and exits 0. */
 void args_parse(const char *usage, Option *opts, int n_opts, int argc, char **argv);

@@ -10,10 +10,7 @@ load helpers
 
 setup_file() {
     D="$BATS_FILE_TMPDIR"
-    # sft.bats's synthetic task: reverse 4 digits (tok512 gives every digit its own token)
-    awk 'BEGIN { srand(7); for (i = 0; i < 2200; i++) { s = ""; for (k = 0; k < 4; k++) s = s int(rand() * 10);
-         r = ""; for (k = 4; k > 0; k--) r = r substr(s, k, 1);
-         printf "{\"prompt\": \"%s=\", \"response\": \"%s\"}\n", s, r > (i < 2000 ? "'"$D"'/rev_train.jsonl" : "'"$D"'/rev_val.jsonl") } }'
+    make_rev_data "$D"
     TOK="$ROOT/../shared/assets/models/stories260K/tok512.model"
     [ -e "$TOK" ] || return 0
     "$ROOT/bin/tandem" convert --from random --shape 64,256,2,4,4,512,64 --tokenizer "$TOK" --seed 1 --out "$D/m" 2>/dev/null
@@ -49,16 +46,10 @@ print(",".join(sorted({v["dtype"] for k, v in h.items() if k != "__metadata__"})
     [[ "$output" == "tandem: --dtype fp16: expected auto, bf16 or fp32"* ]]
 }
 
-make_prompts() { # OUT N: prompts of several lengths and budgets
-    for i in $(seq 1 "$2"); do
-        words=$(printf 'the cat sat on the mat %.0s' $(seq 1 $((i % 7 + 1))))
-        echo "{\"id\": \"p$i\", \"prompt\": \"Once upon a time $words and\", \"max_new_tokens\": $((10 + i % 13)), \"seed\": $i}"
-    done > "$1"
-}
 
 @test "bf16 generate: identical output for batch sizes 1, 7, 64, 2 threads, pp 2 and dp 2 (greedy and sampled); greedy also at tp 2 and tp 2 x pp 2" {
     need_assets
-    make_prompts "$BATS_TEST_TMPDIR/p.jsonl" 70
+    make_prompts "$BATS_TEST_TMPDIR/p.jsonl" ', "seed": 7' 70
     for mode in --greedy "--temperature 0.9 --top-p 0.95"; do
         for b in 1 7 64; do
             "$TANDEM" generate --dtype bf16 --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/b$b.jsonl" $mode --max-batch $b 2>/dev/null
@@ -73,7 +64,7 @@ make_prompts() { # OUT N: prompts of several lengths and budgets
         # product: an fp32 ulp apart, as in fp32 (eval.bats: 1e-5); in bf16 that ulp can carry a
         # matmul input across a rounding boundary, to the neighbouring bf16 value (one bf16 ulp: 2^-8 to 2^-7 relative), so
         # tp 2's logprobs differ from 1x1's by up to the size of bf16's own rounding (measured 0.05 on
-        # one 48-token prompt of stories260K; 0 on shorter ones) and 9 of these 70 sampled
+        # one 48-token prompt of stories260K; 0 on shorter ones) and 9 of 70 such sampled
         # continuations differ. Greedy picks agree (measured) unless a top-2 gap is that small.
         layouts=("2 1 2" "2 1 1")
         [ "$mode" = --greedy ] && layouts+=("2 2 1" "4 2 2")

@@ -47,12 +47,6 @@ same_greedy() {
 }
 
 # N (default 40) text prompts of varied length for the invariance tests
-make_prompts() { # OUT EXTRA_JSON [N]
-    for i in $(seq 1 "${3:-40}"); do
-        words=$(printf 'the cat sat on the mat %.0s' $(seq 1 $((i % 7 + 1))))
-        echo "{\"id\": \"p$i\", \"prompt\": \"Once upon a time $words and\", \"max_new_tokens\": $((10 + i % 13))$2}"
-    done > "$1"
-}
 
 @test "generate: greedy output is identical for batch sizes 1, 7, 64, 1 or 2 threads, layouts 2x1, 1x2, 2x2, dp 2" {
     need_assets

@@ -51,3 +51,20 @@ paged_vs_eval() { # MODEL [generate flags]
     [ "$status" -eq 1 ]
     echo "$output" | tail -1 | jq -e '.pass == false and .max_abs_logprob_diff > 0'
 }
+
+# N prompts of several lengths and budgets (id p1.., "max_new_tokens" 10..22), EXTRA_JSON appended to each
+make_prompts() { # OUT EXTRA_JSON [N]
+    for i in $(seq 1 "${3:-40}"); do
+        words=$(printf 'the cat sat on the mat %.0s' $(seq 1 $((i % 7 + 1))))
+        echo "{\"id\": \"p$i\", \"prompt\": \"Once upon a time $words and\", \"max_new_tokens\": $((10 + i % 13))$2}"
+    done > "$1"
+}
+
+# sft's synthetic task, reverse 4 digits (tok512 gives every digit its own token): DIR/rev_train.jsonl
+# (2000 records), DIR/rev_val.jsonl (200)
+make_rev_data() { # DIR
+    local D="$1"
+    awk 'BEGIN { srand(7); for (i = 0; i < 2200; i++) { s = ""; for (k = 0; k < 4; k++) s = s int(rand() * 10);
+         r = ""; for (k = 4; k > 0; k--) r = r substr(s, k, 1);
+         printf "{\"prompt\": \"%s=\", \"response\": \"%s\"}\n", s, r > (i < 2000 ? "'"$D"'/rev_train.jsonl" : "'"$D"'/rev_val.jsonl") } }'
+}

@@ -3,11 +3,7 @@
 load helpers
 
 setup_file() {
-    # a synthetic task: reverse 4 digits; tok512 gives every digit its own token
-    D="$BATS_FILE_TMPDIR"
-    awk 'BEGIN { srand(7); for (i = 0; i < 2200; i++) { s = ""; for (k = 0; k < 4; k++) s = s int(rand() * 10);
-         r = ""; for (k = 4; k > 0; k--) r = r substr(s, k, 1);
-         printf "{\"prompt\": \"%s=\", \"response\": \"%s\"}\n", s, r > (i < 2000 ? "'"$D"'/rev_train.jsonl" : "'"$D"'/rev_val.jsonl") } }'
+    make_rev_data "$BATS_FILE_TMPDIR"   # reverse 4 digits (helpers.bash)
 }
 
 need_tok() { need_assets; TOK="$ASSETS/models/stories260K/tok512.model"; }

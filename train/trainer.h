@@ -93,7 +93,7 @@ typedef struct {
     {"--out", OPT_STR, &(o)->out, NULL, "output directory: checkpoint-STEP/ (HF model + state), metrics.jsonl"}, \
     {"--resume", OPT_STR, &(o)->resume, NULL, "continue from a checkpoint directory (out/checkpoint-STEP)"},     \
     {"--overwrite", OPT_FLAG, &(o)->overwrite, NULL, "allow an existing --out"},                                 \
-    {"--save-dtype", OPT_STR, &(o)->save_dtype_name, "auto", "saved weights: auto (the model's dtype) | bf16 | fp32"}
+    SAVE_DTYPE_OPTION(&(o)->save_dtype_name)
 #define TRAIN_STEP_OPTIONS(o, seq_help, batch_help, lr_default)                                                    \
     {"--seq-len", OPT_INT, &(o)->seq_len, "512", seq_help},                                                       \
     {"--batch-size", OPT_INT, &(o)->batch_size, "4", batch_help},                                                 \

@@ -144,7 +144,7 @@ static const float *tile_weights(const void *w, DType wt, int j0, int rows, int 
         memcpy(buf + i, &lo, sizeof lo);
         memcpy(buf + i + 8, &hi, sizeof hi);
     }
-    for (; i < n; i++) buf[i] = bf16_scalar(src[i]);
+    for (; i < n; i++) buf[i] = bf16_to_f32(src[i]);
     return buf;
 }
 

@@ -6,6 +6,7 @@
 #define TANDEM_VEC_H
 #include <math.h>
 #include <string.h>
+#include "kernels/kernels.h"   /* bf16_to_f32 */
 
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
@@ -265,12 +266,6 @@ static inline void dot_fixed16(float *out, const float *a, const float *b, size_
  * 16 classes back in dot_fixed's order and adds them with its tree. So the result has dot_fixed's
  * bits on the upcast b, on every ISA (8-lane vectors everywhere). */
 typedef unsigned int vu8 __attribute__((vector_size(32)));
-static inline float bf16_scalar(unsigned short h) {
-    unsigned int u = (unsigned int)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 /* xs (n) = x (n) with each whole 16-element chunk as its 8 even elements, then its 8 odd ones; the
  * tail (n % 16) as it is */
 static inline void eo_split_row(float *xs, const float *x, int n) {
@@ -295,7 +290,7 @@ static inline __attribute__((always_inline)) float dot_split_bf16(const float *x
         o = o + ld8(xs + k + 8) * (v8)(u & 0xffff0000u);
     }
     float s = eo_hsum(e, o);
-    for (; k < n; k++) s = fmaf(xs[k], bf16_scalar(b[k]), s);
+    for (; k < n; k++) s = fmaf(xs[k], bf16_to_f32(b[k]), s);
     return s;
 }
 #endif
