@@ -52,35 +52,41 @@ typedef struct {
 } MatmulOut;
 
 /* Where key / value j of kv head hk lives in k, v:
- *   table[j / block] * block * Hkv * Dh  +  (j % block) * row  +  hk * head.
- * A contiguous (T, Hkv*Dh) sequence: kv_rows(). The paged cache keeps each block head-major,
- * (Hkv, block, Dh), so one head's keys in a block are one run of memory: kv_paged(). */
+ *   table[j / block] * block * Hkv * Dh  +  (j % block) * row  +  hk * head   (table NULL: block 0).
+ * A contiguous (T, Hkv*Dh) sequence: kv_rows() (no table). The paged cache keeps each block
+ * head-major, (Hkv, block, Dh), so one head's keys in a block are one run of memory: kv_paged(). */
 typedef struct {
-    const int *table;   /* block ids by position / block */
+    const int *table;   /* block ids by position / block, in the backend's memory; NULL: one block */
     int block;          /* positions per block */
     size_t row, head;   /* floats between consecutive positions / kv heads */
 } KVLayout;
 static inline KVLayout kv_rows(int T, int Hkv, int Dh) {
-    static const int whole[1] = {0};
-    return (KVLayout){whole, T, (size_t)Hkv * Dh, (size_t)Dh};
+    return (KVLayout){NULL, T > 0 ? T : 1, (size_t)Hkv * Dh, (size_t)Dh};
 }
 static inline KVLayout kv_paged(const int *table, int block, int Dh) {
     return (KVLayout){table, block, (size_t)Dh, (size_t)block * Dh};
 }
 /* Offset of position j's kv head 0 in k or v (head hk: + hk * kv->head); kvd = Hkv * Dh */
 static inline size_t kv_offset(const KVLayout *kv, size_t kvd, int j) {
-    return (size_t)kv->table[j / kv->block] * kv->block * kvd + (size_t)(j % kv->block) * kv->row;
+    size_t b = kv->table ? (size_t)kv->table[j / kv->block] : 0;
+    return b * kv->block * kvd + (size_t)(j % kv->block) * kv->row;
 }
 
 /* ---- the backend: every operation model, engine and training code may call ------------------
  * Model code reaches kernels only through a Backend (Model.be), never cpu_* directly, so another
  * backend (kernels/cuda, a later issue) slots in without touching model code. Entries have the
  * cpu_ functions' names without the prefix and the same arguments and contracts (kernels/cpu/cpu.h
- * and kernels/cpu/backward.h); pointers are the backend's memory. Entries that read a weight take
- * its dtype (wt); everything else is fp32. Host-side work (sampling, jsonl)
- * copies its rows out explicitly (to_host). */
+ * and kernels/cpu/backward.h). Every pointer an entry takes is the backend's memory (alloc below):
+ * float buffers, weights, and the int arrays too (ids, pos, rows, targets, idx, KVLayout.table);
+ * the structs themselves (KVLayout, MatmulOut) and scalars are host values. Entries that read a
+ * weight take its dtype (wt); everything else is fp32. Host-side work (sampling, jsonl, control
+ * flow) copies what it reads out explicitly (to_host) and its inputs in (to_device). Scratch
+ * arguments are for the CPU kernels; a device backend may keep its own. */
 typedef struct Backend {
     const char *name;
+    /* Readies the backend for this process (a GPU backend picks device local_rank % devices) and
+     * says whether it can run: NULL, or one line saying why not (no device, no driver). */
+    const char *(*open)(int local_rank);
     /* forward */
     void (*matmul)(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out);
     void (*matmuls)(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt);
@@ -119,13 +125,20 @@ typedef struct Backend {
     void (*embedding_backward)(float *dtable, const float *dout, const int *ids, int N, int D, int v0, int V_local);
     void (*logprob_backward)(float *dlogits, const float *logits, const float *lse, const int *targets,
                              const float *dlogprob, const float *H, const float *dH, int N, int V_local, int v0, float T);
-    /* memory: host <-> backend (identity copies on the CPU) */
+    /* memory: the backend's own (alloc: zeroed, aborts on failure; free(NULL) is a no-op), and
+     * host <-> backend copies (plain copies on the CPU); to_host returns once the data is there */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    void (*zero)(void *p, size_t bytes);
     void (*to_host)(void *dst, const void *src, size_t bytes);
     void (*to_device)(void *dst, const void *src, size_t bytes);
 } Backend;
 
-/* The backend a model runs on: the CPU table (kernels/cpu/backend.c) today. */
+/* The backend a model runs on: the CPU table (kernels/cpu/backend.c). */
 const Backend *backend_default(void);
+/* The backend named by --device: "cpu", or "cuda" (kernels/cuda, linked when nvcc built it); NULL
+ * when that backend is not in this build. */
+const Backend *backend_named(const char *name);
 /* Threads for the kernels and OpenBLAS; n <= 0: the cores this rank may use (its CPU affinity, shared
  * among the node's ranks). Returns the count set. */
 int backend_set_threads(int n);

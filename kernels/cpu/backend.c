@@ -3,14 +3,29 @@
  * and set its threads (backend_set_threads). Host memory is the backend's memory, so the transfers
  * are plain copies. Owns nothing else. */
 #include "kernels/cpu/cpu.h"
+#include <stdlib.h>
 #include <string.h>
 
 static void host_copy(void *dst, const void *src, size_t bytes) {
     if (dst != src) memcpy(dst, src, bytes);
 }
+/* runtime/util.c's: prints "tandem: [rank r] ..." and stops the job (kernels do not include runtime/) */
+_Noreturn void rank_error(const char *fmt, ...);
+static void *host_alloc(size_t bytes) {
+    void *p = calloc(bytes ? bytes : 1, 1);
+    if (!p) rank_error("out of memory allocating %zu bytes", bytes);
+    return p;
+}
+static void host_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
+
+static const char *host_open(int local_rank) {
+    (void)local_rank;
+    return NULL;
+}
 
 const Backend cpu_backend = {
     .name = "cpu",
+    .open = host_open,
     .matmul = cpu_matmul,
     .matmuls = cpu_matmuls,
     .rmsnorm = cpu_rmsnorm,
@@ -41,9 +56,19 @@ const Backend cpu_backend = {
     .swiglu_backward = cpu_swiglu_backward,
     .embedding_backward = cpu_embedding_backward,
     .logprob_backward = cpu_logprob_backward,
+    .alloc = host_alloc,
+    .free = free,
+    .zero = host_zero,
     .to_host = host_copy,
     .to_device = host_copy,
 };
 
 const Backend *backend_default(void) { return &cpu_backend; }
+/* kernels/cuda/backend.cu defines it when the build has CUDA; weak: NULL otherwise */
+extern const Backend cuda_backend __attribute__((weak));
+const Backend *backend_named(const char *name) {
+    if (!strcmp(name, "cpu")) return &cpu_backend;
+    if (!strcmp(name, "cuda")) return &cuda_backend ? &cuda_backend : NULL;
+    return NULL;
+}
 int backend_set_threads(int n) { return cpu_set_threads(n); }

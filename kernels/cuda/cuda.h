@@ -1,29 +1,40 @@
-/* cuda.h — the CUDA kernels (kernels/cuda/, built by `make cuda`): kernels/cpu/cpu.h's names with a
- * cuda_ prefix, the same argument order, device pointers and a trailing stream argument; checked
- * against the CPU oracle by tests/cuda/cuda_vs_cpu.c.
- * Owns: the cuda_* prototypes. Does not own the seam (kernels/kernels.h): no Backend table uses
- * these yet. */
+/* cuda.h — the CUDA backend (kernels/cuda/, built whenever nvcc is found): cuda_backend, the
+ * kernels/kernels.h operation table filled with CUDA kernels, and the few host-side helpers the
+ * runtime and tests need around it. Every entry has the CPU kernel's contract (kernels/cpu/cpu.h,
+ * kernels/cpu/backward.h) on device pointers, int arrays included; all work is queued on one
+ * stream per process (the legacy default stream), so consecutive calls are ordered and to_host
+ * waits for everything before it.
+ * Owns: cuda_backend, the device query, the kernels' tiling constants' host-side mirror
+ * (cuda_matmul_geometry, tested without a GPU).
+ * Checked against the CPU oracle, entry by entry, by tests/cuda/cuda_vs_cpu.c. */
 #ifndef TANDEM_CUDA_H
 #define TANDEM_CUDA_H
 #include <stddef.h>
+#include "kernels/kernels.h"
 
-/* Defined in kernels/cuda/ (C++ .cu files), called from C: C linkage. cudaStream_t is spelled as in
- * cuda_runtime.h so C callers need no CUDA headers; NULL is the default stream. */
+/* Defined in kernels/cuda/ (C++ .cu files), called from C: C linkage. */
 #ifdef __cplusplus
 extern "C" {
 #endif
-typedef struct CUstream_st *cudaStream_t;
-void cuda_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in, int n_out,
-                 cudaStream_t stream);
-void cuda_rmsnorm(float *out, const float *x, const float *w, int N, int D, float eps, cudaStream_t stream);
-/* device memory helpers for tests and the runtime; each checks its CUDA call and stops the job on
- * failure, except cuda_available: 1 if a CUDA device can be used, 0 (no abort) without driver or device */
+extern const Backend cuda_backend;
+/* cuda_backend.open(0) == NULL: a CUDA device can be used (no abort without driver or device). */
 int cuda_available(void);
-void *cuda_alloc(size_t bytes);
-void cuda_free(void *p);
-void cuda_to_device(void *dst, const void *src, size_t bytes);
-void cuda_to_host(void *dst, const void *src, size_t bytes);
+/* One line naming the device in use, its memory and compute capability (after open). */
+const char *cuda_device_name(void);
+/* Waits for all queued work; a kernel's asynchronous fault is reported here (one line, job stops). */
 void cuda_sync(void);
+
+/* The forward matmul's launch geometry, host-side so tests can check it without a GPU.
+ * out (N, n_out) = x (N, n_in) w^T: a warp computes CUDA_MM_ROWS outputs x rows_per_warp x rows;
+ * lane l reads elements [4l, 4l + 4) of every 128-element chunk of a row (the fixed K split that
+ * makes each output's bits independent of N, the grid and the tiling), then a fixed xor tree adds
+ * the lanes. */
+enum { CUDA_MM_ROWS = 4, CUDA_MM_WARPS = 4, CUDA_MM_CHUNK = 128 };
+typedef struct {
+    int x_rows;             /* x rows one warp handles: 1, 2, 4 or 8 (from N) */
+    unsigned grid_x, grid_y;/* blocks over n_out, over N */
+} MatmulGeometry;
+MatmulGeometry cuda_matmul_geometry(int N, int n_out);
 #ifdef __cplusplus
 }
 #endif
