@@ -1,158 +1,462 @@
-/* ops.cu — CUDA kernels of kernels/cuda/cuda.h: matmul (cuBLAS) and RMSNorm, plus the device
- * memory helpers the tests and the runtime use. Same names and argument order as kernels/cpu/ops.c
- * with a cuda_ prefix, device pointers and a trailing stream (STYLE.md 7). Kernels first, then the
- * launchers; every launch ends with a launch-error check.
- * Owns no tensor memory and does no communication; the only state is the lazily created cuBLAS
- * handle. Picking a device per rank is the runtime's job, not this file's. */
-#include "kernels/cuda/cuda.h"
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
+/* ops.cu — the CUDA forward kernels (kernels/cuda/cuda.h, common.cuh): the batch-invariant matmul,
+ * RMSNorm, RoPE, the paged-cache store, flash-style attention, and the elementwise and row
+ * reductions of the logprob path. Each launcher has its cpu_ twin's contract on device pointers.
+ * Owns no memory (except cuda_scratch's) and does no communication.
+ *
+ * Batch invariance (what the logprob path needs): every reduction here runs in an order fixed by
+ * the reduced length alone — the matmul's lanes and tree by n_in, RMSNorm's and the row
+ * reductions' by D or V, attention's tiles by absolute key position — never by N, the grid or which
+ * rows share a launch. So a token's logits have the same bits at batch 1 and batch 64, in a
+ * prefill, a decode step and a training forward. No cuBLAS on this path: its kernel choice (and
+ * split-K) depends on the shape. */
+#include "kernels/cuda/common.cuh"
+#include <math.h>
 
-/* From runtime/util.h, which C++ cannot include as is (_Noreturn). Prints "tandem: [rank r] ..." and
- * stops the whole job (MPI_Abort with several ranks). */
-extern "C" [[noreturn]] void rank_error(const char *fmt, ...);
+/* ---- matmul ------------------------------------------------------------------------------------
+ * out (N, n_out) = x (N, n_in) w^T [+ bias]. A warp computes CUDA_MM_ROWS outputs for XR rows of x.
+ * Lane l multiplies elements [4l, 4l + 4) of every CUDA_MM_CHUNK-element chunk of the row, fused
+ * multiply-adds in increasing k into one accumulator per output, then the fixed xor tree adds the
+ * 32 lanes, then the bias. A bf16 weight is read through its exact upcast, so its result has the
+ * fp32 kernel's bits on the upcast weights. Memory-bound at decode: the weight rows are streamed
+ * once per launch (16-byte fp32 / 8-byte bf16 loads, coalesced across the warp); x rows come from
+ * L1 (the block's warps share them). */
+template <typename WT> struct W4;
+template <> struct W4<float> {
+    static __device__ __forceinline__ float4 load(const float *w, size_t i) { return __ldg((const float4 *)(w + i)); }
+    static __device__ __forceinline__ float one(const float *w, size_t i) { return __ldg(w + i); }
+};
+template <> struct W4<uint16_t> {
+    static __device__ __forceinline__ float4 load(const uint16_t *w, size_t i) {
+        uint2 u = __ldg((const uint2 *)(w + i));
+        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                           __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+    }
+    static __device__ __forceinline__ float one(const uint16_t *w, size_t i) { return bf16_up(__ldg(w + i)); }
+};
 
-/* Every fallible CUDA / cuBLAS call goes through one of these (STYLE.md 3): the message names the
- * statement, file and line; rank_error adds the rank and stops the job. */
-#define CUDA_CHECK(call)                                                                                  \
-    do {                                                                                                  \
-        cudaError_t err_ = (call);                                                                        \
-        if (err_ != cudaSuccess)                                                                          \
-            rank_error("internal error %s:%d: %s failed: %s", __FILE__, __LINE__, #call,                  \
-                       cudaGetErrorString(err_));                                                         \
-    } while (0)
-#define CUBLAS_CHECK(call)                                                                                \
-    do {                                                                                                  \
-        cublasStatus_t st_ = (call);                                                                      \
-        if (st_ != CUBLAS_STATUS_SUCCESS)                                                                 \
-            rank_error("internal error %s:%d: %s failed: %s", __FILE__, __LINE__, #call,                  \
-                       cublasGetStatusString(st_));                                                       \
-    } while (0)
-/* After every <<<...>>>: catches bad launch configurations at once instead of at the next sync. */
-#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
-
-enum { RMSNORM_THREADS = 256, BIAS_THREADS = 256, WARP = 32 };
-
-/* ----------------------------------------------------------------------------------------------- */
-/* kernels */
-
-/* out (N, n_out) += bias (n_out), broadcast over rows; grid-stride over all N * n_out elements. */
-__global__ void bias_add_kernel(float *out, const float *bias, size_t total, int n_out) {
-    size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride)
-        out[i] += bias[i % (size_t)n_out];
-}
-
-/* One block per row n: out[n] = x[n] / sqrt(mean(x[n]^2) + eps) * w, all in fp32, normalised first and
- * then multiplied by w (HF LlamaRMSNorm order, as cpu_rmsnorm). Sum of squares: per-thread strided
- * partial sums, a shuffle reduction inside each warp, then the warp sums through shared memory. */
-__global__ void rmsnorm_kernel(float *out, const float *x, const float *w, int D, float eps) {
-    __shared__ float warp_sums[RMSNORM_THREADS / WARP];
-    __shared__ float row_scale;
-    const float *xr = x + (size_t)blockIdx.x * D;  /* (D) */
-    float *o = out + (size_t)blockIdx.x * D;       /* (D) */
+template <typename WT, int XR>
+__global__ void __launch_bounds__(CUDA_MM_WARPS *WARP)
+matmul_kernel(float *out, const float *x, const WT *w, const WT *bias, int N, int K, int n_out, int aligned) {
+    constexpr int R = CUDA_MM_ROWS;
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += xr[i] * xr[i];
-    for (int off = WARP / 2; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-    if (lane == 0) warp_sums[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        int n_warps = blockDim.x / WARP;
-        ss = lane < n_warps ? warp_sums[lane] : 0.0f;
-        for (int off = WARP / 2; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-        /* 1/sqrtf rather than rsqrtf: correctly rounded, like the CPU oracle */
-        if (lane == 0) row_scale = 1.0f / sqrtf(ss / (float)D + eps);
+    int j0 = (blockIdx.x * CUDA_MM_WARPS + warp) * R;   /* first output row */
+    int n0 = blockIdx.y * XR;                            /* first x row */
+    if (j0 >= n_out) return;
+    float acc[R][XR];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < XR; c++) acc[r][c] = 0.0f;
+    int K_full = aligned ? K / CUDA_MM_CHUNK * CUDA_MM_CHUNK : 0;
+    for (int k = 4 * lane; k < K_full; k += CUDA_MM_CHUNK) {
+        float4 wv[R], xv[XR];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            wv[r] = j0 + r < n_out ? W4<WT>::load(w, (size_t)(j0 + r) * K + k) : make_float4(0, 0, 0, 0);
+#pragma unroll
+        for (int c = 0; c < XR; c++)
+            xv[c] = n0 + c < N ? __ldg((const float4 *)(x + (size_t)(n0 + c) * K + k)) : make_float4(0, 0, 0, 0);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int c = 0; c < XR; c++) {
+                acc[r][c] = fmaf(wv[r].x, xv[c].x, acc[r][c]);
+                acc[r][c] = fmaf(wv[r].y, xv[c].y, acc[r][c]);
+                acc[r][c] = fmaf(wv[r].z, xv[c].z, acc[r][c]);
+                acc[r][c] = fmaf(wv[r].w, xv[c].w, acc[r][c]);
+            }
     }
-    __syncthreads();
-    float scale = row_scale;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) o[i] = w[i] * (xr[i] * scale);
+    /* the tail chunk, or every chunk when rows are not 16-byte aligned: the same elements per lane
+     * in the same order, one at a time */
+    for (int k0 = K_full; k0 < K; k0 += CUDA_MM_CHUNK)
+        for (int e = 0; e < 4; e++) {
+            int k = k0 + 4 * lane + e;
+            if (k >= K) break;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float wk = j0 + r < n_out ? W4<WT>::one(w, (size_t)(j0 + r) * K + k) : 0.0f;
+#pragma unroll
+                for (int c = 0; c < XR; c++) {
+                    float xk = n0 + c < N ? __ldg(x + (size_t)(n0 + c) * K + k) : 0.0f;
+                    acc[r][c] = fmaf(wk, xk, acc[r][c]);
+                }
+            }
+        }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < XR; c++) {
+            float s = warp_sum(acc[r][c]);
+            int j = j0 + r, n = n0 + c;
+            if (lane == (r * XR + c) % WARP && j < n_out && n < N)
+                out[(size_t)n * n_out + j] = bias ? s + W4<WT>::one(bias, j) : s;
+        }
 }
 
-/* ----------------------------------------------------------------------------------------------- */
-/* launchers */
-
-/* One handle per process, created on first use (creating it costs milliseconds, so never per call).
- * Math mode: TF32 tensor cores (10-bit mantissa inputs) and the BF16x9 fp32 emulation are opt-in in
- * cuBLAS >= 11 (CUBLAS_TF32_TENSOR_OP_MATH, CUBLAS_FP32_EMULATED_BF16X9_MATH); CUBLAS_DEFAULT_MATH
- * keeps SGEMM in true fp32, so results differ from cpu_matmul only by summation order. We set it
- * explicitly so the choice is visible here. CUBLAS_PEDANTIC_MATH would also rule out any reduced
- * precision step but may pick slower kernels; it is the thing to try if cuda_vs_cpu ever fails on a
- * new GPU or cuBLAS. Not thread-safe: one host thread per process drives the GPU. */
-static cublasHandle_t blas_handle(void) {
-    static cublasHandle_t handle = NULL;
-    if (!handle) {
-        CUBLAS_CHECK(cublasCreate(&handle));
-        CUBLAS_CHECK(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
-    }
-    return handle;
+extern "C" MatmulGeometry cuda_matmul_geometry(int N, int n_out) {
+    MatmulGeometry g;
+    g.x_rows = N <= 1 ? 1 : N <= 2 ? 2 : N <= 4 ? 4 : 8;
+    g.grid_x = (unsigned)((n_out + CUDA_MM_ROWS * CUDA_MM_WARPS - 1) / (CUDA_MM_ROWS * CUDA_MM_WARPS));
+    g.grid_y = (unsigned)((N + g.x_rows - 1) / g.x_rows);
+    return g;
 }
 
-/* out (N, n_out) = x (N, n_in) @ w (n_out, n_in)^T [+ bias (n_out)]; bias may be NULL.
- * cuBLAS is column-major. A row-major (r, c) matrix is the column-major (c, r) matrix, its transpose,
- * with the same leading dimension c. So we ask cuBLAS for the column-major out^T (n_out, N):
- *   out^T = w @ x^T,  where w = op_T(w as column-major (n_in, n_out), ld n_in)
- *                     and x^T = op_N(x as column-major (n_in, N), ld n_in).
- * The bias is a separate broadcast add after the product, as cpu_matmul adds it after the dot. */
-extern "C" void cuda_matmul(float *out, const float *x, const float *w, const float *bias, int N, int n_in,
-                            int n_out, cudaStream_t stream) {
-    if (N == 0 || n_out == 0) return;
-    cublasHandle_t h = blas_handle();
-    const float one = 1.0f, zero = 0.0f;
-    int ld_in = n_in > 0 ? n_in : 1;  /* cuBLAS rejects ld < 1 even when k == 0 */
-    CUBLAS_CHECK(cublasSetStream(h, stream));
-    CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n_out, N, n_in, &one, w, ld_in, x, ld_in, &zero,
-                             out, n_out));
-    if (bias) {
-        size_t total = (size_t)N * n_out;
-        size_t blocks = (total + BIAS_THREADS - 1) / BIAS_THREADS;
-        if (blocks > 65536) blocks = 65536;  /* grid-stride covers the rest */
-        bias_add_kernel<<<(unsigned)blocks, BIAS_THREADS, 0, stream>>>(out, bias, total, n_out);
-        CUDA_CHECK_LAUNCH();
+template <typename WT>
+static void matmul_launch(float *out, const float *x, const WT *w, const WT *bias, int N, int K, int n_out) {
+    MatmulGeometry g = cuda_matmul_geometry(N, n_out);
+    dim3 grid(g.grid_x, g.grid_y), block(CUDA_MM_WARPS * WARP);
+    /* 16-byte loads need every row start 16-byte aligned: K a multiple of 4 and aligned bases */
+    int aligned = K % 4 == 0 && ((uintptr_t)x % 16) == 0 && ((uintptr_t)w % (4 * sizeof(WT))) == 0;
+    switch (g.x_rows) {
+    case 1: matmul_kernel<WT, 1><<<grid, block>>>(out, x, w, bias, N, K, n_out, aligned); break;
+    case 2: matmul_kernel<WT, 2><<<grid, block>>>(out, x, w, bias, N, K, n_out, aligned); break;
+    case 4: matmul_kernel<WT, 4><<<grid, block>>>(out, x, w, bias, N, K, n_out, aligned); break;
+    default: matmul_kernel<WT, 8><<<grid, block>>>(out, x, w, bias, N, K, n_out, aligned); break;
     }
-}
-
-/* out (N, D) = x / sqrt(mean(x^2) + eps) * w, normalised in fp32 then multiplied (HF order). */
-extern "C" void cuda_rmsnorm(float *out, const float *x, const float *w, int N, int D, float eps,
-                             cudaStream_t stream) {
-    if (N == 0 || D == 0) return;
-    rmsnorm_kernel<<<N, RMSNORM_THREADS, 0, stream>>>(out, x, w, D, eps);
     CUDA_CHECK_LAUNCH();
 }
 
-/* ----------------------------------------------------------------------------------------------- */
-/* device helpers */
+extern "C" void cuda_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in,
+                            int n_out) {
+    if (N == 0 || n_out == 0) return;
+    if (wt == DTYPE_BF16) matmul_launch(out, x, (const uint16_t *)w, (const uint16_t *)bias, N, n_in, n_out);
+    else matmul_launch(out, x, (const float *)w, (const float *)bias, N, n_in, n_out);
+}
 
-/* 0 when there is no driver, no device, or the driver is too old: callers fall back or skip. The
- * failed query leaves an error in the runtime's last-error slot; clear it so a later
- * CUDA_CHECK_LAUNCH does not report it. */
-extern "C" int cuda_available(void) {
-    int n = 0;
-    cudaError_t err = cudaGetDeviceCount(&n);
-    if (err != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
+/* One launch per weight: each output gets cuda_matmul's bits. */
+extern "C" void cuda_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt) {
+    for (int i = 0; i < n; i++) cuda_matmul(outs[i].out, x, outs[i].w, outs[i].bias, wt, N, n_in, outs[i].n_out);
+}
+
+/* ---- RMSNorm: one block per row; sum of squares by the fixed block tree; 1/sqrtf (correctly
+ * rounded, like the CPU) rather than rsqrtf; normalised first, then times w (HF order) ---------- */
+__global__ void rmsnorm_kernel(float *out, const float *x, const void *w, DType wt, int D, float eps) {
+    __shared__ float sh[THREADS / WARP];
+    const float *xr = x + (size_t)blockIdx.x * D;  /* (D) */
+    float *o = out + (size_t)blockIdx.x * D;       /* (D) */
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    ss = block_sum(ss, sh);
+    float scale = 1.0f / sqrtf(ss / (float)D + eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) o[i] = weight_at_dev(w, wt, i) * (xr[i] * scale);
+}
+
+extern "C" void cuda_rmsnorm(float *out, const float *x, const void *w, DType wt, int N, int D, float eps) {
+    if (N == 0 || D == 0) return;
+    rmsnorm_kernel<<<N, THREADS>>>(out, x, w, wt, D, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- elementwise ------------------------------------------------------------------------------ */
+__global__ void round_kernel(float *x, size_t n) {
+    GRID_STRIDE(i, n) x[i] = bf16_up(bf16_round(x[i]));
+}
+extern "C" void cuda_round_to(float *x, size_t n, DType t) {
+    if (t != DTYPE_BF16 || n == 0) return;
+    round_kernel<<<blocks_for(n), THREADS>>>(x, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void pack_kernel(uint16_t *dst, const float *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] = bf16_round(src[i]);
+}
+__global__ void unpack_kernel(float *dst, const uint16_t *src, size_t n) {
+    GRID_STRIDE(i, n) dst[i] = bf16_up(src[i]);
+}
+extern "C" void cuda_pack(void *dst, DType t, const float *src, size_t n) {
+    if (n == 0) return;
+    if (t == DTYPE_F32) { CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice)); return; }
+    pack_kernel<<<blocks_for(n), THREADS>>>((uint16_t *)dst, src, n);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void cuda_unpack(float *dst, const void *src, DType t, size_t n) {
+    if (n == 0) return;
+    if (t == DTYPE_F32) { CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice)); return; }
+    unpack_kernel<<<blocks_for(n), THREADS>>>(dst, (const uint16_t *)src, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* cs (N, Dh): cos of pos * inv_freq for i < Dh/2, then the sines; the angle's product in fp32 */
+__global__ void rope_table_kernel(float *cs, const int *pos, const float *inv_freq, int N, int Dh) {
+    int half = Dh / 2;
+    GRID_STRIDE(e, (size_t)N * half) {
+        int n = (int)(e / half), i = (int)(e % half);
+        float angle = (float)pos[n] * inv_freq[i];
+        cs[(size_t)n * Dh + i] = cosf(angle);
+        cs[(size_t)n * Dh + half + i] = sinf(angle);
     }
-    return n > 0;
+}
+extern "C" void cuda_rope_table(float *cs, const int *pos, const float *inv_freq, int N, int Dh) {
+    if (N == 0) return;
+    rope_table_kernel<<<blocks_for((size_t)N * Dh / 2), THREADS>>>(cs, pos, inv_freq, N, Dh);
+    CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void *cuda_alloc(size_t bytes) {
-    void *p = NULL;
-    CUDA_CHECK(cudaMalloc(&p, bytes));
-    return p;
+/* pairs (i, i + Dh/2) of each head rotated by cs; sign -1: the inverse rotation (the backward) */
+__global__ void rope_kernel(float *x, const float *cs, int N, int n_heads, int Dh, float sign) {
+    int half = Dh / 2;
+    GRID_STRIDE(e, (size_t)N * n_heads * half) {
+        int i = (int)(e % half);
+        size_t nh = e / half, n = nh / n_heads;
+        float c = cs[n * Dh + i], s = sign * cs[n * Dh + half + i];
+        float *xh = x + nh * Dh;
+        float a = xh[i], b = xh[i + half];
+        xh[i] = a * c - b * s;
+        xh[i + half] = b * c + a * s;
+    }
+}
+void rope_launch(float *x, const float *cs, int N, int n_heads, int Dh, float sign) {
+    if (N == 0 || n_heads == 0) return;
+    rope_kernel<<<blocks_for((size_t)N * n_heads * Dh / 2), THREADS>>>(x, cs, N, n_heads, Dh, sign);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void cuda_rope(float *x, const float *cs, int N, int n_heads, int Dh) { rope_launch(x, cs, N, n_heads, Dh, 1.0f); }
+
+/* k, v rows (T, Hkv*Dh) into their cache slots (kv_paged): element (t, h, d) */
+__global__ void kv_store_kernel(float *kc, float *vc, const float *k, const float *v, const int *table, int block,
+                                size_t row, size_t head, const int *pos, int T, int Hkv, int Dh) {
+    size_t kvd = (size_t)Hkv * Dh;
+    GRID_STRIDE(e, (size_t)T * kvd) {
+        size_t t = e / kvd, hd = e % kvd, h = hd / Dh, d = hd % Dh;
+        size_t slot = kv_offset_dev(table, block, row, kvd, pos[t]) + h * head + d;
+        kc[slot] = k[e];
+        vc[slot] = v[e];
+    }
+}
+extern "C" void cuda_kv_store(float *kc, float *vc, const float *k, const float *v, const KVLayout *kv, const int *pos,
+                              int T, int Hkv, int Dh) {
+    if (T == 0) return;
+    kv_store_kernel<<<blocks_for((size_t)T * Hkv * Dh), THREADS>>>(kc, vc, k, v, kv->table, kv->block, kv->row,
+                                                                  kv->head, pos, T, Hkv, Dh);
+    CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void cuda_free(void *p) {
-    if (p) CUDA_CHECK(cudaFree(p));
+/* ---- attention ---------------------------------------------------------------------------------
+ * Flash-style: one warp per (query row, head), keys in tiles of 32 by absolute position (ATT_TILE),
+ * an online softmax over the tiles, so no (Tq, keys) score matrix exists anywhere. In a tile, lane
+ * j scores key 32t + j (a dot product over d in order), the tile's max and sum come from the fixed
+ * xor tree, then the output accumulates the tile's keys in increasing position, lane l owning
+ * columns l, l + 32, ... of the head. Query head h reads kv head h / (H / Hkv) (GQA); key j is
+ * visible to query i iff 0 <= i - j < window (window 0: all j <= i). Keys are found through the
+ * layout (kv_rows: table NULL; kv_paged: the block table), which changes where they are read,
+ * never the arithmetic. */
+__global__ void __launch_bounds__(ATT_WARPS *WARP)
+attention_kernel(float *out, const float *q, const float *k, const float *v, const int *table, int block, size_t row,
+                 size_t head, int Tq, int q_pos0, int H, int Hkv, int Dh, int window, float scale) {
+    __shared__ float qs[ATT_WARPS][ATT_MAX_DH];
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    int task = blockIdx.x * ATT_WARPS + warp;           /* (t, h) */
+    if (task >= Tq * H) return;
+    int t = task / H, h = task % H, hk = h / (H / Hkv), i = q_pos0 + t;
+    int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
+    size_t kvd = (size_t)Hkv * Dh, qd = (size_t)H * Dh;
+    const float *qi = q + (size_t)t * qd + (size_t)h * Dh;   /* (Dh) */
+    for (int d = lane; d < Dh; d += WARP) qs[warp][d] = qi[d];
+    __syncwarp();
+    float acc[ATT_PER_LANE], m, l;
+    attention_row_dev(qs[warp], k, v, table, block, row, head, kvd, hk, j0, i, Dh, scale, acc, &m, &l);
+    float *oi = out + (size_t)t * qd + (size_t)h * Dh;
+#pragma unroll
+    for (int c = 0; c < ATT_PER_LANE; c++) {
+        int d = lane + c * WARP;
+        if (d < Dh) oi[d] = acc[c] / l;
+    }
 }
 
-extern "C" void cuda_to_device(void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+extern "C" void cuda_attention(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,
+                               int q_pos0, int H, int Hkv, int Dh, int window, float *scratch) {
+    (void)scratch;
+    if (Tq == 0 || H == 0) return;
+    if (Dh > ATT_MAX_DH) rank_error("internal error: cuda_attention supports head_dim <= %d (got %d)", ATT_MAX_DH, Dh);
+    unsigned blocks = (unsigned)(((size_t)Tq * H + ATT_WARPS - 1) / ATT_WARPS);
+    attention_kernel<<<blocks, ATT_WARPS * WARP>>>(out, q, k, v, kv->table, kv->block, kv->row, kv->head, Tq, q_pos0,
+                                                   H, Hkv, Dh, window, 1.0f / sqrtf((float)Dh));
+    CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void cuda_to_host(void *dst, const void *src, size_t bytes) {
-    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+/* ---- elementwise ------------------------------------------------------------------------------ */
+__global__ void swiglu_kernel(float *out, const float *gate, const float *up, size_t n) {
+    GRID_STRIDE(i, n) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+extern "C" void cuda_swiglu(float *out, const float *gate, const float *up, size_t n) {
+    if (n == 0) return;
+    swiglu_kernel<<<blocks_for(n), THREADS>>>(out, gate, up, n);
+    CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void cuda_sync(void) { CUDA_CHECK(cudaDeviceSynchronize()); }
+__global__ void add_kernel(float *out, const float *a, const float *b, size_t n) {
+    GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+extern "C" void cuda_add_to(float *out, const float *a, const float *b, size_t n) {
+    if (n == 0) return;
+    add_kernel<<<blocks_for(n), THREADS>>>(out, a, b, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void cuda_copy(float *dst, const float *src, size_t n) {
+    if (n == 0 || dst == src) return;
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice));
+}
+
+__global__ void gather_rows_kernel(float *out, const float *x, const int *rows, int R, int D) {
+    GRID_STRIDE(e, (size_t)R * D) out[e] = x[(size_t)rows[e / D] * D + e % D];
+}
+extern "C" void cuda_gather_rows(float *out, const float *x, const int *rows, int R, int D) {
+    if (R == 0 || D == 0) return;
+    gather_rows_kernel<<<blocks_for((size_t)R * D), THREADS>>>(out, x, rows, R, D);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void embedding_kernel(float *out, const void *table, DType wt, const int *ids, int N, int D, int v0,
+                                 int V_local) {
+    GRID_STRIDE(e, (size_t)N * D) {
+        int r = ids[e / D] - v0;
+        out[e] = (r < 0 || r >= V_local) ? 0.0f : weight_at_dev(table, wt, (size_t)r * D + e % D);
+    }
+}
+extern "C" void cuda_embedding(float *out, const void *table, DType wt, const int *ids, int N, int D, int v0,
+                               int V_local) {
+    if (N == 0 || D == 0) return;
+    embedding_kernel<<<blocks_for((size_t)N * D), THREADS>>>(out, table, wt, ids, N, D, v0, V_local);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void mask_cols_kernel(float *x, int N, int V, int from) {
+    int w = V - from;
+    GRID_STRIDE(e, (size_t)N * w) x[(e / w) * V + from + e % w] = -INFINITY;
+}
+extern "C" void cuda_mask_cols(float *x, int N, int V, int from) {
+    if (from < 0) from = 0;
+    if (N == 0 || from >= V) return;
+    mask_cols_kernel<<<blocks_for((size_t)N * (V - from)), THREADS>>>(x, N, V, from);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- row reductions of the logprob path: one block per row, the fixed block tree --------------- */
+
+/* The first maximum (a strict >: NaN never wins; among equals the lowest index); a row with no value
+ * above -inf: its first -inf, else 0 (cpu_argmax). */
+__global__ void argmax_kernel(int *ids, float *vals, const float *x, int V, int v0) {
+    __shared__ float sv[THREADS];
+    __shared__ int si[THREADS];
+    const float *row = x + (size_t)blockIdx.x * V;
+    float best = -INFINITY;
+    int at = -1, first_inf = -1;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) {
+        float xc = row[c];
+        if (xc > best) best = xc, at = c;
+        if (xc == -INFINITY && first_inf < 0) first_inf = c;
+    }
+    sv[threadIdx.x] = best;
+    si[threadIdx.x] = at >= 0 ? at : (first_inf >= 0 ? V + first_inf : 2 * V);   /* ranks: found, -inf, none */
+    __syncthreads();
+    for (int s = THREADS / 2; s > 0; s /= 2) {
+        if (threadIdx.x < s) {
+            int o = threadIdx.x + s;
+            float a = sv[threadIdx.x], b = sv[o];
+            int ia = si[threadIdx.x], ib = si[o];
+            int a_found = ia < V, b_found = ib < V;
+            int take_b = b_found && (!a_found || b > a || (b == a && ib < ia));
+            if (!a_found && !b_found) take_b = ib < ia;
+            if (take_b) sv[threadIdx.x] = b, si[threadIdx.x] = ib;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        int c = si[0] < V ? si[0] : si[0] < 2 * V ? si[0] - V : 0;
+        ids[blockIdx.x] = v0 + c;
+        vals[blockIdx.x] = row[c];
+    }
+}
+extern "C" void cuda_argmax_rows(int *ids, float *vals, const float *x, int N, int V, int v0) {
+    if (N == 0) return;
+    argmax_kernel<<<N, THREADS>>>(ids, vals, x, V, v0);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void row_max_kernel(float *mx, const float *x, int V, float T) {
+    __shared__ float sh[THREADS / WARP];
+    const float *row = x + (size_t)blockIdx.x * V;
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) m = row[c] > m ? row[c] : m;   /* NaN ignored */
+    m = warp_max(m);
+    if (threadIdx.x % WARP == 0) sh[threadIdx.x / WARP] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < THREADS / WARP; w++) m = fmaxf(m, sh[w]);
+        mx[blockIdx.x] = fmaxf(sh[0], m) / T;
+    }
+}
+extern "C" void cuda_row_max(float *mx, const float *x, int N, int V, float T) {
+    if (N == 0) return;
+    row_max_kernel<<<N, THREADS>>>(mx, x, V, T);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* sum (N) of exp(x / T - mx), in double, rounded once */
+__global__ void row_sumexp_kernel(float *sum, const float *x, const float *mx, int V, float T) {
+    __shared__ double sh[THREADS / WARP];
+    const float *row = x + (size_t)blockIdx.x * V;
+    float m = mx[blockIdx.x];
+    double acc = 0.0;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) acc += (double)expf(row[c] / T - m);
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0) sum[blockIdx.x] = (float)acc;
+}
+extern "C" void cuda_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T) {
+    if (N == 0) return;
+    row_sumexp_kernel<<<N, THREADS>>>(sum, x, mx, V, T);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* s (N) = sum of p * x / T, p = exp(x / T - lse), in double, rounded once */
+__global__ void row_entropy_kernel(float *s, const float *x, const float *lse, int V, float T) {
+    __shared__ double sh[THREADS / WARP];
+    const float *row = x + (size_t)blockIdx.x * V;
+    float l = lse[blockIdx.x];
+    double acc = 0.0;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) {
+        float z = row[c] / T;
+        acc += (double)expf(z - l) * z;
+    }
+    acc = block_sum(acc, sh);
+    if (threadIdx.x == 0) s[blockIdx.x] = (float)acc;
+}
+extern "C" void cuda_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T) {
+    if (N == 0) return;
+    row_entropy_kernel<<<N, THREADS>>>(s, x, lse, V, T);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void pick_logits_kernel(float *z, const float *x, const int *targets, int N, int V, int v0, float T) {
+    GRID_STRIDE(n, (size_t)N) {
+        int r = targets[n] - v0;
+        z[n] = (targets[n] >= 0 && r >= 0 && r < V) ? x[n * V + r] / T : 0.0f;
+    }
+}
+extern "C" void cuda_pick_logits(float *z, const float *x, const int *targets, int N, int V, int v0, float T) {
+    if (N == 0) return;
+    pick_logits_kernel<<<blocks_for(N), THREADS>>>(z, x, targets, N, V, v0, T);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void log_add_kernel(float *lse, const float *sum, int N) {
+    GRID_STRIDE(n, (size_t)N) lse[n] += logf(sum[n]);
+}
+extern "C" void cuda_log_add(float *lse, const float *sum, int N) {
+    if (N == 0) return;
+    log_add_kernel<<<blocks_for(N), THREADS>>>(lse, sum, N);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void sub_at_kernel(float *out, const float *a, const float *b, const int *idx, int n) {
+    GRID_STRIDE(i, (size_t)n) out[i] = a[i] - b[idx ? idx[i] : i];
+}
+extern "C" void cuda_sub_at(float *out, const float *a, const float *b, const int *idx, int n) {
+    if (n == 0) return;
+    sub_at_kernel<<<blocks_for(n), THREADS>>>(out, a, b, idx, n);
+    CUDA_CHECK_LAUNCH();
+}
