@@ -35,7 +35,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC_PATH))
 ifneq ($(NVCC_PATH),)
 CUDA_OBJ := $(patsubst %.cu,build/%.o,$(wildcard kernels/cuda/*.cu))
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread
-# TEST_BIN += build/tests/cuda_vs_cpu  (the harness lands with its rewrite)
+TEST_BIN += build/tests/cuda_vs_cpu
 endif
 # sm_90 machine code (H100 / H200) plus compute_80 PTX the driver compiles for any newer GPU
 NVFLAGS  ?= -O2 -std=c++20 -I. -gencode arch=compute_90,code=sm_90 -gencode arch=compute_80,code=compute_80 \
