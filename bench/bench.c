@@ -336,7 +336,7 @@ static void print_load(const Model *m, double load_rss) {
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
     int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score;
-    const char *dtype_flag;
+    const char *dtype_flag, *device;
     const char *recompute;
     Option opts[] = {
         {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
@@ -352,6 +352,7 @@ int bench_main(int argc, char **argv) {
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
         MESH_OPTIONS(&tp, &pp, &threads, &dtype_flag),
+        DEVICE_OPTION(&device),
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
@@ -366,13 +367,15 @@ int bench_main(int argc, char **argv) {
     if (!model_dir) user_error("bench: --model DIR or --tokenizer FILE is required");
     if (batch < 1 || seq < 1 || iters < 1 || threads < 0) user_error("bench: --batch, --seq, --iters must be >= 1, --threads >= 0");
     if (score && !train) user_error("bench: --score is a --train option");
+    if (train && strcmp(device, "cpu")) user_error("bench --train: --device %s: training runs on the cpu only", device);
     threads = backend_set_threads(threads);
+    DType dtype = dtype_parse("--dtype", dtype_flag);
+    const Backend *be = device_open(device, tp, pp);
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
     Model m;
-    DType dtype = dtype_parse("--dtype", dtype_flag);
-    if (score) model_load_score(&m, model_dir, &mesh, 1, dtype);   /* a directory's own score head is kept */
-    else model_load(&m, model_dir, &mesh, dtype);
+    if (score) model_load_score(&m, model_dir, &mesh, 1, dtype, be);   /* a directory's own score head is kept */
+    else model_load(&m, model_dir, &mesh, dtype, be);
     /* the load's peak memory, printed by print_load once the options are known good */
     double load_rss = peak_rss_mib();
     int rc;

@@ -494,13 +494,14 @@ static double score_records(Model *m, Record *recs, int n, int reference, int re
 int eval_main(int argc, char **argv) {
     const char *model_dir = NULL, *ref = NULL, *data = NULL, *write_ref = NULL;
     int tp, pp, threads, batch_tokens, quiet, relative;
-    const char *dtype_name;
+    const char *dtype_name, *device;
     float max_diff, tie_gap;
     Option opts[] = {
         {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
         {"--reference", OPT_STR, &ref, NULL, "reference jsonl written by eval/hf_reference.py"},
         {"--data", OPT_STR, &data, NULL, "jsonl of {\"input_ids\": [...]} or {\"text\": ...}: loss and perplexity"},
         MESH_OPTIONS(&tp, &pp, &threads, &dtype_name),
+        DEVICE_OPTION(&device),
         {"--max-logprob-diff", OPT_FLOAT, &max_diff, "1e-4", "fail (exit 1) above this |logprob difference|"},
         {"--relative", OPT_FLAG, &relative, NULL, "measure |diff| / max(1, |reference logprob|) (fp32 rounding is relative)"},
         {"--tie-gap", OPT_FLOAT, &tie_gap, "1e-4", "greedy mismatch with a top-2 gap below this is a tie (a record's greedy_tie_gap overrides it)"},
@@ -517,11 +518,13 @@ int eval_main(int argc, char **argv) {
     if (threads < 0) user_error("--threads must be >= 0 (0 = the cores available)");
     if (batch_tokens < 1) user_error("--batch-tokens must be >= 1");
     threads = backend_set_threads(threads);
+    DType dtype = dtype_parse("--dtype", dtype_name);
+    const Backend *be = device_open(device, tp, pp);
 
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
     Model m;
-    model_load(&m, model_dir, &mesh, dtype_parse("--dtype", dtype_name));
+    model_load(&m, model_dir, &mesh, dtype, be);
     int reference = ref != NULL, n;
     const char *path = reference ? ref : data;
     char terr[512];

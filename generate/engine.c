@@ -8,7 +8,12 @@
  *   3. one packed forward: new tokens of every running sequence, logits only for each sequence's
  *      last token (a sequence part-way through its context chooses nothing this step);
  *   4. the last pp stage chooses tokens (greedy without gathering the vocab, or a full-row gather
- *      and the sampler), broadcasts them over the pp group, and every rank applies them. */
+ *      and the sampler), broadcasts them over the pp group, and every rank applies them.
+ * Memory: the block tables live on the host (each Seq's) and go to the backend once per step, in
+ * one copy; what the sampler, the stops and the output read (chosen ids, logprobs, a sampled
+ * row's logits) comes back through to_host. Per step: two uploads (tables; the forward's
+ * positions, tokens and logit rows) and one download (the argmax ids); with logprobs one more
+ * upload (the pairs' tokens) and two downloads (lse, logprobs); each sampled row one download. */
 #include "generate/engine.h"
 #include "generate/kv_cache.h"
 #include "runtime/util.h"
@@ -27,15 +32,20 @@ struct Engine {
     int n_running;
     int max_table, window;  /* window: every layer windowed -> W, else 0 */
     int K;                  /* most logprobs alternatives any added sequence asks for */
-    /* step buffers, sized for max_batch sequences and max_tokens tokens */
-    int *tokens, *start, *pos0, *rows, **tables;
-    float *lse, *amax_val, *full;
-    int *amax;
+    /* step buffers on the host, sized for max_batch (B) sequences and max_tokens tokens */
+    int *tokens, *start, *pos0, *rows;
+    int **tables;           /* (B) this step's tables, pointers into dev_tables */
+    int *table_host;        /* (B, max_table) this step's tables, staged for the upload */
+    float *lse, *full;      /* (B) log-sum-exps; (V) one sampled row's logits */
+    int *amax;              /* (B) each row's argmax */
     int *res_i;             /* (max_batch, 1 + K) per sequence: chosen id, top-K ids */
     float *res_f;           /* (max_batch, 2 + K) per sequence: chosen lp, appended lp, top-K lps */
     int *lp_rows, *lp_toks; /* (2 * max_batch) the (row, token) pairs whose logprobs are wanted */
-    float *lp_vals, *lp_pick; /* (2 * max_batch) logprobs; scratch */
+    float *lp_vals;         /* (2 * max_batch) their logprobs */
     void *scratch;
+    /* the same steps' buffers in the backend's memory: one block of ints, one of floats */
+    int *dev_tables, *dev_amax, *dev_toks;               /* (B, max_table), (B), (2B) */
+    float *dev_lse, *dev_sum, *dev_amax_val, *dev_pick, *dev_lp;  /* (B) x 3, (2B) x 2 */
     EngineStats st;
 };
 
@@ -77,15 +87,22 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
     e->pos0 = xmalloc(sizeof(int) * B);
     e->rows = xmalloc(sizeof(int) * B);
     e->tables = xmalloc(sizeof(int *) * B);
+    e->table_host = xcalloc((size_t)B * e->max_table, sizeof(int));
     e->running = xmalloc(sizeof(Seq *) * B);
     e->lse = xmalloc(sizeof(float) * B);
-    e->amax_val = xmalloc(sizeof(float) * B);
     e->amax = xmalloc(sizeof(int) * B);
     e->full = xmalloc(sizeof(float) * m->vocab_padded);
     e->lp_rows = xmalloc(sizeof(int) * 2 * B);
     e->lp_toks = xmalloc(sizeof(int) * 2 * B);
     e->lp_vals = xmalloc(sizeof(float) * 2 * B);
-    e->lp_pick = xmalloc(sizeof(float) * 2 * B);
+    e->dev_tables = m->be->alloc(sizeof(int) * ((size_t)B * e->max_table + 3 * B));
+    e->dev_amax = e->dev_tables + (size_t)B * e->max_table;
+    e->dev_toks = e->dev_amax + B;
+    e->dev_lse = m->be->alloc(sizeof(float) * 7 * B);
+    e->dev_sum = e->dev_lse + B;
+    e->dev_amax_val = e->dev_sum + B;
+    e->dev_pick = e->dev_amax_val + B;
+    e->dev_lp = e->dev_pick + 2 * B;
     e->res_i = xmalloc(sizeof(int) * B);
     e->res_f = xmalloc(sizeof(float) * 2 * B);
     e->scratch = xmalloc(sampler_scratch_bytes(m->vocab_padded));
@@ -100,9 +117,11 @@ void engine_free(Engine *e) {
     kv_free(&e->kv);
     run_state_free(&e->rs);
     free(e->waiting); free(e->running); free(e->tokens); free(e->start); free(e->pos0); free(e->rows);
-    free(e->tables); free(e->lse); free(e->amax_val); free(e->amax);
+    free(e->tables); free(e->table_host); free(e->lse); free(e->amax);
     free(e->full); free(e->scratch); free(e->res_f); free(e->res_i);
-    free(e->lp_rows); free(e->lp_toks); free(e->lp_vals); free(e->lp_pick);
+    free(e->lp_rows); free(e->lp_toks); free(e->lp_vals);
+    e->m->be->free(e->dev_tables);
+    e->m->be->free(e->dev_lse);
     free(e);
 }
 
@@ -237,9 +256,14 @@ static void choose_tokens(Engine *e, int R) {
     int want_lp = e->cfg.want_logprobs;
     for (int r = 0; r < R && !want_lp; r++) want_lp = e->running[r]->logprobs_n > 0 || e->running[r]->forced;
     float T = e->cfg.lp_temperature > 0 ? e->cfg.lp_temperature : 1.0f;
-    if (want_lp) model_logits_lse(m, e->rs.logits, R, T, e->lse);
-    else for (int r = 0; r < R; r++) e->lse[r] = NAN;
-    model_argmax(m, e->rs.logits, R, e->amax, e->amax_val);                   /* greedy without gathering the vocab */
+    if (want_lp) {
+        model_logits_lse(m, e->rs.logits, R, T, e->dev_lse, e->dev_sum);
+        m->be->to_host(e->lse, e->dev_lse, sizeof(float) * R);
+    } else {
+        for (int r = 0; r < R; r++) e->lse[r] = NAN;
+    }
+    model_argmax(m, e->rs.logits, R, e->dev_amax, e->dev_amax_val);           /* greedy without gathering the vocab */
+    m->be->to_host(e->amax, e->dev_amax, sizeof(int) * R);
     for (int r = 0; r < R; r++) {
         Seq *s = e->running[r];
         const SamplingParams *p = &s->sp;
@@ -280,8 +304,13 @@ static void choose_tokens(Engine *e, int R) {
         toks[2 * r] = e->res_i[(size_t)r * (1 + K)];
         toks[2 * r + 1] = s->forced ? s->forced[s->n_out] : toks[2 * r];
     }
-    if (want_lp) model_pair_logprobs(m, e->rs.logits, e->lse, 2 * R, rows, toks, T, e->lp_pick, lp);
-    else for (int i = 0; i < 2 * R; i++) lp[i] = NAN;
+    if (want_lp) {
+        m->be->to_device(e->dev_toks, toks, sizeof(int) * 2 * R);
+        model_pair_logprobs(m, e->rs.logits, e->dev_lse, 2 * R, rows, e->dev_toks, T, e->dev_pick, e->dev_lp);
+        m->be->to_host(lp, e->dev_lp, sizeof(float) * 2 * R);
+    } else {
+        for (int i = 0; i < 2 * R; i++) lp[i] = NAN;
+    }
     for (int r = 0; r < R; r++) {
         e->res_f[(size_t)r * (2 + K)] = lp[2 * r];
         e->res_f[(size_t)r * (2 + K) + 1] = lp[2 * r + 1];
@@ -303,7 +332,8 @@ static void step(Engine *e) {
         int n = s->n_cached + s->n_step;
         e->start[r] = N;
         e->pos0[r] = s->n_cached;
-        e->tables[r] = s->table;
+        memcpy(e->table_host + (size_t)r * e->max_table, s->table, sizeof(int) * s->n_table);
+        e->tables[r] = e->dev_tables + (size_t)r * e->max_table;
         for (int p = s->n_cached; p < n; p++) e->tokens[N++] = ctx_tok(s, p);
         e->rows[r] = N - 1;
         /* prefill: the prompt, or a recompute; decode: one generated token fed */
@@ -314,6 +344,7 @@ static void step(Engine *e) {
     int K = e->K;
 
     double t0 = now_seconds();
+    m->be->to_device(e->dev_tables, e->table_host, sizeof(int) * R * e->max_table);   /* the step's tables, at once */
     Batch b = {R, e->tokens, e->start, e->pos0, e->tables, e->rows, R, e->cfg.micro_batches};
     model_forward_batch(m, &e->rs, &e->kv, &b);
     if (m->is_last) choose_tokens(e, R);

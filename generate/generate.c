@@ -270,7 +270,7 @@ int generate_main(int argc, char **argv) {
     RequestDefaults d = {0};
     const char *stop = NULL, *stop_ids = NULL;
     int tp, pp, threads, greedy, resume, show_progress, max_batch, max_batch_tokens, block, seed, micro;
-    const char *dtype_name;
+    const char *dtype_name, *device;
     float kv_mib;
     Option opts[] = {
         {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
@@ -303,6 +303,7 @@ int generate_main(int argc, char **argv) {
         {"--max-batch-tokens", OPT_INT, &max_batch_tokens, "2048", "tokens a step admits (a longer context runs alone)"},
         {"--micro-batches", OPT_INT, &micro, "0", "pp > 1: pipelined micro-batches per step (0 = pp)"},
         MESH_OPTIONS(&tp, &pp, &threads, &dtype_name),
+        DEVICE_OPTION(&device),
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
@@ -314,6 +315,8 @@ int generate_main(int argc, char **argv) {
     if (block < 1 || max_batch < 1 || max_batch_tokens < 1 || threads < 0 || !(kv_mib > 0))
         user_error("--block-size, --max-batch, --max-batch-tokens, --threads, --kv-cache-mem must be positive");
     threads = backend_set_threads(threads);
+    DType dtype = dtype_parse("--dtype", dtype_name);
+    const Backend *be = device_open(device, tp, pp);
 
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
@@ -321,7 +324,7 @@ int generate_main(int argc, char **argv) {
     run.mesh = &mesh;
     run.leader = mesh.tp_rank == 0 && mesh.pp_rank == 0;
     Model m;
-    model_load(&m, model_dir, &mesh, dtype_parse("--dtype", dtype_name));
+    model_load(&m, model_dir, &mesh, dtype, be);
     run_read(&run, &d, &m, model_dir, in_path, out_path, stop_ids, resume);
     run.progress = show_progress || isatty(2);
     if (mesh_is_root(&mesh)) {

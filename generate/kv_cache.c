@@ -1,4 +1,5 @@
-/* kv_cache.c — the paged KV block pool (see kv_cache.h). */
+/* kv_cache.c — the paged KV block pool (see kv_cache.h): the pool in the backend's memory, its free
+ * list on the host. */
 #include "generate/kv_cache.h"
 #include "runtime/util.h"
 #include <stdlib.h>
@@ -19,17 +20,20 @@ void kv_init(KVCache *kv, const Model *m, size_t bytes, int block) {
     if (kv->n_blocks < 1)
         user_error("--kv-cache-mem: %.2f MiB holds no %d-token block (%.3f MiB per block on the largest stage)",
                    bytes / 1048576.0, block, per_block / 1048576.0);
+    kv->be = m->be;
     kv->block = block;
     kv->layer_stride = (size_t)kv->n_blocks * block * kvd;
-    kv->k = xmalloc_huge(sizeof(float) * kv->layer_stride * m->n_layers_local);   /* (L_local, n_blocks, Hkv_local, block, Dh) */
-    kv->v = xmalloc_huge(sizeof(float) * kv->layer_stride * m->n_layers_local);   /* (L_local, n_blocks, Hkv_local, block, Dh) */
+    kv->k = m->be->alloc(sizeof(float) * kv->layer_stride * m->n_layers_local);   /* (L_local, n_blocks, Hkv_local, block, Dh) */
+    kv->v = m->be->alloc(sizeof(float) * kv->layer_stride * m->n_layers_local);   /* (L_local, n_blocks, Hkv_local, block, Dh) */
     kv->free_ids = xmalloc(sizeof(int) * kv->n_blocks);
     for (int i = 0; i < kv->n_blocks; i++) kv->free_ids[i] = kv->n_blocks - 1 - i;
     kv->n_free = kv->n_blocks;
 }
 
 void kv_free(KVCache *kv) {
-    free(kv->k); free(kv->v); free(kv->free_ids);
+    kv->be->free(kv->k);
+    kv->be->free(kv->v);
+    free(kv->free_ids);
     memset(kv, 0, sizeof(*kv));
 }
 

@@ -136,8 +136,9 @@ typedef struct Backend {
 
 /* The backend a model runs on: the CPU table (kernels/cpu/backend.c). */
 const Backend *backend_default(void);
-/* The backend named by --device: "cpu", or "cuda" (kernels/cuda, linked when nvcc built it); NULL
- * when that backend is not in this build. */
+/* The backend named by --device: "cpu", "cuda" (kernels/cuda, linked when nvcc built it) or
+ * "cpu-guarded" (the CPU kernels behind memory the host cannot touch: a testing aid,
+ * kernels/cpu/guarded.c); NULL when that backend is not in this build or the name is unknown. */
 const Backend *backend_named(const char *name);
 /* Threads for the kernels and OpenBLAS; n <= 0: the cores this rank may use (its CPU affinity, shared
  * among the node's ranks). Returns the count set. */

@@ -228,7 +228,7 @@ static void ref_chunk(ExperienceMaker *x, Roles *rs, Role *r, Experience *b, int
     chunk_forward(m, b, s0, s1);
     if (m->is_last) {
         float *lse = xmalloc(sizeof(float) * N), *pick = xmalloc(sizeof(float) * N);
-        model_logits_lse(m, m->s.logits, N, x->sp.temperature, lse);
+        model_logits_lse(m, m->s.logits, N, x->sp.temperature, lse, pick);   /* pick: scratch until below */
         model_pair_logprobs(m, m->s.logits, lse, N, NULL, b->targets + t0, x->sp.temperature, pick, out + t0);
         for (int n = 0; n < N; n++) if (b->targets[t0 + n] < 0) out[t0 + n] = 0.0f;
         free(lse); free(pick);

@@ -159,7 +159,7 @@ static int score_main(const char *model_dir, const char *input, const char *outp
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
     Model m;
-    model_load(&m, model_dir, &mesh, dtype);
+    model_load(&m, model_dir, &mesh, dtype, backend_default());
     char err[1024];
     Tokenizer *t = tokenizer_open(model_dir, err, sizeof err);
     if (!t) user_error("%s", err);
@@ -309,15 +309,15 @@ static void load_models(const TrainOptions *o, int dpo, const char *ref_dir, int
     Comm world = comm_world();
     mesh_init(mesh, &world, o->tp, o->pp);
     if (dpo) {
-        model_load(m, start, mesh, o->dtype);
+        model_load(m, start, mesh, o->dtype, backend_default());
         if (m->head != HEAD_LM) user_error("%s: a score-head model; dpo trains a causal LM", start);
         mesh_init(ref_mesh, &world, o->tp, o->pp);   /* the reference: same ranks, its own communicators */
-        model_load(ref, ref_dir ? ref_dir : o->model_dir, ref_mesh, o->dtype);
+        model_load(ref, ref_dir ? ref_dir : o->model_dir, ref_mesh, o->dtype, backend_default());
         if (ref->head != HEAD_LM) user_error("%s: a score-head model; the DPO reference must be a causal LM", ref_dir ? ref_dir : o->model_dir);
         if (ref->cfg.vocab_size != m->cfg.vocab_size)
             user_error("--ref %s: vocabulary %d, the policy's is %d", ref_dir, ref->cfg.vocab_size, m->cfg.vocab_size);
     } else {
-        model_load_score(m, start, mesh, (uint64_t)head_seed, o->dtype);
+        model_load_score(m, start, mesh, (uint64_t)head_seed, o->dtype, backend_default());
         if (o->resume && m->score_seed)   /* a new head would silently restart the reward model */
             user_error("--resume %s: a causal-LM checkpoint, not a reward model's (no score head)", o->resume);
     }

@@ -148,8 +148,8 @@ void roles_load(Roles *rs, const char *const *load_dir, DType dtype) {
     for (int r = 0; r < N_ROLES; r++) {
         if (!R[r].member) continue;
         util_set_reporter(R[r].mesh.rank == 0, ROLE_NAMES[r]);   /* a role's model errors name the role */
-        if (r == R_CRITIC) model_load_score(&R[r].m, load_dir[r], &R[r].mesh, 42, dtype);
-        else model_load(&R[r].m, load_dir[r], &R[r].mesh, dtype);
+        if (r == R_CRITIC) model_load_score(&R[r].m, load_dir[r], &R[r].mesh, 42, dtype, backend_default());
+        else model_load(&R[r].m, load_dir[r], &R[r].mesh, dtype, backend_default());
         if (r == R_ACTOR && R[r].m.head != HEAD_LM) user_error("--actor %s: a score-head model; the actor is a causal LM", R[r].dir);
     }
     util_set_reporter(rs->group_root, rs->group_name[0] ? rs->group_name : NULL);

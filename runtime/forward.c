@@ -3,6 +3,9 @@
  * eval, scoring and training all run these functions; training (train/grad.c) only chooses where
  * each layer's activations are kept, generation where keys and values live (the paged cache).
  * Kernels are reached through m->be; the collectives are the visible model_tp_sum / comm_ calls.
+ * Memory: every buffer a kernel gets is the backend's (the run state, the weights, the KV pool and
+ * the callers' scratch); host control flow (sequence starts, each sequence's first position) reads
+ * host copies, and a forward uploads its positions, tokens and logit rows in one copy.
  *
  * Tensor parallel (Megatron's column / row split, ARCHITECTURE.md): q/k/v and gate/up are
  * column-parallel (each rank computes its heads / its slice of F from the replicated input), o_proj
@@ -78,7 +81,7 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
         float *kc = b->kv->k + l * b->kv->layer_stride, *vc = b->kv->v + l * b->kv->layer_stride; /* (n_blocks, Hkvl, block, Dh) */
         KVLayout paged = kv_paged(b->tables[i], b->kv->block, Dh);
         be->kv_store(kc, vc, k, v, &paged, b->pos + t0, Tq, Hkvl, Dh);
-        be->attention(att, q, kc, vc, &paged, Tq, b->pos[t0], Hl, Hkvl, Dh, window, sc);
+        be->attention(att, q, kc, vc, &paged, Tq, b->pos_host[t0], Hl, Hkvl, Dh, window, sc);
     }
     be->round_to(a->att, (size_t)N * qd, wt);                                          /* matmul input */
     be->matmul(xo, a->att, w->wo, NULL, wt, N, qd, D);                                 /* row-parallel: partial */
@@ -122,19 +125,21 @@ static LayerActs run_acts(const Model *m, const RunState *s, size_t g0) {
 
 /* This stage's part of the forward for sequences [lo, hi) of the batch: receive (or embed), run
  * the local layers, send (or compute logits). Buffers are used at the group's token offset, so
- * several groups can be in flight on different stages. row0: index of the group's first logit row. */
-static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, int lo, int hi, int row0) {
+ * several groups can be in flight on different stages. row0: index of the group's first logit row.
+ * pos, tokens (N) and rows (the logit rows): the whole batch's, in the backend's memory. */
+static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, int lo, int hi, int row0,
+                          const int *pos, const int *tokens, const int *rows) {
     const ModelConfig *c = &m->cfg;
     int D = c->dim, Dh = c->head_dim;
     const int *start = b->seq_start;
     size_t g0 = start[lo];                               /* the group's first token */
     int N = start[hi] - start[lo];
     LayerActs a = run_acts(m, s, g0);
-    LayerBatch lb = {N, hi - lo, start + lo, s->pos + g0, s->rope + g0 * Dh, b->tables ? kv : NULL,
+    LayerBatch lb = {N, hi - lo, start + lo, pos + g0, s->ids_host + g0, s->rope + g0 * Dh, b->tables ? kv : NULL,
                      b->tables ? b->tables + lo : NULL, s->xo + g0 * D, s->scratch,
                      (size_t)m->n_heads_local * s->max_seq};
     m->be->rope_table(s->rope + g0 * Dh, lb.pos, m->inv_freq, N, Dh);
-    model_stage_input(m, b->tokens + g0, a.x_in, N);
+    model_stage_input(m, tokens + g0, a.x_in, N);
     for (int l = 0; l < m->n_layers_local; l++) model_layer_forward(m, l, &lb, &a, a.x_in);
 
     if (!m->is_last) {
@@ -147,7 +152,7 @@ static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, in
     const float *hx = a.x_in;
     if (b->logit_rows) {
         while (row0 + R < b->n_logit_rows && b->logit_rows[row0 + R] < start[hi]) R++;
-        m->be->gather_rows(lb.xo, s->x, b->logit_rows + row0, R, D);
+        m->be->gather_rows(lb.xo, s->x, rows + row0, R, D);
         hx = lb.xo;
     } else {
         R = N;
@@ -156,16 +161,22 @@ static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, in
 }
 
 void model_forward_batch(Model *m, RunState *s, KVCache *kv, const Batch *b) {
-    int n_seqs = b->n_seqs, N = b->seq_start[n_seqs];
-    CHECK(N <= s->max_tokens);
+    int n_seqs = b->n_seqs, N = b->seq_start[n_seqs], R = b->logit_rows ? b->n_logit_rows : 0;
+    CHECK(N <= s->max_tokens && R <= N);
+    /* positions (N), tokens (N), logit rows (R): staged on the host, then one copy to the backend */
+    int *pos = s->ids_host;
     for (int i = 0; i < n_seqs; i++) {
         int p0 = b->pos0 ? b->pos0[i] : 0;
         CHECK(p0 + b->seq_start[i + 1] - b->seq_start[i] <= s->max_seq);
-        for (int t = b->seq_start[i]; t < b->seq_start[i + 1]; t++) s->pos[t] = p0 + t - b->seq_start[i];
+        for (int t = b->seq_start[i]; t < b->seq_start[i + 1]; t++) pos[t] = p0 + t - b->seq_start[i];
     }
+    memcpy(pos + N, b->tokens, sizeof(int) * N);
+    if (R) memcpy(pos + 2 * N, b->logit_rows, sizeof(int) * R);
+    m->be->to_device(s->ids, pos, sizeof(int) * (2 * N + R));
+    const int *pos_d = s->ids, *tokens_d = s->ids + N, *rows_d = s->ids + 2 * N;
     int pp = m->mesh->pp, G = b->n_micro < n_seqs ? b->n_micro : n_seqs;
     if (pp == 1 || G <= 1) {
-        stage_forward(m, s, kv, b, 0, n_seqs, 0);
+        stage_forward(m, s, kv, b, 0, n_seqs, 0, pos_d, tokens_d, rows_d);
         return;
     }
     /* Pipelined micro-batches: G contiguous groups of sequences; in slot t stage s runs group
@@ -179,7 +190,7 @@ void model_forward_batch(Model *m, RunState *s, KVCache *kv, const Batch *b) {
     }
     for (int t = 0; t < G + pp - 1; t++) {
         int g = t - m->mesh->pp_rank;
-        if (g >= 0 && g < G) stage_forward(m, s, kv, b, lo[g], lo[g + 1], row0[g]);
+        if (g >= 0 && g < G) stage_forward(m, s, kv, b, lo[g], lo[g + 1], row0[g], pos_d, tokens_d, rows_d);
     }
     free(lo);
     free(row0);
@@ -192,24 +203,29 @@ void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs
 
 /* ---- vocab-parallel log-softmax pieces ---------------------------------------------------- */
 
-void model_logits_lse(const Model *m, const float *logits, int N, float T, float *lse) {
+void model_logits_lse(const Model *m, const float *logits, int N, float T, float *lse, float *sum) {
     const Comm *tp = &m->mesh->tp_comm;
-    float *sum = xmalloc(sizeof(float) * (N ? N : 1));
     m->be->row_max(lse, logits, N, m->vocab_local, T);
     comm_all_reduce_max(tp, lse, N);                  /* global row max: exact in any order */
     m->be->row_sumexp(sum, logits, lse, N, m->vocab_local, T);
     model_tp_sum(m, sum, N);                          /* global sum of exp, in rank order */
     m->be->log_add(lse, sum, N);
-    free(sum);
 }
 
 void model_pair_logprobs(const Model *m, const float *logits, const float *lse, int n_pairs, const int *row,
                          const int *tok, float T, float *pick, float *lp) {
+    const Backend *be = m->be;
     int Vl = m->vocab_local;
-    for (int i = 0; i < n_pairs; i++)   /* the owner contributes the logit, the others 0 */
-        m->be->pick_logits(pick + i, logits + (size_t)(row ? row[i] : i) * Vl, tok + i, 1, Vl, m->vocab_start, T);
+    /* the owner contributes the logit, the others 0: pair i reads row i, or row[i] (the host's row
+     * picks the logits row, so one call per pair) */
+    if (!row) be->pick_logits(pick, logits, tok, n_pairs, Vl, m->vocab_start, T);
+    else
+        for (int i = 0; i < n_pairs; i++)
+            be->pick_logits(pick + i, logits + (size_t)row[i] * Vl, tok + i, 1, Vl, m->vocab_start, T);
     model_tp_sum(m, pick, (size_t)n_pairs);
-    m->be->sub_at(lp, pick, lse, row, n_pairs);
+    if (!row) be->sub_at(lp, pick, lse, NULL, n_pairs);
+    else
+        for (int i = 0; i < n_pairs; i++) be->sub_at(lp + i, pick + i, lse + row[i], NULL, 1);
 }
 
 void model_argmax(const Model *m, const float *logits, int N, int *ids, float *vals) {
@@ -223,12 +239,21 @@ void model_score(Model *m, const int *tokens, const int *seq_start, int n_seqs, 
     int N = seq_start[n_seqs];
     model_forward(m, tokens, seq_start, n_seqs);
     if (m->is_last) {
-        float *pick = xmalloc(sizeof(float) * (n_pairs + 1));
-        model_logits_lse(m, m->s.logits, N, 1.0f, out->lse);
-        model_argmax(m, m->s.logits, N, out->argmax, out->argmax_logprob);
-        m->be->sub_at(out->argmax_logprob, out->argmax_logprob, out->lse, NULL, N);   /* the max logit - lse */
-        model_pair_logprobs(m, m->s.logits, out->lse, n_pairs, row, tok, 1.0f, pick, out->pair_logprob);
-        free(pick);
+        const Backend *be = m->be;
+        /* the backend's: lse, sum, amax_val (N), pick, lp (n_pairs), then ints amax (N), tok (n_pairs) */
+        float *lse = be->alloc(sizeof(float) * (4 * (size_t)N + 3 * (size_t)n_pairs)), *sum = lse + N;
+        float *amax_val = sum + N, *pick = amax_val + N, *lp = pick + n_pairs;
+        int *amax = (int *)(lp + n_pairs), *tok_d = amax + N;
+        be->to_device(tok_d, tok, sizeof(int) * n_pairs);
+        model_logits_lse(m, m->s.logits, N, 1.0f, lse, sum);
+        model_argmax(m, m->s.logits, N, amax, amax_val);
+        be->sub_at(amax_val, amax_val, lse, NULL, N);   /* the max logit - lse */
+        model_pair_logprobs(m, m->s.logits, lse, n_pairs, row, tok_d, 1.0f, pick, lp);
+        be->to_host(out->lse, lse, sizeof(float) * N);
+        be->to_host(out->argmax, amax, sizeof(int) * N);
+        be->to_host(out->argmax_logprob, amax_val, sizeof(float) * N);
+        be->to_host(out->pair_logprob, lp, sizeof(float) * n_pairs);
+        be->free(lse);
     }
     const Comm *pp = &m->mesh->pp_comm;                  /* results from the last stage to all */
     comm_broadcast(pp, out->lse, sizeof(float) * N, pp->size - 1);

@@ -183,31 +183,48 @@ static void score_init(float *w, size_t n, float std, uint64_t seed) {
     }
 }
 
+/* Where load_param reads a tensor: with the CPU backend straight into the arena (host memory), else
+ * into `stage`, one tensor's host buffer of the model's dtype, then to_device: never a second host
+ * copy of the weights. */
+typedef struct {
+    const SafeTensors *st;
+    void *stage;
+    size_t cap;   /* bytes */
+} Loader;
+
 static void load_param(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx) {
     if (spec_aliased(m, p)) return;
+    Loader *ld = ctx;
+    size_t bytes = numel * dtype_size(m->dtype);
+    void *dst = *slot;
+    if (m->be != backend_named("cpu")) {
+        if (bytes > ld->cap) { free(ld->stage); ld->stage = xmalloc(bytes); ld->cap = bytes; }
+        dst = ld->stage;
+    }
     if (p->when == IF_SCORE && m->score_seed) {
         float *w = xmalloc(sizeof(float) * numel);
         score_init(w, numel, m->cfg.init_range, m->score_seed);
         for (size_t i = 0; i < numel; i++) {
-            if (m->dtype == DTYPE_BF16) ((uint16_t *)*slot)[i] = f32_to_bf16(w[i]);
-            else ((float *)*slot)[i] = w[i];
+            if (m->dtype == DTYPE_BF16) ((uint16_t *)dst)[i] = f32_to_bf16(w[i]);
+            else ((float *)dst)[i] = w[i];
         }
         free(w);
+        m->be->to_device(*slot, dst, bytes);
         return;
     }
     char name[256];
     snprintf(name, sizeof(name), spec_source_name(m, p), layer);
     int64_t r0, nr, c0, nc;
     spec_block(m, p, &r0, &nr, &c0, &nc);
-    st_read_block(ctx, name, dim_size(m, p->rows), p->cols ? dim_size(m, p->cols) : 0, r0, nr, c0, nc, *slot,
+    st_read_block(ld->st, name, dim_size(m, p->rows), p->cols ? dim_size(m, p->cols) : 0, r0, nr, c0, nc, dst,
                   m->dtype);
     /* A NaN or inf weight (a diverged run's checkpoint, a corrupt file) would give NaN logits and
      * losses later, far from the cause: refuse it here, in the one pass over what this rank loaded.
      * Only this rank reads its block, so it reports (rank_error). */
     for (size_t i = 0; i < (size_t)(nr * nc); i++) {
-        float wi = weight_at(*slot, m->dtype, i);
+        float wi = weight_at(dst, m->dtype, i);
         if (isfinite(wi)) continue;
-        const SafeTensors *st = ctx;
+        const SafeTensors *st = ld->st;
         char at[64];
         long long r = r0 + (long long)(i / nc), c = c0 + (long long)(i % nc);
         if (p->cols) snprintf(at, sizeof at, "[%lld, %lld]", r, c);
@@ -215,6 +232,7 @@ static void load_param(Model *m, const ParamSpec *p, int layer, void **slot, siz
         rank_error("%s: tensor %s holds a non-finite value (%s%s = %g): refusing to load it (a diverged run's "
                    "checkpoint? use an earlier one)", st->files[st_find(st, name)->file].path, name, name, at, wi);
     }
+    m->be->to_device(*slot, dst, bytes);   /* nothing on the CPU: dst is the slot */
 }
 
 typedef struct {
@@ -297,7 +315,7 @@ static void check_layout(const ModelConfig *c, const Mesh *mesh) {
 static void rope_init(Model *m) {
     const ModelConfig *c = &m->cfg;
     int half = c->head_dim / 2;
-    m->inv_freq = xmalloc(sizeof(float) * half);
+    float *inv_freq = xmalloc(sizeof(float) * half);   /* (Dh/2), to the backend below */
     for (int i = 0; i < half; i++) {
         /* HF: 1 / base ** (arange(0, Dh, 2) / Dh), all in fp32 */
         float f = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)c->head_dim);
@@ -316,8 +334,11 @@ static void rope_init(Model *m) {
             int medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
             f = medium ? smoothed : scaled;
         }
-        m->inv_freq[i] = f;
+        inv_freq[i] = f;
     }
+    m->inv_freq = m->be->alloc(sizeof(float) * half);
+    m->be->to_device(m->inv_freq, inv_freq, sizeof(float) * half);
+    free(inv_freq);
 }
 
 DType model_dtype_auto(const ModelConfig *c) {
@@ -332,10 +353,30 @@ DType dtype_parse(const char *flag, const char *value) {
     user_error("%s %s: expected auto, bf16 or fp32 (fp16 checkpoints load as bf16 or fp32)", flag, value);
 }
 
-static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_t seed, DType dtype) {
+const Backend *device_open(const char *name, int tp, int pp) {
+    const Backend *be = backend_named(name);
+    if (!be && strcmp(name, "cuda"))
+        user_error("--device %s: expected cpu or cuda (or cpu-guarded, the CPU kernels behind memory the host "
+                   "cannot touch: a testing aid)", name);
+    if (strcmp(name, "cpu")) {
+        Comm world = comm_world();
+        int ranks = world.size;
+        comm_free(&world);
+        if (tp != 1 || pp != 1 || ranks != 1)
+            user_error("--device %s runs on one rank, tp = pp = dp = 1 (got --tp %d --pp %d on %d ranks): the "
+                       "collectives work on host memory", name, tp, pp, ranks);
+    }
+    if (!be) user_error("--device cuda: this build has no CUDA backend (nvcc was not found when it was built)");
+    const char *why = be->open(0);   /* one rank, or the CPU: local rank 0 */
+    if (why) user_error("--device %s: %s", name, why);
+    return be;
+}
+
+static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_t seed, DType dtype,
+                 const Backend *be) {
     memset(m, 0, sizeof(*m));
     m->mesh = mesh;
-    m->be = backend_default();
+    m->be = be;
     config_load(&m->cfg, dir);
     m->dtype = dtype == DTYPE_AUTO ? model_dtype_auto(&m->cfg) : dtype;
     if (score && !m->cfg.score_head) {   /* a score head on a causal LM: lm_head unused, nothing tied */
@@ -367,17 +408,21 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
     size_t n = 0, off = 0;
     for_each_param(m, count_param, &n);
     m->n_params = n;
-    m->params = xmalloc_huge(dtype_size(m->dtype) * n);
+    m->params = be->alloc(dtype_size(m->dtype) * n);
     for_each_param(m, place_param, &off);
     CHECK(off == n);
-    for_each_param(m, load_param, st);
+    Loader ld = {st, NULL, 0};
+    for_each_param(m, load_param, &ld);
+    free(ld.stage);
     st_close(st);
     rope_init(m);
 }
 
-void model_load(Model *m, const char *dir, const Mesh *mesh, DType dtype) { load(m, dir, mesh, 0, 0, dtype); }
-void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed, DType dtype) {
-    load(m, dir, mesh, 1, seed, dtype);
+void model_load(Model *m, const char *dir, const Mesh *mesh, DType dtype, const Backend *be) {
+    load(m, dir, mesh, 0, 0, dtype, be);
+}
+void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed, DType dtype, const Backend *be) {
+    load(m, dir, mesh, 1, seed, dtype, be);
 }
 
 void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq) {
@@ -393,28 +438,33 @@ void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq) {
     size_t total = 0;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) total += sizes[i];
     run_state_free(s);
-    s->arena = xmalloc(sizeof(float) * total);
+    s->be = m->be;
+    s->arena = m->be->alloc(sizeof(float) * total);
     s->n_floats = total;
     float *p = s->arena;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) { *slots[i] = p; p += sizes[i]; }
-    s->pos = xmalloc(sizeof(int) * N);
+    s->ids = m->be->alloc(sizeof(int) * 3 * N);
+    s->ids_host = xmalloc(sizeof(int) * 3 * N);
     s->max_tokens = max_tokens;
     s->max_seq = max_seq;
 }
 
 void run_state_free(RunState *s) {
-    free(s->arena);
-    free(s->pos);
+    if (s->be) {
+        s->be->free(s->arena);
+        s->be->free(s->ids);
+    }
+    free(s->ids_host);
     memset(s, 0, sizeof(*s));
 }
 
 void model_alloc_state(Model *m, int max_tokens, int max_seq) { run_state_init(&m->s, m, max_tokens, max_seq); }
 
 void model_free(Model *m) {
-    free(m->params);
+    m->be->free(m->params);
     run_state_free(&m->s);
     free(m->w.layers);
-    free(m->inv_freq);
+    m->be->free(m->inv_freq);
     memset(m, 0, sizeof(*m));
 }
 
@@ -434,6 +484,7 @@ void model_print_summary(const Model *m) {
     fprintf(stderr, "| %-20s | %10d |\n| %-20s | %10d |\n| %-20s | %10d |\n", "tp", m->mesh->tp, "pp", m->mesh->pp,
             "dp", m->mesh->dp);
     fprintf(stderr, "| %-20s | %-10s |\n", "dtype", dtype_name(m->dtype));
+    fprintf(stderr, "| %-20s | %-10s |\n", "device", m->be->name);
     fprintf(stderr, "| %-20s | %10.2f |\n", "params MiB (rank 0)", m->n_params * (double)dtype_size(m->dtype) / (1 << 20));
     fprintf(stderr, "| %-20s | %10.2f |\n", "acts MiB (rank 0)", m->s.n_floats * 4.0 / (1 << 20));
     fprintf(stderr, "+----------------------+------------+\n");

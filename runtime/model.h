@@ -4,8 +4,12 @@
  * training (keys/values in the batch's own rows, every layer's activations kept for the backward),
  * with the heads (LM logits -> logprobs, or a scalar score) at the end of the last stage.
  * Owns: sharding rules (ARCHITECTURE.md table), loading from an HF directory, the forward, the
- * vocab-parallel log-softmax helpers, the paged KV cache's struct (its pool: generate/kv_cache.c).
- * Kernels only through m->be.
+ * vocab-parallel log-softmax helpers, the paged KV cache's struct (its pool: generate/kv_cache.c),
+ * the choice of backend (--device).
+ * Kernels only through m->be, and memory placement too: the weights, inv_freq, the run state and the
+ * KV pool are the backend's memory (m->be->alloc), which host code reads and writes only through
+ * to_host / to_device (on the CPU those are copies; on a GPU, transfers). What a function takes on
+ * the host and what in the backend's memory is said at each below.
  * Does not own: sampling, scheduling, the backward and the optimizer (train/), I/O formats.
  * Shapes: N tokens packed over sequences, D, F, H, Hkv, Dh, V; `_local` = this TP rank's share. */
 #ifndef TANDEM_MODEL_H
@@ -59,14 +63,16 @@ typedef struct {
 } LayerActs;
 
 struct KVCache;
-/* One batch as this stage's layers see it: n_seqs sequences packed back to back. */
+/* One batch as this stage's layers see it: n_seqs sequences packed back to back. Buffers are the
+ * backend's memory; seq_start, pos_host and the array `tables` are host values. */
 typedef struct {
     int N, n_seqs;
-    const int *seq_start;  /* (n_seqs + 1) rows of each sequence, from seq_start[0] (a group's offset) */
+    const int *seq_start;  /* (n_seqs + 1) host: rows of each sequence, from seq_start[0] (a group's offset) */
     const int *pos;        /* (N) position of each row in its sequence */
+    const int *pos_host;   /* (N) host: the same positions (with kv: where each sequence's queries start) */
     const float *rope;     /* (N, Dh) the rows' RoPE cos/sin (rope_table) */
     struct KVCache *kv;    /* the paged cache (k, v stored there first), or NULL: this batch's own rows */
-    int *const *tables;    /* (n_seqs) block tables, with kv */
+    int *const *tables;    /* (n_seqs) with kv: each sequence's block table, in the backend's memory */
     float *xo;             /* (N, D) scratch: a block's output before the residual add */
     float *scratch;        /* attention scratch, scratch_stride floats per thread */
     size_t scratch_stride;
@@ -85,8 +91,11 @@ typedef struct {
     float *logits; /* (N, V_local) last stage; padded vocab columns are -inf. Score head: (N, 1) values */
     float *scratch;/* (threads, heads, max_seq) attention scores */
     float *rope;   /* (N, Dh) cos then sin of each token's RoPE angles (the backend's rope_table) */
-    int *pos;      /* (N) position of each token in its sequence */
-    float *arena;  /* every float buffer above */
+    int *ids;      /* (3 * max_tokens) a forward's positions (N), tokens (N) and logit rows (R), packed
+                    * from the front: one upload per forward */
+    int *ids_host; /* (3 * max_tokens) host: the same, staged (its positions are the forward's control flow) */
+    float *arena;  /* every float buffer above: the backend's memory, as ids */
+    const Backend *be;
     size_t n_floats;
     int max_tokens, max_seq;
 } RunState;
@@ -105,10 +114,10 @@ typedef struct {
     int is_first, is_last;                               /* pp stage owns embedding / head */
     DType dtype;          /* the weights' storage dtype (F32 or BF16, never AUTO); matmul inputs are rounded
                            * to it (runtime/forward.c) */
-    ModelWeights w;
-    void *params;         /* the parameter arena, n_params elements of dtype */
+    ModelWeights w;       /* pointers into params */
+    void *params;         /* the parameter arena, n_params elements of dtype, the backend's memory */
     size_t n_params;      /* elements in it */
-    float *inv_freq;      /* (Dh/2) RoPE inverse frequencies, scaling applied */
+    float *inv_freq;      /* (Dh/2) RoPE inverse frequencies, scaling applied (the backend's memory) */
     RunState s;           /* the run state of model_forward / model_score (model_alloc_state); a
                            * generation engine owns its own */
 } Model;
@@ -136,15 +145,16 @@ int model_param_infos(const Model *m, ParamInfo *infos, int max);
 /* Points a ModelWeights at another (fp32) arena with the parameter layout (gradients, Adam moments). */
 void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWeights *layers);
 
-/* Loads this rank's shard from an HF directory, tensor by tensor, converted to `dtype` as it is
- * read (DTYPE_AUTO: model_dtype_auto of the directory's config.json). Checks the layout against the
- * config first (tp must divide heads, pp <= layers, ...): a violation is one user_error on rank 0.
- * The head is the directory's: a *ForSequenceClassification directory has the score head, else the
- * LM head. */
-void model_load(Model *m, const char *dir, const Mesh *mesh, DType dtype);
+/* Loads this rank's shard from an HF directory onto backend `be`, tensor by tensor, converted to
+ * `dtype` as it is read (DTYPE_AUTO: model_dtype_auto of the directory's config.json): on the CPU
+ * straight into the arena, elsewhere through one tensor's host buffer and to_device. Checks the
+ * layout against the config first (tp must divide heads, pp <= layers, ...): a violation is one
+ * user_error on rank 0. The head is the directory's: a *ForSequenceClassification directory has the
+ * score head, else the LM head. */
+void model_load(Model *m, const char *dir, const Mesh *mesh, DType dtype, const Backend *be);
 /* model_load with a score head whatever the directory: a causal-LM directory's lm_head is not read
  * and score.weight starts as normal(0, initializer_range) from `seed` (model.c score_init). */
-void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed, DType dtype);
+void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed, DType dtype, const Backend *be);
 /* --dtype auto (transformers' torch_dtype="auto", vLLM's --dtype auto): a config's torch_dtype
  * "bfloat16" -> BF16; "float16" -> BF16 too (no fp16 kernels: bf16 keeps fp16's 2 bytes and every
  * fp16 value's range, rounding its 11-bit significand to 8 bits, as vLLM's CPU backend does; pass
@@ -152,8 +162,14 @@ void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed
 DType model_dtype_auto(const ModelConfig *c);
 /* "auto", "bf16" (or "bfloat16"), "fp32" (or "float32"); anything else is a user_error naming flag */
 DType dtype_parse(const char *flag, const char *value);
-/* Sizes a run state (inference activations) for batches of up to max_tokens tokens, max_seq per
- * sequence; run_state_free releases it. model_alloc_state sizes the model's own, m->s. */
+/* --device NAME (cpu | cuda | cpu-guarded), opened for this process: one user_error line when the
+ * name is unknown, when a device other than the CPU is asked of more than one rank (tp, pp or dp
+ * above 1: the collectives, runtime/comm.c, work on host memory), when the build lacks it, or when
+ * it cannot run (open's reason). Collective over the world when NAME is not cpu. */
+const Backend *device_open(const char *name, int tp, int pp);
+/* Sizes a run state (inference activations, in m's backend memory) for batches of up to max_tokens
+ * tokens, max_seq per sequence; run_state_free releases it. model_alloc_state sizes the model's own,
+ * m->s. */
 void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq);
 void run_state_free(RunState *s);
 void model_alloc_state(Model *m, int max_tokens, int max_seq);
@@ -172,6 +188,7 @@ void model_print_memory_plan(const Model *m, const MemPlan *p);
  * token slots; sequences own blocks through block tables. generate/kv_cache.c manages the pool,
  * generate/engine.c the tables. */
 typedef struct KVCache {
+    const Backend *be;    /* whose memory k and v are */
     int block;            /* token slots per block */
     int n_blocks;         /* blocks in the pool (the same on every rank) */
     size_t layer_stride;  /* floats per layer: n_blocks * block * Hkv_local * Dh */
@@ -180,13 +197,14 @@ typedef struct KVCache {
     int n_free;
 } KVCache;
 
-/* One forward step over n_seqs sequences packed back to back. */
+/* One forward step over n_seqs sequences packed back to back. Host arrays, except the tables. */
 typedef struct {
     int n_seqs;
     const int *tokens;     /* (N) new tokens, packed */
     const int *seq_start;  /* (n_seqs + 1) offsets into tokens */
     const int *pos0;       /* (n_seqs) position of each sequence's first new token; NULL = 0 */
-    int *const *tables;    /* (n_seqs) block tables; NULL = no cache: keys are this batch's tokens */
+    int *const *tables;    /* (n_seqs) block tables, each in the backend's memory (an engine uploads a
+                            * step's tables at once); NULL = no cache: keys are this batch's tokens */
     const int *logit_rows; /* rows (packed index, ascending) whose logits are wanted; NULL = all N */
     int n_logit_rows;
     int n_micro;           /* pp > 1: split the sequences into this many pipelined micro-batches */
@@ -194,15 +212,16 @@ typedef struct {
 
 /* Every rank calls it; on the last pp stage it leaves s->logits (rows, V_local) filled, one row per
  * logit row in order (score head: (rows, 1) values). With a cache, the new tokens' k and v are
- * written into their slots first. s: the caller's run state (an engine's, or &m->s). */
+ * written into their slots first. s: the caller's run state (an engine's, or &m->s). The batch's
+ * positions, tokens and logit rows go to the backend in one copy. */
 void model_forward_batch(Model *m, RunState *s, KVCache *kv, const Batch *b);
 /* Whole sequences from position 0, no cache, logits for every token, in m->s. */
 void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs);
 
 /* ---- the pieces of the one forward (runtime/forward.c), shared by model_forward_batch and
  * training (train/grad.c), which keeps every layer's LayerActs ---------------------------------- */
-/* The stage's input x (N, D): the vocab-parallel embedding lookup (tp all-reduce) on the first
- * stage, else received from stage s-1. */
+/* The stage's input x (N, D): the vocab-parallel embedding lookup of tokens (N) (tp all-reduce) on
+ * the first stage, else received from stage s-1. */
 void model_stage_input(const Model *m, const int *tokens, float *x, int N);
 /* Local layer l over b: reads a->x_in, writes the rest of a and x_out (N, D) (x_out may be x_in). */
 void model_layer_forward(const Model *m, int l, const LayerBatch *b, const LayerActs *a, float *x_out);
@@ -215,17 +234,20 @@ void model_head(const Model *m, float *out, float *xb, const float *x, int R);
 void model_tp_sum(const Model *m, float *buf, size_t n);
 
 /* ---- vocab-parallel log-softmax over a logits buffer (N, V_local) of the last stage; every rank of
- * the last stage calls them (collectives over tp). The full vocab is never gathered. ------------ */
-/* lse (N): log-sum-exp of logits / T over the full vocab */
-void model_logits_lse(const Model *m, const float *logits, int N, float T, float *lse);
+ * the last stage calls them (collectives over tp). The full vocab is never gathered. Every array is
+ * the backend's memory but `row`, a host array. --------------------------------------------------- */
+/* lse (N): log-sum-exp of logits / T over the full vocab; sum (N) is scratch */
+void model_logits_lse(const Model *m, const float *logits, int N, float T, float *lse, float *sum);
 /* lp[i] = logits[row[i], tok[i]] / T - lse[row[i]] for i < n_pairs (tok -1: 0 - lse; row NULL:
- * row[i] = i). The one logprob formula of generation, eval and training. pick (n_pairs) is scratch. */
+ * row[i] = i, one kernel call; else two per pair). The one logprob formula of generation, eval and
+ * training. pick (n_pairs) is scratch. */
 void model_pair_logprobs(const Model *m, const float *logits, const float *lse, int n_pairs, const int *row,
                          const int *tok, float T, float *pick, float *lp);
 void model_argmax(const Model *m, const float *logits, int N, int *ids, float *vals);   /* ids, vals (N) */
 
 /* What eval and scoring need from one forward, on EVERY rank (the last stage computes, then
- * broadcasts over the pp group). Arrays are caller-allocated. */
+ * broadcasts over the pp group). Arrays are caller-allocated, on the host, as model_score's inputs;
+ * its temporaries are the backend's. */
 typedef struct {
     float *lse;           /* (N) log-sum-exp of each position's logits */
     int *argmax;          /* (N) greedy next token after each position */

@@ -135,15 +135,6 @@ void *xmalloc(size_t n) {
     if (!p) rank_error("out of memory allocating %zu bytes", n);
     return p;
 }
-/* Big arenas streamed every step (weights, KV cache): 2 MiB-aligned and marked for transparent
- * huge pages, so streaming them costs 1/512 of the TLB misses (THP is often in madvise mode). */
-void *xmalloc_huge(size_t n) {
-    size_t huge = (size_t)2 << 20, rounded = (n + huge - 1) / huge * huge;
-    void *p = aligned_alloc(huge, rounded ? rounded : huge);
-    if (!p) rank_error("out of memory allocating %zu bytes", n);
-    madvise(p, rounded, MADV_HUGEPAGE);   /* advice only: ignored where THP is off */
-    return p;
-}
 void *xcalloc(size_t n, size_t sz) {
     void *p = calloc(n ? n : 1, sz ? sz : 1);
     if (!p) rank_error("out of memory allocating %zu x %zu bytes", n, sz);

@@ -40,7 +40,6 @@ _Noreturn void check_failed(const char *expr, const char *file, int line);
 
 void *xmalloc(size_t n);            /* malloc or die */
 void *xcalloc(size_t n, size_t sz); /* calloc or die */
-void *xmalloc_huge(size_t n);       /* 2 MiB-aligned, huge pages advised; free() it */
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
 char *read_file(const char *path, size_t *len); /* whole file, NUL-terminated; NULL if unreadable */

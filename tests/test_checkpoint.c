@@ -59,7 +59,7 @@ static int cmd_save(int argc, char **argv) {
     mesh_init(&mesh, &world, tp, pp);
     comm_free(&world);
     Model m;
-    model_load(&m, argv[2], &mesh, DTYPE_F32);
+    model_load(&m, argv[2], &mesh, DTYPE_F32, backend_default());
     if (fail_last) {
         /* after MPI_Init and the load: only the checkpoint's own writes hit the limit (EFBIG) */
         struct rlimit old, lim;
@@ -213,7 +213,7 @@ static int cmd_save_score(int argc, char **argv) {
     mesh_init(&mesh, &world, tp, pp);
     comm_free(&world);
     Model m;
-    model_load_score(&m, argv[2], &mesh, 7, DTYPE_F32);
+    model_load_score(&m, argv[2], &mesh, 7, DTYPE_F32, backend_default());
     enum { S = 3 };
     const int len[S] = {5, 9, 7};
     int start[S + 1] = {0}, ids[32], V = m.cfg.vocab_size;
@@ -256,8 +256,8 @@ static int cmd_compare(int argc, char **argv) {
     mesh_init(&mesh, &world, 1, 1);
     comm_free(&world);
     Model orig, saved;
-    model_load(&orig, argv[2], &mesh, DTYPE_F32);
-    model_load(&saved, argv[3], &mesh, DTYPE_F32);
+    model_load(&orig, argv[2], &mesh, DTYPE_F32, backend_default());
+    model_load(&saved, argv[3], &mesh, DTYPE_F32, backend_default());
     check_params(&orig, &saved);
     check_files(&orig, argv[2], argv[3]);
     for (int i = 4; i < argc; i++) check_same(argv[3], argv[i]);

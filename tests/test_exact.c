@@ -167,7 +167,7 @@ int main(int argc, char **argv) {
     mesh_init(&mesh, &world, tp, pp);
     comm_free(&world);
     Model m;
-    model_load(&m, argv[1], &mesh, DTYPE_F32);
+    model_load(&m, argv[1], &mesh, DTYPE_F32, backend_default());
     Run r = {.m = &m, .max_len = 9 + MAX_NEW};
     seqs_reset(&r, &mesh);
     r.cap = 2 * r.max_len;

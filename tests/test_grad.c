@@ -253,7 +253,7 @@ int main(int argc, char **argv) {
     const cJSON *grads_ref = item(fx, "grads");
 
     Model m;
-    model_load(&m, argv[1], &mesh, DTYPE_F32);
+    model_load(&m, argv[1], &mesh, DTYPE_F32, backend_default());
     model_alloc_state(&m, N, max_seq);
     TrainActs a;
     train_acts_init(&a, &m, N, max_seq, recompute);

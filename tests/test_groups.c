@@ -68,7 +68,7 @@ int main(int argc, char **argv) {
         dirs[k] = strtok(k ? second : spec, ":");
         int tp = atoi(strtok(NULL, ":")), pp = atoi(strtok(NULL, ":"));
         mesh_init(&meshes[k], &grp.comm, tp, pp);
-        model_load(&models[k], dirs[k], &meshes[k], DTYPE_F32);
+        model_load(&models[k], dirs[k], &meshes[k], DTYPE_F32, backend_default());
     }
     for (int k = 0; k < n_models; k++) {
         char path[4096];

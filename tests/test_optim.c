@@ -258,7 +258,7 @@ static void run_init(Run *r, const char *dir, int tp, int pp) {
     Comm world = comm_world();   /* this command's meshes span the job */
     mesh_init(&r->mesh, &world, tp, pp);
     comm_free(&world);
-    model_load(&r->m, dir, &r->mesh, DTYPE_F32);
+    model_load(&r->m, dir, &r->mesh, DTYPE_F32, backend_default());
     r->n_info = model_param_infos(&r->m, NULL, 0);
     r->infos = xmalloc(sizeof(ParamInfo) * r->n_info);
     model_param_infos(&r->m, r->infos, r->n_info);

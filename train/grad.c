@@ -173,7 +173,7 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
     }
     /* keys and values: each sequence's own rows (no cache); a block's output goes to dtmp
      * (backward scratch, free during the forward) */
-    a->lb = (LayerBatch){N, n_seqs, a->seq_start, a->pos, a->rope, NULL, NULL, a->dtmp, a->scratch, a->scratch_stride};
+    a->lb = (LayerBatch){N, n_seqs, a->seq_start, a->pos, a->pos, a->rope, NULL, NULL, a->dtmp, a->scratch, a->scratch_stride};
     m->be->rope_table(a->rope, a->pos, m->inv_freq, N, c->head_dim);
     float *x0 = m->n_layers_local ? a->layers[0].x_in : a->x_final;
     model_stage_input(m, a->tokens, x0, N);
@@ -196,7 +196,7 @@ const float *train_outputs(Model *m, TrainActs *a, const int *targets, float tem
         m->be->copy(a->out, a->logits, N);
     } else {
         /* the logprob of generation (model_pair_logprobs): vocab-parallel lse, then the target's logit */
-        model_logits_lse(m, a->logits, N, temperature, a->lse);
+        model_logits_lse(m, a->logits, N, temperature, a->lse, a->pick);   /* pick: free until below */
         model_pair_logprobs(m, a->logits, a->lse, N, NULL, targets, temperature, a->pick, a->out);
     }
     m->be->to_host(a->host_out, a->out, sizeof(float) * N);

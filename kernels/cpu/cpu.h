@@ -108,4 +108,7 @@ void cpu_embedding(float *out, const void *table, DType wt, const int *ids, int 
 
 /* kernels/kernels.h's table filled with the functions above (backend.c): backend_default() today. */
 extern const Backend cpu_backend;
+/* The same kernels behind memory the host cannot touch (guarded.c, --device cpu-guarded): a testing
+ * aid that makes the "every pointer is the backend's memory" contract checkable without a GPU. */
+extern const Backend cpu_guarded_backend;
 #endif

@@ -1,0 +1,322 @@
+/* guarded.c — the cpu-guarded backend (`--device cpu-guarded`): the CPU kernels behind "device"
+ * memory that the host cannot touch. A TESTING AID, not a way to run models: it makes the Backend
+ * contract (kernels/kernels.h: every pointer an entry takes is the backend's memory, and host code
+ * reads and writes that memory only through to_host / to_device) checkable without a GPU, so code
+ * that would fail on the CUDA backend fails here, in CI, on any machine.
+ *   - alloc returns its own anonymous mapping (zero), kept PROT_NONE except while an entry or a
+ *     transfer handed a pointer into it runs, with a PROT_NONE page after it: a host read or write
+ *     of backend memory, or a kernel running past the end of a buffer, is a segfault (one line
+ *     from the SIGSEGV handler when the address is in an allocation).
+ *   - every entry first checks that each pointer argument (the int arrays too, MatmulOut's out / w /
+ *     bias, KVLayout.table, the scratch) lies in a live allocation; a host pointer (or a freed one)
+ *     is one line "internal error: ... ENTRY: argument ARG ... is not the backend's memory", then
+ *     abort.
+ *   - then it opens the allocations its arguments lie in, runs the cpu_ kernel, and closes them
+ *     again: the arithmetic is the CPU backend's, so results are `--device cpu`'s bit for bit.
+ * Entries that run on several threads at once (the forward's attention, one call per sequence)
+ * share allocations: each counts the calls inside it and is closed when the last one leaves.
+ * Slow (mprotect per allocation per call): for tests on small models.
+ * Owns: cpu_guarded_backend, its allocations and the checks. */
+#include "kernels/cpu/cpu.h"
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef struct {
+    char *p;
+    size_t n;    /* usable bytes (whole pages); a closed guard page follows */
+    int users;   /* entries running with it open */
+} Region;
+static Region *regions;
+static int n_regions, cap_regions;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* one pointer argument of an entry, by name; opt: may be NULL */
+typedef struct {
+    const char *name;
+    const void *p;
+    int opt;
+} Arg;
+
+static _Noreturn void misuse(const char *entry, const char *arg, const void *p) {
+    fprintf(stderr, "tandem: internal error: --device cpu-guarded: %s: argument %s (%p) is not the backend's memory "
+            "(a host pointer, or freed)\n", entry, arg, p);
+    abort();
+}
+
+/* the region holding [p, p + bytes), or -1; the lock is held */
+static int find(const void *p, size_t bytes) {
+    const char *c = p;
+    for (int i = 0; i < n_regions; i++)
+        if (c >= regions[i].p && c <= regions[i].p + regions[i].n && bytes <= (size_t)(regions[i].p + regions[i].n - c))
+            return i;
+    return -1;
+}
+
+static void open_region(Region *r) {
+    if (r->users++ == 0 && mprotect(r->p, r->n, PROT_READ | PROT_WRITE)) abort();
+}
+static void close_region(Region *r) {
+    if (--r->users == 0 && mprotect(r->p, r->n, PROT_NONE)) abort();
+}
+
+/* Checks every argument and opens the regions they lie in (bytes: the extent, transfers only). */
+static void enter(const char *entry, const Arg *a, int n, size_t bytes) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < n; i++) {
+        if (!a[i].p && a[i].opt) continue;
+        int r = a[i].p ? find(a[i].p, bytes) : -1;
+        if (r < 0) misuse(entry, a[i].name, a[i].p);
+        open_region(&regions[r]);
+    }
+    pthread_mutex_unlock(&lock);
+}
+static void leave(const Arg *a, int n) {
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < n; i++)
+        if (a[i].p) close_region(&regions[find(a[i].p, 0)]);
+    pthread_mutex_unlock(&lock);
+}
+
+#define P(x) {#x, (const void *)(x), 0}
+#define OPT(x) {#x, (const void *)(x), 1}
+/* checks and opens the ARGS, runs CALL, closes them */
+#define GUARDED(entry, call, ...)                          \
+    do {                                                   \
+        const Arg a_[] = {__VA_ARGS__};                    \
+        int n_ = (int)(sizeof(a_) / sizeof(a_[0]));        \
+        enter(entry, a_, n_, 0);                           \
+        call;                                              \
+        leave(a_, n_);                                     \
+    } while (0)
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+static size_t page_bytes;
+static void on_segv(int sig, siginfo_t *si, void *ctx) {
+    (void)sig; (void)ctx;
+    static const char msg[] = "tandem: internal error: --device cpu-guarded: the host touched the backend's memory "
+                              "(a read or write not through to_host / to_device, or past a buffer's end)\n";
+    const char *c = si->si_addr;
+    for (int i = 0; i < n_regions; i++)   /* no lock: the process is going down */
+        if (c >= regions[i].p && c < regions[i].p + regions[i].n + page_bytes) {
+            ssize_t w = write(2, msg, sizeof msg - 1);
+            (void)w;
+            break;
+        }
+    /* SA_RESETHAND: returning re-runs the access under the default action */
+}
+
+static const char *guarded_open(int local_rank) {
+    (void)local_rank;
+    page_bytes = (size_t)sysconf(_SC_PAGESIZE);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+    sigaction(SIGSEGV, &sa, NULL);
+    return NULL;
+}
+
+/* runtime/util.c's: prints "tandem: [rank r] ..." and stops the job */
+_Noreturn void rank_error(const char *fmt, ...);
+
+static void *guarded_alloc(size_t bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), n = (bytes + page - 1) / page * page;
+    if (!n) n = page;
+    char *p = mmap(NULL, n + page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) rank_error("out of memory allocating %zu bytes", bytes);
+    pthread_mutex_lock(&lock);
+    if (n_regions == cap_regions) {
+        cap_regions = cap_regions ? 2 * cap_regions : 16;
+        regions = realloc(regions, sizeof(Region) * cap_regions);
+        if (!regions) abort();
+    }
+    regions[n_regions++] = (Region){p, n, 0};
+    pthread_mutex_unlock(&lock);
+    return p;
+}
+
+static void guarded_free(void *p) {
+    if (!p) return;
+    pthread_mutex_lock(&lock);
+    int r = find(p, 0);
+    if (r < 0 || regions[r].p != p || regions[r].users) misuse("free", "p", p);
+    munmap(p, regions[r].n + (size_t)sysconf(_SC_PAGESIZE));
+    regions[r] = regions[--n_regions];
+    pthread_mutex_unlock(&lock);
+}
+
+static void guarded_zero(void *p, size_t bytes) {
+    const Arg a[] = {P(p)};
+    enter("zero", a, 1, bytes);
+    memset(p, 0, bytes);
+    leave(a, 1);
+}
+static void guarded_to_host(void *dst, const void *src, size_t bytes) {
+    const Arg a[] = {P(src)};
+    enter("to_host", a, 1, bytes);
+    memcpy(dst, src, bytes);
+    leave(a, 1);
+}
+static void guarded_to_device(void *dst, const void *src, size_t bytes) {
+    const Arg a[] = {P(dst)};
+    enter("to_device", a, 1, bytes);
+    memcpy(dst, src, bytes);
+    leave(a, 1);
+}
+
+/* ---- the entries: cpu_ kernels, checked ------------------------------------------------------ */
+
+static void g_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out) {
+    GUARDED("matmul", cpu_matmul(out, x, w, bias, wt, N, n_in, n_out), P(out), P(x), P(w), OPT(bias));
+}
+static void g_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt) {
+    enum { MAX = 8 };
+    Arg a[1 + 3 * MAX] = {P(x)};
+    if (n > MAX) abort();
+    for (int i = 0; i < n; i++) {
+        a[1 + 3 * i] = (Arg){"outs[i].out", outs[i].out, 0};
+        a[2 + 3 * i] = (Arg){"outs[i].w", outs[i].w, 0};
+        a[3 + 3 * i] = (Arg){"outs[i].bias", outs[i].bias, 1};
+    }
+    enter("matmuls", a, 1 + 3 * n, 0);
+    cpu_matmuls(x, N, n_in, outs, n, wt);
+    leave(a, 1 + 3 * n);
+}
+static void g_rmsnorm(float *out, const float *x, const void *w, DType wt, int N, int D, float eps) {
+    GUARDED("rmsnorm", cpu_rmsnorm(out, x, w, wt, N, D, eps), P(out), P(x), P(w));
+}
+static void g_round_to(float *x, size_t n, DType t) { GUARDED("round_to", cpu_round_to(x, n, t), P(x)); }
+static void g_pack(void *dst, DType t, const float *src, size_t n) {
+    GUARDED("pack", cpu_pack(dst, t, src, n), P(dst), P(src));
+}
+static void g_unpack(float *dst, const void *src, DType t, size_t n) {
+    GUARDED("unpack", cpu_unpack(dst, src, t, n), P(dst), P(src));
+}
+static void g_rope_table(float *cs, const int *pos, const float *inv_freq, int N, int Dh) {
+    GUARDED("rope_table", cpu_rope_table(cs, pos, inv_freq, N, Dh), P(cs), P(pos), P(inv_freq));
+}
+static void g_rope(float *x, const float *cs, int N, int n_heads, int Dh) {
+    GUARDED("rope", cpu_rope(x, cs, N, n_heads, Dh), P(x), P(cs));
+}
+static void g_kv_store(float *kc, float *vc, const float *k, const float *v, const KVLayout *kv, const int *pos, int T,
+                       int Hkv, int Dh) {
+    GUARDED("kv_store", cpu_kv_store(kc, vc, k, v, kv, pos, T, Hkv, Dh), P(kc), P(vc), P(k), P(v), OPT(kv->table),
+            P(pos));
+}
+static void g_attention(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,
+                        int q_pos0, int H, int Hkv, int Dh, int window, float *scratch) {
+    GUARDED("attention", cpu_attention(out, q, k, v, kv, Tq, q_pos0, H, Hkv, Dh, window, scratch), P(out), P(q), P(k),
+            P(v), OPT(kv->table), P(scratch));
+}
+static void g_swiglu(float *out, const float *gate, const float *up, size_t n) {
+    GUARDED("swiglu", cpu_swiglu(out, gate, up, n), P(out), P(gate), P(up));
+}
+static void g_add_to(float *out, const float *a, const float *b, size_t n) {
+    GUARDED("add_to", cpu_add_to(out, a, b, n), P(out), P(a), P(b));
+}
+static void g_copy(float *dst, const float *src, size_t n) { GUARDED("copy", cpu_copy(dst, src, n), P(dst), P(src)); }
+static void g_gather_rows(float *out, const float *x, const int *rows, int R, int D) {
+    GUARDED("gather_rows", cpu_gather_rows(out, x, rows, R, D), P(out), P(x), P(rows));
+}
+static void g_embedding(float *out, const void *table, DType wt, const int *ids, int N, int D, int v0, int V_local) {
+    GUARDED("embedding", cpu_embedding(out, table, wt, ids, N, D, v0, V_local), P(out), P(table), P(ids));
+}
+static void g_mask_cols(float *x, int N, int V, int from) { GUARDED("mask_cols", cpu_mask_cols(x, N, V, from), P(x)); }
+static void g_argmax_rows(int *ids, float *vals, const float *x, int N, int V, int v0) {
+    GUARDED("argmax_rows", cpu_argmax_rows(ids, vals, x, N, V, v0), P(ids), P(vals), P(x));
+}
+static void g_row_max(float *mx, const float *x, int N, int V, float T) {
+    GUARDED("row_max", cpu_row_max(mx, x, N, V, T), P(mx), P(x));
+}
+static void g_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T) {
+    GUARDED("row_sumexp", cpu_row_sumexp(sum, x, mx, N, V, T), P(sum), P(x), P(mx));
+}
+static void g_pick_logits(float *z, const float *x, const int *targets, int N, int V, int v0, float T) {
+    GUARDED("pick_logits", cpu_pick_logits(z, x, targets, N, V, v0, T), P(z), P(x), P(targets));
+}
+static void g_log_add(float *lse, const float *sum, int N) { GUARDED("log_add", cpu_log_add(lse, sum, N), P(lse), P(sum)); }
+static void g_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T) {
+    GUARDED("row_entropy_part", cpu_row_entropy_part(s, x, lse, N, V, T), P(s), P(x), P(lse));
+}
+static void g_sub_at(float *out, const float *a, const float *b, const int *idx, int n) {
+    GUARDED("sub_at", cpu_sub_at(out, a, b, idx, n), P(out), P(a), P(b), OPT(idx));
+}
+static void g_matmul_backward(float *dx, float *dw, float *db, const float *dout, const float *x, const void *w,
+                              DType wt, int N, int n_in, int n_out) {
+    GUARDED("matmul_backward", cpu_matmul_backward(dx, dw, db, dout, x, w, wt, N, n_in, n_out), OPT(dx), OPT(dw), OPT(db),
+            P(dout), P(x), P(w));
+}
+static void g_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const void *w, DType wt, int N,
+                               int D, float eps) {
+    GUARDED("rmsnorm_backward", cpu_rmsnorm_backward(dx, dw, dout, x, w, wt, N, D, eps), P(dx), P(dw), P(dout), P(x),
+            P(w));
+}
+static void g_rope_backward(float *dx, const float *cs, int N, int n_heads, int Dh) {
+    GUARDED("rope_backward", cpu_rope_backward(dx, cs, N, n_heads, Dh), P(dx), P(cs));
+}
+static void g_attention_backward(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                                 const float *v, int T, int H, int Hkv, int Dh, int window, float *scratch) {
+    GUARDED("attention_backward", cpu_attention_backward(dq, dk, dv, dout, q, k, v, T, H, Hkv, Dh, window, scratch),
+            P(dq), P(dk), P(dv), P(dout), P(q), P(k), P(v), P(scratch));
+}
+static void g_swiglu_backward(float *dgate, float *dup, const float *dout, const float *gate, const float *up, size_t n) {
+    GUARDED("swiglu_backward", cpu_swiglu_backward(dgate, dup, dout, gate, up, n), P(dgate), P(dup), P(dout), P(gate),
+            P(up));
+}
+static void g_embedding_backward(float *dtable, const float *dout, const int *ids, int N, int D, int v0, int V_local) {
+    GUARDED("embedding_backward", cpu_embedding_backward(dtable, dout, ids, N, D, v0, V_local), P(dtable), P(dout),
+            P(ids));
+}
+static void g_logprob_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+                               const float *dlogprob, const float *H, const float *dH, int N, int V_local, int v0,
+                               float T) {
+    GUARDED("logprob_backward",
+            cpu_logprob_backward(dlogits, logits, lse, targets, dlogprob, H, dH, N, V_local, v0, T), P(dlogits),
+            P(logits), P(lse), P(targets), P(dlogprob), OPT(H), OPT(dH));
+}
+
+const Backend cpu_guarded_backend = {
+    .name = "cpu-guarded",
+    .open = guarded_open,
+    .matmul = g_matmul,
+    .matmuls = g_matmuls,
+    .rmsnorm = g_rmsnorm,
+    .round_to = g_round_to,
+    .pack = g_pack,
+    .unpack = g_unpack,
+    .rope_table = g_rope_table,
+    .rope = g_rope,
+    .kv_store = g_kv_store,
+    .attention = g_attention,
+    .swiglu = g_swiglu,
+    .add_to = g_add_to,
+    .copy = g_copy,
+    .gather_rows = g_gather_rows,
+    .embedding = g_embedding,
+    .mask_cols = g_mask_cols,
+    .argmax_rows = g_argmax_rows,
+    .row_max = g_row_max,
+    .row_sumexp = g_row_sumexp,
+    .pick_logits = g_pick_logits,
+    .log_add = g_log_add,
+    .row_entropy_part = g_row_entropy_part,
+    .sub_at = g_sub_at,
+    .matmul_backward = g_matmul_backward,
+    .rmsnorm_backward = g_rmsnorm_backward,
+    .rope_backward = g_rope_backward,
+    .attention_backward = g_attention_backward,
+    .swiglu_backward = g_swiglu_backward,
+    .embedding_backward = g_embedding_backward,
+    .logprob_backward = g_logprob_backward,
+    .alloc = guarded_alloc,
+    .free = guarded_free,
+    .zero = guarded_zero,
+    .to_host = guarded_to_host,
+    .to_device = guarded_to_device,
+};
