@@ -70,6 +70,26 @@ static double copy_bandwidth_gbs(void) {
     return best;
 }
 
+/* A device backend's copy bandwidth, bytes read plus bytes written per second (the HBM roofline's
+ * figure: nvidia-smi's and CUDA's bandwidthTest count both): be->copy of 512 MiB, timed between
+ * syncs. Best of 5 after one warm-up. */
+static double device_copy_gbs(const Backend *be) {
+    size_t n = (size_t)128 << 20;   /* floats */
+    float *a = be->alloc(sizeof(float) * n), *b = be->alloc(sizeof(float) * n);
+    double best = 0;
+    for (int rep = -1; rep < 5; rep++) {
+        be->sync();
+        double t0 = now_seconds();
+        be->copy(b, a, n);
+        be->sync();
+        double gbs = 2.0 * sizeof(float) * n / (now_seconds() - t0) / 1e9;
+        if (rep >= 0 && gbs > best) best = gbs;
+    }
+    be->free(a);
+    be->free(b);
+    return best;
+}
+
 /* Adds B random prompts of P tokens asking for T greedy tokens (EOS ignored) and runs them. */
 static void decode_batch(Engine *e, const Model *m, Seq *seqs, int B, int P, int T, unsigned *rng) {
     for (int b = 0; b < B; b++) {
@@ -145,19 +165,25 @@ static double read_bandwidth_gbs(void) {
 /* The matmul kernel's FLOP/s at batch N with its weights hot in L2 (n_out rows of K = dim, shared by
  * the threads): the most that batched decode can reach, so batch-B decode is also reported against
  * peak / (2 flops x matmul weight per token). Best of 5 sweeps of 64 calls. */
-static double matmul_peak_gflops(int N, int K) {
+static double matmul_peak_gflops(const Backend *be, int N, int K) {
     int O = 256;
-    float *w = xmalloc(sizeof(float) * O * K), *x = xmalloc(sizeof(float) * N * K), *y = xmalloc(sizeof(float) * N * O);
+    float *w = xmalloc(sizeof(float) * O * K), *x = xmalloc(sizeof(float) * N * K);
     for (size_t i = 0; i < (size_t)O * K; i++) w[i] = (float)(i % 13) * 0.01f;
     for (size_t i = 0; i < (size_t)N * K; i++) x[i] = (float)(i % 7) * 0.01f;
+    float *dw = be->alloc(sizeof(float) * O * K), *dx = be->alloc(sizeof(float) * N * K), *dy = be->alloc(sizeof(float) * N * O);
+    be->to_device(dw, w, sizeof(float) * O * K);
+    be->to_device(dx, x, sizeof(float) * N * K);
     double best = 0;
     for (int rep = 0; rep < 6; rep++) {
+        be->sync();
         double t0 = now_seconds();
-        for (int it = 0; it < 64; it++) cpu_matmul(y, x, w, NULL, DTYPE_F32, N, K, O);
+        for (int it = 0; it < 64; it++) be->matmul(dy, dx, dw, NULL, DTYPE_F32, N, K, O);
+        be->sync();
         double gf = 64 * 2.0 * N * K * O / (now_seconds() - t0) / 1e9;
         if (rep > 0 && gf > best) best = gf;   /* rep 0 warms the caches */
     }
-    free(w); free(x); free(y);
+    be->free(dw); be->free(dx); be->free(dy);
+    free(w); free(x);
     return best;
 }
 
@@ -185,20 +211,23 @@ static double median(double *v, int n) {
  * measures the read bandwidth right before its batch-1 run, so batch 1 is compared with the bound
  * of its own round; medians are reported, and the range of the per-round speedups. */
 static int bench_generate(Model *m, int threads, int P, int T, int big, int rounds) {
-    double copy = copy_bandwidth_gbs();
+    /* On a device the roofline is its copy bandwidth (read + write), and the hardware FMA peak is
+     * not measured (fma_peak_gflops times host cores) */
+    int host = !strcmp(m->be->name, "cpu");
+    double copy = host ? copy_bandwidth_gbs() : device_copy_gbs(m->be);
     /* bytes of weights streamed per decode token: every matrix and norm; an untied embedding table
      * is only looked up (one row), a tied one is read whole as the lm head */
     double es = (double)dtype_size(m->dtype), n_read = m->n_params - (m->cfg.tie_embeddings ? 0.0 : (double)m->vocab_local * m->cfg.dim);
     double bytes = es * n_read;
-    double peak = matmul_peak_gflops(big, m->cfg.dim), ceiling = peak * 1e9 / (2.0 * n_read);
+    double peak = matmul_peak_gflops(m->be, big, m->cfg.dim), ceiling = peak * 1e9 / (2.0 * n_read);
     /* and the hardware's: the fp32 FMA peak over the same multiply-adds, whatever the kernel */
-    double fma = fma_peak_gflops(), fma_ceiling = fma * 1e9 / (2.0 * n_read);
+    double fma = host ? fma_peak_gflops() : 0, fma_ceiling = fma * 1e9 / (2.0 * n_read);
     double *bw = xmalloc(sizeof(double) * rounds), *d1 = xmalloc(sizeof(double) * rounds);
     double *db = xmalloc(sizeof(double) * rounds), *pf = xmalloc(sizeof(double) * rounds);
     double *ratio = xmalloc(sizeof(double) * rounds), *frac = xmalloc(sizeof(double) * rounds);
     double *hw = xmalloc(sizeof(double) * rounds);   /* per round: fma_ceiling / batch 1 */
     for (int r = 0; r < rounds; r++) {
-        bw[r] = read_bandwidth_gbs();
+        bw[r] = host ? read_bandwidth_gbs() : device_copy_gbs(m->be);
         EngineStats s1 = bench_decode(m, 1, P, T), sb = bench_decode(m, big, P, T);
         d1[r] = s1.decode_tokens / s1.decode_s;
         db[r] = sb.decode_tokens / sb.decode_s;
@@ -212,17 +241,17 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
     median(ratio, rounds);   /* sorted: ratio[0] and ratio[rounds - 1] are the extremes */
     median(hw, rounds);
     if (mesh_is_root(m->mesh)) {
-        printf("read bandwidth %.1f-%.1f GB/s, median %.1f (copy %.1f); weights %.1f MB per token -> batch-1 bound %.1f tokens/s\n",
-               bw[0], bw[rounds - 1], mbw, copy, bytes / 1e6, bound);
+        printf("%s bandwidth %.1f-%.1f GB/s, median %.1f (copy %.1f); weights %.1f MB per token -> batch-1 bound %.1f tokens/s\n",
+               host ? "read" : "device copy (read + write)", bw[0], bw[rounds - 1], mbw, copy, bytes / 1e6, bound);
         printf("median of %d rounds: decode batch 1: %.1f tokens/s (%.0f%% of its round's bound); batch %d: %.1f tokens/s "
                "(%.2fx batch 1; per round %.2f-%.2fx); prefill %.1f tokens/s\n",
                rounds, m1, 100 * mfrac, big, mb, mb / m1, ratio[0], ratio[rounds - 1], mpf);
         printf("compute ceiling: matmul %.1f GFLOP/s hot at batch %d -> %.1f tokens/s (%.2fx batch 1); batch %d reaches %.0f%% of it\n",
                peak, big, ceiling, ceiling / m1, big, 100 * mb / ceiling);
-        printf("hardware ceiling: fp32 FMA peak %.1f GFLOP/s -> %.1f tokens/s at any batch (%.2fx batch 1; per round "
+        if (host) printf("hardware ceiling: fp32 FMA peak %.1f GFLOP/s -> %.1f tokens/s at any batch (%.2fx batch 1; per round "
                "%.2f-%.2fx); batch %d reaches %.0f%% of it\n",
                fma, fma_ceiling, fma_ceiling / m1, hw[0], hw[rounds - 1], big, 100 * mb / fma_ceiling);
-        printf("{\"bench\": \"generate\", \"threads\": %d, \"prompt\": %d, \"new_tokens\": %d, \"rounds\": %d, "
+        printf("{\"bench\": \"generate\", \"device\": \"%s\", \"dtype\": \"%s\", \"threads\": %d, \"prompt\": %d, \"new_tokens\": %d, \"rounds\": %d, "
                "\"read_gb_s\": %.2f, \"copy_gb_s\": %.2f, \"weight_mb_per_token\": %.6g, \"bound_tokens_per_s\": %.1f, "
                "\"decode_b1_tokens_per_s\": %.1f, \"fraction_of_bound\": %.3f, \"decode_b%d_tokens_per_s\": %.1f, "
                "\"batch_speedup\": %.2f, \"batch_speedup_min\": %.2f, \"batch_speedup_max\": %.2f, "
@@ -230,7 +259,7 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
                "\"fma_peak_gflops\": %.6g, \"fma_ceiling_tokens_per_s\": %.1f, \"fma_ceiling_speedup_min\": %.2f, "
                "\"fma_ceiling_speedup_max\": %.2f, "
                "\"prefill_tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f}\n",
-               threads, P, T, rounds, mbw, copy, bytes / 1e6, bound, m1, mfrac, big, mb, mb / m1, ratio[0],
+               m->be->name, dtype_name(m->dtype), threads, P, T, rounds, mbw, copy, bytes / 1e6, bound, m1, mfrac, big, mb, mb / m1, ratio[0],
                ratio[rounds - 1], peak, ceiling, fma, fma_ceiling, hw[0], hw[rounds - 1], mpf, peak_rss_mib());
     }
     free(bw); free(d1); free(db); free(pf); free(ratio); free(frac); free(hw);
@@ -303,6 +332,7 @@ static int bench_prefill(Model *m, const Mesh *mesh, int batch, int seq, int ite
         comm_barrier(&mesh->group);
         double t0 = now_seconds();
         model_forward(m, tokens, start, batch);
+        m->be->sync();
         comm_barrier(&mesh->group);
         if (it >= 0) times[it] = now_seconds() - t0;
     }
@@ -315,9 +345,9 @@ static int bench_prefill(Model *m, const Mesh *mesh, int batch, int seq, int ite
         printf("prefill: batch %d x seq %d = %d tokens, median %.4f s over %d runs -> %.1f tokens/s\n", batch, seq, N, med,
                iters, N / med);
         printf("peak memory: %.1f MiB max per rank, %.1f MiB all %d ranks\n", pm, peak, mesh->size);
-        printf("{\"bench\": \"prefill\", \"batch\": %d, \"seq\": %d, \"tokens_per_s\": %.2f, \"median_s\": %.6f, "
+        printf("{\"bench\": \"prefill\", \"device\": \"%s\", \"dtype\": \"%s\", \"batch\": %d, \"seq\": %d, \"tokens_per_s\": %.2f, \"median_s\": %.6f, "
                "\"peak_rss_mib_max_rank\": %.1f, \"peak_rss_mib_total\": %.1f, \"tp\": %d, \"pp\": %d, \"threads\": %d}\n",
-               batch, seq, N / med, med, pm, peak, mesh->tp, mesh->pp, threads);
+               m->be->name, dtype_name(m->dtype), batch, seq, N / med, med, pm, peak, mesh->tp, mesh->pp, threads);
     }
     free(tokens); free(start); free(times);
     return 0;

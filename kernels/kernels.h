@@ -132,6 +132,8 @@ typedef struct Backend {
     void (*zero)(void *p, size_t bytes);
     void (*to_host)(void *dst, const void *src, size_t bytes);
     void (*to_device)(void *dst, const void *src, size_t bytes);
+    /* waits until everything queued before it is done (a no-op on the CPU): for timers */
+    void (*sync)(void);
 } Backend;
 
 /* The backend a model runs on: the CPU table (kernels/cpu/backend.c). */

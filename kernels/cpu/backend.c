@@ -60,6 +60,7 @@ static void host_free(void *p) {
 }
 static void host_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 
+static void host_sync(void) {}
 static const char *host_open(int local_rank) {
     (void)local_rank;
     return NULL;
@@ -103,6 +104,7 @@ const Backend cpu_backend = {
     .zero = host_zero,
     .to_host = host_copy,
     .to_device = host_copy,
+    .sync = host_sync,
 };
 
 const Backend *backend_default(void) { return &cpu_backend; }

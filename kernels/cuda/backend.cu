@@ -113,4 +113,5 @@ extern "C" const Backend cuda_backend = {
     .zero = cuda_zero,
     .to_host = cuda_to_host,
     .to_device = cuda_to_device,
+    .sync = cuda_sync,
 };
