@@ -27,7 +27,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TANDEM = os.path.join(ROOT, "bin", "tandem")
+# the binaries: $TANDEM (tests/cuda/device_env.sh points it at the bundle's) or the build's; the
+# oracle harness beside it (the bundle keeps build/tests/ under its own folder)
+TANDEM = os.path.abspath(os.environ.get("TANDEM") or os.path.join(ROOT, "bin", "tandem"))
+BUILD = os.path.dirname(os.path.dirname(TANDEM))
 FIX = os.path.join(ROOT, "tests", "fixtures")
 TINY = ("llama_gqa mistral_swa qwen2_bias qwen2_swa llama3_rope llama_linear_rope llama_sharded llama_mqa "
         "llama_odd_vocab").split()
@@ -77,7 +80,7 @@ def models(a):
 
 
 def check_ops(a, tmp):
-    binary = os.path.join(ROOT, "build", "tests", "cuda_vs_cpu")
+    binary = os.path.join(BUILD, "build", "tests", "cuda_vs_cpu")
     rc, out, err, s = run([binary])
     lines = out.strip().splitlines()
     fails = [ln for ln in lines if ln.startswith("FAIL")]
