@@ -353,6 +353,112 @@ static int bench_prefill(Model *m, const Mesh *mesh, int batch, int seq, int ite
     return 0;
 }
 
+/* --kernels: the forward's kernels alone at the model's shapes and weights (layer 0, the lm head),
+ * on the model's backend: microseconds per call (REPS back-to-back calls between syncs, median of
+ * `iters`), the weight bytes streamed per second and FLOP/s. Shows where a decode step (N = 1, 32)
+ * or a prefill (N = 512) spends its time, and how far each kernel is from the device's copy
+ * bandwidth (printed first). Random activations; the numbers do not depend on values. */
+enum { REPS = 20 };
+typedef enum { K_MATMUL, K_RMSNORM, K_SWIGLU, K_ADD, K_ATTN_DECODE, K_ATTN_PREFILL } KernelOp;
+typedef struct {
+    const char *name;
+    KernelOp op;
+    const void *w;   /* matmul weight */
+    int n_in, n_out; /* matmul shape; attention: context length in n_in */
+} KernelCase;
+
+static double time_kernel(const Model *m, const KernelCase *k, int N, float *x, float *y, float *kc, float *vc,
+                          const int *table, float *scratch, int iters) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, Dh = c->head_dim, D = c->dim;
+    double *t = xmalloc(sizeof(double) * iters);
+    for (int it = -1; it < iters; it++) {
+        be->sync();
+        double t0 = now_seconds();
+        for (int r = 0; r < REPS; r++) switch (k->op) {
+            case K_MATMUL: be->matmul(y, x, k->w, NULL, m->dtype, N, k->n_in, k->n_out); break;
+            case K_RMSNORM: be->rmsnorm(y, x, m->w.layers[0].attn_norm, m->dtype, N, D, c->norm_eps); break;
+            case K_SWIGLU: be->swiglu(y, x, x, (size_t)N * m->hidden_local); break;
+            case K_ADD: be->add_to(y, x, x, 1); break;
+            case K_ATTN_DECODE: {   /* N sequences of n_in cached keys, one query each, one call each (as the forward) */
+                KVLayout kv = kv_paged(table, 16, Dh);
+                for (int i = 0; i < N; i++)
+                    be->attention(y + (size_t)i * Hl * Dh, x + (size_t)i * Hl * Dh, kc, vc, &kv, 1, k->n_in - 1, Hl, Hkvl,
+                                  Dh, 0, scratch);
+                break;
+            }
+            case K_ATTN_PREFILL: {  /* one sequence of N tokens, its own keys */
+                KVLayout kv = kv_rows(N, Hkvl, Dh);
+                be->attention(y, x, kc, vc, &kv, N, 0, Hl, Hkvl, Dh, 0, scratch);
+                break;
+            }
+            }
+        be->sync();
+        if (it >= 0) t[it] = (now_seconds() - t0) / REPS;
+    }
+    double med = median(t, iters);
+    free(t);
+    return med;
+}
+
+static int bench_kernels(Model *m, int iters) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    const LayerWeights *w = &m->w.layers[0];
+    int D = c->dim, F = m->hidden_local, Dh = c->head_dim, qd = m->n_heads_local * Dh, kvd = m->n_heads_kv_local * Dh;
+    int ctx = 1024 < c->max_pos ? 1024 : c->max_pos, Ns[] = {1, 32, 512};
+    size_t widest = (size_t)(F > m->vocab_local ? F : m->vocab_local) + D + qd;
+    size_t n_buf = 512 * widest, n_kv = (size_t)ctx * kvd > (size_t)512 * kvd ? (size_t)ctx * kvd : (size_t)512 * kvd;
+    float *h = xmalloc(sizeof(float) * n_buf);
+    unsigned rng = 99;
+    for (size_t i = 0; i < n_buf; i++) { rng = rng * 1103515245u + 12345u; h[i] = (float)((rng >> 9) & 1023) / 1024.0f - 0.5f; }
+    float *x = be->alloc(sizeof(float) * n_buf), *y = be->alloc(sizeof(float) * n_buf);
+    float *kc = be->alloc(sizeof(float) * n_kv), *vc = be->alloc(sizeof(float) * n_kv);
+    be->to_device(x, h, sizeof(float) * n_buf);
+    be->to_device(kc, h, sizeof(float) * n_kv);
+    be->to_device(vc, h, sizeof(float) * n_kv);
+    be->round_to(x, n_buf, m->dtype);   /* what every matmul reads in this dtype */
+    int *ht = xmalloc(sizeof(int) * (ctx / 16 + 1)), *table = be->alloc(sizeof(int) * (ctx / 16 + 1));
+    /* the CPU attention's scratch: a thread's scores for every head and key */
+    float *scratch = be->alloc(sizeof(float) * omp_get_max_threads() * m->n_heads_local * (ctx > 512 ? ctx : 512));
+    for (int i = 0; i <= ctx / 16; i++) ht[i] = i;
+    be->to_device(table, ht, sizeof(int) * (ctx / 16 + 1));
+    double bw = strcmp(be->name, "cpu") ? device_copy_gbs(be) : read_bandwidth_gbs();
+    KernelCase cases[] = {
+        {"q_proj", K_MATMUL, w->wq, D, qd}, {"k_proj", K_MATMUL, w->wk, D, kvd}, {"o_proj", K_MATMUL, w->wo, qd, D},
+        {"gate_proj", K_MATMUL, w->w_gate, D, F}, {"down_proj", K_MATMUL, w->w_down, F, D},
+        {"lm_head", K_MATMUL, m->w.lm_head, D, m->vocab_local}, {"rmsnorm", K_RMSNORM, NULL, 0, 0},
+        {"swiglu", K_SWIGLU, NULL, 0, 0}, {"attention_decode", K_ATTN_DECODE, NULL, ctx, 0},
+        {"attention_prefill", K_ATTN_PREFILL, NULL, 0, 0}, {"launch (add 1 float)", K_ADD, NULL, 0, 0},
+    };
+    if (mesh_is_root(m->mesh))
+        printf("{\"bench\": \"kernels\", \"device\": \"%s\", \"dtype\": \"%s\", \"bandwidth_gb_s\": %.1f, \"context\": %d}\n",
+               be->name, dtype_name(m->dtype), bw, ctx);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int j = 0; j < 3; j++) {
+            const KernelCase *k = &cases[i];
+            int N = Ns[j];
+            if ((k->op == K_ADD && N > 1) || (k->op == K_ATTN_PREFILL && N < 512) || (k->op == K_ATTN_DECODE && N > 32) ||
+                (k->op == K_MATMUL && !k->w))
+                continue;
+            double us = time_kernel(m, k, N, x, y, kc, vc, table, scratch, iters) * 1e6;
+            double wbytes = k->op == K_MATMUL ? (double)k->n_in * k->n_out * dtype_size(m->dtype) : 0;
+            double flops = k->op == K_MATMUL ? 2.0 * N * k->n_in * k->n_out : 0;
+            if (k->op == K_ATTN_DECODE) {
+                wbytes = 2.0 * N * ctx * kvd * sizeof(float);                 /* the keys and values read */
+                flops = 4.0 * N * ctx * qd;
+            }
+            if (k->op == K_ATTN_PREFILL) flops = 2.0 * N * N * qd;           /* causal: half of 4 N^2 qd */
+            if (mesh_is_root(m->mesh))
+                printf("{\"kernel\": \"%s\", \"N\": %d, \"us\": %.2f, \"gb_s\": %.1f, \"of_bandwidth\": %.3f, \"tflop_s\": %.3f}\n",
+                       k->name, N, us, wbytes / us / 1e3, wbytes / us / 1e3 / bw, flops / us / 1e6);
+        }
+    be->free(x); be->free(y); be->free(kc); be->free(vc); be->free(table); be->free(scratch);
+    free(h); free(ht);
+    return 0;
+}
+
 /* The load's memory (stderr, rank 0, once the run goes ahead): the peak RSS right after loading against
  * the weights held. Each tensor is read from the mapped file into the arena, converted, and its mapped
  * pages released, so the two are about equal. */
@@ -365,7 +471,7 @@ static void print_load(const Model *m, double load_rss) {
 
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
-    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score;
+    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score, kernels;
     const char *dtype_flag, *device;
     const char *recompute;
     Option opts[] = {
@@ -375,6 +481,7 @@ int bench_main(int argc, char **argv) {
         {"--generate", OPT_FLAG, &generate, NULL, "decode tokens/s at batch 1 and --big-batch vs the bandwidth bound"},
         {"--new-tokens", OPT_INT, &new_tokens, "128", "--generate: tokens generated per sequence"},
         {"--big-batch", OPT_INT, &big, "32", "--generate: the large batch"},
+        {"--kernels", OPT_FLAG, &kernels, NULL, "each forward kernel alone at the model's shapes: us, GB/s, TFLOP/s"},
         {"--train", OPT_FLAG, &train, NULL, "training step tokens/s (forward + backward + AdamW) and memory"},
         {"--recompute", OPT_STR, &recompute, "none", "--train: none | full (activation recomputation)"},
         {"--score", OPT_FLAG, &score, NULL, "--train: a reward model (new score head, Bradley-Terry over B/2 pairs)"},
@@ -420,6 +527,10 @@ int bench_main(int argc, char **argv) {
         print_load(&m, load_rss);
         rc = bench_train(&m, &mesh, batch, seq, iters, !strcmp(recompute, "full"), threads,
                          m.head == HEAD_SCORE ? &bt : &LOSS_XENT);
+    } else if (kernels) {
+        if (mesh.size != 1) user_error("bench --kernels runs on one rank");
+        print_load(&m, load_rss);
+        rc = bench_kernels(&m, iters);
     } else if (generate) {
         if (mesh.size != 1) user_error("bench --generate runs on one rank");
         if (new_tokens < 1 || big < 1) user_error("--new-tokens and --big-batch must be >= 1");

@@ -48,7 +48,37 @@ matmul_kernel(float *out, const float *x, const WT *w, const WT *bias, int N, in
 #pragma unroll
         for (int c = 0; c < XR; c++) acc[r][c] = 0.0f;
     int K_full = aligned ? K / CUDA_MM_CHUNK * CUDA_MM_CHUNK : 0;
-    for (int k = 4 * lane; k < K_full; k += CUDA_MM_CHUNK) {
+    /* U chunks' loads issued before their multiply-adds: a warp keeps U x 2 KB (fp32) of weights in
+     * flight instead of waiting a memory latency per chunk (decode is bound by that, not by the
+     * bandwidth). Each accumulator still takes its chunks in increasing order: same bits. */
+    constexpr int U = XR <= 2 ? 4 : 2;
+    int k = 4 * lane;
+    for (; k + (U - 1) * CUDA_MM_CHUNK < K_full; k += U * CUDA_MM_CHUNK) {
+        float4 wv[U][R], xv[U][XR];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                wv[u][r] = j0 + r < n_out ? W4<WT>::load(w, (size_t)(j0 + r) * K + k + u * CUDA_MM_CHUNK)
+                                          : make_float4(0, 0, 0, 0);
+#pragma unroll
+            for (int c = 0; c < XR; c++)
+                xv[u][c] = n0 + c < N ? __ldg((const float4 *)(x + (size_t)(n0 + c) * K + k + u * CUDA_MM_CHUNK))
+                                      : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int c = 0; c < XR; c++) {
+                    acc[r][c] = fmaf(wv[u][r].x, xv[u][c].x, acc[r][c]);
+                    acc[r][c] = fmaf(wv[u][r].y, xv[u][c].y, acc[r][c]);
+                    acc[r][c] = fmaf(wv[u][r].z, xv[u][c].z, acc[r][c]);
+                    acc[r][c] = fmaf(wv[u][r].w, xv[u][c].w, acc[r][c]);
+                }
+    }
+    for (; k < K_full; k += CUDA_MM_CHUNK) {   /* the last < U whole chunks, one at a time */
         float4 wv[R], xv[XR];
 #pragma unroll
         for (int r = 0; r < R; r++)
