@@ -141,7 +141,7 @@ __global__ void att_stats_kernel(float *stats, const float *dout, const float *q
     for (int d = lane; d < Dh; d += WARP) qs[warp][d] = q[(size_t)i * qd + (size_t)h * Dh + d];
     __syncwarp();
     float acc[ATT_PER_LANE], m, l;
-    attention_row_dev(qs[warp], k, v, NULL, T, kvd, Dh, kvd, hk, j0, i, Dh, scale, acc, &m, &l);
+    attention_row_dev(qs[warp], k, v, NULL, T, kvd, Dh, kvd, hk, j0, i, Dh, scale, 0, 1, 0, acc, &m, &l);
     const float *gi = dout + (size_t)i * qd + (size_t)h * Dh;
     float part = 0.0f;
 #pragma unroll

@@ -127,7 +127,7 @@ void rope_launch(float *x, const float *cs, int N, int n_heads, int Dh, float si
 /* The attention tile: keys are taken 32 at a time by ABSOLUTE position (tile t holds positions
  * [32t, 32t + 32)), whatever the layout, the query count or the first query's position, so a row's
  * online-softmax steps, and so its bits, are the same in a prefill, a decode step and training. */
-constexpr int ATT_TILE = WARP, ATT_MAX_DH = 256, ATT_WARPS = 4;
+constexpr int ATT_TILE = WARP, ATT_MAX_DH = 256, ATT_WARPS = 4, ATT_SPLIT = 8;
 
 /* Offset of position j's kv head 0 (kv_offset of kernels.h on a device table) */
 __device__ __forceinline__ size_t kv_offset_dev(const int *table, int block, size_t row, size_t kvd, int j) {
@@ -135,26 +135,43 @@ __device__ __forceinline__ size_t kv_offset_dev(const int *table, int block, siz
     return b * (size_t)block * kvd + (size_t)(j % block) * row;
 }
 
-/* One query row's attention for one head (the body of ops.cu's attention_kernel, shared with the
- * backward's recomputation): qs (Dh) the query in shared memory, keys j0..i of kv head hk through
- * the layout. Leaves the running max *m, the sum *l of exp(s - m) and acc (lane l: columns
- * l + 32c) = sum_j exp(s_j - m) v_j, each accumulated tile by tile in increasing position. */
+/* One query row's attention for one head over the key tiles t in [j0 / 32, i / 32] with
+ * t % step == first (ops.cu's attention spreads a row's tiles over `step` warps; the backward's
+ * recomputation takes them all, step 1): qs (Dh) the query in shared memory, keys j0..i of kv head
+ * hk through the layout. Leaves the running max *m, the sum *l of exp(s - m) and acc (lane l:
+ * columns l + 32c) = sum_j exp(s_j - m) v_j, accumulated tile by tile in increasing position; a
+ * warp with no tile leaves m = -inf, l = 0, acc = 0. vec4: keys 16-byte aligned (Dh % 4 == 0), read
+ * as float4 (the same products in the same order). */
 constexpr int ATT_PER_LANE = ATT_MAX_DH / WARP;
 __device__ __forceinline__ void attention_row_dev(const float *qs, const float *k, const float *v, const int *table,
                                                   int block, size_t row, size_t head, size_t kvd, int hk, int j0,
-                                                  int i, int Dh, float scale, float *acc, float *m_out, float *l_out) {
+                                                  int i, int Dh, float scale, int first, int step, int vec4, float *acc,
+                                                  float *m_out, float *l_out) {
     int lane = threadIdx.x % WARP;
     float m = -INFINITY, l = 0.0f;
 #pragma unroll
     for (int c = 0; c < ATT_PER_LANE; c++) acc[c] = 0.0f;
-    for (int tile = j0 / ATT_TILE; tile <= i / ATT_TILE; tile++) {
+    int t0 = j0 / ATT_TILE;
+    t0 += ((first - t0) % step + step) % step;   /* the first tile of this warp's residue */
+    for (int tile = t0; tile <= i / ATT_TILE; tile += step) {
         int j = tile * ATT_TILE + lane;
         int live = j >= j0 && j <= i;
         float s = -INFINITY;
         if (live) {
             const float *kj = k + kv_offset_dev(table, block, row, kvd, j) + (size_t)hk * head;
             float dot = 0.0f;
-            for (int d = 0; d < Dh; d++) dot = fmaf(qs[d], kj[d], dot);
+            if (vec4) {
+#pragma unroll 8
+                for (int d = 0; d < Dh; d += 4) {
+                    float4 k4 = __ldg((const float4 *)(kj + d));
+                    dot = fmaf(qs[d], k4.x, dot);
+                    dot = fmaf(qs[d + 1], k4.y, dot);
+                    dot = fmaf(qs[d + 2], k4.z, dot);
+                    dot = fmaf(qs[d + 3], k4.w, dot);
+                }
+            } else {
+                for (int d = 0; d < Dh; d++) dot = fmaf(qs[d], kj[d], dot);
+            }
             s = dot * scale;
         }
         float m_new = fmaxf(m, warp_max(s));               /* finite: every tile has a live key */

@@ -262,34 +262,51 @@ extern "C" void cuda_kv_store(float *kc, float *vc, const float *k, const float 
 }
 
 /* ---- attention ---------------------------------------------------------------------------------
- * Flash-style: one warp per (query row, head), keys in tiles of 32 by absolute position (ATT_TILE),
- * an online softmax over the tiles, so no (Tq, keys) score matrix exists anywhere. In a tile, lane
- * j scores key 32t + j (a dot product over d in order), the tile's max and sum come from the fixed
- * xor tree, then the output accumulates the tile's keys in increasing position, lane l owning
- * columns l, l + 32, ... of the head. Query head h reads kv head h / (H / Hkv) (GQA); key j is
- * visible to query i iff 0 <= i - j < window (window 0: all j <= i). Keys are found through the
- * layout (kv_rows: table NULL; kv_paged: the block table), which changes where they are read,
- * never the arithmetic. */
-__global__ void __launch_bounds__(ATT_WARPS *WARP)
+ * Flash-style: one block of ATT_SPLIT warps per (query row, head), keys in tiles of 32 by absolute
+ * position (ATT_TILE); warp w takes the tiles t with t % ATT_SPLIT == w and runs an online softmax
+ * over them (attention_row_dev), then the warps' (max, sum, acc) are combined in warp order. No
+ * (Tq, keys) score matrix exists anywhere, and which warp takes a tile, and the order of every
+ * sum, depend on the keys' positions alone: a row's bits are the same in a prefill, a decode step
+ * and training, whatever the layout. In a tile, lane j scores key 32t + j (a dot product over d in
+ * order); the output accumulates the tile's keys in increasing position, lane l owning columns
+ * l, l + 32, ... of the head. Query head h reads kv head h / (H / Hkv) (GQA); key j is visible to
+ * query i iff 0 <= i - j < window (window 0: all j <= i). Keys are found through the layout
+ * (kv_rows: table NULL; kv_paged: the block table), which changes where they are read, never the
+ * arithmetic. Splitting a row over 8 warps keeps 8 tiles' loads in flight: a decode step has one
+ * row per head, and one warp walking 1024 keys alone took 0.58 ms (H200, 1.1B shape). */
+__global__ void __launch_bounds__(ATT_SPLIT *WARP)
 attention_kernel(float *out, const float *q, const float *k, const float *v, const int *table, int block, size_t row,
-                 size_t head, int Tq, int q_pos0, int H, int Hkv, int Dh, int window, float scale) {
-    __shared__ float qs[ATT_WARPS][ATT_MAX_DH];
+                 size_t head, int q_pos0, int H, int Hkv, int Dh, int window, float scale, int vec4) {
+    __shared__ float qs[ATT_MAX_DH];
+    __shared__ float part_m[ATT_SPLIT], part_l[ATT_SPLIT], part_acc[ATT_SPLIT][ATT_MAX_DH];
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    int task = blockIdx.x * ATT_WARPS + warp;           /* (t, h) */
-    if (task >= Tq * H) return;
-    int t = task / H, h = task % H, hk = h / (H / Hkv), i = q_pos0 + t;
+    int t = blockIdx.x / H, h = blockIdx.x % H, hk = h / (H / Hkv), i = q_pos0 + t;
     int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
     size_t kvd = (size_t)Hkv * Dh, qd = (size_t)H * Dh;
     const float *qi = q + (size_t)t * qd + (size_t)h * Dh;   /* (Dh) */
-    for (int d = lane; d < Dh; d += WARP) qs[warp][d] = qi[d];
-    __syncwarp();
+    for (int d = threadIdx.x; d < Dh; d += blockDim.x) qs[d] = qi[d];
+    __syncthreads();
     float acc[ATT_PER_LANE], m, l;
-    attention_row_dev(qs[warp], k, v, table, block, row, head, kvd, hk, j0, i, Dh, scale, acc, &m, &l);
+    attention_row_dev(qs, k, v, table, block, row, head, kvd, hk, j0, i, Dh, scale, warp, ATT_SPLIT, vec4, acc, &m, &l);
+#pragma unroll
+    for (int c = 0; c < ATT_PER_LANE; c++) {
+        int d = lane + c * WARP;
+        if (d < Dh) part_acc[warp][d] = acc[c];
+    }
+    if (lane == 0) part_m[warp] = m, part_l[warp] = l;
+    __syncthreads();
+    if (warp) return;
+    float M = -INFINITY, L = 0.0f;
+    for (int w = 0; w < ATT_SPLIT; w++) M = fmaxf(M, part_m[w]);
+    for (int w = 0; w < ATT_SPLIT; w++) L += part_l[w] * expf(part_m[w] - M);   /* a warp without tiles: 0 * 0 */
     float *oi = out + (size_t)t * qd + (size_t)h * Dh;
 #pragma unroll
     for (int c = 0; c < ATT_PER_LANE; c++) {
         int d = lane + c * WARP;
-        if (d < Dh) oi[d] = acc[c] / l;
+        if (d >= Dh) continue;
+        float o = 0.0f;
+        for (int w = 0; w < ATT_SPLIT; w++) o += part_acc[w][d] * expf(part_m[w] - M);
+        oi[d] = o / L;
     }
 }
 
@@ -298,9 +315,9 @@ extern "C" void cuda_attention(float *out, const float *q, const float *k, const
     (void)scratch;
     if (Tq == 0 || H == 0) return;
     if (Dh > ATT_MAX_DH) rank_error("internal error: cuda_attention supports head_dim <= %d (got %d)", ATT_MAX_DH, Dh);
-    unsigned blocks = (unsigned)(((size_t)Tq * H + ATT_WARPS - 1) / ATT_WARPS);
-    attention_kernel<<<blocks, ATT_WARPS * WARP>>>(out, q, k, v, kv->table, kv->block, kv->row, kv->head, Tq, q_pos0,
-                                                   H, Hkv, Dh, window, 1.0f / sqrtf((float)Dh));
+    int vec4 = Dh % 4 == 0 && (uintptr_t)k % 16 == 0 && kv->row % 4 == 0 && kv->head % 4 == 0;
+    attention_kernel<<<(unsigned)Tq * H, ATT_SPLIT * WARP>>>(out, q, k, v, kv->table, kv->block, kv->row, kv->head,
+                                                             q_pos0, H, Hkv, Dh, window, 1.0f / sqrtf((float)Dh), vec4);
     CUDA_CHECK_LAUNCH();
 }
 

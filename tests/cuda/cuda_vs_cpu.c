@@ -17,6 +17,7 @@
  * says why it cannot run (bats reads 77 as skip), 2 bad usage. Does not test speed.
  * Run by tests/cuda.bats. */
 #include "kernels/cpu/cpu.h"
+#include "kernels/cuda/cuda.h"
 #include "runtime/util.h"
 #include <float.h>
 #include <math.h>
@@ -1870,6 +1871,27 @@ static int known_entry(const char *name) {
     return 0;
 }
 
+/* The matmul's launch geometry (host-side, cuda_matmul_geometry): the grid covers every output row
+ * and x row exactly once, with less than one tile of slack, and x rows per warp is the smallest of
+ * 1, 2, 4, 8 holding min(N, 8). Runs in every mode, GPU or not. Returns the failures. */
+static int geometry_checks(void) {
+    static const int outs[] = {1, 15, 16, 17, 256, 2048, 5632, 32000};
+    int bad = 0, tile = CUDA_MM_ROWS * CUDA_MM_WARPS;
+    for (int N = 1; N <= 70; N++)
+        for (size_t o = 0; o < sizeof outs / sizeof outs[0]; o++) {
+            MatmulGeometry g = cuda_matmul_geometry(N, outs[o]);
+            int want_xr = N > 4 ? 8 : N > 2 ? 4 : N;   /* the smallest of 1, 2, 4, 8 that holds min(N, 8) */
+            if ((long)g.grid_x * tile < outs[o] || (long)(g.grid_x - 1) * tile >= outs[o] || g.x_rows != want_xr ||
+                (long)g.grid_y * g.x_rows < N || (long)(g.grid_y - 1) * g.x_rows >= N) {
+                if (bad++ < 5) printf("FAIL geometry N=%d n_out=%d: grid %u x %u, %d x rows per warp\n", N, outs[o], g.grid_x,
+                                      g.grid_y, g.x_rows);
+            }
+        }
+    printf("%-4s %-27s %-4s %-46s %-9s %-9s %s\n", bad ? "FAIL" : "ok", "geometry.matmul", "host", "N=1..70 x 8 n_out",
+           "0.000e+00", "0.000e+00", "0.000e+00");
+    return bad;
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--self")) self_mode = 1;
@@ -1880,6 +1902,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (geometry_checks()) return 1;
     backend_set_threads(0);
     ref = &cpu_backend;
     dut = self_mode ? &guarded_cpu : backend_named("cuda");
