@@ -1887,7 +1887,7 @@ static int geometry_checks(void) {
                                       g.grid_y, g.x_rows);
             }
         }
-    printf("%-4s %-27s %-4s %-46s %-9s %-9s %s\n", bad ? "FAIL" : "ok", "geometry.matmul", "host", "N=1..70 x 8 n_out",
+    printf("%-4s %-27s %-4s %-46s %-9s %-9s %s\n", bad ? "FAIL" : "ok", "geometry.matmul", "host", "N=1..70,8_n_out_sizes",
            "0.000e+00", "0.000e+00", "0.000e+00");
     return bad;
 }
