@@ -368,7 +368,7 @@ typedef struct {
 } KernelCase;
 
 static double time_kernel(const Model *m, const KernelCase *k, int N, float *x, float *y, float *kc, float *vc,
-                          const int *table, float *scratch, int iters) {
+                          const PagedBatch *pb, float *scratch, int iters) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, Dh = c->head_dim, D = c->dim;
@@ -381,11 +381,10 @@ static double time_kernel(const Model *m, const KernelCase *k, int N, float *x, 
             case K_RMSNORM: be->rmsnorm(y, x, m->w.layers[0].attn_norm, m->dtype, N, D, c->norm_eps); break;
             case K_SWIGLU: be->swiglu(y, x, x, (size_t)N * m->hidden_local); break;
             case K_ADD: be->add_to(y, x, x, 1); break;
-            case K_ATTN_DECODE: {   /* N sequences of n_in cached keys, one query each, one call each (as the forward) */
-                KVLayout kv = kv_paged(table, 16, Dh);
-                for (int i = 0; i < N; i++)
-                    be->attention(y + (size_t)i * Hl * Dh, x + (size_t)i * Hl * Dh, kc, vc, &kv, 1, k->n_in - 1, Hl, Hkvl,
-                                  Dh, 0, scratch);
+            case K_ATTN_DECODE: {   /* N sequences of n_in cached keys, one query each: one call (as the forward) */
+                PagedBatch b = *pb;
+                b.N = b.n_seqs = N;
+                be->attention_batch(y, x, kc, vc, &b, Hl, Hkvl, Dh, 0, scratch, (size_t)Hl * (k->n_in > 512 ? k->n_in : 512));
                 break;
             }
             case K_ATTN_PREFILL: {  /* one sequence of N tokens, its own keys */
@@ -419,11 +418,15 @@ static int bench_kernels(Model *m, int iters) {
     be->to_device(kc, h, sizeof(float) * n_kv);
     be->to_device(vc, h, sizeof(float) * n_kv);
     be->round_to(x, n_buf, m->dtype);   /* what every matmul reads in this dtype */
-    int *ht = xmalloc(sizeof(int) * (ctx / 16 + 1)), *table = be->alloc(sizeof(int) * (ctx / 16 + 1));
+    /* decode: 32 sequences whose caches are one and the same (table stride 0), each at position ctx - 1 */
+    int nt = ctx / 16 + 1, *ht = xmalloc(sizeof(int) * (nt + 2 * 32 + 33)), *table = be->alloc(sizeof(int) * (nt + 2 * 32));
+    for (int i = 0; i < nt; i++) ht[i] = i;
+    for (int r = 0; r < 32; r++) ht[nt + r] = r, ht[nt + 32 + r] = ctx - 1, ht[nt + 64 + r] = r;
+    ht[nt + 96] = 32;
+    be->to_device(table, ht, sizeof(int) * (nt + 2 * 32));
+    PagedBatch pb = {table, 0, 16, table + nt, table + nt + 32, 32, 32, 0, ht + nt + 64, ht + nt + 32};
     /* the CPU attention's scratch: a thread's scores for every head and key */
     float *scratch = be->alloc(sizeof(float) * omp_get_max_threads() * m->n_heads_local * (ctx > 512 ? ctx : 512));
-    for (int i = 0; i <= ctx / 16; i++) ht[i] = i;
-    be->to_device(table, ht, sizeof(int) * (ctx / 16 + 1));
     double bw = strcmp(be->name, "cpu") ? device_copy_gbs(be) : read_bandwidth_gbs();
     KernelCase cases[] = {
         {"q_proj", K_MATMUL, w->wq, D, qd}, {"k_proj", K_MATMUL, w->wk, D, kvd}, {"o_proj", K_MATMUL, w->wo, qd, D},
@@ -442,7 +445,7 @@ static int bench_kernels(Model *m, int iters) {
             if ((k->op == K_ADD && N > 1) || (k->op == K_ATTN_PREFILL && N < 512) || (k->op == K_ATTN_DECODE && N > 32) ||
                 (k->op == K_MATMUL && !k->w))
                 continue;
-            double us = time_kernel(m, k, N, x, y, kc, vc, table, scratch, iters) * 1e6;
+            double us = time_kernel(m, k, N, x, y, kc, vc, &pb, scratch, iters) * 1e6;
             double wbytes = k->op == K_MATMUL ? (double)k->n_in * k->n_out * dtype_size(m->dtype) : 0;
             double flops = k->op == K_MATMUL ? 2.0 * N * k->n_in * k->n_out : 0;
             if (k->op == K_ATTN_DECODE) {

@@ -34,7 +34,6 @@ struct Engine {
     int K;                  /* most logprobs alternatives any added sequence asks for */
     /* step buffers on the host, sized for max_batch (B) sequences and max_tokens tokens */
     int *tokens, *start, *pos0, *rows;
-    int **tables;           /* (B) this step's tables, pointers into dev_tables */
     int *table_host;        /* (B, max_table) this step's tables, staged for the upload */
     float *lse, *full;      /* (B) log-sum-exps; (V) one sampled row's logits */
     int *amax;              /* (B) each row's argmax */
@@ -86,7 +85,6 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
     e->start = xmalloc(sizeof(int) * (B + 1));
     e->pos0 = xmalloc(sizeof(int) * B);
     e->rows = xmalloc(sizeof(int) * B);
-    e->tables = xmalloc(sizeof(int *) * B);
     e->table_host = xcalloc((size_t)B * e->max_table, sizeof(int));
     e->running = xmalloc(sizeof(Seq *) * B);
     e->lse = xmalloc(sizeof(float) * B);
@@ -117,7 +115,7 @@ void engine_free(Engine *e) {
     kv_free(&e->kv);
     run_state_free(&e->rs);
     free(e->waiting); free(e->running); free(e->tokens); free(e->start); free(e->pos0); free(e->rows);
-    free(e->tables); free(e->table_host); free(e->lse); free(e->amax);
+    free(e->table_host); free(e->lse); free(e->amax);
     free(e->full); free(e->scratch); free(e->res_f); free(e->res_i);
     free(e->lp_rows); free(e->lp_toks); free(e->lp_vals);
     e->m->be->free(e->dev_tables);
@@ -333,7 +331,6 @@ static void step(Engine *e) {
         e->start[r] = N;
         e->pos0[r] = s->n_cached;
         memcpy(e->table_host + (size_t)r * e->max_table, s->table, sizeof(int) * s->n_table);
-        e->tables[r] = e->dev_tables + (size_t)r * e->max_table;
         for (int p = s->n_cached; p < n; p++) e->tokens[N++] = ctx_tok(s, p);
         e->rows[r] = N - 1;
         /* prefill: the prompt, or a recompute; decode: one generated token fed */
@@ -345,7 +342,7 @@ static void step(Engine *e) {
 
     double t0 = now_seconds();
     m->be->to_device(e->dev_tables, e->table_host, sizeof(int) * R * e->max_table);   /* the step's tables, at once */
-    Batch b = {R, e->tokens, e->start, e->pos0, e->tables, e->rows, R, e->cfg.micro_batches};
+    Batch b = {R, e->tokens, e->start, e->pos0, e->dev_tables, e->max_table, e->rows, R, e->cfg.micro_batches};
     model_forward_batch(m, &e->rs, &e->kv, &b);
     if (m->is_last) choose_tokens(e, R);
     const Comm *pp = &m->mesh->pp_comm;                         /* choices from the last stage to all */

@@ -66,6 +66,21 @@ static inline KVLayout kv_rows(int T, int Hkv, int Dh) {
 static inline KVLayout kv_paged(const int *table, int block, int Dh) {
     return (KVLayout){table, block, (size_t)Dh, (size_t)block * Dh};
 }
+/* The rows of a batch of sequences in the paged cache (kv_paged layout), for the *_batch entries: row
+ * r (of N) is the token of sequence seq[r] at position pos[r]; a sequence's rows are consecutive, in
+ * position order; sequence s's block table is tables + s * table_stride. seq, pos, tables are the
+ * backend's memory; seq_start and pos_host are host copies for a backend that loops on the host:
+ * sequence seq0 + i has rows [seq_start[i], seq_start[i + 1]) - seq_start[0], at positions
+ * pos_host[r] (the same as pos). */
+typedef struct {
+    const int *tables;      /* (sequences, table_stride) block ids */
+    int table_stride, block;
+    const int *seq, *pos;   /* (N) each row's sequence (an index into tables) and position */
+    int N, n_seqs, seq0;
+    const int *seq_start;   /* (n_seqs + 1) host */
+    const int *pos_host;    /* (N) host */
+} PagedBatch;
+
 /* Offset of position j's kv head 0 in k or v (head hk: + hk * kv->head); kvd = Hkv * Dh */
 static inline size_t kv_offset(const KVLayout *kv, size_t kvd, int j) {
     size_t b = kv->table ? (size_t)kv->table[j / kv->block] : 0;
@@ -100,6 +115,10 @@ typedef struct Backend {
                      int Hkv, int Dh);
     void (*attention)(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,
                       int q_pos0, int H, int Hkv, int Dh, int window, float *scratch);
+    /* every sequence of a batch against the paged cache in one call (PagedBatch below) */
+    void (*kv_store_batch)(float *kc, float *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv, int Dh);
+    void (*attention_batch)(float *out, const float *q, const float *kc, const float *vc, const PagedBatch *pb, int H,
+                            int Hkv, int Dh, int window, float *scratch, size_t scratch_stride);
     void (*swiglu)(float *out, const float *gate, const float *up, size_t n);
     void (*add_to)(float *out, const float *a, const float *b, size_t n);
     void (*copy)(float *dst, const float *src, size_t n);

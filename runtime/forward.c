@@ -63,25 +63,20 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
                 3, wt);                                                                  /* column-parallel */
     be->rope(a->q, b->rope, N, Hl, Dh);
     be->rope(a->k, b->rope, N, Hkvl, Dh);
-    /* sequences in parallel (decode: many small ones); a lone sequence parallelises over heads
-     * inside the attention kernel instead. Each thread has its own scratch. */
-#pragma omp parallel for schedule(dynamic) if (b->n_seqs > 1)
-    for (int i = 0; i < b->n_seqs; i++) {
-        size_t t0 = start[i] - first;
-        int Tq = start[i + 1] - start[i];
-        float *sc = b->scratch + (size_t)omp_get_thread_num() * b->scratch_stride;
-        float *att = a->att + t0 * qd;
-        const float *q = a->q + t0 * qd, *k = a->k + t0 * kvd, *v = a->v + t0 * kvd;
-        if (!b->kv) {                                      /* keys: this sequence's own rows */
-            KVLayout rows = kv_rows(Tq, Hkvl, Dh);
-            be->attention(att, q, k, v, &rows, Tq, 0, Hl, Hkvl, Dh, window, sc);
-            continue;
-        }
-        /* keys: the paged cache, this step's rows stored into their slots first */
+    if (b->kv) {   /* keys: the paged cache, this step's rows stored into their slots first; every sequence at once */
         float *kc = b->kv->k + l * b->kv->layer_stride, *vc = b->kv->v + l * b->kv->layer_stride; /* (n_blocks, Hkvl, block, Dh) */
-        KVLayout paged = kv_paged(b->tables[i], b->kv->block, Dh);
-        be->kv_store(kc, vc, k, v, &paged, b->pos + t0, Tq, Hkvl, Dh);
-        be->attention(att, q, kc, vc, &paged, Tq, b->pos_host[t0], Hl, Hkvl, Dh, window, sc);
+        be->kv_store_batch(kc, vc, a->k, a->v, &b->paged, Hkvl, Dh);
+        be->attention_batch(a->att, a->q, kc, vc, &b->paged, Hl, Hkvl, Dh, window, b->scratch, b->scratch_stride);
+    } else {       /* keys: each sequence's own rows; sequences in parallel, a lone one over heads inside the
+                    * kernel; each thread its own scratch */
+#pragma omp parallel for schedule(dynamic) if (b->n_seqs > 1)
+        for (int i = 0; i < b->n_seqs; i++) {
+            size_t t0 = start[i] - first;
+            int Tq = start[i + 1] - start[i];
+            KVLayout rows = kv_rows(Tq, Hkvl, Dh);
+            be->attention(a->att + t0 * qd, a->q + t0 * qd, a->k + t0 * kvd, a->v + t0 * kvd, &rows, Tq, 0, Hl, Hkvl, Dh,
+                          window, b->scratch + (size_t)omp_get_thread_num() * b->scratch_stride);
+        }
     }
     be->round_to(a->att, (size_t)N * qd, wt);                                          /* matmul input */
     be->matmul(xo, a->att, w->wo, NULL, wt, N, qd, D);                                 /* row-parallel: partial */
@@ -128,16 +123,18 @@ static LayerActs run_acts(const Model *m, const RunState *s, size_t g0) {
  * several groups can be in flight on different stages. row0: index of the group's first logit row.
  * pos, tokens (N) and rows (the logit rows): the whole batch's, in the backend's memory. */
 static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, int lo, int hi, int row0,
-                          const int *pos, const int *tokens, const int *rows) {
+                          const int *pos, const int *tokens, const int *rows, const int *seq) {
     const ModelConfig *c = &m->cfg;
     int D = c->dim, Dh = c->head_dim;
     const int *start = b->seq_start;
     size_t g0 = start[lo];                               /* the group's first token */
     int N = start[hi] - start[lo];
     LayerActs a = run_acts(m, s, g0);
-    LayerBatch lb = {N, hi - lo, start + lo, pos + g0, s->ids_host + g0, s->rope + g0 * Dh, b->tables ? kv : NULL,
-                     b->tables ? b->tables + lo : NULL, s->xo + g0 * D, s->scratch,
-                     (size_t)m->n_heads_local * s->max_seq};
+    LayerBatch lb = {N, hi - lo, start + lo, pos + g0, s->rope + g0 * Dh, b->tables ? kv : NULL, {0}, s->xo + g0 * D,
+                     s->scratch, (size_t)m->n_heads_local * s->max_seq};
+    if (b->tables)
+        lb.paged = (PagedBatch){b->tables, b->table_stride, kv->block, seq + g0, pos + g0, N, hi - lo, lo, start + lo,
+                                s->ids_host + g0};
     m->be->rope_table(s->rope + g0 * Dh, lb.pos, m->inv_freq, N, Dh);
     model_stage_input(m, tokens + g0, a.x_in, N);
     for (int l = 0; l < m->n_layers_local; l++) model_layer_forward(m, l, &lb, &a, a.x_in);
@@ -163,7 +160,8 @@ static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, in
 void model_forward_batch(Model *m, RunState *s, KVCache *kv, const Batch *b) {
     int n_seqs = b->n_seqs, N = b->seq_start[n_seqs], R = b->logit_rows ? b->n_logit_rows : 0;
     CHECK(N <= s->max_tokens && R <= N);
-    /* positions (N), tokens (N), logit rows (R): staged on the host, then one copy to the backend */
+    /* positions (N), tokens (N), logit rows (R), each row's sequence (N): staged on the host, then
+     * one copy to the backend */
     int *pos = s->ids_host;
     for (int i = 0; i < n_seqs; i++) {
         int p0 = b->pos0 ? b->pos0[i] : 0;
@@ -172,11 +170,14 @@ void model_forward_batch(Model *m, RunState *s, KVCache *kv, const Batch *b) {
     }
     memcpy(pos + N, b->tokens, sizeof(int) * N);
     if (R) memcpy(pos + 2 * N, b->logit_rows, sizeof(int) * R);
-    m->be->to_device(s->ids, pos, sizeof(int) * (2 * N + R));
-    const int *pos_d = s->ids, *tokens_d = s->ids + N, *rows_d = s->ids + 2 * N;
+    int *seq = pos + 2 * N + R;
+    for (int i = 0; i < n_seqs; i++)
+        for (int t = b->seq_start[i]; t < b->seq_start[i + 1]; t++) seq[t] = i;
+    m->be->to_device(s->ids, pos, sizeof(int) * (3 * N + R));
+    const int *pos_d = s->ids, *tokens_d = s->ids + N, *rows_d = s->ids + 2 * N, *seq_d = s->ids + 2 * N + R;
     int pp = m->mesh->pp, G = b->n_micro < n_seqs ? b->n_micro : n_seqs;
     if (pp == 1 || G <= 1) {
-        stage_forward(m, s, kv, b, 0, n_seqs, 0, pos_d, tokens_d, rows_d);
+        stage_forward(m, s, kv, b, 0, n_seqs, 0, pos_d, tokens_d, rows_d, seq_d);
         return;
     }
     /* Pipelined micro-batches: G contiguous groups of sequences; in slot t stage s runs group
@@ -190,14 +191,14 @@ void model_forward_batch(Model *m, RunState *s, KVCache *kv, const Batch *b) {
     }
     for (int t = 0; t < G + pp - 1; t++) {
         int g = t - m->mesh->pp_rank;
-        if (g >= 0 && g < G) stage_forward(m, s, kv, b, lo[g], lo[g + 1], row0[g], pos_d, tokens_d, rows_d);
+        if (g >= 0 && g < G) stage_forward(m, s, kv, b, lo[g], lo[g + 1], row0[g], pos_d, tokens_d, rows_d, seq_d);
     }
     free(lo);
     free(row0);
 }
 
 void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs) {
-    Batch b = {n_seqs, tokens, seq_start, NULL, NULL, NULL, 0, 1};
+    Batch b = {n_seqs, tokens, seq_start, NULL, NULL, 0, NULL, 0, 1};
     model_forward_batch(m, &m->s, NULL, &b);
 }
 

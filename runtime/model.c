@@ -443,8 +443,8 @@ void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq) {
     s->n_floats = total;
     float *p = s->arena;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) { *slots[i] = p; p += sizes[i]; }
-    s->ids = m->be->alloc(sizeof(int) * 3 * N);
-    s->ids_host = xmalloc(sizeof(int) * 3 * N);
+    s->ids = m->be->alloc(sizeof(int) * 4 * N);      /* positions, tokens, logit rows, sequences */
+    s->ids_host = xmalloc(sizeof(int) * 4 * N);
     s->max_tokens = max_tokens;
     s->max_seq = max_seq;
 }

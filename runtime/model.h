@@ -64,15 +64,14 @@ typedef struct {
 
 struct KVCache;
 /* One batch as this stage's layers see it: n_seqs sequences packed back to back. Buffers are the
- * backend's memory; seq_start, pos_host and the array `tables` are host values. */
+ * backend's memory but seq_start (and paged's host copies). */
 typedef struct {
     int N, n_seqs;
     const int *seq_start;  /* (n_seqs + 1) host: rows of each sequence, from seq_start[0] (a group's offset) */
     const int *pos;        /* (N) position of each row in its sequence */
-    const int *pos_host;   /* (N) host: the same positions (with kv: where each sequence's queries start) */
     const float *rope;     /* (N, Dh) the rows' RoPE cos/sin (rope_table) */
     struct KVCache *kv;    /* the paged cache (k, v stored there first), or NULL: this batch's own rows */
-    int *const *tables;    /* (n_seqs) with kv: each sequence's block table, in the backend's memory */
+    PagedBatch paged;      /* with kv: the rows' sequences, positions and block tables */
     float *xo;             /* (N, D) scratch: a block's output before the residual add */
     float *scratch;        /* attention scratch, scratch_stride floats per thread */
     size_t scratch_stride;
@@ -91,9 +90,9 @@ typedef struct {
     float *logits; /* (N, V_local) last stage; padded vocab columns are -inf. Score head: (N, 1) values */
     float *scratch;/* (threads, heads, max_seq) attention scores */
     float *rope;   /* (N, Dh) cos then sin of each token's RoPE angles (the backend's rope_table) */
-    int *ids;      /* (3 * max_tokens) a forward's positions (N), tokens (N) and logit rows (R), packed
-                    * from the front: one upload per forward */
-    int *ids_host; /* (3 * max_tokens) host: the same, staged (its positions are the forward's control flow) */
+    int *ids;      /* (4 * max_tokens) a forward's positions (N), tokens (N), logit rows (R) and each row's
+                    * sequence (N), packed from the front: one upload per forward */
+    int *ids_host; /* (4 * max_tokens) host: the same, staged (its positions are the forward's control flow) */
     float *arena;  /* every float buffer above: the backend's memory, as ids */
     const Backend *be;
     size_t n_floats;
@@ -203,8 +202,9 @@ typedef struct {
     const int *tokens;     /* (N) new tokens, packed */
     const int *seq_start;  /* (n_seqs + 1) offsets into tokens */
     const int *pos0;       /* (n_seqs) position of each sequence's first new token; NULL = 0 */
-    int *const *tables;    /* (n_seqs) block tables, each in the backend's memory (an engine uploads a
-                            * step's tables at once); NULL = no cache: keys are this batch's tokens */
+    const int *tables;     /* (n_seqs, table_stride) block tables in the backend's memory (an engine
+                            * uploads a step's tables at once); NULL = no cache: keys are this batch's tokens */
+    int table_stride;
     const int *logit_rows; /* rows (packed index, ascending) whose logits are wanted; NULL = all N */
     int n_logit_rows;
     int n_micro;           /* pp > 1: split the sequences into this many pipelined micro-batches */

@@ -173,7 +173,7 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
     }
     /* keys and values: each sequence's own rows (no cache); a block's output goes to dtmp
      * (backward scratch, free during the forward) */
-    a->lb = (LayerBatch){N, n_seqs, a->seq_start, a->pos, a->pos, a->rope, NULL, NULL, a->dtmp, a->scratch, a->scratch_stride};
+    a->lb = (LayerBatch){N, n_seqs, a->seq_start, a->pos, a->rope, NULL, {0}, a->dtmp, a->scratch, a->scratch_stride};
     m->be->rope_table(a->rope, a->pos, m->inv_freq, N, c->head_dim);
     float *x0 = m->n_layers_local ? a->layers[0].x_in : a->x_final;
     model_stage_input(m, a->tokens, x0, N);

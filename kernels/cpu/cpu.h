@@ -67,6 +67,13 @@ void cpu_kv_store(float *kc, float *vc, const float *k, const float *v, const KV
 void cpu_attention(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,
                    int q_pos0, int H, int Hkv, int Dh, int window, float *scratch);
 
+/* The whole batch against the paged cache (kernels.h PagedBatch): cpu_kv_store, then cpu_attention,
+ * per sequence, sequences in parallel (each thread its own scratch_stride floats of scratch; a lone
+ * sequence parallelises over heads inside cpu_attention). The bits of per-sequence calls. */
+void cpu_kv_store_batch(float *kc, float *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv, int Dh);
+void cpu_attention_batch(float *out, const float *q, const float *kc, const float *vc, const PagedBatch *pb, int H,
+                         int Hkv, int Dh, int window, float *scratch, size_t scratch_stride);
+
 /* out (n) = silu(gate) * up */
 void cpu_swiglu(float *out, const float *gate, const float *up, size_t n);
 

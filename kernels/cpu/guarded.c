@@ -215,6 +215,16 @@ static void g_attention(float *out, const float *q, const float *k, const float 
     GUARDED("attention", cpu_attention(out, q, k, v, kv, Tq, q_pos0, H, Hkv, Dh, window, scratch), P(out), P(q), P(k),
             P(v), OPT(kv->table), P(scratch));
 }
+static void g_kv_store_batch(float *kc, float *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv,
+                             int Dh) {
+    GUARDED("kv_store_batch", cpu_kv_store_batch(kc, vc, k, v, pb, Hkv, Dh), P(kc), P(vc), P(k), P(v), P(pb->tables),
+            P(pb->seq), P(pb->pos));
+}
+static void g_attention_batch(float *out, const float *q, const float *kc, const float *vc, const PagedBatch *pb, int H,
+                              int Hkv, int Dh, int window, float *scratch, size_t scratch_stride) {
+    GUARDED("attention_batch", cpu_attention_batch(out, q, kc, vc, pb, H, Hkv, Dh, window, scratch, scratch_stride),
+            P(out), P(q), P(kc), P(vc), P(pb->tables), P(pb->seq), P(pb->pos), P(scratch));
+}
 static void g_swiglu(float *out, const float *gate, const float *up, size_t n) {
     GUARDED("swiglu", cpu_swiglu(out, gate, up, n), P(out), P(gate), P(up));
 }
@@ -295,6 +305,8 @@ const Backend cpu_guarded_backend = {
     .rope = g_rope,
     .kv_store = g_kv_store,
     .attention = g_attention,
+    .kv_store_batch = g_kv_store_batch,
+    .attention_batch = g_attention_batch,
     .swiglu = g_swiglu,
     .add_to = g_add_to,
     .copy = g_copy,

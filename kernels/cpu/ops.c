@@ -379,6 +379,28 @@ void cpu_attention(float *out, const float *q, const float *k, const float *v, c
     }
 }
 
+void cpu_kv_store_batch(float *kc, float *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv, int Dh) {
+    size_t kvd = (size_t)Hkv * Dh;
+    for (int i = 0; i < pb->n_seqs; i++) {
+        int t0 = pb->seq_start[i] - pb->seq_start[0];
+        KVLayout paged = kv_paged(pb->tables + (size_t)(pb->seq0 + i) * pb->table_stride, pb->block, Dh);
+        cpu_kv_store(kc, vc, k + t0 * kvd, v + t0 * kvd, &paged, pb->pos + t0, pb->seq_start[i + 1] - pb->seq_start[i],
+                     Hkv, Dh);
+    }
+}
+
+void cpu_attention_batch(float *out, const float *q, const float *kc, const float *vc, const PagedBatch *pb, int H,
+                         int Hkv, int Dh, int window, float *scratch, size_t scratch_stride) {
+    size_t qd = (size_t)H * Dh;
+#pragma omp parallel for schedule(dynamic) if (pb->n_seqs > 1)
+    for (int i = 0; i < pb->n_seqs; i++) {
+        int t0 = pb->seq_start[i] - pb->seq_start[0];
+        KVLayout paged = kv_paged(pb->tables + (size_t)(pb->seq0 + i) * pb->table_stride, pb->block, Dh);
+        cpu_attention(out + t0 * qd, q + t0 * qd, kc, vc, &paged, pb->seq_start[i + 1] - pb->seq_start[i],
+                      pb->pos_host[t0], H, Hkv, Dh, window, scratch + (size_t)omp_get_thread_num() * scratch_stride);
+    }
+}
+
 /* out = silu(g) * u for m <= 16 elements; exp16 overflow -> inf -> -0 */
 static inline __attribute__((always_inline)) void swiglu_lanes(float *out, const float *gate, const float *up, size_t m) {
     v16 g = ld16n(gate, m), u = ld16n(up, m);

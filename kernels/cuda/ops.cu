@@ -253,6 +253,26 @@ __global__ void kv_store_kernel(float *kc, float *vc, const float *k, const floa
         vc[slot] = v[e];
     }
 }
+/* the batch's rows (N, Hkv*Dh) into their sequences' slots: row r through table seq[r] */
+__global__ void kv_store_batch_kernel(float *kc, float *vc, const float *k, const float *v, const int *tables,
+                                      int stride, int block, const int *seq, const int *pos, int N, int Hkv, int Dh) {
+    size_t kvd = (size_t)Hkv * Dh;
+    GRID_STRIDE(e, (size_t)N * kvd) {
+        size_t r = e / kvd, hd = e % kvd, h = hd / Dh, d = hd % Dh;
+        const int *table = tables + (size_t)seq[r] * stride;
+        size_t slot = kv_offset_dev(table, block, Dh, kvd, pos[r]) + h * (size_t)block * Dh + d;
+        kc[slot] = k[e];
+        vc[slot] = v[e];
+    }
+}
+extern "C" void cuda_kv_store_batch(float *kc, float *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv,
+                                    int Dh) {
+    if (pb->N == 0) return;
+    kv_store_batch_kernel<<<blocks_for((size_t)pb->N * Hkv * Dh), THREADS>>>(kc, vc, k, v, pb->tables, pb->table_stride,
+                                                                             pb->block, pb->seq, pb->pos, pb->N, Hkv, Dh);
+    CUDA_CHECK_LAUNCH();
+}
+
 extern "C" void cuda_kv_store(float *kc, float *vc, const float *k, const float *v, const KVLayout *kv, const int *pos,
                               int T, int Hkv, int Dh) {
     if (T == 0) return;
@@ -276,11 +296,16 @@ extern "C" void cuda_kv_store(float *kc, float *vc, const float *k, const float 
  * row per head, and one warp walking 1024 keys alone took 0.58 ms (H200, 1.1B shape). */
 __global__ void __launch_bounds__(ATT_SPLIT *WARP)
 attention_kernel(float *out, const float *q, const float *k, const float *v, const int *table, int block, size_t row,
-                 size_t head, int q_pos0, int H, int Hkv, int Dh, int window, float scale, int vec4) {
+                 size_t head, int q_pos0, int H, int Hkv, int Dh, int window, float scale, int vec4, const int *seq,
+                 const int *pos, int stride) {
     __shared__ float qs[ATT_MAX_DH];
     __shared__ float part_m[ATT_SPLIT], part_l[ATT_SPLIT], part_acc[ATT_SPLIT][ATT_MAX_DH];
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     int t = blockIdx.x / H, h = blockIdx.x % H, hk = h / (H / Hkv), i = q_pos0 + t;
+    if (seq) {   /* a batch of sequences (cuda_attention_batch): this row's own table and position */
+        table += (size_t)seq[t] * stride;
+        i = pos[t];
+    }
     int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
     size_t kvd = (size_t)Hkv * Dh, qd = (size_t)H * Dh;
     const float *qi = q + (size_t)t * qd + (size_t)h * Dh;   /* (Dh) */
@@ -317,7 +342,23 @@ extern "C" void cuda_attention(float *out, const float *q, const float *k, const
     if (Dh > ATT_MAX_DH) rank_error("internal error: cuda_attention supports head_dim <= %d (got %d)", ATT_MAX_DH, Dh);
     int vec4 = Dh % 4 == 0 && (uintptr_t)k % 16 == 0 && kv->row % 4 == 0 && kv->head % 4 == 0;
     attention_kernel<<<(unsigned)Tq * H, ATT_SPLIT * WARP>>>(out, q, k, v, kv->table, kv->block, kv->row, kv->head,
-                                                             q_pos0, H, Hkv, Dh, window, 1.0f / sqrtf((float)Dh), vec4);
+                                                             q_pos0, H, Hkv, Dh, window, 1.0f / sqrtf((float)Dh), vec4,
+                                                             NULL, NULL, 0);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* every row of a batch of sequences in one launch: the kernel above, each row's table and position
+ * from the batch (the same arithmetic: a row's bits do not depend on how it was launched) */
+extern "C" void cuda_attention_batch(float *out, const float *q, const float *kc, const float *vc, const PagedBatch *pb,
+                                     int H, int Hkv, int Dh, int window, float *scratch, size_t scratch_stride) {
+    (void)scratch, (void)scratch_stride;
+    if (pb->N == 0 || H == 0) return;
+    if (Dh > ATT_MAX_DH) rank_error("internal error: cuda_attention supports head_dim <= %d (got %d)", ATT_MAX_DH, Dh);
+    KVLayout kv = kv_paged(pb->tables, pb->block, Dh);
+    int vec4 = Dh % 4 == 0 && (uintptr_t)kc % 16 == 0;
+    attention_kernel<<<(unsigned)pb->N * H, ATT_SPLIT * WARP>>>(out, q, kc, vc, pb->tables, pb->block, kv.row, kv.head, 0,
+                                                                H, Hkv, Dh, window, 1.0f / sqrtf((float)Dh), vec4,
+                                                                pb->seq, pb->pos, pb->table_stride);
     CUDA_CHECK_LAUNCH();
 }
 

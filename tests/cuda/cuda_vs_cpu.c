@@ -106,7 +106,7 @@ static const char *const ENTRIES[] = {
     "attention", "swiglu", "add_to", "copy", "gather_rows", "embedding", "mask_cols", "argmax_rows",
     "row_max", "row_sumexp", "pick_logits", "log_add", "row_entropy_part", "sub_at", "matmul_backward",
     "rmsnorm_backward", "rope_backward", "attention_backward", "swiglu_backward", "embedding_backward",
-    "logprob_backward", "memory"};
+    "logprob_backward", "kv_store_batch", "attention_batch", "memory"};
 enum { N_ENTRIES = sizeof ENTRIES / sizeof ENTRIES[0] };
 static int hits[N_ENTRIES];
 static int n_cases, n_failed;
@@ -376,6 +376,21 @@ static void g_attention(float *out, const float *q, const float *k, const float 
     if (kv->table) need("attention", kv->table, ni((q_pos0 + Tq - 1) / kv->block + 1));
     cpu_attention(out, q, k, v, kv, Tq, q_pos0, H, Hkv, Dh, window, scratch);
 }
+static void g_kv_store_batch(float *kc, float *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv,
+                             int Dh) {
+    need("kv_store_batch", kc, 4), need("kv_store_batch", vc, 4), need("kv_store_batch", pb->tables, ni(1));
+    need("kv_store_batch", pb->seq, ni(pb->N)), need("kv_store_batch", pb->pos, ni(pb->N));
+    need("kv_store_batch", k, nf(pb->N, Hkv * Dh)), need("kv_store_batch", v, nf(pb->N, Hkv * Dh));
+    cpu_kv_store_batch(kc, vc, k, v, pb, Hkv, Dh);
+}
+static void g_attention_batch(float *out, const float *q, const float *kc, const float *vc, const PagedBatch *pb, int H,
+                              int Hkv, int Dh, int window, float *scratch, size_t scratch_stride) {
+    need("attention_batch", out, nf(pb->N, H * Dh)), need("attention_batch", q, nf(pb->N, H * Dh));
+    need("attention_batch", kc, 4), need("attention_batch", vc, 4), need("attention_batch", pb->tables, ni(1));
+    need("attention_batch", pb->seq, ni(pb->N)), need("attention_batch", pb->pos, ni(pb->N));
+    need("attention_batch", scratch, fb((size_t)threads() * scratch_stride));
+    cpu_attention_batch(out, q, kc, vc, pb, H, Hkv, Dh, window, scratch, scratch_stride);
+}
 static void g_swiglu(float *out, const float *gate, const float *up, size_t n) {
     need("swiglu", out, fb(n)), need("swiglu", gate, fb(n)), need("swiglu", up, fb(n));
     cpu_swiglu(out, gate, up, n);
@@ -491,6 +506,8 @@ static const Backend guarded_cpu = {
     .rope = g_rope,
     .kv_store = g_kv_store,
     .attention = g_attention,
+    .kv_store_batch = g_kv_store_batch,
+    .attention_batch = g_attention_batch,
     .swiglu = g_swiglu,
     .add_to = g_add_to,
     .copy = g_copy,
@@ -1668,6 +1685,84 @@ static void inv_attention(int T, int H, int Hkv, int Dh, int window) {
     free(q), free(k), free(v), free(full), free(table), free(pos), free(nan_pool);
 }
 
+/* kv_store_batch and attention_batch: three sequences (a decode row at position 40, a 5-row chunk
+ * at 10..14, a first token) with their own shuffled tables in one NaN-free random pool, one call
+ * each; on each backend the bits of kv_store and attention called per sequence (the pools too), and
+ * the dut's batch against the ref's batch within attention's bound (kv_store_batch: exact). */
+static void batch_paged_case(int window) {
+    cur_entry = "attention_batch";
+    enum { S = 3, H = 8, Hkv = 2, Dh = 64, BLOCK = 16, STRIDE = 4, POOL = 12 };
+    static const int pos0[S] = {40, 10, 0}, rows[S] = {1, 5, 1};
+    int seq_start[S + 1] = {0}, N;
+    for (int i = 0; i < S; i++) seq_start[i + 1] = seq_start[i] + rows[i];
+    N = seq_start[S];
+    size_t qd = (size_t)H * Dh, kvd = (size_t)Hkv * Dh, pn = (size_t)POOL * BLOCK * kvd;
+    int *perm = shuffled_table(POOL), tables[S * STRIDE], seq[16], pos[16];
+    for (int i = 0; i < S * STRIDE; i++) tables[i] = perm[i];   /* disjoint blocks per sequence */
+    for (int i = 0; i < S; i++)
+        for (int t = seq_start[i]; t < seq_start[i + 1]; t++) seq[t] = i, pos[t] = pos0[i] + t - seq_start[i];
+    float *q = rand_f32((size_t)N * qd, 1.0f), *k = rand_f32((size_t)N * kvd, 1.0f), *v = rand_f32((size_t)N * kvd, 1.0f);
+    float *pool_k = rand_f32(pn, 1.0f), *pool_v = rand_f32(pn, 1.0f);
+    float *res[2][3];   /* [backend][batch out, per-sequence out, batch pool k] */
+    const Backend *be[2] = {ref, dut};
+    for (int b = 0; b < 2; b++) {
+        Dev d = {be[b], {0}, 0};
+        const int *dt = dput(&d, tables, ni(S * STRIDE)), *ds = dput(&d, seq, ni(N)), *dp = dput(&d, pos, ni(N));
+        const float *dq = dput(&d, q, fb((size_t)N * qd)), *dk = dput(&d, k, fb((size_t)N * kvd));
+        const float *dv = dput(&d, v, fb((size_t)N * kvd));
+        float *sc = dput(&d, NULL, nf(threads() * H, 64));
+        PagedBatch pb = {dt, STRIDE, BLOCK, ds, dp, N, S, 0, seq_start, pos};
+        float *kc1 = dput(&d, pool_k, fb(pn)), *vc1 = dput(&d, pool_v, fb(pn)), *o1 = dput(&d, NULL, fb((size_t)N * qd));
+        be[b]->kv_store_batch(kc1, vc1, dk, dv, &pb, Hkv, Dh);
+        be[b]->attention_batch(o1, dq, kc1, vc1, &pb, H, Hkv, Dh, window, sc, (size_t)H * 64);
+        float *kc2 = dput(&d, pool_k, fb(pn)), *vc2 = dput(&d, pool_v, fb(pn)), *o2 = dput(&d, NULL, fb((size_t)N * qd));
+        for (int i = 0; i < S; i++) {
+            int t0 = seq_start[i];
+            KVLayout kv = kv_paged(dt + i * STRIDE, BLOCK, Dh);
+            be[b]->kv_store(kc2, vc2, dk + t0 * kvd, dv + t0 * kvd, &kv, dp + t0, rows[i], Hkv, Dh);
+            be[b]->attention(o2 + t0 * qd, dq + t0 * qd, kc2, vc2, &kv, rows[i], pos0[i], H, Hkv, Dh, window, sc);
+        }
+        for (int r = 0; r < 3; r++) res[b][r] = xmalloc(fb(r == 2 ? pn : (size_t)N * qd));
+        dget(&d, res[b][0], o1, fb((size_t)N * qd));
+        dget(&d, res[b][1], o2, fb((size_t)N * qd));
+        dget(&d, res[b][2], kc1, fb(pn));
+        float *k2 = xmalloc(fb(pn));
+        dget(&d, k2, kc2, fb(pn));
+        char sh[96];
+        snprintf(sh, sizeof sh, "%s:S=3,N=%d,H=%d,Hkv=%d,Dh=%d,win=%d", b ? "dut" : "ref", N, H, Hkv, Dh, window);
+        cmp_bits("inv.attention_batch", DTYPE_F32, sh, res[b][0], res[b][1], (size_t)N * qd);
+        cmp_bits("inv.kv_store_batch", DTYPE_F32, sh, res[b][2], k2, pn);
+        free(k2);
+        dfree(&d);
+    }
+    char sh[96];
+    snprintf(sh, sizeof sh, "S=3,N=%d,H=%d,Hkv=%d,Dh=%d,win=%d,paged=%d", N, H, Hkv, Dh, window, BLOCK);
+    cmp_exact("kv_store_batch", DTYPE_F32, sh, res[1][2], res[0][2], pn);
+    /* the per-sequence calls are what attention's cases bound; the same bound per sequence */
+    double *mag = dzeros((size_t)N * qd), tol = 0.0;
+    for (int i = 0; i < S; i++) {
+        AttnIn a = {rows[i], pos0[i], H, Hkv, Dh, window, 0, q + (size_t)seq_start[i] * qd, NULL, NULL, NULL, NULL, 0,
+                    NULL, 0};
+        /* the sequence's keys as rows: positions < pos0 from the pool, its own rows from k, v */
+        int n_keys = pos0[i] + rows[i];
+        a.kr = xmalloc(fb((size_t)n_keys * kvd)), a.vr = xmalloc(fb((size_t)n_keys * kvd));
+        for (int j = 0; j < n_keys; j++)
+            for (int hk = 0; hk < Hkv; hk++) {
+                size_t slot = ((size_t)tables[i * STRIDE + j / BLOCK] * BLOCK * Hkv + (size_t)hk * BLOCK + j % BLOCK) * Dh;
+                const float *ks = j < pos0[i] ? pool_k + slot : k + ((size_t)seq_start[i] + j - pos0[i]) * kvd + hk * Dh;
+                const float *vs = j < pos0[i] ? pool_v + slot : v + ((size_t)seq_start[i] + j - pos0[i]) * kvd + hk * Dh;
+                memcpy(a.kr + (size_t)j * kvd + hk * Dh, ks, fb(Dh));
+                memcpy(a.vr + (size_t)j * kvd + hk * Dh, vs, fb(Dh));
+            }
+        tol = fmax(tol, attention_mag(mag + (size_t)seq_start[i] * qd, &a));
+        free(a.kr), free(a.vr);
+    }
+    cmp_tol("attention_batch", DTYPE_F32, sh, res[1][0], res[0][0], (size_t)N * qd, mag, tol, 0.0);
+    for (int b = 0; b < 2; b++)
+        for (int r = 0; r < 3; r++) free(res[b][r]);
+    free(mag), free(perm), free(q), free(k), free(v), free(pool_k), free(pool_v);
+}
+
 /* bf16 entries == the fp32 entries on the upcast weights (the dut against itself) */
 static void inv_bf16_matmul(int N, int n_in, int n_out) {
     cur_entry = "inv";
@@ -1780,6 +1875,8 @@ static void forward_cases(void) {
     case_kv_store(20, run, 3, 16, 24, 0, 1);   /* kv_rows of 24 positions */
 }
 static void attention_cases(void) {
+    batch_paged_case(0);
+    batch_paged_case(7);
     case_attention(1, 0, 1, 1, 16, 0, 0);
     case_attention(37, 0, 8, 2, 64, 0, 0);     /* prefill, GQA 4 */
     case_attention(37, 0, 8, 2, 64, 11, 16);   /* sliding window, paged */
