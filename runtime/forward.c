@@ -63,9 +63,9 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
                 3, wt);                                                                  /* column-parallel */
     be->rope(a->q, b->rope, N, Hl, Dh);
     be->rope(a->k, b->rope, N, Hkvl, Dh);
-    /* sequences in parallel (decode: many small ones); a lone sequence parallelises over heads
-     * inside the attention kernel instead. Each thread has its own scratch. */
-#pragma omp parallel for schedule(dynamic) if (b->n_seqs > 1)
+    /* sequences in parallel (decode: many small ones) where the backend allows it; a lone sequence
+     * parallelises over heads inside the attention kernel instead. Each thread has its own scratch. */
+#pragma omp parallel for schedule(dynamic) if (b->n_seqs > 1 && be->parallel_calls)
     for (int i = 0; i < b->n_seqs; i++) {
         size_t t0 = start[i] - first;
         int Tq = start[i + 1] - start[i];
