@@ -99,6 +99,10 @@ static inline size_t kv_offset(const KVLayout *kv, size_t kvd, int j) {
  * arguments are for the CPU kernels; a device backend may keep its own. */
 typedef struct Backend {
     const char *name;
+    /* 1: entries may run on several host threads at once, each call with its own scratch argument
+     * (the CPU: model code runs attention one sequence per thread); 0: one host thread calls at a time
+     * (CUDA queues every call on one stream, and its kernels share one internal scratch) */
+    int parallel_calls;
     /* Readies the backend for this process (a GPU backend picks device local_rank % devices) and
      * says whether it can run: NULL, or one line saying why not (no device, no driver). */
     const char *(*open)(int local_rank);
@@ -144,6 +148,13 @@ typedef struct Backend {
     void (*embedding_backward)(float *dtable, const float *dout, const int *ids, int N, int D, int v0, int V_local);
     void (*logprob_backward)(float *dlogits, const float *logits, const float *lse, const int *targets,
                              const float *dlogprob, const float *H, const float *dH, int N, int V_local, int v0, float T);
+    /* optimizer (train/optim.c), on fp32 arrays of the parameter arena's layout: AdamW's update of n
+     * elements (p, g, m, v; the scalars are host values), and the gradient norm's sum of squares of
+     * x (n) into *out, one double of the backend's memory (a step gathers every tensor's sum with
+     * one to_host); partials: ceil(n / 65536) doubles of scratch */
+    void (*adamw)(float *p, const float *g, float *m, float *v, size_t n, float grad_scale, double lr, double beta1,
+                  double beta2, double eps, double weight_decay, int t);
+    void (*sum_squares)(double *out, const float *x, size_t n, double *partials);
     /* memory: the backend's own (alloc: zeroed, aborts on failure; free(NULL) is a no-op), and
      * host <-> backend copies (plain copies on the CPU); to_host returns once the data is there */
     void *(*alloc)(size_t bytes);

@@ -8,7 +8,9 @@
  *   3. advantages  experience_advantages
  *   4. update      actor and critic, each a Learner (train/learner.h) on its own mesh: --ppo-epochs
  *                  passes over shuffled mini-batches, one optimizer step each
- * then the adaptive KL controller, the metrics (verl's names) and checkpoints.
+ * then the adaptive KL controller, the metrics (verl's names) and checkpoints. --device puts every
+ * role's model on one backend (rlhf/roles.c: a device needs each role on one rank); results move
+ * between roles as host copies.
  * Owns: the options, setup, the step loop, the adaptive KL, metrics, checkpoints and resume
  * (ppo_state.json), --bench-alone. */
 #include "rlhf/ppo.h"
@@ -33,7 +35,7 @@ typedef struct { int step; double kl_coef; char placement[512]; } PpoState;
 /* The options that only setup reads (the rest go straight into Ppo). */
 typedef struct {
     const char *stop_ids, *critic_sched_name, *stop_json, *reward_urls, *prompts_path, *out, *resume, *key;
-    const char *chat_template, *colocate, *kl_est, *adv_name, *sched_name, *dtype_name, *save_dtype_name;
+    const char *chat_template, *colocate, *kl_est, *adv_name, *sched_name, *dtype_name, *save_dtype_name, *device;
     int bench_alone, steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite;
     int no_whiten, normalize_reward;
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
@@ -286,6 +288,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
         {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
         THREADS_OPTION(&o->threads), DTYPE_OPTION(&o->dtype_name), SAVE_DTYPE_OPTION(&o->save_dtype_name),
+        {"--device", OPT_STR, &o->device, "cpu", "cpu | cuda (every role on one rank: tp = pp = dp = 1) | cpu-guarded (a testing aid)"},
     };
     *n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
@@ -352,6 +355,7 @@ static void setup(Ppo *p, PpoOptions *o) {
     Role *R = rs->role;
     ExperienceMaker *x = &p->x;
     int S = x->B * x->G;
+    rs->device = o->device;
     roles_open(rs, o->kl_coef > 0 || o->kl_loss_coef > 0, o->colocate);
     for (int r = 0; r < N_ROLES; r++) {   /* the reference stays the starting weights on resume */
         p->load_dir[r] = R[r].dir;

@@ -149,17 +149,18 @@ static void score_tokens(Tokenizer *t, int chat_format, JsonlReader *r, const cJ
 }
 
 static int score_main(const char *model_dir, const char *input, const char *output, const char *chat_template, int tp,
-                      int pp, int seq_len, int batch_size, DType dtype) {
+                      int pp, int seq_len, int batch_size, DType dtype, const char *device) {
     if (!input || !output) user_error("rm --score: --input and --output are required");
     ModelConfig cfg;
     config_load(&cfg, model_dir);
     if (!cfg.score_head)
         user_error("%s: a causal LM, not a reward model (rm --score needs a *ForSequenceClassification directory, "
                    "e.g. one `tandem rm` saved)", model_dir);
+    const Backend *be = device_open(device, tp, pp);
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
     Model m;
-    model_load(&m, model_dir, &mesh, dtype, backend_default());
+    model_load(&m, model_dir, &mesh, dtype, be);
     char err[1024];
     Tokenizer *t = tokenizer_open(model_dir, err, sizeof err);
     if (!t) user_error("%s", err);
@@ -309,15 +310,15 @@ static void load_models(const TrainOptions *o, int dpo, const char *ref_dir, int
     Comm world = comm_world();
     mesh_init(mesh, &world, o->tp, o->pp);
     if (dpo) {
-        model_load(m, start, mesh, o->dtype, backend_default());
+        model_load(m, start, mesh, o->dtype, o->be);
         if (m->head != HEAD_LM) user_error("%s: a score-head model; dpo trains a causal LM", start);
         mesh_init(ref_mesh, &world, o->tp, o->pp);   /* the reference: same ranks, its own communicators */
-        model_load(ref, ref_dir ? ref_dir : o->model_dir, ref_mesh, o->dtype, backend_default());
+        model_load(ref, ref_dir ? ref_dir : o->model_dir, ref_mesh, o->dtype, o->be);
         if (ref->head != HEAD_LM) user_error("%s: a score-head model; the DPO reference must be a causal LM", ref_dir ? ref_dir : o->model_dir);
         if (ref->cfg.vocab_size != m->cfg.vocab_size)
             user_error("--ref %s: vocabulary %d, the policy's is %d", ref_dir, ref->cfg.vocab_size, m->cfg.vocab_size);
     } else {
-        model_load_score(m, start, mesh, (uint64_t)head_seed, o->dtype, backend_default());
+        model_load_score(m, start, mesh, (uint64_t)head_seed, o->dtype, o->be);
         if (o->resume && m->score_seed)   /* a new head would silently restart the reward model */
             user_error("--resume %s: a causal-LM checkpoint, not a reward model's (no score head)", o->resume);
     }
@@ -361,7 +362,7 @@ static int pref_main(int argc, char **argv, int dpo) {
         if (o.seq_len < 2 || o.batch_size < 1 || o.threads < 0) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
         backend_set_threads(o.threads);
         return score_main(o.model_dir, input, output, o.chat_template, o.tp, o.pp, o.seq_len, o.batch_size,
-                          dtype_parse("--dtype", o.dtype_name));
+                          dtype_parse("--dtype", o.dtype_name), o.device);
     }
     train_options_check(&o, cmd);
     if (!(center >= 0) || !isfinite(center)) user_error("--center-rewards-coefficient %g: must be >= 0", center);

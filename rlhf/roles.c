@@ -71,6 +71,15 @@ void roles_place(Roles *p, const char *colocate) {
             counts[g] = p->world.size;
         }
     }
+    /* the device, while world rank 0 still reports alone: runtime/comm.c moves host memory, so a
+     * device serves roles that each run on one rank */
+    if (strcmp(p->device, "cpu"))
+        for (int r = 0; r < N_ROLES; r++)
+            if (R[r].active && (R[r].tp != 1 || R[r].pp != 1 || counts[R[r].group] != 1))
+                user_error("--device %s: every role runs on one rank (tp = pp = dp = 1: the collectives work on host "
+                           "memory); the %s has tp %d pp %d on %d ranks", p->device, ROLE_NAMES[r], R[r].tp, R[r].pp,
+                           counts[R[r].group]);
+    p->be = device_open_local(p->device, &p->world);
     RoleGroup mine;
     group_split(&p->world, n_groups, names, counts, "--actor-ranks/--critic-ranks/--ref-ranks/--reward-ranks", &mine);
     int first = 0;
@@ -148,8 +157,8 @@ void roles_load(Roles *rs, const char *const *load_dir, DType dtype) {
     for (int r = 0; r < N_ROLES; r++) {
         if (!R[r].member) continue;
         util_set_reporter(R[r].mesh.rank == 0, ROLE_NAMES[r]);   /* a role's model errors name the role */
-        if (r == R_CRITIC) model_load_score(&R[r].m, load_dir[r], &R[r].mesh, 42, dtype, backend_default());
-        else model_load(&R[r].m, load_dir[r], &R[r].mesh, dtype, backend_default());
+        if (r == R_CRITIC) model_load_score(&R[r].m, load_dir[r], &R[r].mesh, 42, dtype, rs->be);
+        else model_load(&R[r].m, load_dir[r], &R[r].mesh, dtype, rs->be);
         if (r == R_ACTOR && R[r].m.head != HEAD_LM) user_error("--actor %s: a score-head model; the actor is a causal LM", R[r].dir);
     }
     util_set_reporter(rs->group_root, rs->group_name[0] ? rs->group_name : NULL);

@@ -4,8 +4,9 @@
  * reward; --colocate puts roles in one group, where they take turns; a role given no count shares
  * the actor's; with no counts every role shares every rank (one process works without mpirun).
  * Each role has its own tp x pp x dp mesh over its group and its own Model.
- * Owns: placement, each role's mesh and model, the vocabulary check between roles, and sharing a
- * role's per-item results (dp sum inside the role, then a broadcast from its root over the world).
+ * Owns: placement, each role's mesh, model and device, the vocabulary check between roles, and
+ * sharing a role's per-item results (dp sum inside the role, then a broadcast from its root over the
+ * world; host memory: what moves between roles is host copies, whatever the device).
  * Does not own: what the roles compute (rlhf/experience.c), their training (train/learner.h). */
 #ifndef TANDEM_ROLES_H
 #define TANDEM_ROLES_H
@@ -31,6 +32,8 @@ typedef struct {
     char placement[512];       /* the layout, as a checkpoint saves it: "actor@0+2:tp1:pp1,..." */
     char group_name[32];       /* this rank's role group ("" with one group), for error lines */
     int group_root;            /* this rank is its group's root */
+    const char *device;        /* --device (set before roles_open) */
+    const Backend *be;         /* its backend, opened by roles_place: every role's model is on it */
 } Roles;
 
 /* The run's roles: the actor always, critic and reward when given a directory, the reference when
@@ -44,7 +47,10 @@ void roles_load(Roles *rs, const char *const *load_dir, DType dtype);
 void roles_free(Roles *rs);
 /* Splits the world into role groups from the counts and --colocate ("all", or sets like
  * "actor,ref:critic,reward") and builds each member role's mesh; prints the placement (world rank
- * 0). rs->role[*].active/count/tp/pp must be set. Collective over the world. */
+ * 0); opens rs->device (runtime/model.h device_open_local): a device other than the CPU needs every
+ * role on one rank of its own mesh (tp = pp = dp = 1; colocated roles share the process and its
+ * device), else one user_error line. rs->role[*].active/count/tp/pp must be set. Collective over
+ * the world. */
 void roles_place(Roles *rs, const char *colocate);
 /* Every other role must read the actor's token ids: the same vocabulary size and tokenizer files;
  * the reward is a score model, the reference a causal LM. user_error naming the role otherwise. */

@@ -23,8 +23,8 @@ typedef struct {
 /* the trainers' (const char **save_dtype) */
 #define SAVE_DTYPE_OPTION(save_dtype)                                                                   \
     {"--save-dtype", OPT_STR, save_dtype, "auto", "saved weights: auto (the model's dtype) | bf16 | fp32"}
-/* eval's, generate's and bench's (const char **device, opened with device_open); the trainers run on
- * the CPU */
+/* every model-running command's (const char **device, opened with device_open; ppo: each role on its
+ * own rank, runtime/model.h device_open_local) */
 #define DEVICE_OPTION(device)                                                                           \
     {"--device", OPT_STR, device, "cpu", "cpu | cuda (one rank: tp = pp = dp = 1) | cpu-guarded (a testing aid)"}
 #define MESH_OPTIONS(tp, pp, threads, dtype)                                      \

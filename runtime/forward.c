@@ -67,9 +67,9 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
         float *kc = b->kv->k + l * b->kv->layer_stride, *vc = b->kv->v + l * b->kv->layer_stride; /* (n_blocks, Hkvl, block, Dh) */
         be->kv_store_batch(kc, vc, a->k, a->v, &b->paged, Hkvl, Dh);
         be->attention_batch(a->att, a->q, kc, vc, &b->paged, Hl, Hkvl, Dh, window, b->scratch, b->scratch_stride);
-    } else {       /* keys: each sequence's own rows; sequences in parallel, a lone one over heads inside the
-                    * kernel; each thread its own scratch */
-#pragma omp parallel for schedule(dynamic) if (b->n_seqs > 1)
+    } else {       /* keys: each sequence's own rows; sequences in parallel where the backend allows it, a lone
+                    * one over heads inside the kernel; each thread its own scratch */
+#pragma omp parallel for schedule(dynamic) if (b->n_seqs > 1 && be->parallel_calls)
         for (int i = 0; i < b->n_seqs; i++) {
             size_t t0 = start[i] - first;
             int Tq = start[i + 1] - start[i];

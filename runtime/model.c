@@ -353,11 +353,24 @@ DType dtype_parse(const char *flag, const char *value) {
     user_error("%s %s: expected auto, bf16 or fp32 (fp16 checkpoints load as bf16 or fp32)", flag, value);
 }
 
-const Backend *device_open(const char *name, int tp, int pp) {
+/* backend_named's, or one user_error line: unknown, not in this build */
+static const Backend *device_named(const char *name) {
     const Backend *be = backend_named(name);
     if (!be && strcmp(name, "cuda"))
         user_error("--device %s: expected cpu or cuda (or cpu-guarded, the CPU kernels behind memory the host "
                    "cannot touch: a testing aid)", name);
+    return be;
+}
+/* opens be for this process's local rank: one user_error line when it cannot run */
+static const Backend *device_ready(const char *name, const Backend *be, int local_rank) {
+    if (!be) user_error("--device cuda: this build has no CUDA backend (nvcc was not found when it was built)");
+    const char *why = be->open(local_rank);
+    if (why) user_error("--device %s: %s", name, why);
+    return be;
+}
+
+const Backend *device_open(const char *name, int tp, int pp) {
+    const Backend *be = device_named(name);
     if (strcmp(name, "cpu")) {
         Comm world = comm_world();
         int ranks = world.size;
@@ -366,10 +379,16 @@ const Backend *device_open(const char *name, int tp, int pp) {
             user_error("--device %s runs on one rank, tp = pp = dp = 1 (got --tp %d --pp %d on %d ranks): the "
                        "collectives work on host memory", name, tp, pp, ranks);
     }
-    if (!be) user_error("--device cuda: this build has no CUDA backend (nvcc was not found when it was built)");
-    const char *why = be->open(0);   /* one rank, or the CPU: local rank 0 */
-    if (why) user_error("--device %s: %s", name, why);
-    return be;
+    return device_ready(name, be, 0);   /* one rank, or the CPU: local rank 0 */
+}
+
+const Backend *device_open_local(const char *name, const Comm *world) {
+    const Backend *be = device_named(name);
+    if (!strcmp(name, "cpu")) return device_ready(name, be, 0);
+    Comm node = comm_split_node(world);
+    int local_rank = node.rank;
+    comm_free(&node);
+    return device_ready(name, be, local_rank);
 }
 
 static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_t seed, DType dtype,

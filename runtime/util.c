@@ -235,7 +235,7 @@ float f16_to_f32(uint16_t h) {
     return f;
 }
 
-int write_file_atomic(const char *path, const void *data, size_t len) {
+int write_file_atomic_with(const char *path, int (*fill)(FILE *f, void *ctx), void *ctx) {
     size_t n = strlen(path) + 32;
     char *tmp = xmalloc(n);
     snprintf(tmp, n, "%s.tmp.%d", path, (int)getpid());
@@ -248,7 +248,7 @@ int write_file_atomic(const char *path, const void *data, size_t len) {
     }
     int err = 0;   /* the first failure's errno: the one that says why */
     errno = 0;
-    if (fwrite(data, 1, len, f) != len) err = errno ? errno : EIO;
+    if (fill(f, ctx) != 0) err = errno ? errno : EIO;
     if (fflush(f) != 0 && !err) err = errno;
     if (fsync(fileno(f)) != 0 && !err) err = errno;
     if (fclose(f) != 0 && !err) err = errno;
@@ -257,4 +257,14 @@ int write_file_atomic(const char *path, const void *data, size_t len) {
     free(tmp);
     errno = err;
     return err ? -1 : 0;
+}
+
+typedef struct { const void *data; size_t len; } Bytes;
+static int write_bytes(FILE *f, void *ctx) {
+    const Bytes *b = ctx;
+    return fwrite(b->data, 1, b->len, f) == b->len ? 0 : -1;
+}
+int write_file_atomic(const char *path, const void *data, size_t len) {
+    Bytes b = {data, len};
+    return write_file_atomic_with(path, write_bytes, &b);
 }

@@ -70,4 +70,7 @@ void shuffle_ints(int *x, int n, uint64_t *state);
 /* atomic file write: write to path.tmp.<pid>, fsync, rename. Returns 0 on success, else -1 with
  * errno saying why (ENOSPC, EFBIG, ...) and nothing left behind. */
 int write_file_atomic(const char *path, const void *data, size_t len);
+/* The same with the bytes that fill(f, ctx) puts in f (it returns 0, or -1 with errno set): a file
+ * written in pieces (e.g. copied out of a device a buffer at a time). */
+int write_file_atomic_with(const char *path, int (*fill)(FILE *f, void *ctx), void *ctx);
 #endif

@@ -32,6 +32,17 @@ same_as_1x1() {
     diff <(echo "$ref") <(summary "$output")
 }
 
+@test "optim: a backend's adamw, sum_squares and bf16 pack equal the CPU kernels bit for bit (cpu-guarded; cuda where a GPU is)" {
+    run "$TO" backend cpu-guarded
+    echo "$output"
+    [ "$status" -eq 0 ]
+    grep -q 'ok: optim backend cpu-guarded' <<<"$output"
+    nvidia-smi -L >/dev/null 2>&1 || return 0
+    run "$TO" backend cuda
+    echo "$output"
+    [ "$status" -eq 0 ]
+}
+
 @test "optim vs torch: lr schedules match HF; AdamW bit-identical given torch's clip factor, <= 16 ulp end to end" {
     run "$TO" torch "$FIX/optim/adamw.json"
     echo "$output"

@@ -3,10 +3,12 @@
  *   test_optim mesh MODEL_DIR TP PP ZERO STEPS    optim_step on a real model's arena (under mpirun)
  *   test_optim resume MODEL_DIR TP PP ZERO DIR    4 steps straight == 2 steps, save, load, 2 steps
  *   test_optim load MODEL_DIR TP PP ZERO FILE     optim_load only (error messages; exit 2 if absent)
+ *   test_optim backend NAME                       the backend's adamw, sum_squares and bf16 pack
+ *                                                 against the CPU kernels: bit for bit
  *
  * torch: FIXTURE.json (tests/fixtures/optim/make_optim_fixtures.py) holds torch.optim.AdamW +
  * clip_grad_norm_ + HF's warmup/cosine LambdaLR over five steps of four small tensors, and the lr of
- * every schedule at every step. We run lr_schedule, sum_squares + clip_scale and adamw_update on
+ * every schedule at every step. We run lr_schedule, cpu_sum_squares + clip_scale and cpu_adamw on
  * the same grads and compare after every step (tolerances at TOL_* below).
  *
  * mesh: every layout gets the SAME global gradient, by construction exact in fp32, so that every
@@ -29,6 +31,7 @@
  * layouts. Every rank also checks that its dp replicas and its tp-replicated tensors are
  * bit-identical to those of dp rank 0 / tp rank 0, and the last stage that its tied lm_head copy is
  * bit-identical to the first stage's embedding. Prints "ok: optim ..." per rank. */
+#include "kernels/cpu/cpu.h"   /* cpu_adamw, cpu_sum_squares: the optimizer's kernels against torch */
 #include "runtime/mesh.h"
 #include "runtime/model.h"
 #include "runtime/util.h"
@@ -46,13 +49,13 @@
  *     ours min_lr + (lr - min_lr) * f: a few double ulps (measured 2.7e-16). 1e-12 relative.
  * norm: torch takes an fp32 norm per tensor, then the fp32 norm of those; we sum squares in double
  *     and round once. They differ by ~1 fp32 ulp (measured 8.6e-8). 1e-6 relative.
- * params, clip factor from torch's norm: adamw_update is torch's fp32 op sequence (the same
+ * params, clip factor from torch's norm: cpu_adamw is torch's fp32 op sequence (the same
  *     roundings, fma where torch's add and addcmul kernels use one), so 0 ulp: bit-identical.
  * params, clip factor from our norm (end to end): a 1-ulp different norm scales the grads by 1 ulp;
  *     Adam's m / sqrt(v) cancels a common scale, but where m nearly cancels (beta1 * m ~ -(1 - beta1)
  *     * g) the relative error of m grows, and the param moves by a few ulp (measured 8 ulp of
  *     max(|ref|, 2^-10) at step 3). 16 ulp. A wrong formula is off by far more (measured by
- *     mutating adamw_update: decay after the update 7e4 ulp, eps inside the sqrt 4e6, no bias
+ *     mutating cpu_adamw: decay after the update 7e4 ulp, eps inside the sqrt 4e6, no bias
  *     correction of v 1e8); addcmul without torch's fma is caught only by the 0-ulp run (8 ulp). */
 #define TOL_LR 1e-12
 #define TOL_NORM 1e-6
@@ -80,7 +83,7 @@ static double ulps(float a, float b) {
 }
 
 /* Five steps of AdamW + clipping + warmup/cosine over the fixture's tensors. ref_norm: take the
- * clip factor from torch's norm (isolates adamw_update: must be bit-identical), else from ours. */
+ * clip factor from torch's norm (isolates cpu_adamw: must be bit-identical), else from ours. */
 static int run_adamw(const cJSON *root, int ref_norm, double tol_ulp) {
     const cJSON *cfgj = item(root, "config");
     OptimConfig c = optim_config_default();
@@ -124,7 +127,9 @@ static int run_adamw(const cJSON *root, int ref_norm, double tol_ulp) {
             size_t ng;
             g[k] = floats(cJSON_GetArrayItem(item(st, "grads"), k), &ng);
             CHECK(ng == n[k]);
-            sumsq += sum_squares(g[k], n[k], partials);
+            double sq;
+            cpu_sum_squares(&sq, g[k], n[k], partials);
+            sumsq += sq;
         }
         float norm = (float)sqrt(sumsq), norm_ref = (float)item(st, "norm")->valuedouble;
         double norm_rel = fabs((double)norm - norm_ref) / norm_ref;
@@ -132,8 +137,8 @@ static int run_adamw(const cJSON *root, int ref_norm, double tol_ulp) {
         float scale = clip_scale(ref_norm ? norm_ref : norm, c.clip);
         double step_ulp = 0.0;
         for (int k = 0; k < nt; k++) {
-            adamw_update(p[k], g[k], m[k], v[k], n[k], scale, lr, c.beta1, c.beta2, c.eps,
-                         decay[k] ? c.weight_decay : 0.0, s + 1);
+            cpu_adamw(p[k], g[k], m[k], v[k], n[k], scale, lr, c.beta1, c.beta2, c.eps,
+                      decay[k] ? c.weight_decay : 0.0, s + 1);
             size_t nr;
             float *ref = floats(cJSON_GetArrayItem(item(st, "params"), k), &nr);
             CHECK(nr == n[k]);
@@ -427,11 +432,63 @@ static int test_load(const char *dir, int tp, int pp, int zero, const char *file
     return rc != 0 ? 2 : 0;
 }
 
+/* The optimizer's entries of backend NAME (cuda, cpu-guarded) against cpu_adamw and cpu_sum_squares
+ * on pseudo-random arrays of sizes around the chunk and lane boundaries, through the backend's memory:
+ * three AdamW steps (decay and none, clipped), the sum of squares, the master's bf16 rounding. The
+ * CUDA kernels keep the CPU's arithmetic order, so every bit must match (kernels/cuda/optim.cu). */
+static int test_backend(const char *name) {
+    const Backend *be = backend_named(name);
+    if (!be) { fprintf(stderr, "test_optim: no backend %s in this build\n", name); return 2; }
+    const char *why = be->open(0);
+    if (why) { fprintf(stderr, "test_optim: %s: %s\n", name, why); return 2; }
+    static const size_t sizes[] = {1, 7, 8, 13, 65536, 65543, 3 * 65536 + 5, 1000003};
+    int fail = 0;
+    uint64_t st = 7;
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = sizes[k];
+        float *h = xmalloc(sizeof(float) * 4 * n), *back = xmalloc(sizeof(float) * 4 * n);   /* p, g, m, v */
+        for (size_t i = 0; i < 4 * n; i++) {
+            double u = (splitmix64_next(&st) >> 11) * 0x1.0p-53;
+            h[i] = (float)((u - 0.5) * (i / n == 3 ? 1e-2 : 2.0));   /* v: small, then squared into it */
+            if (i / n == 3) h[i] *= h[i];
+        }
+        float *d = be->alloc(sizeof(float) * 4 * n);
+        be->to_device(d, h, sizeof(float) * 4 * n);
+        size_t nc = (n + 65535) / 65536;
+        double *dsum = be->alloc(sizeof(double) * (nc + 1)), got, want, *part = xmalloc(sizeof(double) * (nc + 1));
+        be->sum_squares(dsum, d + n, n, dsum + 1);
+        be->to_host(&got, dsum, sizeof got);
+        cpu_sum_squares(&want, h + n, n, part);
+        if (memcmp(&got, &want, sizeof got)) { fprintf(stderr, "FAIL n %zu: sum_squares %a vs cpu %a\n", n, got, want); fail = 1; }
+        for (int t = 1; t <= 3; t++) {
+            float scale = t == 2 ? 0.37f : 1.0f;
+            double wd = t == 3 ? 0.0 : 0.1;
+            be->adamw(d, d + n, d + 2 * n, d + 3 * n, n, scale, 3e-3 * t, 0.9, 0.95, 1e-8, wd, t);
+            cpu_adamw(h, h + n, h + 2 * n, h + 3 * n, n, scale, 3e-3 * t, 0.9, 0.95, 1e-8, wd, t);
+        }
+        be->to_host(back, d, sizeof(float) * 4 * n);
+        size_t bad = 0;
+        for (size_t i = 0; i < 4 * n; i++) bad += memcmp(&back[i], &h[i], 4) != 0;
+        if (bad) { fprintf(stderr, "FAIL n %zu: adamw: %zu of %zu p/g/m/v values differ from cpu\n", n, bad, 4 * n); fail = 1; }
+        uint16_t *w = be->alloc(sizeof(uint16_t) * n), *wh = xmalloc(sizeof(uint16_t) * n), *wc = xmalloc(sizeof(uint16_t) * n);
+        be->pack(w, DTYPE_BF16, d, n);
+        be->to_host(wh, w, sizeof(uint16_t) * n);
+        cpu_pack(wc, DTYPE_BF16, h, n);
+        if (memcmp(wh, wc, sizeof(uint16_t) * n)) { fprintf(stderr, "FAIL n %zu: pack bf16 differs from cpu\n", n); fail = 1; }
+        printf("n %zu: sum_squares %a, p[0] %a: %s\n", n, got, back[0], fail ? "FAIL" : "same bits");
+        be->free(d); be->free(dsum); be->free(w);
+        free(h); free(back); free(part); free(wh); free(wc);
+    }
+    if (!fail) printf("ok: optim backend %s\n", name);
+    return fail;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "torch") == 0) return test_torch(argv[2]);
+    if (argc >= 3 && strcmp(argv[1], "backend") == 0) return test_backend(argv[2]);
     if (argc < 6) {
         fprintf(stderr, "usage: test_optim torch FIXTURE.json | mesh MODEL TP PP ZERO STEPS | "
-                        "resume MODEL TP PP ZERO DIR | load MODEL TP PP ZERO FILE\n");
+                        "resume MODEL TP PP ZERO DIR | load MODEL TP PP ZERO FILE | backend NAME\n");
         return 1;
     }
     comm_init(&argc, &argv);

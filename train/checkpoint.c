@@ -289,14 +289,18 @@ static void save_stage(const Model *m, DType dt, const char *tmp, StageList *lis
     for (int i = 0; i < n; i++) {
         const ParamInfo *in = &infos[i];
         if (skip_tensor(m, in)) continue;
-        /* the shard as fp32 (a bf16 weight's exact upcast): what the ranks send and place */
-        float *shard_f = NULL;
-        const float *shard = (const float *)m->params + in->offset;
+        /* the shard as fp32 (a bf16 weight's exact upcast): what the ranks send and place, copied
+         * out of the backend's memory (numel elements of the model's dtype) */
+        size_t es = dtype_size(m->dtype);
+        void *raw = xmalloc(es * (in->numel ? in->numel : 1));
+        m->be->to_host(raw, (const char *)m->params + es * in->offset, es * in->numel);
+        float *shard_f = raw;
         if (m->dtype != DTYPE_F32) {
             shard_f = xmalloc(sizeof(float) * (in->numel ? in->numel : 1));
-            for (size_t k = 0; k < in->numel; k++) shard_f[k] = weight_at(m->params, m->dtype, in->offset + k);
-            shard = shard_f;
+            for (size_t k = 0; k < in->numel; k++) shard_f[k] = weight_at(raw, m->dtype, k);
+            free(raw);
         }
+        const float *shard = shard_f;
         /* replicas: consecutive tp ranks holding the same copy (all tp for norms); the first of each
          * group stands for it */
         if (!writer) {

@@ -1,5 +1,6 @@
 /* checkpoint.h — saving a model held on a TP x PP x DP mesh as a Hugging Face directory.
- * Owns: gathering each tensor's tp shards into the full HF tensor (placement from model_param_infos,
+ * Owns: gathering each tensor's tp shards into the full HF tensor (each shard copied out of the
+ * model's backend memory one tensor at a time, to_host; placement from model_param_infos,
  * padded vocab rows stripped, one copy of each replicated tensor), the directory layout, and the
  * atomic publish of the directory. Does not own: the safetensors format (runtime/safetensors.c), the
  * sharding rules (runtime/model.c), nor the training state (optimizer moments, RNG, data cursor).

@@ -72,7 +72,8 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
                              : per_layer * Ll;
     for (int i = 0; i < N_REST; i++) total += sizes[i];
 
-    a->arena = xmalloc(sizeof(float) * (total ? total : 1));
+    a->be = m->be;
+    a->arena = m->be->alloc(sizeof(float) * (total ? total : 1));
     a->host_out = xmalloc(sizeof(float) * (N ? N : 1));
     a->host_dout = xmalloc(sizeof(float) * (N ? N : 1));
     a->n_arena = total;
@@ -99,10 +100,10 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     for (int i = 0; i < N_REST; i++) { *slots[i] = p; p += sizes[i]; }
     a->dlogits = a->logits;   /* the cross-entropy backward overwrites the logits in place */
 
+    a->ids = m->be->alloc(sizeof(int) * (N ? 3 * N : 1));
     a->iarena = xmalloc(sizeof(int) * (3 * N + 1));
-    a->tokens = a->iarena;
-    a->seq_start = a->tokens + N;
-    a->pos = a->seq_start + N + 1;
+    a->seq_start = a->iarena;
+    a->ids_host = a->seq_start + N + 1;
 
     int tp = m->mesh->tp, Hkv = c->n_heads_kv;
     a->kv_rep = tp > Hkv ? tp / Hkv : 1;
@@ -124,7 +125,10 @@ void train_acts_free(TrainActs *a) {
     comm_wait(&a->send_req);
     comm_free(&a->kv_comm);
     comm_free(&a->emb_comm);
-    free(a->arena);
+    if (a->be) {
+        a->be->free(a->arena);
+        a->be->free(a->ids);
+    }
     free(a->host_out);
     free(a->host_dout);
     free(a->iarena);
@@ -165,12 +169,18 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
     comm_wait(&a->send_req);   /* this slot's previous send must be done before its buffers change */
     a->N = N;
     a->n_seqs = n_seqs;
-    memcpy(a->tokens, tokens, sizeof(int) * N);
     memcpy(a->seq_start, seq_start, sizeof(int) * (n_seqs + 1));
+    /* tokens (N) and positions (N), staged on the host, then one copy to the backend */
+    a->tokens = a->ids;
+    a->pos = a->ids + N;
+    a->targets = a->ids + 2 * N;
+    a->pos_host = a->ids_host + N;
+    memcpy(a->ids_host, tokens, sizeof(int) * N);
     for (int i = 0; i < n_seqs; i++) {
         CHECK(seq_start[i + 1] - seq_start[i] <= a->max_seq);
-        for (int t = seq_start[i]; t < seq_start[i + 1]; t++) a->pos[t] = t - seq_start[i];
+        for (int t = seq_start[i]; t < seq_start[i + 1]; t++) a->pos_host[t] = t - seq_start[i];
     }
+    m->be->to_device(a->ids, a->ids_host, sizeof(int) * 2 * N);
     /* keys and values: each sequence's own rows (no cache); a block's output goes to dtmp
      * (backward scratch, free during the forward) */
     a->lb = (LayerBatch){N, n_seqs, a->seq_start, a->pos, a->rope, NULL, {0}, a->dtmp, a->scratch, a->scratch_stride};
@@ -196,8 +206,9 @@ const float *train_outputs(Model *m, TrainActs *a, const int *targets, float tem
         m->be->copy(a->out, a->logits, N);
     } else {
         /* the logprob of generation (model_pair_logprobs): vocab-parallel lse, then the target's logit */
+        m->be->to_device(a->targets, targets, sizeof(int) * N);
         model_logits_lse(m, a->logits, N, temperature, a->lse, a->pick);   /* pick: free until below */
-        model_pair_logprobs(m, a->logits, a->lse, N, NULL, targets, temperature, a->pick, a->out);
+        model_pair_logprobs(m, a->logits, a->lse, N, NULL, a->targets, temperature, a->pick, a->out);
     }
     m->be->to_host(a->host_out, a->out, sizeof(float) * N);
     if (m->head != HEAD_SCORE)
@@ -281,7 +292,7 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
             /* values = xb_final score^T, score replicated: dxb is the same full sum on every rank */
             be->matmul_backward(dxb, grads->score, NULL, a->dout, a->xb_final, m->w.score, wt, N, D, 1);
         } else {
-            be->logprob_backward(a->dlogits, a->logits, a->lse, mb->targets, a->dout, ent ? a->ent : NULL,
+            be->logprob_backward(a->dlogits, a->logits, a->lse, a->targets, a->dout, ent ? a->ent : NULL,
                                  ent && hook->entropy_coef != 0.0f ? a->dent : NULL, N, Vl, m->vocab_start, hook->temperature);
             /* logits = xb_final lm_head^T, lm_head split by vocab rows: column-parallel, so dxb is a
              * partial sum on each rank ("copy" backward: all-reduce) */
@@ -316,7 +327,8 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         be->add_to(dx, dx, dtmp, ND);                                                           /* now d(x_mid) */
         /* attention block: x_mid = x_in + reduce(o_proj(att)) */
         be->matmul_backward(a->datt, g->wo, NULL, dx, la->att, w->wo, wt, N, qd, D);
-#pragma omp parallel for schedule(dynamic) if (a->n_seqs > 1)   /* sequences in parallel, own scratch */
+        /* sequences in parallel where the backend allows it (Backend.parallel_calls), own scratch */
+#pragma omp parallel for schedule(dynamic) if (a->n_seqs > 1 && be->parallel_calls)
         for (int i = 0; i < a->n_seqs; i++) {
             size_t t0 = start[i];
             be->attention_backward(a->dq + t0 * qd, a->dk + t0 * kvd, a->dv + t0 * kvd, a->datt + t0 * qd,

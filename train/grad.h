@@ -8,7 +8,12 @@
  * schedules (1F1B), nor zeroing the gradient arena (the caller does, once per step).
  * Batch: whole sequences from position 0, packed back to back exactly as model_forward takes them:
  * tokens (N), seq_start (n_seqs + 1); positions restart per sequence; attention never crosses
- * sequences; no KV cache. Shapes: N D F H Hkv Dh V, `_local` = this TP rank's share. */
+ * sequences; no KV cache. Shapes: N D F H Hkv Dh V, `_local` = this TP rank's share.
+ * Memory: TrainActs' buffers and the gradients are the model's backend's (Model.be); a MicroBatch
+ * and the hook's arguments are host memory. Per micro-batch the ids go up in two copies (tokens +
+ * positions; targets), the hook's N outputs come down and its N gradients go up. The tp / pp
+ * collectives (runtime/comm.c) move host memory, so a device other than the CPU trains at
+ * tp = pp = 1. */
 #ifndef TANDEM_GRAD_H
 #define TANDEM_GRAD_H
 #include <stddef.h>
@@ -61,9 +66,14 @@ typedef struct {
      * LayerActs pointers, shared by every layer) is where the forward writes them and the backward
      * unpacks them. NULL otherwise. */
     uint16_t **packed;         /* (L_local * 4): layer l's xb1, att, xb2, act, (N, width) each */
-    int *tokens;               /* (max_tokens) copy of the batch */
-    int *seq_start;            /* (max_tokens + 1) */
-    int *pos;                  /* (max_tokens) position of each token in its sequence */
+    const Backend *be;         /* the model's: every buffer below is its memory unless it says host */
+    int *ids;                  /* (3 * max_tokens) the batch's tokens (N), positions (N) and targets (N),
+                                * packed from the front: train_forward uploads the first two in one
+                                * copy, train_outputs the targets */
+    int *tokens, *pos, *targets;/* (N) each, views into ids for the batch of the last train_forward */
+    int *ids_host;             /* (2 * max_tokens) host: tokens and positions, staged for their upload */
+    int *pos_host;             /* (N) host: the positions (a view into ids_host) */
+    int *seq_start;            /* (max_tokens + 1) host: the batch's sequence starts */
     LayerActs *layers;         /* (L_local) */
     float *x_final;            /* (N, D) last stage: residual after the last layer */
     float *xb_final;           /* (N, D) last stage: final-normed, input of lm_head */
@@ -77,14 +87,14 @@ typedef struct {
     float *dlogits;            /* (N, V_local) last stage: the logits buffer, overwritten by the backward */
     float *out, *dout;         /* (N) the hook's per-token outputs (logprobs or values) and their gradient */
     float *ent, *dent;         /* (N) LM head with an entropy term: each row's entropy, d loss / d it */
-    float *host_out, *host_dout; /* (N) host copies the hook reads and writes (to_host / to_device) */
+    float *host_out, *host_dout; /* (N) host: copies the hook reads and writes (to_host / to_device) */
     float *lse, *pick;         /* (N) log-sum-exp of each row (LM), target logits (scratch) */
     float *rope;               /* (N, Dh) cos then sin of each token's RoPE angles, made by train_forward */
     float *scratch;            /* attention: omp threads * scratch_stride */
     size_t scratch_stride;     /* per thread: max(2, local heads) * max_seq (forward: heads x keys, backward: 2 x keys) */
-    float *arena;              /* every float buffer above */
+    float *arena;              /* every float buffer above (the packed bf16 copies too) */
     size_t n_arena;            /* floats in it */
-    int *iarena;               /* tokens, seq_start, pos */
+    int *iarena;               /* host: seq_start, ids_host */
     LayerBatch lb;             /* the batch as model_layer_forward sees it */
     /* tp > Hkv: the tp ranks that hold the same (replicated) kv head; size 1 otherwise */
     Comm kv_comm;
@@ -106,8 +116,9 @@ void train_acts_free(TrainActs *a);
 void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_start, int n_seqs);
 
 /* After train_forward, on the last stage: a->out (N) = the hook's per-token outputs (logprobs of
- * targets at `temperature`, or values), copied to the host (a->host_out, 0 where targets[n] < 0);
- * returns a->host_out (NULL on other stages). The hook is host code: this is its one transfer in. */
+ * targets (host, N) at `temperature`, or values), copied to the host (a->host_out, 0 where
+ * targets[n] < 0); returns a->host_out (NULL on other stages). The hook is host code: this is its
+ * one transfer in (the LM head's targets go to a->targets first). */
 const float *train_outputs(Model *m, TrainActs *a, const int *targets, float temperature);
 
 /* The hook and the backward of the batch of the last train_forward; every rank calls it.

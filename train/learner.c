@@ -18,7 +18,7 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
     L->n_slots = m->mesh->pp < n_micro ? m->mesh->pp : n_micro;
     L->slots = xcalloc(L->n_slots, sizeof(TrainActs));
     for (int i = 0; i < L->n_slots; i++) train_acts_init(&L->slots[i], m, max_tokens, max_seq, recompute);
-    L->grads = xcalloc(optim_grad_floats(L->opt), sizeof(float));
+    L->grads = m->be->alloc(sizeof(float) * optim_grad_floats(L->opt));   /* zero */
     L->gl = xcalloc(m->n_layers_local, sizeof(LayerWeights));
     model_weights_place(m, L->grads, &L->gw, L->gl);
 }
@@ -26,7 +26,7 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
 void learner_free(Learner *L) {
     for (int i = 0; i < L->n_slots; i++) train_acts_free(&L->slots[i]);
     free(L->slots);
-    free(L->grads);
+    if (L->m) L->m->be->free(L->grads);
     free(L->gl);
     if (L->opt) optim_free(L->opt);
     memset(L, 0, sizeof *L);

@@ -18,7 +18,8 @@
 typedef struct {
     Model *m;              /* the trained model (on its own mesh: m->mesh) */
     Optim *opt;
-    float *grads;          /* (optim_grad_floats(opt)) gradient arena, the parameter arena's layout */
+    float *grads;          /* (optim_grad_floats(opt)) gradient arena, the parameter arena's layout (the
+                              model's backend's memory, as the optimizer state and the slots) */
     ModelWeights gw;       /* the gradients as tensors (views into grads) */
     LayerWeights *gl;      /* (L_local) */
     TrainActs *slots;      /* (n_slots) one per micro-batch in flight: min(pp, micro-batches) */

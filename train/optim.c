@@ -1,6 +1,6 @@
 /* optim.c — see optim.h. The step is five visible phases (dp reduction, norm, clip factor, AdamW,
- * ZeRO-1 all-gather); the arithmetic is in three pure functions on arrays (lr_schedule,
- * sum_squares + clip_scale, adamw_update) that tests/test_optim.c checks against torch.
+ * ZeRO-1 all-gather); the arithmetic is in lr_schedule and clip_scale here and the backend's adamw
+ * and sum_squares entries (kernels/cpu/optim.c), which tests/test_optim.c checks against torch.
  *
  * ZeRO-1 (Megatron's distributed optimizer, without its bucketing): the flat gradient arena of
  * n_grad floats (n_params padded to a multiple of 16 * dp) is reduce-scattered over dp, so dp rank r
@@ -18,7 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NORM_CHUNK 65536   /* floats per partial sum of the norm */
+#define NORM_CHUNK 65536   /* floats per partial sum of the norm (Backend.sum_squares) */
+#define BOUNCE (1u << 22)  /* floats per copy between the state and its file (16 MiB) */
 #define ARENA_ALIGN 16     /* floats: ZeRO-1 slices start on 64-byte boundaries */
 
 /* ---- the pieces on plain arrays -------------------------------------------------------------- */
@@ -37,44 +38,6 @@ double lr_schedule(const OptimConfig *c, int step) {
     case LR_CONSTANT: return c->lr;
     }
     return c->lr;
-}
-
-void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float grad_scale, double lr,
-                  double beta1, double beta2, double eps, double weight_decay, int t) {
-    /* torch's Python-float scalars, each rounded to fp32 once where it meets a tensor */
-    const float decay = (float)(1.0 - lr * weight_decay);
-    const float b1 = (float)beta1, one_minus_b1 = (float)(1.0 - beta1);
-    const float b2 = (float)beta2, one_minus_b2 = (float)(1.0 - beta2);
-    const float neg_step_size = (float)(-(lr / (1.0 - pow(beta1, t))));
-    const float bc2_sqrt = (float)sqrt(1.0 - pow(beta2, t));
-    const float epsf = (float)eps;
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) {
-        float gi = g[i] * grad_scale;
-        float mi = fmaf(gi, one_minus_b1, m[i] * b1);       /* torch's vectorised add: fmadd */
-        float vi = fmaf(one_minus_b2 * gi, gi, v[i] * b2);   /* torch's addcmul: fma too */
-        float denom = sqrtf(vi) / bc2_sqrt + epsf;           /* eps outside the sqrt */
-        p[i] = p[i] * decay + (neg_step_size * mi) / denom;  /* addcdiv: value * t1 / t2 */
-        m[i] = mi;
-        v[i] = vi;
-    }
-}
-
-double sum_squares(const float *x, size_t n, double *partials) {
-    size_t n_chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
-#pragma omp parallel for schedule(static) if (n_chunks > 1)
-    for (size_t c = 0; c < n_chunks; c++) {
-        size_t lo = c * NORM_CHUNK, hi = lo + NORM_CHUNK < n ? lo + NORM_CHUNK : n;
-        double acc[8] = {0};   /* 8 fixed lanes: a fixed order that still pipelines */
-        size_t i = lo;
-        for (; i + 8 <= hi; i += 8)
-            for (int k = 0; k < 8; k++) acc[k] += (double)x[i + k] * (double)x[i + k];
-        for (; i < hi; i++) acc[0] += (double)x[i] * (double)x[i];
-        partials[c] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    }
-    double total = 0.0;
-    for (size_t c = 0; c < n_chunks; c++) total += partials[c];
-    return total;
 }
 
 float clip_scale(float norm, double max_norm) {
@@ -148,9 +111,13 @@ static int optim_sections(const Optim *o) { return o->dtype == DTYPE_BF16 ? 3 : 
 
 Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
     check_config(&cfg);
+    const Backend *be = m->be;
+    /* runtime/comm.c moves host memory: a device trains on one rank without ZeRO (the commands say so) */
+    CHECK(be == backend_named("cpu") || (mesh->size == 1 && !cfg.zero));
     Optim *o = xcalloc(1, sizeof(Optim));
     o->cfg = cfg;
     o->mesh = mesh;
+    o->be = be;
     o->n_params = m->n_params;
     size_t quantum = (size_t)ARENA_ALIGN * mesh->dp;
     o->n_grad = (m->n_params + quantum - 1) / quantum * quantum;
@@ -165,13 +132,13 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
         o->slice_hi = m->n_params;
     }
     o->dtype = m->dtype;
-    o->state = xcalloc(1, sizeof(OptimHeader) + optim_sections(o) * sizeof(float) * o->n_state);
-    o->m = (float *)((char *)o->state + sizeof(OptimHeader));
+    o->m = be->alloc(optim_sections(o) * sizeof(float) * o->n_state);   /* zero */
     o->v = o->m + o->n_state;
     if (o->dtype == DTYPE_BF16) {   /* the master starts as the loaded weights (exact upcast) */
         o->master = o->v + o->n_state;
         size_t hi = o->slice_hi < m->n_params ? o->slice_hi : m->n_params;
-        for (size_t i = o->slice_lo; i < hi; i++) o->master[i - o->slice_lo] = weight_at(m->params, m->dtype, i);
+        if (hi > o->slice_lo)
+            be->unpack(o->master, (const uint16_t *)m->params + o->slice_lo, DTYPE_BF16, hi - o->slice_lo);
     }
 
     int n_info = model_param_infos(m, NULL, 0);
@@ -188,16 +155,20 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
     }
     CHECK(end == m->n_params);
     free(infos);
-    o->partials = xmalloc(sizeof(double) * (o->n_state / NORM_CHUNK + 2));
+    o->sums = be->alloc(sizeof(double) * (n_info ? n_info : 1));
+    o->sums_host = xcalloc(n_info ? n_info : 1, sizeof(double));
+    o->partials = be->alloc(sizeof(double) * (o->n_state / NORM_CHUNK + 2));
     return o;
 }
 
 void optim_free(Optim *o) {
     if (!o) return;
-    free(o->state);
+    o->be->free(o->m);
+    o->be->free(o->sums);
+    o->be->free(o->partials);
+    free(o->sums_host);
     free(o->slice);
     free(o->ranges);
-    free(o->partials);
     free(o);
 }
 
@@ -206,7 +177,7 @@ size_t optim_state_bytes(const Optim *o) {
     return sizeof(float) * o->n_state * (optim_sections(o) + (o->cfg.zero ? 1 : 0));
 }
 size_t optim_master_bytes(const Optim *o) { return o->master ? sizeof(float) * o->n_state : 0; }
-void optim_zero_grad(const Optim *o, float *grads) { memset(grads, 0, sizeof(float) * o->n_grad); }
+void optim_zero_grad(const Optim *o, float *grads) { o->be->zero(grads, sizeof(float) * o->n_grad); }
 double optim_lr(const Optim *o, int step) { return lr_schedule(&o->cfg, step); }
 
 void optim_print_summary(const Optim *o) {
@@ -250,11 +221,18 @@ float optim_step(Optim *o, Model *m, float *grads) {
     }
 
     /* 2. global norm: each element of the global model once, over tp and pp (and dp for ZeRO-1) */
-    double sumsq = 0.0;
+    const Backend *be = o->be;
+    for (int r = 0; r < o->n_ranges; r++) {   /* each tensor's sum into its slot, one copy back */
+        const OptimRange *rg = &o->ranges[r];
+        size_t lo = rg->lo > o->slice_lo ? rg->lo : o->slice_lo, hi = rg->hi < o->slice_hi ? rg->hi : o->slice_hi;
+        if (rg->in_norm && lo < hi) be->sum_squares(o->sums + r, held + (lo - o->slice_lo), hi - lo, o->partials);
+    }
+    be->to_host(o->sums_host, o->sums, sizeof(double) * o->n_ranges);
+    double sumsq = 0.0;   /* in tensor order */
     for (int r = 0; r < o->n_ranges; r++) {
         const OptimRange *rg = &o->ranges[r];
         size_t lo = rg->lo > o->slice_lo ? rg->lo : o->slice_lo, hi = rg->hi < o->slice_hi ? rg->hi : o->slice_hi;
-        if (rg->in_norm && lo < hi) sumsq += sum_squares(held + (lo - o->slice_lo), hi - lo, o->partials);
+        if (rg->in_norm && lo < hi) sumsq += o->sums_host[r];
     }
     comm_all_reduce_sum_f64(&mesh->tp_comm, &sumsq, 1);
     comm_all_reduce_sum_f64(&mesh->pp_comm, &sumsq, 1);
@@ -276,13 +254,10 @@ float optim_step(Optim *o, Model *m, float *grads) {
         if (lo >= hi) continue;
         size_t k = lo - o->slice_lo;
         float *p = o->master ? o->master + k : (float *)m->params + lo;
-        adamw_update(p, held + k, o->m + k, o->v + k, hi - lo, scale, lr, c->beta1, c->beta2, c->eps,
-                     rg->decay ? c->weight_decay : 0.0, o->step + 1);
-        if (o->master) {   /* the bf16 weights: the updated master, rounded to nearest even */
-            uint16_t *w = (uint16_t *)m->params + lo;
-#pragma omp parallel for schedule(static) if (hi - lo > 65536)
-            for (size_t i = 0; i < hi - lo; i++) w[i] = f32_to_bf16(p[i]);
-        }
+        be->adamw(p, held + k, o->m + k, o->v + k, hi - lo, scale, lr, c->beta1, c->beta2, c->eps,
+                  rg->decay ? c->weight_decay : 0.0, o->step + 1);
+        /* the bf16 weights: the updated master, rounded to nearest even */
+        if (o->master) be->pack((uint16_t *)m->params + lo, DTYPE_BF16, p, hi - lo);
     }
 
     /* 5. ZeRO-1: every dp rank gets every slice back (the grads arena is the gather buffer) */
@@ -314,10 +289,26 @@ static void header_fill(const Optim *o, OptimHeader *h) {
     h->n_state = o->n_state;
 }
 
-int optim_save(Optim *o, const char *path) {
-    header_fill(o, (OptimHeader *)o->state);
-    return write_file_atomic(path, o->state, sizeof(OptimHeader) + optim_sections(o) * sizeof(float) * o->n_state);
+/* The file's bytes: the header, then m, v[, master] copied out of the backend's memory through a
+ * host buffer of at most BOUNCE floats (the state may be most of the memory: never a second copy) */
+static int write_state(FILE *f, void *ctx) {
+    const Optim *o = ctx;
+    OptimHeader h;
+    header_fill(o, &h);
+    if (fwrite(&h, sizeof h, 1, f) != 1) return -1;
+    size_t n = optim_sections(o) * o->n_state, cap = n < BOUNCE ? n : BOUNCE;
+    float *buf = xmalloc(sizeof(float) * (cap ? cap : 1));   /* (cap) */
+    int rc = 0;
+    for (size_t off = 0; off < n && !rc; off += cap) {
+        size_t k = n - off < cap ? n - off : cap;
+        o->be->to_host(buf, o->m + off, sizeof(float) * k);
+        if (fwrite(buf, sizeof(float), k, f) != k) rc = -1;
+    }
+    free(buf);
+    return rc;
 }
+
+int optim_save(Optim *o, const char *path) { return write_file_atomic_with(path, write_state, o); }
 
 int optim_load(Optim *o, const char *path) {
     FILE *f = fopen(path, "rb");
@@ -356,8 +347,14 @@ int optim_load(Optim *o, const char *path) {
         rank_error("%s: %ld bytes, expected %zu (64-byte header + %d x %llu floats: moments%s): truncated or "
                    "corrupt; restore it from the checkpoint", path, size, want_bytes, optim_sections(o),
                    (unsigned long long)h.n_state, o->master ? " and master" : "");
-    if (fread(o->m, sizeof(float), optim_sections(o) * o->n_state, f) != optim_sections(o) * o->n_state)
-        rank_error("%s: read failed: %s", path, strerror(errno));
+    size_t n = optim_sections(o) * o->n_state, cap = n < BOUNCE ? n : BOUNCE;
+    float *buf = xmalloc(sizeof(float) * (cap ? cap : 1));   /* (cap): the file to the backend, a piece at a time */
+    for (size_t off = 0; off < n; off += cap) {
+        size_t k = n - off < cap ? n - off : cap;
+        if (fread(buf, sizeof(float), k, f) != k) rank_error("%s: read failed: %s", path, strerror(errno));
+        o->be->to_device(o->m + off, buf, sizeof(float) * k);
+    }
+    free(buf);
     fclose(f);
     o->step = (int)h.step;
     return 0;

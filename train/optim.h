@@ -28,6 +28,14 @@
  * Replicas (dp ranks; tp copies of norms and of replicated kv heads; a tied embedding's copy on the
  * last stage) see identical gradients and identical state, so they stay bit-identical.
  *
+ * Memory: the gradient arena, the moments and the master are the model's backend's (Model.be);
+ * AdamW, the norm's sums of squares and the master's rounding run as its entries (adamw,
+ * sum_squares, pack: kernels/cpu/cpu.h's contracts, torch's arithmetic), and a step moves one
+ * double per parameter tensor to the host (the norm is summed there, in tensor order). The dp
+ * reduction and ZeRO-1 work on host memory (runtime/comm.c): with a device other than the CPU,
+ * dp = 1 and no ZeRO (the commands refuse the rest). optim_save / optim_load copy the state
+ * through a bounded host buffer.
+ *
  * Arena layout: grads and the Adam moments use the parameter arena's layout (model_param_infos
  * offsets). The gradient arena passed to optim_step must hold optim_grad_floats(o) floats: the
  * parameter count rounded up to a multiple of 16 * dp (ZeRO-1 splits it into dp equal slices that
@@ -70,6 +78,7 @@ typedef struct {
 typedef struct {
     OptimConfig cfg;
     const Mesh *mesh;
+    const Backend *be;        /* the model's: the moments, the master and the norm's sums are its memory */
     int step;                 /* optimizer steps taken; the next step uses lr_schedule(cfg, step) */
     size_t n_params;          /* floats in this rank's parameter arena */
     size_t n_grad;            /* n_params rounded up to a multiple of 16 * dp (optim_grad_floats) */
@@ -77,15 +86,17 @@ typedef struct {
                                  [r * n_grad / dp, (r + 1) * n_grad / dp) for dp rank r */
     size_t n_state;           /* floats per moment: n_params plain, n_grad / dp ZeRO-1 */
     DType dtype;              /* the model's weights' dtype */
-    void *state;              /* one block laid out as the file optim_save writes: header, m, v[, master] */
-    float *m, *v;             /* (n_state) Adam moments of arena floats slice_lo + i */
+    float *m, *v;             /* (n_state) Adam moments of arena floats slice_lo + i; one backend block
+                                 laid out as the file optim_save writes after its header: m, v[, master] */
     float *master;            /* (n_state) BF16 weights: the fp32 master of arena floats slice_lo + i
                                  (0 past n_params); NULL for F32 weights (the params are the master) */
-    float *slice;             /* (n_state) ZeRO-1: the reduced gradient slice, then the updated
-                                 params for the all-gather; NULL plain */
+    float *slice;             /* (n_state) ZeRO-1 (CPU only): the reduced gradient slice, then the
+                                 updated params for the all-gather; NULL plain */
     OptimRange *ranges;       /* (n_ranges) the parameter tensors in arena order */
     int n_ranges;
-    double *partials;         /* chunk sums of the norm (fixed chunking: deterministic sums) */
+    double *sums;             /* (n_ranges) backend: each range's sum of squares (Backend.sum_squares) */
+    double *sums_host;        /* (n_ranges) host: the same, copied back once per step */
+    double *partials;         /* (n_state / 65536 + 2) backend: sum_squares' chunk sums */
 } Optim;
 
 /* Allocates everything the steps need (optim_step allocates nothing); not collective. A bad
@@ -119,7 +130,8 @@ int optim_save(Optim *o, const char *path);
  * file, the mismatch and what to run. */
 int optim_load(Optim *o, const char *path);
 
-/* ---- the pieces, on plain arrays (tested against torch by tests/test_optim.c) -------------- */
+/* ---- the pieces, on plain arrays (tested against torch by tests/test_optim.c, with the kernels
+ * cpu_adamw and cpu_sum_squares of kernels/cpu/cpu.h) ------------------------------------------ */
 
 /* Learning rate at step (0-based: the first optimizer step is step 0), lr_max = cfg->lr:
  *   step < W:          lr_max * step / W                            (linear warmup from 0)
@@ -134,19 +146,6 @@ int optim_load(Optim *o, const char *path);
  * again; its linear would stay at 0). */
 double lr_schedule(const OptimConfig *cfg, int step);
 
-/* AdamW on n elements, exactly torch 1.13's _single_tensor_adamw in fp32, step t (1-based):
- *   g = g_in * grad_scale                        (clip_grad_norm_'s in-place grad.mul_)
- *   p = p * (1 - lr * wd)                        (decoupled weight decay, before the moments)
- *   m = fma(g, 1 - beta1, m * beta1)             (exp_avg.mul_(beta1).add_(g, alpha=1 - beta1))
- *   v = fma((1 - beta2) * g, g, v * beta2)       (exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2))
- *   p = p + (-lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
- * Scalars are computed in double and rounded to fp32 once, as torch does with Python floats. */
-void adamw_update(float *p, const float *g, float *m, float *v, size_t n, float grad_scale, double lr,
-                  double beta1, double beta2, double eps, double weight_decay, int t);
-
-/* sum of x[i]^2 in double, summed in fixed chunks of 64Ki floats (then the chunks in order), so the
- * result does not depend on the thread count. partials: ceil(n / 65536) doubles of scratch. */
-double sum_squares(const float *x, size_t n, double *partials);
 /* clip_grad_norm_'s factor: min(1, (1 / (norm + 1e-6)) * max_norm) in fp32; 1 when max_norm <= 0. */
 float clip_scale(float norm, double max_norm);
 

@@ -235,6 +235,10 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     if (!o->overwrite && !o->resume) trainer_check_new_out(o->out);
     if (o->resume) trainer_check_same_model(o->model_dir, o->resume);
     o->threads = backend_set_threads(o->threads);
+    o->be = device_open(o->device, o->tp, o->pp);
+    if (o->zero && o->be != backend_named("cpu"))
+        user_error("%s: --zero 1 with --device %s: ZeRO-1 shards the optimizer over data-parallel ranks, and a "
+                   "device trains on one rank (use --zero 0)", cmd, o->device);
 }
 
 /* Train and eval data, tokenized with --model's tokenizer. */

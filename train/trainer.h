@@ -78,8 +78,9 @@ void trainer_check_same_model(const char *model_dir, const char *resume_dir);
 /* The settings every sft / rm / dpo run shares (their rows: the TRAIN_*_OPTIONS macros). */
 typedef struct {
     const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template, *recompute_name;
-    const char *dtype_name, *save_dtype_name;
+    const char *dtype_name, *save_dtype_name, *device;
     DType dtype, save_dtype;   /* parsed by train_options_check (DTYPE_AUTO: the checkpoint's / the model's) */
+    const Backend *be;         /* --device, opened by train_options_check: load the models onto it */
     int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, stop_after, warmup, zero, skip_bad, overwrite;
     int seed, eval_every, save_every, save_limit, log_every;
     float lr, min_lr, wd, beta1, beta2, eps, clip;
@@ -122,10 +123,12 @@ typedef struct {
     {"--save-every", OPT_INT, &(o)->save_every, "0", "steps between checkpoints (0 = only at the end)"},           \
     {"--save-total-limit", OPT_INT, &(o)->save_limit, "0", "keep only the newest N complete checkpoints (0 = all)"}, \
     {"--log-every", OPT_INT, &(o)->log_every, "1", "steps between progress lines"},                                \
-    MESH_OPTIONS(&(o)->tp, &(o)->pp, &(o)->threads, &(o)->dtype_name)
+    MESH_OPTIONS(&(o)->tp, &(o)->pp, &(o)->threads, &(o)->dtype_name),                                            \
+    DEVICE_OPTION(&(o)->device)
 
 /* The shared checks of the parsed options (user_error lines start with cmd), then the thread
- * count. Call before loading the model. */
+ * count and the device (o->be; a device other than the CPU: one rank, no ZeRO). Call before loading
+ * the model. */
 void train_options_check(TrainOptions *o, const char *cmd);
 
 /* One metric of a step: "key" in metrics.jsonl (%.9g); line: the progress line's "label fmt" for

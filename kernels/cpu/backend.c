@@ -1,6 +1,6 @@
 /* backend.c — the CPU backend: kernels/kernels.h's operation table filled with the cpu_ kernels
- * (ops.c forward, backward.c backward), and the seam's functions that pick a backend
- * (backend_default, backend_named) and set the CPU threads (backend_set_threads). Host memory is the
+ * (ops.c forward, backward.c backward, optim.c the optimizer), and the seam's functions that pick a
+ * backend (backend_default, backend_named) and set the CPU threads (backend_set_threads). Host memory is the
  * backend's memory, so the transfers are plain copies; buffers of 2 MiB and more (the weights, the
  * KV pool) are 2 MiB-aligned anonymous mappings with huge pages advised (THP in madvise mode): each
  * streams with 1/512 of the TLB misses, and is zero and not resident until written, so a large KV
@@ -68,6 +68,7 @@ static const char *host_open(int local_rank) {
 
 const Backend cpu_backend = {
     .name = "cpu",
+    .parallel_calls = 1,
     .open = host_open,
     .matmul = cpu_matmul,
     .matmuls = cpu_matmuls,
@@ -101,6 +102,8 @@ const Backend cpu_backend = {
     .swiglu_backward = cpu_swiglu_backward,
     .embedding_backward = cpu_embedding_backward,
     .logprob_backward = cpu_logprob_backward,
+    .adamw = cpu_adamw,
+    .sum_squares = cpu_sum_squares,
     .alloc = host_alloc,
     .free = host_free,
     .zero = host_zero,

@@ -111,6 +111,25 @@ void cpu_sub_at(float *out, const float *a, const float *b, const int *idx, int 
  * table (V_local, D) of dtype wt (rows upcast exactly). */
 void cpu_embedding(float *out, const void *table, DType wt, const int *ids, int N, int D, int v0, int V_local);
 
+/* ---- the optimizer (optim.c): fp32 arrays of the parameter arena's layout ---- */
+/* AdamW on n elements, exactly torch 1.13's _single_tensor_adamw in fp32, step t (1-based):
+ *   g = g_in * grad_scale                        (clip_grad_norm_'s in-place grad.mul_)
+ *   p = p * (1 - lr * wd)                        (decoupled weight decay, before the moments)
+ *   m = fma(g, 1 - beta1, m * beta1)             (exp_avg.mul_(beta1).add_(g, alpha=1 - beta1))
+ *   v = fma((1 - beta2) * g, g, v * beta2)       (exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2))
+ *   p = p + (-lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+ * Scalars are computed in double and rounded to fp32 once, as torch does with Python floats; no other
+ * product is fused. Each element's bits are independent of n and the threads. */
+void cpu_adamw(float *p, const float *g, float *m, float *v, size_t n, float grad_scale, double lr, double beta1,
+               double beta2, double eps, double weight_decay, int t);
+/* *out (one double) = sum of x[i]^2 (n) in double: chunks of CPU_NORM_CHUNK floats, each summed in 8
+ * lanes (lane k: elements lo + k, lo + 8 + k, ... in order; the tail < 8 into lane 0 after them),
+ * the lanes as ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)) into partials[c], then the chunks in
+ * order from 0.0. The result does not depend on the thread count. partials: ceil(n / CPU_NORM_CHUNK)
+ * doubles of scratch (the backend's memory). */
+enum { CPU_NORM_CHUNK = 65536 };
+void cpu_sum_squares(double *out, const float *x, size_t n, double *partials);
+
 #include "kernels/cpu/backward.h"
 
 /* kernels/kernels.h's table filled with the functions above (backend.c): backend_default() today. */

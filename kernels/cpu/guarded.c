@@ -291,9 +291,18 @@ static void g_logprob_backward(float *dlogits, const float *logits, const float 
             cpu_logprob_backward(dlogits, logits, lse, targets, dlogprob, H, dH, N, V_local, v0, T), P(dlogits),
             P(logits), P(lse), P(targets), P(dlogprob), OPT(H), OPT(dH));
 }
+static void g_adamw(float *p, const float *g, float *m, float *v, size_t n, float grad_scale, double lr, double beta1,
+                    double beta2, double eps, double weight_decay, int t) {
+    GUARDED("adamw", cpu_adamw(p, g, m, v, n, grad_scale, lr, beta1, beta2, eps, weight_decay, t), P(p), P(g), P(m),
+            P(v));
+}
+static void g_sum_squares(double *out, const float *x, size_t n, double *partials) {
+    GUARDED("sum_squares", cpu_sum_squares(out, x, n, partials), P(out), P(x), P(partials));
+}
 
 const Backend cpu_guarded_backend = {
     .name = "cpu-guarded",
+    .parallel_calls = 1,
     .open = guarded_open,
     .matmul = g_matmul,
     .matmuls = g_matmuls,
@@ -327,6 +336,8 @@ const Backend cpu_guarded_backend = {
     .swiglu_backward = g_swiglu_backward,
     .embedding_backward = g_embedding_backward,
     .logprob_backward = g_logprob_backward,
+    .adamw = g_adamw,
+    .sum_squares = g_sum_squares,
     .alloc = guarded_alloc,
     .free = guarded_free,
     .zero = guarded_zero,

@@ -1,5 +1,5 @@
 /* backend.cu — the CUDA backend's table (cuda_backend: kernels/kernels.h's entries filled with the
- * kernels of ops.cu and backward.cu) and its memory: device selection (open), cudaMalloc'd
+ * kernels of ops.cu, backward.cu and optim.cu) and its memory: device selection (open), cudaMalloc'd
  * buffers, host <-> device copies, the kernels' internal scratch. One stream per process (the
  * legacy default stream): every entry and copy is queued in call order, and to_host returns once
  * the data (and everything queued before it) is done.
@@ -77,6 +77,7 @@ void *cuda_scratch(int slot, size_t bytes) {
 
 extern "C" const Backend cuda_backend = {
     .name = "cuda",
+    .parallel_calls = 0,
     .open = cuda_open,
     .matmul = cuda_matmul,
     .matmuls = cuda_matmuls,
@@ -110,6 +111,8 @@ extern "C" const Backend cuda_backend = {
     .swiglu_backward = cuda_swiglu_backward,
     .embedding_backward = cuda_embedding_backward,
     .logprob_backward = cuda_logprob_backward,
+    .adamw = cuda_adamw,
+    .sum_squares = cuda_sum_squares,
     .alloc = cuda_alloc,
     .free = cuda_free_mem,
     .zero = cuda_zero,

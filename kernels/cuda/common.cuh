@@ -81,7 +81,7 @@ __device__ __forceinline__ T block_sum(T v, T *sh) {
  * and ignored here): grows, never shrinks; stream order makes reuse safe. Slot s is independent. */
 void *cuda_scratch(int slot, size_t bytes);
 
-/* ---- the table's entries (forward: ops.cu, backward: backward.cu) ---- */
+/* ---- the table's entries (forward: ops.cu, backward: backward.cu, the optimizer: optim.cu) ---- */
 extern "C" {
 void cuda_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out);
 void cuda_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt);
@@ -122,6 +122,9 @@ void cuda_swiglu_backward(float *dgate, float *dup, const float *dout, const flo
 void cuda_embedding_backward(float *dtable, const float *dout, const int *ids, int N, int D, int v0, int V_local);
 void cuda_logprob_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
                            const float *dlogprob, const float *H, const float *dH, int N, int V_local, int v0, float T);
+void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float grad_scale, double lr, double beta1,
+                double beta2, double eps, double weight_decay, int t);
+void cuda_sum_squares(double *out, const float *x, size_t n, double *partials);
 }
 
 /* RoPE's rotation (ops.cu): sign 1 the forward, -1 the inverse (the backward) */
