@@ -126,32 +126,22 @@ eval_same() {
     echo "$output" | grep '^{"bench": "generate"' | jq -e '.decode_b1_tokens_per_s > 0'
 }
 
-# one_line STATUS_NONZERO TEXT CMD...: exits non-zero with exactly one line, containing TEXT
-one_line() {
-    local want="$1"; shift
-    run "$@"
-    echo "$output"
-    [ "$status" -ne 0 ]
-    [ "${#lines[@]}" -eq 1 ]
-    [[ "$output" == *"$want"* ]]
-}
-
 @test "device: --device cuda without the backend or a GPU, an unknown device, more than one rank: one line each" {
     P="$BATS_TEST_TMPDIR/p.jsonl"
     echo '{"input_ids": [1, 2]}' > "$P"
     M="$FIX/models/llama_gqa"
     if ! nm "$TANDEM" | grep -qE ' [DdRr] cuda_backend$'; then   # (a weak undefined "w" when not linked)
-        one_line "--device cuda: this build has no CUDA backend (nvcc was not found when it was built)" \
+        run_one_line "--device cuda: this build has no CUDA backend (nvcc was not found when it was built)" \
             "$TANDEM" generate --model "$M" --input "$P" --output "$BATS_TEST_TMPDIR/o.jsonl" --device cuda
     else   # built with CUDA: without a GPU, open's reason
         nvidia-smi -L >/dev/null 2>&1 && skip "a GPU is present: --device cuda runs"
-        one_line "--device cuda: " "$TANDEM" generate --model "$M" --input "$P" --output "$BATS_TEST_TMPDIR/o.jsonl" --device cuda
+        run_one_line "--device cuda: " "$TANDEM" generate --model "$M" --input "$P" --output "$BATS_TEST_TMPDIR/o.jsonl" --device cuda
     fi
-    one_line "--device bogus: expected cpu or cuda" "$TANDEM" eval --model "$M" --reference "$FIX/refs/llama_gqa.jsonl" --device bogus
-    one_line "--device cuda runs on one rank, tp = pp = dp = 1 (got --tp 2 --pp 1 on 1 ranks)" \
+    run_one_line "--device bogus: expected cpu or cuda" "$TANDEM" eval --model "$M" --reference "$FIX/refs/llama_gqa.jsonl" --device bogus
+    run_one_line "--device cuda runs on one rank, tp = pp = dp = 1 (got --tp 2 --pp 1 on 1 ranks)" \
         "$TANDEM" generate --model "$M" --input "$P" --output "$BATS_TEST_TMPDIR/o.jsonl" --device cuda --tp 2
-    one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 1 --pp 2 on 1 ranks)" \
+    run_one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 1 --pp 2 on 1 ranks)" \
         "$TANDEM" bench --model "$M" $G --pp 2
-    one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 1 --pp 1 on 2 ranks)" \
+    run_one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 1 --pp 1 on 2 ranks)" \
         timeout 60 $MPIRUN 2 "$TANDEM" eval --model "$M" --reference "$FIX/refs/llama_gqa.jsonl" $G
 }

@@ -124,40 +124,30 @@ random_model() {
     done
 }
 
-# one_line TEXT CMD...: exits non-zero with exactly one line, containing TEXT
-one_line() {
-    local want="$1"; shift
-    run "$@"
-    echo "$output"
-    [ "$status" -ne 0 ]
-    [ "${#lines[@]}" -eq 1 ]
-    [[ "$output" == *"$want"* ]]
-}
-
 @test "device train: --device cuda without a GPU, a device with --tp 2, --zero 1 or a role on two ranks: one line each" {
     M="$FIX/models/llama_gqa"
     D=(--model "$M" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --out "$BATS_TEST_TMPDIR/o")
     if nvidia-smi -L >/dev/null 2>&1; then
         echo "# a GPU is present: --device cuda runs" >&3
     elif nm "$TANDEM" | grep -qE ' [DdRr] cuda_backend$'; then
-        one_line "--device cuda: no usable CUDA device" "$TANDEM" sft "${D[@]}" --device cuda
-        one_line "--device cuda: no usable CUDA device" "$TANDEM" bench --train --model "$M" --device cuda
+        run_one_line "--device cuda: no usable CUDA device" "$TANDEM" sft "${D[@]}" --device cuda
+        run_one_line "--device cuda: no usable CUDA device" "$TANDEM" bench --train --model "$M" --device cuda
     else
-        one_line "--device cuda: this build has no CUDA backend" "$TANDEM" sft "${D[@]}" --device cuda
+        run_one_line "--device cuda: this build has no CUDA backend" "$TANDEM" sft "${D[@]}" --device cuda
     fi
-    one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 2 --pp 1 on 1 ranks)" \
+    run_one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 2 --pp 1 on 1 ranks)" \
         "$TANDEM" sft "${D[@]}" $G --tp 2
-    one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 1 --pp 2 on 1 ranks)" \
+    run_one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 1 --pp 2 on 1 ranks)" \
         "$TANDEM" dpo --model "$M" --data "$PF/story_train.jsonl" --out "$BATS_TEST_TMPDIR/o" $G --pp 2
-    one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 1 --pp 1 on 2 ranks)" \
+    run_one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 1 --pp 1 on 2 ranks)" \
         timeout 60 $MPIRUN 2 "$TANDEM" rm "${D[@]}" $G
-    one_line "rm: --zero 1 with --device cpu-guarded: ZeRO-1 shards the optimizer over data-parallel ranks" \
+    run_one_line "rm: --zero 1 with --device cpu-guarded: ZeRO-1 shards the optimizer over data-parallel ranks" \
         "$TANDEM" rm "${D[@]}" $G --zero 1
-    one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 2 --pp 1 on 1 ranks)" \
+    run_one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 2 --pp 1 on 1 ranks)" \
         "$TANDEM" bench --train --model "$M" $G --tp 2
     P=(--actor "$M" --reward-cmd true --advantage grpo --n-samples-per-prompt 2 --prompts "$TRAIN" --out "$BATS_TEST_TMPDIR/p" $G)
-    one_line "--device cpu-guarded: every role runs on one rank (tp = pp = dp = 1: the collectives work on host memory); the actor has tp 2 pp 1 on 1 ranks" \
+    run_one_line "--device cpu-guarded: every role runs on one rank (tp = pp = dp = 1: the collectives work on host memory); the actor has tp 2 pp 1 on 1 ranks" \
         "$TANDEM" ppo "${P[@]}" --actor-tp 2
-    one_line "--device cpu-guarded: every role runs on one rank (tp = pp = dp = 1: the collectives work on host memory); the actor has tp 1 pp 1 on 2 ranks" \
+    run_one_line "--device cpu-guarded: every role runs on one rank (tp = pp = dp = 1: the collectives work on host memory); the actor has tp 1 pp 1 on 2 ranks" \
         timeout 60 $MPIRUN 2 "$TANDEM" ppo "${P[@]}"
 }

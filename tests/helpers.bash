@@ -68,3 +68,13 @@ make_rev_data() { # DIR
          r = ""; for (k = 4; k > 0; k--) r = r substr(s, k, 1);
          printf "{\"prompt\": \"%s=\", \"response\": \"%s\"}\n", s, r > (i < 2000 ? "'"$D"'/rev_train.jsonl" : "'"$D"'/rev_val.jsonl") } }'
 }
+
+# run_one_line TEXT CMD...: runs the command; it exits non-zero with exactly one line of output, containing TEXT
+run_one_line() {
+    local want="$1"; shift
+    run "$@"
+    echo "$output"
+    [ "$status" -ne 0 ]
+    [ "${#lines[@]}" -eq 1 ]
+    [[ "$output" == *"$want"* ]]
+}
