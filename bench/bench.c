@@ -456,7 +456,7 @@ static int bench_kernels(Model *m, int iters) {
             }
             if (k->op == K_ATTN_PREFILL) flops = 2.0 * N * N * qd;           /* causal: half of 4 N^2 qd */
             if (mesh_is_root(m->mesh))
-                printf("{\"kernel\": \"%s\", \"N\": %d, \"us\": %.2f, \"gb_s\": %.1f, \"of_bandwidth\": %.3f, \"tflop_s\": %.3f}\n",
+                printf("{\"kernel\": \"%s\", \"N\": %d, \"us\": %.4g, \"gb_s\": %.4g, \"of_bandwidth\": %.3g, \"tflop_s\": %.4g}\n",
                        k->name, N, us, wbytes / us / 1e3, wbytes / us / 1e3 / bw, flops / us / 1e6);
         }
     be->free(x); be->free(y); be->free(kc); be->free(vc); be->free(table); be->free(scratch);

@@ -54,6 +54,21 @@ load helpers
     echo "$output" | grep "^{\"bench\"" | jq -e '.matmul_peak_gflops <= 1.25 * .fma_peak_gflops'
 }
 
+@test "bench --kernels: every forward kernel of a layer and the LM head timed alone, on cpu and cpu-guarded" {
+    for dev in cpu cpu-guarded; do
+        run "$TANDEM" bench --kernels --device $dev --threads 1 --model "$FIX/models/llama_gqa" --iters 1
+        echo "$output" | tail -30
+        [ "$status" -eq 0 ]
+        echo "$output" | grep '^{"bench": "kernels"' | jq -e --arg d $dev '.device == $d and .bandwidth_gb_s > 0'
+        # each kernel at each size it is timed at: 6 matmuls x 3, rmsnorm 3, swiglu 3, decode attention 2,
+        # prefill attention 1, the launch 1 (on the CPU a call of nothing: it may print 0.00 us); every
+        # other time positive, matmuls with FLOP/s
+        [ "$(echo "$output" | grep -c '^{"kernel"')" -eq 28 ]
+        echo "$output" | grep '^{"kernel"' | jq -s -e '([.[] | select(.kernel | test("launch") | not) | .us > 0] | all) and
+            ([.[] | select(.kernel | test("proj|head")) | .tflop_s > 0] | all)'
+    done
+}
+
 @test "bench --tokenizer: encode MB/s for both tokenizer kinds" {
     need_assets
     run "$TANDEM" bench --tokenizer "$ASSETS/tokenizers/llama2/tokenizer.model,$ASSETS/tokenizers/gpt2/tokenizer.json" \

@@ -63,3 +63,14 @@ need_harness() {
     [ "$status" -eq 0 ]
     grep -q "^coverage: all 33 entries compared" <<<"$output"
 }
+
+@test "the GPU check script runs its checks on the CPU too (tests/cuda/gpu_check.py --device cpu): it stays runnable" {
+    # the script a GPU call runs (parity, bf16 sigma, greedy vs HF, batch invariance, rollout == eval)
+    # is plain python over bin/tandem; on the CPU every check must pass as it does on the GPU
+    need_assets
+    run python3 "$ROOT/tests/cuda/gpu_check.py" --device cpu --assets "$ASSETS" --out "$BATS_TEST_TMPDIR"
+    echo "$output" | grep -v '^PASS' | cut -c1-300
+    [ "$status" -eq 0 ]
+    tail -1 <<<"$output" | jq -e '.passed >= 46 and .failed == 0'
+    jq -e '.results | length >= 46 and all(.pass)' "$BATS_TEST_TMPDIR/gpu_check.json"
+}
