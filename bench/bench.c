@@ -410,7 +410,8 @@ static int bench_kernels(Model *m, int iters) {
     int D = c->dim, F = m->hidden_local, Dh = c->head_dim, qd = m->n_heads_local * Dh, kvd = m->n_heads_kv_local * Dh;
     int ctx = 1024 < c->max_pos ? 1024 : c->max_pos, Ns[] = {1, 32, 512};
     size_t widest = (size_t)(F > m->vocab_local ? F : m->vocab_local) + D + qd;
-    size_t n_buf = 512 * widest, n_kv = (size_t)ctx * kvd > (size_t)512 * kvd ? (size_t)ctx * kvd : (size_t)512 * kvd;
+    size_t n_buf = 512 * widest;
+    size_t n_kv = (size_t)((ctx / 16 + 1) * 16 > 512 ? (ctx / 16 + 1) * 16 : 512) * kvd;   /* whole 16-position blocks */
     float *h = xmalloc(sizeof(float) * n_buf);
     unsigned rng = 99;
     for (size_t i = 0; i < n_buf; i++) { rng = rng * 1103515245u + 12345u; h[i] = (float)((rng >> 9) & 1023) / 1024.0f - 0.5f; }

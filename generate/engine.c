@@ -330,7 +330,7 @@ static void step(Engine *e) {
         int n = s->n_cached + s->n_step;
         e->start[r] = N;
         e->pos0[r] = s->n_cached;
-        memcpy(e->table_host + (size_t)r * e->max_table, s->table, sizeof(int) * s->n_table);
+        memcpy(e->table_host + (size_t)r * e->max_table, s->table, sizeof(int) * e->max_table);   /* -1 past n_table */
         for (int p = s->n_cached; p < n; p++) e->tokens[N++] = ctx_tok(s, p);
         e->rows[r] = N - 1;
         /* prefill: the prompt, or a recompute; decode: one generated token fed */

@@ -89,14 +89,15 @@ static inline size_t kv_offset(const KVLayout *kv, size_t kvd, int j) {
 
 /* ---- the backend: every operation model, engine and training code may call ------------------
  * Model code reaches kernels only through a Backend (Model.be), never cpu_* directly, so another
- * backend (kernels/cuda, a later issue) slots in without touching model code. Entries have the
+ * backend (kernels/cuda) slots in without touching model code. Entries have the
  * cpu_ functions' names without the prefix and the same arguments and contracts (kernels/cpu/cpu.h
  * and kernels/cpu/backward.h). Every pointer an entry takes is the backend's memory (alloc below):
  * float buffers, weights, and the int arrays too (ids, pos, rows, targets, idx, KVLayout.table);
  * the structs themselves (KVLayout, MatmulOut) and scalars are host values. Entries that read a
  * weight take its dtype (wt); everything else is fp32. Host-side work (sampling, jsonl, control
  * flow) copies what it reads out explicitly (to_host) and its inputs in (to_device). Scratch
- * arguments are for the CPU kernels; a device backend may keep its own. */
+ * arguments are for the CPU kernels (a row per host thread); a backend whose calls come from one
+ * thread (parallel_calls 0: CUDA) keeps its own and gets backend_scratch_rows() == 1 row. */
 typedef struct Backend {
     const char *name;
     /* 1: entries may run on several host threads at once, each call with its own scratch argument
@@ -165,6 +166,9 @@ typedef struct Backend {
     /* waits until everything queued before it is done (a no-op on the CPU): for timers */
     void (*sync)(void);
 } Backend;
+
+/* Rows of attention scratch a caller gives be's entries: one per host thread that may call at once */
+int backend_scratch_rows(const Backend *be);
 
 /* The backend a model runs on: the CPU table (kernels/cpu/backend.c). */
 const Backend *backend_default(void);

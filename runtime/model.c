@@ -451,7 +451,7 @@ void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq) {
     size_t V = !m->is_last ? 0 : m->head == HEAD_SCORE ? 1 : (size_t)m->vocab_local;
     /* one arena: sizes in the order of RunState's fields */
     size_t sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * F, N * F, N * V,
-                      (size_t)max_seq * m->n_heads_local * omp_get_max_threads(), N * Dh};
+                      (size_t)max_seq * m->n_heads_local * backend_scratch_rows(m->be), N * Dh};
     float **slots[] = {&s->x, &s->xb, &s->q, &s->k, &s->v, &s->att, &s->xo, &s->hb, &s->hb2, &s->logits, &s->scratch,
                        &s->rope};
     size_t total = 0;

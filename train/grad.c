@@ -61,7 +61,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
                        &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->out, &a->dout, &a->lse, &a->pick, &a->rope,
                        &a->scratch, &a->ent, &a->dent};
     size_t sizes[] = {N * D, N * Dl, N * V, N * D, N * D, N * D, N * qd, N * qd, N * kvd, N * kvd, N * F, N * F,
-                      N * F, N, N, N, N, N * Dh, (size_t)omp_get_max_threads() * a->scratch_stride, N, N};
+                      N * F, N, N, N, N, N * Dh, (size_t)backend_scratch_rows(m->be) * a->scratch_stride, N, N};
     enum { N_REST = sizeof(sizes) / sizeof(sizes[0]) };
     /* recompute: every layer keeps its input x_in; the other ten buffers are one shared set.
      * packed: the four matmul inputs are one shared fp32 set plus each layer's bf16 copies */

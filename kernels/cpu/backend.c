@@ -6,6 +6,7 @@
  * streams with 1/512 of the TLB misses, and is zero and not resident until written, so a large KV
  * pool costs memory only where it is used. Owns nothing else. */
 #include "kernels/cpu/cpu.h"
+#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +114,7 @@ const Backend cpu_backend = {
 };
 
 const Backend *backend_default(void) { return &cpu_backend; }
+int backend_scratch_rows(const Backend *be) { return be->parallel_calls ? omp_get_max_threads() : 1; }
 /* kernels/cuda/backend.cu defines it when the build has CUDA; weak: NULL otherwise */
 extern const Backend cuda_backend __attribute__((weak));
 const Backend *backend_named(const char *name) {

@@ -1,7 +1,7 @@
 /* cpu.h — the CPU kernels (kernels/cpu/): host pointers, the oracle for every other backend (STYLE.md 8).
  * Pure math on pointers (STYLE.md 7): no communication, no allocation, no model knowledge. Row-major
  * everywhere, the shape vocabulary of kernels/kernels.h. The CUDA versions (kernels/cuda/cuda.h) have
- * the same names with a cuda_ prefix, the same argument order, device pointers and a trailing stream.
+ * the same names with a cuda_ prefix, the same arguments, on device pointers.
  * Owns: the cpu_* prototypes and their contracts (forward here, backward in kernels/cpu/backward.h)
  * and cpu_backend, the table that holds them.
  * Does not own the seam: model, engine and training code call a Backend (kernels/kernels.h), never

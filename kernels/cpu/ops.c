@@ -369,7 +369,7 @@ void cpu_attention(float *out, const float *q, const float *k, const float *v, c
      * over the threads, more rows each take all heads */
     int slices = 1;
     if (Tq == 1 && !omp_in_parallel()) slices = omp_get_max_threads() < Hkv ? omp_get_max_threads() : Hkv;
-#pragma omp parallel for schedule(dynamic) if (Tq * slices > 1 && H * Tq * n_keys > 4096)
+#pragma omp parallel for schedule(dynamic) if (Tq * slices > 1 && (size_t)H * Tq * n_keys > 4096)
     for (int task = 0; task < Tq * slices; task++) {
         int t = task / slices, sl = task % slices, i = q_pos0 + t;
         int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;

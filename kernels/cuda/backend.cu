@@ -3,12 +3,11 @@
  * buffers, host <-> device copies, the kernels' internal scratch. One stream per process (the
  * legacy default stream): every entry and copy is queued in call order, and to_host returns once
  * the data (and everything queued before it) is done.
- * Owns: the device choice, the scratch slots, the device-name line. */
+ * Owns: the device choice, the scratch slots. */
 #include "kernels/cuda/common.cuh"
 #include <stdio.h>
 
 static int device_id = -1;     /* chosen by open */
-static char device_line[512];
 
 static const char *cuda_open(int local_rank) {
     static char why[256];
@@ -21,18 +20,18 @@ static const char *cuda_open(int local_rank) {
                  err != cudaSuccess ? cudaGetErrorString(err) : "the driver reports none");
         return why;
     }
-    device_id = (local_rank < 0 ? 0 : local_rank) % n;
+    int dev = (local_rank < 0 ? 0 : local_rank) % n, major = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major < 8) {   /* the build holds sm_90 code and compute_80 PTX (Makefile NVFLAGS) */
+        snprintf(why, sizeof why, "CUDA device %d has compute capability %d.x; this build needs 8.0 or newer", dev, major);
+        return why;
+    }
+    device_id = dev;
     CUDA_CHECK(cudaSetDevice(device_id));
     CUDA_CHECK(cudaFree(0));        /* make the context now, not inside the first timed call */
-    cudaDeviceProp p;
-    CUDA_CHECK(cudaGetDeviceProperties(&p, device_id));
-    snprintf(device_line, sizeof device_line, "%s (device %d of %d, %.1f GiB, sm_%d%d, %d SMs)", p.name, device_id, n,
-             p.totalGlobalMem / 1073741824.0, p.major, p.minor, p.multiProcessorCount);
     return NULL;
 }
 
-extern "C" int cuda_available(void) { return cuda_open(0) == NULL; }
-extern "C" const char *cuda_device_name(void) { return device_id >= 0 ? device_line : "none"; }
 extern "C" void cuda_sync(void) { CUDA_CHECK(cudaDeviceSynchronize()); }
 
 /* zeroed, as the contract says; 0 bytes still gives a distinct pointer */
@@ -63,7 +62,7 @@ static void cuda_to_device(void *dst, const void *src, size_t bytes) {
 }
 
 void *cuda_scratch(int slot, size_t bytes) {
-    enum { SLOTS = 4 };
+    enum { SLOTS = 2 };   /* 0: attention_backward's row statistics, 1: rmsnorm_backward's row scales */
     static void *buf[SLOTS];
     static size_t cap[SLOTS];
     if (slot < 0 || slot >= SLOTS) rank_error("internal error: cuda_scratch slot %d", slot);

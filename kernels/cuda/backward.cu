@@ -8,8 +8,8 @@
 #include "kernels/cuda/common.cuh"
 #include <math.h>
 
-/* C (M, Nc) row-major [+]= sum_k A(m, k) B(k, n), A(m, k) = A[m * a_m + k * a_k],
- * B(k, n) = B[k * ldb + n] (fp32, or bf16 read through its exact upcast). 64 x 64 tiles of C, k in
+/* C (M, Nc) row-major [+]= sum_k A(m, k) B(k, n): A (M, K) at any strides, A(m, k) = A[m * a_m + k * a_k];
+ * B (K, Nc) rows ldb apart, B(k, n) = B[k * ldb + n] (fp32, or bf16 read through its exact upcast). 64 x 64 tiles of C, k in
  * steps of 16 through shared memory; each of the 256 threads owns a 4 x 4 block of its tile and
  * adds k in increasing order. */
 constexpr int GT = 64, GK = 16;
@@ -110,7 +110,7 @@ __global__ void rms_dx_kernel(float *dx, const float *dout, const float *x, cons
 extern "C" void cuda_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const void *w, DType wt,
                                       int N, int D, float eps) {
     if (N == 0 || D == 0) return;
-    float *r = (float *)cuda_scratch(2, sizeof(float) * N);
+    float *r = (float *)cuda_scratch(1, sizeof(float) * N);
     rms_scale_kernel<<<N, THREADS>>>(r, x, D, eps);
     CUDA_CHECK_LAUNCH();
     rms_dw_kernel<<<blocks_for(D), THREADS>>>(dw, dout, x, r, N, D);
@@ -130,6 +130,7 @@ extern "C" void cuda_rope_backward(float *dx, const float *cs, int N, int n_head
  *    dq_i = sum_j ds k_j (keys in tiles by position, lane l owning columns l + 32c);
  * 3. per (key j, kv head hk): dk_j = sum over its query heads and visible queries i of ds q_i,
  *    dv_j = sum of p dout_i, queries in tiles of 32 by position. */
+/* stats (T, H, {m, l, D}); dout, q (T, H*Dh); k, v (T, Hkv*Dh): one sequence's own rows */
 __global__ void att_stats_kernel(float *stats, const float *dout, const float *q, const float *k, const float *v, int T,
                                  int H, int Hkv, int Dh, int window, float scale) {
     __shared__ float qs[ATT_WARPS][ATT_MAX_DH];
@@ -309,7 +310,8 @@ extern "C" void cuda_embedding_backward(float *dtable, const float *dout, const 
     CUDA_CHECK_LAUNCH();
 }
 
-/* one block per row; the target's logit is read before any element is written (in place) */
+/* dlogits, logits (N, V) (may alias); lse, dlogprob, H, dH (N); targets (N). One block per row; the
+ * target's logit is read before any element is written (in place) */
 __global__ void logprob_backward_kernel(float *dlogits, const float *logits, const float *lse, const int *targets,
                                         const float *dlogprob, const float *H, const float *dH, int V, int v0, float T) {
     __shared__ float zt_sh;

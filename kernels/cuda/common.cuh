@@ -55,10 +55,6 @@ __device__ __forceinline__ float warp_sum(float v) {
     for (int off = WARP / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
     return v;
 }
-__device__ __forceinline__ double warp_sum_d(double v) {
-    for (int off = WARP / 2; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
 __device__ __forceinline__ float warp_max(float v) {
     for (int off = WARP / 2; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
     return v;

@@ -4,8 +4,8 @@
  * kernels/cpu/backward.h) on device pointers, int arrays included; all work is queued on one
  * stream per process (the legacy default stream), so consecutive calls are ordered and to_host
  * waits for everything before it.
- * Owns: cuda_backend, the device query, the kernels' tiling constants' host-side mirror
- * (cuda_matmul_geometry, tested without a GPU).
+ * Owns: cuda_backend, cuda_sync and the matmul's launch geometry (cuda_matmul_geometry, host-side:
+ * tested without a GPU).
  * Checked against the CPU oracle, entry by entry, by tests/cuda/cuda_vs_cpu.c. */
 #ifndef TANDEM_CUDA_H
 #define TANDEM_CUDA_H
@@ -17,10 +17,6 @@
 extern "C" {
 #endif
 extern const Backend cuda_backend;
-/* cuda_backend.open(0) == NULL: a CUDA device can be used (no abort without driver or device). */
-int cuda_available(void);
-/* One line naming the device in use, its memory and compute capability (after open). */
-const char *cuda_device_name(void);
 /* Waits for all queued work; a kernel's asynchronous fault is reported here (one line, job stops). */
 void cuda_sync(void);
 

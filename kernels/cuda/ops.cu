@@ -1,7 +1,7 @@
 /* ops.cu — the CUDA forward kernels (kernels/cuda/cuda.h, common.cuh): the batch-invariant matmul,
  * RMSNorm, RoPE, the paged-cache store, flash-style attention, and the elementwise and row
  * reductions of the logprob path. Each launcher has its cpu_ twin's contract on device pointers.
- * Owns no memory (except cuda_scratch's) and does no communication.
+ * Owns no memory and does no communication.
  *
  * Batch invariance (what the logprob path needs): every reduction here runs in an order fixed by
  * the reduced length alone — the matmul's lanes and tree by n_in, RMSNorm's and the row
@@ -253,7 +253,8 @@ __global__ void kv_store_kernel(float *kc, float *vc, const float *k, const floa
         vc[slot] = v[e];
     }
 }
-/* the batch's rows (N, Hkv*Dh) into their sequences' slots: row r through table seq[r] */
+/* the batch's rows k, v (N, Hkv*Dh) into their sequences' slots of kc, vc (n_blocks, Hkv, block, Dh):
+ * row r through table tables + seq[r] * stride at position pos[r] (seq, pos: (N)) */
 __global__ void kv_store_batch_kernel(float *kc, float *vc, const float *k, const float *v, const int *tables,
                                       int stride, int block, const int *seq, const int *pos, int N, int Hkv, int Dh) {
     size_t kvd = (size_t)Hkv * Dh;
@@ -294,6 +295,8 @@ extern "C" void cuda_kv_store(float *kc, float *vc, const float *k, const float 
  * (kv_rows: table NULL; kv_paged: the block table), which changes where they are read, never the
  * arithmetic. Splitting a row over 8 warps keeps 8 tiles' loads in flight: a decode step has one
  * row per head, and one warp walking 1024 keys alone took 0.58 ms (H200, 1.1B shape). */
+/* out, q (Tq, H*Dh); k, v: the keys / values through table (NULL: rows) at block, row, head (KVLayout);
+ * seq, pos (Tq) or NULL: a batch's rows, each with its own table (tables + seq * stride) and position */
 __global__ void __launch_bounds__(ATT_SPLIT *WARP)
 attention_kernel(float *out, const float *q, const float *k, const float *v, const int *table, int block, size_t row,
                  size_t head, int q_pos0, int H, int Hkv, int Dh, int window, float scale, int vec4, const int *seq,
