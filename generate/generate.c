@@ -265,6 +265,25 @@ static void run_read(Run *run, RequestDefaults *d, const Model *m, const char *m
     if (resume) output_resume_scan(&run->out);
 }
 
+/* Everything after loading: the summary table, the engine over every prompt, the ordered output
+ * (opened only now that every input check is done), the final progress line and report; then the
+ * run's memory. */
+static void generate_all(Run *run, Model *m, const Option *opts, int n_opts, EngineConfig *ec, const char *in_path,
+                         int resume) {
+    if (mesh_is_root(m->mesh)) {
+        fprintf(stderr, "+------------------------+--------------------------------+\n");
+        args_print(opts, n_opts);
+        model_print_summary(m);
+    }
+    Engine *e = engine_start(run, m, ec, in_path);
+    if (mesh_is_root(m->mesh)) output_open(&run->out, resume);
+    run_all(run, e);
+    progress(run, PROGRESS_FINAL);
+    report(run, e);
+    engine_free(e);
+    run_free(run);
+}
+
 int generate_main(int argc, char **argv) {
     const char *model_dir, *in_path, *out_path;
     RequestDefaults d = {0};
@@ -327,21 +346,9 @@ int generate_main(int argc, char **argv) {
     model_load(&m, model_dir, &mesh, dtype, be);
     run_read(&run, &d, &m, model_dir, in_path, out_path, stop_ids, resume);
     run.progress = show_progress || isatty(2);
-    if (mesh_is_root(&mesh)) {
-        fprintf(stderr, "+------------------------+--------------------------------+\n");
-        args_print(opts, n_opts);
-        model_print_summary(&m);
-    }
-
     EngineConfig ec = {max_batch, max_batch_tokens, (size_t)(kv_mib * 1048576.0), block, m.cfg.max_pos,
                        micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run, on_step, 0, 0};
-    Engine *e = engine_start(&run, &m, &ec, in_path);
-    if (mesh_is_root(&mesh)) output_open(&run.out, resume);   /* every input check is done: only now */
-    run_all(&run, e);
-    progress(&run, PROGRESS_FINAL);
-    report(&run, e);
-    engine_free(e);
-    run_free(&run);
+    generate_all(&run, &m, opts, n_opts, &ec, in_path, resume);
     for (int k = 0; k < d.n_stops; k++) free(d.stops[k]);
     free(d.stop_ids);
     model_free(&m);

@@ -11,9 +11,10 @@
  * then the adaptive KL controller, the metrics (verl's names) and checkpoints. --device puts every
  * role's model on one backend (rlhf/roles.c: a device needs each role on one rank); results move
  * between roles as host copies.
- * Owns: the options, setup, the step loop, the adaptive KL, metrics, checkpoints and resume
- * (ppo_state.json), --bench-alone. */
+ * Owns: the options, setup, the step loop, the adaptive KL, metrics, --bench-alone; checkpoints and
+ * ppo_state.json: rlhf/ppo_checkpoint.c. */
 #include "rlhf/ppo.h"
+#include "rlhf/ppo_checkpoint.h"
 #include "kernels/kernels.h"
 #include "rlhf/experience.h"
 #include "rlhf/reward_http.h"
@@ -21,16 +22,13 @@
 #include "runtime/args.h"
 #include "runtime/jsonl.h"
 #include "runtime/util.h"
-#include "train/checkpoint.h"
 #include "train/learner.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct { int step; double kl_coef; char placement[512]; } PpoState;
 
 /* The options that only setup reads (the rest go straight into Ppo). */
 typedef struct {
@@ -57,7 +55,6 @@ typedef struct {
     int save_limit;                      /* --save-total-limit */
 } Ppo;
 
-static void load_state(const char *dir, PpoState *st);
 
 /* ---- 4. update ----------------------------------------------------------------------------- */
 
@@ -159,62 +156,6 @@ static void bench_phases_alone(Ppo *p, int step, const int *pidx, Experience *b,
     memset(&p->critic_hook.stats, 0, sizeof(PpoStats));
 }
 
-/* ---- checkpoints ------------------------------------------------------------------------------- */
-
-/* out/checkpoint-STEP: actor/ (causal LM) and critic/ (sequence classification), each an HF
- * directory with its mesh's optim.rankR.bin, then ppo_state.json (world rank 0, atomic, written
- * last: a checkpoint without it is incomplete). Prompt order, samples and mini-batch shuffles are
- * pure functions of (seed, step), so the step is the whole data and RNG position. */
-static void save_checkpoint(Ppo *p, const char *out, int step) {
-    const Roles *rs = &p->roles;
-    char dir[4096], path[4200], err[CHECKPOINT_ERR_CAP] = "";
-    snprintf(dir, sizeof dir, "%s/checkpoint-%d", out, step);
-    if (rs->world_rank == 0) mkdir_p(dir);
-    comm_barrier(&rs->world);
-    for (int r = R_ACTOR; r <= R_CRITIC; r++) {
-        if (!rs->role[r].member) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, ROLE_NAMES[r]);
-        char e[CHECKPOINT_ERR_CAP];
-        if (learner_save(&p->learner[r], p->load_dir[r], path, e) && !err[0]) snprintf(err, sizeof err, "%s", e);
-    }
-    /* a failed save stops the run (all roles): what is on disk is the previous complete checkpoint */
-    snprintf(path, sizeof path, "%s/ppo_state.json", dir);
-    if (comm_first_error(&rs->world, err, sizeof err)) {
-        if (rs->world_rank == 0 && !file_exists(path)) remove_tree(dir);   /* one role's part alone is no checkpoint */
-        job_error(rs->world_rank == 0, "%s", err);
-    }
-    if (rs->world_rank != 0) return;
-    char json[1024];
-    int n = snprintf(json, sizeof json, "{\"format\": \"tandem-ppo-state\", \"version\": 1, \"step\": %d, \"kl_coef\": %.17g, "
-                     "\"seed\": %llu, \"placement\": \"%s\"}\n", step, p->kl_coef, (unsigned long long)p->x.seed, rs->placement);
-    if (write_file_atomic(path, json, (size_t)n)) {
-        int e = errno;
-        remove_tree(dir);   /* no state file: not a checkpoint */
-        user_error("%s: cannot write: %s", path, strerror(e));
-    }
-    fprintf(stderr, "saved %s\n", dir);
-    trainer_rotate_checkpoints(out, p->save_limit, "ppo_state.json");
-}
-
-static void load_state(const char *dir, PpoState *st) {
-    char *path = path_join(dir, "ppo_state.json");
-    char *text = read_file(path, NULL);
-    if (!text) user_error("%s: missing: not a complete ppo checkpoint (was the run killed while saving?)", path);
-    cJSON *o = cJSON_Parse(text);
-    const cJSON *f = cJSON_GetObjectItemCaseSensitive(o, "format"), *v = cJSON_GetObjectItemCaseSensitive(o, "version");
-    const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "step"), *k = cJSON_GetObjectItemCaseSensitive(o, "kl_coef");
-    const cJSON *pl = cJSON_GetObjectItemCaseSensitive(o, "placement");
-    if (!cJSON_IsString(f) || strcmp(f->valuestring, "tandem-ppo-state") || !cJSON_IsNumber(v) || v->valueint != 1 ||
-        !cJSON_IsNumber(s) || !cJSON_IsNumber(k) || !cJSON_IsString(pl))
-        user_error("%s: not a tandem ppo state of version 1", path);
-    st->step = s->valueint;
-    st->kl_coef = k->valuedouble;
-    snprintf(st->placement, sizeof st->placement, "%s", pl->valuestring);
-    cJSON_Delete(o);
-    free(text);
-    free(path);
-}
-
 /* ---- options and setup ------------------------------------------------------------------------ */
 
 /* Parses and checks the options into o and p; returns the table (for the echo). */
@@ -288,7 +229,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
         {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
         THREADS_OPTION(&o->threads), DTYPE_OPTION(&o->dtype_name), SAVE_DTYPE_OPTION(&o->save_dtype_name),
-        {"--device", OPT_STR, &o->device, "cpu", "cpu | cuda (every role on one rank: tp = pp = dp = 1) | cpu-guarded (a testing aid)"},
+        DEVICE_OPTION(&o->device),
     };
     *n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
@@ -325,7 +266,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     if (p->mini < 1 || S % p->mini) user_error("--mini-batch-size %d: must divide the batch's %d sequences", p->mini, S);
     if (!o->overwrite && !o->resume) trainer_check_new_out(o->out);
     if (o->resume) {
-        load_state(o->resume, &o->state);
+        ppo_state_load(o->resume, &o->state);
         char *ad = path_join(o->resume, "actor");
         trainer_check_same_model(R[R_ACTOR].dir, ad);
         free(ad);
@@ -602,10 +543,11 @@ int ppo_main(int argc, char **argv) {
         step_s[step] = so.tm[T_STEP];
         double kl_used = p.kl_coef, seq_kl = kl_control(&p, &b);
         if (world0) log_step(&p, &ml, step, o.steps, (step + 1) % o.log_every == 0 || step + 1 == last, &b, &so, seq_kl, kl_used);
-        if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 != last) save_checkpoint(&p, o.out, step + 1);
+        if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 != last)
+            ppo_checkpoint_save(&p.roles, p.learner, p.load_dir, o.out, step + 1, p.kl_coef, p.x.seed, p.save_limit);
     }
     if (o.bench_alone > 0 && last > step0) bench_phases_alone(&p, last - 1, pidx, &b, o.bench_alone, step_s + step0, last - step0);
-    save_checkpoint(&p, o.out, last);
+    ppo_checkpoint_save(&p.roles, p.learner, p.load_dir, o.out, last, p.kl_coef, p.x.seed, p.save_limit);
     comm_barrier(&p.roles.world);
     if (world0)
         fprintf(stderr, "ppo: %d steps in %.1f s; actor%s in %s/checkpoint-%d; peak RSS %.1f MiB\n", last - step0,
