@@ -170,10 +170,10 @@ void model_forward_batch(Model *m, RunState *s, KVCache *kv, const Batch *b) {
     }
     memcpy(pos + N, b->tokens, sizeof(int) * N);
     if (R) memcpy(pos + 2 * N, b->logit_rows, sizeof(int) * R);
-    int *seq = pos + 2 * N + R;
-    for (int i = 0; i < n_seqs; i++)
+    int *seq = pos + 2 * N + R, n_seq = b->tables ? N : 0;   /* the rows' sequences: for the paged cache only */
+    for (int i = 0; i < n_seqs && n_seq; i++)
         for (int t = b->seq_start[i]; t < b->seq_start[i + 1]; t++) seq[t] = i;
-    m->be->to_device(s->ids, pos, sizeof(int) * (3 * N + R));
+    m->be->to_device(s->ids, pos, sizeof(int) * (2 * N + R + n_seq));
     const int *pos_d = s->ids, *tokens_d = s->ids + N, *rows_d = s->ids + 2 * N, *seq_d = s->ids + 2 * N + R;
     int pp = m->mesh->pp, G = b->n_micro < n_seqs ? b->n_micro : n_seqs;
     if (pp == 1 || G <= 1) {
