@@ -177,7 +177,7 @@ static double matmul_peak_gflops(const Backend *be, int N, int K) {
     for (int rep = 0; rep < 6; rep++) {
         be->sync();
         double t0 = now_seconds();
-        for (int it = 0; it < 64; it++) be->matmul(dy, dx, dw, NULL, DTYPE_F32, N, K, O);
+        for (int it = 0; it < 64; it++) be->matmul(dy, dx, dw, NULL, DTYPE_F32, N, K, O, 1);
         be->sync();
         double gf = 64 * 2.0 * N * K * O / (now_seconds() - t0) / 1e9;
         if (rep > 0 && gf > best) best = gf;   /* rep 0 warms the caches */
@@ -367,6 +367,7 @@ typedef struct {
     KernelOp op;
     const void *w;   /* matmul weight */
     int n_in, n_out; /* matmul shape; attention: context length in n_in */
+    int leaves;      /* matmul: the forward's leaves (forward.c) */
 } KernelCase;
 
 static double time_kernel(const Model *m, const KernelCase *k, int N, float *x, float *y, float *kc, float *vc,
@@ -379,7 +380,7 @@ static double time_kernel(const Model *m, const KernelCase *k, int N, float *x, 
         be->sync();
         double t0 = now_seconds();
         for (int r = 0; r < REPS; r++) switch (k->op) {
-            case K_MATMUL: be->matmul(y, x, k->w, NULL, m->dtype, N, k->n_in, k->n_out); break;
+            case K_MATMUL: be->matmul(y, x, k->w, NULL, m->dtype, N, k->n_in, k->n_out, k->leaves); break;
             case K_RMSNORM: be->rmsnorm(y, x, m->w.layers[0].attn_norm, m->dtype, N, D, c->norm_eps); break;
             case K_SWIGLU: be->swiglu(y, x, x, (size_t)N * m->hidden_local); break;
             case K_ADD: be->add_to(y, x, x, 1); break;
@@ -432,11 +433,11 @@ static int bench_kernels(Model *m, int iters) {
     float *scratch = be->alloc(sizeof(float) * omp_get_max_threads() * m->n_heads_local * (ctx > 512 ? ctx : 512));
     double bw = strcmp(be->name, "cpu") ? device_copy_gbs(be) : read_bandwidth_gbs();
     KernelCase cases[] = {
-        {"q_proj", K_MATMUL, w->wq, D, qd}, {"k_proj", K_MATMUL, w->wk, D, kvd}, {"o_proj", K_MATMUL, w->wo, qd, D},
-        {"gate_proj", K_MATMUL, w->w_gate, D, F}, {"down_proj", K_MATMUL, w->w_down, F, D},
-        {"lm_head", K_MATMUL, m->w.lm_head, D, m->vocab_local}, {"rmsnorm", K_RMSNORM, NULL, 0, 0},
-        {"swiglu", K_SWIGLU, NULL, 0, 0}, {"attention_decode", K_ATTN_DECODE, NULL, ctx, 0},
-        {"attention_prefill", K_ATTN_PREFILL, NULL, 0, 0}, {"launch (add 1 float)", K_ADD, NULL, 0, 0},
+        {"q_proj", K_MATMUL, w->wq, D, qd, 1}, {"k_proj", K_MATMUL, w->wk, D, kvd, 1}, {"o_proj", K_MATMUL, w->wo, qd, D, m->o_leaves},
+        {"gate_proj", K_MATMUL, w->w_gate, D, F, 1}, {"down_proj", K_MATMUL, w->w_down, F, D, m->down_leaves},
+        {"lm_head", K_MATMUL, m->w.lm_head, D, m->vocab_local, 1}, {"rmsnorm", K_RMSNORM, NULL, 0, 0, 1},
+        {"swiglu", K_SWIGLU, NULL, 0, 0, 1}, {"attention_decode", K_ATTN_DECODE, NULL, ctx, 0, 1},
+        {"attention_prefill", K_ATTN_PREFILL, NULL, 0, 0, 1}, {"launch (add 1 float)", K_ADD, NULL, 0, 0, 1},
     };
     if (mesh_is_root(m->mesh))
         printf("{\"bench\": \"kernels\", \"device\": \"%s\", \"dtype\": \"%s\", \"bandwidth_gb_s\": %.1f, \"context\": %d}\n",

@@ -43,6 +43,22 @@ static inline float weight_at(const void *w, DType t, size_t i) {
     return t == DTYPE_BF16 ? bf16_to_f32(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
 
+/* ---- tp-invariant sums -------------------------------------------------------------------------
+ * A sum that tensor parallelism splits (a row-parallel matmul's dot products, the vocabulary's sum
+ * of exp) is computed as TP_LEAVES fixed leaves combined by one pairwise tree, (l0 + l1) + (l2 + l3)
+ * ...: at tp = t each rank computes the subtree of its TP_LEAVES / t leaves (the kernels' `leaves`
+ * argument) and the tp sum adds the ranks' subtrees by the same tree (tree_sum over ranks,
+ * runtime/comm.c), so every tp dividing TP_LEAVES gives 1x1's bits (runtime/model.c picks the
+ * leaves). */
+enum { TP_LEAVES = 8 };
+/* v[0 .. n) = the pairwise tree over P planes v[p * n .. p * n + n), (v0 + v1) + (v2 + v3) for P = 4
+ * (P a power of two; any other P gets one fixed tree, ((v0 + v1) + v2) for 3) */
+static inline void tree_sum(float *v, int P, size_t n) {
+    for (int s = 1; s < P; s *= 2)
+        for (int p = 0; p + s < P; p += 2 * s)
+            for (size_t i = 0; i < n; i++) v[(size_t)p * n + i] += v[(size_t)(p + s) * n + i];
+}
+
 /* One output of Backend.matmuls: a weight that reads the shared x (q, k, v; gate, up). */
 typedef struct {
     float *out;          /* (N, n_out) */
@@ -108,7 +124,10 @@ typedef struct Backend {
      * says whether it can run: NULL, or one line saying why not (no device, no driver). */
     const char *(*open)(int local_rank);
     /* forward */
-    void (*matmul)(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out);
+    /* leaves (a power of two dividing n_in): each output is the pairwise tree (tree_sum) of the dot
+     * products over n_in / leaves consecutive inputs each, then the bias; 1 for a plain dot product */
+    void (*matmul)(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out,
+                   int leaves);
     void (*matmuls)(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt);
     void (*rmsnorm)(float *out, const float *x, const void *w, DType wt, int N, int D, float eps);
     void (*round_to)(float *x, size_t n, DType t);
@@ -132,10 +151,12 @@ typedef struct Backend {
     void (*mask_cols)(float *x, int N, int V, int from);
     void (*argmax_rows)(int *ids, float *vals, const float *x, int N, int V, int v0);
     void (*row_max)(float *mx, const float *x, int N, int V, float T);
-    void (*row_sumexp)(float *sum, const float *x, const float *mx, int N, int V, float T);
+    /* row sums over V columns as `leaves` consecutive leaves of ceil(V / leaves) columns (the last ones
+     * shorter or empty), each summed in double and rounded, combined by tree_sum */
+    void (*row_sumexp)(float *sum, const float *x, const float *mx, int N, int V, float T, int leaves);
     void (*pick_logits)(float *z, const float *x, const int *targets, int N, int V, int v0, float T);
     void (*log_add)(float *lse, const float *sum, int N);
-    void (*row_entropy_part)(float *s, const float *x, const float *lse, int N, int V, float T);
+    void (*row_entropy_part)(float *s, const float *x, const float *lse, int N, int V, float T, int leaves);
     void (*sub_at)(float *out, const float *a, const float *b, const int *idx, int n);
     /* backward */
     void (*matmul_backward)(float *dx, float *dw, float *db, const float *dout, const float *x, const void *w, DType wt,

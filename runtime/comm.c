@@ -1,6 +1,7 @@
 /* comm.c — MPI backend of comm.h, and a process alone without it. Every MPI call is checked; an
  * MPI failure aborts the job. */
 #include "runtime/comm.h"
+#include "kernels/kernels.h"
 #include "runtime/util.h"
 #include <limits.h>
 #include <mpi.h>
@@ -132,14 +133,11 @@ static float *fixed_scratch(size_t n) {
 void comm_all_reduce_sum_fixed(const Comm *c, float *buf, size_t n) {
     int P = c->size, r = c->rank;
     if (P == 1 || n == 0) return;
-    if (n <= FIXED_GATHER_MAX) {                        /* every rank gets every partial, adds in rank order */
+    if (n <= FIXED_GATHER_MAX) {                        /* every rank gets every partial, adds them by the tree */
         float *all = fixed_scratch((size_t)P * n);      /* (P, n) */
         MPI_CHECK(MPI_Allgather(buf, count(n), MPI_FLOAT, all, count(n), MPI_FLOAT, HANDLE(c)));
-        for (size_t i = 0; i < n; i++) {
-            float acc = all[i];
-            for (int p = 1; p < P; p++) acc += all[(size_t)p * n + i];
-            buf[i] = acc;
-        }
+        tree_sum(all, P, n);
+        memcpy(buf, all, sizeof(float) * n);
         return;
     }
     /* slice s = [lo(s), lo(s+1)) belongs to rank s: all-to-all gives rank r every rank's slice r */
@@ -153,12 +151,8 @@ void comm_all_reduce_sum_fixed(const Comm *c, float *buf, size_t n) {
     for (int s = 0; s < P; s++) { rcnt[s] = (int)mine; rdsp[s] = count(mine * s); }
     float *parts = fixed_scratch((size_t)P * mine);    /* (P, mine): rank s's partial of my slice */
     MPI_CHECK(MPI_Alltoallv(buf, cnt, dsp, MPI_FLOAT, parts, rcnt, rdsp, MPI_FLOAT, HANDLE(c)));
-    float *out = buf + dsp[r];
-    for (size_t i = 0; i < mine; i++) {
-        float acc = parts[i];
-        for (int p = 1; p < P; p++) acc += parts[(size_t)p * mine + i];
-        out[i] = acc;
-    }
+    tree_sum(parts, P, mine);
+    memcpy(buf + dsp[r], parts, sizeof(float) * mine);
     MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt, dsp, MPI_FLOAT, HANDLE(c)));
     free(cnt);
 }

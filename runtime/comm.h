@@ -33,8 +33,8 @@ Comm comm_split_node(const Comm *parent);
 void comm_free(Comm *c);
 
 void comm_all_reduce_sum(const Comm *c, float *buf, size_t n);     /* in place */
-/* In place, every element the sum of the ranks' values added in rank order,
- *     ((v_0 + v_1) + v_2) + ... + v_{size-1},
+/* In place, every element the sum of the ranks' values added by one fixed pairwise tree
+ * (tree_sum, kernels/kernels.h), (v_0 + v_1) + (v_2 + v_3) for 4 ranks, ((v_0 + v_1) + v_2) for 3,
  * whatever the collective algorithm, the message size or n: the bits depend only on the inputs.
  * comm_all_reduce_sum's MPI_Allreduce adds in an order the algorithm picks (ring, Rabenseifner,
  * recursive doubling, ... by message size), so the same partials can give other bits at another

@@ -10,9 +10,11 @@
  * Tensor parallel (Megatron's column / row split, ARCHITECTURE.md): q/k/v and gate/up are
  * column-parallel (each rank computes its heads / its slice of F from the replicated input), o_proj
  * and down_proj row-parallel (each rank holds a partial sum of the (N, D) output), so each layer has
- * two tp sums. They are model_tp_sum: the ranks' partials added in rank order, never in the order an
- * all-reduce algorithm picks, so the same tokens give the same bits at every batch size, in
- * generation and in training, at any tp.
+ * two tp sums. They are model_tp_sum: the ranks' partials added by one fixed tree, never in the order
+ * an all-reduce algorithm picks, so the same tokens give the same bits at every batch size, in
+ * generation and in training, at any tp. And the same bits at every tp that divides TP_LEAVES
+ * (kernels.h): the row-parallel matmuls and the vocabulary's sums run as m->*_leaves leaves, each
+ * rank's partial is a subtree of 1x1's pairwise tree, and the tp sum adds the subtrees by that tree.
  *
  * Precision (m->dtype = BF16; every round_to below is a no-op in F32): the weights are bf16 and
  * every matmul's input is rounded to bf16 just before the matmul (the norms' outputs xb1, xb2 and
@@ -79,7 +81,7 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
         }
     }
     be->round_to(a->att, (size_t)N * qd, wt);                                          /* matmul input */
-    be->matmul(xo, a->att, w->wo, NULL, wt, N, qd, D);                                 /* row-parallel: partial */
+    be->matmul(xo, a->att, w->wo, NULL, wt, N, qd, D, m->o_leaves);                    /* row-parallel: partial */
     model_tp_sum(m, xo, ND);
     be->add_to(a->x_mid, a->x_in, xo, ND);
     /* MLP block: x_out = x_mid + down(silu(gate(xb2)) * up(xb2)) */
@@ -89,7 +91,7 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
                 wt);                                                                     /* column-parallel */
     be->swiglu(a->act, a->gate, a->up, (size_t)N * Fl);
     be->round_to(a->act, (size_t)N * Fl, wt);                                          /* matmul input */
-    be->matmul(xo, a->act, w->w_down, NULL, wt, N, Fl, D);                             /* row-parallel: partial */
+    be->matmul(xo, a->act, w->w_down, NULL, wt, N, Fl, D, m->down_leaves);             /* row-parallel: partial */
     model_tp_sum(m, xo, ND);
     be->add_to(x_out, a->x_mid, xo, ND);
 }
@@ -100,10 +102,10 @@ void model_head(const Model *m, float *out, float *xb, const float *x, int R) {
     be->rmsnorm(xb, x, m->w.final_norm, m->dtype, R, c->dim, c->norm_eps);
     be->round_to(xb, (size_t)R * c->dim, m->dtype);                                    /* matmul input */
     if (m->head == HEAD_SCORE) {
-        be->matmul(out, xb, m->w.score, NULL, m->dtype, R, c->dim, 1);                  /* replicated */
+        be->matmul(out, xb, m->w.score, NULL, m->dtype, R, c->dim, 1, 1);               /* replicated */
         return;
     }
-    be->matmul(out, xb, m->w.lm_head, NULL, m->dtype, R, c->dim, m->vocab_local);      /* vocab-parallel logits */
+    be->matmul(out, xb, m->w.lm_head, NULL, m->dtype, R, c->dim, m->vocab_local, 1);   /* vocab-parallel logits */
     be->mask_cols(out, R, m->vocab_local, c->vocab_size - m->vocab_start);             /* padded rows -> -inf */
 }
 
@@ -208,8 +210,8 @@ void model_logits_lse(const Model *m, const float *logits, int N, float T, float
     const Comm *tp = &m->mesh->tp_comm;
     m->be->row_max(lse, logits, N, m->vocab_local, T);
     comm_all_reduce_max(tp, lse, N);                  /* global row max: exact in any order */
-    m->be->row_sumexp(sum, logits, lse, N, m->vocab_local, T);
-    model_tp_sum(m, sum, N);                          /* global sum of exp, in rank order */
+    m->be->row_sumexp(sum, logits, lse, N, m->vocab_local, T, m->vocab_leaves);
+    model_tp_sum(m, sum, N);                          /* global sum of exp, by the fixed tree */
     m->be->log_add(lse, sum, N);
 }
 

@@ -300,6 +300,13 @@ void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWei
 
 /* ---- setup ------------------------------------------------------------------------------- */
 
+/* the largest power of two that divides n, at most cap (a power of two) */
+static int pow2_divisor(int n, int cap) {
+    int p = 1;
+    while (p < cap && n % (2 * p) == 0) p *= 2;
+    return p;
+}
+
 static void check_layout(const ModelConfig *c, const Mesh *mesh) {
     int tp = mesh->tp, pp = mesh->pp;
     if (c->n_heads % tp)
@@ -411,7 +418,16 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
     m->n_heads_local = c->n_heads / tp;
     m->n_heads_kv_local = tp <= c->n_heads_kv ? c->n_heads_kv / tp : 1;
     m->hidden_local = c->hidden_dim / tp;
-    m->vocab_padded = (c->vocab_size + tp - 1) / tp * tp;
+    /* tp-invariant sums: a row-parallel layer's dot products and the vocabulary's sums run as leaves
+     * whose boundaries every tp dividing TP_LEAVES shares (o_proj's at heads, down_proj's at F /
+     * leaves; the vocabulary padded to a multiple of TP_LEAVES above tp 1, ceil(V / TP_LEAVES)
+     * columns a leaf), so each rank's sum is a subtree of 1x1's tree (forward.c) */
+    int tree = TP_LEAVES % tp == 0;
+    m->o_leaves = tree ? pow2_divisor(c->n_heads, TP_LEAVES) / tp : 1;
+    m->down_leaves = tree ? pow2_divisor(c->hidden_dim, TP_LEAVES) / tp : 1;
+    m->vocab_leaves = tree ? TP_LEAVES / tp : 1;
+    int quantum = tp == 1 ? 1 : tree ? TP_LEAVES : tp;
+    m->vocab_padded = (c->vocab_size + quantum - 1) / quantum * quantum;
     m->vocab_local = m->vocab_padded / tp;
     m->vocab_start = mesh->tp_rank * m->vocab_local;
     /* contiguous layer ranges, the first L % pp stages one layer longer */

@@ -108,7 +108,10 @@ typedef struct {
     HeadKind head;                                       /* LM logits or a scalar score (last stage) */
     uint64_t score_seed;                                 /* != 0: score.weight was initialised, not read */
     int n_heads_local, n_heads_kv_local, hidden_local;  /* H_local, Hkv_local, F_local */
-    int vocab_padded, vocab_local, vocab_start;          /* V rounded up to tp; this rank's rows */
+    int vocab_padded, vocab_local, vocab_start;          /* V rounded up (below); this rank's rows */
+    /* tp-invariant sums (kernels.h TP_LEAVES): this rank's leaves of o_proj's and down_proj's dot
+     * products and of the vocabulary's sums; 1 each where tp does not divide TP_LEAVES */
+    int o_leaves, down_leaves, vocab_leaves;
     int layer_start, n_layers_local;                     /* this pp stage's layers */
     int is_first, is_last;                               /* pp stage owns embedding / head */
     DType dtype;          /* the weights' storage dtype (F32 or BF16, never AUTO); matmul inputs are rounded
@@ -235,7 +238,7 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
  *   score: out (R, 1) = xb score^T (replicated: the same on every tp rank) */
 void model_head(const Model *m, float *out, float *xb, const float *x, int R);
 /* The tp sum of a row-parallel output or any partials that feed a logprob, value or loss: the
- * ranks' partials added in rank order (comm_all_reduce_sum_fixed), the same bits at any batch. */
+ * ranks' partials added by one fixed tree (comm_all_reduce_sum_fixed), the same bits at any batch. */
 void model_tp_sum(const Model *m, float *buf, size_t n);
 
 /* ---- vocab-parallel log-softmax over a logits buffer (N, V_local) of the last stage; every rank of

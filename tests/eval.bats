@@ -64,15 +64,16 @@ hf_parity() { # MODEL REF [extra args]
     echo "$output" | grep '^{"records"' | grep -qE '"greedy_mismatches": [1-9]'
 }
 
-# Layouts: each layout must reproduce the 1x1 run's logprobs within 1e-5 (fp32; only the order of
-# the tp all-reduce sums differs) and HF greedy exactly.
+# Layouts: each layout must reproduce the 1x1 run's logprobs exactly (limit 0: pp and dp move data
+# only, and tp's sums are leaves added by one tree at every tp dividing 8, kernels.h TP_LEAVES) and
+# HF greedy exactly.
 layouts_match_1x1() { # FIXTURE
     local ref1="$BATS_TEST_TMPDIR/$1.1x1.jsonl"
     "$TANDEM" eval --dtype fp32 --model "$FIX/models/$1" --reference "$FIX/refs/$1.jsonl" --write-reference "$ref1" --quiet
     for l in "2 2 1" "2 1 2" "4 2 2"; do
         set -- $l "$1"
         run timeout 120 $MPIRUN "$1" "$TANDEM" eval --dtype fp32 --model "$FIX/models/$4" --reference "$ref1" --tp "$2" --pp "$3" \
-            --max-logprob-diff 1e-5 --quiet
+            --max-logprob-diff 0 --quiet
         echo "$4 np=$1 tp=$2 pp=$3: $output"
         [ "$status" -eq 0 ]
         run timeout 120 $MPIRUN "$1" "$TANDEM" eval --dtype fp32 --model "$FIX/models/$4" --reference "$FIX/refs/$4.jsonl" --tp "$2" \
@@ -90,13 +91,13 @@ layouts_match_1x1() { # FIXTURE
     for f in llama_gqa llama_mqa llama_odd_vocab qwen2_bias mistral_swa; do
         ref1="$BATS_TEST_TMPDIR/$f.1x1.jsonl"
         "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --reference "$FIX/refs/$f.jsonl" --write-reference "$ref1" --quiet
-        run timeout 120 $MPIRUN 4 "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --reference "$ref1" --tp 4 --max-logprob-diff 1e-5 --quiet
+        run timeout 120 $MPIRUN 4 "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --reference "$ref1" --tp 4 --max-logprob-diff 0 --quiet
         echo "$f tp=4: $output"
         [ "$status" -eq 0 ]
     done
-    # dp=2 of tp=2 x pp=2 against the 1x1 run (written above for llama_gqa), as tight as tp=4
+    # dp=2 of tp=2 x pp=2 against the 1x1 run (written above for llama_gqa), as exact as tp=4
     run timeout 120 $MPIRUN 8 "$TANDEM" eval --dtype fp32 --model "$FIX/models/llama_gqa" --reference "$BATS_TEST_TMPDIR/llama_gqa.1x1.jsonl" \
-        --tp 2 --pp 2 --max-logprob-diff 1e-5 --quiet
+        --tp 2 --pp 2 --max-logprob-diff 0 --quiet
     echo "$output"
     [ "$status" -eq 0 ]
     echo "$output" | grep '^{"records"' | grep -q '"dp": 2'
@@ -122,15 +123,25 @@ layouts_match_1x1() { # FIXTURE
         '.records == 40 * $n and .records > 64 and .greedy_tokens == 40 * $one.greedy_tokens and .greedy_mismatches == 0'
 }
 
-# Real weights give logprobs down to about -25, where one fp32 ulp is 2e-6 and the tp all-reduce's
-# different summation order moves them by a few ulps: compare relative to max(1, |logprob|).
-@test "eval: real stories260K under tp=2 pp=2 matches 1x1 (1e-5 relative)" {
+# Real weights, logprobs down to about -25: the same bits as 1x1 (limit 0), in fp32 and bf16.
+@test "eval: real stories260K under tp=2 pp=2 and tp=4 matches 1x1 exactly, fp32 and bf16" {
     need_assets
     ref1="$BATS_TEST_TMPDIR/s.jsonl"
-    "$TANDEM" eval --dtype fp32 --model "$ASSETS/models/stories260K-hf" --reference "$FIX/refs/stories260K.jsonl" --write-reference "$ref1" --quiet
-    run timeout 120 $MPIRUN 4 "$TANDEM" eval --dtype fp32 --model "$ASSETS/models/stories260K-hf" --reference "$ref1" --tp 2 --pp 2 --max-logprob-diff 1e-5 --relative --quiet
-    echo "$output"
-    [ "$status" -eq 0 ]
+    for dt in fp32 bf16; do
+        # 1x1's logprobs (--write-reference keeps HF's greedy ids: bf16 misses one of them and eval's
+        # 1e-4 against HF's fp32, exiting 1; a layout must then miss exactly the same)
+        rm -f "$ref1"
+        run "$TANDEM" eval --dtype $dt --model "$ASSETS/models/stories260K-hf" --reference "$FIX/refs/stories260K.jsonl" --write-reference "$ref1" --quiet
+        [ -s "$ref1" ]
+        run "$TANDEM" eval --dtype $dt --model "$ASSETS/models/stories260K-hf" --reference "$ref1" --max-logprob-diff 0 --quiet
+        one=$(grep '^{"records"' <<<"$output")
+        for l in "--tp 2 --pp 2" "--tp 4"; do
+            run timeout 120 $MPIRUN 4 "$TANDEM" eval --dtype $dt --model "$ASSETS/models/stories260K-hf" --reference "$ref1" $l --max-logprob-diff 0 --quiet
+            echo "$dt $l: $output"
+            grep '^{"records"' <<<"$output" | jq -e --argjson one "$one" \
+                '.max_abs_logprob_diff == 0 and .positions == $one.positions and .greedy_tokens == $one.greedy_tokens and .greedy_mismatches == $one.greedy_mismatches and .greedy_agreed_prefix == $one.greedy_agreed_prefix'
+        done
+    done
 }
 
 @test "convert: llama2.c legacy and v1 imports give the HF directory's logprobs" {

@@ -48,23 +48,24 @@ same_greedy() {
 
 # N (default 40) text prompts of varied length for the invariance tests
 
-@test "generate: greedy output is identical for batch sizes 1, 7, 64, 1 or 2 threads, layouts 2x1, 1x2, 2x2, dp 2" {
+@test "generate: greedy output and logprobs are identical for batch sizes 1, 7, 64, 1 or 2 threads, layouts 2x1, 1x2, 2x2, 4x1, dp 2" {
     need_assets
     make_prompts "$BATS_TEST_TMPDIR/p.jsonl" "" 70   # more than 64: the 64-slot batch fills, then refills
     for b in 1 7 64; do
-        "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/b$b.jsonl" --greedy --max-batch $b 2>/dev/null
+        "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/b$b.jsonl" --greedy --logprobs 2 --max-batch $b 2>/dev/null
     done
     cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/b7.jsonl"
     cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/b64.jsonl"
     [ "$(wc -l < "$BATS_TEST_TMPDIR/b1.jsonl")" -eq 70 ]
     # threads split heads, sequences and matmul rows differently, never one element's arithmetic
-    "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/t2.jsonl" --greedy --threads 2 2>/dev/null
+    "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/t2.jsonl" --greedy --logprobs 2 --threads 2 2>/dev/null
     cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/t2.jsonl"
-    # layouts, data parallel ones included (dp groups take every dp-th prompt; rank 0 writes in order)
-    for l in "2 2 1" "2 1 2" "4 2 2" "2 1 1" "4 2 1"; do
+    # layouts, data parallel ones included (dp groups take every dp-th prompt; rank 0 writes in order);
+    # tp too, logprobs and all: its sums are leaves added by one tree at every tp (kernels.h TP_LEAVES)
+    for l in "2 2 1" "2 1 2" "4 2 2" "2 1 1" "4 2 1" "4 4 1"; do
         set -- $l
         timeout 120 $MPIRUN $1 "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" \
-            --output "$BATS_TEST_TMPDIR/l.jsonl" --greedy --tp $2 --pp $3 2>/dev/null
+            --output "$BATS_TEST_TMPDIR/l.jsonl" --greedy --logprobs 2 --tp $2 --pp $3 2>/dev/null
         echo "layout np=$1 tp=$2 pp=$3"
         cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/l.jsonl"
     done

@@ -170,7 +170,7 @@ static void all_written(const char *name, const float *x, size_t n) {
 typedef struct { int N, n_in, n_out; float *x, *w, *b, *g, *out; } MatmulCtx;
 static double matmul_loss(void *p) {
     MatmulCtx *c = p;
-    cpu_matmul(c->out, c->x, c->w, c->b, DTYPE_F32, c->N, c->n_in, c->n_out);
+    cpu_matmul(c->out, c->x, c->w, c->b, DTYPE_F32, c->N, c->n_in, c->n_out, 1);
     return dot_g(c->out, c->g, (size_t)c->N * c->n_out);
 }
 
@@ -179,7 +179,7 @@ static void matmul_torch(void) {
     size_t nx = (size_t)N * n_in, nw = (size_t)n_out * n_in, no = (size_t)N * n_out;
     float *x = in_f("x", nx), *w = in_f("w", nw), *b = in_f("b", n_out), *g = in_f("dout", no);
     float *out = falloc(no), *dx = falloc(nx), *dw = falloc(nw), *db = falloc(n_out);
-    cpu_matmul(out, x, w, b, DTYPE_F32, N, n_in, n_out);
+    cpu_matmul(out, x, w, b, DTYPE_F32, N, n_in, n_out, 1);
     vs_torch("out", out, no, 1.0);
     fill_nan(dx, nx);
     cpu_matmul_backward(dx, dw, db, g, x, w, DTYPE_F32, N, n_in, n_out);

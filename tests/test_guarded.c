@@ -35,7 +35,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < O * K; i++) w[i] = (float)((s = s * 1103515245u + 12345u) >> 16) / 65536.0f - 0.5f;
     float *dx = up(x, N * K), *dw = up(w, O * K), *dout = G->alloc(sizeof out);
 
-    if (!strcmp(c, "host-arg")) G->matmul(dout, x, dw, NULL, DTYPE_F32, N, K, O);
+    if (!strcmp(c, "host-arg")) G->matmul(dout, x, dw, NULL, DTYPE_F32, N, K, O, 1);
     if (!strcmp(c, "host-ints")) {
         int ids[N] = {1, 2, 3, 4, 5};
         float *demb = G->alloc(sizeof(float) * N * K);
@@ -45,7 +45,7 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "host-write")) dx[3] = 1.0f;
     if (!strcmp(c, "freed")) {
         G->free(dx);
-        G->matmul(dout, dx, dw, NULL, DTYPE_F32, N, K, O);
+        G->matmul(dout, dx, dw, NULL, DTYPE_F32, N, K, O, 1);
     }
 
     /* paged attention over T keys in blocks of BLOCK (table {1, 0}), queries at positions 0 .. T-1 */
@@ -66,8 +66,8 @@ int main(int argc, char **argv) {
     if (strcmp(c, "ok")) { fprintf(stderr, "test_guarded: case %s was not caught\n", c); return 1; }
 
     int bad = 0;
-    cpu_matmul(ref, x, w, NULL, DTYPE_F32, N, K, O);
-    G->matmul(dout, dx, dw, NULL, DTYPE_F32, N, K, O);
+    cpu_matmul(ref, x, w, NULL, DTYPE_F32, N, K, O, 1);
+    G->matmul(dout, dx, dw, NULL, DTYPE_F32, N, K, O, 1);
     G->to_host(out, dout, sizeof out);
     bad |= memcmp(out, ref, sizeof out) != 0;
     int ids[N] = {0, 7, 32, 3, 3};

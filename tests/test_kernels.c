@@ -31,25 +31,98 @@ int main(void) {
         for (int i = 0; i < O * K; i++) w[i] = frand(&seed);
         for (int i = 0; i < O; i++) b[i] = frand(&seed);
         int bad = 0;
-        for (int use_bias = 0; use_bias < 2; use_bias++) {
+        for (int leaves = 1; leaves <= 8; leaves *= 8)   /* 1 and 8 leaves (where 8 divides K) */
+        for (int use_bias = 0; use_bias < 2 && K % leaves == 0; use_bias++) {
             cpu_set_threads(1);
             for (int n = 0; n < NMAX; n++)   /* every row alone: the reference */
-                cpu_matmul(ref + (size_t)n * O, x + (size_t)n * K, w, use_bias ? b : NULL, DTYPE_F32, 1, K, O);
+                cpu_matmul(ref + (size_t)n * O, x + (size_t)n * K, w, use_bias ? b : NULL, DTYPE_F32, 1, K, O, leaves);
             for (int th = 1; th <= 2; th++) {
                 cpu_set_threads(th);
                 for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
                     int N = batches[bi];
                     for (int off = 0; off + N <= NMAX; off += N > 1 ? N : 17) {
-                        cpu_matmul(out, x + (size_t)off * K, w, use_bias ? b : NULL, DTYPE_F32, N, K, O);
+                        cpu_matmul(out, x + (size_t)off * K, w, use_bias ? b : NULL, DTYPE_F32, N, K, O, leaves);
                         if (memcmp(out, ref + (size_t)off * O, sizeof(float) * N * O)) bad++;
                     }
                 }
             }
         }
         printf("cpu_matmul K=%-4d O=%-4d: rows alone vs batches 1..65 at every offset, 1 and 2 threads, with and "
-               "without bias: %s\n", K, O, bad ? "DIFFERENT" : "bit-identical");
+               "without bias, 1 and 8 leaves: %s\n", K, O, bad ? "DIFFERENT" : "bit-identical");
         fail |= bad != 0;
         free(x); free(w); free(b); free(ref); free(out);
+    }
+    /* tp invariance (kernels.h TP_LEAVES): a row-parallel matmul at tp = t is t ranks each holding
+     * K / t columns of x and w, computing TP_LEAVES / t leaves, their outputs added by tree_sum over
+     * the ranks (comm_all_reduce_sum_fixed); that must be the 1x1 matmul with TP_LEAVES leaves, bit
+     * for bit, for fp32 and bf16 weights, at decode (N <= 4: bf16's split path) and batch sizes. The
+     * same for the vocabulary's sums: ranks of round_up(V, 8) / t columns (the padding -inf), each
+     * TP_LEAVES / t leaves, against 1x1's V columns in TP_LEAVES leaves. */
+    {
+        const int tshapes[][2] = {{64, 9}, {288, 40}, {768, 33}, {16, 5}, {2048 + 128, 12}};
+        const int tN[] = {1, 3, 4, 5, 37};
+        int bad = 0, cases = 0;
+        for (size_t si = 0; si < sizeof tshapes / sizeof tshapes[0]; si++) {
+            int K = tshapes[si][0], O = tshapes[si][1], NMAX = 37;
+            float *x = xmalloc(sizeof(float) * NMAX * K), *wf = xmalloc(sizeof(float) * O * K);
+            uint16_t *wb = xmalloc(2 * (size_t)O * K);
+            for (int i = 0; i < NMAX * K; i++) x[i] = frand(&seed);
+            for (int i = 0; i < O * K; i++) { wb[i] = f32_to_bf16(frand(&seed)); wf[i] = frand(&seed); }
+            float *whole = xmalloc(sizeof(float) * NMAX * O), *parts = xmalloc(sizeof(float) * 8 * NMAX * O);
+            float *xr = xmalloc(sizeof(float) * NMAX * K), *wr = xmalloc(sizeof(float) * O * K);
+            for (int dt = 0; dt < 2; dt++) {
+                DType wt = dt ? DTYPE_BF16 : DTYPE_F32;
+                size_t es = dtype_size(wt);
+                const char *w = dt ? (const char *)wb : (const char *)wf;
+                for (size_t ni = 0; ni < sizeof tN / sizeof tN[0]; ni++) {
+                    int N = tN[ni];
+                    cpu_matmul(whole, x, w, NULL, wt, N, K, O, TP_LEAVES);
+                    for (int t = 2; t <= TP_LEAVES; t *= 2) {
+                        int Kr = K / t;
+                        for (int r = 0; r < t; r++) {   /* rank r: columns [r Kr, (r + 1) Kr) */
+                            for (int n = 0; n < N; n++) memcpy(xr + (size_t)n * Kr, x + (size_t)n * K + (size_t)r * Kr, sizeof(float) * Kr);
+                            for (int o = 0; o < O; o++) memcpy((char *)wr + es * o * Kr, w + es * ((size_t)o * K + (size_t)r * Kr), es * Kr);
+                            cpu_matmul(parts + (size_t)r * N * O, xr, wr, NULL, wt, N, Kr, O, TP_LEAVES / t);
+                        }
+                        tree_sum(parts, t, (size_t)N * O);
+                        bad += memcmp(parts, whole, sizeof(float) * N * O) != 0;
+                        cases++;
+                    }
+                }
+            }
+            free(x); free(wf); free(wb); free(whole); free(parts); free(xr); free(wr);
+        }
+        const int vocab[] = {512, 37, 3, 1000};
+        for (size_t vi = 0; vi < sizeof vocab / sizeof vocab[0]; vi++) {
+            int V = vocab[vi], Vp = (V + TP_LEAVES - 1) / TP_LEAVES * TP_LEAVES, N = 3;
+            float *x = xmalloc(sizeof(float) * N * V), mx[3] = {0.5f, -1.0f, 2.0f}, whole[2][3];
+            for (int i = 0; i < N * V; i++) x[i] = 4.0f * frand(&seed);
+            float *xr = xmalloc(sizeof(float) * N * Vp);
+            cpu_row_sumexp(whole[0], x, mx, N, V, 0.7f, TP_LEAVES);
+            cpu_row_entropy_part(whole[1], x, mx, N, V, 0.7f, TP_LEAVES);
+            for (int t = 2; t <= TP_LEAVES; t *= 2) {
+                int Vl = Vp / t;
+                float sums[8 * 3], ents[8 * 3];   /* (t, N) */
+                for (int r = 0; r < t; r++) {
+                    for (int n = 0; n < N; n++)
+                        for (int v = 0; v < Vl; v++) {
+                            int g = r * Vl + v;
+                            xr[(size_t)n * Vl + v] = g < V ? x[(size_t)n * V + g] : -INFINITY;
+                        }
+                    cpu_row_sumexp(sums + r * N, xr, mx, N, Vl, 0.7f, TP_LEAVES / t);
+                    cpu_row_entropy_part(ents + r * N, xr, mx, N, Vl, 0.7f, TP_LEAVES / t);
+                }
+                tree_sum(sums, t, N);
+                tree_sum(ents, t, N);
+                bad += memcmp(sums, whole[0], sizeof whole[0]) != 0;
+                bad += memcmp(ents, whole[1], sizeof whole[1]) != 0;   /* the -inf padding adds 0, not NaN */
+                cases += 2;
+            }
+            free(x); free(xr);
+        }
+        printf("tp invariance: %d cases of matmul (fp32, bf16; N 1-37; tp 2, 4, 8) and vocabulary sums: %s\n", cases,
+               bad ? "DIFFERENT" : "tp ranks' tree == 1x1, bit for bit");
+        fail |= bad != 0;
     }
     /* attention, one sequence of T tokens, window 0 and 7, for head sizes that take every path of
      * the P.V code (1-4 register chunks of 16 columns, a scalar tail, tail only): the contiguous
@@ -174,14 +247,17 @@ int main(void) {
             for (int i = 0; i < O * K; i++) { w[i] = f32_to_bf16(frand(&seed)); wf[i] = bf16_to_f32(w[i]); }
             for (int i = 0; i < O; i++) { b[i] = f32_to_bf16(frand(&seed)); bf[i] = bf16_to_f32(b[i]); }
             cpu_set_threads(1);
-            cpu_matmul(ref, x, wf, bf, DTYPE_F32, NMAX, K, O);
-            for (int th = 1; th <= 2; th++) {
-                cpu_set_threads(th);
-                for (int N = 1; N <= NMAX; N += N < 5 ? 1 : 8)
-                    for (int off = 0; off + N <= NMAX; off += N + 3) {
-                        cpu_matmul(out, x + (size_t)off * K, w, b, DTYPE_BF16, N, K, O);
-                        if (memcmp(out, ref + (size_t)off * O, sizeof(float) * N * O)) bad++;
-                    }
+            for (int leaves = 1; leaves <= 8 && K % leaves == 0; leaves *= 8) {
+                cpu_set_threads(1);
+                cpu_matmul(ref, x, wf, bf, DTYPE_F32, NMAX, K, O, leaves);
+                for (int th = 1; th <= 2; th++) {
+                    cpu_set_threads(th);
+                    for (int N = 1; N <= NMAX; N += N < 5 ? 1 : 8)
+                        for (int off = 0; off + N <= NMAX; off += N + 3) {
+                            cpu_matmul(out, x + (size_t)off * K, w, b, DTYPE_BF16, N, K, O, leaves);
+                            if (memcmp(out, ref + (size_t)off * O, sizeof(float) * N * O)) bad++;
+                        }
+                }
             }
             /* rmsnorm (weight of K), embedding (a table of O rows of K) */
             cpu_rmsnorm(ref, x, wf, DTYPE_F32, NMAX, K, 1e-5f);
@@ -206,7 +282,7 @@ int main(void) {
             free(dx0); free(dx1); free(dw0); free(dw1); free(db0); free(db1);
             free(x); free(wf); free(bf); free(w); free(b); free(ref); free(out);
         }
-        printf("bf16 weights: cpu_matmul (batches 1..37 at offsets, 1 and 2 threads, bias), cpu_rmsnorm, "
+        printf("bf16 weights: cpu_matmul (batches 1..37 at offsets, 1 and 2 threads, bias, 1 and 8 leaves), cpu_rmsnorm, "
                "cpu_embedding: %s; cpu_matmul_backward: %s\n", bad ? "DIFFERENT" : "the fp32 kernels' bits on the upcast",
                bad_bw ? "DIFFERENT" : "dw, db bit-identical, dx as the fp32 sum");
         fail |= bad != 0 || bad_bw != 0;

@@ -235,7 +235,7 @@ const LossHook LOSS_XENT = {loss_xent, NULL, 1.0f, 0.0f, NULL};
 static double entropy_term(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook) {
     int N = a->N;
     float *part = a->dent, *H = xmalloc(sizeof(float) * (N ? N : 1)), *dH = xmalloc(sizeof(float) * (N ? N : 1));
-    m->be->row_entropy_part(part, a->logits, a->lse, N, m->vocab_local, hook->temperature);
+    m->be->row_entropy_part(part, a->logits, a->lse, N, m->vocab_local, hook->temperature, m->vocab_leaves);
     model_tp_sum(m, part, (size_t)N);
     m->be->sub_at(a->ent, a->lse, part, NULL, N);
     m->be->to_host(H, a->ent, sizeof(float) * N);

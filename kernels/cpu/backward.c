@@ -178,7 +178,7 @@ void cpu_logprob_backward(float *dlogits, const float *logits, const float *lse,
         float ge = -dH[n] / T, h = H[n];                  /* with the entropy's term: one pass (in place) */
         for (int c = 0; c < V_local; c++) {
             float z = row[c] / T, pc = expf(z - l);
-            g[c] = gn * pc + ge * pc * (z - l + h);
+            g[c] = pc == 0.0f ? gn * pc : gn * pc + ge * pc * (z - l + h);   /* a -inf (padded) logit: 0, not 0 * inf */
         }
         if (owned) {
             float z = zt / T, pt = expf(z - l);

@@ -27,8 +27,11 @@ int cpu_fma_chains(long iters, float *sink); /* FMAs per thread and iteration */
  * of dtype wt (BF16: read through the exact upcast, so out has the bits of the F32 call on the
  * upcast weights).
  * Batch-invariant: each element's bits depend only on its x row, w row and bias, never on N, the
- * tiling or the threads (fixed 16-lane FMA order, fixed lane tree). Used by every forward pass. */
-void cpu_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out);
+ * tiling or the threads (fixed 16-lane FMA order, fixed lane tree). Used by every forward pass.
+ * leaves: each element is the tree_sum (kernels.h) of the dot products over n_in / leaves consecutive
+ * inputs (a power of two dividing n_in; 1: one dot product), then the bias. */
+void cpu_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out,
+                int leaves);
 
 /* cpu_matmul for several weights that read the same x (q, k, v; gate, up), in one parallel region:
  * one wake-up and one barrier instead of one each. Every out gets exactly cpu_matmul's bits. */
@@ -93,15 +96,16 @@ void cpu_argmax_rows(int *ids, float *vals, const float *x, int N, int V, int v0
 /* Pieces of a vocab-parallel log-sum-exp of x / T (the caller all-reduces between them):
  *   cpu_row_max:    mx (N) = max over the shard's columns of x (N, V), divided by T (division is
  *                   monotonic, so this is the max of x / T exactly)
- *   cpu_row_sumexp: sum (N) = sum over the columns of exp(x / T - mx), in double, rounded once
+ *   cpu_row_sumexp: sum (N) = sum over the columns of exp(x / T - mx): `leaves` runs of
+ *                   ceil(V / leaves) columns, each in double and rounded once, added by tree_sum
  * lse = mx + log(sum of the ranks' sums). T == 1 divides by 1, which changes no bit. */
 void cpu_row_max(float *mx, const float *x, int N, int V, float T);
-void cpu_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T);
+void cpu_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T, int leaves);
 /* z (N) = x[n, targets[n] - v0] / T where this shard owns targets[n], else 0 (targets -1 too) */
 void cpu_pick_logits(float *z, const float *x, const int *targets, int N, int V, int v0, float T);
-/* s (N) = sum over the columns of p * x / T with p = exp(x / T - lse), in double, rounded once: one
- * shard's part of the expected logit; the entropy is lse - (the tp sum of the parts) */
-void cpu_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T);
+/* s (N) = sum over the columns of p * x / T with p = exp(x / T - lse), in leaves as cpu_row_sumexp:
+ * one shard's part of the expected logit; the entropy is lse - (the tp sum of the parts) */
+void cpu_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T, int leaves);
 /* lse (N) += log(sum) (N): finishes cpu_row_max + cpu_row_sumexp once the sums are all-reduced */
 void cpu_log_add(float *lse, const float *sum, int N);
 /* out (n) = a - b[idx[i]] (b[i] when idx is NULL): a logit minus its row's log-sum-exp */

@@ -173,8 +173,9 @@ static void guarded_to_device(void *dst, const void *src, size_t bytes) {
 
 /* ---- the entries: cpu_ kernels, checked ------------------------------------------------------ */
 
-static void g_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out) {
-    GUARDED("matmul", cpu_matmul(out, x, w, bias, wt, N, n_in, n_out), P(out), P(x), P(w), OPT(bias));
+static void g_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out,
+                     int leaves) {
+    GUARDED("matmul", cpu_matmul(out, x, w, bias, wt, N, n_in, n_out, leaves), P(out), P(x), P(w), OPT(bias));
 }
 static void g_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt) {
     enum { MAX = 8 };
@@ -245,15 +246,15 @@ static void g_argmax_rows(int *ids, float *vals, const float *x, int N, int V, i
 static void g_row_max(float *mx, const float *x, int N, int V, float T) {
     GUARDED("row_max", cpu_row_max(mx, x, N, V, T), P(mx), P(x));
 }
-static void g_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T) {
-    GUARDED("row_sumexp", cpu_row_sumexp(sum, x, mx, N, V, T), P(sum), P(x), P(mx));
+static void g_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T, int leaves) {
+    GUARDED("row_sumexp", cpu_row_sumexp(sum, x, mx, N, V, T, leaves), P(sum), P(x), P(mx));
 }
 static void g_pick_logits(float *z, const float *x, const int *targets, int N, int V, int v0, float T) {
     GUARDED("pick_logits", cpu_pick_logits(z, x, targets, N, V, v0, T), P(z), P(x), P(targets));
 }
 static void g_log_add(float *lse, const float *sum, int N) { GUARDED("log_add", cpu_log_add(lse, sum, N), P(lse), P(sum)); }
-static void g_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T) {
-    GUARDED("row_entropy_part", cpu_row_entropy_part(s, x, lse, N, V, T), P(s), P(x), P(lse));
+static void g_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T, int leaves) {
+    GUARDED("row_entropy_part", cpu_row_entropy_part(s, x, lse, N, V, T, leaves), P(s), P(x), P(lse));
 }
 static void g_sub_at(float *out, const float *a, const float *b, const int *idx, int n) {
     GUARDED("sub_at", cpu_sub_at(out, a, b, idx, n), P(out), P(a), P(b), OPT(idx));

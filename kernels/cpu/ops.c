@@ -41,9 +41,19 @@ int cpu_set_threads(int n) {
  * and in training. (OpenBLAS's sgemm does not: its small-matrix path rounds differently.) The lanes
  * and the tree are vec.h's, shared with attention. */
 
-/* one element (edges): dot_fixed, then the bias */
-static void mm_1x1(float *out, const float *x, const float *w, const float *bias, int K) {
-    float s = dot_fixed(x, w, K);
+/* dot_fixed over each of `leaves` runs of K / leaves elements, the runs' sums added by tree_sum
+ * (kernels.h): the tp-invariant dot product of a row-parallel layer; leaves = 1 is dot_fixed */
+static float dot_leaves(const float *x, const float *w, int K, int leaves) {
+    int Kl = K / leaves;
+    float part[leaves];   /* (leaves) */
+    for (int l = 0; l < leaves; l++) part[l] = dot_fixed(x + (size_t)l * Kl, w + (size_t)l * Kl, Kl);
+    tree_sum(part, leaves, 1);
+    return part[0];
+}
+
+/* one element (edges): dot_leaves, then the bias */
+static void mm_1x1(float *out, const float *x, const float *w, const float *bias, int K, int leaves) {
+    float s = dot_leaves(x, w, K, leaves);
     *out = bias ? s + *bias : s;
 }
 
@@ -148,20 +158,26 @@ static const float *tile_weights(const void *w, DType wt, int j0, int rows, int 
     return buf;
 }
 
-/* Output tile ot (4 outputs) of o for x rows [n0, n1). xs: x split for dot_split_bf16 (bf16
- * weights and N <= 4: decode), else NULL */
-static void matmul_tile(const MatmulOut *o, DType wt, const float *x, const float *xs, int n_in, int n0, int n1, int ot) {
+/* Output tile ot (4 outputs) of o for x rows [n0, n1), each output over `leaves` runs of n_in
+ * (dot_leaves). xs: x split for dot_split_bf16 run by run (bf16 weights and N <= 4: decode), else
+ * NULL */
+static void matmul_tile(const MatmulOut *o, DType wt, const float *x, const float *xs, int n_in, int leaves, int n0,
+                        int n1, int ot) {
     int n_out = o->n_out, n_otiles = (n_out + 3) / 4, j0 = ot * 4, ro = n_out - j0 < 4 ? n_out - j0 : 4;
+    int Kl = n_in / leaves;
     float *out = o->out;
     if (xs) {
         /* decode: each bf16 row read once, front to back, straight from the weights (half the
          * bytes of fp32, no buffer in between; one stream at a time, as the fp32 path reads them),
-         * dot_fixed's bits on the upcast */
+         * dot_leaves' bits on the upcast */
         const uint16_t *wb = (const uint16_t *)o->w + (size_t)j0 * n_in;   /* (ro, n_in) */
+        float part[leaves];                                                /* (leaves) */
         for (int n = n0; n < n1; n++)
             for (int j = 0; j < ro; j++) {
-                float s = dot_split_bf16(xs + (size_t)n * n_in, wb + (size_t)j * n_in, n_in);
-                out[(size_t)n * n_out + j0 + j] = o->bias ? s + weight_at(o->bias, wt, (size_t)j0 + j) : s;
+                for (int l = 0; l < leaves; l++)
+                    part[l] = dot_split_bf16(xs + (size_t)n * n_in + (size_t)l * Kl, wb + (size_t)j * n_in + (size_t)l * Kl, Kl);
+                tree_sum(part, leaves, 1);
+                out[(size_t)n * n_out + j0 + j] = o->bias ? part[0] + weight_at(o->bias, wt, (size_t)j0 + j) : part[0];
             }
         return;
     }
@@ -180,22 +196,39 @@ static void matmul_tile(const MatmulOut *o, DType wt, const float *x, const floa
         if (ot + 1 < n_otiles && n1 - n0 > 4)
             prefetch_part((const char *)o->w + (size_t)(j0 + 4) * n_in * dtype_size(wt), (size_t)4 * n_in * dtype_size(wt),
                           (size_t)(n - n0) / 4, (size_t)(n1 - n0 + 3) / 4);
-        if (rn == 4 && ro == 4) {
+        if (rn == 4 && ro == 4 && leaves == 1) {
             mm_4x4(out + (size_t)n * n_out + j0, n_out, x + (size_t)n * n_in, n_in, w, n_in, bias, n_in);
+            continue;
+        }
+        if (rn == 4 && ro == 4) {   /* the tile run by run (4 x 4 results each), then tree_sum: mm_1x1's bits */
+            float part[leaves * 16];   /* (leaves, 4, 4) */
+            for (int l = 0; l < leaves; l++)
+                mm_4x4(part + 16 * l, 4, x + (size_t)n * n_in + (size_t)l * Kl, n_in, w + (size_t)l * Kl, n_in, NULL, Kl);
+            tree_sum(part, leaves, 16);
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++)
+                    out[(size_t)(n + i) * n_out + j0 + j] = bias ? part[4 * i + j] + bias[j] : part[4 * i + j];
             continue;
         }
         for (int i = 0; i < rn; i++)
             for (int j = 0; j < ro; j++)
                 mm_1x1(out + (size_t)(n + i) * n_out + j0 + j, x + (size_t)(n + i) * n_in, w + (size_t)j * n_in,
-                       bias ? bias + j : NULL, n_in);
+                       bias ? bias + j : NULL, n_in, leaves);
     }
 }
 
-void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt) {
-    /* decode with bf16 weights: x split once for every weight row (dot_split_bf16) */
-    int split = wt == DTYPE_BF16 && N <= 4;
+/* cpu_matmuls with every output over `leaves` runs of n_in (dot_leaves) */
+static void matmuls_leaves(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt, int leaves) {
+    if (leaves < 1 || n_in % leaves || (leaves & (leaves - 1)) || leaves > 64) {
+        fprintf(stderr, "cpu_matmul: %d leaves of %d inputs (a power of two up to 64 that divides them)\n", leaves, n_in);
+        abort();
+    }
+    /* decode with bf16 weights: x split once for every weight row (dot_split_bf16), run by run */
+    int split = wt == DTYPE_BF16 && N <= 4, Kl = n_in / leaves;
     float xs[split ? (size_t)N * n_in : 1];   /* (N, n_in): at most 4 rows, on this thread's stack */
-    for (int r = 0; split && r < N; r++) eo_split_row(xs + (size_t)r * n_in, x + (size_t)r * n_in, n_in);
+    for (int r = 0; split && r < N; r++)
+        for (int l = 0; l < leaves; l++)
+            eo_split_row(xs + (size_t)r * n_in + (size_t)l * Kl, x + (size_t)r * n_in + (size_t)l * Kl, Kl);
     int first[n + 1];   /* the tiles of outs[j] are first[j] .. first[j + 1] - 1 */
     first[0] = 0;
     for (int j = 0; j < n; j++) first[j + 1] = first[j] + (outs[j].n_out + 3) / 4;
@@ -207,13 +240,18 @@ void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, 
         for (int t = 0; t < tiles; t++) {
             int j = 0;
             while (t >= first[j + 1]) j++;
-            matmul_tile(&outs[j], wt, x, split ? xs : NULL, n_in, n0, n1, t - first[j]);
+            matmul_tile(&outs[j], wt, x, split ? xs : NULL, n_in, leaves, n0, n1, t - first[j]);
         }
     }
 }
 
-void cpu_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out) {
-    cpu_matmuls(x, N, n_in, &(MatmulOut){out, w, bias, n_out}, 1, wt);
+void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt) {
+    matmuls_leaves(x, N, n_in, outs, n, wt, 1);
+}
+
+void cpu_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out,
+                int leaves) {
+    matmuls_leaves(x, N, n_in, &(MatmulOut){out, w, bias, n_out}, 1, wt, leaves);
 }
 
 void cpu_pack(void *dst, DType t, const float *src, size_t n) {
@@ -513,27 +551,36 @@ void cpu_row_max(float *mx, const float *x, int N, int V, float T) {
     }
 }
 
-void cpu_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T) {
+/* Row sums over V columns in `leaves` runs of ceil(V / leaves) (kernels.h), each in double and
+ * rounded once, added by tree_sum: sum[n] of exp(x / T - mx[n]) (ENTROPY 0) or of
+ * exp(x / T - mx[n]) * x / T (ENTROPY 1, mx = lse: the entropy's sum of p z) */
+static void row_sums(float *sum, const float *x, const float *mx, int N, int V, float T, int leaves, int entropy) {
+    int w = (V + leaves - 1) / leaves;
 #pragma omp parallel for schedule(static) if (N > 1)
     for (int n = 0; n < N; n++) {
         const float *row = x + (size_t)n * V;
-        double acc = 0.0;
-        for (int v = 0; v < V; v++) acc += expf(row[v] / T - mx[n]);
-        sum[n] = (float)acc;
+        float part[leaves];   /* (leaves) */
+        for (int l = 0; l < leaves; l++) {
+            int lo = l * w < V ? l * w : V, hi = lo + w < V ? lo + w : V;
+            double acc = 0.0;
+            for (int v = lo; v < hi; v++) {
+                float z = row[v] / T;
+                float p = expf(z - mx[n]);
+                acc += entropy ? (p == 0.0f ? 0.0 : (double)p * z) : p;   /* -inf (padded): 0, not 0 * inf */
+            }
+            part[l] = (float)acc;
+        }
+        tree_sum(part, leaves, 1);
+        sum[n] = part[0];
     }
 }
 
-void cpu_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T) {
-#pragma omp parallel for schedule(static) if (N > 1)
-    for (int n = 0; n < N; n++) {
-        const float *row = x + (size_t)n * V;
-        double acc = 0.0;
-        for (int v = 0; v < V; v++) {
-            float z = row[v] / T;
-            acc += (double)expf(z - lse[n]) * z;
-        }
-        s[n] = (float)acc;
-    }
+void cpu_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T, int leaves) {
+    row_sums(sum, x, mx, N, V, T, leaves, 0);
+}
+
+void cpu_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T, int leaves) {
+    row_sums(s, x, lse, N, V, T, leaves, 1);
 }
 
 void cpu_pick_logits(float *z, const float *x, const int *targets, int N, int V, int v0, float T) {

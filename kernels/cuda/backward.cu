@@ -331,7 +331,7 @@ __global__ void logprob_backward_kernel(float *dlogits, const float *logits, con
     for (int c = threadIdx.x; c < V; c += blockDim.x) {
         float z = (c == r ? zt : row[c]) / T, pc = expf(z - l);
         float base = c == r ? gn * (pc - 1.0f) : gn * pc;
-        g[c] = entropy ? base + ge * pc * (z - l + h) : base;
+        g[c] = entropy && pc != 0.0f ? base + ge * pc * (z - l + h) : base;   /* -inf (padded): 0, not 0 * inf */
     }
 }
 extern "C" void cuda_logprob_backward(float *dlogits, const float *logits, const float *lse, const int *targets,

@@ -79,7 +79,8 @@ void *cuda_scratch(int slot, size_t bytes);
 
 /* ---- the table's entries (forward: ops.cu, backward: backward.cu, the optimizer: optim.cu) ---- */
 extern "C" {
-void cuda_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out);
+void cuda_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out,
+                 int leaves);
 void cuda_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt);
 void cuda_rmsnorm(float *out, const float *x, const void *w, DType wt, int N, int D, float eps);
 void cuda_round_to(float *x, size_t n, DType t);
@@ -102,10 +103,10 @@ void cuda_embedding(float *out, const void *table, DType wt, const int *ids, int
 void cuda_mask_cols(float *x, int N, int V, int from);
 void cuda_argmax_rows(int *ids, float *vals, const float *x, int N, int V, int v0);
 void cuda_row_max(float *mx, const float *x, int N, int V, float T);
-void cuda_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T);
+void cuda_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T, int leaves);
 void cuda_pick_logits(float *z, const float *x, const int *targets, int N, int V, int v0, float T);
 void cuda_log_add(float *lse, const float *sum, int N);
-void cuda_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T);
+void cuda_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T, int leaves);
 void cuda_sub_at(float *out, const float *a, const float *b, const int *idx, int n);
 void cuda_matmul_backward(float *dx, float *dw, float *db, const float *dout, const float *x, const void *w, DType wt,
                           int N, int n_in, int n_out);

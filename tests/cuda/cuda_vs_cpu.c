@@ -323,10 +323,11 @@ static size_t nf(int a, int b) { return fb((size_t)a * b); }   /* bytes of an (a
 static size_t ni(int n) { return (size_t)n * sizeof(int); }
 static size_t nw(DType wt, int a, int b) { return dtype_size(wt) * a * b; }
 
-static void g_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out) {
+static void g_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out,
+                     int leaves) {
     need("matmul", out, nf(N, n_out)), need("matmul", x, nf(N, n_in)), need("matmul", w, nw(wt, n_out, n_in));
     if (bias) need("matmul", bias, nw(wt, n_out, 1));
-    cpu_matmul(out, x, w, bias, wt, N, n_in, n_out);
+    cpu_matmul(out, x, w, bias, wt, N, n_in, n_out, leaves);
 }
 static void g_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt) {
     need("matmuls", x, nf(N, n_in));
@@ -423,9 +424,9 @@ static void g_row_max(float *mx, const float *x, int N, int V, float T) {
     need("row_max", mx, nf(N, 1)), need("row_max", x, nf(N, V));
     cpu_row_max(mx, x, N, V, T);
 }
-static void g_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T) {
+static void g_row_sumexp(float *sum, const float *x, const float *mx, int N, int V, float T, int leaves) {
     need("row_sumexp", sum, nf(N, 1)), need("row_sumexp", x, nf(N, V)), need("row_sumexp", mx, nf(N, 1));
-    cpu_row_sumexp(sum, x, mx, N, V, T);
+    cpu_row_sumexp(sum, x, mx, N, V, T, leaves);
 }
 static void g_pick_logits(float *z, const float *x, const int *targets, int N, int V, int v0, float T) {
     need("pick_logits", z, nf(N, 1)), need("pick_logits", x, nf(N, V)), need("pick_logits", targets, ni(N));
@@ -435,10 +436,10 @@ static void g_log_add(float *lse, const float *sum, int N) {
     need("log_add", lse, nf(N, 1)), need("log_add", sum, nf(N, 1));
     cpu_log_add(lse, sum, N);
 }
-static void g_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T) {
+static void g_row_entropy_part(float *s, const float *x, const float *lse, int N, int V, float T, int leaves) {
     need("row_entropy_part", s, nf(N, 1)), need("row_entropy_part", x, nf(N, V));
     need("row_entropy_part", lse, nf(N, 1));
-    cpu_row_entropy_part(s, x, lse, N, V, T);
+    cpu_row_entropy_part(s, x, lse, N, V, T, leaves);
 }
 static void g_sub_at(float *out, const float *a, const float *b, const int *idx, int n) {
     need("sub_at", out, nf(n, 1)), need("sub_at", a, nf(n, 1)), need("sub_at", b, idx ? 4 : nf(n, 1));
@@ -568,12 +569,12 @@ static double dot_mag(const float *a, const float *b, int n) { /* sum |a b| in d
     return s;
 }
 static void run_matmul(const Backend *be, float *out, const float *x, const void *w, const void *bias, DType wt, int N,
-                       int n_in, int n_out) {
+                       int n_in, int n_out, int leaves) {
     Dev d = {be, {0}, 0};
     float *o = dput(&d, NULL, nf(N, n_out));
     const float *dx = dput(&d, x, nf(N, n_in));
     const void *dw = dput(&d, w, nw(wt, n_out, n_in)), *db = bias ? dput(&d, bias, nw(wt, n_out, 1)) : NULL;
-    be->matmul(o, dx, dw, db, wt, N, n_in, n_out);
+    be->matmul(o, dx, dw, db, wt, N, n_in, n_out, leaves);
     dget(&d, out, o, nf(N, n_out));
     dfree(&d);
 }
@@ -586,18 +587,20 @@ static double *matmul_mag(const float *x, const float *wf, const float *bf, int 
                 dot_mag(x + (size_t)n * n_in, wf + (size_t)j * n_in, n_in) + (bf ? fabs(bf[j]) : 0.0);
     return mag;
 }
-static void case_matmul(int N, int n_in, int n_out, int with_bias, DType wt) {
+/* leaves: the tree of leaf sums (kernels.h) adds log2(leaves) roundings to a leaf's n_in / leaves:
+ * within the bound of n_in + 1 */
+static void case_matmul(int N, int n_in, int n_out, int with_bias, DType wt, int leaves) {
     cur_entry = "matmul";
     void *w, *b = NULL;
     float *x = rand_f32((size_t)N * n_in, 1.0f), *wf = rand_weight(&w, wt, (size_t)n_out * n_in, 1.0f);
     float *bf = with_bias ? rand_weight(&b, wt, n_out, 1.0f) : NULL;
     size_t no = (size_t)N * n_out;
     float *want = xmalloc(fb(no)), *got = xmalloc(fb(no));
-    run_matmul(ref, want, x, w, b, wt, N, n_in, n_out);
-    run_matmul(dut, got, x, w, b, wt, N, n_in, n_out);
+    run_matmul(ref, want, x, w, b, wt, N, n_in, n_out, leaves);
+    run_matmul(dut, got, x, w, b, wt, N, n_in, n_out, leaves);
     double *mag = matmul_mag(x, wf, bf, N, n_in, n_out);
     char sh[96];
-    snprintf(sh, sizeof sh, "N=%d,n_in=%d,n_out=%d%s", N, n_in, n_out, with_bias ? ",bias" : "");
+    snprintf(sh, sizeof sh, "N=%d,n_in=%d,n_out=%d%s,leaves=%d", N, n_in, n_out, with_bias ? ",bias" : "", leaves);
     cmp_tol("matmul", wt, sh, got, want, no, mag, 2 * gam(n_in + 1), 0.0);
     free(x), free(w), free(wf), free(b), free(bf), free(want), free(got), free(mag);
 }
@@ -609,8 +612,8 @@ static void case_matmul_ints(int N, int n_in, int n_out, DType wt) {
     for (int j = 0; j < n_out; j++) bf[j] = (float)(rand_int(1999) - 999);
     void *w = store_weight(wf, wt, (size_t)n_out * n_in), *b = store_weight(bf, wt, n_out);
     float *want = xmalloc(nf(N, n_out)), *got = xmalloc(nf(N, n_out));
-    run_matmul(ref, want, x, w, b, wt, N, n_in, n_out);
-    run_matmul(dut, got, x, w, b, wt, N, n_in, n_out);
+    run_matmul(ref, want, x, w, b, wt, N, n_in, n_out, 1);
+    run_matmul(dut, got, x, w, b, wt, N, n_in, n_out, 1);
     char sh[96];
     snprintf(sh, sizeof sh, "N=%d,n_in=%d,n_out=%d,bias,ints_exact", N, n_in, n_out);
     cmp_exact("matmul", wt, sh, got, want, (size_t)N * n_out);
@@ -1145,14 +1148,14 @@ static void case_row_max(const float *x, int N, int V, float T, const char *sh) 
     }
     cmp_exact("row_max", DTYPE_F32, sh, got, want, N);
 }
-static void case_row_sumexp(const float *x, const float *mx, int N, int V, float T, const char *sh) {
+static void case_row_sumexp(const float *x, const float *mx, int N, int V, float T, int leaves, const char *sh) {
     cur_entry = "row_sumexp";
     float want[N], got[N], *res[2] = {want, got};
     const Backend *be[2] = {ref, dut};
     for (int s = 0; s < 2; s++) {
         Dev d = {be[s], {0}, 0};
         float *sum = dput(&d, NULL, nf(N, 1));
-        be[s]->row_sumexp(sum, dput(&d, x, nf(N, V)), dput(&d, mx, nf(N, 1)), N, V, T);
+        be[s]->row_sumexp(sum, dput(&d, x, nf(N, V)), dput(&d, mx, nf(N, 1)), N, V, T, leaves);
         dget(&d, res[s], sum, nf(N, 1));
         dfree(&d);
     }
@@ -1181,14 +1184,14 @@ static void case_pick_logits(const float *x, int N, int V, int v0, float T, cons
     }
     cmp_exact("pick_logits", DTYPE_F32, sh, got, want, N);
 }
-static void case_row_entropy_part(const float *x, const float *lse, int N, int V, float T, const char *sh) {
+static void case_row_entropy_part(const float *x, const float *lse, int N, int V, float T, int leaves, const char *sh) {
     cur_entry = "row_entropy_part";
     float want[N], got[N], *res[2] = {want, got};
     const Backend *be[2] = {ref, dut};
     for (int s = 0; s < 2; s++) {
         Dev d = {be[s], {0}, 0};
         float *part = dput(&d, NULL, nf(N, 1));
-        be[s]->row_entropy_part(part, dput(&d, x, nf(N, V)), dput(&d, lse, nf(N, 1)), N, V, T);
+        be[s]->row_entropy_part(part, dput(&d, x, nf(N, V)), dput(&d, lse, nf(N, 1)), N, V, T, leaves);
         dget(&d, res[s], part, nf(N, 1));
         dfree(&d);
     }
@@ -1197,7 +1200,7 @@ static void case_row_entropy_part(const float *x, const float *lse, int N, int V
         mag[n] = 0.0;
         for (int v = 0; v < V; v++) {
             float z = x[(size_t)n * V + v] / T;
-            mag[n] += exp((double)(z - lse[n])) * fabs(z);
+            if (z > -INFINITY) mag[n] += exp((double)(z - lse[n])) * fabs(z);   /* -inf padding: 0 */
         }
     }
     cmp_tol("row_entropy_part", DTYPE_F32, sh, got, want, N, mag, gam(V) + 9 * U, 0.0);
@@ -1211,24 +1214,22 @@ static void true_lse(float *lse, const float *x, int N, int V, float T) {
         lse[n] = (float)(mx + log(s));
     }
 }
-/* the vocab-parallel logprob pieces on (N, V) logits of shard v0; masked: -inf padding (no entropy then:
- * p * z is 0 * -inf) */
-static void cases_logits(int N, int V, int v0, float T, int masked) {
+/* the vocab-parallel logprob pieces on (N, V) logits of shard v0; masked: -inf padding (whose
+ * entropy terms are 0, not 0 * -inf); the sums in `leaves` leaves */
+static void cases_logits(int N, int V, int v0, float T, int masked, int leaves) {
     float *x = logits(N, V, 8.0f, masked), mx[N], lse[N];
     char sh[96];
-    snprintf(sh, sizeof sh, "N=%d,V=%d,v0=%d,T=%g%s", N, V, v0, (double)T, masked ? ",-inf_pad" : "");
+    snprintf(sh, sizeof sh, "N=%d,V=%d,v0=%d,T=%g%s,leaves=%d", N, V, v0, (double)T, masked ? ",-inf_pad" : "", leaves);
     for (int n = 0; n < N; n++) {   /* the contract's max of x, then / T: what both sides get as mx */
         float m = -INFINITY;
         for (int v = 0; v < V; v++) m = x[(size_t)n * V + v] > m ? x[(size_t)n * V + v] : m;
         mx[n] = m / T;
     }
     case_row_max(x, N, V, T, sh);
-    case_row_sumexp(x, mx, N, V, T, sh);
+    case_row_sumexp(x, mx, N, V, T, leaves, sh);
     case_pick_logits(x, N, V, v0, T, sh);
-    if (!masked) {
-        true_lse(lse, x, N, V, T);
-        case_row_entropy_part(x, lse, N, V, T, sh);
-    }
+    true_lse(lse, x, N, V, T);
+    case_row_entropy_part(x, lse, N, V, T, leaves, sh);
     free(x);
 }
 static void case_log_add(int N) {
@@ -1579,13 +1580,13 @@ static void inv_matmul_batch(int n_in, int n_out, int with_bias, DType wt) {
     Dev d = {dut, {0}, 0};
     float *dx = dput(&d, x, nf(N, n_in)), *o = dput(&d, NULL, nf(N, n_out)), *o8 = dput(&d, NULL, nf(N, n_out));
     const void *dw = dput(&d, w, nw(wt, n_out, n_in)), *db = b ? dput(&d, b, nw(wt, n_out, 1)) : NULL;
-    dut->matmul(o, dx, dw, db, wt, N, n_in, n_out);
+    dut->matmul(o, dx, dw, db, wt, N, n_in, n_out, 1);
     dget(&d, all, o, nf(N, n_out));
-    for (int r = 0; r < N; r++) dut->matmul(o + (size_t)r * n_out, dx + (size_t)r * n_in, dw, db, wt, 1, n_in, n_out);
+    for (int r = 0; r < N; r++) dut->matmul(o + (size_t)r * n_out, dx + (size_t)r * n_in, dw, db, wt, 1, n_in, n_out, 1);
     dget(&d, one, o, nf(N, n_out));
     const int offs[] = {0, 8, 16, 24, 29};
     for (int i = 0; i < 5; i++)
-        dut->matmul(o8 + (size_t)offs[i] * n_out, dx + (size_t)offs[i] * n_in, dw, db, wt, 8, n_in, n_out);
+        dut->matmul(o8 + (size_t)offs[i] * n_out, dx + (size_t)offs[i] * n_in, dw, db, wt, 8, n_in, n_out, 1);
     dget(&d, eight, o8, nf(N, n_out));
     dfree(&d);
     char sh[96];
@@ -1595,6 +1596,32 @@ static void inv_matmul_batch(int n_in, int n_out, int with_bias, DType wt) {
     cmp_bits("inv.matmul_rows", wt, sh, eight, all, (size_t)N * n_out);
     free(x), free(w), free(wf), free(b), free(bf), free(all), free(one), free(eight);
 }
+/* tp invariance (kernels.h TP_LEAVES): TP_LEAVES leaves over n_in == the host's tree_sum over t
+ * "ranks" of n_in / t columns each with TP_LEAVES / t leaves (the tp sum is host arithmetic,
+ * comm_all_reduce_sum_fixed), for t = 2, 4, 8 */
+static void inv_matmul_tp(int N, int n_in, int n_out, DType wt) {
+    cur_entry = "inv";
+    void *w;
+    float *x = rand_f32((size_t)N * n_in, 1.0f), *wf = rand_weight(&w, wt, (size_t)n_out * n_in, 1.0f);
+    float *whole = xmalloc(nf(N, n_out)), *parts = xmalloc(nf(TP_LEAVES * N, n_out));
+    float *xr = xmalloc(nf(N, n_in));
+    char *wr = xmalloc(nw(wt, n_out, n_in));
+    size_t es = dtype_size(wt);
+    run_matmul(dut, whole, x, w, NULL, wt, N, n_in, n_out, TP_LEAVES);
+    for (int t = 2; t <= TP_LEAVES; t *= 2) {
+        int Kr = n_in / t;
+        for (int r = 0; r < t; r++) {
+            for (int n = 0; n < N; n++) memcpy(xr + (size_t)n * Kr, x + (size_t)n * n_in + (size_t)r * Kr, fb(Kr));
+            for (int o = 0; o < n_out; o++) memcpy(wr + es * o * Kr, (char *)w + es * ((size_t)o * n_in + (size_t)r * Kr), es * Kr);
+            run_matmul(dut, parts + (size_t)r * N * n_out, xr, wr, NULL, wt, N, Kr, n_out, TP_LEAVES / t);
+        }
+        tree_sum(parts, t, (size_t)N * n_out);
+        char sh[96];
+        snprintf(sh, sizeof sh, "N=%d,n_in=%d,n_out=%d,tp=%d_vs_1", N, n_in, n_out, t);
+        cmp_bits("inv.matmul_tp", wt, sh, parts, whole, (size_t)N * n_out);
+    }
+    free(x), free(w), free(wf), free(whole), free(parts), free(xr), free(wr);
+}
 /* matmuls == one matmul per output */
 static void inv_matmuls(int N, int n_in, DType wt) {
     cur_entry = "inv";
@@ -1603,7 +1630,7 @@ static void inv_matmuls(int N, int n_in, DType wt) {
     float *x = rand_f32((size_t)N * n_in, 1.0f), *fused[3], *single[3];
     for (int j = 0; j < 3; j++) fused[j] = xmalloc(nf(N, n_out[j])), single[j] = xmalloc(nf(N, n_out[j]));
     run_matmuls(dut, fused, x, N, n_in, &s, wt);
-    for (int j = 0; j < 3; j++) run_matmul(dut, single[j], x, s.w[j], s.b[j], wt, N, n_in, n_out[j]);
+    for (int j = 0; j < 3; j++) run_matmul(dut, single[j], x, s.w[j], s.b[j], wt, N, n_in, n_out[j], 1);
     for (int j = 0; j < 3; j++) {
         char sh[96];
         snprintf(sh, sizeof sh, "N=%d,n_in=%d,out=%d/3,n_out=%d", N, n_in, j + 1, n_out[j]);
@@ -1769,8 +1796,8 @@ static void inv_bf16_matmul(int N, int n_in, int n_out) {
     void *w, *b;
     float *x = rand_f32((size_t)N * n_in, 1.0f), *wf = rand_weight(&w, DTYPE_BF16, (size_t)n_out * n_in, 1.0f);
     float *bf = rand_weight(&b, DTYPE_BF16, n_out, 1.0f), *h = xmalloc(nf(N, n_out)), *f = xmalloc(nf(N, n_out));
-    run_matmul(dut, h, x, w, b, DTYPE_BF16, N, n_in, n_out);
-    run_matmul(dut, f, x, wf, bf, DTYPE_F32, N, n_in, n_out);
+    run_matmul(dut, h, x, w, b, DTYPE_BF16, N, n_in, n_out, 8);
+    run_matmul(dut, f, x, wf, bf, DTYPE_F32, N, n_in, n_out, 8);
     char sh[96];
     snprintf(sh, sizeof sh, "matmul:N=%d,n_in=%d,n_out=%d,bias", N, n_in, n_out);
     cmp_bits("inv.bf16_eq_fp32", DTYPE_BF16, sh, h, f, (size_t)N * n_out);
@@ -1843,7 +1870,9 @@ static void forward_cases(void) {
                                 {33, 1000, 129, 1}, {64, 2048, 11, 0}, {5, 11008, 64, 1}};
     for (int dt = 0; dt < 2; dt++) {
         for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++)
-            case_matmul(mm[i][0], mm[i][1], mm[i][2], mm[i][3], (DType)dt);
+            case_matmul(mm[i][0], mm[i][1], mm[i][2], mm[i][3], (DType)dt, 1);
+        case_matmul(3, 2048, 256, 0, (DType)dt, 8), case_matmul(33, 1000, 129, 1, (DType)dt, 8);
+        case_matmul(1, 5632, 64, 0, (DType)dt, 4), case_matmul(2, 24, 5, 1, (DType)dt, 8);
         case_matmul_ints(2, 4096, 64, (DType)dt), case_matmul_ints(5, 1000, 33, (DType)dt);
     }
     const int qkv[3] = {256, 64, 64}, qkv_bias[3] = {0, 1, 1}, gu[2] = {173, 173}, no_bias[2] = {0, 0};
@@ -1901,10 +1930,13 @@ static void elementwise_cases(void) {
 }
 static void logit_cases(void) {
     case_argmax_rows(1001, 3000), case_argmax_rows(17, 0), case_argmax_rows(32000, 0);
-    cases_logits(1, 32000, 0, 1.0f, 0);
-    cases_logits(6, 1001, 500, 0.7f, 0);
-    cases_logits(6, 1001, 500, 1.0f, 1);
-    cases_logits(7, 33, 32, 1.3f, 0);
+    cases_logits(1, 32000, 0, 1.0f, 0, 1);
+    cases_logits(6, 1001, 500, 0.7f, 0, 1);
+    cases_logits(6, 1001, 500, 1.0f, 1, 1);
+    cases_logits(7, 33, 32, 1.3f, 0, 1);
+    cases_logits(1, 32000, 0, 1.0f, 0, 8);
+    cases_logits(6, 1001, 500, 1.0f, 1, 4);
+    cases_logits(7, 33, 32, 1.3f, 0, 8);
     case_log_add(1), case_log_add(9);
     case_sub_at(1000, 10, 1), case_sub_at(1000, 10, 0), case_sub_at(1, 1, 0);
 }
@@ -1937,6 +1969,7 @@ static void backward_cases(void) {
 static void invariance_checks(void) {
     for (int dt = 0; dt < 2; dt++) inv_matmul_batch(1000, 67, 1, (DType)dt), inv_matmul_batch(2048, 32, 0, (DType)dt);
     for (int dt = 0; dt < 2; dt++) inv_matmuls(2, 300, (DType)dt), inv_matmuls(9, 1000, (DType)dt);
+    for (int dt = 0; dt < 2; dt++) inv_matmul_tp(1, 2048, 67, (DType)dt), inv_matmul_tp(37, 5632, 40, (DType)dt);
     inv_attention(45, 8, 2, 64, 0);
     inv_attention(45, 8, 2, 64, 13);
     inv_attention(40, 4, 4, 40, 0);
