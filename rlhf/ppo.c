@@ -176,7 +176,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         {"--truncate", OPT_FLAG, &o->truncate, NULL, "keep the last tokens of prompts too long for the positions"},
         {"--out", OPT_STR, &o->out, NULL, "output directory: actor/ and critic/ at the end, metrics.jsonl"},
         {"--overwrite", OPT_FLAG, &o->overwrite, NULL, "allow an existing --out"},
-        {"--resume", OPT_STR, &o->resume, NULL, "continue from out/checkpoint-STEP (bit for bit at the same placement)"},
+        {"--resume", OPT_STR, &o->resume, NULL, "continue from out/checkpoint-STEP (at any placement; bit for bit at the same)"},
         {"--steps", OPT_INT, &o->steps, "10", "PPO steps (each: rollout, experience, update)"},
         {"--stop-after", OPT_INT, &o->stop_after, "0", "stop after this step (0 = off)"},
         {"--save-every", OPT_INT, &o->save_every, "0", "steps between saved models (0 = only at the end)"},
@@ -347,10 +347,10 @@ static void setup(Ppo *p, PpoOptions *o) {
         p->kl_coef = o->state.kl_coef;
         int same = !strcmp(o->state.placement, rs->placement);
         for (int r = R_ACTOR; r <= R_CRITIC; r++)
-            if (R[r].member) learner_resume(&p->learner[r], p->load_dir[r], same, o->state.step);
+            if (R[r].member) learner_resume(&p->learner[r], p->load_dir[r], same);
         if (rs->world_rank == 0)
             fprintf(stderr, "resuming at step %d from %s%s\n", o->state.step, o->resume,
-                    same ? "" : ": another placement, so the weights and the step continue and the optimizer state restarts");
+                    same ? "" : ": another placement, so the weights, the step and the optimizer states (resharded) continue");
     }
     if (R[R_ACTOR].member) {
         int share = (S + R[R_ACTOR].mesh.dp - 1) / R[R_ACTOR].mesh.dp;

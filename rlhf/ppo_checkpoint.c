@@ -13,7 +13,7 @@
 #include <string.h>
 
 /* out/checkpoint-STEP: actor/ (causal LM) and critic/ (sequence classification), each an HF
- * directory with its mesh's optim.rankR.bin, then ppo_state.json (world rank 0, atomic, written
+ * directory with its optimizer state (layout-free: optimizer/), then ppo_state.json (world rank 0, atomic, written
  * last: a checkpoint without it is incomplete). Prompt order, samples and mini-batch shuffles are
  * pure functions of (seed, step), so the step is the whole data and RNG position. */
 void ppo_checkpoint_save(const Roles *rs, Learner *learner, const char *const *load_dir, const char *out, int step,

@@ -131,20 +131,26 @@ print(",".join(sorted({v["dtype"] for k, v in h.items() if k != "__metadata__"})
         timeout 120 $run "$TANDEM" sft "${A[@]}" $z --out "$BATS_TEST_TMPDIR/split" --resume "$BATS_TEST_TMPDIR/split/checkpoint-5" 2>/dev/null
         diff <(losses "$BATS_TEST_TMPDIR/straight") <(losses "$BATS_TEST_TMPDIR/split")
         [ "$(losses "$BATS_TEST_TMPDIR/split" | wc -l)" -eq 10 ]
-        for f in "$BATS_TEST_TMPDIR"/straight/checkpoint-10/*.safetensors "$BATS_TEST_TMPDIR"/straight/checkpoint-10/optim.rank*.bin; do
-            cmp "$f" "$BATS_TEST_TMPDIR/split/checkpoint-10/$(basename "$f")"
+        for f in $(cd "$BATS_TEST_TMPDIR/straight/checkpoint-10" && ls *.safetensors optimizer/*/*.safetensors); do
+            cmp "$BATS_TEST_TMPDIR/straight/checkpoint-10/$f" "$BATS_TEST_TMPDIR/split/checkpoint-10/$f"
         done
     done
-    # the optimizer file holds moments and the master: 64 + 3 x 4 bytes per parameter (1x1 here)
-    n=$(python3 -c 'import json, struct, sys
-f = open(sys.argv[1], "rb"); h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0])); import math
-print(sum(math.prod(v["shape"]) for k, v in h.items() if k != "__metadata__"))' "$BATS_TEST_TMPDIR/split/checkpoint-5/model-00001-of-00001.safetensors")
-    echo "params $n"
-    [ "$(stat -c %s "$BATS_TEST_TMPDIR/split/checkpoint-5/optim.rank0.bin")" -eq $((64 + 12 * n)) ]
+    # the optimizer state holds moments and the master, each an F32 tensor of every parameter's shape
+    # (4 bytes per parameter)
+    params() { python3 -c 'import json, struct, sys, math
+f = open(sys.argv[1], "rb"); h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+print(sum(math.prod(v["shape"]) * (4 if v["dtype"] == "F32" else 2) for k, v in h.items() if k != "__metadata__"), len(h) - 1)' "$1"; }
+    c="$BATS_TEST_TMPDIR/split/checkpoint-5"
+    n=$(params "$c/model-00001-of-00001.safetensors")
+    echo "weights (bytes as bf16, tensors): $n"
+    [ "$(jq -c .sections "$c/optimizer/optimizer.json")" = '["exp_avg","exp_avg_sq","master"]' ]
+    for s in exp_avg exp_avg_sq master; do
+        [ "$(params "$c/optimizer/$s/model-00001-of-00001.safetensors")" = "$((2 * ${n% *})) ${n#* }" ]
+    done
     run timeout 60 "$TANDEM" sft "${A[@]}" --dtype fp32 --out "$BATS_TEST_TMPDIR/x" --resume "$BATS_TEST_TMPDIR/split/checkpoint-5"
     echo "$output" | tail -2
     [ "$status" -ne 0 ]
-    [[ "$output" == *"optim.rank0.bin: saved by a run with bf16 weights; this run has fp32 weights: resume with --dtype bf16"* ]]
+    [[ "$output" == *"optimizer/optimizer.json: saved by a run with bf16 weights; this run has fp32 weights: resume with --dtype bf16"* ]]
 }
 
 @test "bf16 sft: tp 2, pp 2 (4 micro-batches), dp 2 plain and ZeRO-1 follow the 1x1 losses" {

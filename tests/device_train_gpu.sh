@@ -26,7 +26,8 @@ for d in fp32 bf16; do for dev in cpu cuda; do
 done; done
 timeout 60 $T sft $A --dtype bf16 --device cuda --out $W/split --stop-after 10 2>/dev/null
 timeout 60 $T sft $A --dtype bf16 --device cuda --out $W/split --resume $W/split/checkpoint-10 2>/dev/null
-for f in model-00001-of-00001.safetensors optim.rank0.bin; do
+for f in model-00001-of-00001.safetensors optimizer/exp_avg/model-00001-of-00001.safetensors \
+         optimizer/exp_avg_sq/model-00001-of-00001.safetensors optimizer/master/model-00001-of-00001.safetensors; do
     cmp $W/s.bf16.cuda/checkpoint-20/$f $W/split/checkpoint-20/$f && echo "resume on cuda: $f same"
 done
 P="--model $S --data $PF/story_train.jsonl --eval-data $PF/story_val.jsonl --seq-len 64 --batch-size 8 --max-steps 6

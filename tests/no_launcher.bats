@@ -7,7 +7,7 @@
 load helpers
 
 # bash's ulimit -f counts KiB: 3000 is below the ~4000 Open MPI needed (measured: 3000 and 4000 fail),
-# above every file written here (the largest: sft's optim.rank0.bin, 2 MiB of AdamW moments)
+# above every file written here (the largest: sft's weights and each AdamW moment, 1 MiB each)
 LIMIT=3000
 
 # limited CMD...: runs CMD under ulimit -f $LIMIT, no launcher in its environment
@@ -39,7 +39,8 @@ limited() {
     loss() { jq -c 'select(.loss) | [.step, .loss, .grad_norm]' "$1/metrics.jsonl"; }
     [ "$(loss "$BATS_TEST_TMPDIR/out" | wc -l)" -eq 2 ]
     diff <(loss "$BATS_TEST_TMPDIR/ref") <(loss "$BATS_TEST_TMPDIR/out")
-    for f in model-00001-of-00001.safetensors optim.rank0.bin; do
+    for f in model-00001-of-00001.safetensors optimizer/exp_avg/model-00001-of-00001.safetensors \
+        optimizer/exp_avg_sq/model-00001-of-00001.safetensors optimizer/optimizer.json; do
         cmp "$BATS_TEST_TMPDIR/ref/checkpoint-2/$f" "$BATS_TEST_TMPDIR/out/checkpoint-2/$f"
     done
 }

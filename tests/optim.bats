@@ -6,8 +6,10 @@
 # layout -- dp plain / ZeRO-1, tp, pp and mixes, 1 to 4 ranks -- must print the same grad norms and the
 # same layout-invariant param checksum as 1x1 after 4 steps, bit for bit (the test gradients are exact
 # in fp32, so only a wrong count can differ: see tests/test_optim.c), with dp replicas and
-# tp-replicated norms identical on every rank. Save/load resumes bit-identically; a bad state file
-# is one clear message.
+# tp-replicated norms identical on every rank. The layout-free state (train/optim_state.c) saved at
+# one layout and loaded at another continues that run bit for bit. The per-rank format of earlier
+# builds (optim_save / optim_load, still read at its own layout) resumes bit-identically; a bad
+# state file is one clear message.
 load helpers
 
 TO="$ROOT/build/tests/test_optim"
@@ -109,6 +111,36 @@ same_as_1x1() {
     echo "$output"
     [ "$status" -eq 0 ]
     [ "$(grep -c 'ok: optim resume' <<<"$output")" -eq 4 ]
+}
+
+# reshard MODEL "NP TP PP ZERO" "NP TP PP ZERO": 2 steps at the first layout, its weights and layout-free
+# optimizer state saved, loaded at the second, 2 more steps: the norms of steps 2 and 3 and the
+# checksum equal 4 steps at 1x1 bit for bit (a lost, misplaced or wrong-replica moment would not)
+reshard() {
+    local model=$1 ref out d="$BATS_TEST_TMPDIR/rs"
+    ref=$("$TO" mesh "$M/$model" 1 1 0 4 | grep -E '^(norm [23] |checksum)')
+    set -- $2 $3
+    rm -rf "$d"
+    run timeout 120 $MPIRUN "$1" "$TO" reshard "$M/$model" "$2" "$3" "$4" "$d" save
+    [ "$status" -eq 0 ]
+    [ -e "$d/optimizer/optimizer.json" ]
+    run timeout 120 $MPIRUN "$5" "$TO" reshard "$M/$model" "$6" "$7" "$8" "$d" load
+    echo "$model np=$1 tp=$2 pp=$3 zero=$4 -> np=$5 tp=$6 pp=$7 zero=$8:"
+    echo "$output" | grep -v '^[|+]'
+    [ "$status" -eq 0 ]
+    [ "$(grep -c 'ok: optim reshard load' <<<"$output")" -eq "$5" ]
+    diff <(echo "$ref") <(grep -E '^(norm [23] |checksum)' <<<"$output")
+}
+
+@test "optim layout-free state: saved at one tp x pp x dp x zero, resumed at another, continues 1x1's run bit for bit (replicated kv heads, tied embedding across stages, padded vocab, ZeRO slices)" {
+    reshard llama_gqa "4 2 2 0" "2 1 1 1"
+    reshard llama_gqa "2 1 1 1" "4 2 1 1"
+    reshard llama_mqa "1 1 1 0" "4 4 1 0"
+    reshard llama_mqa "4 4 1 1" "1 1 1 0"
+    reshard qwen2_bias "4 1 2 1" "1 1 1 0"
+    reshard qwen2_bias "1 1 1 0" "4 2 2 0"
+    reshard llama_odd_vocab "2 2 1 1" "4 4 1 0"
+    reshard llama_odd_vocab "4 4 1 0" "4 1 1 1"
 }
 
 @test "optim load errors: wrong magic, version, layout, model, truncated file each say what is wrong; missing file is rc -1" {

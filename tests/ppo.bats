@@ -122,7 +122,7 @@ print("ok: actor loads")' "$ck/actor"
         awk '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (d > 1e-4 * (a > 1 ? a : 1)) { print "differ", $0; bad = 1 } } END { exit bad }'
 }
 
-@test "checkpoints and --resume: 6 steps straight == 3 steps, stop, resume 3 more (metrics and weights bit for bit, adaptive KL included); another placement restarts the optimizers and says so" {
+@test "checkpoints and --resume: 6 steps straight == 3 steps, stop, resume 3 more (metrics and weights bit for bit, adaptive KL included); another placement continues with the optimizers resharded, here bit for bit" {
     need_story
     A=(--actor "$STORIES" --critic "$RM" --reward "$RM" --prompts "$TRAIN" --n-samples-per-prompt 2 --rollout-batch-size 4
        --max-new-tokens 16 --steps 6 --kl-coef 0.01 --kl-target 0.05 --actor-lr 3e-4 --critic-lr 1e-3 --lr-schedule cosine)
@@ -131,19 +131,22 @@ print("ok: actor loads")' "$ck/actor"
     run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/split" --save-every 3 --stop-after 3
     [ "$status" -eq 0 ]
     [ "$(jq -r .step "$BATS_TEST_TMPDIR/split/checkpoint-3/ppo_state.json")" = 3 ]
-    [ -e "$BATS_TEST_TMPDIR/split/checkpoint-3/actor/optim.rank0.bin" ] && [ -e "$BATS_TEST_TMPDIR/split/checkpoint-3/critic/optim.rank0.bin" ]
+    [ -e "$BATS_TEST_TMPDIR/split/checkpoint-3/actor/optimizer/optimizer.json" ] && [ -e "$BATS_TEST_TMPDIR/split/checkpoint-3/critic/optimizer/optimizer.json" ]
     run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/split" --resume "$BATS_TEST_TMPDIR/split/checkpoint-3"
     [ "$status" -eq 0 ]
     diff <(numbers "$BATS_TEST_TMPDIR/straight/metrics.jsonl") <(numbers "$BATS_TEST_TMPDIR/split/metrics.jsonl")
     for r in actor critic; do
         cmp <(cat "$BATS_TEST_TMPDIR"/straight/checkpoint-6/$r/*.safetensors) <(cat "$BATS_TEST_TMPDIR"/split/checkpoint-6/$r/*.safetensors)
     done
-    # into separate groups on two ranks: continues, and says the optimizer state restarts
+    # into separate groups on two ranks: continues with the optimizer states resharded (says so); each
+    # role keeps its 1x1 layout, so the rest of the run is the straight run's, bit for bit (another
+    # tp/pp: tests/resume_layout.bats)
     run timeout 120 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/moved" --actor-ranks 1 --critic-ranks 1 \
         --colocate actor,ref:critic,reward --resume "$BATS_TEST_TMPDIR/split/checkpoint-3"
     [ "$status" -eq 0 ]
-    [[ "$output" == *"resuming at step 3 from $BATS_TEST_TMPDIR/split/checkpoint-3: another placement, so the weights and the step continue and the optimizer state restarts"* ]]
+    [[ "$output" == *"resuming at step 3 from $BATS_TEST_TMPDIR/split/checkpoint-3: another placement, so the weights, the step and the optimizer states (resharded) continue"* ]]
     [ "$(jq -s 'map(.step) | join(",")' -r "$BATS_TEST_TMPDIR/moved/metrics.jsonl")" = "4,5,6" ]
+    diff <(numbers "$BATS_TEST_TMPDIR/straight/metrics.jsonl" | tail -3) <(numbers "$BATS_TEST_TMPDIR/moved/metrics.jsonl")
     # an incomplete checkpoint (no ppo_state.json) is refused
     rm "$BATS_TEST_TMPDIR/split/checkpoint-3/ppo_state.json"
     run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/split" --resume "$BATS_TEST_TMPDIR/split/checkpoint-3"

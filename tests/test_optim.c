@@ -3,6 +3,11 @@
  *   test_optim mesh MODEL_DIR TP PP ZERO STEPS    optim_step on a real model's arena (under mpirun)
  *   test_optim resume MODEL_DIR TP PP ZERO DIR    4 steps straight == 2 steps, save, load, 2 steps
  *   test_optim load MODEL_DIR TP PP ZERO FILE     optim_load only (error messages; exit 2 if absent)
+ *   test_optim reshard MODEL_DIR TP PP ZERO DIR save|load
+ *                                                 the layout-free state (train/optim_state.c): save =
+ *                                                 2 steps, then the weights and optimizer state into
+ *                                                 DIR; load (any other layout) = DIR's weights and
+ *                                                 state, then steps 2 and 3, printed as mesh prints
  *   test_optim backend NAME                       the backend's adamw, sum_squares and bf16 pack
  *                                                 against the CPU kernels: bit for bit
  *
@@ -35,7 +40,9 @@
 #include "runtime/mesh.h"
 #include "runtime/model.h"
 #include "runtime/util.h"
+#include "train/checkpoint.h"
 #include "train/optim.h"
+#include "train/optim_state.h"
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -432,6 +439,42 @@ static int test_load(const char *dir, int tp, int pp, int zero, const char *file
     return rc != 0 ? 2 : 0;
 }
 
+/* The layout-free state across layouts. The test gradients make every layout's steps bit-identical
+ * (see the file comment), so steps 0-1 at the saving layout, the state resharded, and steps 2-3 at
+ * the loading one must print exactly the norms and checksum of 4 steps at 1x1: a moment or master
+ * element lost, misplaced, or taken from the wrong replica changes the params of steps 2-3. */
+static int test_reshard(const char *dir, int tp, int pp, int zero, const char *out, const char *what) {
+    Run r;
+    run_init(&r, dir, tp, pp);   /* the initial weights: the gradients' keys (p0) */
+    Optim *o = optim_new(&r.m, &r.mesh, mesh_config(zero));
+    r.grads = xmalloc(sizeof(float) * optim_grad_floats(o));
+    int fail = 0;
+    char err[CHECKPOINT_ERR_CAP];
+    if (strcmp(what, "save") == 0) {
+        run_steps(&r, o, 0, 2);
+        CHECK(checkpoint_save_model(&r.m, dir, out, 1, DTYPE_AUTO, err) == 0);
+        CHECK(optim_state_save(o, &r.m, out, err) == 0);
+        printf("ok: optim reshard save rank %d\n", r.mesh.rank);
+    } else {
+        Model saved;   /* the weights after step 1, at this layout */
+        model_load(&saved, out, &r.mesh, DTYPE_F32, backend_default());
+        CHECK(saved.n_params == r.m.n_params);
+        memcpy(r.m.params, saved.params, sizeof(float) * r.m.n_params);
+        model_free(&saved);
+        optim_free(o);
+        o = optim_new(&r.m, &r.mesh, mesh_config(zero));
+        optim_state_load(o, &r.m, out);
+        CHECK(o->step == 2);
+        run_steps(&r, o, 2, 4);
+        print_checksum(&r);
+        fail = check_replicas(&r);
+        if (!fail) printf("ok: optim reshard load rank %d (tp %d dp %d pp %d, zero %d)\n", r.mesh.rank, tp, r.mesh.dp, pp, zero);
+    }
+    optim_free(o);
+    run_free(&r);
+    return fail;
+}
+
 /* The optimizer's entries of backend NAME (cuda, cpu-guarded) against cpu_adamw and cpu_sum_squares
  * on pseudo-random arrays of sizes around the chunk and lane boundaries, through the backend's memory:
  * three AdamW steps (decay and none, clipped), the sum of squares, the master's bf16 rounding. The
@@ -488,7 +531,8 @@ int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "backend") == 0) return test_backend(argv[2]);
     if (argc < 6) {
         fprintf(stderr, "usage: test_optim torch FIXTURE.json | mesh MODEL TP PP ZERO STEPS | "
-                        "resume MODEL TP PP ZERO DIR | load MODEL TP PP ZERO FILE | backend NAME\n");
+                        "resume MODEL TP PP ZERO DIR | load MODEL TP PP ZERO FILE | "
+                        "reshard MODEL TP PP ZERO DIR save|load | backend NAME\n");
         return 1;
     }
     comm_init(&argc, &argv);
@@ -497,6 +541,7 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "mesh") == 0 && argc >= 7) rc = test_mesh(dir, tp, pp, zero, atoi(argv[6]));
     else if (strcmp(mode, "resume") == 0 && argc >= 7) rc = test_resume(dir, tp, pp, zero, argv[6]);
     else if (strcmp(mode, "load") == 0 && argc >= 7) rc = test_load(dir, tp, pp, zero, argv[6]);
+    else if (strcmp(mode, "reshard") == 0 && argc >= 8) rc = test_reshard(dir, tp, pp, zero, argv[6], argv[7]);
     else fprintf(stderr, "test_optim: unknown mode %s\n", mode);
     comm_finalize();
     return rc;

@@ -250,12 +250,39 @@ typedef struct {
     int64_t bytes;    /* sum of the stage's tensor sizes in bytes */
 } StageList;
 
-/* Every dp-rank-0 rank of the stage calls it (a collective over the tp group). A failed write puts
- * its line in err (cap CHECKPOINT_ERR_CAP; left "" when this rank wrote fine). */
-static void save_stage(const Model *m, DType dt, const char *tmp, StageList *list, char *err) {
+/* The weights as a ShardSource: each shard as fp32 (a bf16 weight's exact upcast), copied out of
+ * the backend's memory (numel elements of the model's dtype); only where it is sent or written. */
+typedef struct {
+    const Model *m;
+    void *raw;          /* (numel) the shard in the model's dtype */
+    float *f;           /* (numel) the same as fp32 */
+    size_t cap;         /* elements of each */
+} WeightSource;
+
+static const float *weight_shard(void *ctx, const ParamInfo *in) {
+    WeightSource *s = ctx;
+    const Model *m = s->m;
+    const Mesh *mesh = m->mesh;
+    if (mesh->dp_rank != 0 || mesh->tp_rank % in->replicas != 0) return NULL;
+    size_t es = dtype_size(m->dtype);
+    if (!s->raw || in->numel > s->cap) {
+        s->cap = in->numel ? in->numel : 1;
+        s->raw = xrealloc(s->raw, es * s->cap);
+        s->f = xrealloc(s->f, sizeof(float) * s->cap);
+    }
+    m->be->to_host(s->raw, (const char *)m->params + es * in->offset, es * in->numel);
+    if (m->dtype == DTYPE_F32) return s->raw;
+    for (size_t k = 0; k < in->numel; k++) s->f[k] = weight_at(s->raw, m->dtype, k);
+    return s->f;
+}
+
+/* Every rank of the mesh calls it: src->shard runs everywhere (a source may gather over dp), the
+ * tp groups of dp rank 0 gather and write. A failed write puts its line in err (cap
+ * CHECKPOINT_ERR_CAP; left "" when this rank wrote fine). */
+static void save_stage(const Model *m, const ShardSource *src, DType dt, const char *tmp, StageList *list, char *err) {
     const Mesh *mesh = m->mesh;
     const Comm *tpc = &mesh->tp_comm;
-    int tp = mesh->tp, writer = mesh->tp_rank == 0;
+    int tp = mesh->tp, writer = mesh->tp_rank == 0 && mesh->dp_rank == 0;
     int n = model_param_infos(m, NULL, 0);
     ParamInfo *infos = xmalloc(sizeof(ParamInfo) * (size_t)n);
     CHECK(model_param_infos(m, infos, n) == n);
@@ -289,28 +316,19 @@ static void save_stage(const Model *m, DType dt, const char *tmp, StageList *lis
     for (int i = 0; i < n; i++) {
         const ParamInfo *in = &infos[i];
         if (skip_tensor(m, in)) continue;
-        /* the shard as fp32 (a bf16 weight's exact upcast): what the ranks send and place, copied
-         * out of the backend's memory (numel elements of the model's dtype) */
-        size_t es = dtype_size(m->dtype);
-        void *raw = xmalloc(es * (in->numel ? in->numel : 1));
-        m->be->to_host(raw, (const char *)m->params + es * in->offset, es * in->numel);
-        float *shard_f = raw;
-        if (m->dtype != DTYPE_F32) {
-            shard_f = xmalloc(sizeof(float) * (in->numel ? in->numel : 1));
-            for (size_t k = 0; k < in->numel; k++) shard_f[k] = weight_at(raw, m->dtype, k);
-            free(raw);
-        }
-        const float *shard = shard_f;
+        const float *shard = src->shard(src->ctx, in);   /* on every rank, in tensor order */
+        if (mesh->dp_rank != 0) continue;
         /* replicas: consecutive tp ranks holding the same copy (all tp for norms); the first of each
          * group stands for it */
         if (!writer) {
             if (mesh->tp_rank % in->replicas == 0) {
+                CHECK(shard != NULL);
                 comm_send(tpc, in, sizeof(ParamInfo), 0);
                 comm_send(tpc, shard, sizeof(float) * in->numel, 0);
             }
-            free(shard_f);
             continue;
         }
+        CHECK(shard != NULL);
         size_t cols_global = in->cols_global ? (size_t)in->cols_global : 1;
         size_t numel_global = (size_t)in->rows_global * cols_global;
         float *full = xmalloc(sizeof(float) * numel_global);
@@ -328,7 +346,6 @@ static void save_stage(const Model *m, DType dt, const char *tmp, StageList *lis
         if (w && st_writer_put(w, full, numel_global) != 0 && !err[0])
             snprintf(err, CHECKPOINT_ERR_CAP, "%s%s: cannot write: %s", who, path, strerror(errno));
         free(full);
-        free(shard_f);
         size_t need = list->len + strlen(in->name) + 2;
         if (need > names_cap) list->names = xrealloc(list->names, names_cap = 2 * need);
         list->len += (size_t)snprintf(list->names + list->len, names_cap - list->len, "%s\n", in->name);
@@ -410,6 +427,22 @@ static void write_index(const Model *m, const char *tmp, StageList *mine, char *
     free(lists);
 }
 
+/* Steps 2 and 3 on every rank: the stage files and the index in dir. Returns comm_first_error's
+ * answer over the mesh (also: every writer has finished). */
+static int save_tensors(const Model *m, const ShardSource *src, const char *dir, DType dt, char *err) {
+    const Mesh *mesh = m->mesh;
+    StageList list = {0};
+    save_stage(m, src, dt, dir, &list, err);
+    if (mesh->dp_rank == 0 && mesh->tp_rank == 0) write_index(m, dir, &list, err);
+    free(list.names);
+    return comm_first_error(&mesh->group, err, CHECKPOINT_ERR_CAP);
+}
+
+int checkpoint_save_tensors(const Model *m, const ShardSource *src, const char *dir, DType dt, char *err) {
+    err[0] = 0;
+    return save_tensors(m, src, dir, dt, err) ? -1 : 0;
+}
+
 /* ---- step 4 (rank 0): publish ------------------------------------------------------------ */
 
 /* Moves the finished tmp to out (replacing an existing out when overwrite). Returns 0, or -1 with
@@ -470,11 +503,11 @@ int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_d
         return -1;
     }
 
-    StageList list = {0};
-    if (mesh->dp_rank == 0) save_stage(m, dtype, p->tmp, &list, err);
-    if (mesh->dp_rank == 0 && mesh->tp_rank == 0) write_index(m, p->tmp, &list, err);
-    free(list.names);
-    int failed = comm_first_error(&mesh->group, err, CHECKPOINT_ERR_CAP);   /* also: every writer has finished */
+    WeightSource ws = {m, NULL, NULL, 0};
+    ShardSource src = {weight_shard, &ws};
+    int failed = save_tensors(m, &src, p->tmp, dtype, err);
+    free(ws.raw);
+    free(ws.f);
 
     int result = -1;
     if (root && failed) remove_tree(p->tmp);

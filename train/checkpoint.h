@@ -3,7 +3,8 @@
  * model's backend memory one tensor at a time, to_host; placement from model_param_infos,
  * padded vocab rows stripped, one copy of each replicated tensor), the directory layout, and the
  * atomic publish of the directory. Does not own: the safetensors format (runtime/safetensors.c), the
- * sharding rules (runtime/model.c), nor the training state (optimizer moments, RNG, data cursor).
+ * sharding rules (runtime/model.c), nor the training state (the optimizer's, train/optim_state.c,
+ * which writes its tensors through checkpoint_save_tensors; RNG, data cursor).
  *
  * Layout of a saved directory (pp = P pipeline stages, stage s counted from 1):
  *     config.json                         src_dir's config.json, only "torch_dtype" set to "float32"
@@ -44,4 +45,22 @@
 #define CHECKPOINT_ERR_CAP 4608   /* a PATH_MAX path and its reason */
 int checkpoint_save_model(const Model *m, const char *src_dir, const char *out_dir, int overwrite, DType dtype,
                           char *err);
+
+/* Where checkpoint_save_tensors takes each tensor from: shard(ctx, in) is called on every rank of
+ * the mesh for every tensor of model_param_infos, in that order (so a source may gather over dp in
+ * it), and returns this rank's shard of `in` as fp32 host memory (in->numel floats, valid until the
+ * next call) on the ranks that send or write it: dp rank 0, tp ranks with tp_rank % in->replicas
+ * == 0. Elsewhere it may return NULL. The weights are one source (checkpoint_save_model's), the
+ * optimizer's moments and master others (train/optim_state.c). */
+typedef struct {
+    const float *(*shard)(void *ctx, const ParamInfo *in);
+    void *ctx;
+} ShardSource;
+
+/* Writes src's tensors into the existing directory dir as checkpoint_save_model writes the weights
+ * (model-0000s-of-0000P.safetensors per stage, stored as dtype, and model.safetensors.index.json:
+ * full HF shapes and names, padded vocab rows dropped, one copy of each replica, no tied lm_head),
+ * nothing else. Collective over the mesh. Returns 0 on every rank, or -1 on every rank with the
+ * failed write's line in err (CHECKPOINT_ERR_CAP bytes, as checkpoint_save_model's). */
+int checkpoint_save_tensors(const Model *m, const ShardSource *src, const char *dir, DType dtype, char *err);
 #endif

@@ -3,8 +3,8 @@
 #include "runtime/comm.h"
 #include "runtime/util.h"
 #include "train/checkpoint.h"
+#include "train/optim_state.h"
 #include "train/schedule.h"
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,21 +67,27 @@ void learner_mem_plan(const Learner *L, MemPlan *plan) {
 int learner_save(Learner *L, const char *src_dir, const char *dir, char *err) {
     const Mesh *mesh = L->m->mesh;
     if (checkpoint_save_model(L->m, src_dir, dir, 1, L->save_dtype, err)) return -1;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/optim.rank%d.bin", dir, mesh->rank);
-    if (optim_save(L->opt, path)) snprintf(err, CHECKPOINT_ERR_CAP, "%s: cannot write: %s", path, strerror(errno));
-    if (!comm_first_error(&mesh->group, err, CHECKPOINT_ERR_CAP)) return 0;
+    if (optim_state_save(L->opt, L->m, dir, err) == 0) return 0;
     if (mesh->rank == 0) remove_tree(dir);   /* weights without their optimizer state: not a checkpoint */
     comm_barrier(&mesh->group);
     return -1;
 }
 
-void learner_resume(Learner *L, const char *dir, int same_layout, int step) {
-    if (!same_layout) {
-        L->opt->step = step;
+void learner_resume(Learner *L, const char *dir, int same_layout) {
+    if (optim_state_present(dir)) {
+        optim_state_load(L->opt, L->m, dir);
         return;
     }
+    /* a checkpoint of an earlier build: one optim.rankR.bin per rank, its own layout's arena slices */
     char path[4200];
+    snprintf(path, sizeof path, "%s/optim.rank0.bin", dir);
+    if (!file_exists(path))
+        user_error("%s/" OPTIM_STATE_DIR "/" OPTIM_STATE_FILE ": missing: not a complete checkpoint (was the run "
+                   "killed while saving?)", dir);
+    if (!same_layout)
+        user_error("%s: optimizer state in the per-rank format of earlier builds (optim.rankN.bin), which loads only "
+                   "at the layout that saved it: resume there once (its state file names tp, pp, dp and zero); the "
+                   "checkpoints it writes then resume at any layout", dir);
     snprintf(path, sizeof path, "%s/optim.rank%d.bin", dir, L->m->mesh->rank);
     if (optim_load(L->opt, path)) rank_error("%s: cannot read", path);
 }

@@ -7,7 +7,7 @@
  * Used by sft, rm and dpo (train/trainer.c's loop), the two trained roles of ppo (actor, critic)
  * and `tandem bench --train`.
  * Owns: the optimizer, the gradient arena, the activation slots, the step's order, and saving /
- * resuming this rank's part of them (the weights as an HF directory, optim.rankR.bin).
+ * resuming them (the weights as an HF directory, the optimizer's state layout-free in it).
  * Does not own: the model's weights (the caller loaded them), data, the loss (the hook), logging,
  * the loop, the trainer's own state file (trainer_state.json, ppo_state.json). */
 #ifndef TANDEM_LEARNER_H
@@ -52,13 +52,15 @@ LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHoo
 /* Adds the learner's parts to a memory plan: gradients, moments, activation slots. */
 void learner_mem_plan(const Learner *L, MemPlan *plan);
 /* dir: the weights as an HF directory (checkpoint_save_model from src_dir's config and tokenizer,
- * atomic), then this rank's optim.rankR.bin in it. Collective over the mesh. Returns 0, or -1 on
- * every rank when a file could not be written: err (CHECKPOINT_ERR_CAP bytes) then holds the line
- * naming it (printed by nobody) and dir is gone (the weights alone are no checkpoint); the caller
- * stops the run. */
+ * atomic), then the optimizer's state in it, layout-free (optim_state_save: dir/optimizer/).
+ * Collective over the mesh. Returns 0, or -1 on every rank when a file could not be written: err
+ * (CHECKPOINT_ERR_CAP bytes) then holds the line naming it (printed by nobody) and dir is gone (the
+ * weights alone are no checkpoint); the caller stops the run. */
 int learner_save(Learner *L, const char *src_dir, const char *dir, char *err);
-/* Continues from dir (what learner_save wrote): at the same layout (tp, pp, dp, zero) this rank's
- * optim.rankR.bin is read (bit-exact resume); at another the moments restart from zero at step
- * `step`. The weights were loaded with the model. */
-void learner_resume(Learner *L, const char *dir, int same_layout, int step);
+/* Continues from dir (what learner_save wrote, at any layout): the optimizer's moments (and master)
+ * resharded onto this layout and its step (optim_state_load), so a resume at the same layout is bit
+ * for bit. A checkpoint of an earlier build (one optim.rankR.bin per rank) loads only at the layout
+ * that saved it (same_layout: this rank's file); at another it is a user_error saying so. The weights
+ * were loaded with the model. */
+void learner_resume(Learner *L, const char *dir, int same_layout);
 #endif

@@ -2,8 +2,9 @@
  * gradient-norm clipping over the whole mesh (torch.nn.utils.clip_grad_norm_), the learning-rate
  * schedule, and the data-parallel gradient reduction: plain (all-reduce, full Adam moments on every
  * dp rank) or ZeRO-1 (Megatron's distributed optimizer: reduce-scatter, each dp rank owns the
- * moments of 1/dp of the flat arena and updates only that slice, then all-gather). Saves and loads
- * this rank's moments and step.
+ * moments of 1/dp of the flat arena and updates only that slice, then all-gather). Reads (and
+ * writes, for tests) the per-rank state files of earlier builds' checkpoints; checkpoints are
+ * written layout-free by train/optim_state.c.
  * Does not own: computing or accumulating gradients (train/grad.c), summing a tied embedding's two
  * copies across pp stages (train_tied_embedding_all_reduce, called before optim_step), the training
  * loop or its checkpoints of the weights themselves.
@@ -12,7 +13,7 @@
  * the params are the master weights. With BF16 weights the optimizer keeps an fp32 master copy of
  * the slice it updates (all of it plain, 1/dp under ZeRO-1, sharded with the moments), AdamW
  * updates the master, and the bf16 weights are the master rounded to nearest even after every
- * step; optim_save writes the master with the moments, so a resume continues bit for bit.
+ * step; the saved state holds the master with the moments, so a resume continues bit for bit.
  *
  * One step, in this order (optim_step):
  *   1. dp reduction: grads = mean over the dp group (sum, then / dp). Plain: every rank gets the
@@ -121,7 +122,10 @@ double optim_lr(const Optim *o, int step);  /* lr_schedule(&o->cfg, step) */
  * the mesh) nothing is updated (weights, moments, step) and that norm is returned. */
 float optim_step(Optim *o, Model *m, float *grads);
 
-/* Writes this rank's moments and step (the rank's own file, e.g. optim.rank3.bin) atomically
+/* The per-rank format of checkpoints before the layout-free one (train/optim_state.h): each rank's
+ * arena slice of the state, which loads only at the layout that wrote it. learner_resume still reads
+ * it there (optim_load); optim_save writes it for tests/test_optim.c only.
+ * Writes this rank's moments and step (the rank's own file, e.g. optim.rank3.bin) atomically
  * (temp file + rename). Returns 0, or -1 if it cannot be written (errno says why). */
 int optim_save(Optim *o, const char *path);
 /* Reads what optim_save wrote. Returns 0, or -1 if the file cannot be opened (the caller decides:

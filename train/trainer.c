@@ -272,7 +272,7 @@ static int count_steps(const TrainOptions *o, Data *train, const Mesh *mesh) {
     return steps;
 }
 
-/* --resume: the data position, and the optimizer's state at the same layout (else it restarts). */
+/* --resume: the data position and the optimizer's state (resharded at another layout). */
 static int resume_from(const TrainOptions *o, Learner *L, Data *train) {
     const Mesh *mesh = L->m->mesh;
     TrainerState ts;
@@ -281,10 +281,13 @@ static int resume_from(const TrainOptions *o, Learner *L, Data *train) {
     if (data_cursor_restore(train, ts.cursor, DATA_CURSOR_BYTES, err, sizeof err))
         user_error("%s/trainer_state.json: %s", o->resume, err);
     int same = ts.tp == o->tp && ts.pp == o->pp && ts.dp == mesh->dp && ts.zero == o->zero;
-    learner_resume(L, o->resume, same, ts.step);
+    learner_resume(L, o->resume, same);
+    if (L->opt->step != ts.step)
+        user_error("%s: optimizer state at step %d, trainer_state.json at step %d: not one checkpoint", o->resume,
+                   L->opt->step, ts.step);
     if (!same && mesh_is_root(mesh))
-        fprintf(stderr, "resume: saved with tp=%d pp=%d dp=%d zero=%d, now tp=%d pp=%d dp=%d zero=%d: weights and "
-                        "data position continue, the optimizer state restarts\n",
+        fprintf(stderr, "resume: saved with tp=%d pp=%d dp=%d zero=%d, now tp=%d pp=%d dp=%d zero=%d: the weights, the "
+                        "data position and the optimizer state (resharded) continue\n",
                 ts.tp, ts.pp, ts.dp, ts.zero, o->tp, o->pp, mesh->dp, o->zero);
     return ts.step;
 }

@@ -5,7 +5,7 @@
  * after, the progress line, metrics.jsonl (train/metrics.h), checkpoints and the closing line.
  * Owns: TrainOptions and their option rows, the loop (train_run), Step (copies of M micro-batches
  * out of Data's buffers; every dp rank reads the same stream and dp rank r keeps micro-batches r,
- * r + dp, ...), out/checkpoint-STEP (HF model + optimizer state per rank + trainer_state.json,
+ * r + dp, ...), out/checkpoint-STEP (HF model + layout-free optimizer state + trainer_state.json,
  * written last) and reading it back.
  * Does not own: the step (learner), losses (train/grad.h LossXent, rlhf/pref_loss.h), loading the
  * model (the command does: rm adds a score head, dpo a reference). */
@@ -42,7 +42,7 @@ typedef struct {
 } TrainerState;
 
 /* out/checkpoint-STEP: the model (checkpoint_save_model from model_dir's config and tokenizer),
- * optim.rankR.bin per rank, then trainer_state.json (rank 0, atomic): a checkpoint without it is
+ * its optimizer state (optimizer/, train/optim_state.h), then trainer_state.json (rank 0, atomic): a checkpoint without it is
  * incomplete. Collective over m's mesh. A failed model write is reported and the run goes on. */
 void trainer_save_checkpoint(Learner *L, Data *d, const char *model_dir, const char *out, int step, int keep);
 /* --save-total-limit: keeps the newest `keep` complete checkpoints of out (those holding the file
