@@ -43,7 +43,8 @@ int cpu_set_threads(int n) {
 
 /* dot_fixed over each of `leaves` runs of K / leaves elements, the runs' sums added by tree_sum
  * (kernels.h): the tp-invariant dot product of a row-parallel layer; leaves = 1 is dot_fixed */
-static float dot_leaves(const float *x, const float *w, int K, int leaves) {
+static inline float dot_leaves(const float *x, const float *w, int K, int leaves) {
+    if (leaves == 1) return dot_fixed(x, w, K);   /* (the same arithmetic, without the VLA: decode's path) */
     int Kl = K / leaves;
     float part[leaves];   /* (leaves) */
     for (int l = 0; l < leaves; l++) part[l] = dot_fixed(x + (size_t)l * Kl, w + (size_t)l * Kl, Kl);
@@ -176,7 +177,7 @@ static void matmul_tile(const MatmulOut *o, DType wt, const float *x, const floa
             for (int j = 0; j < ro; j++) {
                 for (int l = 0; l < leaves; l++)
                     part[l] = dot_split_bf16(xs + (size_t)n * n_in + (size_t)l * Kl, wb + (size_t)j * n_in + (size_t)l * Kl, Kl);
-                tree_sum(part, leaves, 1);
+                if (leaves > 1) tree_sum(part, leaves, 1);
                 out[(size_t)n * n_out + j0 + j] = o->bias ? part[0] + weight_at(o->bias, wt, (size_t)j0 + j) : part[0];
             }
         return;
