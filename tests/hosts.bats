@@ -1,0 +1,76 @@
+#!/usr/bin/env bats
+# Two hosts, for real (issue 29 item 4), and the communication deadline (--comm-timeout). The hosts
+# are two network namespaces on this machine joined by a veth pair, at 192.0.2.1 and 192.0.2.2 (the
+# documentation range), made and removed by each test (tests/hosts/up.sh, down.sh: needs root and
+# iproute2, as CI has); the job is mpirun on host a with a hostfile naming both, the remote daemon
+# started by a launcher agent that runs it inside host b's namespace under a hostname of its own
+# (tests/hosts/agent.sh), MPI over TCP on the hosts' subnet (tests/hosts/mpirun.sh). What must hold:
+# the same bytes as on one host (sft at tp 2, ppo with the actor on one host and the other roles on
+# the other), and a link cut mid-run ends the job with one line within the deadline plus the
+# launcher's part, no process left on either host, the last checkpoint resuming on one host.
+load helpers
+
+HOSTS="$ROOT/tests/hosts"
+
+setup() {
+    NS=t$$n$BATS_TEST_NUMBER   # unique per run and test; interface names stay under 16 bytes
+}
+teardown() {
+    bash "$HOSTS/down.sh" "$NS"   # kills what is left in the namespaces, deletes them (also after a failure)
+}
+hosts_up() {
+    bash "$HOSTS/up.sh" "$NS"
+}
+# $ON_HOSTS "$NS" N COMMAND...: mpirun over both hosts (tests/hosts/mpirun.sh), ranks 0..N/2-1 on host a
+ON_HOSTS="bash $HOSTS/mpirun.sh"
+
+losses() { jq -c '[.step, .loss, .grad_norm]' "$1/metrics.jsonl"; }
+numbers() { jq -c 'with_entries(select(.key | (startswith("timing_s/") or . == "samples_per_s") | not))' "$1"; }
+same_weights() { cmp <(cat "$1"/*.safetensors) <(cat "$2"/*.safetensors); }
+# every process on both hosts has ended (what ip netns pids sees; tests/hosts/down.sh would kill them)
+hosts_empty() { [ -z "$(ip netns pids "${NS}a")$(ip netns pids "${NS}b")" ]; }
+hosts_ps() { for h in a b; do echo "host $NS$h:"; ip netns pids "$NS$h" | xargs -r ps -o pid,etimes,args -p | cut -c1-160; done; }
+
+SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
+
+@test "deadline: a rank stopped (SIGSTOP) mid-run over a live link: the host's first rank says so in one line, every rank exits, status 1" {
+    need_story
+    make_rev_data "$BATS_TEST_TMPDIR"
+    # tp 2 x dp 2 on one host: rank 3 stopped, ranks 0-2 wait for it; only local rank 0 speaks
+    timeout 120 $MPIRUN 4 "$TANDEM" sft --model "$STORIES" --data "$BATS_TEST_TMPDIR/rev_train.jsonl" "${SFT[@]}" --max-steps 100000 \
+        --tp 2 --out "$BATS_TEST_TMPDIR/o" --comm-timeout 3 > "$BATS_TEST_TMPDIR/log" 2>&1 &
+    job=$!
+    for _ in $(seq 600); do
+        [ "$(cat "$BATS_TEST_TMPDIR/o/metrics.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break
+        sleep 0.1
+    done
+    ranks=$(for p in $(pgrep -f "$BATS_TEST_TMPDIR/o --comm-timeout 3"); do
+        r=$(tr '\0' '\n' < /proc/$p/environ | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+        [ -n "$r" ] && echo "$r $p"; done)
+    echo "$ranks"
+    [ "$(wc -l <<<"$ranks")" -eq 4 ]
+    kill -STOP "$(awk '$1 == 3 { print $2 }' <<<"$ranks")"
+    stop=$(date +%s%N)
+    status=0; wait $job || status=$?
+    ended=$(( ($(date +%s%N) - stop) / 1000000 ))
+    echo "ended ${ended} ms after the stop" >&3
+    grep -v '^step\|^|\|^+' "$BATS_TEST_TMPDIR/log"
+    [ "$status" -eq 1 ]
+    [ "$(grep -c '^tandem:' "$BATS_TEST_TMPDIR/log")" -eq 1 ]
+    [[ "$(tail -1 "$BATS_TEST_TMPDIR/log")" =~ ^"tandem: rank 0 on host $(hostname): no progress in MPI_"[A-Za-z]+" for 3 s (a peer or the network is gone; --comm-timeout sets the deadline); stopping"$ ]]
+    # the line at 3 s, the exit 10 s later (the launcher's turn first: runtime/comm.c), then mpirun ends the rest
+    [ "$ended" -ge 3000 ] && [ "$ended" -lt 25000 ]
+    for _ in $(seq 50); do pgrep -f "$BATS_TEST_TMPDIR/o --comm-timeout 3" >/dev/null || break; sleep 0.1; done
+    ! pgrep -f "$BATS_TEST_TMPDIR/o --comm-timeout 3"
+}
+
+@test "deadline: --comm-timeout's default is 60 s or TANDEM_COMM_TIMEOUT; bad values are one line naming the flag or the variable" {
+    for c in generate eval sft rm dpo ppo bench; do
+        "$TANDEM" $c --help | grep -q -- '--comm-timeout X .*(default 60)$'
+    done
+    TANDEM_COMM_TIMEOUT=7.5 "$TANDEM" sft --help | grep -q -- '--comm-timeout X .*(default 7.5)$'
+    run_one_line 'tandem: --comm-timeout -1: expected seconds, 0 (no deadline) to 1e9' "$TANDEM" sft --model x --comm-timeout -1
+    run_one_line 'tandem: TANDEM_COMM_TIMEOUT=soon: expected seconds, 0 (no deadline) to 1e9' env TANDEM_COMM_TIMEOUT=soon "$TANDEM" generate --model x
+    run timeout 60 $MPIRUN 2 -x TANDEM_COMM_TIMEOUT=soon "$TANDEM" sft --model x   # once, not once per rank
+    [ "$status" -eq 1 ]; [ "$output" = 'tandem: TANDEM_COMM_TIMEOUT=soon: expected seconds, 0 (no deadline) to 1e9' ]
+}
