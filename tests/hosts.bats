@@ -33,6 +33,85 @@ hosts_ps() { for h in a b; do echo "host $NS$h:"; ip netns pids "$NS$h" | xargs 
 
 SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
 
+@test "hosts: sft at tp 2 with a rank on each host equals one host bit for bit (losses, grad norms, weights); the deadline defaults to 60 s" {
+    need_story
+    make_rev_data "$BATS_TEST_TMPDIR"
+    A=(sft --model "$STORIES" --data "$BATS_TEST_TMPDIR/rev_train.jsonl" "${SFT[@]}" --max-steps 12 --tp 2)
+    run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
+    [ "$status" -eq 0 ]
+    hosts_up
+    run timeout 60 $ON_HOSTS "$NS" 2 hostname   # one rank on each host
+    [ "$status" -eq 0 ]; [ "$(sort <<<"$output" | tr '\n' ' ')" = "${NS}a ${NS}b " ]
+    run timeout 120 $ON_HOSTS "$NS" 2 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/two"
+    [ "$status" -eq 0 ]
+    grep -q '^| --comm-timeout *| 60 *|$' <<<"$output"   # the default deadline (README)
+    [ "$(losses "$BATS_TEST_TMPDIR/two" | wc -l)" -eq 12 ]
+    diff <(losses "$BATS_TEST_TMPDIR/one") <(losses "$BATS_TEST_TMPDIR/two")
+    same_weights "$BATS_TEST_TMPDIR/one/checkpoint-12" "$BATS_TEST_TMPDIR/two/checkpoint-12"
+}
+
+@test "hosts: ppo with the actor on host a and critic, reference and reward on host b equals the one-process run" {
+    need_story
+    "$TANDEM" rm --model "$STORIES" --data "$FIX/pref/story_train.jsonl" --out "$BATS_TEST_TMPDIR/rm" --seq-len 64 --batch-size 8 \
+        --max-steps 2 --threads 1 2>/dev/null
+    RMD="$BATS_TEST_TMPDIR/rm/checkpoint-2"
+    A=(ppo --actor "$STORIES" --critic "$RMD" --reward "$RMD" --prompts "$TRAIN" --n-samples-per-prompt 2 --rollout-batch-size 4
+       --max-new-tokens 16 --steps 3 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --threads 1)
+    run timeout 120 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
+    [ "$status" -eq 0 ]
+    hosts_up
+    run timeout 120 $ON_HOSTS "$NS" 2 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/two" --actor-ranks 1 --critic-ranks 1 --colocate critic,ref,reward
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"actor ranks 0-0 (group actor,"*"critic ranks 1-1 (group critic+ref+reward,"*"reward ranks 1-1 (group critic+ref+reward,"* ]]
+    [ "$(jq -s length "$BATS_TEST_TMPDIR/two/metrics.jsonl")" -eq 3 ]
+    diff <(numbers "$BATS_TEST_TMPDIR/one/metrics.jsonl") <(numbers "$BATS_TEST_TMPDIR/two/metrics.jsonl")
+    for r in actor critic; do same_weights "$BATS_TEST_TMPDIR/one/checkpoint-3/$r" "$BATS_TEST_TMPDIR/two/checkpoint-3/$r"; done
+}
+
+@test "hosts: the link cut mid-run ends sft at tp 2 with one line within the deadline and the launcher's keepalive, nothing left on either host; the last checkpoint resumes on one host, bit for bit" {
+    need_story
+    make_rev_data "$BATS_TEST_TMPDIR"
+    A=(sft --model "$STORIES" --data "$BATS_TEST_TMPDIR/rev_train.jsonl" "${SFT[@]}" --max-steps 40 --save-every 5 --tp 2)
+    run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/one"   # the uninterrupted run, one host
+    [ "$status" -eq 0 ]
+    hosts_up
+    out="$BATS_TEST_TMPDIR/cut"
+    $ON_HOSTS "$NS" 2 "$TANDEM" "${A[@]}" --out "$out" --comm-timeout 5 > "$BATS_TEST_TMPDIR/log" 2>&1 &
+    job=$!
+    for _ in $(seq 600); do   # the cut comes in step 13 or so, past checkpoint-10
+        [ "$(cat "$out/metrics.jsonl" 2>/dev/null | wc -l)" -ge 12 ] && break
+        kill -0 $job 2>/dev/null || break
+        sleep 0.1
+    done
+    ip -n "${NS}a" link set "${NS}a0" down
+    cut=$(date +%s%N)
+    for _ in $(seq 300); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
+    status=0; wait $job || status=$?
+    ended=$(( ($(date +%s%N) - cut) / 1000000 ))
+    for _ in $(seq 50); do hosts_empty && break; sleep 0.1; done
+    empty=$(( ($(date +%s%N) - cut) / 1000000 ))
+    echo "job ended ${ended} ms after the cut (status $status), both hosts empty after ${empty} ms" >&3
+    hosts_ps; grep -v '^step\|^|\|^+' "$BATS_TEST_TMPDIR/log"
+    [ "$(cat "$out/metrics.jsonl" | wc -l)" -lt 40 ]   # it was cut mid-run
+    [ "$status" -ne 0 ]
+    # one line: rank 0's (host b's rank cannot reach mpirun any more), the last thing printed
+    [ "$(grep -c '^tandem:' "$BATS_TEST_TMPDIR/log")" -eq 1 ]
+    [[ "$(tail -1 "$BATS_TEST_TMPDIR/log")" =~ ^"tandem: rank 0 on host ${NS}a: no progress in MPI_"[A-Za-z]+" for 5 s (a peer or the network is gone; --comm-timeout sets the deadline); stopping"$ ]]
+    # the daemons' keepalive (tests/hosts/mpirun.sh: 8 to 9 s after the cut) ends the job between
+    # the line (5 s) and the ranks' own exit (5 + 10 s): measured 10.2 s; 20 s leaves room for a
+    # loaded machine
+    [ "$ended" -lt 20000 ]
+    hosts_empty
+    # the last complete checkpoint continues on one host (two ranks, shared memory) to the same end
+    last="$out/checkpoint-$(ls "$out" | sed -n 's/^checkpoint-\([0-9]*\)$/\1/p' | sort -n | tail -1)"
+    [ -e "$last/trainer_state.json" ]
+    echo "resuming from $last" >&3
+    run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --out "$out" --resume "$last"
+    [ "$status" -eq 0 ]
+    diff <(losses "$BATS_TEST_TMPDIR/one") <(losses "$out")
+    same_weights "$BATS_TEST_TMPDIR/one/checkpoint-40" "$out/checkpoint-40"
+}
+
 @test "deadline: a rank stopped (SIGSTOP) mid-run over a live link: the host's first rank says so in one line, every rank exits, status 1" {
     need_story
     make_rev_data "$BATS_TEST_TMPDIR"
