@@ -69,50 +69,55 @@ static int launched(void) {
 static int world_rank_cached;
 static char host_name[64];
 
-/* 1 for this host's first rank (the launcher's local rank: Open MPI, Slurm, MPICH; 1 when none is
- * set). When a link dies, every rank of a host waits in the same collective and meets the deadline
- * at once: only the host's first rank speaks, so that what reaches the user is one line. */
-static int local_first(void) {
+/* This rank's place among its host's ranks (the launcher's local rank: Open MPI, Slurm, MPICH; 0
+ * when none is set). When a link dies, every rank of a host waits in the same collective and meets
+ * the deadline at once: the host's first rank speaks at once, the others only later and one at a
+ * time (stalled), so that what reaches the user is one line. */
+static int local_rank(void) {
     static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
         const char *v = getenv(vars[i]);
-        if (v) return atoi(v) == 0;
+        if (v) return atoi(v);
     }
-    return 1;
+    return 0;
+}
+
+static void sleep_s(double s) {
+    nanosleep(&(struct timespec){.tv_sec = (time_t)s, .tv_nsec = (long)((s - (time_t)s) * 1e9)}, NULL);
 }
 
 /* Past the deadline the rank says so and then leaves the ending to the launcher for a while (half
  * the deadline, at least 10 s) before it exits 1 itself. Why not exit at once: Open MPI's mpirun,
  * told of a rank's exit, orders the remote daemon to stop and waits for it, and a remote daemon
  * told of its rank's exit reports to mpirun; over a dead link those messages are never
- * acknowledged, TCP keepalive no longer probes a connection with unacknowledged data, and both wait
- * for TCP's retransmissions to give up (about 15 minutes). While the ranks stay, the daemons'
- * connections stay idle, their keepalive (README "Across hosts": its settings) finds the link dead,
- * and the daemons end every process on both sides. A peer that hangs over a live link, or a launcher
- * without that lifeline (Slurm ends a step when a task exits 1), meets the exit. The host's other
- * ranks wait 3 s past that, silent, normally ended by then by the launcher. */
+ * acknowledged, Linux's TCP keepalive does not probe a connection with unacknowledged data, and
+ * both wait for TCP's retransmissions to give up (about 15 minutes; measured: mpirun and the remote
+ * daemon outlived the ranks by minutes). While the ranks stay, the daemons' connections stay idle,
+ * their keepalive (README "Across hosts": its settings) finds the link dead, and the daemons end
+ * every process on both sides. A peer that hangs over a live link, or a launcher without that
+ * lifeline (Slurm ends a step when a task exits 1), meets the exit. The host's other ranks keep
+ * quiet until 3 s x their local rank past that exit, when the launcher has normally ended them; one
+ * still alive then (its host's first rank was not waiting) says it and exits, which ends the rest. */
 static double linger_s(double deadline_s) { return deadline_s / 2 > 10 ? deadline_s / 2 : 10; }
 #define OTHERS_LATER_S 3
 
-_Noreturn static void stalled(const char *call, double deadline_s, int speak) {
-    if (speak) {
-        char msg[256];
-        int n = (int)strcspn(call, "(");
-        int len = snprintf(msg, sizeof msg,
-                           "tandem: rank %d on host %s: no progress in %.*s for %.0f s (a peer or the network is gone; "
-                           "--comm-timeout sets the deadline); stopping\n",
-                           world_rank_cached, host_name, n, call, deadline_s);
-        if (len > (int)sizeof msg - 1) len = (int)sizeof msg - 1;
-        if (write(2, msg, (size_t)len) < 0) { /* nothing left to tell */ }
-    }
-    double rest = linger_s(deadline_s) + (speak ? 0 : OTHERS_LATER_S);
-    nanosleep(&(struct timespec){.tv_sec = (time_t)rest, .tv_nsec = (long)((rest - (time_t)rest) * 1e9)}, NULL);
+_Noreturn static void stalled(const char *call, double deadline_s, int local) {
+    if (local > 0) sleep_s(linger_s(deadline_s) + OTHERS_LATER_S * local);
+    char msg[256];
+    int n = (int)strcspn(call, "(");
+    int len = snprintf(msg, sizeof msg,
+                       "tandem: rank %d on host %s: no progress in %.*s for %.0f s (a peer or the network is gone; "
+                       "--comm-timeout sets the deadline); stopping\n",
+                       world_rank_cached, host_name, n, call, deadline_s);
+    if (len > (int)sizeof msg - 1) len = (int)sizeof msg - 1;
+    if (write(2, msg, (size_t)len) < 0) { /* nothing left to tell */ }
+    if (local == 0) sleep_s(linger_s(deadline_s));
     _exit(1);
 }
 
 static void *watchdog(void *arg) {
     (void)arg;
-    int first = local_first();
+    int local = local_rank();
     for (;;) {
         int64_t limit = atomic_load_explicit(&deadline_ns, memory_order_relaxed);
         /* a look every eighth of the deadline (at most 1 s apart): the line comes at most 1/8 late */
@@ -123,7 +128,7 @@ static void *watchdog(void *arg) {
         const char *call = atomic_load_explicit(&wait_call, memory_order_relaxed);
         if (since == 0 || limit == 0 || clock_ns() - since <= limit) continue;
         if (atomic_load_explicit(&wait_since_ns, memory_order_acquire) != since) continue;   /* it returned meanwhile */
-        stalled(call, (double)limit / 1e9, first);
+        stalled(call, (double)limit / 1e9, local);
     }
     return NULL;
 }
