@@ -27,9 +27,11 @@ ON_HOSTS="bash $HOSTS/mpirun.sh"
 losses() { jq -c '[.step, .loss, .grad_norm]' "$1/metrics.jsonl"; }
 numbers() { jq -c 'with_entries(select(.key | (startswith("timing_s/") or . == "samples_per_s") | not))' "$1"; }
 same_weights() { cmp <(cat "$1"/*.safetensors) <(cat "$2"/*.safetensors); }
-# every process on both hosts has ended (what ip netns pids sees; tests/hosts/down.sh would kill them)
-hosts_empty() { [ -z "$(ip netns pids "${NS}a")$(ip netns pids "${NS}b")" ]; }
-hosts_ps() { for h in a b; do echo "host $NS$h:"; ip netns pids "$NS$h" | xargs -r ps -o pid,etimes,args -p | cut -c1-160; done; }
+# every process on both hosts has ended (what ip netns pids sees, less zombies: an ended process
+# that the init process has yet to reap; tests/hosts/down.sh would kill the rest)
+hosts_left() { for h in a b; do ip netns pids "$NS$h"; done | xargs -r ps -o stat=,pid= -p | awk '$1 !~ /^Z/'; }
+hosts_empty() { [ -z "$(hosts_left)" ]; }
+hosts_ps() { for h in a b; do echo "host $NS$h:"; ip netns pids "$NS$h" | xargs -r ps -o pid,stat,etimes,args -p | cut -c1-160; done; }
 
 SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
 
