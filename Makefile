@@ -19,6 +19,7 @@ LDLIBS  += $(MPI_LIBS) -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lsentenc
 
 DEB_PKGS = build-essential pkg-config libopenblas-openmp-dev libsentencepiece-dev sentencepiece \
            libcurl4-openssl-dev libssl-dev libopenmpi-dev openmpi-bin libcjson-dev libpcre2-dev libutf8proc-dev bats jq \
+           iproute2 util-linux \
            python3 python3-venv python3-torch python3-numpy
 
 LIB_C   := $(wildcard runtime/*.c kernels/cpu/*.c tokenizer/*.c generate/*.c train/*.c rlhf/*.c eval/*.c bench/*.c)

@@ -481,6 +481,7 @@ int bench_main(int argc, char **argv) {
     int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score, kernels;
     const char *dtype_flag, *device;
     const char *recompute;
+    float comm_timeout;
     Option opts[] = {
         {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
         {"--tokenizer", OPT_STR, &tok_list, NULL, "tokenizer files/dirs, comma-separated: encode MB/s instead"},
@@ -497,12 +498,14 @@ int bench_main(int argc, char **argv) {
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
         MESH_OPTIONS(&tp, &pp, &threads, &dtype_flag),
         DEVICE_OPTION(&device),
+        COMM_TIMEOUT_OPTION(&comm_timeout),
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
     args_parse("usage: tandem bench --model DIR [--batch B --seq T --iters N --tp T --pp P --threads N]\n"
                "       tandem bench --tokenizer FILE[,FILE...] [--text FILE]", opts,
                n_opts, argc, argv);
+    comm_set_timeout(comm_timeout);
     if (tok_list) {
         int rc = bench_tokenizers(tok_list, text_path, iters);
         comm_finalize();

@@ -495,13 +495,14 @@ int eval_main(int argc, char **argv) {
     const char *model_dir = NULL, *ref = NULL, *data = NULL, *write_ref = NULL;
     int tp, pp, threads, batch_tokens, quiet, relative;
     const char *dtype_name, *device;
-    float max_diff, tie_gap;
+    float max_diff, tie_gap, comm_timeout;
     Option opts[] = {
         {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
         {"--reference", OPT_STR, &ref, NULL, "reference jsonl written by eval/hf_reference.py"},
         {"--data", OPT_STR, &data, NULL, "jsonl of {\"input_ids\": [...]} or {\"text\": ...}: loss and perplexity"},
         MESH_OPTIONS(&tp, &pp, &threads, &dtype_name),
         DEVICE_OPTION(&device),
+        COMM_TIMEOUT_OPTION(&comm_timeout),
         {"--max-logprob-diff", OPT_FLOAT, &max_diff, "1e-4", "fail (exit 1) above this |logprob difference|"},
         {"--relative", OPT_FLAG, &relative, NULL, "measure |diff| / max(1, |reference logprob|) (fp32 rounding is relative)"},
         {"--tie-gap", OPT_FLOAT, &tie_gap, "1e-4", "greedy mismatch with a top-2 gap below this is a tie (a record's greedy_tie_gap overrides it)"},
@@ -513,6 +514,7 @@ int eval_main(int argc, char **argv) {
     comm_init(&argc, &argv);
     args_parse("usage: tandem eval --model DIR (--reference REF.jsonl | --data FILE.jsonl) [options]", opts, n_opts,
                argc, argv);
+    comm_set_timeout(comm_timeout);
     if (!model_dir) user_error("eval: --model DIR is required");
     if (!ref == !data) user_error("eval: give exactly one of --reference or --data");
     if (threads < 0) user_error("--threads must be >= 0 (0 = the cores available)");

@@ -290,7 +290,7 @@ int generate_main(int argc, char **argv) {
     const char *stop = NULL, *stop_ids = NULL;
     int tp, pp, threads, greedy, resume, show_progress, max_batch, max_batch_tokens, block, seed, micro;
     const char *dtype_name, *device;
-    float kv_mib;
+    float kv_mib, comm_timeout;
     Option opts[] = {
         {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
         {"--input", OPT_STR, &in_path, NULL, "prompts jsonl: \"prompt\" | \"messages\" | \"input_ids\" per line"},
@@ -323,11 +323,13 @@ int generate_main(int argc, char **argv) {
         {"--micro-batches", OPT_INT, &micro, "0", "pp > 1: pipelined micro-batches per step (0 = pp)"},
         MESH_OPTIONS(&tp, &pp, &threads, &dtype_name),
         DEVICE_OPTION(&device),
+        COMM_TIMEOUT_OPTION(&comm_timeout),
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
     sampling_params_default(&d.sp);
     args_parse("usage: tandem generate --model DIR --input prompts.jsonl --output out.jsonl [options]", opts, n_opts, argc, argv);
+    comm_set_timeout(comm_timeout);
     if (!model_dir || !in_path || !out_path) user_error("generate: --model, --input and --output are required");
     options_check(&d, greedy, seed, stop);
     same_file_check(in_path, out_path);

@@ -37,7 +37,7 @@ typedef struct {
     int bench_alone, steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite;
     int no_whiten, normalize_reward;
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
-        clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, wd, clip, timeout;
+        clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, wd, clip, timeout, comm_timeout;
     LrSchedule sched, critic_sched;
     DType dtype, save_dtype;
     PpoState state;        /* --resume's ppo_state.json */
@@ -229,12 +229,13 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
         {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
         THREADS_OPTION(&o->threads), DTYPE_OPTION(&o->dtype_name), SAVE_DTYPE_OPTION(&o->save_dtype_name),
-        DEVICE_OPTION(&o->device),
+        DEVICE_OPTION(&o->device), COMM_TIMEOUT_OPTION(&o->comm_timeout),
     };
     *n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
     args_parse("usage: tandem ppo --actor DIR [--critic DIR] (--reward DIR | --reward-cmd CMD) [--ref DIR] --prompts FILE --out DIR [options]",
                opts, *n_opts, argc, argv);
+    comm_set_timeout(o->comm_timeout);
     if (!R[R_ACTOR].dir || !o->prompts_path || !o->out) user_error("ppo: --actor, --prompts and --out are required");
     if ((R[R_REWARD].dir != NULL) + (p->x.reward_cmd != NULL) + (o->reward_urls != NULL) != 1)
         user_error("ppo: give exactly one of --reward DIR, --reward-cmd CMD and --reward-url URL[,URL...]");

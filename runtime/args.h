@@ -2,6 +2,7 @@
  * table all come from it (STYLE.md 12). Bad values are user errors naming the flag. */
 #ifndef TANDEM_ARGS_H
 #define TANDEM_ARGS_H
+#include "runtime/comm.h"   /* COMM_TIMEOUT_OPTION's default */
 
 /* OPT_MODEL: a string naming a model, a directory or a Hub repo id ORG/NAME; after parsing it holds
  * the directory (runtime/hub.h: hub_model_path, which fetches a missing repo into the cache). */
@@ -27,6 +28,10 @@ typedef struct {
  * own rank, runtime/model.h device_open_local) */
 #define DEVICE_OPTION(device)                                                                           \
     {"--device", OPT_STR, device, "cpu", "cpu | cuda (one rank: tp = pp = dp = 1) | cpu-guarded (a testing aid)"}
+/* every command that starts ranks (float *seconds, handed to comm_set_timeout after parsing) */
+#define COMM_TIMEOUT_OPTION(seconds)                                                                    \
+    {"--comm-timeout", OPT_FLOAT, seconds, comm_timeout_default(),                                       \
+     "seconds a rank may wait inside one communication call before it stops the job (0 = no deadline; TANDEM_COMM_TIMEOUT sets the default)"}
 #define MESH_OPTIONS(tp, pp, threads, dtype)                                      \
     {"--tp", OPT_INT, tp, "1", "tensor-parallel size"},                           \
     {"--pp", OPT_INT, pp, "1", "pipeline-parallel size"},                         \

@@ -1,14 +1,52 @@
 /* comm.c — MPI backend of comm.h, and a process alone without it. Every MPI call is checked; an
- * MPI failure aborts the job. */
+ * MPI failure aborts the job. Every MPI call also runs under the deadline (comm_set_timeout): a
+ * watchdog thread stops the process when one call has waited too long. */
 #include "runtime/comm.h"
 #include "kernels/kernels.h"
 #include "runtime/util.h"
 #include <limits.h>
 #include <mpi.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
-#define MPI_CHECK(call) CHECK((call) == MPI_SUCCESS)
+/* The deadline. MPI has none: a collective whose peer is gone (a host down, the link cut) waits
+ * forever, and with TCP a cut link is silent (no reset arrives). So each MPI call is stamped: the
+ * calling (main) thread stores the call's text and the time it began, and clears the time when the
+ * call returns; a watchdog thread, started with MPI, looks at the stamp a few times per deadline and,
+ * when one call has been waiting longer than the deadline, prints one line, gives the launcher time
+ * to end the job (stalled, below) and else ends the process itself (_exit(1)). The watchdog
+ * calls no MPI (the job runs MPI_THREAD_SINGLE), and a stamp is two relaxed atomic stores and a
+ * vDSO clock read per call, so the step loops do not notice it. Compute never counts: only a rank
+ * waiting inside a call, which is also why a peer that computes longer than the deadline while
+ * this rank waits trips it (the trade-off in README). */
+static _Atomic int64_t wait_since_ns;           /* CLOCK_MONOTONIC at the start of the current call; 0: none */
+static const char *_Atomic wait_call;           /* its text, "MPI_Allreduce(MPI_IN_PLACE, ...)" */
+static _Atomic int64_t deadline_ns = COMM_TIMEOUT_DEFAULT * 1000000000LL;   /* 0: no deadline */
+
+static int64_t clock_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+static void wait_begin(const char *call) {
+    atomic_store_explicit(&wait_call, call, memory_order_relaxed);
+    atomic_store_explicit(&wait_since_ns, clock_ns(), memory_order_release);
+}
+static void wait_end(void) { atomic_store_explicit(&wait_since_ns, 0, memory_order_relaxed); }
+
+#define MPI_CHECK(call)                                                                  \
+    do {                                                                                 \
+        wait_begin(#call);                                                               \
+        int mpi_rc_ = (call);                                                            \
+        wait_end();                                                                      \
+        if (mpi_rc_ != MPI_SUCCESS) check_failed("(" #call ") == MPI_SUCCESS", __FILE__, __LINE__); \
+    } while (0)
 #define HANDLE(c) (*(MPI_Comm *)(c)->handle)
 
 /* A process that no launcher started runs alone, without MPI (mpi_on 0): Open MPI's singleton start
@@ -27,6 +65,87 @@ static int launched(void) {
     return 0;
 }
 
+/* What the watchdog's line names: the world rank and this host (cached at start: the watchdog thread
+ * calls no MPI), and the call without its arguments. */
+static int world_rank_cached;
+static char host_name[64];
+
+/* This rank's place among its host's ranks (the launcher's local rank: Open MPI, Slurm, MPICH; 0
+ * when none is set). When a link dies, every rank of a host waits in the same collective and meets
+ * the deadline at once: the host's first rank speaks at once, the others only later and one at a
+ * time (stalled), so that what reaches the user is one line. */
+static int local_rank(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v) return atoi(v);
+    }
+    return 0;
+}
+
+static void sleep_s(double s) {
+    nanosleep(&(struct timespec){.tv_sec = (time_t)s, .tv_nsec = (long)((s - (time_t)s) * 1e9)}, NULL);
+}
+
+/* Past the deadline the rank says so and then leaves the ending to the launcher for a while (half
+ * the deadline, at least 10 s) before it exits 1 itself. Why not exit at once: Open MPI's mpirun,
+ * told of a rank's exit, orders the remote daemon to stop and waits for it, and a remote daemon
+ * told of its rank's exit reports to mpirun; over a dead link those messages are never
+ * acknowledged, Linux's TCP keepalive does not probe a connection with unacknowledged data, and
+ * both wait for TCP's retransmissions to give up (about 15 minutes; measured: mpirun and the remote
+ * daemon outlived the ranks by minutes). While the ranks stay, the daemons' connections stay idle,
+ * their keepalive (README "Across hosts": its settings) finds the link dead, and the daemons end
+ * every process on both sides. A peer that hangs over a live link, or a launcher without that
+ * lifeline (Slurm ends a step when a task exits 1), meets the exit. The host's other ranks keep
+ * quiet until 3 s x their local rank past that exit, when the launcher has normally ended them; one
+ * still alive then (its host's first rank was not waiting) says it and exits, which ends the rest. */
+static double linger_s(double deadline_s) { return deadline_s / 2 > 10 ? deadline_s / 2 : 10; }
+#define OTHERS_LATER_S 3
+
+_Noreturn static void stalled(const char *call, double deadline_s, int local) {
+    if (local > 0) sleep_s(linger_s(deadline_s) + OTHERS_LATER_S * local);
+    char msg[256];
+    int n = (int)strcspn(call, "(");
+    int len = snprintf(msg, sizeof msg,
+                       "tandem: rank %d on host %s: no progress in %.*s for %.0f s (a peer or the network is gone; "
+                       "--comm-timeout sets the deadline); stopping\n",
+                       world_rank_cached, host_name, n, call, deadline_s);
+    if (len > (int)sizeof msg - 1) len = (int)sizeof msg - 1;
+    if (write(2, msg, (size_t)len) < 0) { /* nothing left to tell */ }
+    if (local == 0) sleep_s(linger_s(deadline_s));
+    _exit(1);
+}
+
+static void *watchdog(void *arg) {
+    (void)arg;
+    int local = local_rank();
+    for (;;) {
+        int64_t limit = atomic_load_explicit(&deadline_ns, memory_order_relaxed);
+        /* a look every eighth of the deadline (at most 1 s apart): the line comes at most 1/8 late */
+        int64_t nap = limit > 0 && limit / 8 < 1000000000LL ? limit / 8 : 1000000000LL;
+        if (nap < 10000000LL) nap = 10000000LL;
+        nanosleep(&(struct timespec){.tv_sec = nap / 1000000000LL, .tv_nsec = nap % 1000000000LL}, NULL);
+        int64_t since = atomic_load_explicit(&wait_since_ns, memory_order_acquire);
+        const char *call = atomic_load_explicit(&wait_call, memory_order_relaxed);
+        if (since == 0 || limit == 0 || clock_ns() - since <= limit) continue;
+        if (atomic_load_explicit(&wait_since_ns, memory_order_acquire) != since) continue;   /* it returned meanwhile */
+        stalled(call, (double)limit / 1e9, local);
+    }
+    return NULL;
+}
+
+const char *comm_timeout_default(void) {
+    const char *v = getenv("TANDEM_COMM_TIMEOUT");
+    return v && *v ? v : COMM_TIMEOUT_DEFAULT_TEXT;
+}
+
+void comm_set_timeout(double seconds) {
+    if (!(seconds >= 0) || seconds > 1e9)
+        user_error("--comm-timeout %g: expected seconds, 0 (no deadline) to 1e9", seconds);
+    atomic_store_explicit(&deadline_ns, (int64_t)(seconds * 1e9), memory_order_relaxed);
+}
+double comm_timeout(void) { return (double)atomic_load_explicit(&deadline_ns, memory_order_relaxed) / 1e9; }
+
 static Comm alone(void) { return (Comm){.rank = 0, .size = 1, .handle = NULL}; }
 
 /* 1 when c is the one-rank world of a process without MPI */
@@ -36,6 +155,17 @@ static int is_alone(const Comm *c) {
     return 1;
 }
 
+/* The deadline until the command's --comm-timeout (whose default this also is) says: checked here,
+ * so that a bad TANDEM_COMM_TIMEOUT is named as such */
+static void timeout_from_env(void) {
+    const char *env = comm_timeout_default();
+    char *end = NULL;
+    double t = strtod(env, &end);
+    if (end == env || *end || !(t >= 0) || t > 1e9)
+        user_error("TANDEM_COMM_TIMEOUT=%s: expected seconds, 0 (no deadline) to 1e9", env);
+    comm_set_timeout(t);
+}
+
 void comm_init(int *argc, char ***argv) {
     int init = 0;
     MPI_Initialized(&init);
@@ -43,16 +173,27 @@ void comm_init(int *argc, char ***argv) {
     mpi_on = init || launched();
     if (!mpi_on) {
         util_set_reporter(1, NULL);
+        timeout_from_env();
         return;
     }
     if (!init) MPI_CHECK(MPI_Init(argc, argv));
-    int r = 0;
+    int r = 0, n = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
     util_set_reporter(r == 0, NULL);   /* until a role group says otherwise */
+    timeout_from_env();
+    if (n == 1) return;   /* one rank waits for no one */
+    world_rank_cached = r;
+    if (gethostname(host_name, sizeof host_name) != 0) snprintf(host_name, sizeof host_name, "?");
+    host_name[sizeof host_name - 1] = 0;
+    pthread_t tid;
+    CHECK(pthread_create(&tid, NULL, watchdog, NULL) == 0);
+    CHECK(pthread_detach(tid) == 0);
 }
 
 /* The job ends together: a rank whose group is done waits here for every other group, so an error
- * raised later in another group (MPI_Abort) still finds it alive. Open MPI's mpirun hangs when one
+ * raised later in another group (MPI_Abort) still finds it alive; for as long as they take, so
+ * without the deadline (a plain MPI_Barrier, not MPI_CHECK). Open MPI's mpirun hangs when one
  * rank aborts after others have left through MPI_Finalize (seen with role groups). */
 void comm_finalize(void) {
     if (!mpi_on) return;   /* alone, or convert and fetch, which never start comm */

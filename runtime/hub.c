@@ -537,6 +537,10 @@ const char *hub_model_path(const char *arg) {
         comm_free(&world);
         return arg;
     }
+    /* rank 0, then one rank per other node, may download for minutes while the rest wait: no
+     * communication deadline (runtime/comm.h) until every node has the model (the barrier below) */
+    double deadline = comm_timeout();
+    comm_set_timeout(0);
     Hub h;
     hub_init(&h, 10, 5);
     char commit[41] = "", *snap = NULL;
@@ -574,7 +578,9 @@ const char *hub_model_path(const char *arg) {
             if (!snap || !snapshot_usable(snap))
                 rank_error("%s: commit %s was fetched on this node, yet is not in %s", arg, commit, h.cache);
         }
+        comm_barrier(&world);   /* every node has it */
     }
+    comm_set_timeout(deadline);
     comm_free(&world);
     hub_free(&h);
     return snap;

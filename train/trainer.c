@@ -219,6 +219,7 @@ void trainer_check_same_model(const char *model_dir, const char *resume_dir) {
 /* ---- the loop ---------------------------------------------------------------------------- */
 
 void train_options_check(TrainOptions *o, const char *cmd) {
+    comm_set_timeout(o->comm_timeout);
     if (!o->model_dir || !o->data_path || !o->out) user_error("%s: --model, --data and --out are required", cmd);
     o->dtype = dtype_parse("--dtype", o->dtype_name);
     o->save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);

@@ -83,7 +83,7 @@ typedef struct {
     const Backend *be;         /* --device, opened by train_options_check: load the models onto it */
     int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, stop_after, warmup, zero, skip_bad, overwrite;
     int seed, eval_every, save_every, save_limit, log_every;
-    float lr, min_lr, wd, beta1, beta2, eps, clip;
+    float lr, min_lr, wd, beta1, beta2, eps, clip, comm_timeout;
     const Option *opts;    /* the command's whole table, echoed in the summary */
     int n_opts;
 } TrainOptions;
@@ -124,7 +124,7 @@ typedef struct {
     {"--save-total-limit", OPT_INT, &(o)->save_limit, "0", "keep only the newest N complete checkpoints (0 = all)"}, \
     {"--log-every", OPT_INT, &(o)->log_every, "1", "steps between progress lines"},                                \
     MESH_OPTIONS(&(o)->tp, &(o)->pp, &(o)->threads, &(o)->dtype_name),                                            \
-    DEVICE_OPTION(&(o)->device)
+    DEVICE_OPTION(&(o)->device), COMM_TIMEOUT_OPTION(&(o)->comm_timeout)
 
 /* The shared checks of the parsed options (user_error lines start with cmd), then the thread
  * count and the device (o->be; a device other than the CPU: one rank, no ZeRO). Call before loading
