@@ -271,13 +271,13 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
  * none in separate processes to compare peaks). The loss is the hook's: LOSS_XENT (next-token loss
  * on every position, LM head) or loss_bt (score head, sequences 2i / 2i+1 a pair, as `tandem rm`
  * trains). targets and weight are the LM's; a score head ignores them. */
-static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int recompute, int threads,
+static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int flags, int threads,
                        const LossHook *hook) {
     int N = B * T;
     OptimConfig oc = optim_config_default();
     oc.lr = 1e-4;
     Learner L;
-    learner_init(&L, m, oc, N, T, 1, recompute);
+    learner_init(&L, m, oc, N, T, 1, flags);
     model_print_summary(m);   /* names the device */
     int *tokens = xmalloc(sizeof(int) * N), *start = xmalloc(sizeof(int) * (B + 1)), *targets = xmalloc(sizeof(int) * N);
     float *weight = xmalloc(sizeof(float) * N);
@@ -302,10 +302,10 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
     float pk = (float)peak_rss_mib();
     comm_all_reduce_max(&mesh->group, &pk, 1);
     if (mesh_is_root(mesh))
-        printf("{\"bench\": \"train\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"recompute\": \"%s\", "
+        printf("{\"bench\": \"train\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"recompute\": \"%s\", \"sequence_parallel\": %s, "
                "\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"activations_mib\": %.1f, \"peak_rss_mib\": %.1f, "
                "\"last_loss\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"head\": \"%s\"}\n",
-               B, T, threads, recompute ? "full" : "none", N * mesh->dp / med, med, L.slots[0].n_arena * 4.0 / (1 << 20), pk, loss,
+               B, T, threads, flags & TRAIN_RECOMPUTE ? "full" : "none", L.slots[0].sp ? "true" : "false", N * mesh->dp / med, med, L.slots[0].n_arena * 4.0 / (1 << 20), pk, loss,
                mesh->tp, mesh->pp, mesh->dp, m->head == HEAD_SCORE ? "score" : "lm");
     learner_free(&L);
     free(tokens); free(start); free(targets); free(weight); free(times);
@@ -478,7 +478,7 @@ static void print_load(const Model *m, double load_rss) {
 
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
-    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score, kernels;
+    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score, kernels, sp;
     const char *dtype_flag, *device;
     const char *recompute;
     float comm_timeout;
@@ -493,6 +493,7 @@ int bench_main(int argc, char **argv) {
         {"--train", OPT_FLAG, &train, NULL, "training step tokens/s (forward + backward + AdamW) and memory"},
         {"--recompute", OPT_STR, &recompute, "none", "--train: none | full (activation recomputation)"},
         {"--score", OPT_FLAG, &score, NULL, "--train: a reward model (new score head, Bradley-Terry over B/2 pairs)"},
+        SEQ_PARALLEL_OPTION(&sp),
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
@@ -527,6 +528,7 @@ int bench_main(int argc, char **argv) {
     int rc;
     if (train) {
         if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
+        if (sp && tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
         if (m.head == HEAD_SCORE && batch % 2)   /* --score, or a *ForSequenceClassification directory */
             user_error("bench --train --score: --batch %d is odd (sequences 2i and 2i+1 are a chosen/rejected pair)", batch);
         /* each pair weighs 1 / (B / 2): the step's loss is the mean over this rank's pairs, as
@@ -534,7 +536,8 @@ int bench_main(int argc, char **argv) {
         PrefHook ph = {.pair_weight = 2.0 / batch};
         LossHook bt = {loss_bt, &ph, 1.0f, 0.0f, NULL};
         print_load(&m, load_rss);
-        rc = bench_train(&m, &mesh, batch, seq, iters, !strcmp(recompute, "full"), threads,
+        rc = bench_train(&m, &mesh, batch, seq, iters,
+                         (!strcmp(recompute, "full") ? TRAIN_RECOMPUTE : 0) | (sp ? TRAIN_SEQ_PARALLEL : 0), threads,
                          m.head == HEAD_SCORE ? &bt : &LOSS_XENT);
     } else if (kernels) {
         if (mesh.size != 1) user_error("bench --kernels runs on one rank");

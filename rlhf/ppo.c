@@ -35,7 +35,7 @@ typedef struct {
     const char *stop_ids, *critic_sched_name, *stop_json, *reward_urls, *prompts_path, *out, *resume, *key;
     const char *chat_template, *colocate, *kl_est, *adv_name, *sched_name, *dtype_name, *save_dtype_name, *device;
     int bench_alone, steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite;
-    int no_whiten, normalize_reward;
+    int no_whiten, normalize_reward, sp;
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
         clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, wd, clip, timeout, comm_timeout;
     LrSchedule sched, critic_sched;
@@ -225,6 +225,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         {"--ref-ranks", OPT_INT, &R[R_REF].count, "0", "ranks of the reference's group"},
         {"--reward-ranks", OPT_INT, &R[R_REWARD].count, "0", "ranks of the reward model's group"},
         {"--actor-tp", OPT_INT, &R[R_ACTOR].tp, "1", ""}, {"--actor-pp", OPT_INT, &R[R_ACTOR].pp, "1", ""},
+        SEQ_PARALLEL_OPTION(&o->sp),
         {"--critic-tp", OPT_INT, &R[R_CRITIC].tp, "1", ""}, {"--critic-pp", OPT_INT, &R[R_CRITIC].pp, "1", ""},
         {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
         {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
@@ -258,6 +259,8 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     if (!(o->gamma >= 0 && o->gamma <= 1) || !(o->lambda >= 0 && o->lambda <= 1)) user_error("ppo: --gamma and --lambda must be in [0, 1]");
     if (!(o->clip_eps > 0 && o->clip_eps < 1) || o->clip_high < 0 || !(o->value_clip > 0)) user_error("ppo: --clip-eps in (0, 1), --clip-eps-high >= 0, --value-clip > 0");
     if (o->dual_clip != 0 && !(o->dual_clip > 1)) user_error("--dual-clip %g: must be > 1 (or 0 = off)", o->dual_clip);
+    if (o->sp && R[R_ACTOR].tp < 2 && R[R_CRITIC].tp < 2)
+        user_error("--sequence-parallel: needs --actor-tp or --critic-tp > 1 (it shares a trained role's tp ranks' rows)");
     if (!(o->actor_lr > 0) || !(o->critic_lr > 0)) user_error("ppo: --actor-lr and --critic-lr must be > 0");
     o->sched = lr_schedule_parse("--lr-schedule", o->sched_name);
     o->dtype = dtype_parse("--dtype", o->dtype_name), o->save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);
@@ -341,7 +344,7 @@ static void setup(Ppo *p, PpoOptions *o) {
         oc.lr = r == R_ACTOR ? o->actor_lr : o->critic_lr;
         oc.schedule = r == R_ACTOR ? o->sched : o->critic_sched;
         int micro = micro_size(p, &R[r]), n_mb = (p->mini / R[r].mesh.dp + micro - 1) / micro;
-        learner_init(&p->learner[r], m, oc, micro * x->max_len, x->max_len, n_mb, 0);
+        learner_init(&p->learner[r], m, oc, micro * x->max_len, x->max_len, n_mb, o->sp ? TRAIN_SEQ_PARALLEL : 0);
         p->learner[r].save_dtype = o->save_dtype;
     }
     if (o->resume) {

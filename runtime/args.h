@@ -29,6 +29,9 @@ typedef struct {
 #define DEVICE_OPTION(device)                                                                           \
     {"--device", OPT_STR, device, "cpu", "cpu | cuda (one rank: tp = pp = dp = 1) | cpu-guarded (a testing aid)"}
 /* every command that starts ranks (float *seconds, handed to comm_set_timeout after parsing) */
+#define SEQ_PARALLEL_OPTION(flag)                                                                       \
+    {"--sequence-parallel", OPT_FLAG, flag, NULL,                                                        \
+     "training at tp > 1: the norm / residual activations keep 1/tp of the tokens (Megatron's; the same bits)"}
 #define COMM_TIMEOUT_OPTION(seconds)                                                                    \
     {"--comm-timeout", OPT_FLOAT, seconds, comm_timeout_default(),                                       \
      "seconds a rank may wait inside one communication call before it stops the job (0 = no deadline; TANDEM_COMM_TIMEOUT sets the default)"}

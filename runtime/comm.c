@@ -297,6 +297,52 @@ void comm_all_reduce_sum_fixed(const Comm *c, float *buf, size_t n) {
     MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt, dsp, MPI_FLOAT, HANDLE(c)));
     free(cnt);
 }
+void comm_rows(size_t n, int P, int r, size_t *lo, size_t *hi) {
+    *lo = n * r / P;
+    *hi = n * (r + 1) / P;
+}
+
+void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n, size_t unit) {
+    int P = c->size;
+    size_t lo, hi;
+    comm_rows(n, P, c->rank, &lo, &hi);
+    if (P == 1 || is_alone(c)) {
+        if (mine != all) memcpy(all, mine, sizeof(float) * n * unit);
+        return;
+    }
+    int *cnt = xmalloc(sizeof(int) * 2 * P), *dsp = cnt + P;
+    for (int s = 0; s < P; s++) {
+        size_t a, b;
+        comm_rows(n, P, s, &a, &b);
+        cnt[s] = count((b - a) * unit);
+        dsp[s] = count(a * unit);
+    }
+    if (mine == all + lo * unit)
+        MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, cnt, dsp, MPI_FLOAT, HANDLE(c)));
+    else
+        MPI_CHECK(MPI_Allgatherv(mine, count((hi - lo) * unit), MPI_FLOAT, all, cnt, dsp, MPI_FLOAT, HANDLE(c)));
+    free(cnt);
+}
+
+void comm_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t unit) {
+    int P = c->size;
+    if (P == 1 || n == 0) return;
+    int *cnt = xmalloc(sizeof(int) * 4 * P), *dsp = cnt + P, *rcnt = cnt + 2 * P, *rdsp = cnt + 3 * P;
+    for (int s = 0; s < P; s++) {
+        size_t a, b;
+        comm_rows(n, P, s, &a, &b);
+        cnt[s] = count((b - a) * unit);
+        dsp[s] = count(a * unit);
+    }
+    size_t mine = (size_t)cnt[c->rank];
+    for (int s = 0; s < P; s++) { rcnt[s] = (int)mine; rdsp[s] = count(mine * s); }
+    float *parts = fixed_scratch((size_t)P * mine);   /* (P, mine): rank s's partial of my rows */
+    MPI_CHECK(MPI_Alltoallv(buf, cnt, dsp, MPI_FLOAT, parts, rcnt, rdsp, MPI_FLOAT, HANDLE(c)));
+    tree_sum(parts, P, mine);
+    memcpy(buf, parts, sizeof(float) * mine);
+    free(cnt);
+}
+
 void comm_all_reduce_sum_f64(const Comm *c, double *buf, size_t n) {
     if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_DOUBLE, MPI_SUM, HANDLE(c)));
 }

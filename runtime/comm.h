@@ -65,6 +65,14 @@ void comm_all_reduce_sum_int(const Comm *c, int *buf, size_t n);
 void comm_all_reduce_maxloc(const Comm *c, float *val, int *idx, size_t n);
 void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each);   /* in may be out + rank * n_each */
 void comm_reduce_scatter_sum(const Comm *c, const float *in, float *out, size_t n_each);
+/* Sequence parallelism's row split: rank r of P holds rows [lo, hi) = [n r / P, n (r + 1) / P) of an
+ * (n, unit) array (a row: unit floats). */
+void comm_rows(size_t n, int P, int r, size_t *lo, size_t *hi);
+/* all (n, unit) = every rank's rows, each from its `mine` (its rows; mine may be all + lo * unit) */
+void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n, size_t unit);
+/* buf (n, unit): each rank's partial sums in; its own rows' sums out in buf's first rows, each element
+ * comm_all_reduce_sum_fixed's (the same tree): the reduce-scatter of Megatron's sequence parallelism */
+void comm_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t unit);
 void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root);
 void comm_send(const Comm *c, const void *buf, size_t bytes, int dst);
 /* Non-blocking send: buf must stay untouched until comm_wait(req). A pipeline schedule posts its

@@ -34,14 +34,30 @@
 
 void model_tp_sum(const Model *m, float *buf, size_t n) { comm_all_reduce_sum_fixed(&m->mesh->tp_comm, buf, n); }
 
-void model_stage_input(const Model *m, const int *tokens, float *x, int N) {
+/* Sequence parallelism (LayerBatch.sp_full): the norm output xb (this rank's rows) gathered into
+ * sp_full, which the column-parallel matmuls then read; without it xb itself (every row). */
+static const float *sp_gather(const Model *m, const LayerBatch *b, const float *xb) {
+    if (!b->sp_full) return xb;
+    comm_all_gather_rows(&m->mesh->tp_comm, xb, b->sp_full, (size_t)b->N, (size_t)m->cfg.dim);
+    return b->sp_full;
+}
+/* A row-parallel output's tp sum, xo (N, D) partial in: every row (model_tp_sum), or with sequence
+ * parallelism this rank's rows in xo's first rows (the reduce-scatter: the same tree, the same bits) */
+static void sp_tp_sum(const Model *m, const LayerBatch *b, float *xo) {
+    if (b->sp_full) comm_reduce_scatter_rows_fixed(&m->mesh->tp_comm, xo, (size_t)b->N, (size_t)m->cfg.dim);
+    else model_tp_sum(m, xo, (size_t)b->N * m->cfg.dim);
+}
+
+void model_stage_input(const Model *m, const LayerBatch *b, const int *tokens, float *x) {
     const Comm *pp = &m->mesh->pp_comm;
-    int D = m->cfg.dim;
+    int D = m->cfg.dim, N = b->N, rows = b->sp_full ? b->sp_hi - b->sp_lo : N;
     if (m->is_first) {
-        m->be->embedding(x, m->w.embed, m->dtype, tokens, N, D, m->vocab_start, m->vocab_local); /* rows this rank owns */
-        model_tp_sum(m, x, (size_t)N * D);                                               /* vocab-parallel lookup */
+        float *e = b->sp_full ? b->sp_full : x;                                          /* (N, D) */
+        m->be->embedding(e, m->w.embed, m->dtype, tokens, N, D, m->vocab_start, m->vocab_local); /* rows this rank owns */
+        sp_tp_sum(m, b, e);                                                               /* vocab-parallel lookup */
+        if (b->sp_full) m->be->copy(x, e, (size_t)rows * D);
     } else {
-        comm_recv(pp, x, sizeof(float) * N * D, pp->rank - 1);                          /* activations from stage s-1 */
+        comm_recv(pp, x, sizeof(float) * rows * D, pp->rank - 1);                       /* activations from stage s-1 */
     }
 }
 
@@ -53,15 +69,17 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
     int N = b->N, D = c->dim, Dh = c->head_dim, Fl = m->hidden_local;
     int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, qd = Hl * Dh, kvd = Hkvl * Dh;
     int window = config_layer_window(c, m->layer_start + l) ? c->sliding_window : 0;
-    size_t ND = (size_t)N * D;
+    int rows = b->sp_full ? b->sp_hi - b->sp_lo : N;   /* the residual stream's rows here */
+    size_t RD = (size_t)rows * D;
     const int *start = b->seq_start;
     int first = start[0];
     float *xo = b->xo;   /* (N, D) */
 
     /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
-    be->rmsnorm(a->xb1, a->x_in, w->attn_norm, wt, N, D, c->norm_eps);
-    be->round_to(a->xb1, ND, wt);                                                      /* matmul input */
-    be->matmuls(a->xb1, N, D, (MatmulOut[]){{a->q, w->wq, w->bq, qd}, {a->k, w->wk, w->bk, kvd}, {a->v, w->wv, w->bv, kvd}},
+    be->rmsnorm(a->xb1, a->x_in, w->attn_norm, wt, rows, D, c->norm_eps);
+    be->round_to(a->xb1, RD, wt);                                                      /* matmul input */
+    const float *xb = sp_gather(m, b, a->xb1);                                         /* (N, D) */
+    be->matmuls(xb, N, D, (MatmulOut[]){{a->q, w->wq, w->bq, qd}, {a->k, w->wk, w->bk, kvd}, {a->v, w->wv, w->bv, kvd}},
                 3, wt);                                                                  /* column-parallel */
     be->rope(a->q, b->rope, N, Hl, Dh);
     be->rope(a->k, b->rope, N, Hkvl, Dh);
@@ -82,25 +100,29 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
     }
     be->round_to(a->att, (size_t)N * qd, wt);                                          /* matmul input */
     be->matmul(xo, a->att, w->wo, NULL, wt, N, qd, D, m->o_leaves);                    /* row-parallel: partial */
-    model_tp_sum(m, xo, ND);
-    be->add_to(a->x_mid, a->x_in, xo, ND);
+    sp_tp_sum(m, b, xo);
+    be->add_to(a->x_mid, a->x_in, xo, RD);
     /* MLP block: x_out = x_mid + down(silu(gate(xb2)) * up(xb2)) */
-    be->rmsnorm(a->xb2, a->x_mid, w->mlp_norm, wt, N, D, c->norm_eps);
-    be->round_to(a->xb2, ND, wt);                                                      /* matmul input */
-    be->matmuls(a->xb2, N, D, (MatmulOut[]){{a->gate, w->w_gate, NULL, Fl}, {a->up, w->w_up, NULL, Fl}}, 2,
+    be->rmsnorm(a->xb2, a->x_mid, w->mlp_norm, wt, rows, D, c->norm_eps);
+    be->round_to(a->xb2, RD, wt);                                                      /* matmul input */
+    xb = sp_gather(m, b, a->xb2);                                                      /* (N, D) */
+    be->matmuls(xb, N, D, (MatmulOut[]){{a->gate, w->w_gate, NULL, Fl}, {a->up, w->w_up, NULL, Fl}}, 2,
                 wt);                                                                     /* column-parallel */
     be->swiglu(a->act, a->gate, a->up, (size_t)N * Fl);
     be->round_to(a->act, (size_t)N * Fl, wt);                                          /* matmul input */
     be->matmul(xo, a->act, w->w_down, NULL, wt, N, Fl, D, m->down_leaves);             /* row-parallel: partial */
-    model_tp_sum(m, xo, ND);
-    be->add_to(x_out, a->x_mid, xo, ND);
+    sp_tp_sum(m, b, xo);
+    be->add_to(x_out, a->x_mid, xo, RD);
 }
 
-void model_head(const Model *m, float *out, float *xb, const float *x, int R) {
+void model_head(const Model *m, const LayerBatch *sp, float *out, float *xb, const float *x, int R) {
     const ModelConfig *c = &m->cfg;
     const Backend *be = m->be;
-    be->rmsnorm(xb, x, m->w.final_norm, m->dtype, R, c->dim, c->norm_eps);
-    be->round_to(xb, (size_t)R * c->dim, m->dtype);                                    /* matmul input */
+    int lo = sp && sp->sp_full ? sp->sp_lo : 0, rows = sp && sp->sp_full ? sp->sp_hi - lo : R;
+    float *mine = xb + (size_t)lo * c->dim;                                              /* (rows, D) */
+    be->rmsnorm(mine, x, m->w.final_norm, m->dtype, rows, c->dim, c->norm_eps);
+    be->round_to(mine, (size_t)rows * c->dim, m->dtype);                               /* matmul input */
+    if (rows < R) comm_all_gather_rows(&m->mesh->tp_comm, mine, xb, (size_t)R, (size_t)c->dim); /* every row */
     if (m->head == HEAD_SCORE) {
         be->matmul(out, xb, m->w.score, NULL, m->dtype, R, c->dim, 1, 1);               /* replicated */
         return;
@@ -133,12 +155,12 @@ static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, in
     int N = start[hi] - start[lo];
     LayerActs a = run_acts(m, s, g0);
     LayerBatch lb = {N, hi - lo, start + lo, pos + g0, s->rope + g0 * Dh, b->tables ? kv : NULL, {0}, s->xo + g0 * D,
-                     s->scratch, (size_t)m->n_heads_local * s->max_seq};
+                     s->scratch, (size_t)m->n_heads_local * s->max_seq, NULL, 0, 0};
     if (b->tables)
         lb.paged = (PagedBatch){b->tables, b->table_stride, kv->block, seq + g0, pos + g0, N, hi - lo, lo, start + lo,
                                 s->ids_host + g0};
     m->be->rope_table(s->rope + g0 * Dh, lb.pos, m->inv_freq, N, Dh);
-    model_stage_input(m, tokens + g0, a.x_in, N);
+    model_stage_input(m, &lb, tokens + g0, a.x_in);
     for (int l = 0; l < m->n_layers_local; l++) model_layer_forward(m, l, &lb, &a, a.x_in);
 
     if (!m->is_last) {
@@ -156,7 +178,7 @@ static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, in
     } else {
         R = N;
     }
-    model_head(m, s->logits + (size_t)row0 * out_cols, a.xb1, hx, R);
+    model_head(m, NULL, s->logits + (size_t)row0 * out_cols, a.xb1, hx, R);
 }
 
 void model_forward_batch(Model *m, RunState *s, KVCache *kv, const Batch *b) {

@@ -75,6 +75,13 @@ typedef struct {
     float *xo;             /* (N, D) scratch: a block's output before the residual add */
     float *scratch;        /* attention scratch, scratch_stride floats per thread */
     size_t scratch_stride;
+    /* sequence parallelism (training's --sequence-parallel, Megatron's): the residual stream and the
+     * norms' outputs (x_in, x_mid, xb1, xb2) hold this tp rank's rows [sp_lo, sp_hi) only; sp_full
+     * (N, D) receives a norm's output from every rank before the column-parallel matmuls, and a
+     * row-parallel output is reduce-scattered to the rows (the tp sum's tree: the same bits). NULL:
+     * every row on every rank. */
+    float *sp_full;
+    int sp_lo, sp_hi;
 } LayerBatch;
 
 typedef struct {
@@ -228,15 +235,18 @@ void model_forward(Model *m, const int *tokens, const int *seq_start, int n_seqs
 
 /* ---- the pieces of the one forward (runtime/forward.c), shared by model_forward_batch and
  * training (train/grad.c), which keeps every layer's LayerActs ---------------------------------- */
-/* The stage's input x (N, D): the vocab-parallel embedding lookup of tokens (N) (tp all-reduce) on
- * the first stage, else received from stage s-1. */
-void model_stage_input(const Model *m, const int *tokens, float *x, int N);
+/* The stage's input x (N, D): the vocab-parallel embedding lookup of b's tokens (N) (tp all-reduce)
+ * on the first stage, else received from stage s-1. Sequence parallel (b->sp_full): x holds the
+ * rows [sp_lo, sp_hi) only. */
+void model_stage_input(const Model *m, const LayerBatch *b, const int *tokens, float *x);
 /* Local layer l over b: reads a->x_in, writes the rest of a and x_out (N, D) (x_out may be x_in). */
 void model_layer_forward(const Model *m, int l, const LayerBatch *b, const LayerActs *a, float *x_out);
 /* The last stage's head on R rows: xb (R, D) = rmsnorm(x) * final_norm, then
  *   LM:    out (R, V_local) = xb lm_head^T, padded vocab columns -inf (vocab-parallel)
- *   score: out (R, 1) = xb score^T (replicated: the same on every tp rank) */
-void model_head(const Model *m, float *out, float *xb, const float *x, int R);
+ *   score: out (R, 1) = xb score^T (replicated: the same on every tp rank)
+ * sp: NULL, or a sequence-parallel batch of R rows, whose x holds its rows [sp_lo, sp_hi) only (xb
+ * is still all R rows: the norm's rows are gathered before the matmul). */
+void model_head(const Model *m, const LayerBatch *sp, float *out, float *xb, const float *x, int R);
 /* The tp sum of a row-parallel output or any partials that feed a logprob, value or loss: the
  * ranks' partials added by one fixed tree (comm_all_reduce_sum_fixed), the same bits at any batch. */
 void model_tp_sum(const Model *m, float *buf, size_t n);

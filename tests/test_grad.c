@@ -265,7 +265,7 @@ int main(int argc, char **argv) {
     model_load(&m, argv[1], &mesh, DTYPE_F32, backend_default());
     model_alloc_state(&m, N, max_seq);
     TrainActs a;
-    train_acts_init(&a, &m, N, max_seq, recompute);
+    train_acts_init(&a, &m, N, max_seq, recompute ? TRAIN_RECOMPUTE : 0);
 
     /* 1. logits: train_forward vs model_forward, bit for bit */
     model_forward(&m, tokens, seq_start, n_seqs);
@@ -308,7 +308,7 @@ int main(int argc, char **argv) {
         int per = pref ? 2 : 1, n_mb = n_seqs / per;
         int n_slots = pp < n_mb ? pp : n_mb;
         TrainActs *slots = xcalloc(n_slots, sizeof(TrainActs));
-        for (int i = 0; i < n_slots; i++) train_acts_init(&slots[i], &m, N, max_seq, recompute);
+        for (int i = 0; i < n_slots; i++) train_acts_init(&slots[i], &m, N, max_seq, recompute ? TRAIN_RECOMPUTE : 0);
         MicroBatch *mbs = xcalloc(n_mb, sizeof(MicroBatch));
         HookRows *hr = xcalloc(n_mb, sizeof(HookRows));
         PrefCtx *pc = xcalloc(n_mb, sizeof(PrefCtx));

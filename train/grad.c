@@ -36,12 +36,15 @@ static void tp_copy_backward(const Model *m, float *dx, size_t n) { comm_all_red
 
 /* ---- the arena ---------------------------------------------------------------------------- */
 
-void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, int recompute) {
+void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, int flags) {
     memset(a, 0, sizeof(*a));
     const ModelConfig *c = &m->cfg;
+    int recompute = flags & TRAIN_RECOMPUTE, tp = m->mesh->tp;
     size_t N = (size_t)max_tokens, D = c->dim, Dh = c->head_dim, Ll = (size_t)m->n_layers_local;
     size_t qd = (size_t)m->n_heads_local * Dh, kvd = (size_t)m->n_heads_kv_local * Dh, F = m->hidden_local;
     size_t V = !m->is_last ? 0 : m->head == HEAD_SCORE ? 1 : (size_t)m->vocab_local, Dl = m->is_last ? D : 0;
+    a->sp = (flags & TRAIN_SEQ_PARALLEL) && tp > 1;
+    size_t R = a->sp ? (N + tp - 1) / tp : N;   /* the residual stream's rows here (sequence parallel: a share) */
     a->max_tokens = max_tokens;
     a->max_seq = max_seq;
     a->scratch_stride = (size_t)(m->n_heads_local > 2 ? m->n_heads_local : 2) * max_seq;
@@ -49,7 +52,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     a->layers = xcalloc(Ll ? Ll : 1, sizeof(LayerActs));
 
     /* per layer, in LayerActs' field order */
-    size_t layer_sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * D, N * F, N * F, N * F};
+    size_t layer_sizes[] = {R * D, R * D, N * qd, N * kvd, N * kvd, N * qd, R * D, R * D, N * F, N * F, N * F};
     enum { N_LAYER = sizeof(layer_sizes) / sizeof(layer_sizes[0]) };
     static const int PACKED[4] = {1, 5, 7, 10};   /* xb1, att, xb2, act: the matmul inputs */
     int packed = m->dtype == DTYPE_BF16 && !recompute;
@@ -59,9 +62,11 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     /* the rest, in TrainActs' field order */
     float **slots[] = {&a->x_final, &a->xb_final, &a->logits, &a->dx, &a->dxb, &a->dtmp, &a->dq, &a->datt,
                        &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->out, &a->dout, &a->lse, &a->pick, &a->rope,
-                       &a->scratch, &a->ent, &a->dent};
-    size_t sizes[] = {N * D, N * Dl, N * V, N * D, N * D, N * D, N * qd, N * qd, N * kvd, N * kvd, N * F, N * F,
-                      N * F, N, N, N, N, N * Dh, (size_t)backend_scratch_rows(m->be) * a->scratch_stride, N, N};
+                       &a->scratch, &a->ent, &a->dent, &a->sp_x, &a->sp_xb};
+    size_t NDs = a->sp ? N * D : 0;
+    size_t sizes[] = {R * D, N * Dl, N * V, N * D, N * D, N * D, N * qd, N * qd, N * kvd, N * kvd, N * F, N * F,
+                      N * F, N, N, N, N, N * Dh, (size_t)backend_scratch_rows(m->be) * a->scratch_stride, N, N, NDs,
+                      NDs};
     enum { N_REST = sizeof(sizes) / sizeof(sizes[0]) };
     /* recompute: every layer keeps its input x_in; the other ten buffers are one shared set.
      * packed: the four matmul inputs are one shared fp32 set plus each layer's bf16 copies */
@@ -98,6 +103,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
         }
     }
     for (int i = 0; i < N_REST; i++) { *slots[i] = p; p += sizes[i]; }
+    if (!a->sp) a->sp_x = a->sp_xb = NULL;
     a->dlogits = a->logits;   /* the cross-entropy backward overwrites the logits in place */
 
     a->ids = m->be->alloc(sizeof(int) * (N ? 3 * N : 1));
@@ -105,7 +111,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     a->seq_start = a->iarena;
     a->ids_host = a->seq_start + N + 1;
 
-    int tp = m->mesh->tp, Hkv = c->n_heads_kv;
+    int Hkv = c->n_heads_kv;
     a->kv_rep = tp > Hkv ? tp / Hkv : 1;
     a->kv_comm = (Comm){0, 1, NULL};
     if (a->kv_rep > 1)   /* the ranks holding kv head tp_rank / kv_rep (model.c SHARD_KV_ROWS) */
@@ -115,10 +121,11 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
         a->emb_comm = comm_split(&m->mesh->pp_comm, !(m->is_first || m->is_last), m->mesh->pp_rank);
 
     if (m->mesh->rank == 0)
-        fprintf(stderr, "train activations: %.2f MiB (rank 0: %d tokens, %zu layers, %.2f MiB per layer%s)\n",
+        fprintf(stderr, "train activations: %.2f MiB (rank 0: %d tokens, %zu layers, %.2f MiB per layer%s%s)\n",
                 total * 4.0 / (1 << 20), max_tokens, Ll,
                 (packed ? per_layer - shared4 + packed_floats : per_layer) * 4.0 / (1 << 20),
-                recompute ? "; recompute: only layer inputs kept" : packed ? "; matmul inputs kept as bf16" : "");
+                recompute ? "; recompute: only layer inputs kept" : packed ? "; matmul inputs kept as bf16" : "",
+                a->sp ? "; sequence parallel: the residual stream's rows shared over tp" : "");
 }
 
 void train_acts_free(TrainActs *a) {
@@ -145,8 +152,9 @@ void train_acts_free(TrainActs *a) {
 static void layer_pack(const Model *m, TrainActs *a, int l, int unpack) {
     const LayerActs *la = &a->layers[l];
     size_t N = (size_t)a->N, D = m->cfg.dim, qd = (size_t)m->n_heads_local * m->cfg.head_dim, F = m->hidden_local;
+    size_t R = a->sp ? (size_t)(a->lb.sp_hi - a->lb.sp_lo) : N;   /* xb1, xb2: the residual's rows */
     float *buf[4] = {la->xb1, la->att, la->xb2, la->act};
-    size_t n[4] = {N * D, N * qd, N * D, N * F};
+    size_t n[4] = {R * D, N * qd, R * D, N * F};
     for (int j = 0; j < 4; j++) {
         if (unpack) m->be->unpack(buf[j], a->packed[4 * l + j], DTYPE_BF16, n[j]);
         else m->be->pack(a->packed[4 * l + j], DTYPE_BF16, buf[j], n[j]);
@@ -182,19 +190,30 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
     }
     m->be->to_device(a->ids, a->ids_host, sizeof(int) * 2 * N);
     /* keys and values: each sequence's own rows (no cache); a block's output goes to dtmp
-     * (backward scratch, free during the forward) */
-    a->lb = (LayerBatch){N, n_seqs, a->seq_start, a->pos, a->rope, NULL, {0}, a->dtmp, a->scratch, a->scratch_stride};
+     * (backward scratch, free during the forward); sequence parallel: this tp rank's rows */
+    size_t lo = 0, hi = N;
+    if (a->sp) comm_rows((size_t)N, m->mesh->tp, m->mesh->tp_rank, &lo, &hi);
+    a->lb = (LayerBatch){N, n_seqs, a->seq_start, a->pos, a->rope, NULL, {0}, a->dtmp, a->scratch, a->scratch_stride,
+                         a->sp_xb, (int)lo, (int)hi};
     m->be->rope_table(a->rope, a->pos, m->inv_freq, N, c->head_dim);
     float *x0 = m->n_layers_local ? a->layers[0].x_in : a->x_final;
-    model_stage_input(m, a->tokens, x0, N);
+    model_stage_input(m, &a->lb, a->tokens, x0);
     for (int l = 0; l < m->n_layers_local; l++)
         layer_forward(m, a, l, l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final);
 
     if (!m->is_last) {
-        comm_isend(pp, a->x_final, sizeof(float) * N * D, pp->rank + 1, &a->send_req);  /* to stage s+1 */
+        comm_isend(pp, a->x_final, sizeof(float) * (hi - lo) * D, pp->rank + 1, &a->send_req);  /* to stage s+1 */
         return;
     }
-    model_head(m, a->logits, a->xb_final, a->x_final, N);
+    model_head(m, &a->lb, a->logits, a->xb_final, a->x_final, N);
+}
+
+/* Sequence parallel: an activation kept as this rank's rows, gathered into full (N, D) for the
+ * backward; without it the activation itself (every row) */
+static const float *all_rows(const Model *m, const TrainActs *a, const float *mine, float *full) {
+    if (!a->sp) return mine;
+    comm_all_gather_rows(&m->mesh->tp_comm, mine, full, (size_t)a->N, (size_t)m->cfg.dim);
+    return full;
 }
 
 /* ---- the hook's inputs: per-token logprobs or values ---------------------------------------- */
@@ -299,7 +318,8 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
             be->matmul_backward(dxb, grads->lm_head, NULL, a->dlogits, a->xb_final, m->w.lm_head, wt, N, D, Vl);
             tp_copy_backward(m, dxb, ND);
         }
-        be->rmsnorm_backward(dx, grads->final_norm, dxb, a->x_final, m->w.final_norm, wt, N, D, c->norm_eps);
+        be->rmsnorm_backward(dx, grads->final_norm, dxb, all_rows(m, a, a->x_final, a->sp_x), m->w.final_norm, wt, N,
+                             D, c->norm_eps);
     } else {
         comm_recv(pp, dx, sizeof(float) * ND, pp->rank + 1);                            /* d(x) from stage s+1 */
     }
@@ -319,11 +339,12 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
          * output) is dx on every rank */
         be->matmul_backward(a->dact, g->w_down, NULL, dx, la->act, w->w_down, wt, N, Fl, D);
         be->swiglu_backward(a->dgate, a->dup, a->dact, la->gate, la->up, (size_t)N * Fl);
-        be->matmul_backward(dxb, g->w_gate, NULL, a->dgate, la->xb2, w->w_gate, wt, N, D, Fl);
-        be->matmul_backward(dtmp, g->w_up, NULL, a->dup, la->xb2, w->w_up, wt, N, D, Fl);
+        const float *xb2 = all_rows(m, a, la->xb2, a->sp_xb), *x_mid = all_rows(m, a, la->x_mid, a->sp_x);
+        be->matmul_backward(dxb, g->w_gate, NULL, a->dgate, xb2, w->w_gate, wt, N, D, Fl);
+        be->matmul_backward(dtmp, g->w_up, NULL, a->dup, xb2, w->w_up, wt, N, D, Fl);
         be->add_to(dxb, dxb, dtmp, ND);
         tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
-        be->rmsnorm_backward(dtmp, g->mlp_norm, dxb, la->x_mid, w->mlp_norm, wt, N, D, c->norm_eps);
+        be->rmsnorm_backward(dtmp, g->mlp_norm, dxb, x_mid, w->mlp_norm, wt, N, D, c->norm_eps);
         be->add_to(dx, dx, dtmp, ND);                                                           /* now d(x_mid) */
         /* attention block: x_mid = x_in + reduce(o_proj(att)) */
         be->matmul_backward(a->datt, g->wo, NULL, dx, la->att, w->wo, wt, N, qd, D);
@@ -339,13 +360,14 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         be->rope_backward(a->dk, a->rope, N, Hkvl, Dh);
         comm_all_reduce_sum(&a->kv_comm, a->dk, (size_t)N * kvd);                      /* replicated kv head: */
         comm_all_reduce_sum(&a->kv_comm, a->dv, (size_t)N * kvd);                      /* sum the query groups */
-        be->matmul_backward(dxb, g->wq, g->bq, a->dq, la->xb1, w->wq, wt, N, D, qd);
-        be->matmul_backward(kv_lead ? dtmp : NULL, g->wk, g->bk, a->dk, la->xb1, w->wk, wt, N, D, kvd);
+        const float *xb1 = all_rows(m, a, la->xb1, a->sp_xb), *x_in = all_rows(m, a, la->x_in, a->sp_x);
+        be->matmul_backward(dxb, g->wq, g->bq, a->dq, xb1, w->wq, wt, N, D, qd);
+        be->matmul_backward(kv_lead ? dtmp : NULL, g->wk, g->bk, a->dk, xb1, w->wk, wt, N, D, kvd);
         if (kv_lead) be->add_to(dxb, dxb, dtmp, ND);
-        be->matmul_backward(kv_lead ? dtmp : NULL, g->wv, g->bv, a->dv, la->xb1, w->wv, wt, N, D, kvd);
+        be->matmul_backward(kv_lead ? dtmp : NULL, g->wv, g->bv, a->dv, xb1, w->wv, wt, N, D, kvd);
         if (kv_lead) be->add_to(dxb, dxb, dtmp, ND);
         tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
-        be->rmsnorm_backward(dtmp, g->attn_norm, dxb, la->x_in, w->attn_norm, wt, N, D, c->norm_eps);
+        be->rmsnorm_backward(dtmp, g->attn_norm, dxb, x_in, w->attn_norm, wt, N, D, c->norm_eps);
         be->add_to(dx, dx, dtmp, ND);                                                           /* now d(x_in) */
     }
 

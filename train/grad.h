@@ -61,6 +61,11 @@ typedef struct {
     int max_tokens, max_seq;   /* capacity: tokens per batch, tokens per sequence */
     int N, n_seqs;             /* the batch of the last train_forward */
     int recompute;             /* 1: keep only each layer's input; backward re-runs the layer first */
+    /* sequence parallelism (tp > 1): x_in, xb1, x_mid, xb2 of every layer and x_final hold this tp
+     * rank's rows [lb.sp_lo, lb.sp_hi) only; the backward gathers them into sp_x / sp_xb (N, D) where
+     * it needs every row, so it runs on the very values of the run without it (the same bits) */
+    int sp;
+    float *sp_x, *sp_xb;       /* (N, D) each with sp, else NULL; sp_xb is lb.sp_full */
     /* BF16 weights without recompute: the four matmul inputs of each layer (xb1, att, xb2, act: bf16
      * values, runtime/forward.c) are kept packed as bf16, half the bytes; one fp32 set (layer 0's
      * LayerActs pointers, shared by every layer) is where the forward writes them and the backward
@@ -104,9 +109,12 @@ typedef struct {
     CommRequest send_req;      /* the pending pipeline send of this slot (x forward or dx backward) */
 } TrainActs;
 
+/* train_acts_init's flags: recompute each layer in the backward (keep only its input); sequence
+ * parallelism (TrainActs.sp) */
+enum { TRAIN_RECOMPUTE = 1, TRAIN_SEQ_PARALLEL = 2 };
 /* Sizes the arena for batches of up to max_tokens tokens, max_seq per sequence, and prints its
- * MiB (world rank 0). Collective over the tp group when tp > Hkv (splits kv_comm). */
-void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, int recompute);
+ * MiB (world rank 0). Collective over the tp group when tp > Hkv (splits kv_comm). flags: TRAIN_*. */
+void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, int flags);
 void train_acts_free(TrainActs *a);
 
 /* Forward of whole sequences from position 0; every rank of the mesh calls it. Keeps what backward

@@ -10,14 +10,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_seq, int n_micro, int recompute) {
+void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_seq, int n_micro, int flags) {
     memset(L, 0, sizeof *L);
     L->m = m;
     L->save_dtype = DTYPE_AUTO;
     L->opt = optim_new(m, m->mesh, oc);
     L->n_slots = m->mesh->pp < n_micro ? m->mesh->pp : n_micro;
     L->slots = xcalloc(L->n_slots, sizeof(TrainActs));
-    for (int i = 0; i < L->n_slots; i++) train_acts_init(&L->slots[i], m, max_tokens, max_seq, recompute);
+    for (int i = 0; i < L->n_slots; i++) train_acts_init(&L->slots[i], m, max_tokens, max_seq, flags);
     L->grads = m->be->alloc(sizeof(float) * optim_grad_floats(L->opt));   /* zero */
     L->gl = xcalloc(m->n_layers_local, sizeof(LayerWeights));
     model_weights_place(m, L->grads, &L->gw, L->gl);

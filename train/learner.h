@@ -40,9 +40,9 @@ typedef struct {
 } LearnerStep;
 
 /* Sizes everything up front: slots for micro-batches of up to max_tokens tokens (max_seq per
- * sequence), enough for n_micro micro-batches per step on this pp; recompute: keep only layer
- * inputs. Collective over m's tp group (train_acts_init). */
-void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_seq, int n_micro, int recompute);
+ * sequence), enough for n_micro micro-batches per step on this pp; flags: train_acts_init's
+ * (TRAIN_RECOMPUTE: keep only layer inputs; TRAIN_SEQ_PARALLEL). Collective over m's tp group. */
+void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_seq, int n_micro, int flags);
 void learner_free(Learner *L);
 /* One optimizer step over M micro-batches of this dp rank (collective over the mesh):
  * zero the gradients, 1F1B forward + hook + backward, AdamW (dp reduction, clipping, ZeRO-1).

@@ -233,6 +233,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     if (o->zero != 0 && o->zero != 1) user_error("--zero must be 0 or 1");
     if (strcmp(o->recompute_name, "none") && strcmp(o->recompute_name, "full"))
         user_error("--recompute %s: expected full or none", o->recompute_name);
+    if (o->sp && o->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
     if (!o->overwrite && !o->resume) trainer_check_new_out(o->out);
     if (o->resume) trainer_check_same_model(o->model_dir, o->resume);
     o->threads = backend_set_threads(o->threads);
@@ -333,7 +334,8 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
     oc.schedule = lr_schedule_parse("--lr-schedule", o->schedule_name); oc.beta1 = o->beta1; oc.beta2 = o->beta2;
     oc.eps = o->eps; oc.weight_decay = o->wd; oc.clip = o->clip; oc.zero = o->zero;
     Learner L;
-    learner_init(&L, m, oc, max_tokens, o->seq_len, o->M, !strcmp(o->recompute_name, "full"));
+    learner_init(&L, m, oc, max_tokens, o->seq_len, o->M,
+                 (!strcmp(o->recompute_name, "full") ? TRAIN_RECOMPUTE : 0) | (o->sp ? TRAIN_SEQ_PARALLEL : 0));
     L.save_dtype = o->save_dtype;
     int step0 = o->resume ? resume_from(o, &L, &train) : 0;
     mkdir_p(o->out);

@@ -81,7 +81,7 @@ typedef struct {
     const char *dtype_name, *save_dtype_name, *device;
     DType dtype, save_dtype;   /* parsed by train_options_check (DTYPE_AUTO: the checkpoint's / the model's) */
     const Backend *be;         /* --device, opened by train_options_check: load the models onto it */
-    int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, stop_after, warmup, zero, skip_bad, overwrite;
+    int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, stop_after, warmup, zero, skip_bad, overwrite, sp;
     int seed, eval_every, save_every, save_limit, log_every;
     float lr, min_lr, wd, beta1, beta2, eps, clip, comm_timeout;
     const Option *opts;    /* the command's whole table, echoed in the summary */
@@ -112,6 +112,7 @@ typedef struct {
     {"--eps", OPT_FLOAT, &(o)->eps, "1e-8", "AdamW"},                                                              \
     {"--clip", OPT_FLOAT, &(o)->clip, "1.0", "global gradient-norm clipping (0 = off)"},                           \
     {"--recompute", OPT_STR, &(o)->recompute_name, "none", "full: keep only layer inputs, recompute in backward (less memory)"}, \
+    SEQ_PARALLEL_OPTION(&(o)->sp),                                                                                 \
     {"--zero", OPT_INT, &(o)->zero, "0", "1 = ZeRO-1: optimizer state sharded over data-parallel ranks"}
 #define TRAIN_SKIP_OPTION(o)                                                                                       \
     {"--skip-bad-lines", OPT_FLAG, &(o)->skip_bad, NULL, "skip malformed records (counted) instead of stopping"}
