@@ -96,9 +96,10 @@ SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
     hosts_ps; grep -v '^step\|^|\|^+' "$BATS_TEST_TMPDIR/log"
     [ "$(cat "$out/metrics.jsonl" | wc -l)" -lt 40 ]   # it was cut mid-run
     [ "$status" -ne 0 ]
-    # one line: rank 0's (host b's rank cannot reach mpirun any more), the last thing printed
+    # one line: rank 0's (host b's rank cannot reach mpirun any more); Open MPI's own transport
+    # messages, if any, are not ours
     [ "$(grep -c '^tandem:' "$BATS_TEST_TMPDIR/log")" -eq 1 ]
-    [[ "$(tail -1 "$BATS_TEST_TMPDIR/log")" =~ ^"tandem: rank 0 on host ${NS}a: no progress in MPI_"[A-Za-z]+" for 5 s (a peer or the network is gone; --comm-timeout sets the deadline); stopping"$ ]]
+    [[ "$(grep '^tandem:' "$BATS_TEST_TMPDIR/log")" =~ ^"tandem: rank 0 on host ${NS}a: no progress in MPI_"[A-Za-z]+" for 5 s (a peer or the network is gone; --comm-timeout sets the deadline); stopping"$ ]]
     # the daemons' keepalive (tests/hosts/mpirun.sh: 8 to 9 s after the cut) ends the job between
     # the line (5 s) and the ranks' own exit (5 + 10 s): measured 10.2 s; 20 s leaves room for a
     # loaded machine
@@ -138,7 +139,9 @@ SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
     grep -v '^step\|^|\|^+' "$BATS_TEST_TMPDIR/log"
     [ "$status" -eq 1 ]
     [ "$(grep -c '^tandem:' "$BATS_TEST_TMPDIR/log")" -eq 1 ]
-    [[ "$(tail -1 "$BATS_TEST_TMPDIR/log")" =~ ^"tandem: rank 0 on host $(hostname): no progress in MPI_"[A-Za-z]+" for 5 s (a peer or the network is gone; --comm-timeout sets the deadline); stopping"$ ]]
+    # Tandem's one line (Open MPI itself may print a transport line after it as the ranks go, e.g.
+    # "[vm:PID] Read -1, expected N, errno = 3" from its shared-memory copy of a dead peer: not ours)
+    [[ "$(grep '^tandem:' "$BATS_TEST_TMPDIR/log")" =~ ^"tandem: rank 0 on host $(hostname): no progress in MPI_"[A-Za-z]+" for 5 s (a peer or the network is gone; --comm-timeout sets the deadline); stopping"$ ]]
     # the line at 5 s, the exit 10 s later (the launcher's turn first: runtime/comm.c), then mpirun
     # ends the rest: measured 16.1 s; 30 s leaves room for a loaded machine
     [ "$ended" -ge 14000 ] && [ "$ended" -lt 30000 ]   # (a rank may have begun waiting just before the stop)
