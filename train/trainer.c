@@ -235,6 +235,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
         user_error("--recompute %s: expected full or none", o->recompute_name);
     if (!o->overwrite && !o->resume) trainer_check_new_out(o->out);
     if (o->resume) trainer_check_same_model(o->model_dir, o->resume);
+    if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
     o->threads = backend_set_threads(o->threads);
     o->be = device_open(o->device, o->tp, o->pp);
     if (o->zero && o->be != backend_named("cpu"))
@@ -359,7 +360,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
     int step = step0, last = steps_total;
     if (o->stop_after > 0 && o->stop_after < last) last = o->stop_after;
     MetricsLog ml, no_line = {0};
-    metrics_open(&ml, o->out, o->resume ? step0 : -1, root);
+    metrics_open(&ml, o->out, o->tensorboard, o->resume ? step0 : -1, root);
     if (have_eval) {
         /* resumed at step0 > 0, the uninterrupted run has an eval line there only as an --eval-every
          * step (the "after" eval of the last step comes below): the eval is printed, its line

@@ -77,7 +77,7 @@ void trainer_check_same_model(const char *model_dir, const char *resume_dir);
 
 /* The settings every sft / rm / dpo run shares (their rows: the TRAIN_*_OPTIONS macros). */
 typedef struct {
-    const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template, *recompute_name;
+    const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template, *recompute_name, *tensorboard;
     const char *dtype_name, *save_dtype_name, *device;
     DType dtype, save_dtype;   /* parsed by train_options_check (DTYPE_AUTO: the checkpoint's / the model's) */
     const Backend *be;         /* --device, opened by train_options_check: load the models onto it */
@@ -94,7 +94,7 @@ typedef struct {
     {"--out", OPT_STR, &(o)->out, NULL, "output directory: checkpoint-STEP/ (HF model + state), metrics.jsonl"}, \
     {"--resume", OPT_STR, &(o)->resume, NULL, "continue from a checkpoint directory (out/checkpoint-STEP)"},     \
     {"--overwrite", OPT_FLAG, &(o)->overwrite, NULL, "allow an existing --out"},                                 \
-    SAVE_DTYPE_OPTION(&(o)->save_dtype_name)
+    TENSORBOARD_OPTION(&(o)->tensorboard), SAVE_DTYPE_OPTION(&(o)->save_dtype_name)
 #define TRAIN_STEP_OPTIONS(o, seq_help, batch_help, lr_default)                                                    \
     {"--seq-len", OPT_INT, &(o)->seq_len, "512", seq_help},                                                       \
     {"--batch-size", OPT_INT, &(o)->batch_size, "4", batch_help},                                                 \
