@@ -266,7 +266,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     int S = p->x.B * p->x.G;
     if (p->mini == 0) p->mini = S;
     if (p->mini < 1 || S % p->mini) user_error("--mini-batch-size %d: must divide the batch's %d sequences", p->mini, S);
-    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out);
+    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard);
     if (o->resume) {
         ppo_state_load(o->resume, &o->state);
         char *ad = path_join(o->resume, "actor");

@@ -81,7 +81,7 @@ setup_file() {
     jq -se 'map(select(."critic/score/mean" != null)) | length == 3' "$BATS_TEST_TMPDIR/o/metrics.jsonl"
 }
 
-@test "--tensorboard: a corrupt byte fails the CRC (tensorboard's reader and ours agree); a directory that cannot be made stops the run with one line, before training" {
+@test "--tensorboard: a corrupt byte fails the CRC (tensorboard's reader and ours agree); a directory that cannot be made stops the run with one line, before training; inside --out it does not block rerunning a run that stopped before its first checkpoint" {
     need_story; need_hfpy
     A=(--model "$STORIES" --data "$BATS_FILE_TMPDIR/sft.jsonl" --seq-len 64 --batch-size 4 --max-steps 2 --threads 1)
     tb="$BATS_TEST_TMPDIR/tb"
@@ -120,4 +120,18 @@ while True: r.GetNext()' "$f"
         "$TANDEM" ppo --actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 \
         --out "$BATS_TEST_TMPDIR/o4" --tensorboard "$BATS_TEST_TMPDIR/file/tb"
     [ ! -e "$BATS_TEST_TMPDIR/o4/metrics.jsonl" ]
+
+    # OUT/runs/tb (HF's output_dir/runs): what a run that stopped before its first checkpoint left
+    # does not block the same command; another name in OUT still does
+    o5="$BATS_TEST_TMPDIR/o5"
+    mkdir -p "$o5/runs/tb"
+    touch "$o5/metrics.jsonl" "$o5/runs/tb/events.out.tfevents.1.elsewhere"
+    run "$TANDEM" sft "${A[@]}" --out "$o5" --tensorboard "$o5/runs/tb"
+    [ "$status" -eq 0 ]
+    check_scalars "$o5/runs/tb" "$o5"
+    rm -r "$o5/checkpoint-2"
+    touch "$o5/notes"
+    run_one_line "it holds notes" "$TANDEM" sft "${A[@]}" --out "$o5" --tensorboard "$o5/runs/tb"
+    rm "$o5/notes"
+    run_one_line "it holds runs" "$TANDEM" sft "${A[@]}" --out "$o5" --tensorboard "$BATS_TEST_TMPDIR/tb-elsewhere"
 }

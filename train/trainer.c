@@ -145,8 +145,20 @@ static int is_tmp_name(const char *name) {
     return 1;
 }
 
+/* Whether out/name is the --tensorboard directory or one of its parents (both exist on a rerun). */
+static int holds_tensorboard(const char *out, const char *name, const char *tensorboard) {
+    if (!tensorboard) return 0;
+    char *entry = path_join(out, name), *a = realpath(entry, NULL), *b = realpath(tensorboard, NULL);
+    size_t n = a ? strlen(a) : 0;
+    int holds = a && b && !strncmp(a, b, n) && (b[n] == '\0' || b[n] == '/');
+    free(entry);
+    free(a);
+    free(b);
+    return holds;
+}
+
 /* See trainer.h. */
-void trainer_check_new_out(const char *out) {
+void trainer_check_new_out(const char *out, const char *tensorboard) {
     DIR *d = opendir(out);
     if (!d) return;   /* absent (or not a directory: mkdir_p says so) */
     const char *blocker = NULL;
@@ -155,6 +167,7 @@ void trainer_check_new_out(const char *out) {
         int step, len = 0;
         if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, "metrics.jsonl")) continue;
         if (!strncmp(name, "metrics.jsonl.", 14) && is_tmp_name(name)) continue;   /* a killed resume's trim */
+        if (holds_tensorboard(out, name, tensorboard)) continue;
         if (sscanf(name, "checkpoint-%d%n", &step, &len) != 1 || (name[len] && strncmp(name + len, ".tmp.", 5))) {
             blocker = name;   /* not a run's */
             continue;
@@ -233,7 +246,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     if (o->zero != 0 && o->zero != 1) user_error("--zero must be 0 or 1");
     if (strcmp(o->recompute_name, "none") && strcmp(o->recompute_name, "full"))
         user_error("--recompute %s: expected full or none", o->recompute_name);
-    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out);
+    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard);
     if (o->resume) trainer_check_same_model(o->model_dir, o->resume);
     if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
     o->threads = backend_set_threads(o->threads);

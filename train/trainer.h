@@ -56,10 +56,12 @@ void trainer_load_state(const char *dir, TrainerState *ts);
 /* A new run (no --resume, no --overwrite) may write into out unless it holds something a run would
  * lose: a complete checkpoint (checkpoint-N with trainer_state.json or ppo_state.json) or anything
  * no run writes (a name other than metrics.jsonl, metrics.jsonl.tmp.PID, checkpoint-N,
- * checkpoint-N.tmp.*). So a run that
+ * checkpoint-N.tmp.*, and the --tensorboard directory `tensorboard` (NULL: none) or the one of out's
+ * directories that holds it). So a run that
  * stopped before its first checkpoint (a failed step 1, a failed save, kill -9) leaves nothing that
- * blocks the same command; its metrics.jsonl is started afresh. user_error otherwise. */
-void trainer_check_new_out(const char *out);
+ * blocks the same command; its metrics.jsonl is started afresh (and its event files purged from
+ * step 0). user_error otherwise. */
+void trainer_check_new_out(const char *out, const char *tensorboard);
 /* Removes what a killed run's unfinished writes left in out: its temporaries NAME.tmp.PID
  * (checkpoint-N.tmp.PID/, metrics.jsonl.tmp.PID) and those inside each checkpoint-N/ (ppo's
  * actor.tmp.PID/ and critic.tmp.PID/, the state files' temporaries), so none ends up inside a
