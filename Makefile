@@ -13,18 +13,23 @@ MPI_CFLAGS := $(shell mpicc --showme:compile 2>/dev/null)
 BLAS_DIR   := /usr/lib/x86_64-linux-gnu/openblas-openmp
 BLAS_INC   := /usr/include/x86_64-linux-gnu/openblas-openmp
 MPI_LIBS   := $(shell mpicc --showme:link 2>/dev/null)
-CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Wpointer-arith -I. -I$(BLAS_INC) $(MPI_CFLAGS) -fopenmp
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Wpointer-arith -I. -Ibuild/gen -I$(BLAS_INC) $(MPI_CFLAGS) -fopenmp
 CXXFLAGS+= -std=c++17 $(OPT) -Wall -Wextra -I.
-LDLIBS  += $(MPI_LIBS) -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lsentencepiece -lcjson -lpcre2-8 -lutf8proc -lcurl -lcrypto -lm -lstdc++ -fopenmp
+LDLIBS  += $(MPI_LIBS) -L$(BLAS_DIR) -Wl,-rpath,$(BLAS_DIR) -lopenblas -lsentencepiece -lcjson -lpcre2-8 -lutf8proc -lcurl -lcrypto -lprotobuf-c -lisal -lm -lstdc++ -fopenmp
 
 DEB_PKGS = build-essential pkg-config libopenblas-openmp-dev libsentencepiece-dev sentencepiece \
            libcurl4-openssl-dev libssl-dev libopenmpi-dev openmpi-bin libcjson-dev libpcre2-dev libutf8proc-dev bats jq \
+           protobuf-c-compiler libprotobuf-c-dev libisal-dev \
            iproute2 util-linux \
            python3 python3-venv python3-torch python3-numpy
 
 LIB_C   := $(wildcard runtime/*.c kernels/cpu/*.c tokenizer/*.c generate/*.c train/*.c rlhf/*.c eval/*.c bench/*.c)
 LIB_CXX := $(wildcard tokenizer/*.cpp)
-LIB_OBJ := $(patsubst %.c,build/%.o,$(LIB_C)) $(patsubst %.cpp,build/%.o,$(LIB_CXX))
+# C made from the .proto files by protoc-c at build time (not committed: the generated code must match
+# the installed libprotobuf-c, which checks its version against the generator's)
+PROTO   := $(wildcard */*.proto)
+GEN_C   := $(patsubst %.proto,build/gen/%.pb-c.c,$(PROTO))
+LIB_OBJ := $(patsubst %.c,build/%.o,$(LIB_C)) $(patsubst %.cpp,build/%.o,$(LIB_CXX)) $(GEN_C:.c=.o)
 TEST_C  := $(wildcard tests/test_*.c)
 TEST_BIN:= $(patsubst tests/%.c,build/tests/%,$(TEST_C))
 # The CUDA backend (kernels/cuda) is linked into every binary wherever nvcc is found (CI has nvcc,
@@ -75,6 +80,14 @@ pyenv: .venv/stamp
 build/%.o: %.c $(wildcard */*.h */*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+# protoc-c: build/gen/DIR/NAME.pb-c.{c,h} from DIR/NAME.proto. Every object waits for the generated
+# headers as for the written ones; named in these rules, make keeps them as the build's own files.
+build/gen/%.pb-c.c build/gen/%.pb-c.h: %.proto
+	@mkdir -p build/gen
+	protoc-c --c_out=build/gen $<
+$(GEN_C:.c=.o): build/gen/%.o: build/gen/%.c
+	$(CC) $(CFLAGS) -c $< -o $@
+$(LIB_OBJ) build/tandem.o: $(GEN_C:.c=.h)
 # the CPU kernels: fused multiply-adds everywhere, the same way in every instantiation (see vec.h).
 # GCC's Zen tuning otherwise leaves loop-carried multiply-add chains of <= 256 bits unfused, so
 # one inlined copy of a dot product could round differently from another.

@@ -32,7 +32,7 @@
 
 /* The options that only setup reads (the rest go straight into Ppo). */
 typedef struct {
-    const char *stop_ids, *critic_sched_name, *stop_json, *reward_urls, *prompts_path, *out, *resume, *key;
+    const char *stop_ids, *critic_sched_name, *stop_json, *reward_urls, *prompts_path, *out, *resume, *key, *tensorboard;
     const char *chat_template, *colocate, *kl_est, *adv_name, *sched_name, *dtype_name, *save_dtype_name, *device;
     int bench_alone, steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite;
     int no_whiten, normalize_reward, sp;
@@ -177,6 +177,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         {"--out", OPT_STR, &o->out, NULL, "output directory: actor/ and critic/ at the end, metrics.jsonl"},
         {"--overwrite", OPT_FLAG, &o->overwrite, NULL, "allow an existing --out"},
         {"--resume", OPT_STR, &o->resume, NULL, "continue from out/checkpoint-STEP (at any placement; bit for bit at the same)"},
+        TENSORBOARD_OPTION(&o->tensorboard),
         {"--steps", OPT_INT, &o->steps, "10", "PPO steps (each: rollout, experience, update)"},
         {"--stop-after", OPT_INT, &o->stop_after, "0", "stop after this step (0 = off)"},
         {"--save-every", OPT_INT, &o->save_every, "0", "steps between saved models (0 = only at the end)"},
@@ -268,13 +269,14 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     int S = p->x.B * p->x.G;
     if (p->mini == 0) p->mini = S;
     if (p->mini < 1 || S % p->mini) user_error("--mini-batch-size %d: must divide the batch's %d sequences", p->mini, S);
-    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out);
+    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard);
     if (o->resume) {
         ppo_state_load(o->resume, &o->state);
         char *ad = path_join(o->resume, "actor");
         trainer_check_same_model(R[R_ACTOR].dir, ad);
         free(ad);
     }
+    if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
     sampling_params_default(&p->x.sp);
     p->x.sp.temperature = o->temperature; p->x.sp.top_k = o->top_k; p->x.sp.top_p = o->top_p;
     const char *bad = sampling_params_check(&p->x.sp);
@@ -537,7 +539,7 @@ int ppo_main(int argc, char **argv) {
         trainer_remove_stale_tmp(o.out);
     }
     MetricsLog ml;
-    metrics_open(&ml, o.out, o.resume ? o.state.step : -1, world0);
+    metrics_open(&ml, o.out, o.tensorboard, o.resume ? o.state.step : -1, world0);
     int step0 = o.resume ? o.state.step : 0, last = o.stop_after > 0 && o.stop_after < o.steps ? o.stop_after : o.steps;
     double t_run = now_seconds();
     float *step_s = xcalloc(last + 1, sizeof(float));

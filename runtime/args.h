@@ -35,6 +35,9 @@ typedef struct {
 #define COMM_TIMEOUT_OPTION(seconds)                                                                    \
     {"--comm-timeout", OPT_FLOAT, seconds, comm_timeout_default(),                                       \
      "seconds a rank may wait inside one communication call before it stops the job (0 = no deadline; TANDEM_COMM_TIMEOUT sets the default)"}
+/* every training command's (const char **dir; train/metrics.h: metrics_open) */
+#define TENSORBOARD_OPTION(dir)                                                                         \
+    {"--tensorboard", OPT_STR, dir, NULL, "also write metrics.jsonl's numbers as TensorBoard event files into DIR"}
 #define MESH_OPTIONS(tp, pp, threads, dtype)                                      \
     {"--tp", OPT_INT, tp, "1", "tensor-parallel size"},                           \
     {"--pp", OPT_INT, pp, "1", "pipeline-parallel size"},                         \

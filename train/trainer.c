@@ -145,8 +145,20 @@ static int is_tmp_name(const char *name) {
     return 1;
 }
 
+/* Whether out/name is the --tensorboard directory or one of its parents (both exist on a rerun). */
+static int holds_tensorboard(const char *out, const char *name, const char *tensorboard) {
+    if (!tensorboard) return 0;
+    char *entry = path_join(out, name), *a = realpath(entry, NULL), *b = realpath(tensorboard, NULL);
+    size_t n = a ? strlen(a) : 0;
+    int holds = a && b && !strncmp(a, b, n) && (b[n] == '\0' || b[n] == '/');
+    free(entry);
+    free(a);
+    free(b);
+    return holds;
+}
+
 /* See trainer.h. */
-void trainer_check_new_out(const char *out) {
+void trainer_check_new_out(const char *out, const char *tensorboard) {
     DIR *d = opendir(out);
     if (!d) return;   /* absent (or not a directory: mkdir_p says so) */
     const char *blocker = NULL;
@@ -155,6 +167,7 @@ void trainer_check_new_out(const char *out) {
         int step, len = 0;
         if (!strcmp(name, ".") || !strcmp(name, "..") || !strcmp(name, "metrics.jsonl")) continue;
         if (!strncmp(name, "metrics.jsonl.", 14) && is_tmp_name(name)) continue;   /* a killed resume's trim */
+        if (holds_tensorboard(out, name, tensorboard)) continue;
         if (sscanf(name, "checkpoint-%d%n", &step, &len) != 1 || (name[len] && strncmp(name + len, ".tmp.", 5))) {
             blocker = name;   /* not a run's */
             continue;
@@ -234,8 +247,9 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     if (strcmp(o->recompute_name, "none") && strcmp(o->recompute_name, "full"))
         user_error("--recompute %s: expected full or none", o->recompute_name);
     if (o->sp && o->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
-    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out);
+    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard);
     if (o->resume) trainer_check_same_model(o->model_dir, o->resume);
+    if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
     o->threads = backend_set_threads(o->threads);
     o->be = device_open(o->device, o->tp, o->pp);
     if (o->zero && o->be != backend_named("cpu"))
@@ -361,7 +375,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
     int step = step0, last = steps_total;
     if (o->stop_after > 0 && o->stop_after < last) last = o->stop_after;
     MetricsLog ml, no_line = {0};
-    metrics_open(&ml, o->out, o->resume ? step0 : -1, root);
+    metrics_open(&ml, o->out, o->tensorboard, o->resume ? step0 : -1, root);
     if (have_eval) {
         /* resumed at step0 > 0, the uninterrupted run has an eval line there only as an --eval-every
          * step (the "after" eval of the last step comes below): the eval is printed, its line

@@ -56,10 +56,12 @@ void trainer_load_state(const char *dir, TrainerState *ts);
 /* A new run (no --resume, no --overwrite) may write into out unless it holds something a run would
  * lose: a complete checkpoint (checkpoint-N with trainer_state.json or ppo_state.json) or anything
  * no run writes (a name other than metrics.jsonl, metrics.jsonl.tmp.PID, checkpoint-N,
- * checkpoint-N.tmp.*). So a run that
+ * checkpoint-N.tmp.*, and the --tensorboard directory `tensorboard` (NULL: none) or the one of out's
+ * directories that holds it). So a run that
  * stopped before its first checkpoint (a failed step 1, a failed save, kill -9) leaves nothing that
- * blocks the same command; its metrics.jsonl is started afresh. user_error otherwise. */
-void trainer_check_new_out(const char *out);
+ * blocks the same command; its metrics.jsonl is started afresh (and its event files purged from
+ * step 0). user_error otherwise. */
+void trainer_check_new_out(const char *out, const char *tensorboard);
 /* Removes what a killed run's unfinished writes left in out: its temporaries NAME.tmp.PID
  * (checkpoint-N.tmp.PID/, metrics.jsonl.tmp.PID) and those inside each checkpoint-N/ (ppo's
  * actor.tmp.PID/ and critic.tmp.PID/, the state files' temporaries), so none ends up inside a
@@ -77,7 +79,7 @@ void trainer_check_same_model(const char *model_dir, const char *resume_dir);
 
 /* The settings every sft / rm / dpo run shares (their rows: the TRAIN_*_OPTIONS macros). */
 typedef struct {
-    const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template, *recompute_name;
+    const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template, *recompute_name, *tensorboard;
     const char *dtype_name, *save_dtype_name, *device;
     DType dtype, save_dtype;   /* parsed by train_options_check (DTYPE_AUTO: the checkpoint's / the model's) */
     const Backend *be;         /* --device, opened by train_options_check: load the models onto it */
@@ -94,7 +96,7 @@ typedef struct {
     {"--out", OPT_STR, &(o)->out, NULL, "output directory: checkpoint-STEP/ (HF model + state), metrics.jsonl"}, \
     {"--resume", OPT_STR, &(o)->resume, NULL, "continue from a checkpoint directory (out/checkpoint-STEP)"},     \
     {"--overwrite", OPT_FLAG, &(o)->overwrite, NULL, "allow an existing --out"},                                 \
-    SAVE_DTYPE_OPTION(&(o)->save_dtype_name)
+    TENSORBOARD_OPTION(&(o)->tensorboard), SAVE_DTYPE_OPTION(&(o)->save_dtype_name)
 #define TRAIN_STEP_OPTIONS(o, seq_help, batch_help, lr_default)                                                    \
     {"--seq-len", OPT_INT, &(o)->seq_len, "512", seq_help},                                                       \
     {"--batch-size", OPT_INT, &(o)->batch_size, "4", batch_help},                                                 \
