@@ -125,7 +125,10 @@ typedef struct Backend {
     const char *(*open)(int local_rank);
     /* forward */
     /* leaves (a power of two dividing n_in): each output is the pairwise tree (tree_sum) of the dot
-     * products over n_in / leaves consecutive inputs each, then the bias; 1 for a plain dot product */
+     * products over n_in / leaves consecutive inputs each, then the bias; 1 for a plain dot product.
+     * A backend may cut every leaf into the same power-of-two number of runs, fixed by the leaf's
+     * length alone (the CPU's cache blocking): a finer tree of the same kind, so a rank's subtree
+     * stays 1x1's */
     void (*matmul)(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out,
                    int leaves);
     void (*matmuls)(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt);

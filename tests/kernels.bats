@@ -7,8 +7,9 @@ load helpers
     run "$ROOT/build/tests/test_kernels"
     echo "$output"
     [ "$status" -eq 0 ]
-    # 7 matmul shapes, then 6 head sizes x 2 windows of attention (threads; paged layout)
-    [ "$(grep -c '^cpu_matmul.*: bit-identical' <<<"$output")" -eq 7 ]
+    # 8 matmul shapes (2048: cache-blocked runs), then 6 head sizes x 2 windows of attention (threads; paged layout)
+    [ "$(grep -c '^cpu_matmul.*: bit-identical' <<<"$output")" -eq 8 ]
+    grep -q '^tp invariance: .*tp ranks. tree == 1x1, bit for bit$' <<<"$output"
     [ "$(grep -c 'threads bit-identical; paged prefill and decode bit-identical' <<<"$output")" -eq 12 ]
     # silu's vectorised exp against exact silu, 4 fp32 roundings at most
     grep -q '^cpu_swiglu (exp16): 1000003 points, .*: within$' <<<"$output"

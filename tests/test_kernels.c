@@ -19,7 +19,7 @@ static float frand(unsigned *s) {
 }
 
 int main(void) {
-    const int shapes[][2] = {{16, 4}, {33, 7}, {64, 64}, {288, 768}, {47, 130}, {768, 33}, {1, 5}};
+    const int shapes[][2] = {{16, 4}, {33, 7}, {64, 64}, {288, 768}, {47, 130}, {768, 33}, {1, 5}, {2048, 9}};
     const int batches[] = {1, 2, 3, 4, 5, 7, 8, 13, 37, 64, 65};
     int fail = 0;
     unsigned seed = 1;
@@ -59,7 +59,7 @@ int main(void) {
      * same for the vocabulary's sums: ranks of round_up(V, 8) / t columns (the padding -inf), each
      * TP_LEAVES / t leaves, against 1x1's V columns in TP_LEAVES leaves. */
     {
-        const int tshapes[][2] = {{64, 9}, {288, 40}, {768, 33}, {16, 5}, {2048 + 128, 12}};
+        const int tshapes[][2] = {{64, 9}, {288, 40}, {768, 33}, {16, 5}, {2048 + 128, 12}, {8192, 5}};   /* 8192: blocked leaves */
         const int tN[] = {1, 3, 4, 5, 37};
         int bad = 0, cases = 0;
         for (size_t si = 0; si < sizeof tshapes / sizeof tshapes[0]; si++) {

@@ -224,6 +224,14 @@ static void matmuls_leaves(const float *x, int N, int n_in, const MatmulOut *out
         fprintf(stderr, "cpu_matmul: %d leaves of %d inputs (a power of two up to 64 that divides them)\n", leaves, n_in);
         abort();
     }
+    /* Cache blocking: runs of 2 x MM_BLOCK inputs or more are cut into a power-of-two number of runs
+     * of at least MM_BLOCK (a finer tree of the same kind), so a tile's 4 rows of x and 4 of w stay
+     * in L1 over a run: at D = 2048, q_proj and gate_proj took 37% less time at N = 32 and 512
+     * (bench --kernels, 1 thread, same run); at D = 768 a cut was 10% slower, so runs under 1024
+     * stay whole. It depends on a run's length only: batch invariance holds, and tp invariance (a
+     * leaf's length is the same at every tp). */
+    enum { MM_BLOCK = 512 };
+    while (leaves < 64 && n_in % (2 * leaves) == 0 && n_in / (2 * leaves) >= MM_BLOCK) leaves *= 2;
     /* decode with bf16 weights: x split once for every weight row (dot_split_bf16), run by run */
     int split = wt == DTYPE_BF16 && N <= 4, Kl = n_in / leaves;
     float xs[split ? (size_t)N * n_in : 1];   /* (N, n_in): at most 4 rows, on this thread's stack */
