@@ -271,11 +271,12 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
  * none in separate processes to compare peaks). The loss is the hook's: LOSS_XENT (next-token loss
  * on every position, LM head) or loss_bt (score head, sequences 2i / 2i+1 a pair, as `tandem rm`
  * trains). targets and weight are the LM's; a score head ignores them. */
-static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int flags, int threads,
+static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int flags, int zero, int threads,
                        const LossHook *hook) {
     int N = B * T;
     OptimConfig oc = optim_config_default();
     oc.lr = 1e-4;
+    oc.zero = zero;
     Learner L;
     learner_init(&L, m, oc, N, T, 1, flags);
     model_print_summary(m);   /* names the device */
@@ -290,8 +291,10 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
     }
     double *times = xmalloc(sizeof(double) * iters), loss = 0;
     MicroBatch mb = {tokens, start, B, targets, weight, NULL};
+    double dp0 = 0, tp0 = 0;   /* bytes sent before the timed steps */
     for (int it = -1; it < iters; it++) {
         comm_barrier(&mesh->group);
+        if (it == 0) dp0 = comm_bytes_sent(&mesh->dp_comm), tp0 = comm_bytes_sent(&mesh->tp_comm);
         double t0 = now_seconds();
         loss = learner_step(&L, &mb, 1, hook).loss;
         m->be->sync();   /* the update is queued after the norm came back */
@@ -299,14 +302,20 @@ static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int 
         if (it >= 0) times[it] = now_seconds() - t0;
     }
     double med = median(times, iters);
+    /* bytes a rank sends per step over dp and tp, against Psi = this replica's parameters in fp32
+     * bytes (the ZeRO paper: plain DP and ZeRO-1/2 send 2 Psi (P-1)/P, ZeRO-3 3 Psi (P-1)/P) */
+    double dp_b = (comm_bytes_sent(&mesh->dp_comm) - dp0) / iters, tp_b = (comm_bytes_sent(&mesh->tp_comm) - tp0) / iters;
+    double psi = 4.0 * (double)m->n_params;
     float pk = (float)peak_rss_mib();
     comm_all_reduce_max(&mesh->group, &pk, 1);
     if (mesh_is_root(mesh))
         printf("{\"bench\": \"train\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"recompute\": \"%s\", \"sequence_parallel\": %s, "
                "\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"activations_mib\": %.1f, \"peak_rss_mib\": %.1f, "
-               "\"last_loss\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"head\": \"%s\"}\n",
+               "\"last_loss\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"head\": \"%s\", \"zero\": %d, "
+               "\"dp_mib_sent_per_step\": %.3f, \"tp_mib_sent_per_step\": %.3f, \"psi_mib\": %.3f, \"dp_sent_per_psi\": %.4f}\n",
                B, T, threads, flags & TRAIN_RECOMPUTE ? "full" : "none", L.slots[0].sp ? "true" : "false", N * mesh->dp / med, med, L.slots[0].n_arena * 4.0 / (1 << 20), pk, loss,
-               mesh->tp, mesh->pp, mesh->dp, m->head == HEAD_SCORE ? "score" : "lm");
+               mesh->tp, mesh->pp, mesh->dp, m->head == HEAD_SCORE ? "score" : "lm", zero, dp_b / (1 << 20),
+               tp_b / (1 << 20), psi / (1 << 20), dp_b / psi);
     learner_free(&L);
     free(tokens); free(start); free(targets); free(weight); free(times);
     return 0;
@@ -478,7 +487,7 @@ static void print_load(const Model *m, double load_rss) {
 
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
-    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score, kernels, sp;
+    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score, kernels, sp, zero;
     const char *dtype_flag, *device;
     const char *recompute;
     float comm_timeout;
@@ -494,6 +503,7 @@ int bench_main(int argc, char **argv) {
         {"--recompute", OPT_STR, &recompute, "none", "--train: none | full (activation recomputation)"},
         {"--score", OPT_FLAG, &score, NULL, "--train: a reward model (new score head, Bradley-Terry over B/2 pairs)"},
         SEQ_PARALLEL_OPTION(&sp),
+        {"--zero", OPT_INT, &zero, "0", "--train: 1 = ZeRO-1 (optimizer state sharded over dp)"},
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
@@ -529,6 +539,7 @@ int bench_main(int argc, char **argv) {
     if (train) {
         if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
         if (sp && tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
+        if (zero != 0 && zero != 1) user_error("--zero %d: must be 0 or 1", zero);
         if (m.head == HEAD_SCORE && batch % 2)   /* --score, or a *ForSequenceClassification directory */
             user_error("bench --train --score: --batch %d is odd (sequences 2i and 2i+1 are a chosen/rejected pair)", batch);
         /* each pair weighs 1 / (B / 2): the step's loss is the mean over this rank's pairs, as
@@ -537,7 +548,7 @@ int bench_main(int argc, char **argv) {
         LossHook bt = {loss_bt, &ph, 1.0f, 0.0f, NULL};
         print_load(&m, load_rss);
         rc = bench_train(&m, &mesh, batch, seq, iters,
-                         (!strcmp(recompute, "full") ? TRAIN_RECOMPUTE : 0) | (sp ? TRAIN_SEQ_PARALLEL : 0), threads,
+                         (!strcmp(recompute, "full") ? TRAIN_RECOMPUTE : 0) | (sp ? TRAIN_SEQ_PARALLEL : 0), zero, threads,
                          m.head == HEAD_SCORE ? &bt : &LOSS_XENT);
     } else if (kernels) {
         if (mesh.size != 1) user_error("bench --kernels runs on one rank");

@@ -252,8 +252,39 @@ static int count(size_t n) {
     return (int)n;
 }
 
+/* ---- traffic: the bytes this rank sends, per communicator --------------------------------------
+ * Counted from each call's size by the bandwidth-optimal algorithms' volumes (the ZeRO paper's
+ * accounting): an all-reduce of n values sends 2 n (P-1) / P, an all-gather or a reduce-scatter of n
+ * values in all n (P-1) / P, an all-to-all the other ranks' parts, a send or a broadcast's root its
+ * bytes. (MPI picks its algorithm by message size; a latency-optimal one sends more.) */
+enum { TRAFFIC_SLOTS = 64 };
+static struct { const void *handle; double bytes; } traffic[TRAFFIC_SLOTS];
+static pthread_mutex_t traffic_lock = PTHREAD_MUTEX_INITIALIZER;
+static void sent(const Comm *c, double bytes) {
+    if (c->size < 2 || !c->handle) return;
+    pthread_mutex_lock(&traffic_lock);
+    for (int i = 0; i < TRAFFIC_SLOTS; i++)
+        if (traffic[i].handle == c->handle || !traffic[i].handle) {
+            traffic[i].handle = c->handle;
+            traffic[i].bytes += bytes;
+            break;
+        }
+    pthread_mutex_unlock(&traffic_lock);
+}
+double comm_bytes_sent(const Comm *c) {
+    double b = 0.0;
+    pthread_mutex_lock(&traffic_lock);
+    for (int i = 0; i < TRAFFIC_SLOTS && traffic[i].handle; i++)
+        if (traffic[i].handle == c->handle) b = traffic[i].bytes;
+    pthread_mutex_unlock(&traffic_lock);
+    return b;
+}
+/* an all-reduce's volume: 2 n (P-1) / P values of `size` bytes */
+static double ring_all_reduce(const Comm *c, size_t n, size_t size) { return 2.0 * n * size * (c->size - 1) / c->size; }
+
 void comm_all_reduce_sum(const Comm *c, float *buf, size_t n) {
     if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_FLOAT, MPI_SUM, HANDLE(c)));
+    sent(c, ring_all_reduce(c, n, sizeof(float)));
 }
 /* Scratch for comm_all_reduce_sum_fixed, grown on demand and kept for the process: the steps that
  * call it reuse one buffer instead of allocating per call (one per thread that calls it). */
@@ -277,6 +308,7 @@ void comm_all_reduce_sum_fixed(const Comm *c, float *buf, size_t n) {
     if (n <= FIXED_GATHER_MAX) {                        /* every rank gets every partial, adds them by the tree */
         float *all = fixed_scratch((size_t)P * n);      /* (P, n) */
         MPI_CHECK(MPI_Allgather(buf, count(n), MPI_FLOAT, all, count(n), MPI_FLOAT, HANDLE(c)));
+        sent(c, (double)n * sizeof(float) * (P - 1));
         tree_sum(all, P, n);
         memcpy(buf, all, sizeof(float) * n);
         return;
@@ -295,6 +327,7 @@ void comm_all_reduce_sum_fixed(const Comm *c, float *buf, size_t n) {
     tree_sum(parts, P, mine);
     memcpy(buf + dsp[r], parts, sizeof(float) * mine);
     MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt, dsp, MPI_FLOAT, HANDLE(c)));
+    sent(c, 2.0 * (n - mine) * sizeof(float));   /* the other ranks' slices out, then the ring's (P-1)/P */
     free(cnt);
 }
 void comm_rows(size_t n, int P, int r, size_t *lo, size_t *hi) {
@@ -321,6 +354,7 @@ void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n
         MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, cnt, dsp, MPI_FLOAT, HANDLE(c)));
     else
         MPI_CHECK(MPI_Allgatherv(mine, count((hi - lo) * unit), MPI_FLOAT, all, cnt, dsp, MPI_FLOAT, HANDLE(c)));
+    sent(c, (double)(n - (hi - lo)) * unit * sizeof(float));
     free(cnt);
 }
 
@@ -338,6 +372,7 @@ void comm_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t 
     for (int s = 0; s < P; s++) { rcnt[s] = (int)mine; rdsp[s] = count(mine * s); }
     float *parts = fixed_scratch((size_t)P * mine);   /* (P, mine): rank s's partial of my rows */
     MPI_CHECK(MPI_Alltoallv(buf, cnt, dsp, MPI_FLOAT, parts, rcnt, rdsp, MPI_FLOAT, HANDLE(c)));
+    sent(c, (double)(n * unit - mine) * sizeof(float));
     tree_sum(parts, P, mine);
     memcpy(buf, parts, sizeof(float) * mine);
     free(cnt);
@@ -345,6 +380,7 @@ void comm_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t 
 
 void comm_all_reduce_sum_f64(const Comm *c, double *buf, size_t n) {
     if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_DOUBLE, MPI_SUM, HANDLE(c)));
+    sent(c, ring_all_reduce(c, n, sizeof(double)));
 }
 void comm_all_reduce_max(const Comm *c, float *buf, size_t n) {
     if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_FLOAT, MPI_MAX, HANDLE(c)));
@@ -365,6 +401,7 @@ void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each) 
         if (in != out) memcpy(out, in, sizeof(float) * n_each);
         return;
     }
+    sent(c, (double)n_each * sizeof(float) * (c->size - 1));
     if (in == out + (size_t)c->rank * n_each) {   /* already in its place */
         MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, count(n_each), MPI_FLOAT, HANDLE(c)));
         return;
@@ -377,6 +414,7 @@ void comm_reduce_scatter_sum(const Comm *c, const float *in, float *out, size_t 
         return;
     }
     MPI_CHECK(MPI_Reduce_scatter_block(in, out, count(n_each), MPI_FLOAT, MPI_SUM, HANDLE(c)));
+    sent(c, (double)n_each * sizeof(float) * (c->size - 1));
 }
 int comm_first_error(const Comm *c, char *msg, size_t cap) {
     float failed = msg[0] != 0;
@@ -390,10 +428,12 @@ int comm_first_error(const Comm *c, char *msg, size_t cap) {
 
 void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root) {
     if (c->size > 1) MPI_CHECK(MPI_Bcast(buf, count(bytes), MPI_BYTE, root, HANDLE(c)));
+    if (c->rank == root) sent(c, (double)bytes);
 }
 void comm_send(const Comm *c, const void *buf, size_t bytes, int dst) {
     CHECK(mpi_on);   /* alone, nothing is ever sent or received */
     MPI_CHECK(MPI_Send(buf, count(bytes), MPI_BYTE, dst, 0, HANDLE(c)));
+    sent(c, (double)bytes);
 }
 void comm_isend(const Comm *c, const void *buf, size_t bytes, int dst, CommRequest *req) {
     comm_isend_tag(c, buf, bytes, dst, 0, req);
@@ -403,6 +443,7 @@ void comm_isend_tag(const Comm *c, const void *buf, size_t bytes, int dst, int t
     comm_wait(req);
     MPI_Request *r = xmalloc(sizeof(MPI_Request));
     MPI_CHECK(MPI_Isend(buf, count(bytes), MPI_BYTE, dst, tag, HANDLE(c), r));
+    sent(c, (double)bytes);
     req->handle = r;
 }
 int comm_probe(const Comm *c, int tag, int blocking, int *src, size_t *bytes) {

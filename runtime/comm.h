@@ -73,6 +73,10 @@ void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n
 /* buf (n, unit): each rank's partial sums in; its own rows' sums out in buf's first rows, each element
  * comm_all_reduce_sum_fixed's (the same tree): the reduce-scatter of Megatron's sequence parallelism */
 void comm_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t unit);
+/* Bytes this rank has sent on c so far, counted from the calls' sizes by the bandwidth-optimal
+ * algorithms' volumes (all-reduce 2 n (P-1)/P, all-gather / reduce-scatter n (P-1)/P of n in all):
+ * what the ZeRO paper's 2 Psi per step counts. */
+double comm_bytes_sent(const Comm *c);
 void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root);
 void comm_send(const Comm *c, const void *buf, size_t bytes, int dst);
 /* Non-blocking send: buf must stay untouched until comm_wait(req). A pipeline schedule posts its

@@ -90,6 +90,31 @@ load helpers
     [ "$(sort -u "$BATS_TEST_TMPDIR/losses" | wc -l)" -eq 1 ]   # printed with 9 digits: the same float
 }
 
+@test "bench --train: the bytes a rank sends over dp per step are the ZeRO paper's 2 Psi (P-1)/P, plain and ZeRO-1, dp 2 and 4; tp 2 with --sequence-parallel keeps less activation memory and sends more" {
+    # Psi: the replica's parameters in fp32 bytes (llama_gqa: 26.7K floats). Plain dp all-reduces the
+    # gradients (2 Psi (P-1)/P); ZeRO-1 reduce-scatters them and all-gathers the updated weights
+    # (Psi (P-1)/P each): the same volume, as the paper says, on its arena padded to a multiple of
+    # 16 dp floats (at most 64 more here: 0.24%). The gradient norm's double under ZeRO: 1e-4.
+    for z in 0 1; do
+        for np in 2 4; do
+            run timeout 120 $MPIRUN $np "$TANDEM" bench --train --model "$FIX/models/llama_gqa" --batch 2 --seq 16 --iters 2 --threads 1 --zero $z
+            [ "$status" -eq 0 ]
+            echo "$output" | grep '^{"bench": "train"' | jq -c '{dp, zero, dp_sent_per_psi, psi_mib}'
+            echo "$output" | grep '^{"bench": "train"' | jq -e --argjson p $np --argjson tol $([ $z = 0 ] && echo 1e-4 || echo 4e-3) \
+                '.dp == $p and (.dp_sent_per_psi - 2 * ($p - 1) / $p | fabs) < $tol and .tp_mib_sent_per_step == 0'
+        done
+    done
+    # sequence parallelism at tp 2: the arena shrinks; the backward's gathers of the kept rows come
+    # on top of the all-reduces the run without it makes (it keeps their order: the same bits)
+    for sp in "" --sequence-parallel; do
+        run timeout 120 $MPIRUN 2 "$TANDEM" bench --train --model "$FIX/models/llama_gqa" --batch 4 --seq 128 --iters 2 --threads 1 --tp 2 $sp
+        [ "$status" -eq 0 ]
+        echo "$output" | grep '^{"bench": "train"' | jq -c '[.activations_mib, .tp_mib_sent_per_step, .last_loss]' >> "$BATS_TEST_TMPDIR/sp"
+    done
+    cat "$BATS_TEST_TMPDIR/sp"
+    jq -s -e '.[1][0] < .[0][0] and .[1][1] > .[0][1] and .[1][2] == .[0][2]' "$BATS_TEST_TMPDIR/sp"
+}
+
 @test "bench --train --score: reward-model training tokens/s and memory (Bradley–Terry over B/2 pairs); odd --batch refused" {
     run "$TANDEM" bench --train --score --model "$FIX/models/llama_gqa" --batch 4 --seq 16 --iters 2
     echo "$output"
