@@ -266,13 +266,35 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
     return 0;
 }
 
+/* The load's memory (stderr, rank 0, once the run goes ahead): the peak RSS right after loading against
+ * the weights held. Each tensor is read from the mapped file into the arena, converted, and its mapped
+ * pages released, so the two are about equal. */
+static void print_load(const Model *m, double load_rss) {
+    double w_mib = (double)m->n_params * dtype_size(m->dtype) / 1048576.0;
+    if (m->mesh->rank == 0)
+        fprintf(stderr, "{\"bench\": \"load\", \"dtype\": \"%s\", \"weights_mib\": %.1f, \"peak_rss_mib\": %.1f, "
+                "\"peak_over_weights\": %.3f}\n", dtype_name(m->dtype), w_mib, load_rss, load_rss / w_mib);
+}
+
 /* Training step throughput: B random sequences of T tokens, forward + backward + AdamW, median of
  * iters steps after one warm-up; the activation arena and the peak RSS (run --recompute full and
  * none in separate processes to compare peaks). The loss is the hook's: LOSS_XENT (next-token loss
  * on every position, LM head) or loss_bt (score head, sequences 2i / 2i+1 a pair, as `tandem rm`
  * trains). targets and weight are the LM's; a score head ignores them. */
-static int bench_train(Model *m, const Mesh *mesh, int B, int T, int iters, int flags, int zero, int threads,
-                       const LossHook *hook) {
+static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T, int iters, const char *recompute,
+                       int sp, int zero, int threads) {
+    if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
+    if (sp && mesh->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
+    if (zero != 0 && zero != 1) user_error("--zero %d: must be 0 or 1", zero);
+    if (m->head == HEAD_SCORE && B % 2)   /* --score, or a *ForSequenceClassification directory */
+        user_error("bench --train --score: --batch %d is odd (sequences 2i and 2i+1 are a chosen/rejected pair)", B);
+    int flags = (!strcmp(recompute, "full") ? TRAIN_RECOMPUTE : 0) | (sp ? TRAIN_SEQ_PARALLEL : 0);
+    /* each pair weighs 1 / (B / 2): the step's loss is the mean over this rank's pairs, as
+     * LOSS_XENT's weights give the mean over its tokens (optim_step averages over dp) */
+    PrefHook ph = {.pair_weight = 2.0 / B};
+    LossHook bt = {loss_bt, &ph, 1.0f, 0.0f, NULL};
+    const LossHook *hook = m->head == HEAD_SCORE ? &bt : &LOSS_XENT;
+    print_load(m, load_rss);
     int N = B * T;
     OptimConfig oc = optim_config_default();
     oc.lr = 1e-4;
@@ -475,15 +497,6 @@ static int bench_kernels(Model *m, int iters) {
     return 0;
 }
 
-/* The load's memory (stderr, rank 0, once the run goes ahead): the peak RSS right after loading against
- * the weights held. Each tensor is read from the mapped file into the arena, converted, and its mapped
- * pages released, so the two are about equal. */
-static void print_load(const Model *m, double load_rss) {
-    double w_mib = (double)m->n_params * dtype_size(m->dtype) / 1048576.0;
-    if (m->mesh->rank == 0)
-        fprintf(stderr, "{\"bench\": \"load\", \"dtype\": \"%s\", \"weights_mib\": %.1f, \"peak_rss_mib\": %.1f, "
-                "\"peak_over_weights\": %.3f}\n", dtype_name(m->dtype), w_mib, load_rss, load_rss / w_mib);
-}
 
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
@@ -530,6 +543,8 @@ int bench_main(int argc, char **argv) {
     const Backend *be = device_open(device, tp, pp);
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
+    if ((kernels || generate) && !train && mesh.size != 1) user_error("bench --%s runs on one rank", kernels ? "kernels" : "generate");
+    if (generate && !train && !kernels && (new_tokens < 1 || big < 1)) user_error("--new-tokens and --big-batch must be >= 1");
     Model m;
     if (score) model_load_score(&m, model_dir, &mesh, 1, dtype, be);   /* a directory's own score head is kept */
     else model_load(&m, model_dir, &mesh, dtype, be);
@@ -537,31 +552,11 @@ int bench_main(int argc, char **argv) {
     double load_rss = peak_rss_mib();
     int rc;
     if (train) {
-        if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
-        if (sp && tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
-        if (zero != 0 && zero != 1) user_error("--zero %d: must be 0 or 1", zero);
-        if (m.head == HEAD_SCORE && batch % 2)   /* --score, or a *ForSequenceClassification directory */
-            user_error("bench --train --score: --batch %d is odd (sequences 2i and 2i+1 are a chosen/rejected pair)", batch);
-        /* each pair weighs 1 / (B / 2): the step's loss is the mean over this rank's pairs, as
-         * LOSS_XENT's weights give the mean over its tokens (optim_step averages over dp) */
-        PrefHook ph = {.pair_weight = 2.0 / batch};
-        LossHook bt = {loss_bt, &ph, 1.0f, 0.0f, NULL};
-        print_load(&m, load_rss);
-        rc = bench_train(&m, &mesh, batch, seq, iters,
-                         (!strcmp(recompute, "full") ? TRAIN_RECOMPUTE : 0) | (sp ? TRAIN_SEQ_PARALLEL : 0), zero, threads,
-                         m.head == HEAD_SCORE ? &bt : &LOSS_XENT);
-    } else if (kernels) {
-        if (mesh.size != 1) user_error("bench --kernels runs on one rank");
-        print_load(&m, load_rss);
-        rc = bench_kernels(&m, iters);
-    } else if (generate) {
-        if (mesh.size != 1) user_error("bench --generate runs on one rank");
-        if (new_tokens < 1 || big < 1) user_error("--new-tokens and --big-batch must be >= 1");
-        print_load(&m, load_rss);
-        rc = bench_generate(&m, threads, seq, new_tokens, big, iters);
+        rc = bench_train(&m, &mesh, load_rss, batch, seq, iters, recompute, sp, zero, threads);
     } else {
         print_load(&m, load_rss);
-        rc = bench_prefill(&m, &mesh, batch, seq, iters, threads, opts, n_opts);
+        rc = kernels ? bench_kernels(&m, iters) : generate ? bench_generate(&m, threads, seq, new_tokens, big, iters)
+                                                            : bench_prefill(&m, &mesh, batch, seq, iters, threads, opts, n_opts);
     }
     model_free(&m);
     mesh_free(&mesh);

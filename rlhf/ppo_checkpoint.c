@@ -38,13 +38,7 @@ void ppo_checkpoint_save(const Roles *rs, Learner *learner, const char *const *l
     char json[1024];
     int n = snprintf(json, sizeof json, "{\"format\": \"tandem-ppo-state\", \"version\": 1, \"step\": %d, \"kl_coef\": %.17g, "
                      "\"seed\": %llu, \"placement\": \"%s\"}\n", step, kl_coef, (unsigned long long)seed, rs->placement);
-    if (write_file_atomic(path, json, (size_t)n)) {
-        int e = errno;
-        remove_tree(dir);   /* no state file: not a checkpoint */
-        user_error("%s: cannot write: %s", path, strerror(e));
-    }
-    fprintf(stderr, "saved %s\n", dir);
-    trainer_rotate_checkpoints(out, save_limit, "ppo_state.json");
+    trainer_finish_checkpoint(dir, "ppo_state.json", json, (size_t)n, out, save_limit);
 }
 
 void ppo_state_load(const char *dir, PpoState *st) {

@@ -61,7 +61,7 @@ int step_fill(Step *s, Data *d, const Mesh *mesh) {
 /* trainer_state.json is written last (rank 0, atomic): a checkpoint without it is incomplete. */
 void trainer_save_checkpoint(Learner *L, Data *d, const char *model_dir, const char *out, int step, int keep) {
     const Mesh *mesh = L->m->mesh;
-    char dir[4096], path[4200];
+    char dir[4096];
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", out, step);
     char err[CHECKPOINT_ERR_CAP];
     /* a failed save stops the run: what is on disk is the previous complete checkpoint */
@@ -77,14 +77,19 @@ void trainer_save_checkpoint(Learner *L, Data *d, const char *model_dir, const c
                      "{\"format\": \"tandem-trainer-state\", \"version\": 1, \"step\": %d, \"tp\": %d, \"pp\": %d, "
                      "\"dp\": %d, \"zero\": %d, \"data_cursor\": \"%s\"}\n",
                      step, mesh->tp, mesh->pp, mesh->dp, L->opt->cfg.zero, hex);
-    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
-    if (write_file_atomic(path, json, (size_t)n)) {
+    trainer_finish_checkpoint(dir, "trainer_state.json", json, (size_t)n, out, keep);
+}
+
+void trainer_finish_checkpoint(const char *dir, const char *marker, const char *json, size_t n, const char *out, int keep) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, marker);
+    if (write_file_atomic(path, json, n)) {
         int e = errno;
         remove_tree(dir);   /* no state file: not a checkpoint */
         user_error("%s: cannot write: %s", path, strerror(e));
     }
     fprintf(stderr, "saved %s\n", dir);
-    trainer_rotate_checkpoints(out, keep, "trainer_state.json");
+    trainer_rotate_checkpoints(out, keep, marker);
 }
 
 static int cmp_desc(const void *a, const void *b) { return *(const int *)b - *(const int *)a; }

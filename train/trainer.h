@@ -51,6 +51,10 @@ void trainer_save_checkpoint(Learner *L, Data *d, const char *model_dir, const c
  * resumes from, is never deleted. keep <= 0: all. Call on one rank (the writer), after a checkpoint
  * is complete. */
 void trainer_rotate_checkpoints(const char *out, int keep, const char *marker);
+/* A checkpoint's last step (the writer rank): dir/marker = json (n bytes), atomic, which makes dir
+ * complete; if it cannot be written, dir is removed (not a checkpoint) and the run stops with one
+ * line. Then "saved DIR" and trainer_rotate_checkpoints(out, keep, marker). */
+void trainer_finish_checkpoint(const char *dir, const char *marker, const char *json, size_t n, const char *out, int keep);
 /* Reads DIR/trainer_state.json; user_error when it is missing or not ours. */
 void trainer_load_state(const char *dir, TrainerState *ts);
 /* A new run (no --resume, no --overwrite) may write into out unless it holds something a run would
