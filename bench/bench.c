@@ -285,7 +285,7 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
                        int sp, int zero, int threads) {
     if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
     if (sp && mesh->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
-    if (zero != 0 && zero != 1) user_error("--zero %d: must be 0 or 1", zero);
+    if (zero < 0 || zero > 2) user_error("--zero %d: must be 0, 1 or 2", zero);
     if (m->head == HEAD_SCORE && B % 2)   /* --score, or a *ForSequenceClassification directory */
         user_error("bench --train --score: --batch %d is odd (sequences 2i and 2i+1 are a chosen/rejected pair)", B);
     int flags = (!strcmp(recompute, "full") ? TRAIN_RECOMPUTE : 0) | (sp ? TRAIN_SEQ_PARALLEL : 0);
@@ -516,7 +516,7 @@ int bench_main(int argc, char **argv) {
         {"--recompute", OPT_STR, &recompute, "none", "--train: none | full (activation recomputation)"},
         {"--score", OPT_FLAG, &score, NULL, "--train: a reward model (new score head, Bradley-Terry over B/2 pairs)"},
         SEQ_PARALLEL_OPTION(&sp),
-        {"--zero", OPT_INT, &zero, "0", "--train: 1 = ZeRO-1 (optimizer state sharded over dp)"},
+        ZERO_OPTION(&zero),
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},

@@ -35,7 +35,7 @@ typedef struct {
     const char *stop_ids, *critic_sched_name, *stop_json, *reward_urls, *prompts_path, *out, *resume, *key, *tensorboard;
     const char *chat_template, *colocate, *kl_est, *adv_name, *sched_name, *dtype_name, *save_dtype_name, *device;
     int bench_alone, steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite;
-    int no_whiten, normalize_reward, sp;
+    int no_whiten, normalize_reward, sp, zero;
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
         clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, wd, clip, timeout, comm_timeout;
     LrSchedule sched, critic_sched;
@@ -226,7 +226,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         {"--ref-ranks", OPT_INT, &R[R_REF].count, "0", "ranks of the reference's group"},
         {"--reward-ranks", OPT_INT, &R[R_REWARD].count, "0", "ranks of the reward model's group"},
         {"--actor-tp", OPT_INT, &R[R_ACTOR].tp, "1", ""}, {"--actor-pp", OPT_INT, &R[R_ACTOR].pp, "1", ""},
-        SEQ_PARALLEL_OPTION(&o->sp),
+        SEQ_PARALLEL_OPTION(&o->sp), ZERO_OPTION(&o->zero),
         {"--critic-tp", OPT_INT, &R[R_CRITIC].tp, "1", ""}, {"--critic-pp", OPT_INT, &R[R_CRITIC].pp, "1", ""},
         {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
         {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
@@ -263,6 +263,10 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     if (o->sp && R[R_ACTOR].tp < 2 && R[R_CRITIC].tp < 2)
         user_error("--sequence-parallel: needs --actor-tp or --critic-tp > 1 (it shares a trained role's tp ranks' rows)");
     if (!(o->actor_lr > 0) || !(o->critic_lr > 0)) user_error("ppo: --actor-lr and --critic-lr must be > 0");
+    if (o->zero < 0 || o->zero > 2) user_error("--zero %d: must be 0, 1 or 2", o->zero);
+    if (o->zero && strcmp(o->device, "cpu"))
+        user_error("ppo: --zero %d with --device %s: ZeRO shards the optimizer over a role's data-parallel ranks, and a "
+                   "device runs each role on one rank (use --zero 0)", o->zero, o->device);
     o->sched = lr_schedule_parse("--lr-schedule", o->sched_name);
     o->dtype = dtype_parse("--dtype", o->dtype_name), o->save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);
     o->critic_sched = o->critic_sched_name ? lr_schedule_parse("--critic-lr-schedule", o->critic_sched_name) : o->sched;
@@ -336,7 +340,7 @@ static void setup(Ppo *p, PpoOptions *o) {
 
     /* per role: run state; actor and critic: a learner, resumed */
     OptimConfig oc = optim_config_default();
-    oc.weight_decay = o->wd; oc.clip = o->clip; oc.warmup = 0; oc.total_steps = o->steps;
+    oc.weight_decay = o->wd; oc.clip = o->clip; oc.warmup = 0; oc.total_steps = o->steps; oc.zero = o->zero;
     for (int r = 0; r < N_ROLES; r++) {
         if (!R[r].member) continue;
         Model *m = &R[r].m;

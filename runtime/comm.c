@@ -358,6 +358,19 @@ void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n
     free(cnt);
 }
 
+void comm_reduce_scatter_sum_fixed(const Comm *c, const float *in, float *out, size_t n_each) {
+    int P = c->size;
+    if (is_alone(c)) {
+        if (in != out) memcpy(out, in, sizeof(float) * n_each);
+        return;
+    }
+    float *parts = fixed_scratch((size_t)P * n_each);   /* (P, n_each): rank s's partial of my block */
+    MPI_CHECK(MPI_Alltoall(in, count(n_each), MPI_FLOAT, parts, count(n_each), MPI_FLOAT, HANDLE(c)));
+    sent(c, (double)n_each * sizeof(float) * (P - 1));
+    tree_sum(parts, P, n_each);
+    memcpy(out, parts, sizeof(float) * n_each);
+}
+
 void comm_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t unit) {
     int P = c->size;
     if (P == 1 || n == 0) return;
@@ -407,14 +420,6 @@ void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each) 
         return;
     }
     MPI_CHECK(MPI_Allgather(in, count(n_each), MPI_FLOAT, out, count(n_each), MPI_FLOAT, HANDLE(c)));
-}
-void comm_reduce_scatter_sum(const Comm *c, const float *in, float *out, size_t n_each) {
-    if (is_alone(c)) {
-        if (in != out) memcpy(out, in, sizeof(float) * n_each);
-        return;
-    }
-    MPI_CHECK(MPI_Reduce_scatter_block(in, out, count(n_each), MPI_FLOAT, MPI_SUM, HANDLE(c)));
-    sent(c, (double)n_each * sizeof(float) * (c->size - 1));
 }
 int comm_first_error(const Comm *c, char *msg, size_t cap) {
     float failed = msg[0] != 0;

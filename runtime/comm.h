@@ -64,7 +64,10 @@ void comm_all_reduce_sum_int(const Comm *c, int *buf, size_t n);
 /* Per element: the max over ranks of val[i], and idx[i] from that rank (lowest rank on ties). */
 void comm_all_reduce_maxloc(const Comm *c, float *val, int *idx, size_t n);
 void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each);   /* in may be out + rank * n_each */
-void comm_reduce_scatter_sum(const Comm *c, const float *in, float *out, size_t n_each);
+/* in (P * n_each): every rank's partials; out (n_each): block `rank` of their sum, each element added
+ * by comm_all_reduce_sum_fixed's tree (all-to-all, then our additions): the data-parallel gradient
+ * reduction of every ZeRO stage, so that each gives plain data parallelism's bits. out != in. */
+void comm_reduce_scatter_sum_fixed(const Comm *c, const float *in, float *out, size_t n_each);
 /* Sequence parallelism's row split: rank r of P holds rows [lo, hi) = [n r / P, n (r + 1) / P) of an
  * (n, unit) array (a row: unit floats). */
 void comm_rows(size_t n, int P, int r, size_t *lo, size_t *hi);

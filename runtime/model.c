@@ -253,6 +253,7 @@ static void info_param(Model *m, const ParamSpec *p, int layer, void **slot, siz
         snprintf(in->name, sizeof in->name, p->hf_name, layer);
         in->offset = pw->off;
         in->numel = numel;
+        in->layer = layer < 0 ? -1 : layer - m->layer_start;
         in->decay = p->decay;
         in->tp_replicated = p->shard == SHARD_NONE;
         int64_t r0, nr, c0, nc;
@@ -296,6 +297,20 @@ void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWei
     ParamWalk pw = {NULL, 0, 0, arena, w, layers, 0};
     for_each_param((Model *)m, place_other, &pw);
     CHECK(pw.off == m->n_params);
+}
+
+void model_layer_place(const Model *m, void *buf, DType dt, LayerWeights *lw, size_t *n) {
+    memset(lw, 0, sizeof *lw);
+    size_t off = 0;
+    for (int i = 0; i < N_SPECS; i++) {   /* the layer's tensors in arena order */
+        const ParamSpec *p = &SPECS[i];
+        if (p->where != ON_LAYER || !spec_present(m, p)) continue;
+        int64_t r0, nr, c0, nc;
+        spec_block(m, p, &r0, &nr, &c0, &nc);
+        *(void **)((char *)lw + p->offset) = buf ? (char *)buf + off * dtype_size(dt) : NULL;
+        off += (size_t)nr * (size_t)nc;
+    }
+    if (n) *n = off;
 }
 
 /* ---- setup ------------------------------------------------------------------------------- */

@@ -137,6 +137,7 @@ typedef struct {
     char name[96];        /* HF name, layer index filled in */
     size_t offset;        /* elements from the start of the arena (params, grads and moments share it) */
     size_t numel;         /* this rank's shard */
+    int layer;            /* the local layer it belongs to (0 .. L_local), -1: embedding and head */
     int decay;            /* AdamW weight decay applies (matrices, not norms or biases) */
     int tp_replicated;    /* identical on every tp rank (norms) */
     int replicas;         /* tp ranks holding an identical copy: tp for norms, tp / Hkv for k/v when
@@ -153,6 +154,10 @@ typedef struct {
 int model_param_infos(const Model *m, ParamInfo *infos, int max);
 /* Points a ModelWeights at another (fp32) arena with the parameter layout (gradients, Adam moments). */
 void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWeights *layers);
+/* One layer's tensors packed in buf (elements of dt), in arena order (the order of model_param_infos
+ * restricted to one layer: every layer the same); *n (may be NULL) = elements per layer. buf NULL:
+ * only *n. ZeRO-2/3's per-layer buffers (train/optim.h). */
+void model_layer_place(const Model *m, void *buf, DType dt, LayerWeights *lw, size_t *n);
 
 /* Loads this rank's shard from an HF directory onto backend `be`, tensor by tensor, converted to
  * `dtype` as it is read (DTYPE_AUTO: model_dtype_auto of the directory's config.json): on the CPU

@@ -141,7 +141,7 @@ random_model() {
         "$TANDEM" dpo --model "$M" --data "$PF/story_train.jsonl" --out "$BATS_TEST_TMPDIR/o" $G --pp 2
     run_one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 1 --pp 1 on 2 ranks)" \
         timeout 60 $MPIRUN 2 "$TANDEM" rm "${D[@]}" $G
-    run_one_line "rm: --zero 1 with --device cpu-guarded: ZeRO-1 shards the optimizer over data-parallel ranks" \
+    run_one_line "rm: --zero 1 with --device cpu-guarded: ZeRO shards the optimizer over data-parallel ranks" \
         "$TANDEM" rm "${D[@]}" $G --zero 1
     run_one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 2 --pp 1 on 1 ranks)" \
         "$TANDEM" bench --train --model "$M" $G --tp 2

@@ -58,7 +58,7 @@ typedef struct {
     TrainActs *slots;
     int n_slots;
     float *grads;           /* optim_grad_floats */
-    ModelWeights gw;
+    GradSink gs;
     LayerWeights *gl;
 } Run;
 
@@ -122,7 +122,7 @@ static void train_batches(Run *r) {
 /* one 1F1B step over them with the hook, gradients from zero */
 static void train_step(Run *r, const LossHook *hook) {
     memset(r->grads, 0, sizeof(float) * r->m->n_params);
-    schedule_1f1b(r->m, r->slots, r->n_slots, r->mbs, r->M, hook, &r->gw);
+    schedule_1f1b(r->m, r->slots, r->n_slots, r->mbs, r->M, hook, &r->gs);
 }
 
 /* last stage: every generated token's logprob, generation vs the hook's; returns mismatches */
@@ -188,7 +188,7 @@ int main(int argc, char **argv) {
     Optim *o = optim_new(&m, &mesh, oc);
     r.grads = xcalloc(optim_grad_floats(o), sizeof(float));
     r.gl = xcalloc(m.n_layers_local, sizeof(LayerWeights));
-    model_weights_place(&m, r.grads, &r.gw, r.gl);
+    model_weights_place(&m, r.grads, &r.gs.w, r.gl);
 
     /* round 1: generate, then the training step's logprobs */
     EngineConfig ec = {3, 64, 0, 4, m.cfg.max_pos, pp, 1, NULL, NULL, NULL, NULL, 64, g_T};

@@ -280,15 +280,15 @@ int main(int argc, char **argv) {
 
     /* 2. loss */
     float *garena = xcalloc(m.n_params, sizeof(float));
-    ModelWeights gw;
+    GradSink gs = {0};
     LayerWeights *gl = xcalloc(m.n_layers_local, sizeof(LayerWeights));
-    model_weights_place(&m, garena, &gw, gl);
+    model_weights_place(&m, garena, &gs.w, gl);
     float loss;
     HookRows rows_all = {ha, hb};
     PrefCtx pref_all = {margin, ref};
     MicroBatch mb = {tokens, seq_start, n_seqs, targets, weight, pref ? (void *)&pref_all : (void *)&rows_all};
     if (!one_f_one_b) {
-        loss = train_loss_share(&m, train_loss_backward(&m, &a, &mb, &hook, &gw));
+        loss = train_loss_share(&m, train_loss_backward(&m, &a, &mb, &hook, &gs));
         if (want_out && m.is_last) {
             compare_outputs(reinforce ? "logprobs at the temperature" : dpo ? "response logprobs" : bt ? "rewards" : "values",
                             a.out, want_out, N);
@@ -301,7 +301,7 @@ int main(int argc, char **argv) {
                 g_fail |= !ok;
             }
         }
-        train_tied_embedding_all_reduce(&m, &a, &gw);
+        train_tied_embedding_all_reduce(&m, &a, &gs.w);
     } else {
         /* the same batch as micro-batches of one sequence (of one pair for the preference losses)
          * through schedule_1f1b: same loss and gradients up to summation order */
@@ -320,7 +320,7 @@ int main(int argc, char **argv) {
             pc[i] = (PrefCtx){margin ? margin + i : NULL, ref ? ref + s0 : NULL};
             mbs[i] = (MicroBatch){tokens + t0, starts[i], per, targets + t0, weight + t0, pref ? (void *)&pc[i] : (void *)&hr[i]};
         }
-        loss = schedule_1f1b(&m, slots, n_slots, mbs, n_mb, &hook, &gw);
+        loss = schedule_1f1b(&m, slots, n_slots, mbs, n_mb, &hook, &gs);
         for (int i = 0; i < n_slots; i++) train_acts_free(&slots[i]);
         free(slots); free(mbs); free(starts); free(hr); free(pc);
         strncat(g_tag, " 1f1b", sizeof g_tag - strlen(g_tag) - 1);
@@ -329,14 +329,14 @@ int main(int argc, char **argv) {
         /* recompute promises the same numbers, not just torch's within 1e-5: compare bit for bit
          * with a run that keeps every activation */
         float *g2 = xcalloc(m.n_params, sizeof(float));
-        ModelWeights gw2;
+        GradSink gs2 = {0};
         LayerWeights *gl2 = xcalloc(m.n_layers_local, sizeof(LayerWeights));
-        model_weights_place(&m, g2, &gw2, gl2);
+        model_weights_place(&m, g2, &gs2.w, gl2);
         TrainActs full;
         train_acts_init(&full, &m, N, max_seq, 0);
         train_forward(&m, &full, tokens, seq_start, n_seqs);
-        float loss2 = train_loss_share(&m, train_loss_backward(&m, &full, &mb, &hook, &gw2));
-        train_tied_embedding_all_reduce(&m, &full, &gw2);
+        float loss2 = train_loss_share(&m, train_loss_backward(&m, &full, &mb, &hook, &gs2));
+        train_tied_embedding_all_reduce(&m, &full, &gs2.w);
         int same = memcmp(garena, g2, sizeof(float) * m.n_params) == 0 && loss2 == loss;
         printf("%s recompute: gradients and loss %s the run that keeps every activation%s\n", g_tag,
                same ? "bit-identical to" : "DIFFER from", same ? "" : "  FAIL");

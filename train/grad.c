@@ -284,7 +284,8 @@ double train_eval_loss_sum(Model *m, TrainActs *a, const int *targets) {
     return loss;
 }
 
-float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook, ModelWeights *grads) {
+float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook, GradSink *sink) {
+    ModelWeights *grads = &sink->w;
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const Comm *pp = &m->mesh->pp_comm;
@@ -369,6 +370,7 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
         be->rmsnorm_backward(dtmp, g->attn_norm, dxb, x_in, w->attn_norm, wt, N, D, c->norm_eps);
         be->add_to(dx, dx, dtmp, ND);                                                           /* now d(x_in) */
+        if (sink->layer_done) sink->layer_done(sink, l);                            /* ZeRO-2: reduce-scatter g */
     }
 
     if (m->is_first)   /* the lookup was a "reduce": each rank adds dx into the rows it owns */

@@ -57,6 +57,16 @@ typedef struct {
 double loss_xent(const MicroBatch *mb, int N, const float *out, float *dout, void *user);
 extern const LossHook LOSS_XENT;
 
+/* Where the backward puts the parameter gradients: it adds (+=) into w's tensors (a ModelWeights
+ * placed over a gradient arena by model_weights_place, or ZeRO-2's unit buffers). layer_done (may be
+ * NULL): called after each local layer's backward of every micro-batch, with that layer's gradient
+ * complete in w.layers[l] (ZeRO-2 reduce-scatters and empties it there: train/learner.c). */
+typedef struct GradSink {
+    ModelWeights w;
+    void (*layer_done)(struct GradSink *g, int l);
+    void *ctx;
+} GradSink;
+
 typedef struct {
     int max_tokens, max_seq;   /* capacity: tokens per batch, tokens per sequence */
     int N, n_seqs;             /* the batch of the last train_forward */
@@ -132,13 +142,13 @@ const float *train_outputs(Model *m, TrainActs *a, const int *targets, float tem
 /* The hook and the backward of the batch of the last train_forward; every rank calls it.
  * Returns the hook's loss on the last pp stage, 0 on the others: train_loss_share gives the
  * step's total to every rank once per step, not per micro-batch.
- * Gradients ACCUMULATE (+=) into grads, a ModelWeights placed by model_weights_place over a
- * gradient arena (zeroed by the caller). Replicated parameters (norms; k/v of a replicated kv head;
+ * Gradients ACCUMULATE (+=) into grads->w (zeroed by the caller), with grads->layer_done after
+ * each layer. Replicated parameters (norms; k/v of a replicated kv head;
  * the score head) end with identical gradients on every tp rank that holds them. A tied lm_head on
  * one stage is the embedding: both uses add into the same gradient. A tied lm_head on another pp
  * stage gets only its own use: the caller sums the two once per step with
  * train_tied_embedding_all_reduce. */
-float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook, ModelWeights *grads);
+float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook, GradSink *grads);
 
 /* Forward only (after train_forward): the summed cross-entropy of every position with a target
  * (>= 0), unweighted, on the last stage (0 elsewhere: the caller shares a total once). */

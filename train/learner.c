@@ -10,6 +10,38 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* ZeRO-2: a layer's gradient of one micro-batch is complete: to the owners of its slices */
+static void reduce_layer(GradSink *g, int l) {
+    Optim *o = g->ctx;
+    optim_reduce_unit(o, optim_layer_unit(o, l));
+}
+
+/* ZeRO-2: the gradients as tensors in the optimizer's unit buffers: every layer in the layers' one
+ * buffer (model_layer_place's packing), each other tensor in its own unit's */
+static void place_unit_grads(Learner *L) {
+    const Optim *o = L->opt;
+    Model *m = L->m;
+    ModelWeights *w = &L->sink.w;
+    void **field[] = {&w->embed, &w->final_norm, &w->lm_head, &w->score};
+    void *const own[] = {m->w.embed, m->w.final_norm, m->w.lm_head, m->w.score};
+    for (int f = 0; f < 4; f++) {
+        if (!own[f]) continue;
+        size_t off = (size_t)((char *)own[f] - (char *)m->params) / dtype_size(m->dtype);
+        int u = 0;
+        while (u < o->n_units && !(o->units[u].t0 >= 0 && o->ranges[o->units[u].t0].lo == off)) u++;
+        CHECK(u < o->n_units);
+        *field[f] = optim_unit_grads(o, u);   /* a tied lm_head on the embedding's stage: the same unit */
+    }
+    for (int l = 0; l < m->n_layers_local; l++) {
+        int u = optim_layer_unit(o, l);
+        size_t n;
+        model_layer_place(m, optim_unit_grads(o, u), DTYPE_F32, &L->gl[l], &n);
+        CHECK(n == o->units[u].n);
+    }
+    L->sink.layer_done = reduce_layer;
+    L->sink.ctx = L->opt;
+}
+
 void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_seq, int n_micro, int flags) {
     memset(L, 0, sizeof *L);
     L->m = m;
@@ -18,15 +50,20 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
     L->n_slots = m->mesh->pp < n_micro ? m->mesh->pp : n_micro;
     L->slots = xcalloc(L->n_slots, sizeof(TrainActs));
     for (int i = 0; i < L->n_slots; i++) train_acts_init(&L->slots[i], m, max_tokens, max_seq, flags);
-    L->grads = m->be->alloc(sizeof(float) * optim_grad_floats(L->opt));   /* zero */
     L->gl = xcalloc(m->n_layers_local, sizeof(LayerWeights));
-    model_weights_place(m, L->grads, &L->gw, L->gl);
+    if (oc.zero >= 2) {
+        L->sink.w.layers = L->gl;
+        place_unit_grads(L);
+    } else {
+        L->grads = m->be->alloc(sizeof(float) * optim_grad_floats(L->opt));   /* zero */
+        model_weights_place(m, L->grads, &L->sink.w, L->gl);
+    }
 }
 
 void learner_free(Learner *L) {
     for (int i = 0; i < L->n_slots; i++) train_acts_free(&L->slots[i]);
     free(L->slots);
-    if (L->m) L->m->be->free(L->grads);
+    if (L->m && L->grads) L->m->be->free(L->grads);
     free(L->gl);
     if (L->opt) optim_free(L->opt);
     memset(L, 0, sizeof *L);
@@ -41,7 +78,7 @@ LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHoo
     const Mesh *mesh = L->m->mesh;
     LearnerStep r;
     optim_zero_grad(L->opt, L->grads);
-    r.loss = schedule_1f1b(L->m, L->slots, L->n_slots, mbs, M, hook, &L->gw);
+    r.loss = schedule_1f1b(L->m, L->slots, L->n_slots, mbs, M, hook, &L->sink);
     r.lr = (float)optim_lr(L->opt, L->opt->step);
     /* The loss is each dp replica's own (the same over tp and pp): every rank learns whether any
      * rank's loss is bad, so all take the same branch (the same collectives). */
@@ -58,7 +95,7 @@ LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHoo
 }
 
 void learner_mem_plan(const Learner *L, MemPlan *plan) {
-    plan->grads = sizeof(float) * (double)optim_grad_floats(L->opt);
+    plan->grads = (double)optim_grad_bytes(L->opt);
     plan->moments = 2.0 * sizeof(float) * L->opt->n_state;
     plan->master = (double)optim_master_bytes(L->opt);
     for (int i = 0; i < L->n_slots; i++) plan->acts += sizeof(float) * (double)L->slots[i].n_arena;

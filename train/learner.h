@@ -19,8 +19,10 @@ typedef struct {
     Model *m;              /* the trained model (on its own mesh: m->mesh) */
     Optim *opt;
     float *grads;          /* (optim_grad_floats(opt)) gradient arena, the parameter arena's layout (the
-                              model's backend's memory, as the optimizer state and the slots) */
-    ModelWeights gw;       /* the gradients as tensors (views into grads) */
+                              model's backend's memory, as the optimizer state and the slots); NULL
+                              under ZeRO-2 */
+    GradSink sink;         /* the gradients as tensors (views into grads; ZeRO-2: into the optimizer's
+                              unit buffers, each layer reduce-scattered after its backward) */
     LayerWeights *gl;      /* (L_local) */
     TrainActs *slots;      /* (n_slots) one per micro-batch in flight: min(pp, micro-batches) */
     int n_slots;

@@ -84,7 +84,7 @@ static void check_config(const OptimConfig *c) {
     if (!(c->eps > 0.0)) user_error("optimizer: eps %g must be > 0", c->eps);
     if (!(c->weight_decay >= 0.0)) user_error("optimizer: weight_decay %g must be >= 0", c->weight_decay);
     if (!(c->clip >= 0.0)) user_error("optimizer: clip %g must be >= 0 (0 = off)", c->clip);
-    if (c->zero != 0 && c->zero != 1) user_error("optimizer: zero %d must be 0 or 1", c->zero);
+    if (c->zero < 0 || c->zero > 2) user_error("optimizer: zero %d must be 0, 1 or 2", c->zero);
     if (c->schedule != LR_COSINE && c->schedule != LR_LINEAR && c->schedule != LR_CONSTANT)
         user_error("optimizer: unknown lr schedule %d", (int)c->schedule);
 }
@@ -109,6 +109,68 @@ _Static_assert(sizeof(OptimHeader) == 64, "OptimHeader is the 64-byte file heade
 /* fp32 sections after the header: m, v, and the master with BF16 weights */
 static int optim_sections(const Optim *o) { return o->dtype == DTYPE_BF16 ? 3 : 2; }
 
+static int in_unit(const Optim *o, const OptimUnit *un, int t) {
+    return un->t0 >= 0 ? t == un->t0 : un->layer < 0 || o->ranges[t].layer == un->layer;
+}
+/* dp rank r's pieces (of tensor `only`, or all when -1): each unit's tensors in packed order, cut to
+ * [r S, (r + 1) S); at most one per tensor (a tensor is in one unit, a slice is one run of it) */
+static int pieces_of(const Optim *o, int r, int only, OptimPiece *out) {
+    int n = 0;
+    for (int u = 0; u < o->n_units; u++) {
+        const OptimUnit *un = &o->units[u];
+        size_t at = 0, lo = (size_t)r * un->S, hi = lo + un->S;   /* packed */
+        for (int t = 0; t < o->n_ranges; t++) {
+            const OptimRange *rg = &o->ranges[t];
+            if (!in_unit(o, un, t)) continue;
+            size_t len = rg->hi - rg->lo, a = at > lo ? at : lo, b = at + len < hi ? at + len : hi;
+            if (a < b && (only < 0 || t == only))
+                out[n++] = (OptimPiece){rg->lo + (a - at), rg->lo + (b - at), un->held + (a - lo), t};
+            at += len;
+        }
+        CHECK(at == un->n);
+    }
+    return n;
+}
+
+int optim_piece(const Optim *o, int r, size_t offset, OptimPiece *pc) {
+    for (int t = 0; t < o->n_ranges; t++)
+        if (o->ranges[t].lo == offset) return pieces_of(o, o->cfg.zero ? r : 0, t, pc);
+    return 0;
+}
+
+/* The partition (OptimUnit) and this rank's pieces of it. A unit's tensors in packed order: its
+ * own for a non-layer unit, else the layer's in arena order (model_layer_place's order). */
+static void build_partition(Optim *o) {
+    const Mesh *mesh = o->mesh;
+    int dp = o->cfg.zero ? mesh->dp : 1, L = 0;
+    for (int t = 0; t < o->n_ranges; t++) if (o->ranges[t].layer + 1 > L) L = o->ranges[t].layer + 1;
+    o->units = xcalloc((size_t)o->n_ranges + 1, sizeof(OptimUnit));
+    o->n_units = 0;
+    if (o->cfg.zero < 2) {
+        o->units[o->n_units++] = (OptimUnit){-1, -1, o->n_params, 0, 0};
+    } else {   /* in arena order of each unit's first tensor: the embedding, layers 0 .. L-1, the head */
+        for (int t = 0; t < o->n_ranges; t++) {
+            const OptimRange *rg = &o->ranges[t];
+            if (rg->layer < 0) o->units[o->n_units++] = (OptimUnit){-1, t, rg->hi - rg->lo, 0, 0};
+            else if (t == 0 || o->ranges[t - 1].layer < 0) {   /* the first layer tensor: all the layers here */
+                size_t n = 0;
+                for (int k = 0; k < o->n_ranges; k++) if (o->ranges[k].layer == 0) n += o->ranges[k].hi - o->ranges[k].lo;
+                for (int l = 0; l < L; l++) o->units[o->n_units++] = (OptimUnit){l, -1, n, 0, 0};
+            }
+        }
+    }
+    size_t quantum = (size_t)ARENA_ALIGN * dp, held = 0;
+    for (int u = 0; u < o->n_units; u++) {
+        OptimUnit *un = &o->units[u];
+        un->S = o->cfg.zero ? (un->n + quantum - 1) / quantum * quantum / dp : un->n;
+        un->held = held;
+        held += un->S;
+    }
+    o->n_state = held;
+    o->pieces = xmalloc(sizeof(OptimPiece) * ((size_t)o->n_ranges + 1));
+    o->n_pieces = pieces_of(o, o->cfg.zero ? mesh->dp_rank : 0, -1, o->pieces);
+}
+
 Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
     check_config(&cfg);
     const Backend *be = m->be;
@@ -119,27 +181,7 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
     o->mesh = mesh;
     o->be = be;
     o->n_params = m->n_params;
-    size_t quantum = (size_t)ARENA_ALIGN * mesh->dp;
-    o->n_grad = (m->n_params + quantum - 1) / quantum * quantum;
-    if (cfg.zero) {
-        o->n_state = o->n_grad / mesh->dp;
-        o->slice_lo = (size_t)mesh->dp_rank * o->n_state;
-        o->slice_hi = o->slice_lo + o->n_state;
-        o->slice = xmalloc(sizeof(float) * o->n_state);
-    } else {
-        o->n_state = m->n_params;
-        o->slice_lo = 0;
-        o->slice_hi = m->n_params;
-    }
     o->dtype = m->dtype;
-    o->m = be->alloc(optim_sections(o) * sizeof(float) * o->n_state);   /* zero */
-    o->v = o->m + o->n_state;
-    if (o->dtype == DTYPE_BF16) {   /* the master starts as the loaded weights (exact upcast) */
-        o->master = o->v + o->n_state;
-        size_t hi = o->slice_hi < m->n_params ? o->slice_hi : m->n_params;
-        if (hi > o->slice_lo)
-            be->unpack(o->master, (const uint16_t *)m->params + o->slice_lo, DTYPE_BF16, hi - o->slice_lo);
-    }
 
     int n_info = model_param_infos(m, NULL, 0);
     ParamInfo *infos = xmalloc(sizeof(ParamInfo) * n_info);
@@ -150,13 +192,43 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
     for (int i = 0; i < n_info; i++) {
         CHECK(infos[i].offset == end);   /* the infos tile the arena in order */
         o->ranges[i] = (OptimRange){infos[i].offset, infos[i].offset + infos[i].numel, infos[i].decay,
-                                    infos[i].norm_once};
+                                    infos[i].norm_once, infos[i].layer};
         end += infos[i].numel;
     }
     CHECK(end == m->n_params);
     free(infos);
-    o->sums = be->alloc(sizeof(double) * (n_info ? n_info : 1));
-    o->sums_host = xcalloc(n_info ? n_info : 1, sizeof(double));
+    build_partition(o);
+
+    size_t quantum = (size_t)ARENA_ALIGN * mesh->dp;
+    o->n_grad = cfg.zero >= 2 ? 0 : (m->n_params + quantum - 1) / quantum * quantum;
+    if (cfg.zero) o->slice = xcalloc(o->n_state, sizeof(float));
+    else if (mesh->dp > 1) o->slice = xcalloc(o->n_grad / mesh->dp, sizeof(float));   /* the reduce-scatter's */
+    if (cfg.zero >= 2) {   /* the layers' shared buffer first, then one per other unit */
+        o->ubuf_off = xmalloc(sizeof(size_t) * o->n_units);
+        size_t layer_at = SIZE_MAX;
+        for (int u = 0; u < o->n_units; u++) {
+            const OptimUnit *un = &o->units[u];
+            if (un->layer >= 0 && layer_at != SIZE_MAX) { o->ubuf_off[u] = layer_at; continue; }
+            o->ubuf_off[u] = o->n_ubuf;
+            if (un->layer >= 0) layer_at = o->n_ubuf;
+            o->n_ubuf += un->S * mesh->dp;
+        }
+        o->ubuf = xcalloc(o->n_ubuf ? o->n_ubuf : 1, sizeof(float));
+        size_t S = 1;
+        for (int u = 0; u < o->n_units; u++) if (o->units[u].S > S) S = o->units[u].S;
+        o->rbuf = xmalloc(sizeof(float) * S);
+    }
+    o->m = be->alloc(optim_sections(o) * sizeof(float) * o->n_state);   /* zero */
+    o->v = o->m + o->n_state;
+    if (o->dtype == DTYPE_BF16) {   /* the master starts as the loaded weights (exact upcast) */
+        o->master = o->v + o->n_state;
+        for (int i = 0; i < o->n_pieces; i++) {
+            const OptimPiece *pc = &o->pieces[i];
+            be->unpack(o->master + pc->held, (const uint16_t *)m->params + pc->lo, DTYPE_BF16, pc->hi - pc->lo);
+        }
+    }
+    o->sums = be->alloc(sizeof(double) * (o->n_pieces ? o->n_pieces : 1));
+    o->sums_host = xcalloc(o->n_pieces ? o->n_pieces : 1, sizeof(double));
     o->partials = be->alloc(sizeof(double) * (o->n_state / NORM_CHUNK + 2));
     return o;
 }
@@ -169,23 +241,50 @@ void optim_free(Optim *o) {
     free(o->sums_host);
     free(o->slice);
     free(o->ranges);
+    free(o->units);
+    free(o->pieces);
+    free(o->ubuf);
+    free(o->ubuf_off);
+    free(o->rbuf);
     free(o);
 }
 
 size_t optim_grad_floats(const Optim *o) { return o->n_grad; }
-size_t optim_state_bytes(const Optim *o) {
-    return sizeof(float) * o->n_state * (optim_sections(o) + (o->cfg.zero ? 1 : 0));
-}
+size_t optim_state_bytes(const Optim *o) { return sizeof(float) * o->n_state * optim_sections(o); }
 size_t optim_master_bytes(const Optim *o) { return o->master ? sizeof(float) * o->n_state : 0; }
-void optim_zero_grad(const Optim *o, float *grads) { o->be->zero(grads, sizeof(float) * o->n_grad); }
+size_t optim_grad_bytes(const Optim *o) {
+    size_t slice = o->cfg.zero ? o->n_state : o->mesh->dp > 1 ? o->n_grad / o->mesh->dp : 0;
+    return sizeof(float) * (o->cfg.zero >= 2 ? o->n_ubuf + slice : o->n_grad + slice);
+}
+void optim_zero_grad(const Optim *o, float *grads) {
+    if (grads) o->be->zero(grads, sizeof(float) * o->n_grad);
+    if (o->slice && o->cfg.zero) memset(o->slice, 0, sizeof(float) * o->n_state);
+    if (o->ubuf) memset(o->ubuf, 0, sizeof(float) * o->n_ubuf);
+}
 double optim_lr(const Optim *o, int step) { return lr_schedule(&o->cfg, step); }
+
+int optim_layer_unit(const Optim *o, int l) {
+    for (int u = 0; u < o->n_units; u++) if (o->units[u].layer == l) return u;
+    return -1;
+}
+float *optim_unit_grads(const Optim *o, int u) { return o->ubuf + o->ubuf_off[u]; }
+
+void optim_reduce_unit(Optim *o, int u) {
+    const OptimUnit *un = &o->units[u];
+    float *buf = optim_unit_grads(o, u), *acc = o->slice + un->held;
+    comm_reduce_scatter_sum_fixed(&o->mesh->dp_comm, buf, o->rbuf, un->S);
+    for (size_t i = 0; i < un->S; i++) acc[i] += o->rbuf[i];
+    memset(buf, 0, sizeof(float) * un->S * o->mesh->dp);
+}
 
 void optim_print_summary(const Optim *o) {
     if (o->mesh->rank != 0) return;
     const OptimConfig *c = &o->cfg;
     const char *sched = c->schedule == LR_COSINE ? "cosine" : c->schedule == LR_LINEAR ? "linear" : "constant";
+    char name[16];
+    snprintf(name, sizeof name, c->zero ? "AdamW ZeRO%d" : "AdamW", c->zero);
     fprintf(stderr, "+----------------------+------------+\n");
-    fprintf(stderr, "| %-20s | %-10s |\n", "optimizer", c->zero ? "AdamW ZeRO1" : "AdamW");
+    fprintf(stderr, "| %-20s | %-10s |\n", "optimizer", name);
     fprintf(stderr, "| %-20s | %-10s |\n", "master weights", o->master ? "fp32" : "= weights");
     fprintf(stderr, "| %-20s | %10.3g |\n| %-20s | %10.3g |\n", "lr", c->lr, "min_lr", c->min_lr);
     fprintf(stderr, "| %-20s | %-10s |\n| %-20s | %10d |\n| %-20s | %10d |\n", "schedule", sched, "warmup",
@@ -199,41 +298,79 @@ void optim_print_summary(const Optim *o) {
 
 /* ---- the step -------------------------------------------------------------------------------- */
 
+/* After the update: every dp rank gets every unit's updated params back, in the weights' dtype (bf16
+ * sends half the bytes; S is a multiple of 16). ZeRO-1: the grads arena is the gather buffer; ZeRO-2:
+ * each unit's gradient buffer (spent: its gradient is reduced). */
+static void gather_params(Optim *o, Model *m, float *grads) {
+    const Comm *dp = &o->mesh->dp_comm;
+    size_t es = dtype_size(m->dtype);
+    int p = 0;
+    for (int u = 0; u < o->n_units; u++) {
+        const OptimUnit *un = &o->units[u];
+        char *all = (char *)(o->cfg.zero >= 2 ? optim_unit_grads(o, u) : grads);   /* (dp * S) elements */
+        char *mine = (char *)o->slice + un->held * es;   /* my slice's params, packed; the slice is spent */
+        memset(mine, 0, es * un->S);
+        for (; p < o->n_pieces && o->pieces[p].held < un->held + un->S; p++) {
+            const OptimPiece *pc = &o->pieces[p];
+            memcpy(mine + (pc->held - un->held) * es, (char *)m->params + pc->lo * es, es * (pc->hi - pc->lo));
+        }
+        comm_all_gather(dp, (float *)mine, (float *)all, un->S * es / sizeof(float));
+        if (o->cfg.zero < 2) {   /* one unit, packed = the arena */
+            memcpy(m->params, all, es * o->n_params);
+            continue;
+        }
+        /* every rank's pieces of this unit: the unit's tensors packed in order */
+        size_t at = 0;
+        for (int t = 0; t < o->n_ranges; t++) {
+            const OptimRange *rg = &o->ranges[t];
+            if (!in_unit(o, un, t)) continue;
+            memcpy((char *)m->params + rg->lo * es, all + at * es, es * (rg->hi - rg->lo));
+            at += rg->hi - rg->lo;
+        }
+        memset(all, 0, sizeof(float) * un->S * o->mesh->dp);   /* the unit's gradient buffer again */
+    }
+}
+
 float optim_step(Optim *o, Model *m, float *grads) {
     const Mesh *mesh = o->mesh;
     const OptimConfig *c = &o->cfg;
     CHECK(m->n_params == o->n_params);
 
-    /* 1. mean over dp; held[i - slice_lo] is the reduced gradient of arena float i */
+    /* 1. sum over dp, each element by one fixed tree (comm_all_reduce_sum_fixed): every ZeRO stage
+     * gives plain's bits; held[i] is then the reduced gradient of held float i */
     float *held;
-    if (c->zero) {
-        comm_reduce_scatter_sum(&mesh->dp_comm, grads, o->slice, o->n_state);
+    if (c->zero >= 2) {   /* the layers were reduced after each micro-batch's backward; the rest now */
+        for (int u = 0; u < o->n_units; u++) if (o->units[u].layer < 0) optim_reduce_unit(o, u);
         held = o->slice;
-    } else {
-        comm_all_reduce_sum(&mesh->dp_comm, grads, o->n_params);   /* no-op for dp = 1 */
+    } else if (c->zero) {
+        comm_reduce_scatter_sum_fixed(&mesh->dp_comm, grads, o->slice, o->n_state);
+        held = o->slice;
+    } else {   /* the same tree as an all-reduce, by the bandwidth-optimal pattern at every size */
+        if (mesh->dp > 1) {
+            size_t S = o->n_grad / mesh->dp;
+            comm_reduce_scatter_sum_fixed(&mesh->dp_comm, grads, o->slice, S);
+            memcpy(grads + (size_t)mesh->dp_rank * S, o->slice, sizeof(float) * S);
+            comm_all_gather(&mesh->dp_comm, grads + (size_t)mesh->dp_rank * S, grads, S);
+        }
         held = grads;
     }
     if (mesh->dp > 1) {
         float dp = (float)mesh->dp;
-        size_t n = o->slice_hi - o->slice_lo;
+        size_t n = o->n_state;
 #pragma omp parallel for schedule(static) if (n > 65536)
         for (size_t i = 0; i < n; i++) held[i] /= dp;
     }
 
-    /* 2. global norm: each element of the global model once, over tp and pp (and dp for ZeRO-1) */
+    /* 2. global norm: each element of the global model once, over tp and pp (and dp under ZeRO) */
     const Backend *be = o->be;
-    for (int r = 0; r < o->n_ranges; r++) {   /* each tensor's sum into its slot, one copy back */
-        const OptimRange *rg = &o->ranges[r];
-        size_t lo = rg->lo > o->slice_lo ? rg->lo : o->slice_lo, hi = rg->hi < o->slice_hi ? rg->hi : o->slice_hi;
-        if (rg->in_norm && lo < hi) be->sum_squares(o->sums + r, held + (lo - o->slice_lo), hi - lo, o->partials);
+    for (int i = 0; i < o->n_pieces; i++) {   /* each piece's sum into its slot, one copy back */
+        const OptimPiece *pc = &o->pieces[i];
+        if (o->ranges[pc->t].in_norm) be->sum_squares(o->sums + i, held + pc->held, pc->hi - pc->lo, o->partials);
     }
-    be->to_host(o->sums_host, o->sums, sizeof(double) * o->n_ranges);
-    double sumsq = 0.0;   /* in tensor order */
-    for (int r = 0; r < o->n_ranges; r++) {
-        const OptimRange *rg = &o->ranges[r];
-        size_t lo = rg->lo > o->slice_lo ? rg->lo : o->slice_lo, hi = rg->hi < o->slice_hi ? rg->hi : o->slice_hi;
-        if (rg->in_norm && lo < hi) sumsq += o->sums_host[r];
-    }
+    be->to_host(o->sums_host, o->sums, sizeof(double) * o->n_pieces);
+    double sumsq = 0.0;   /* in held order */
+    for (int i = 0; i < o->n_pieces; i++)
+        if (o->ranges[o->pieces[i].t].in_norm) sumsq += o->sums_host[i];
     comm_all_reduce_sum_f64(&mesh->tp_comm, &sumsq, 1);
     comm_all_reduce_sum_f64(&mesh->pp_comm, &sumsq, 1);
     if (c->zero) comm_all_reduce_sum_f64(&mesh->dp_comm, &sumsq, 1);
@@ -246,29 +383,20 @@ float optim_step(Optim *o, Model *m, float *grads) {
     /* 3. clip factor, folded into the update (grads are not rescaled in place) */
     float scale = clip_scale(norm, c->clip);
 
-    /* 4. AdamW on this rank's slice, tensor by tensor (decay flag per tensor) */
+    /* 4. AdamW on this rank's pieces (decay flag per tensor) */
     double lr = lr_schedule(c, o->step);
-    for (int r = 0; r < o->n_ranges; r++) {
-        const OptimRange *rg = &o->ranges[r];
-        size_t lo = rg->lo > o->slice_lo ? rg->lo : o->slice_lo, hi = rg->hi < o->slice_hi ? rg->hi : o->slice_hi;
-        if (lo >= hi) continue;
-        size_t k = lo - o->slice_lo;
-        float *p = o->master ? o->master + k : (float *)m->params + lo;
-        be->adamw(p, held + k, o->m + k, o->v + k, hi - lo, scale, lr, c->beta1, c->beta2, c->eps,
-                  rg->decay ? c->weight_decay : 0.0, o->step + 1);
+    for (int i = 0; i < o->n_pieces; i++) {
+        const OptimPiece *pc = &o->pieces[i];
+        size_t k = pc->held;
+        float *p = o->master ? o->master + k : (float *)m->params + pc->lo;
+        be->adamw(p, held + k, o->m + k, o->v + k, pc->hi - pc->lo, scale, lr, c->beta1, c->beta2, c->eps,
+                  o->ranges[pc->t].decay ? c->weight_decay : 0.0, o->step + 1);
         /* the bf16 weights: the updated master, rounded to nearest even */
-        if (o->master) be->pack((uint16_t *)m->params + lo, DTYPE_BF16, p, hi - lo);
+        if (o->master) be->pack((uint16_t *)m->params + pc->lo, DTYPE_BF16, p, pc->hi - pc->lo);
     }
 
-    /* 5. ZeRO-1: every dp rank gets every slice back (the grads arena is the gather buffer) */
-    if (c->zero) {   /* in the weights' dtype: bf16 sends half the bytes (n_state is a multiple of 16) */
-        size_t es = dtype_size(m->dtype), own = o->slice_lo >= o->n_params ? 0
-                   : (o->slice_hi < o->n_params ? o->slice_hi : o->n_params) - o->slice_lo;
-        memcpy(o->slice, (char *)m->params + o->slice_lo * es, es * own);
-        memset((char *)o->slice + es * own, 0, es * (o->n_state - own));
-        comm_all_gather(&mesh->dp_comm, o->slice, grads, o->n_state * es / sizeof(float));
-        memcpy(m->params, grads, es * o->n_params);
-    }
+    /* 5. ZeRO: every dp rank gets every slice back */
+    if (c->zero) gather_params(o, m, grads);
     o->step++;
     return norm;
 }

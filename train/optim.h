@@ -1,30 +1,41 @@
 /* optim.h — the optimizer of one rank: AdamW with torch.optim.AdamW's arithmetic, global
  * gradient-norm clipping over the whole mesh (torch.nn.utils.clip_grad_norm_), the learning-rate
- * schedule, and the data-parallel gradient reduction: plain (all-reduce, full Adam moments on every
- * dp rank) or ZeRO-1 (Megatron's distributed optimizer: reduce-scatter, each dp rank owns the
- * moments of 1/dp of the flat arena and updates only that slice, then all-gather). Reads (and
- * writes, for tests) the per-rank state files of earlier builds' checkpoints; checkpoints are
- * written layout-free by train/optim_state.c.
+ * schedule, and the data-parallel gradient reduction and state partition (OptimUnit):
+ *   plain   all-reduce; every dp rank holds the full moments and updates every param;
+ *   ZeRO-1  Megatron's distributed optimizer: one reduce-scatter of the flat arena per step, each dp
+ *           rank owns the moments (and master) of 1/dp of it, updates those params, all-gather;
+ *   ZeRO-2  DeepSpeed's stage 2: the gradients are partitioned too. Each layer's gradient is
+ *           reduce-scattered right after that layer's backward of every micro-batch, from one
+ *           buffer the layers share, and its owner adds its slice into a 1/dp accumulator; the
+ *           embedding and head keep whole buffers over the step (reduced once, after the tied
+ *           embedding's cross-stage sum). Each layer is split over dp on its own (FSDP's units).
+ * Every dp sum adds the ranks by one fixed pairwise tree (comm_all_reduce_sum_fixed and
+ * comm_reduce_scatter_sum_fixed), so the stages agree bit for bit at any dp whenever each rank's
+ * step is one micro-batch. With M > 1 micro-batches ZeRO-2 sums each micro-batch over dp before
+ * adding the micro-batches (as DeepSpeed's stage 2 does), plain and ZeRO-1 the other way round: the
+ * layers' gradients then differ by fp32 rounding (tests/zero.bats measures it).
+ * Reads (and writes, for tests) the per-rank state files of earlier builds' checkpoints;
+ * checkpoints are written layout-free by train/optim_state.c.
  * Does not own: computing or accumulating gradients (train/grad.c), summing a tied embedding's two
  * copies across pp stages (train_tied_embedding_all_reduce, called before optim_step), the training
  * loop or its checkpoints of the weights themselves.
  *
  * Mixed precision (Megatron's --bf16, FSDP's MixedPrecision): with fp32 weights (Model.dtype F32)
  * the params are the master weights. With BF16 weights the optimizer keeps an fp32 master copy of
- * the slice it updates (all of it plain, 1/dp under ZeRO-1, sharded with the moments), AdamW
- * updates the master, and the bf16 weights are the master rounded to nearest even after every
- * step; the saved state holds the master with the moments, so a resume continues bit for bit.
+ * what it updates (all of it plain, 1/dp under ZeRO, sharded with the moments), AdamW updates the
+ * master, and the bf16 weights are the master rounded to nearest even after every step; the saved
+ * state holds the master with the moments, so a resume continues bit for bit.
  *
  * One step, in this order (optim_step):
  *   1. dp reduction: grads = mean over the dp group (sum, then / dp). Plain: every rank gets the
- *      whole arena. ZeRO-1: reduce-scatter, rank r gets arena slice r only.
+ *      whole arena. ZeRO: rank r holds slice r of each unit only.
  *   2. global norm of the reduced gradient: every element of the global model counted ONCE:
  *      sum of squares over what this rank holds, skipping copies (ParamInfo.norm_once), in
- *      double, all-reduced over tp and pp (and dp under ZeRO-1, where each rank holds 1/dp).
+ *      double, all-reduced over tp and pp (and dp under ZeRO, where each rank holds 1/dp).
  *   3. clip: scale = min(1, clip / (norm + 1e-6)) (torch: (1 / (norm + 1e-6)) * clip in fp32).
- *   4. AdamW on the slice this rank updates, lr from the schedule at the current step (BF16: on
- *      the master slice, then the slice's bf16 weights = round(master)).
- *   5. ZeRO-1: all-gather of the updated slices (in the weights' dtype), so every dp rank again
+ *   4. AdamW on what this rank holds, lr from the schedule at the current step (BF16: on the
+ *      master, then the bf16 weights = round(master)).
+ *   5. ZeRO: all-gather of the updated slices (in the weights' dtype), so every dp rank again
  *      holds all its params.
  * Replicas (dp ranks; tp copies of norms and of replicated kv heads; a tied embedding's copy on the
  * last stage) see identical gradients and identical state, so they stay bit-identical.
@@ -32,15 +43,16 @@
  * Memory: the gradient arena, the moments and the master are the model's backend's (Model.be);
  * AdamW, the norm's sums of squares and the master's rounding run as its entries (adamw,
  * sum_squares, pack: kernels/cpu/cpu.h's contracts, torch's arithmetic), and a step moves one
- * double per parameter tensor to the host (the norm is summed there, in tensor order). The dp
- * reduction and ZeRO-1 work on host memory (runtime/comm.c): with a device other than the CPU,
- * dp = 1 and no ZeRO (the commands refuse the rest). optim_save / optim_load copy the state
- * through a bounded host buffer.
+ * double per piece to the host (the norm is summed there, in held order). The dp reduction and
+ * ZeRO work on host memory (runtime/comm.c): with a device other than the CPU, dp = 1 and no ZeRO
+ * (the commands refuse the rest). optim_save / optim_load copy the state through a bounded host
+ * buffer.
  *
- * Arena layout: grads and the Adam moments use the parameter arena's layout (model_param_infos
+ * Arena layout: plain and ZeRO-1's grads use the parameter arena's layout (model_param_infos
  * offsets). The gradient arena passed to optim_step must hold optim_grad_floats(o) floats: the
  * parameter count rounded up to a multiple of 16 * dp (ZeRO-1 splits it into dp equal slices that
- * start on 64-byte boundaries; the tail is padding that optim_zero_grad keeps zero). */
+ * start on 64-byte boundaries; the tail is padding that optim_zero_grad keeps zero). The held arrays
+ * (moments, master, slice) hold this rank's pieces (OptimPiece) one after another. */
 #ifndef TANDEM_OPTIM_H
 #define TANDEM_OPTIM_H
 #include <stddef.h>
@@ -63,7 +75,8 @@ typedef struct {
     double beta1, beta2, eps;
     double weight_decay;  /* decoupled (AdamW), on ParamInfo.decay tensors only */
     double clip;          /* max global gradient norm; 0 = no clipping (the norm is still returned) */
-    int zero;             /* 1 = ZeRO-1 (moments sharded over dp), 0 = plain data parallel */
+    int zero;             /* 0 = plain data parallel; 1 = ZeRO-1 (moments and master sharded over dp);
+                             2 = ZeRO-2 (and the gradients: each layer's reduce-scattered after its backward) */
 } OptimConfig;
 
 /* torch.optim.AdamW(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1), warmup + cosine, clip 1. */
@@ -74,7 +87,25 @@ typedef struct {
     size_t lo, hi;
     int decay;            /* weight decay applies */
     int in_norm;          /* counted in the global gradient norm on this rank */
+    int layer;            /* ParamInfo.layer: the local layer, -1 embedding and head */
 } OptimRange;
+
+/* A unit of the partition of the state over dp: whole tensors packed in arena order, n floats,
+ * padded to a multiple of 16 dp; dp rank r holds its packed floats [r S, (r + 1) S), at held offset
+ * `held` of every held array. Plain: one unit of every tensor, not split (S = n = n_params). ZeRO-1:
+ * one unit of every tensor (packed = the arena). ZeRO-2: each local layer a unit (packed as
+ * model_layer_place packs a layer: every layer alike), and each other tensor a unit of its own. */
+typedef struct {
+    int layer;            /* the local layer, -1 for a unit of one non-layer tensor */
+    int t0;               /* non-layer: its tensor (ranges index); layer: -1 */
+    size_t n, S, held;
+} OptimUnit;
+
+/* This rank's part of one tensor: arena floats [lo, hi) of ranges[t], held at offset held. */
+typedef struct {
+    size_t lo, hi, held;
+    int t;
+} OptimPiece;
 
 typedef struct {
     OptimConfig cfg;
@@ -82,21 +113,31 @@ typedef struct {
     const Backend *be;        /* the model's: the moments, the master and the norm's sums are its memory */
     int step;                 /* optimizer steps taken; the next step uses lr_schedule(cfg, step) */
     size_t n_params;          /* floats in this rank's parameter arena */
-    size_t n_grad;            /* n_params rounded up to a multiple of 16 * dp (optim_grad_floats) */
-    size_t slice_lo, slice_hi;/* arena floats this rank updates: [0, n_params) plain; ZeRO-1:
-                                 [r * n_grad / dp, (r + 1) * n_grad / dp) for dp rank r */
-    size_t n_state;           /* floats per moment: n_params plain, n_grad / dp ZeRO-1 */
+    size_t n_grad;            /* plain / ZeRO-1: n_params rounded up to a multiple of 16 * dp
+                                 (optim_grad_floats); ZeRO-2: 0 (the gradients are the units' buffers) */
+    size_t n_state;           /* floats this rank holds per moment: the sum of its units' S */
     DType dtype;              /* the model's weights' dtype */
-    float *m, *v;             /* (n_state) Adam moments of arena floats slice_lo + i; one backend block
+    float *m, *v;             /* (n_state) Adam moments of the held floats; one backend block
                                  laid out as the file optim_save writes after its header: m, v[, master] */
-    float *master;            /* (n_state) BF16 weights: the fp32 master of arena floats slice_lo + i
-                                 (0 past n_params); NULL for F32 weights (the params are the master) */
-    float *slice;             /* (n_state) ZeRO-1 (CPU only): the reduced gradient slice, then the
-                                 updated params for the all-gather; NULL plain */
+    float *master;            /* (n_state) BF16 weights: the fp32 master of the held floats (0 in the
+                                 padding); NULL for F32 weights (the params are the master) */
+    float *slice;             /* (n_state) ZeRO-1/2 (CPU only): the dp-reduced gradient of the held
+                                 floats (ZeRO-2: accumulated over the step's micro-batches); NULL plain */
     OptimRange *ranges;       /* (n_ranges) the parameter tensors in arena order */
     int n_ranges;
-    double *sums;             /* (n_ranges) backend: each range's sum of squares (Backend.sum_squares) */
-    double *sums_host;        /* (n_ranges) host: the same, copied back once per step */
+    OptimUnit *units;         /* (n_units) the partition */
+    int n_units;
+    OptimPiece *pieces;       /* (n_pieces) what this rank holds, in held order */
+    int n_pieces;
+    /* ZeRO-2 (CPU): each unit's gradient buffer, packed (units[u].S * dp floats): the layers share one
+     * (the backward fills it one layer at a time, optim_reduce_unit empties it), every other unit has
+     * its own (accumulated over the step, reduced once at its end); also the all-gather's buffers */
+    float *ubuf;
+    size_t *ubuf_off;         /* (n_units) offset of unit u's buffer in ubuf */
+    size_t n_ubuf;
+    float *rbuf;              /* (max S) ZeRO-2: one reduce-scatter's result, added into slice */
+    double *sums;             /* (n_pieces) backend: each piece's sum of squares (Backend.sum_squares) */
+    double *sums_host;        /* (n_pieces) host: the same, copied back once per step */
     double *partials;         /* (n_state / 65536 + 2) backend: sum_squares' chunk sums */
 } Optim;
 
@@ -107,10 +148,25 @@ void optim_free(Optim *o);
 /* Prints the optimizer's settings and state MiB per rank (world rank 0). */
 void optim_print_summary(const Optim *o);
 
-size_t optim_grad_floats(const Optim *o);   /* floats the gradient arena must hold */
-size_t optim_state_bytes(const Optim *o);   /* bytes of moments and master (+ the ZeRO-1 slice buffer) */
+size_t optim_grad_floats(const Optim *o);   /* floats the gradient arena must hold (0 under ZeRO-2) */
+size_t optim_grad_bytes(const Optim *o);    /* the gradients' bytes per rank: arena (+ the reduced slice);
+                                               ZeRO-2: the units' buffers + the reduced slice */
+size_t optim_state_bytes(const Optim *o);   /* bytes of moments and master */
 size_t optim_master_bytes(const Optim *o);  /* bytes of the fp32 master copy (0 for F32 weights) */
-void optim_zero_grad(const Optim *o, float *grads);   /* zeroes optim_grad_floats(o) floats */
+void optim_zero_grad(const Optim *o, float *grads);   /* zeroes grads (optim_grad_floats(o) floats; may
+                                                         be NULL under ZeRO-2) and the ZeRO buffers */
+/* ZeRO-2: where the backward adds the gradients. Unit u's buffer (units[u].S * dp floats, packed):
+ * the layers' units share one, which the backward fills one layer at a time and optim_reduce_unit
+ * empties; every other unit has its own for the whole step. optim_layer_unit: local layer l's unit. */
+float *optim_unit_grads(const Optim *o, int u);
+int optim_layer_unit(const Optim *o, int l);
+/* dp rank r's piece of the tensor at arena offset `offset` (plain: rank 0's, the whole tensor):
+ * 1 and *pc, or 0 when r holds none of it. */
+int optim_piece(const Optim *o, int r, size_t offset, OptimPiece *pc);
+/* ZeRO-2, collective over dp: reduce-scatters unit u's buffer by the fixed tree
+ * (comm_reduce_scatter_sum_fixed), adds this rank's slice into o->slice and zeroes the buffer. Called
+ * after each layer's backward of every micro-batch; optim_step does the other units. */
+void optim_reduce_unit(Optim *o, int u);
 double optim_lr(const Optim *o, int step);  /* lr_schedule(&o->cfg, step) */
 
 /* One optimizer step on every rank of the mesh (collective). grads: this rank's gradient arena
@@ -120,7 +176,7 @@ double optim_lr(const Optim *o, int step);  /* lr_schedule(&o->cfg, step) */
  * scratch (dp-reduced values, or under ZeRO-1 the gathered params): zero them before accumulating
  * the next step. Increments o->step. When the norm is not finite (a NaN or inf gradient anywhere in
  * the mesh) nothing is updated (weights, moments, step) and that norm is returned. */
-float optim_step(Optim *o, Model *m, float *grads);
+float optim_step(Optim *o, Model *m, float *grads);   /* grads NULL under ZeRO-2 */
 
 /* The per-rank format of checkpoints before the layout-free one (train/optim_state.h): each rank's
  * arena slice of the state, which loads only at the layout that wrote it. learner_resume still reads

@@ -23,9 +23,9 @@ static int n_sections(DType dt) { return dt == DTYPE_BF16 ? 3 : 2; }
 /* ---- save ------------------------------------------------------------------------------------- */
 
 /* One section as a ShardSource (checkpoint.h): a tensor's state on the ranks that send or write
- * it. Plain data parallel: dp rank 0 holds every element. ZeRO-1: dp rank r holds arena floats
- * [r S, (r + 1) S), S = n_state, so the tensor [lo, hi) is gathered onto dp rank 0 from each dp
- * rank whose slice it meets (the same rule on every dp rank: no message is unmatched). */
+ * it. Plain data parallel: dp rank 0 holds every element. ZeRO: dp rank r holds its piece of the
+ * tensor (optim_piece: a run of it, or none), so the tensor is gathered onto dp rank 0 from each dp
+ * rank that holds a piece (the same rule on every dp rank: no message is unmatched). */
 typedef struct {
     const Optim *o;
     const float *section;   /* (n_state) the backend's memory: this section of Optim's state block */
@@ -40,20 +40,16 @@ static const float *state_shard(void *ctx, const ParamInfo *in) {
     if (mesh->tp_rank % in->replicas != 0) return NULL;   /* another tp rank's identical copy is written */
     if (!o->cfg.zero && mesh->dp_rank != 0) return NULL;  /* dp replicas: dp rank 0's is written */
     if (!s->buf || in->numel > s->cap) s->buf = xrealloc(s->buf, sizeof(float) * (s->cap = in->numel ? in->numel : 1));
-    size_t lo = in->offset, hi = in->offset + in->numel;
-    if (!o->cfg.zero) {
-        o->be->to_host(s->buf, s->section + lo, sizeof(float) * in->numel);
-        return s->buf;
-    }
-    size_t S = o->n_state;
-    for (int r = 0; r < mesh->dp; r++) {
-        size_t a = lo > (size_t)r * S ? lo : (size_t)r * S, b = hi < (size_t)(r + 1) * S ? hi : (size_t)(r + 1) * S;
-        if (a >= b) continue;
+    for (int r = 0; r < (o->cfg.zero ? mesh->dp : 1); r++) {
+        OptimPiece pc;
+        if (!optim_piece(o, r, in->offset, &pc)) continue;
+        float *at = s->buf + (pc.lo - in->offset);
+        size_t bytes = sizeof(float) * (pc.hi - pc.lo);
         if (r == mesh->dp_rank) {
-            o->be->to_host(s->buf + (a - lo), s->section + (a - o->slice_lo), sizeof(float) * (b - a));
-            if (r != 0) comm_send(&mesh->dp_comm, s->buf + (a - lo), sizeof(float) * (b - a), 0);
+            o->be->to_host(at, s->section + pc.held, bytes);
+            if (r != 0) comm_send(&mesh->dp_comm, at, bytes, 0);
         } else if (mesh->dp_rank == 0) {
-            comm_recv(&mesh->dp_comm, s->buf + (a - lo), sizeof(float) * (b - a), r);
+            comm_recv(&mesh->dp_comm, at, bytes, r);
         }
     }
     return mesh->dp_rank == 0 ? s->buf : NULL;
@@ -165,12 +161,12 @@ void optim_state_load(Optim *o, const Model *m, const char *dir) {
         char *sdir = path_join(root, SECTIONS[k]);
         SafeTensors *st = st_open_dir(sdir);
         check_section(w, st, sdir);
-        float *section = o->m + (size_t)k * o->n_state;   /* the backend's memory: arena floats slice_lo + i */
+        float *section = o->m + (size_t)k * o->n_state;   /* the backend's memory: the held floats */
         for (int i = 0; i < n; i++) {
             const ParamInfo *in = &infos[i];
-            size_t lo = in->offset > o->slice_lo ? in->offset : o->slice_lo;
-            size_t hi = in->offset + in->numel < o->slice_hi ? in->offset + in->numel : o->slice_hi;
-            if (lo >= hi) continue;   /* not in this rank's ZeRO-1 slice */
+            OptimPiece pc;
+            if (!optim_piece(o, o->mesh->dp_rank, in->offset, &pc)) continue;   /* none in this rank's ZeRO slices */
+            size_t lo = pc.lo, hi = pc.hi;
             if (in->numel > cap) buf = xrealloc(buf, sizeof(float) * (cap = in->numel));
             /* a tied lm_head's copy on the last stage is the embedding's state, as its weights are */
             int tied_copy = m->cfg.tie_embeddings && !strcmp(in->name, "lm_head.weight");
@@ -182,7 +178,7 @@ void optim_state_load(Optim *o, const Model *m, const char *dir) {
                     rank_error("%s: tensor %s holds %g at element %zu of this rank's block: a corrupt optimizer "
                                "state (restore the checkpoint)", st->files[st_find(st, name)->file].path, name,
                                buf[e], e);
-            o->be->to_device(section + (lo - o->slice_lo), buf + (lo - in->offset), sizeof(float) * (hi - lo));
+            o->be->to_device(section + pc.held, buf + (lo - in->offset), sizeof(float) * (hi - lo));
         }
         st_close(st);
         free(sdir);

@@ -8,12 +8,12 @@ static void run_forward(Model *m, TrainActs *slots, int n_slots, const MicroBatc
     train_forward(m, &slots[i % n_slots], mbs[i].tokens, mbs[i].seq_start, mbs[i].n_seqs);
 }
 static float run_backward(Model *m, TrainActs *slots, int n_slots, const MicroBatch *mbs, int i, const LossHook *hook,
-                          ModelWeights *g) {
+                          GradSink *g) {
     return train_loss_backward(m, &slots[i % n_slots], &mbs[i], hook, g);
 }
 
 float schedule_1f1b(Model *m, TrainActs *slots, int n_slots, const MicroBatch *mbs, int M, const LossHook *hook,
-                    ModelWeights *grads) {
+                    GradSink *grads) {
     int pp = m->mesh->pp, s = m->mesh->pp_rank;
     int warmup = pp - s - 1 < M ? pp - s - 1 : M;
     CHECK(n_slots >= (pp < M ? pp : M));
@@ -25,6 +25,6 @@ float schedule_1f1b(Model *m, TrainActs *slots, int n_slots, const MicroBatch *m
     }
     for (int i = M - warmup; i < M; i++) loss += run_backward(m, slots, n_slots, mbs, i, hook, grads); /* drain */
     for (int i = 0; i < n_slots; i++) train_acts_wait(&slots[i]);
-    train_tied_embedding_all_reduce(m, &slots[0], grads);    /* tied table used on two stages */
+    train_tied_embedding_all_reduce(m, &slots[0], &grads->w);    /* tied table used on two stages */
     return train_loss_share(m, (float)loss);
 }

@@ -13,5 +13,5 @@
  * Each micro-batch's loss and gradient come from the hook (train/grad.h). Gradients accumulate
  * into grads; returns the step's summed loss on every rank. */
 float schedule_1f1b(Model *m, TrainActs *slots, int n_slots, const MicroBatch *mbs, int M, const LossHook *hook,
-                    ModelWeights *grads);
+                    GradSink *grads);
 #endif

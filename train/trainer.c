@@ -248,7 +248,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
         user_error("%s: invalid optimizer setting (--lr > 0, --min-lr/--weight-decay/--clip >= 0, betas in [0, 1), --eps > 0)", cmd);
     if (o->save_limit < 0) user_error("--save-total-limit %d: must be >= 0", o->save_limit);
     lr_schedule_parse("--lr-schedule", o->schedule_name);
-    if (o->zero != 0 && o->zero != 1) user_error("--zero must be 0 or 1");
+    if (o->zero < 0 || o->zero > 2) user_error("--zero %d: must be 0, 1 or 2", o->zero);
     if (strcmp(o->recompute_name, "none") && strcmp(o->recompute_name, "full"))
         user_error("--recompute %s: expected full or none", o->recompute_name);
     if (o->sp && o->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
@@ -258,8 +258,8 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     o->threads = backend_set_threads(o->threads);
     o->be = device_open(o->device, o->tp, o->pp);
     if (o->zero && o->be != backend_named("cpu"))
-        user_error("%s: --zero 1 with --device %s: ZeRO-1 shards the optimizer over data-parallel ranks, and a "
-                   "device trains on one rank (use --zero 0)", cmd, o->device);
+        user_error("%s: --zero %d with --device %s: ZeRO shards the optimizer over data-parallel ranks, and a "
+                   "device trains on one rank (use --zero 0)", cmd, o->zero, o->device);
 }
 
 /* Train and eval data, tokenized with --model's tokenizer. */

@@ -119,7 +119,7 @@ typedef struct {
     {"--clip", OPT_FLOAT, &(o)->clip, "1.0", "global gradient-norm clipping (0 = off)"},                           \
     {"--recompute", OPT_STR, &(o)->recompute_name, "none", "full: keep only layer inputs, recompute in backward (less memory)"}, \
     SEQ_PARALLEL_OPTION(&(o)->sp),                                                                                 \
-    {"--zero", OPT_INT, &(o)->zero, "0", "1 = ZeRO-1: optimizer state sharded over data-parallel ranks"}
+    ZERO_OPTION(&(o)->zero)
 #define TRAIN_SKIP_OPTION(o)                                                                                       \
     {"--skip-bad-lines", OPT_FLAG, &(o)->skip_bad, NULL, "skip malformed records (counted) instead of stopping"}
 #define TRAIN_CHAT_OPTION(o)                                                                                       \
