@@ -282,10 +282,10 @@ static void print_load(const Model *m, double load_rss) {
  * on every position, LM head) or loss_bt (score head, sequences 2i / 2i+1 a pair, as `tandem rm`
  * trains). targets and weight are the LM's; a score head ignores them. */
 static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T, int iters, const char *recompute,
-                       int sp, int zero, int threads) {
+                       int sp, int zero, int threads, int plan_only) {
     if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
     if (sp && mesh->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
-    if (zero < 0 || zero > 2) user_error("--zero %d: must be 0, 1 or 2", zero);
+    if (zero < 0 || zero > 3) user_error("--zero %d: must be 0, 1, 2 or 3", zero);
     if (m->head == HEAD_SCORE && B % 2)   /* --score, or a *ForSequenceClassification directory */
         user_error("bench --train --score: --batch %d is odd (sequences 2i and 2i+1 are a chosen/rejected pair)", B);
     int flags = (!strcmp(recompute, "full") ? TRAIN_RECOMPUTE : 0) | (sp ? TRAIN_SEQ_PARALLEL : 0);
@@ -302,6 +302,25 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
     Learner L;
     learner_init(&L, m, oc, N, T, 1, flags);
     model_print_summary(m);   /* names the device */
+    MemPlan plan = model_mem_plan(m);
+    learner_mem_plan(&L, &plan);
+    model_print_memory_plan(m, &plan);
+    if (plan_only) {   /* nothing of the optimizer, the gradients or the activations was touched yet */
+        float mine[6] = {(float)plan.weights, (float)plan.master, (float)plan.grads, (float)plan.moments, (float)plan.acts, 0};
+        for (int k = 0; k < 5; k++) mine[5] += mine[k];
+        comm_all_reduce_max(&mesh->group, mine, 6);   /* each kind's largest rank */
+        float pk = (float)peak_rss_mib();
+        comm_all_reduce_max(&mesh->group, &pk, 1);
+        if (mesh_is_root(mesh))
+            printf("{\"bench\": \"train_plan\", \"dtype\": \"%s\", \"tp\": %d, \"pp\": %d, \"dp\": %d, \"zero\": %d, "
+                   "\"sequence_parallel\": %s, \"batch\": %d, \"seq\": %d, \"weights_mib\": %.1f, \"master_mib\": %.1f, "
+                   "\"grads_mib\": %.1f, \"moments_mib\": %.1f, \"activations_mib\": %.1f, \"total_mib\": %.1f, "
+                   "\"peak_rss_mib\": %.1f}\n", dtype_name(m->dtype), mesh->tp, mesh->pp, mesh->dp, zero,
+                   L.slots[0].sp ? "true" : "false", B, T, mine[0] / 1048576, mine[1] / 1048576, mine[2] / 1048576,
+                   mine[3] / 1048576, mine[4] / 1048576, mine[5] / 1048576, pk);
+        learner_free(&L);
+        return 0;
+    }
     int *tokens = xmalloc(sizeof(int) * N), *start = xmalloc(sizeof(int) * (B + 1)), *targets = xmalloc(sizeof(int) * N);
     float *weight = xmalloc(sizeof(float) * N);
     unsigned rng = 4242;
@@ -311,6 +330,8 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
         targets[i] = (i + 1) % T ? tokens[i + 1] : -1;
         weight[i] = 1.0f / (float)(B * (T - 1));
     }
+    float pk_before = (float)peak_rss_mib();   /* the load's (and ZeRO-3's slicing) */
+    peak_rss_reset();                          /* steps_peak_rss_mib: the steps' own peak */
     double *times = xmalloc(sizeof(double) * iters), loss = 0;
     MicroBatch mb = {tokens, start, B, targets, weight, NULL};
     double dp0 = 0, tp0 = 0;   /* bytes sent before the timed steps */
@@ -328,14 +349,16 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
      * bytes (the ZeRO paper: plain DP and ZeRO-1/2 send 2 Psi (P-1)/P, ZeRO-3 3 Psi (P-1)/P) */
     double dp_b = (comm_bytes_sent(&mesh->dp_comm) - dp0) / iters, tp_b = (comm_bytes_sent(&mesh->tp_comm) - tp0) / iters;
     double psi = 4.0 * (double)m->n_params;
-    float pk = (float)peak_rss_mib();
-    comm_all_reduce_max(&mesh->group, &pk, 1);
+    float pk[2] = {(float)peak_rss_mib(), 0};
+    pk[1] = pk[0];
+    if (pk_before > pk[0]) pk[0] = pk_before;
+    comm_all_reduce_max(&mesh->group, pk, 2);
     if (mesh_is_root(mesh))
         printf("{\"bench\": \"train\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"recompute\": \"%s\", \"sequence_parallel\": %s, "
-               "\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"activations_mib\": %.1f, \"peak_rss_mib\": %.1f, "
+               "\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"activations_mib\": %.1f, \"peak_rss_mib\": %.1f, \"steps_peak_rss_mib\": %.1f, "
                "\"last_loss\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"head\": \"%s\", \"zero\": %d, "
                "\"dp_mib_sent_per_step\": %.3f, \"tp_mib_sent_per_step\": %.3f, \"psi_mib\": %.3f, \"dp_sent_per_psi\": %.4f}\n",
-               B, T, threads, flags & TRAIN_RECOMPUTE ? "full" : "none", L.slots[0].sp ? "true" : "false", N * mesh->dp / med, med, L.slots[0].n_arena * 4.0 / (1 << 20), pk, loss,
+               B, T, threads, flags & TRAIN_RECOMPUTE ? "full" : "none", L.slots[0].sp ? "true" : "false", N * mesh->dp / med, med, L.slots[0].n_arena * 4.0 / (1 << 20), pk[0], pk[1], loss,
                mesh->tp, mesh->pp, mesh->dp, m->head == HEAD_SCORE ? "score" : "lm", zero, dp_b / (1 << 20),
                tp_b / (1 << 20), psi / (1 << 20), dp_b / psi);
     learner_free(&L);
@@ -500,7 +523,7 @@ static int bench_kernels(Model *m, int iters) {
 
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
-    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score, kernels, sp, zero;
+    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score, kernels, sp, zero, plan_only;
     const char *dtype_flag, *device;
     const char *recompute;
     float comm_timeout;
@@ -517,6 +540,7 @@ int bench_main(int argc, char **argv) {
         {"--score", OPT_FLAG, &score, NULL, "--train: a reward model (new score head, Bradley-Terry over B/2 pairs)"},
         SEQ_PARALLEL_OPTION(&sp),
         ZERO_OPTION(&zero),
+        {"--plan", OPT_FLAG, &plan_only, NULL, "--train: print the memory plan and stop before the first step (no state touched)"},
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
@@ -537,7 +561,7 @@ int bench_main(int argc, char **argv) {
     }
     if (!model_dir) user_error("bench: --model DIR or --tokenizer FILE is required");
     if (batch < 1 || seq < 1 || iters < 1 || threads < 0) user_error("bench: --batch, --seq, --iters must be >= 1, --threads >= 0");
-    if (score && !train) user_error("bench: --score is a --train option");
+    if ((score || plan_only) && !train) user_error("bench: --%s is a --train option", score ? "score" : "plan");
     threads = backend_set_threads(threads);
     DType dtype = dtype_parse("--dtype", dtype_flag);
     const Backend *be = device_open(device, tp, pp);
@@ -552,7 +576,7 @@ int bench_main(int argc, char **argv) {
     double load_rss = peak_rss_mib();
     int rc;
     if (train) {
-        rc = bench_train(&m, &mesh, load_rss, batch, seq, iters, recompute, sp, zero, threads);
+        rc = bench_train(&m, &mesh, load_rss, batch, seq, iters, recompute, sp, zero, threads, plan_only);
     } else {
         print_load(&m, load_rss);
         rc = kernels ? bench_kernels(&m, iters) : generate ? bench_generate(&m, threads, seq, new_tokens, big, iters)

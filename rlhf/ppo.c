@@ -116,6 +116,13 @@ static double update(Ppo *p, int ri, int step, const int *pidx, Experience *b) {
 static int cmp_float(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return (x > y) - (x < y); }
 static float median(float *x, int n) { qsort(x, n, sizeof(float), cmp_float); return x[n / 2]; }
 
+/* ZeRO-3: the trained roles' layers whole for the experience phases (generation, logprobs, values),
+ * as verl syncs the actor's weights into its rollout engine; each update's learner_step releases them */
+static void gather_trained(Ppo *p) {
+    for (int r = R_ACTOR; r <= R_CRITIC; r++)
+        if (p->roles.role[r].member) model_shards_gather_all(&p->roles.role[r].m);
+}
+
 /* Each phase of a step run by itself, `rounds` times on the last step's shapes (a world barrier
  * before each, so nothing overlaps it), against the run's median step: what a step costs beyond
  * its parts. The updates change the weights: run it only after the real steps. */
@@ -128,7 +135,7 @@ static void bench_phases_alone(Ppo *p, int step, const int *pidx, Experience *b,
         for (int ph = 0; ph < K; ph++) {
             comm_barrier(&p->roles.world);
             double t0 = now_seconds();
-            if (ph == 0) experience_rollout(&p->x, &p->roles, step, pidx, b);
+            if (ph == 0) gather_trained(p), experience_rollout(&p->x, &p->roles, step, pidx, b);
             else if (ph == 1) experience_ref(&p->x, &p->roles, b);
             else if (ph == 2) experience_reward(&p->x, &p->roles, b, pidx);
             else if (ph == 3) experience_values(&p->x, &p->roles, b);
@@ -263,7 +270,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     if (o->sp && R[R_ACTOR].tp < 2 && R[R_CRITIC].tp < 2)
         user_error("--sequence-parallel: needs --actor-tp or --critic-tp > 1 (it shares a trained role's tp ranks' rows)");
     if (!(o->actor_lr > 0) || !(o->critic_lr > 0)) user_error("ppo: --actor-lr and --critic-lr must be > 0");
-    if (o->zero < 0 || o->zero > 2) user_error("--zero %d: must be 0, 1 or 2", o->zero);
+    if (o->zero < 0 || o->zero > 3) user_error("--zero %d: must be 0, 1, 2 or 3", o->zero);
     if (o->zero && strcmp(o->device, "cpu"))
         user_error("ppo: --zero %d with --device %s: ZeRO shards the optimizer over a role's data-parallel ranks, and a "
                    "device runs each role on one rank (use --zero 0)", o->zero, o->device);
@@ -409,6 +416,7 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so) {
     double t0 = now_seconds(), t = t0;
 #define LAP(k) do { double t_ = now_seconds(); tm[k] = (float)(t_ - t); t = t_; } while (0)
     experience_step_prompts(&p->x, step, pidx);
+    gather_trained(p);
     experience_rollout(&p->x, rs, step, pidx, b);
     LAP(T_GEN);
     experience_ref(&p->x, rs, b);

@@ -35,7 +35,7 @@ typedef struct {
 /* every training command's (int *stage; train/optim.h says what each stage shards) */
 #define ZERO_OPTION(stage)                                                                              \
     {"--zero", OPT_INT, stage, "0",                                                                      \
-     "0 = plain data parallel; 1 = ZeRO-1: optimizer state sharded over dp ranks; 2 = ZeRO-2: and the gradients"}
+     "0 = plain data parallel; 1 = ZeRO-1: optimizer state sharded over dp ranks; 2 = ZeRO-2: and the gradients; 3 = ZeRO-3: and the layers' weights"}
 #define COMM_TIMEOUT_OPTION(seconds)                                                                    \
     {"--comm-timeout", OPT_FLOAT, seconds, comm_timeout_default(),                                       \
      "seconds a rank may wait inside one communication call before it stops the job (0 = no deadline; TANDEM_COMM_TIMEOUT sets the default)"}

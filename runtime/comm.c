@@ -358,17 +358,35 @@ void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n
     free(cnt);
 }
 
+/* floats per rank's block that comm_reduce_scatter_sum_fixed moves per all-to-all: its scratch is
+ * P of them, not P whole blocks (a whole gradient) */
+#define FIXED_CHUNK (1u << 18)
+
 void comm_reduce_scatter_sum_fixed(const Comm *c, const float *in, float *out, size_t n_each) {
     int P = c->size;
     if (is_alone(c)) {
-        if (in != out) memcpy(out, in, sizeof(float) * n_each);
+        if (in != out) memmove(out, in, sizeof(float) * n_each);
         return;
     }
-    float *parts = fixed_scratch((size_t)P * n_each);   /* (P, n_each): rank s's partial of my block */
-    MPI_CHECK(MPI_Alltoall(in, count(n_each), MPI_FLOAT, parts, count(n_each), MPI_FLOAT, HANDLE(c)));
+    size_t chunk = n_each < FIXED_CHUNK ? n_each : FIXED_CHUNK;
+    float *parts = fixed_scratch((size_t)P * chunk);   /* (P, k): rank s's partial of my block's chunk */
+    int *cnt = xmalloc(sizeof(int) * 4 * P), *dsp = cnt + P, *rcnt = cnt + 2 * P, *rdsp = cnt + 3 * P;
+    /* chunk by chunk: a chunk of my block is sent before its sum overwrites it, so out may be
+     * in + rank * n_each */
+    for (size_t off = 0; off < n_each; off += chunk) {
+        size_t k = n_each - off < chunk ? n_each - off : chunk;
+        for (int s = 0; s < P; s++) {
+            cnt[s] = count(k);
+            dsp[s] = count((size_t)s * n_each + off);
+            rcnt[s] = count(k);
+            rdsp[s] = count((size_t)s * k);
+        }
+        MPI_CHECK(MPI_Alltoallv(in, cnt, dsp, MPI_FLOAT, parts, rcnt, rdsp, MPI_FLOAT, HANDLE(c)));
+        tree_sum(parts, P, k);
+        memcpy(out + off, parts, sizeof(float) * k);
+    }
     sent(c, (double)n_each * sizeof(float) * (P - 1));
-    tree_sum(parts, P, n_each);
-    memcpy(out, parts, sizeof(float) * n_each);
+    free(cnt);
 }
 
 void comm_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t unit) {
@@ -420,6 +438,20 @@ void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each) 
         return;
     }
     MPI_CHECK(MPI_Allgather(in, count(n_each), MPI_FLOAT, out, count(n_each), MPI_FLOAT, HANDLE(c)));
+}
+void comm_iall_gather(const Comm *c, const float *in, float *out, size_t n_each, CommRequest *req) {
+    comm_wait(req);
+    if (is_alone(c)) {
+        if (in != out) memcpy(out, in, sizeof(float) * n_each);
+        return;
+    }
+    sent(c, (double)n_each * sizeof(float) * (c->size - 1));
+    MPI_Request *r = xmalloc(sizeof(MPI_Request));
+    if (in == out + (size_t)c->rank * n_each)
+        MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, count(n_each), MPI_FLOAT, HANDLE(c), r));
+    else
+        MPI_CHECK(MPI_Iallgather(in, count(n_each), MPI_FLOAT, out, count(n_each), MPI_FLOAT, HANDLE(c), r));
+    req->handle = r;
 }
 int comm_first_error(const Comm *c, char *msg, size_t cap) {
     float failed = msg[0] != 0;

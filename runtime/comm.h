@@ -66,7 +66,8 @@ void comm_all_reduce_maxloc(const Comm *c, float *val, int *idx, size_t n);
 void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each);   /* in may be out + rank * n_each */
 /* in (P * n_each): every rank's partials; out (n_each): block `rank` of their sum, each element added
  * by comm_all_reduce_sum_fixed's tree (all-to-all, then our additions): the data-parallel gradient
- * reduction of every ZeRO stage, so that each gives plain data parallelism's bits. out != in. */
+ * reduction of plain dp and every ZeRO stage, so that each gives the same bits. out may be in + rank *
+ * n_each (in place); the scratch is P chunks of 256K floats, whatever n_each. */
 void comm_reduce_scatter_sum_fixed(const Comm *c, const float *in, float *out, size_t n_each);
 /* Sequence parallelism's row split: rank r of P holds rows [lo, hi) = [n r / P, n (r + 1) / P) of an
  * (n, unit) array (a row: unit floats). */
@@ -87,6 +88,9 @@ void comm_send(const Comm *c, const void *buf, size_t bytes, int dst);
 typedef struct { void *handle; } CommRequest;
 void comm_isend(const Comm *c, const void *buf, size_t bytes, int dst, CommRequest *req);
 void comm_wait(CommRequest *req);   /* no-op when nothing is pending */
+/* comm_all_gather started (MPI_Iallgather): in and out untouched until comm_wait(req). ZeRO-3
+ * gathers the next layer's weights with it while this one computes. */
+void comm_iall_gather(const Comm *c, const float *in, float *out, size_t n_each, CommRequest *req);
 /* Tagged messages of sizes the receiver does not know in advance (e.g. finished output lines sent
  * to the writing rank). comm_probe: 1 and the sender and size when a message with this tag is
  * waiting (blocking: waits for one), else 0. */

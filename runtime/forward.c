@@ -184,6 +184,7 @@ static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, in
 void model_forward_batch(Model *m, RunState *s, KVCache *kv, const Batch *b) {
     int n_seqs = b->n_seqs, N = b->seq_start[n_seqs], R = b->logit_rows ? b->n_logit_rows : 0;
     CHECK(N <= s->max_tokens && R <= N);
+    CHECK(!m->z3 || m->z3->full);   /* ZeRO-3: inference runs between model_shards_gather_all and _release */
     /* positions (N), tokens (N), logit rows (R), each row's sequence (N): staged on the host, then
      * one copy to the backend */
     int *pos = s->ids_host;

@@ -242,6 +242,7 @@ typedef struct {
     ModelWeights *w;
     LayerWeights *layers;
     size_t off;
+    size_t layers_at;     /* arena offset of the first layer tensor (SIZE_MAX until met) */
 } ParamWalk;
 
 static void info_param(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx) {
@@ -254,6 +255,10 @@ static void info_param(Model *m, const ParamSpec *p, int layer, void **slot, siz
         in->offset = pw->off;
         in->numel = numel;
         in->layer = layer < 0 ? -1 : layer - m->layer_start;
+        /* the arena holds each layer spec's tensors for every layer in a row, so the specs before
+         * this one take (its block's start - the first layer tensor's) / L_local of a layer */
+        if (layer >= 0 && pw->layers_at == SIZE_MAX) pw->layers_at = pw->off;
+        in->layer_offset = layer < 0 ? 0 : (pw->off - (size_t)in->layer * numel - pw->layers_at) / m->n_layers_local;
         in->decay = p->decay;
         in->tp_replicated = p->shard == SHARD_NONE;
         int64_t r0, nr, c0, nc;
@@ -274,7 +279,7 @@ static void info_param(Model *m, const ParamSpec *p, int layer, void **slot, siz
 }
 
 int model_param_infos(const Model *m, ParamInfo *infos, int max) {
-    ParamWalk pw = {infos, 0, max, NULL, NULL, NULL, 0};
+    ParamWalk pw = {infos, 0, max, NULL, NULL, NULL, 0, SIZE_MAX};
     for_each_param((Model *)m, info_param, &pw);
     return pw.n;
 }
@@ -294,7 +299,7 @@ void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWei
     memset(w, 0, sizeof(*w));
     memset(layers, 0, sizeof(LayerWeights) * m->n_layers_local);
     w->layers = layers;
-    ParamWalk pw = {NULL, 0, 0, arena, w, layers, 0};
+    ParamWalk pw = {NULL, 0, 0, arena, w, layers, 0, SIZE_MAX};
     for_each_param((Model *)m, place_other, &pw);
     CHECK(pw.off == m->n_params);
 }
@@ -511,6 +516,7 @@ void run_state_free(RunState *s) {
 void model_alloc_state(Model *m, int max_tokens, int max_seq) { run_state_init(&m->s, m, max_tokens, max_seq); }
 
 void model_free(Model *m) {
+    model_shards_free(m);
     m->be->free(m->params);
     run_state_free(&m->s);
     free(m->w.layers);
@@ -541,7 +547,11 @@ void model_print_summary(const Model *m) {
 }
 
 MemPlan model_mem_plan(const Model *m) {
-    return (MemPlan){(double)m->n_params * dtype_size(m->dtype), 0, 0, 0, m->s.n_floats * sizeof(float), 0};
+    double weights = (double)m->n_params * dtype_size(m->dtype);
+    const ModelShards *z = m->z3;
+    if (z)   /* ZeRO-3: the layers' slices and the step's two gather buffers instead of the whole layers */
+        weights -= ((double)z->L * z->n - (double)z->L * z->S - 2.0 * z->S * z->dp->size) * dtype_size(m->dtype);
+    return (MemPlan){weights, 0, 0, 0, m->s.n_floats * sizeof(float), 0};
 }
 
 void model_print_memory_plan(const Model *m, const MemPlan *p) {

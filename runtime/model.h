@@ -129,6 +129,7 @@ typedef struct {
     float *inv_freq;      /* (Dh/2) RoPE inverse frequencies, scaling applied (the backend's memory) */
     RunState s;           /* the run state of model_forward / model_score (model_alloc_state); a
                            * generation engine owns its own */
+    struct ModelShards *z3; /* ZeRO-3 (runtime/shards.c): the layers' weights sharded over dp; NULL */
 } Model;
 
 /* One parameter tensor of this rank, as the spec table describes it (for gradients, the optimizer,
@@ -138,6 +139,7 @@ typedef struct {
     size_t offset;        /* elements from the start of the arena (params, grads and moments share it) */
     size_t numel;         /* this rank's shard */
     int layer;            /* the local layer it belongs to (0 .. L_local), -1: embedding and head */
+    size_t layer_offset;  /* a layer tensor's place among its layer's packed tensors (model_layer_place) */
     int decay;            /* AdamW weight decay applies (matrices, not norms or biases) */
     int tp_replicated;    /* identical on every tp rank (norms) */
     int replicas;         /* tp ranks holding an identical copy: tp for norms, tp / Hkv for k/v when
@@ -255,6 +257,44 @@ void model_head(const Model *m, const LayerBatch *sp, float *out, float *xb, con
 /* The tp sum of a row-parallel output or any partials that feed a logprob, value or loss: the
  * ranks' partials added by one fixed tree (comm_all_reduce_sum_fixed), the same bits at any batch. */
 void model_tp_sum(const Model *m, float *buf, size_t n);
+
+/* ---- ZeRO-3's sharded layers (runtime/shards.c; train/optim.h --zero 3: FSDP's full sharding with
+ * each decoder layer a unit). Each dp rank keeps its 1/dp slice of every local layer, packed as
+ * model_layer_place packs a layer (n elements padded to a multiple of 16 dp); the embedding, the
+ * final norm and the head stay whole on their stage. A layer's weights exist whole only while it is
+ * used: inside a training step (model_shards_step) model_layer_weights all-gathers layer l before its
+ * forward and again before its backward into one of two buffers, with the next layer's gather
+ * started ahead (MPI_Iallgather); anything else that reads weights (eval, generation, saving) runs
+ * between model_shards_gather_all and model_shards_release, which hold every layer whole (FSDP's
+ * summon_full_params, verl's weight sync before a rollout). Collective over the dp group, which
+ * makes the same calls on every rank. ------------------------------------------------------------ */
+typedef struct ModelShards {
+    const Comm *dp;
+    int L;                 /* local layers */
+    size_t n, S;           /* a layer's elements (model_layer_place); per dp rank: n padded to 16 dp, / dp */
+    DType dtype;           /* the weights' */
+    void *shard;           /* (L, S) this rank's slice of each layer: the only persistent copy */
+    void *slot[2];         /* (dp S) each: a layer gathered inside a step */
+    int slot_layer[2];     /* the layer in each slot, -1 none */
+    CommRequest pending;   /* a gather started ahead, into slot[pending_slot], of pending_layer */
+    int pending_slot, pending_layer;
+    void *full;            /* (L, dp S) every layer, between gather_all and release; NULL otherwise */
+    int stepping;          /* 1 inside a training step */
+} ModelShards;
+/* Shards m's layers over dp (collective): each rank keeps its slices, the arena's layer region
+ * (contiguous: the spec table puts every layer tensor between the embedding and the head) goes back
+ * to the OS, and every layer pointer is NULL until gathered. Call after the optimizer has read the
+ * weights it needs (its fp32 master). */
+void model_shard_layers(Model *m, const Comm *dp);
+void model_shards_free(Model *m);
+/* Layer l's weights whole in m->w.layers[l] (a no-op without ZeRO-3 or while gathered): inside a
+ * step, gathers it unless a buffer holds it, then starts gathering `next` (-1: none) into the other. */
+void model_layer_weights(Model *m, int l, int next);
+void model_shards_step(Model *m, int on);   /* entering (1) / leaving (0) a training step */
+void model_shards_gather_all(Model *m);     /* every layer whole (collective); idempotent */
+void model_shards_release(Model *m);        /* back to the slices only */
+/* where tensor `in`'s data is (gathered if it is a ZeRO-3 layer tensor): what saving reads */
+const void *model_tensor_data(const Model *m, const ParamInfo *in);
 
 /* ---- vocab-parallel log-softmax over a logits buffer (N, V_local) of the last stage; every rank of
  * the last stage calls them (collectives over tp). The full vocab is never gathered. Every array is

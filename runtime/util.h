@@ -51,6 +51,9 @@ int mkdir_parents(const char *path); /* the missing parents of path (not path): 
 int remove_tree(const char *path);  /* deletes a tree we wrote (links removed, never followed): 0, or -1 with errno */
 double now_seconds(void);
 double peak_rss_mib(void);          /* peak resident memory of this process */
+/* Linux: peak_rss_mib counts from now (the current RSS) on, e.g. a training step's peak apart from
+ * the load's; a no-op where /proc/self/clear_refs cannot be written */
+void peak_rss_reset(void);
 
 /* f16 -> f32 (bf16: kernels/kernels.h) */
 float f16_to_f32(uint16_t h);

@@ -270,7 +270,7 @@ static const float *weight_shard(void *ctx, const ParamInfo *in) {
         s->raw = xrealloc(s->raw, es * s->cap);
         s->f = xrealloc(s->f, sizeof(float) * s->cap);
     }
-    m->be->to_host(s->raw, (const char *)m->params + es * in->offset, es * in->numel);
+    m->be->to_host(s->raw, model_tensor_data(m, in), es * in->numel);
     if (m->dtype == DTYPE_F32) return s->raw;
     for (size_t k = 0; k < in->numel; k++) s->f[k] = weight_at(s->raw, m->dtype, k);
     return s->f;

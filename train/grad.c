@@ -198,8 +198,10 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
     m->be->rope_table(a->rope, a->pos, m->inv_freq, N, c->head_dim);
     float *x0 = m->n_layers_local ? a->layers[0].x_in : a->x_final;
     model_stage_input(m, &a->lb, a->tokens, x0);
-    for (int l = 0; l < m->n_layers_local; l++)
+    for (int l = 0; l < m->n_layers_local; l++) {
+        model_layer_weights(m, l, l + 1 < m->n_layers_local ? l + 1 : -1);   /* ZeRO-3: all-gathered */
         layer_forward(m, a, l, l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final);
+    }
 
     if (!m->is_last) {
         comm_isend(pp, a->x_final, sizeof(float) * (hi - lo) * D, pp->rank + 1, &a->send_req);  /* to stage s+1 */
@@ -326,6 +328,7 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
     }
 
     for (int l = m->n_layers_local - 1; l >= 0; l--) {
+        model_layer_weights(m, l, l - 1);                                 /* ZeRO-3: all-gathered again */
         /* recompute: refill the shared activations from this layer's input (the same bits); the
          * last layer's are still there from the forward */
         if (a->recompute && l + 1 < m->n_layers_local)

@@ -54,6 +54,10 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
     if (oc.zero >= 2) {
         L->sink.w.layers = L->gl;
         place_unit_grads(L);
+        if (oc.zero == 3) {   /* the optimizer has its master: the layers' weights to slices */
+            model_shard_layers(m, &m->mesh->dp_comm);
+            CHECK(m->n_layers_local == 0 || m->z3->S == L->opt->units[optim_layer_unit(L->opt, 0)].S);
+        }
     } else {
         L->grads = m->be->alloc(sizeof(float) * optim_grad_floats(L->opt));   /* zero */
         model_weights_place(m, L->grads, &L->sink.w, L->gl);
@@ -78,6 +82,7 @@ LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHoo
     const Mesh *mesh = L->m->mesh;
     LearnerStep r;
     optim_zero_grad(L->opt, L->grads);
+    model_shards_step(L->m, 1);   /* ZeRO-3: each layer gathered where it is used */
     r.loss = schedule_1f1b(L->m, L->slots, L->n_slots, mbs, M, hook, &L->sink);
     r.lr = (float)optim_lr(L->opt, L->opt->step);
     /* The loss is each dp replica's own (the same over tp and pp): every rank learns whether any
@@ -85,10 +90,12 @@ LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHoo
     float bad = isfinite(r.loss) ? 0.0f : 1.0f;
     comm_all_reduce_max(&mesh->group, &bad, 1);
     if (bad > 0) {
+        model_shards_step(L->m, 0);
         r.grad_norm = NAN;   /* not computed */
         r.non_finite = "the loss";
         return r;
     }
+    model_shards_step(L->m, 0);
     r.grad_norm = optim_step(L->opt, L->m, L->grads);   /* applies nothing when the norm is not finite */
     r.non_finite = isfinite(r.grad_norm) ? NULL : "the gradient norm";
     return r;
@@ -103,7 +110,10 @@ void learner_mem_plan(const Learner *L, MemPlan *plan) {
 
 int learner_save(Learner *L, const char *src_dir, const char *dir, char *err) {
     const Mesh *mesh = L->m->mesh;
-    if (checkpoint_save_model(L->m, src_dir, dir, 1, L->save_dtype, err)) return -1;
+    model_shards_gather_all(L->m);   /* ZeRO-3: the writer reads whole layers */
+    int failed = checkpoint_save_model(L->m, src_dir, dir, 1, L->save_dtype, err);
+    model_shards_release(L->m);
+    if (failed) return -1;
     if (optim_state_save(L->opt, L->m, dir, err) == 0) return 0;
     if (mesh->rank == 0) remove_tree(dir);   /* weights without their optimizer state: not a checkpoint */
     comm_barrier(&mesh->group);

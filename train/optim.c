@@ -84,7 +84,7 @@ static void check_config(const OptimConfig *c) {
     if (!(c->eps > 0.0)) user_error("optimizer: eps %g must be > 0", c->eps);
     if (!(c->weight_decay >= 0.0)) user_error("optimizer: weight_decay %g must be >= 0", c->weight_decay);
     if (!(c->clip >= 0.0)) user_error("optimizer: clip %g must be >= 0 (0 = off)", c->clip);
-    if (c->zero < 0 || c->zero > 2) user_error("optimizer: zero %d must be 0, 1 or 2", c->zero);
+    if (c->zero < 0 || c->zero > 3) user_error("optimizer: zero %d must be 0, 1, 2 or 3", c->zero);
     if (c->schedule != LR_COSINE && c->schedule != LR_LINEAR && c->schedule != LR_CONSTANT)
         user_error("optimizer: unknown lr schedule %d", (int)c->schedule);
 }
@@ -124,7 +124,7 @@ static int pieces_of(const Optim *o, int r, int only, OptimPiece *out) {
             if (!in_unit(o, un, t)) continue;
             size_t len = rg->hi - rg->lo, a = at > lo ? at : lo, b = at + len < hi ? at + len : hi;
             if (a < b && (only < 0 || t == only))
-                out[n++] = (OptimPiece){rg->lo + (a - at), rg->lo + (b - at), un->held + (a - lo), t};
+                out[n++] = (OptimPiece){rg->lo + (a - at), rg->lo + (b - at), un->held + (a - lo), t, u};
             at += len;
         }
         CHECK(at == un->n);
@@ -171,6 +171,15 @@ static void build_partition(Optim *o) {
     o->n_pieces = pieces_of(o, o->cfg.zero ? mesh->dp_rank : 0, -1, o->pieces);
 }
 
+/* Where piece pc's params are: in the arena, or under ZeRO-3 (once the model is sharded) in its
+ * layer's slice, packed as the unit is */
+static void *piece_params(const Optim *o, const Model *m, const OptimPiece *pc) {
+    const OptimUnit *un = &o->units[pc->u];
+    size_t es = dtype_size(m->dtype);
+    if (m->z3 && un->layer >= 0) return (char *)m->z3->shard + ((size_t)un->layer * un->S + (pc->held - un->held)) * es;
+    return (char *)m->params + pc->lo * es;
+}
+
 Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
     check_config(&cfg);
     const Backend *be = m->be;
@@ -202,7 +211,6 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
     size_t quantum = (size_t)ARENA_ALIGN * mesh->dp;
     o->n_grad = cfg.zero >= 2 ? 0 : (m->n_params + quantum - 1) / quantum * quantum;
     if (cfg.zero) o->slice = xcalloc(o->n_state, sizeof(float));
-    else if (mesh->dp > 1) o->slice = xcalloc(o->n_grad / mesh->dp, sizeof(float));   /* the reduce-scatter's */
     if (cfg.zero >= 2) {   /* the layers' shared buffer first, then one per other unit */
         o->ubuf_off = xmalloc(sizeof(size_t) * o->n_units);
         size_t layer_at = SIZE_MAX;
@@ -224,7 +232,7 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
         o->master = o->v + o->n_state;
         for (int i = 0; i < o->n_pieces; i++) {
             const OptimPiece *pc = &o->pieces[i];
-            be->unpack(o->master + pc->held, (const uint16_t *)m->params + pc->lo, DTYPE_BF16, pc->hi - pc->lo);
+            be->unpack(o->master + pc->held, piece_params(o, m, pc), DTYPE_BF16, pc->hi - pc->lo);
         }
     }
     o->sums = be->alloc(sizeof(double) * (o->n_pieces ? o->n_pieces : 1));
@@ -253,12 +261,12 @@ size_t optim_grad_floats(const Optim *o) { return o->n_grad; }
 size_t optim_state_bytes(const Optim *o) { return sizeof(float) * o->n_state * optim_sections(o); }
 size_t optim_master_bytes(const Optim *o) { return o->master ? sizeof(float) * o->n_state : 0; }
 size_t optim_grad_bytes(const Optim *o) {
-    size_t slice = o->cfg.zero ? o->n_state : o->mesh->dp > 1 ? o->n_grad / o->mesh->dp : 0;
+    size_t slice = o->cfg.zero ? o->n_state : 0;
     return sizeof(float) * (o->cfg.zero >= 2 ? o->n_ubuf + slice : o->n_grad + slice);
 }
 void optim_zero_grad(const Optim *o, float *grads) {
     if (grads) o->be->zero(grads, sizeof(float) * o->n_grad);
-    if (o->slice && o->cfg.zero) memset(o->slice, 0, sizeof(float) * o->n_state);
+    if (o->slice) memset(o->slice, 0, sizeof(float) * o->n_state);
     if (o->ubuf) memset(o->ubuf, 0, sizeof(float) * o->n_ubuf);
 }
 double optim_lr(const Optim *o, int step) { return lr_schedule(&o->cfg, step); }
@@ -298,6 +306,7 @@ void optim_print_summary(const Optim *o) {
 
 /* ---- the step -------------------------------------------------------------------------------- */
 
+
 /* After the update: every dp rank gets every unit's updated params back, in the weights' dtype (bf16
  * sends half the bytes; S is a multiple of 16). ZeRO-1: the grads arena is the gather buffer; ZeRO-2:
  * each unit's gradient buffer (spent: its gradient is reduced). */
@@ -307,6 +316,10 @@ static void gather_params(Optim *o, Model *m, float *grads) {
     int p = 0;
     for (int u = 0; u < o->n_units; u++) {
         const OptimUnit *un = &o->units[u];
+        if (m->z3 && un->layer >= 0) {   /* ZeRO-3: a layer's slice was updated in place; nothing to send */
+            while (p < o->n_pieces && o->pieces[p].held < un->held + un->S) p++;
+            continue;
+        }
         char *all = (char *)(o->cfg.zero >= 2 ? optim_unit_grads(o, u) : grads);   /* (dp * S) elements */
         char *mine = (char *)o->slice + un->held * es;   /* my slice's params, packed; the slice is spent */
         memset(mine, 0, es * un->S);
@@ -348,9 +361,9 @@ float optim_step(Optim *o, Model *m, float *grads) {
     } else {   /* the same tree as an all-reduce, by the bandwidth-optimal pattern at every size */
         if (mesh->dp > 1) {
             size_t S = o->n_grad / mesh->dp;
-            comm_reduce_scatter_sum_fixed(&mesh->dp_comm, grads, o->slice, S);
-            memcpy(grads + (size_t)mesh->dp_rank * S, o->slice, sizeof(float) * S);
-            comm_all_gather(&mesh->dp_comm, grads + (size_t)mesh->dp_rank * S, grads, S);
+            float *mine = grads + (size_t)mesh->dp_rank * S;
+            comm_reduce_scatter_sum_fixed(&mesh->dp_comm, grads, mine, S);   /* in place */
+            comm_all_gather(&mesh->dp_comm, mine, grads, S);
         }
         held = grads;
     }
@@ -388,11 +401,11 @@ float optim_step(Optim *o, Model *m, float *grads) {
     for (int i = 0; i < o->n_pieces; i++) {
         const OptimPiece *pc = &o->pieces[i];
         size_t k = pc->held;
-        float *p = o->master ? o->master + k : (float *)m->params + pc->lo;
+        float *p = o->master ? o->master + k : piece_params(o, m, pc);
         be->adamw(p, held + k, o->m + k, o->v + k, pc->hi - pc->lo, scale, lr, c->beta1, c->beta2, c->eps,
                   o->ranges[pc->t].decay ? c->weight_decay : 0.0, o->step + 1);
         /* the bf16 weights: the updated master, rounded to nearest even */
-        if (o->master) be->pack((uint16_t *)m->params + pc->lo, DTYPE_BF16, p, pc->hi - pc->lo);
+        if (o->master) be->pack(piece_params(o, m, pc), DTYPE_BF16, p, pc->hi - pc->lo);
     }
 
     /* 5. ZeRO: every dp rank gets every slice back */

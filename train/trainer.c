@@ -248,7 +248,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
         user_error("%s: invalid optimizer setting (--lr > 0, --min-lr/--weight-decay/--clip >= 0, betas in [0, 1), --eps > 0)", cmd);
     if (o->save_limit < 0) user_error("--save-total-limit %d: must be >= 0", o->save_limit);
     lr_schedule_parse("--lr-schedule", o->schedule_name);
-    if (o->zero < 0 || o->zero > 2) user_error("--zero %d: must be 0, 1 or 2", o->zero);
+    if (o->zero < 0 || o->zero > 3) user_error("--zero %d: must be 0, 1, 2 or 3", o->zero);
     if (strcmp(o->recompute_name, "none") && strcmp(o->recompute_name, "full"))
         user_error("--recompute %s: expected full or none", o->recompute_name);
     if (o->sp && o->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
@@ -331,6 +331,13 @@ static void log_step(const TrainOptions *o, MetricsLog *ml, int step, int steps_
     metrics_end(ml);
 }
 
+/* the task's eval pass, with whole weights (ZeRO-3: gathered for it; dp ranks may run other counts) */
+static void evaluate(const TrainTask *t, Model *m, Learner *L, Data *val, int step, const char *when, MetricsLog *ml) {
+    model_shards_gather_all(m);
+    t->evaluate(t->ctx, &L->slots[0], val, step, when, ml);
+    model_shards_release(m);
+}
+
 /* A step whose loss or gradient norm was not finite was not applied (learner_step); the run stops
  * here, before its metrics line and before any checkpoint, so OUT's last checkpoint is the last good
  * one. Every rank of the mesh gets here together (learner_step agrees over the mesh). */
@@ -386,7 +393,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
          * step (the "after" eval of the last step comes below): the eval is printed, its line
          * written only then, so the file stays equal to that run's */
         int line = !o->resume || (o->eval_every > 0 && step0 % o->eval_every == 0 && step0 != last);
-        t->evaluate(t->ctx, &L.slots[0], &val, step0, "before", line ? &ml : &no_line);
+        evaluate(t, m, &L, &val, step0, "before", line ? &ml : &no_line);
     }
 
     double t_start = now_seconds();
@@ -404,11 +411,11 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
         double eta = (last - step) * (el / (step - step0));
         if (root) log_step(o, &ml, step, steps_total, last, met, n_met, &r, &st, dt, eta);
         if (have_eval && o->eval_every > 0 && step % o->eval_every == 0 && step != last)
-            t->evaluate(t->ctx, &L.slots[0], &val, step, "", &ml);
+            evaluate(t, m, &L, &val, step, "", &ml);
         if (o->save_every > 0 && step % o->save_every == 0 && step != last)
             trainer_save_checkpoint(&L, &train, o->model_dir, o->out, step, o->save_limit);
     }
-    if (have_eval) t->evaluate(t->ctx, &L.slots[0], &val, step, "after", &ml);
+    if (have_eval) evaluate(t, m, &L, &val, step, "after", &ml);
     trainer_save_checkpoint(&L, &train, o->model_dir, o->out, step, o->save_limit);
     if (root) {
         double el = now_seconds() - t_start;
