@@ -2,7 +2,7 @@
 #   make            build bin/tandem
 #   make run        the main job on the default model (README)
 #   make test       the whole suite (tests/run.sh); last line "N passed, N failed, N skipped"
-#   make pyenv      the Python reference environment .venv/ (Debian's torch + eval/requirements.txt)
+#   make pyenv      the Python reference environment .venv/ (Debian's torch + eval/requirements*.txt)
 #   make cuda       the same as make build (the CUDA backend is in every build where nvcc is found)
 CC      ?= gcc
 CXX     ?= g++
@@ -70,11 +70,12 @@ test: all pyenv
 # Python for the reference checks: Debian's torch (system site packages) + pinned pip packages.
 # Rebuilt when the requirements change; the versions found are written to .venv/versions.txt.
 pyenv: .venv/stamp
-.venv/stamp: eval/requirements.txt | deps
+.venv/stamp: eval/requirements.txt eval/requirements-nodeps.txt | deps
 	@rm -rf .venv
 	/usr/bin/python3 -m venv --system-site-packages .venv
 	.venv/bin/pip install -q --disable-pip-version-check -r eval/requirements.txt
-	@.venv/bin/python -c "import sys, torch, numpy, transformers; print(f'python {sys.version.split()[0]} torch {torch.__version__} numpy {numpy.__version__} transformers {transformers.__version__}')" | tee .venv/versions.txt
+	.venv/bin/pip install -q --disable-pip-version-check --no-deps -r eval/requirements-nodeps.txt
+	@.venv/bin/python -c "import sys, torch, numpy, transformers, peft; print(f'python {sys.version.split()[0]} torch {torch.__version__} numpy {numpy.__version__} transformers {transformers.__version__} peft {peft.__version__}')" | tee .venv/versions.txt
 	@touch $@
 
 build/%.o: %.c $(wildcard */*.h */*/*.h)

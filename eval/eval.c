@@ -7,6 +7,7 @@
 #include "eval/eval.h"
 #include "generate/engine.h"
 #include "kernels/kernels.h"
+#include "runtime/adapter.h"
 #include "runtime/args.h"
 #include "runtime/comm.h"
 #include "runtime/jsonl.h"
@@ -492,12 +493,13 @@ static double score_records(Model *m, Record *recs, int n, int reference, int re
 }
 
 int eval_main(int argc, char **argv) {
-    const char *model_dir = NULL, *ref = NULL, *data = NULL, *write_ref = NULL;
+    const char *model_dir = NULL, *adapter = NULL, *ref = NULL, *data = NULL, *write_ref = NULL;
     int tp, pp, threads, batch_tokens, quiet, relative;
     const char *dtype_name, *device;
     float max_diff, tie_gap, comm_timeout;
     Option opts[] = {
         {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
+        ADAPTER_OPTION(&adapter),
         {"--reference", OPT_STR, &ref, NULL, "reference jsonl written by eval/hf_reference.py"},
         {"--data", OPT_STR, &data, NULL, "jsonl of {\"input_ids\": [...]} or {\"text\": ...}: loss and perplexity"},
         MESH_OPTIONS(&tp, &pp, &threads, &dtype_name),
@@ -527,6 +529,7 @@ int eval_main(int argc, char **argv) {
     mesh_init_world(&mesh, tp, pp);
     Model m;
     model_load(&m, model_dir, &mesh, dtype, be);
+    if (adapter) adapter_merge(&m, adapter);
     int reference = ref != NULL, n;
     const char *path = reference ? ref : data;
     char terr[512];

@@ -9,6 +9,7 @@
 #include "generate/output.h"
 #include "generate/request.h"
 #include "kernels/kernels.h"
+#include "runtime/adapter.h"
 #include "runtime/args.h"
 #include "runtime/util.h"
 #include "tokenizer/tokenizer.h"
@@ -285,7 +286,7 @@ static void generate_all(Run *run, Model *m, const Option *opts, int n_opts, Eng
 }
 
 int generate_main(int argc, char **argv) {
-    const char *model_dir, *in_path, *out_path;
+    const char *model_dir, *adapter, *in_path, *out_path;
     RequestDefaults d = {0};
     const char *stop = NULL, *stop_ids = NULL;
     int tp, pp, threads, greedy, resume, show_progress, max_batch, max_batch_tokens, block, seed, micro;
@@ -293,6 +294,7 @@ int generate_main(int argc, char **argv) {
     float kv_mib, comm_timeout;
     Option opts[] = {
         {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
+        ADAPTER_OPTION(&adapter),
         {"--input", OPT_STR, &in_path, NULL, "prompts jsonl: \"prompt\" | \"messages\" | \"input_ids\" per line"},
         {"--output", OPT_STR, &out_path, NULL, "output jsonl (input order, one line per prompt)"},
         {"--input-key", OPT_STR, &d.key, "prompt", "field holding the prompt text"},
@@ -346,6 +348,7 @@ int generate_main(int argc, char **argv) {
     run.leader = mesh.tp_rank == 0 && mesh.pp_rank == 0;
     Model m;
     model_load(&m, model_dir, &mesh, dtype, be);
+    if (adapter) adapter_merge(&m, adapter);
     run_read(&run, &d, &m, model_dir, in_path, out_path, stop_ids, resume);
     run.progress = show_progress || isatty(2);
     EngineConfig ec = {max_batch, max_batch_tokens, (size_t)(kv_mib * 1048576.0), block, m.cfg.max_pos,

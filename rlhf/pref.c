@@ -11,6 +11,7 @@
 #include "rlhf/pref.h"
 #include "kernels/kernels.h"
 #include "rlhf/pref_loss.h"
+#include "runtime/adapter.h"
 #include "runtime/args.h"
 #include "runtime/jsonl.h"
 #include "tokenizer/tokenizer.h"
@@ -148,19 +149,24 @@ static void score_tokens(Tokenizer *t, int chat_format, JsonlReader *r, const cJ
     free(text);
 }
 
-static int score_main(const char *model_dir, const char *input, const char *output, const char *chat_template, int tp,
-                      int pp, int seq_len, int batch_size, DType dtype, const char *device) {
+static int score_main(const char *model_dir, const char *adapter, const char *input, const char *output,
+                      const char *chat_template, int tp, int pp, int seq_len, int batch_size, DType dtype,
+                      const char *device) {
     if (!input || !output) user_error("rm --score: --input and --output are required");
     ModelConfig cfg;
     config_load(&cfg, model_dir);
-    if (!cfg.score_head)
+    /* a sequence-classification adapter brings its score head: its base may be a causal LM */
+    int adapter_head = adapter && adapter_has_score(adapter);
+    if (!cfg.score_head && !adapter_head)
         user_error("%s: a causal LM, not a reward model (rm --score needs a *ForSequenceClassification directory, "
-                   "e.g. one `tandem rm` saved)", model_dir);
+                   "e.g. one `tandem rm` saved, or an --adapter with a score head)", model_dir);
     const Backend *be = device_open(device, tp, pp);
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
     Model m;
-    model_load(&m, model_dir, &mesh, dtype, be);
+    if (cfg.score_head) model_load(&m, model_dir, &mesh, dtype, be);
+    else model_load_score(&m, model_dir, &mesh, 1, dtype, be);   /* the adapter's head replaces the new one */
+    if (adapter) adapter_merge(&m, adapter);
     char err[1024];
     Tokenizer *t = tokenizer_open(model_dir, err, sizeof err);
     if (!t) user_error("%s", err);
@@ -327,7 +333,7 @@ static void load_models(const TrainOptions *o, int dpo, const char *ref_dir, int
 
 static int pref_main(int argc, char **argv, int dpo) {
     TrainOptions o = {0};
-    const char *ref_dir, *loss_name, *input, *output;
+    const char *ref_dir, *loss_name, *input, *output, *adapter;
     int head_seed, score;
     float center, beta, label_smoothing;
     Option opts[] = {
@@ -337,6 +343,7 @@ static int pref_main(int argc, char **argv, int dpo) {
         {"--score", OPT_FLAG, &score, NULL, "RM: score --input lines with the reward model --model (no training)"},
         {"--input", OPT_STR, &input, NULL, "rm --score: jsonl of {\"prompt\",\"response\"}, {\"text\"} or {\"messages\"}"},
         {"--output", OPT_STR, &output, NULL, "rm --score: the lines in input order with \"reward\" (\"reward_normalized\")"},
+        ADAPTER_OPTION(&adapter),
         {"--ref", OPT_MODEL, &ref_dir, NULL, "DPO: reference model directory (default: --model, frozen)"},
         {"--beta", OPT_FLOAT, &beta, "0.1", "DPO: beta"},
         {"--loss", OPT_STR, &loss_name, "sigmoid", "DPO: sigmoid | ipo"},
@@ -358,10 +365,11 @@ static int pref_main(int argc, char **argv, int dpo) {
                opts, o.n_opts, argc, argv);
     if (score && dpo) user_error("--score is an rm option");
     if (score && !o.model_dir) user_error("rm --score: --model is required");
+    if (adapter && !score) user_error("--adapter: an inference option here (rm --score); training with adapters is not supported");
     if (score) {
         if (o.seq_len < 2 || o.batch_size < 1 || o.threads < 0) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
         backend_set_threads(o.threads);
-        return score_main(o.model_dir, input, output, o.chat_template, o.tp, o.pp, o.seq_len, o.batch_size,
+        return score_main(o.model_dir, adapter, input, output, o.chat_template, o.tp, o.pp, o.seq_len, o.batch_size,
                           dtype_parse("--dtype", o.dtype_name), o.device);
     }
     train_options_check(&o, cmd);

@@ -42,6 +42,9 @@ typedef struct {
 /* every training command's (const char **dir; train/metrics.h: metrics_open) */
 #define TENSORBOARD_OPTION(dir)                                                                         \
     {"--tensorboard", OPT_STR, dir, NULL, "also write metrics.jsonl's numbers as TensorBoard event files into DIR"}
+/* the inference commands' (const char **dir; runtime/adapter.h: adapter_merge after model_load) */
+#define ADAPTER_OPTION(dir)                                                                             \
+    {"--adapter", OPT_STR, dir, NULL, "PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors), merged into the weights"}
 #define MESH_OPTIONS(tp, pp, threads, dtype)                                      \
     {"--tp", OPT_INT, tp, "1", "tensor-parallel size"},                           \
     {"--pp", OPT_INT, pp, "1", "pipeline-parallel size"},                         \

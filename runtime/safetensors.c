@@ -121,6 +121,12 @@ SafeTensors *st_open_dir(const char *dir) {
     return st;
 }
 
+SafeTensors *st_open_file(const char *path) {
+    SafeTensors *st = xcalloc(1, sizeof(SafeTensors));
+    add_file(st, path);
+    return st;
+}
+
 void st_close(SafeTensors *st) {
     if (!st) return;
     for (int i = 0; i < st->n_files; i++) {

@@ -36,6 +36,8 @@ typedef struct {
  * Any format problem (truncated file, bad header, offsets past the end, unsupported dtype,
  * index naming a missing file) is a user_error naming the file and tensor. */
 SafeTensors *st_open_dir(const char *dir);
+/* Opens one safetensors file (a PEFT adapter's adapter_model.safetensors), with the same checks. */
+SafeTensors *st_open_file(const char *path);
 void st_close(SafeTensors *st);
 const StTensor *st_find(const SafeTensors *st, const char *name); /* NULL if absent */
 
