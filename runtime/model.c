@@ -549,8 +549,15 @@ void model_print_summary(const Model *m) {
 MemPlan model_mem_plan(const Model *m) {
     double weights = (double)m->n_params * dtype_size(m->dtype);
     const ModelShards *z = m->z3;
-    if (z)   /* ZeRO-3: the layers' slices and the step's two gather buffers instead of the whole layers */
-        weights -= ((double)z->L * z->n - (double)z->L * z->S - 2.0 * z->S * z->dp->size) * dtype_size(m->dtype);
+    if (z) {   /* ZeRO-3: the slices, the step's two layer buffers and the larger of the embedding's and the head's */
+        double slices = (double)z->L * z->S, emb = 0, head = 0;
+        for (int i = 0; i < z->n_t; i++) {
+            slices += z->t[i].S;
+            if (z->t[i].head || z->t[i].tied) head += (double)z->t[i].S * z->dp->size;
+            else emb += (double)z->t[i].S * z->dp->size;
+        }
+        weights = (slices + 2.0 * z->S * z->dp->size + (emb > head ? emb : head)) * dtype_size(m->dtype);
+    }
     return (MemPlan){weights, 0, 0, 0, m->s.n_floats * sizeof(float), 0};
 }
 

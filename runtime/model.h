@@ -129,7 +129,7 @@ typedef struct {
     float *inv_freq;      /* (Dh/2) RoPE inverse frequencies, scaling applied (the backend's memory) */
     RunState s;           /* the run state of model_forward / model_score (model_alloc_state); a
                            * generation engine owns its own */
-    struct ModelShards *z3; /* ZeRO-3 (runtime/shards.c): the layers' weights sharded over dp; NULL */
+    struct ModelShards *z3; /* ZeRO-3 (runtime/shards.c): the weights sliced over dp; NULL */
 } Model;
 
 /* One parameter tensor of this rank, as the spec table describes it (for gradients, the optimizer,
@@ -258,42 +258,61 @@ void model_head(const Model *m, const LayerBatch *sp, float *out, float *xb, con
  * ranks' partials added by one fixed tree (comm_all_reduce_sum_fixed), the same bits at any batch. */
 void model_tp_sum(const Model *m, float *buf, size_t n);
 
-/* ---- ZeRO-3's sharded layers (runtime/shards.c; train/optim.h --zero 3: FSDP's full sharding with
- * each decoder layer a unit). Each dp rank keeps its 1/dp slice of every local layer, packed as
- * model_layer_place packs a layer (n elements padded to a multiple of 16 dp); the embedding, the
- * final norm and the head stay whole on their stage. A layer's weights exist whole only while it is
- * used: inside a training step (model_shards_step) model_layer_weights all-gathers layer l before its
- * forward and again before its backward into one of two buffers, with the next layer's gather
- * started ahead (MPI_Iallgather); anything else that reads weights (eval, generation, saving) runs
- * between model_shards_gather_all and model_shards_release, which hold every layer whole (FSDP's
- * summon_full_params, verl's weight sync before a rollout). Collective over the dp group, which
- * makes the same calls on every rank. ------------------------------------------------------------ */
+/* ---- ZeRO-3's sliced weights (runtime/shards.c; train/optim.h --zero 3: FSDP's full sharding, each
+ * decoder layer a unit and every other tensor a unit of its own). Each dp rank keeps its 1/dp slice
+ * of every unit, packed (a layer as model_layer_place packs it) and padded to a multiple of 16 dp
+ * elements, exactly the optimizer's partition, which updates the slices in place. A unit's weights
+ * exist whole only while used: inside a training step (model_shards_step) model_layer_weights
+ * all-gathers layer l before its forward and again before its backward into one of two buffers,
+ * with the next layer's gather started ahead (MPI_Iallgather), and model_end_weights gathers the
+ * embedding for the stage's lookup and the head (final norm, lm_head or score) from the head's
+ * forward to the end of its backward. Anything else that reads weights (eval, generation, saving)
+ * runs between model_shards_gather_all and model_shards_release, which hold every unit whole (FSDP's
+ * summon_full_params, verl's weight sync before a rollout): dp ranks may run different numbers of
+ * eval batches or decode steps, which per-unit collectives could not allow. Collective over the dp
+ * group. ------------------------------------------------------------------------------------------ */
+typedef struct {               /* an embedding or head tensor, sliced */
+    size_t offset, n, S;       /* its arena offset, elements, elements per dp rank */
+    size_t field;              /* offsetof(ModelWeights, ...) of its pointer */
+    int head;                  /* 1: final norm, lm_head, score (the head); 0: the embedding */
+    int tied;                  /* the embedding that is also this stage's lm_head (tied, one stage) */
+    void *shard;               /* (S) this rank's slice */
+    void *buf;                 /* (dp S) while whole, else NULL */
+} ShardTensor;
 typedef struct ModelShards {
     const Comm *dp;
-    int L;                 /* local layers */
-    size_t n, S;           /* a layer's elements (model_layer_place); per dp rank: n padded to 16 dp, / dp */
-    DType dtype;           /* the weights' */
-    void *shard;           /* (L, S) this rank's slice of each layer: the only persistent copy */
-    void *slot[2];         /* (dp S) each: a layer gathered inside a step */
-    int slot_layer[2];     /* the layer in each slot, -1 none */
-    CommRequest pending;   /* a gather started ahead, into slot[pending_slot], of pending_layer */
+    int L;                     /* local layers */
+    size_t n, S;               /* a layer's elements (model_layer_place); per dp rank: n padded to 16 dp, / dp */
+    DType dtype;               /* the weights' */
+    void *shard;               /* (L, S) this rank's slice of each layer */
+    void *slot[2];             /* (dp S) each: a layer gathered inside a step */
+    int slot_layer[2];         /* the layer in each slot, -1 none */
+    CommRequest pending;       /* a gather started ahead, into slot[pending_slot], of pending_layer */
     int pending_slot, pending_layer;
-    void *full;            /* (L, dp S) every layer, between gather_all and release; NULL otherwise */
-    int stepping;          /* 1 inside a training step */
+    void *full;                /* (L, dp S) every layer, between gather_all and release; NULL otherwise */
+    ShardTensor *t;            /* (n_t) the embedding and head tensors of this stage */
+    int n_t;
+    int stepping;              /* 1 inside a training step */
 } ModelShards;
-/* Shards m's layers over dp (collective): each rank keeps its slices, the arena's layer region
- * (contiguous: the spec table puts every layer tensor between the embedding and the head) goes back
- * to the OS, and every layer pointer is NULL until gathered. Call after the optimizer has read the
- * weights it needs (its fp32 master). */
-void model_shard_layers(Model *m, const Comm *dp);
+/* Slices m's weights over dp (collective): each rank keeps its slices, the parameter arena goes
+ * back to the OS (madvise), and every weight pointer is NULL until gathered. Call after the
+ * optimizer has read what it needs of the weights (its fp32 master). */
+void model_shard_weights(Model *m, const Comm *dp);
 void model_shards_free(Model *m);
 /* Layer l's weights whole in m->w.layers[l] (a no-op without ZeRO-3 or while gathered): inside a
  * step, gathers it unless a buffer holds it, then starts gathering `next` (-1: none) into the other. */
 void model_layer_weights(Model *m, int l, int next);
+/* Inside a step: the embedding (head 0) or the head (head 1) whole (on) or back to slices (off); a
+ * tied embedding that is this stage's lm_head goes with the head. No-op without ZeRO-3 or while
+ * gathered. */
+void model_end_weights(Model *m, int head, int on);
 void model_shards_step(Model *m, int on);   /* entering (1) / leaving (0) a training step */
-void model_shards_gather_all(Model *m);     /* every layer whole (collective); idempotent */
+void model_shards_gather_all(Model *m);     /* every weight whole (collective); idempotent */
 void model_shards_release(Model *m);        /* back to the slices only */
-/* where tensor `in`'s data is (gathered if it is a ZeRO-3 layer tensor): what saving reads */
+/* ZeRO-3: where the slice of local layer `layer` (>= 0) or of the non-layer tensor at arena offset
+ * `offset` (layer -1) starts; NULL when m is not sliced */
+void *model_shard_slice(const Model *m, int layer, size_t offset);
+/* where tensor `in`'s data is (ZeRO-3: gathered): what saving reads */
 const void *model_tensor_data(const Model *m, const ParamInfo *in);
 
 /* ---- vocab-parallel log-softmax over a logits buffer (N, V_local) of the last stage; every rank of

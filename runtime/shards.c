@@ -1,22 +1,29 @@
-/* shards.c — ZeRO-3's sharded layers (runtime/model.h says the contract): the slices, the two
- * gather buffers of a training step with the next layer's gather started ahead, and the whole-model
- * gather for eval, generation and saving. Owns the layout of a slice (a layer packed as
- * model_layer_place packs it, padded to 16 dp elements, cut in dp equal slices: the optimizer's
- * ZeRO-2/3 units, train/optim.c, cut the same way).
+/* shards.c — ZeRO-3's sliced weights (runtime/model.h says the contract): the slices, the two layer
+ * buffers of a training step with the next layer's gather started ahead, the embedding's and the
+ * head's gathers, and the whole-model gather for eval, generation and saving. Owns the layout of a
+ * slice: a unit (a layer packed as model_layer_place packs it, or one other tensor) padded to 16 dp
+ * elements and cut in dp equal slices, which is how the optimizer's ZeRO-2/3 units (train/optim.c)
+ * cut it.
  * Does not own: updating the slices (the optimizer writes them), which commands shard (learner). */
 #include "runtime/model.h"
 #include "runtime/util.h"
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 static size_t es_of(const ModelShards *z) { return dtype_size(z->dtype); }
+static size_t per_rank(size_t n, int dp) {
+    size_t quantum = (size_t)16 * dp;
+    return (n + quantum - 1) / quantum * quantum / dp;
+}
 static char *slice_of(const ModelShards *z, int l) { return (char *)z->shard + (size_t)l * z->S * es_of(z); }
-/* a slice in floats for the collectives (S is a multiple of 16, so bf16 slices are whole floats) */
+/* elements in floats for the collectives (S is a multiple of 16, so bf16 slices are whole floats) */
 static size_t floats(const ModelShards *z, size_t elems) { return elems * es_of(z) / sizeof(float); }
+static void **field_of(Model *m, const ShardTensor *t) { return (void **)((char *)&m->w + t->field); }
 
-void model_shard_layers(Model *m, const Comm *dp) {
+void model_shard_weights(Model *m, const Comm *dp) {
     CHECK(!m->z3 && m->be == backend_named("cpu"));
     ModelShards *z = xcalloc(1, sizeof *z);
     z->dp = dp;
@@ -24,8 +31,7 @@ void model_shard_layers(Model *m, const Comm *dp) {
     z->dtype = m->dtype;
     LayerWeights probe;
     model_layer_place(m, NULL, z->dtype, &probe, &z->n);
-    size_t quantum = (size_t)16 * dp->size;
-    z->S = (z->n + quantum - 1) / quantum * quantum / dp->size;
+    z->S = per_rank(z->n, dp->size);
     size_t es = es_of(z), full = z->S * dp->size;
     z->shard = xcalloc(z->L && z->S ? (size_t)z->L * z->S : 1, es);
     for (int k = 0; k < 2; k++) {
@@ -34,40 +40,64 @@ void model_shard_layers(Model *m, const Comm *dp) {
     }
     z->pending_layer = -1;
 
-    /* each layer packed from the arena, then this rank's slice kept */
+    /* each layer packed from the arena into a slot, then this rank's slice kept */
     int n_info = model_param_infos(m, NULL, 0);
     ParamInfo *infos = xmalloc(sizeof(ParamInfo) * n_info);
     model_param_infos(m, infos, n_info);
-    size_t lo = SIZE_MAX, hi = 0;   /* the arena's layer region */
     char *packed = z->slot[0];
     for (int l = 0; l < z->L; l++) {
         memset(packed, 0, es * full);
-        for (int i = 0; i < n_info; i++) {
-            const ParamInfo *in = &infos[i];
-            if (in->layer != l) continue;
-            memcpy(packed + in->layer_offset * es, (char *)m->params + in->offset * es, in->numel * es);
-            if (in->offset < lo) lo = in->offset;
-            if (in->offset + in->numel > hi) hi = in->offset + in->numel;
-        }
+        for (int i = 0; i < n_info; i++)
+            if (infos[i].layer == l)
+                memcpy(packed + infos[i].layer_offset * es, (char *)m->params + infos[i].offset * es, infos[i].numel * es);
         memcpy(slice_of(z, l), packed + (size_t)dp->rank * z->S * es, z->S * es);
     }
-    free(infos);
-    /* the layer region back to the OS: its pages (whole ones inside it) read zero if ever touched, and
-     * nothing touches them (every layer pointer goes through model_layer_weights) */
-    if (hi > lo) {
-        size_t page = (size_t)sysconf(_SC_PAGESIZE);
-        uintptr_t a = ((uintptr_t)m->params + lo * es + page - 1) / page * page;
-        uintptr_t b = ((uintptr_t)m->params + hi * es) / page * page;
-        if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+    /* the embedding and head tensors: each its own unit */
+    z->t = xcalloc(4, sizeof(ShardTensor));
+    static const size_t fields[] = {offsetof(ModelWeights, embed), offsetof(ModelWeights, final_norm),
+                                    offsetof(ModelWeights, lm_head), offsetof(ModelWeights, score)};
+    for (int f = 0; f < 4; f++) {
+        void *p = *(void **)((char *)&m->w + fields[f]);
+        if (!p || (f == 2 && p == m->w.embed)) continue;   /* absent, or the tied embedding itself */
+        ShardTensor *t = &z->t[z->n_t++];
+        t->offset = (size_t)((char *)p - (char *)m->params) / es;
+        for (int i = 0; i < n_info; i++) if (infos[i].offset == t->offset) t->n = infos[i].numel;
+        t->S = per_rank(t->n, dp->size);
+        t->field = fields[f];
+        t->head = f > 0;
+        t->tied = f == 0 && m->w.lm_head == m->w.embed;
+        t->shard = xcalloc(t->S ? t->S : 1, es);
+        size_t lo = (size_t)dp->rank * t->S, k = lo < t->n ? (t->n - lo < t->S ? t->n - lo : t->S) : 0;
+        memcpy(t->shard, (char *)p + lo * es, k * es);
     }
+    free(infos);
+    /* the arena back to the OS: its whole pages read zero if ever touched, and nothing touches them
+     * (every weight pointer is NULL until a gather sets it) */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)m->params + page - 1) / page * page, b = ((uintptr_t)m->params + m->n_params * es) / page * page;
+    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+    ModelWeights none = {.layers = m->w.layers};
     for (int l = 0; l < z->L; l++) memset(&m->w.layers[l], 0, sizeof(LayerWeights));
+    m->w = none;
     m->z3 = z;
+}
+
+static void release_tensor(Model *m, ShardTensor *t) {
+    free(t->buf);
+    t->buf = NULL;
+    *field_of(m, t) = NULL;
+    if (t->tied) m->w.lm_head = NULL;
 }
 
 void model_shards_free(Model *m) {
     ModelShards *z = m->z3;
     if (!z) return;
     comm_wait(&z->pending);
+    for (int i = 0; i < z->n_t; i++) {
+        free(z->t[i].shard);
+        free(z->t[i].buf);
+    }
+    free(z->t);
     free(z->shard);
     free(z->slot[0]);
     free(z->slot[1]);
@@ -105,13 +135,35 @@ void model_layer_weights(Model *m, int l, int next) {
     comm_iall_gather(z->dp, (const float *)slice_of(z, next), (float *)z->slot[k ^ 1], floats(z, z->S), &z->pending);
 }
 
+static void gather_tensor(Model *m, ShardTensor *t) {
+    ModelShards *z = m->z3;
+    if (t->buf) return;
+    t->buf = xmalloc(es_of(z) * t->S * z->dp->size);
+    comm_all_gather(z->dp, (const float *)t->shard, (float *)t->buf, floats(z, t->S));
+    *field_of(m, t) = t->buf;
+    if (t->tied) m->w.lm_head = t->buf;
+}
+
+void model_end_weights(Model *m, int head, int on) {
+    ModelShards *z = m->z3;
+    if (!z || z->full) return;
+    CHECK(z->stepping);
+    for (int i = 0; i < z->n_t; i++) {
+        ShardTensor *t = &z->t[i];
+        if (t->head != head && !(head && t->tied)) continue;   /* a tied embedding is the head's too */
+        if (on) gather_tensor(m, t);
+        else if (!(t->tied && !head)) release_tensor(m, t);    /* the head releases it, not the lookup */
+    }
+}
+
 void model_shards_step(Model *m, int on) {
     ModelShards *z = m->z3;
     if (!z) return;
-    if (on) model_shards_release(m);
+    model_shards_release(m);
     comm_wait(&z->pending);   /* a gather started ahead of a layer the step did not ask for */
     z->pending_layer = -1;
     z->slot_layer[0] = z->slot_layer[1] = -1;   /* leaving: the optimizer changes the slices */
+    for (int i = 0; i < z->n_t; i++) if (z->t[i].buf) release_tensor(m, &z->t[i]);
     z->stepping = on;
 }
 
@@ -127,6 +179,7 @@ void model_shards_gather_all(Model *m) {
         comm_all_gather(z->dp, (const float *)slice_of(z, l), (float *)all, floats(z, z->S));
         model_layer_place(m, all, z->dtype, &m->w.layers[l], NULL);
     }
+    for (int i = 0; i < z->n_t; i++) gather_tensor(m, &z->t[i]);
 }
 
 void model_shards_release(Model *m) {
@@ -135,12 +188,25 @@ void model_shards_release(Model *m) {
     free(z->full);
     z->full = NULL;
     for (int l = 0; l < z->L; l++) memset(&m->w.layers[l], 0, sizeof(LayerWeights));
+    for (int i = 0; i < z->n_t; i++) release_tensor(m, &z->t[i]);
+}
+
+void *model_shard_slice(const Model *m, int layer, size_t offset) {
+    const ModelShards *z = m->z3;
+    if (!z) return NULL;
+    if (layer >= 0) return slice_of(z, layer);
+    for (int i = 0; i < z->n_t; i++) if (z->t[i].offset == offset) return z->t[i].shard;
+    CHECK(0);   /* every non-layer tensor of the stage is sliced */
+    return NULL;
 }
 
 const void *model_tensor_data(const Model *m, const ParamInfo *in) {
     const ModelShards *z = m->z3;
     size_t es = dtype_size(m->dtype);
-    if (!z || in->layer < 0) return (const char *)m->params + in->offset * es;
+    if (!z) return (const char *)m->params + in->offset * es;
     CHECK(z->full);
-    return (const char *)z->full + ((size_t)in->layer * z->S * z->dp->size + in->layer_offset) * es;
+    if (in->layer >= 0) return (const char *)z->full + ((size_t)in->layer * z->S * z->dp->size + in->layer_offset) * es;
+    for (int i = 0; i < z->n_t; i++) if (z->t[i].offset == in->offset) return z->t[i].buf;
+    CHECK(0);
+    return NULL;
 }

@@ -2,9 +2,10 @@
 # --zero 2 and --zero 3 (issue 29 item 1; train/optim.h, runtime/model.h): ZeRO-2 (DeepSpeed's stage
 # 2) partitions the gradients over the dp ranks too: each layer's gradient is reduce-scattered right
 # after its backward from one buffer all layers share, the embedding and head keep whole buffers for
-# the step. ZeRO-3 (FSDP's full sharding, each decoder layer a unit) also keeps only 1/dp of each
-# layer's weights, all-gathered before the layer's forward and again before its backward (the next
-# layer's gather started ahead), and whole for eval, saving and the PPO rollout. Every dp sum adds
+# the step. ZeRO-3 (FSDP's full sharding, each decoder layer a unit, every other tensor one) also
+# keeps only 1/dp of every weight: a layer all-gathered before its forward and again before its
+# backward (the next layer's gather started ahead), the embedding for the lookup, the head from its
+# forward to its backward, and everything whole for eval, saving and the PPO rollout. Every dp sum adds
 # the ranks by one fixed pairwise tree (comm_reduce_scatter_sum_fixed), so with one micro-batch per
 # dp rank a step, plain dp, ZeRO-1, ZeRO-2 and ZeRO-3 give the same bits: losses, eval losses,
 # gradient norms, saved weights and optimizer state (dp 4; tp 2 x dp 2; pp 2 x dp 2 with the tied
@@ -36,9 +37,9 @@ same_files() {
 plan_mib() { awk -v c="$2" '/^memory plan/ { h = 1; next } h && /rank 0 / { print $(6 + c); exit }' <<<"$1"; }
 # zero_same NP ARGS...: `tandem ARGS` on NP ranks with --zero 0, 2 and 3 (and ZERO1=1: --zero 1): the
 # same metrics and checkpoints; ZeRO-2's gradients take less memory, and ZeRO-3's weights with
-# W3=1. ZeRO-3 holds L / dp layers of slices plus two gathered layers where plain holds L layers:
-# less only where L (1 - 1/dp) > 2 (stories260K's 5 layers at dp 4 or tp 2 x dp 2, not the 3 of a
-# pp 2 stage at dp 2)
+# W3=1. ZeRO-3 holds 1/dp of every weight plus two gathered layers and the embedding or the head
+# whole while in use, where plain holds everything: less only where the layers are many enough
+# (stories260K's 5 layers at dp 4 or tp 2 x dp 2, not the 3 of a pp 2 stage at dp 2)
 zero_same() {
     local np=$1 t="$BATS_TEST_TMPDIR" z; shift
     rm -rf "$t"/z*

@@ -197,7 +197,9 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
                          a->sp_xb, (int)lo, (int)hi};
     m->be->rope_table(a->rope, a->pos, m->inv_freq, N, c->head_dim);
     float *x0 = m->n_layers_local ? a->layers[0].x_in : a->x_final;
+    model_end_weights(m, 0, 1);                                   /* ZeRO-3: the embedding for the lookup */
     model_stage_input(m, &a->lb, a->tokens, x0);
+    model_end_weights(m, 0, 0);
     for (int l = 0; l < m->n_layers_local; l++) {
         model_layer_weights(m, l, l + 1 < m->n_layers_local ? l + 1 : -1);   /* ZeRO-3: all-gathered */
         layer_forward(m, a, l, l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final);
@@ -207,6 +209,7 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
         comm_isend(pp, a->x_final, sizeof(float) * (hi - lo) * D, pp->rank + 1, &a->send_req);  /* to stage s+1 */
         return;
     }
+    model_end_weights(m, 1, 1);                       /* ZeRO-3: the head, whole until its backward is done */
     model_head(m, &a->lb, a->logits, a->xb_final, a->x_final, N);
 }
 
@@ -323,6 +326,7 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         }
         be->rmsnorm_backward(dx, grads->final_norm, dxb, all_rows(m, a, a->x_final, a->sp_x), m->w.final_norm, wt, N,
                              D, c->norm_eps);
+        model_end_weights(m, 1, 0);
     } else {
         comm_recv(pp, dx, sizeof(float) * ND, pp->rank + 1);                            /* d(x) from stage s+1 */
     }

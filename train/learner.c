@@ -54,8 +54,8 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
     if (oc.zero >= 2) {
         L->sink.w.layers = L->gl;
         place_unit_grads(L);
-        if (oc.zero == 3) {   /* the optimizer has its master: the layers' weights to slices */
-            model_shard_layers(m, &m->mesh->dp_comm);
+        if (oc.zero == 3) {   /* the optimizer has its master: the weights to slices */
+            model_shard_weights(m, &m->mesh->dp_comm);
             CHECK(m->n_layers_local == 0 || m->z3->S == L->opt->units[optim_layer_unit(L->opt, 0)].S);
         }
     } else {

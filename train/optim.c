@@ -171,12 +171,13 @@ static void build_partition(Optim *o) {
     o->n_pieces = pieces_of(o, o->cfg.zero ? mesh->dp_rank : 0, -1, o->pieces);
 }
 
-/* Where piece pc's params are: in the arena, or under ZeRO-3 (once the model is sharded) in its
- * layer's slice, packed as the unit is */
+/* Where piece pc's params are: in the arena, or under ZeRO-3 (once the model is sliced) in its
+ * unit's slice, packed as the unit is */
 static void *piece_params(const Optim *o, const Model *m, const OptimPiece *pc) {
     const OptimUnit *un = &o->units[pc->u];
     size_t es = dtype_size(m->dtype);
-    if (m->z3 && un->layer >= 0) return (char *)m->z3->shard + ((size_t)un->layer * un->S + (pc->held - un->held)) * es;
+    char *slice = model_shard_slice(m, un->layer, un->t0 >= 0 ? o->ranges[un->t0].lo : 0);
+    if (slice) return slice + (pc->held - un->held) * es;
     return (char *)m->params + pc->lo * es;
 }
 
@@ -316,10 +317,7 @@ static void gather_params(Optim *o, Model *m, float *grads) {
     int p = 0;
     for (int u = 0; u < o->n_units; u++) {
         const OptimUnit *un = &o->units[u];
-        if (m->z3 && un->layer >= 0) {   /* ZeRO-3: a layer's slice was updated in place; nothing to send */
-            while (p < o->n_pieces && o->pieces[p].held < un->held + un->S) p++;
-            continue;
-        }
+        if (m->z3) break;   /* ZeRO-3: the slices were updated in place; nothing to send */
         char *all = (char *)(o->cfg.zero >= 2 ? optim_unit_grads(o, u) : grads);   /* (dp * S) elements */
         char *mine = (char *)o->slice + un->held * es;   /* my slice's params, packed; the slice is spent */
         memset(mine, 0, es * un->S);

@@ -77,7 +77,7 @@ typedef struct {
     double clip;          /* max global gradient norm; 0 = no clipping (the norm is still returned) */
     int zero;             /* 0 = plain data parallel; 1 = ZeRO-1 (moments and master sharded over dp);
                              2 = ZeRO-2 (and the gradients: each layer's reduce-scattered after its backward);
-                             3 = ZeRO-3 (and the layers' weights: runtime/model.h model_shard_layers) */
+                             3 = ZeRO-3 (and the weights: runtime/model.h model_shard_weights) */
 } OptimConfig;
 
 /* torch.optim.AdamW(betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1), warmup + cosine, clip 1. */
