@@ -4,6 +4,7 @@
  * encode speed. Reports the median of --iters timed runs after one warm-up. Random token ids: speed
  * does not depend on the text. */
 #include "bench/bench.h"
+#include "runtime/lora.h"
 #include "rlhf/pref_loss.h"
 #include "generate/engine.h"
 #include "train/grad.h"
@@ -282,10 +283,11 @@ static void print_load(const Model *m, double load_rss) {
  * on every position, LM head) or loss_bt (score head, sequences 2i / 2i+1 a pair, as `tandem rm`
  * trains). targets and weight are the LM's; a score head ignores them. */
 static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T, int iters, const char *recompute,
-                       int sp, int zero, int threads, int plan_only) {
+                       int sp, int zero, int threads, int plan_only, int lora_r) {
     if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
     if (sp && mesh->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
     if (zero < 0 || zero > 3) user_error("--zero %d: must be 0, 1, 2 or 3", zero);
+    if (lora_r < 0 || (lora_r && zero > 1)) user_error("--lora-r %d: must be >= 0, with --zero 0 or 1", lora_r);
     if (m->head == HEAD_SCORE && B % 2)   /* --score, or a *ForSequenceClassification directory */
         user_error("bench --train --score: --batch %d is odd (sequences 2i and 2i+1 are a chosen/rejected pair)", B);
     int flags = (!strcmp(recompute, "full") ? TRAIN_RECOMPUTE : 0) | (sp ? TRAIN_SEQ_PARALLEL : 0);
@@ -299,6 +301,10 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
     OptimConfig oc = optim_config_default();
     oc.lr = 1e-4;
     oc.zero = zero;
+    if (lora_r) {   /* LoRA on every projection, alpha 2 r */
+        int all[LORA_TARGETS] = {1, 1, 1, 1, 1, 1, 1};
+        lora_new(m, lora_r, 2.0 * lora_r, 0, all, 1);
+    }
     Learner L;
     learner_init(&L, m, oc, N, T, 1, flags);
     model_print_summary(m);   /* names the device */
@@ -312,10 +318,10 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
         float pk = (float)peak_rss_mib();
         comm_all_reduce_max(&mesh->group, &pk, 1);
         if (mesh_is_root(mesh))
-            printf("{\"bench\": \"train_plan\", \"dtype\": \"%s\", \"tp\": %d, \"pp\": %d, \"dp\": %d, \"zero\": %d, "
+            printf("{\"bench\": \"train_plan\", \"lora_r\": %d, \"dtype\": \"%s\", \"tp\": %d, \"pp\": %d, \"dp\": %d, \"zero\": %d, "
                    "\"sequence_parallel\": %s, \"batch\": %d, \"seq\": %d, \"weights_mib\": %.1f, \"master_mib\": %.1f, "
                    "\"grads_mib\": %.1f, \"moments_mib\": %.1f, \"activations_mib\": %.1f, \"total_mib\": %.1f, "
-                   "\"peak_rss_mib\": %.1f}\n", dtype_name(m->dtype), mesh->tp, mesh->pp, mesh->dp, zero,
+                   "\"peak_rss_mib\": %.1f}\n", lora_r, dtype_name(m->dtype), mesh->tp, mesh->pp, mesh->dp, zero,
                    L.slots[0].sp ? "true" : "false", B, T, mine[0] / 1048576, mine[1] / 1048576, mine[2] / 1048576,
                    mine[3] / 1048576, mine[4] / 1048576, mine[5] / 1048576, pk);
         learner_free(&L);
@@ -523,7 +529,7 @@ static int bench_kernels(Model *m, int iters) {
 
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
-    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score, kernels, sp, zero, plan_only;
+    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score, kernels, sp, zero, plan_only, lora_r;
     const char *dtype_flag, *device;
     const char *recompute;
     float comm_timeout;
@@ -541,6 +547,7 @@ int bench_main(int argc, char **argv) {
         SEQ_PARALLEL_OPTION(&sp),
         ZERO_OPTION(&zero),
         {"--plan", OPT_FLAG, &plan_only, NULL, "--train: print the memory plan and stop before the first step (no state touched)"},
+        {"--lora-r", OPT_INT, &lora_r, "0", "--train: LoRA adapters of this rank on every projection, the base frozen"},
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
@@ -576,7 +583,7 @@ int bench_main(int argc, char **argv) {
     double load_rss = peak_rss_mib();
     int rc;
     if (train) {
-        rc = bench_train(&m, &mesh, load_rss, batch, seq, iters, recompute, sp, zero, threads, plan_only);
+        rc = bench_train(&m, &mesh, load_rss, batch, seq, iters, recompute, sp, zero, threads, plan_only, lora_r);
     } else {
         print_load(&m, load_rss);
         rc = kernels ? bench_kernels(&m, iters) : generate ? bench_generate(&m, threads, seq, new_tokens, big, iters)

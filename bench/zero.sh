@@ -47,6 +47,19 @@ for n, d in by.items():
           f"   {p6:.1f} vs {d[6]['total_mib']:.1f}")
 PY
 
+echo "LoRA (issue 30): one rank at the 1.1B shape, 1 x 2048 tokens, $DT weights, full training vs --lora-r 16 (all seven projections):"
+: > $B/lora_plans.jsonl
+for L in 2 4; do for r in 0 16; do plan 1 $L --batch 1 --seq 2048 --lora-r $r >> $B/lora_plans.jsonl; done; done
+python3 - $B/lora_plans.jsonl <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+keys = ["weights_mib", "master_mib", "grads_mib", "moments_mib", "activations_mib", "total_mib"]
+for r in (0, 16):
+    d = {x["layers"]: x for x in rows if x["lora_r"] == r}
+    v = {k: d[2][k] + 10 * (d[4][k] - d[2][k]) for k in keys}   # 22 layers: 2 + 20 more
+    print(f"{'full' if r == 0 else 'LoRA r 16':10s}" + "".join(f"{k[:-4]:>13s} {v[k]:8.0f}" for k in keys))
+PY
+
 echo "real steps, 110M shape, dp 4, 1 x 256 tokens, $DT:"
 for z in 0 1 2 3; do
     mpirun -q --oversubscribe -np 4 bin/tandem bench --train --model $B/110M --dtype "$DT" --threads 1 --batch 1 --seq 256 \

@@ -263,10 +263,15 @@ def main(argv=None):
     ap.add_argument("--greedy", type=int, default=0, help="greedy tokens per record (EOS ignored)")
     ap.add_argument("--dtype", choices=DTYPES, default="float32",
                     help="float32 (default), bfloat16 (the model in bf16), bf16-emulated (Tandem's bf16)")
+    ap.add_argument("--adapter", help="a PEFT adapter directory, applied unmerged (PeftModel)")
     args = ap.parse_args(argv)
 
     torch.set_grad_enabled(False)
     model = load_model(args.model, args.dtype)
+    if args.adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, args.adapter).eval()
     tok = None
     records = []
     with open(args.input) as f:

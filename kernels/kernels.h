@@ -148,6 +148,7 @@ typedef struct Backend {
                             int Hkv, int Dh, int window, float *scratch, size_t scratch_stride);
     void (*swiglu)(float *out, const float *gate, const float *up, size_t n);
     void (*add_to)(float *out, const float *a, const float *b, size_t n);
+    void (*scale)(float *x, float s, size_t n);   /* x *= s (LoRA's alpha / r) */
     void (*copy)(float *dst, const float *src, size_t n);
     void (*gather_rows)(float *out, const float *x, const int *rows, int R, int D);
     void (*embedding)(float *out, const void *table, DType wt, const int *ids, int N, int D, int v0, int V_local);
@@ -161,7 +162,7 @@ typedef struct Backend {
     void (*log_add)(float *lse, const float *sum, int N);
     void (*row_entropy_part)(float *s, const float *x, const float *lse, int N, int V, float T, int leaves);
     void (*sub_at)(float *out, const float *a, const float *b, const int *idx, int n);
-    /* backward */
+    /* backward; a NULL dw is a frozen weight (LoRA's base): its gradient is not computed */
     void (*matmul_backward)(float *dx, float *dw, float *db, const float *dout, const float *x, const void *w, DType wt,
                             int N, int n_in, int n_out);
     void (*rmsnorm_backward)(float *dx, float *dw, const float *dout, const float *x, const void *w, DType wt, int N,

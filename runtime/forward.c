@@ -26,6 +26,7 @@
  * Training keeps the rounded values (they are what each matmul read), so its gradients are those
  * of exactly this function; the rounding's own gradient is the identity (autocast's cast). */
 #include "runtime/model.h"
+#include "runtime/lora.h"
 #include "runtime/util.h"
 #include <math.h>
 #include <omp.h>
@@ -61,6 +62,26 @@ void model_stage_input(const Model *m, const LayerBatch *b, const int *tokens, f
     }
 }
 
+/* LoRA's term on projection t of layer l (runtime/lora.h), x (N, n_in) its input, y (N, n_out) its
+ * output: u = scale * x A^T (N, r), kept in a->lora_u for the backward, then y += u B^T. A
+ * row-parallel projection's x and A hold this rank's input columns: u is their tp sum (the fixed
+ * tree) and tp rank 0 alone adds the term to its partial y, which the layer's tp sum then adds once. */
+static void lora_add(const Model *m, const LayerBatch *b, const LayerActs *a, int l, int t, const float *x, int n_in,
+                     float *y, int n_out) {
+    const Lora *lo = m->lora;
+    if (!lo || !lo->enabled || !lo->A[l * LORA_TARGETS + t]) return;
+    CHECK(a->lora_u && b->lora_tmp);   /* the run state or the activations were sized with the adapters */
+    const Backend *be = m->be;
+    int N = b->N, r = lo->r, rowp = t == LORA_O || t == LORA_DOWN;
+    float *u = a->lora_u + (size_t)t * N * r;
+    be->matmul(u, x, lo->A[l * LORA_TARGETS + t], NULL, DTYPE_F32, N, n_in, r, 1);
+    if (rowp) model_tp_sum(m, u, (size_t)N * r);
+    be->scale(u, lo->scale, (size_t)N * r);
+    if (rowp && m->mesh->tp_rank != 0) return;
+    be->matmul(b->lora_tmp, u, lo->B[l * LORA_TARGETS + t], NULL, DTYPE_F32, N, r, n_out, 1);
+    be->add_to(y, y, b->lora_tmp, (size_t)N * n_out);
+}
+
 void model_layer_forward(const Model *m, int l, const LayerBatch *b, const LayerActs *a, float *x_out) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
@@ -81,6 +102,9 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
     const float *xb = sp_gather(m, b, a->xb1);                                         /* (N, D) */
     be->matmuls(xb, N, D, (MatmulOut[]){{a->q, w->wq, w->bq, qd}, {a->k, w->wk, w->bk, kvd}, {a->v, w->wv, w->bv, kvd}},
                 3, wt);                                                                  /* column-parallel */
+    lora_add(m, b, a, l, LORA_Q, xb, D, a->q, qd);
+    lora_add(m, b, a, l, LORA_K, xb, D, a->k, kvd);
+    lora_add(m, b, a, l, LORA_V, xb, D, a->v, kvd);
     be->rope(a->q, b->rope, N, Hl, Dh);
     be->rope(a->k, b->rope, N, Hkvl, Dh);
     if (b->kv) {   /* keys: the paged cache, this step's rows stored into their slots first; every sequence at once */
@@ -100,6 +124,7 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
     }
     be->round_to(a->att, (size_t)N * qd, wt);                                          /* matmul input */
     be->matmul(xo, a->att, w->wo, NULL, wt, N, qd, D, m->o_leaves);                    /* row-parallel: partial */
+    lora_add(m, b, a, l, LORA_O, a->att, qd, xo, D);
     sp_tp_sum(m, b, xo);
     be->add_to(a->x_mid, a->x_in, xo, RD);
     /* MLP block: x_out = x_mid + down(silu(gate(xb2)) * up(xb2)) */
@@ -108,9 +133,12 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
     xb = sp_gather(m, b, a->xb2);                                                      /* (N, D) */
     be->matmuls(xb, N, D, (MatmulOut[]){{a->gate, w->w_gate, NULL, Fl}, {a->up, w->w_up, NULL, Fl}}, 2,
                 wt);                                                                     /* column-parallel */
+    lora_add(m, b, a, l, LORA_GATE, xb, D, a->gate, Fl);
+    lora_add(m, b, a, l, LORA_UP, xb, D, a->up, Fl);
     be->swiglu(a->act, a->gate, a->up, (size_t)N * Fl);
     be->round_to(a->act, (size_t)N * Fl, wt);                                          /* matmul input */
     be->matmul(xo, a->act, w->w_down, NULL, wt, N, Fl, D, m->down_leaves);             /* row-parallel: partial */
+    lora_add(m, b, a, l, LORA_DOWN, a->act, Fl, xo, D);
     sp_tp_sum(m, b, xo);
     be->add_to(x_out, a->x_mid, xo, RD);
 }
@@ -138,8 +166,9 @@ static LayerActs run_acts(const Model *m, const RunState *s, size_t g0) {
     size_t D = m->cfg.dim, qd = (size_t)m->n_heads_local * m->cfg.head_dim;
     size_t kvd = (size_t)m->n_heads_kv_local * m->cfg.head_dim, F = m->hidden_local;
     float *x = s->x + g0 * D, *xb = s->xb + g0 * D, *hb = s->hb + g0 * F;
+    size_t lr = m->lora ? (size_t)m->lora->r : 0;
     return (LayerActs){x, xb, s->q + g0 * qd, s->k + g0 * kvd, s->v + g0 * kvd, s->att + g0 * qd, x, xb, hb,
-                       s->hb2 + g0 * F, hb};
+                       s->hb2 + g0 * F, hb, s->lora_u + g0 * LORA_TARGETS * lr};
 }
 
 /* This stage's part of the forward for sequences [lo, hi) of the batch: receive (or embed), run
@@ -154,8 +183,9 @@ static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, in
     size_t g0 = start[lo];                               /* the group's first token */
     int N = start[hi] - start[lo];
     LayerActs a = run_acts(m, s, g0);
+    size_t lw = m->lora ? (size_t)(m->hidden_local > D ? m->hidden_local : D) : 0;
     LayerBatch lb = {N, hi - lo, start + lo, pos + g0, s->rope + g0 * Dh, b->tables ? kv : NULL, {0}, s->xo + g0 * D,
-                     s->scratch, (size_t)m->n_heads_local * s->max_seq, NULL, 0, 0};
+                     s->scratch, (size_t)m->n_heads_local * s->max_seq, NULL, 0, 0, s->lora_tmp + g0 * lw};
     if (b->tables)
         lb.paged = (PagedBatch){b->tables, b->table_stride, kv->block, seq + g0, pos + g0, N, hi - lo, lo, start + lo,
                                 s->ids_host + g0};

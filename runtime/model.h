@@ -60,6 +60,8 @@ typedef struct {
     float *gate;   /* (N, F_local) gate pre-activation */
     float *up;     /* (N, F_local) up pre-activation */
     float *act;    /* (N, F_local) silu(gate) * up: input of down_proj */
+    float *lora_u; /* with LoRA: (LORA_TARGETS, N, r) each adapted projection's scale * x A^T (its tp sum for
+                    * o/down), kept for the backward; NULL without */
 } LayerActs;
 
 struct KVCache;
@@ -82,6 +84,7 @@ typedef struct {
      * every row on every rank. */
     float *sp_full;
     int sp_lo, sp_hi;
+    float *lora_tmp; /* with LoRA: (N, max(D, F_local)) scratch: an adapter's term before it is added */
 } LayerBatch;
 
 typedef struct {
@@ -97,6 +100,8 @@ typedef struct {
     float *logits; /* (N, V_local) last stage; padded vocab columns are -inf. Score head: (N, 1) values */
     float *scratch;/* (threads, heads, max_seq) attention scores */
     float *rope;   /* (N, Dh) cos then sin of each token's RoPE angles (the backend's rope_table) */
+    float *lora_u; /* with LoRA (sized when the run state is): (N, LORA_TARGETS, r), else empty */
+    float *lora_tmp;/* with LoRA: (N, max(D, F_local)), else empty */
     int *ids;      /* (4 * max_tokens) a forward's positions (N), tokens (N), logit rows (R) and each row's
                     * sequence (N), packed from the front: one upload per forward */
     int *ids_host; /* (4 * max_tokens) host: the same, staged (its positions are the forward's control flow) */
@@ -130,6 +135,7 @@ typedef struct {
     RunState s;           /* the run state of model_forward / model_score (model_alloc_state); a
                            * generation engine owns its own */
     struct ModelShards *z3; /* ZeRO-3 (runtime/shards.c): the weights sliced over dp; NULL */
+    struct Lora *lora;      /* trainable LoRA adapters beside the frozen weights (runtime/lora.h); NULL */
 } Model;
 
 /* One parameter tensor of this rank, as the spec table describes it (for gradients, the optimizer,

@@ -19,6 +19,7 @@
  * 0, or names what failed and exits 1. */
 #include "runtime/mesh.h"
 #include "runtime/model.h"
+#include "runtime/lora.h"
 #include "runtime/util.h"
 #include "train/grad.h"
 #include "train/schedule.h"
@@ -263,6 +264,16 @@ int main(int argc, char **argv) {
 
     Model m;
     model_load(&m, argv[1], &mesh, DTYPE_F32, backend_default());
+    /* TANDEM_TEST_LORA=DIR: the fixture's adapter (tests/fixtures/lora) trained on the frozen base; the
+     * gradients compared are the adapters' (PEFT's names) */
+    const char *lora_dir = getenv("TANDEM_TEST_LORA");
+    if (lora_dir) {
+        const cJSON *lj = item(fx, "lora");
+        int all[LORA_TARGETS] = {1, 1, 1, 1, 1, 1, 1};
+        lora_new(&m, item(lj, "r")->valueint, item(lj, "alpha")->valuedouble, 0, all, 1);
+        lora_load(&m, lora_dir);
+    }
+    size_t gn = m.lora ? m.lora->n : m.n_params;
     model_alloc_state(&m, N, max_seq);
     TrainActs a;
     train_acts_init(&a, &m, N, max_seq, recompute ? TRAIN_RECOMPUTE : 0);
@@ -279,10 +290,11 @@ int main(int argc, char **argv) {
     }
 
     /* 2. loss */
-    float *garena = xcalloc(m.n_params, sizeof(float));
+    float *garena = xcalloc(gn, sizeof(float));
     GradSink gs = {0};
     LayerWeights *gl = xcalloc(m.n_layers_local, sizeof(LayerWeights));
-    model_weights_place(&m, garena, &gs.w, gl);
+    if (m.lora) gs.w.layers = gl, gs.lora = garena;   /* the base frozen */
+    else model_weights_place(&m, garena, &gs.w, gl);
     float loss;
     HookRows rows_all = {ha, hb};
     PrefCtx pref_all = {margin, ref};
@@ -328,16 +340,17 @@ int main(int argc, char **argv) {
     if (recompute && !one_f_one_b) {
         /* recompute promises the same numbers, not just torch's within 1e-5: compare bit for bit
          * with a run that keeps every activation */
-        float *g2 = xcalloc(m.n_params, sizeof(float));
+        float *g2 = xcalloc(gn, sizeof(float));
         GradSink gs2 = {0};
         LayerWeights *gl2 = xcalloc(m.n_layers_local, sizeof(LayerWeights));
-        model_weights_place(&m, g2, &gs2.w, gl2);
+        if (m.lora) gs2.w.layers = gl2, gs2.lora = g2;
+        else model_weights_place(&m, g2, &gs2.w, gl2);
         TrainActs full;
         train_acts_init(&full, &m, N, max_seq, 0);
         train_forward(&m, &full, tokens, seq_start, n_seqs);
         float loss2 = train_loss_share(&m, train_loss_backward(&m, &full, &mb, &hook, &gs2));
         train_tied_embedding_all_reduce(&m, &full, &gs2.w);
-        int same = memcmp(garena, g2, sizeof(float) * m.n_params) == 0 && loss2 == loss;
+        int same = memcmp(garena, g2, sizeof(float) * gn) == 0 && loss2 == loss;
         printf("%s recompute: gradients and loss %s the run that keeps every activation%s\n", g_tag,
                same ? "bit-identical to" : "DIFFER from", same ? "" : "  FAIL");
         g_fail |= !same;
@@ -349,9 +362,10 @@ int main(int argc, char **argv) {
     g_fail |= !(dl <= ltol);
 
     /* 3. every gradient shard of this rank vs the slice of torch's; 4. replicas identical */
-    int n_info = model_param_infos(&m, NULL, 0);
+    int n_info = m.lora ? m.lora->n_infos : model_param_infos(&m, NULL, 0);
     ParamInfo *info = xmalloc(sizeof(ParamInfo) * n_info);
-    model_param_infos(&m, info, n_info);
+    if (m.lora) memcpy(info, m.lora->infos, sizeof(ParamInfo) * n_info);
+    else model_param_infos(&m, info, n_info);
     double worst = 0.0;
     for (int i = 0; i < n_info; i++) {
         const ParamInfo *p = &info[i];

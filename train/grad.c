@@ -25,6 +25,7 @@
  * The input gradient dk W_k must then enter the tp all-reduce of dxb once, not kv_rep times: only
  * the first rank of kv_comm adds it. */
 #include "train/grad.h"
+#include "runtime/lora.h"
 #include "runtime/util.h"
 #include <math.h>
 #include <omp.h>
@@ -106,6 +107,17 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     if (!a->sp) a->sp_x = a->sp_xb = NULL;
     a->dlogits = a->logits;   /* the cross-entropy backward overwrites the logits in place */
 
+    if (m->lora) {   /* each layer's u, then the scratch */
+        size_t r = (size_t)m->lora->r, w = F > D ? F : D, wx = qd > w ? qd : w;
+        size_t n = Ll * LORA_TARGETS * N * r + N * w + N * r + N * wx;
+        a->lora_arena = m->be->alloc(sizeof(float) * n);
+        a->n_arena += n;   /* the memory plan's activations */
+        float *q = a->lora_arena;
+        for (size_t l = 0; l < Ll; l++, q += LORA_TARGETS * N * r) a->layers[l].lora_u = q;
+        a->lora_tmp = q;
+        a->lora_du = q + N * w;
+        a->lora_dx = a->lora_du + N * r;
+    }
     a->ids = m->be->alloc(sizeof(int) * (N ? 3 * N : 1));
     a->iarena = xmalloc(sizeof(int) * (3 * N + 1));
     a->seq_start = a->iarena;
@@ -135,6 +147,7 @@ void train_acts_free(TrainActs *a) {
     if (a->be) {
         a->be->free(a->arena);
         a->be->free(a->ids);
+        a->be->free(a->lora_arena);
     }
     free(a->host_out);
     free(a->host_dout);
@@ -194,7 +207,7 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
     size_t lo = 0, hi = N;
     if (a->sp) comm_rows((size_t)N, m->mesh->tp, m->mesh->tp_rank, &lo, &hi);
     a->lb = (LayerBatch){N, n_seqs, a->seq_start, a->pos, a->rope, NULL, {0}, a->dtmp, a->scratch, a->scratch_stride,
-                         a->sp_xb, (int)lo, (int)hi};
+                         a->sp_xb, (int)lo, (int)hi, a->lora_tmp};
     m->be->rope_table(a->rope, a->pos, m->inv_freq, N, c->head_dim);
     float *x0 = m->n_layers_local ? a->layers[0].x_in : a->x_final;
     model_end_weights(m, 0, 1);                                   /* ZeRO-3: the embedding for the lookup */
@@ -289,6 +302,29 @@ double train_eval_loss_sum(Model *m, TrainActs *a, const int *targets) {
     return loss;
 }
 
+/* LoRA's backward on projection t of layer l (runtime/forward.c lora_add): dy (N, n_out) the
+ * projection output's gradient, x (N, n_in) its input, u = scale * x A^T as the forward kept it:
+ *   dB += dy^T u,   du = scale * dy B,   dA += du^T x,   dx_in (N, n_in) += du A.
+ * Column-parallel (q k v gate up): dy holds this rank's output columns, so du is the tp sum of the
+ * ranks' parts (the fixed tree; A then gets the same gradient on every rank, as a replicated weight
+ * must), and tp rank 0 alone adds du A to dx_in, whose tp sum follows. Row-parallel (o down): dy is
+ * whole on every rank, x and A hold this rank's input columns. */
+static void lora_backward(Model *m, TrainActs *a, GradSink *g, int l, int t, const float *dy, int n_out, const float *x,
+                          int n_in, float *dx_in) {
+    const Lora *lo = m->lora;
+    if (!lo || !lo->enabled || !lo->A[l * LORA_TARGETS + t]) return;
+    const Backend *be = m->be;
+    int N = a->N, r = lo->r, rowp = t == LORA_O || t == LORA_DOWN;
+    const float *A = lo->A[l * LORA_TARGETS + t], *B = lo->B[l * LORA_TARGETS + t];
+    const float *u = a->layers[l].lora_u + (size_t)t * N * r;
+    float *dA = g->lora + (A - lo->arena), *dB = g->lora + (B - lo->arena);
+    be->matmul_backward(a->lora_du, dB, NULL, dy, u, B, DTYPE_F32, N, r, n_out);
+    if (!rowp) model_tp_sum(m, a->lora_du, (size_t)N * r);
+    be->scale(a->lora_du, lo->scale, (size_t)N * r);
+    be->matmul_backward(a->lora_dx, dA, NULL, a->lora_du, x, A, DTYPE_F32, N, n_in, r);
+    if (rowp || m->mesh->tp_rank == 0) be->add_to(dx_in, dx_in, a->lora_dx, (size_t)N * n_in);
+}
+
 float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook, GradSink *sink) {
     ModelWeights *grads = &sink->w;
     const Backend *be = m->be;
@@ -346,16 +382,20 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         /* MLP block: x_out = x_mid + reduce(down(act)); reduce's backward is the identity: d(down's
          * output) is dx on every rank */
         be->matmul_backward(a->dact, g->w_down, NULL, dx, la->act, w->w_down, wt, N, Fl, D);
+        lora_backward(m, a, sink, l, LORA_DOWN, dx, D, la->act, Fl, a->dact);
         be->swiglu_backward(a->dgate, a->dup, a->dact, la->gate, la->up, (size_t)N * Fl);
         const float *xb2 = all_rows(m, a, la->xb2, a->sp_xb), *x_mid = all_rows(m, a, la->x_mid, a->sp_x);
         be->matmul_backward(dxb, g->w_gate, NULL, a->dgate, xb2, w->w_gate, wt, N, D, Fl);
         be->matmul_backward(dtmp, g->w_up, NULL, a->dup, xb2, w->w_up, wt, N, D, Fl);
         be->add_to(dxb, dxb, dtmp, ND);
+        lora_backward(m, a, sink, l, LORA_GATE, a->dgate, Fl, xb2, D, dxb);
+        lora_backward(m, a, sink, l, LORA_UP, a->dup, Fl, xb2, D, dxb);
         tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
         be->rmsnorm_backward(dtmp, g->mlp_norm, dxb, x_mid, w->mlp_norm, wt, N, D, c->norm_eps);
         be->add_to(dx, dx, dtmp, ND);                                                           /* now d(x_mid) */
         /* attention block: x_mid = x_in + reduce(o_proj(att)) */
         be->matmul_backward(a->datt, g->wo, NULL, dx, la->att, w->wo, wt, N, qd, D);
+        lora_backward(m, a, sink, l, LORA_O, dx, D, la->att, qd, a->datt);
         /* sequences in parallel where the backend allows it (Backend.parallel_calls), own scratch */
 #pragma omp parallel for schedule(dynamic) if (a->n_seqs > 1 && be->parallel_calls)
         for (int i = 0; i < a->n_seqs; i++) {
@@ -374,14 +414,18 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         if (kv_lead) be->add_to(dxb, dxb, dtmp, ND);
         be->matmul_backward(kv_lead ? dtmp : NULL, g->wv, g->bv, a->dv, xb1, w->wv, wt, N, D, kvd);
         if (kv_lead) be->add_to(dxb, dxb, dtmp, ND);
+        lora_backward(m, a, sink, l, LORA_Q, a->dq, qd, xb1, D, dxb);
+        lora_backward(m, a, sink, l, LORA_K, a->dk, kvd, xb1, D, dxb);
+        lora_backward(m, a, sink, l, LORA_V, a->dv, kvd, xb1, D, dxb);
         tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
         be->rmsnorm_backward(dtmp, g->attn_norm, dxb, x_in, w->attn_norm, wt, N, D, c->norm_eps);
         be->add_to(dx, dx, dtmp, ND);                                                           /* now d(x_in) */
         if (sink->layer_done) sink->layer_done(sink, l);                            /* ZeRO-2: reduce-scatter g */
     }
 
-    if (m->is_first)   /* the lookup was a "reduce": each rank adds dx into the rows it owns */
-        be->embedding_backward(grads->embed, dx, a->tokens, N, D, m->vocab_start, m->vocab_local);
+    if (m->is_first) {   /* the lookup was a "reduce": each rank adds dx into the rows it owns */
+        if (grads->embed) be->embedding_backward(grads->embed, dx, a->tokens, N, D, m->vocab_start, m->vocab_local);
+    }
     else
         comm_isend(pp, dx, sizeof(float) * ND, pp->rank - 1, &a->send_req);             /* d(x) to stage s-1 */
     return loss;   /* the last stage's; train_loss_share gives it to every stage once per step */
@@ -399,5 +443,6 @@ void train_tied_embedding_all_reduce(const Model *m, TrainActs *a, ModelWeights 
     if (!m->cfg.tie_embeddings || m->mesh->pp == 1 || !(m->is_first || m->is_last)) return;
     /* d(shared table) = d(embed use) + d(lm_head use): the same tp shard of vocab rows on both stages */
     float *g = m->is_first ? grads->embed : grads->lm_head;
+    if (!g) return;   /* frozen (LoRA) */
     comm_all_reduce_sum(&a->emb_comm, g, (size_t)m->vocab_local * m->cfg.dim);
 }

@@ -62,7 +62,8 @@ extern const LossHook LOSS_XENT;
  * NULL): called after each local layer's backward of every micro-batch, with that layer's gradient
  * complete in w.layers[l] (ZeRO-2 reduce-scatters and empties it there: train/learner.c). */
 typedef struct GradSink {
-    ModelWeights w;
+    ModelWeights w;            /* a NULL tensor is frozen: its gradient is not computed (LoRA's base) */
+    float *lora;               /* with LoRA adapters (m->lora): their gradients, laid out as m->lora->arena */
     void (*layer_done)(struct GradSink *g, int l);
     void *ctx;
 } GradSink;
@@ -117,6 +118,9 @@ typedef struct {
     /* tied embeddings with pp > 1: first and last stage (the two copies of the embedding); else size 1 */
     Comm emb_comm;
     CommRequest send_req;      /* the pending pipeline send of this slot (x forward or dx backward) */
+    /* with LoRA adapters (m->lora), one more arena: each layer's lora_u (LORA_TARGETS, N, r), and
+     * lora_tmp (N, max(D, F_local)), lora_du (N, r), lora_dx (N, max(D, H_local Dh, F_local)) scratch */
+    float *lora_arena, *lora_tmp, *lora_du, *lora_dx;
 } TrainActs;
 
 /* train_acts_init's flags: recompute each layer in the backward (keep only its input); sequence

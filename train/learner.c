@@ -1,5 +1,8 @@
 /* learner.c — see learner.h. */
 #include "train/learner.h"
+#include "runtime/lora.h"
+#include <errno.h>
+#include <sys/stat.h>
 #include "runtime/comm.h"
 #include "runtime/util.h"
 #include "train/checkpoint.h"
@@ -46,12 +49,23 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
     memset(L, 0, sizeof *L);
     L->m = m;
     L->save_dtype = DTYPE_AUTO;
-    L->opt = optim_new(m, m->mesh, oc);
+    if (m->lora) {   /* LoRA: the adapters alone are trained; the base has no gradients and no moments */
+        CHECK(oc.zero <= 1);
+        const Lora *lo = m->lora;
+        OptimSet set = {lo->infos, lo->n_infos, lo->arena, lo->n, DTYPE_F32};
+        L->opt = optim_new_set(m, &set, m->mesh, oc);
+    } else {
+        L->opt = optim_new(m, m->mesh, oc);
+    }
     L->n_slots = m->mesh->pp < n_micro ? m->mesh->pp : n_micro;
     L->slots = xcalloc(L->n_slots, sizeof(TrainActs));
     for (int i = 0; i < L->n_slots; i++) train_acts_init(&L->slots[i], m, max_tokens, max_seq, flags);
     L->gl = xcalloc(m->n_layers_local, sizeof(LayerWeights));
-    if (oc.zero >= 2) {
+    if (m->lora) {   /* every base tensor NULL: frozen */
+        L->grads = m->be->alloc(sizeof(float) * optim_grad_floats(L->opt));
+        L->sink.w.layers = L->gl;
+        L->sink.lora = L->grads;
+    } else if (oc.zero >= 2) {
         L->sink.w.layers = L->gl;
         place_unit_grads(L);
         if (oc.zero == 3) {   /* the optimizer has its master: the weights to slices */
@@ -110,6 +124,13 @@ void learner_mem_plan(const Learner *L, MemPlan *plan) {
 
 int learner_save(Learner *L, const char *src_dir, const char *dir, char *err) {
     const Mesh *mesh = L->m->mesh;
+    if (L->m->lora) {   /* the adapter in PEFT's format; the base is --model's, unchanged */
+        err[0] = 0;
+        if (mesh->rank == 0 && mkdir(dir, 0755) != 0 && errno != EEXIST)
+            snprintf(err, CHECKPOINT_ERR_CAP, "%s: cannot create directory: %s", dir, strerror(errno));
+        if (comm_first_error(&mesh->group, err, CHECKPOINT_ERR_CAP)) return -1;
+        return lora_save(L->m, dir, src_dir, err, CHECKPOINT_ERR_CAP);
+    }
     model_shards_gather_all(L->m);   /* ZeRO-3: the writer reads whole layers */
     int failed = checkpoint_save_model(L->m, src_dir, dir, 1, L->save_dtype, err);
     model_shards_release(L->m);

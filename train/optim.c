@@ -175,13 +175,23 @@ static void build_partition(Optim *o) {
  * unit's slice, packed as the unit is */
 static void *piece_params(const Optim *o, const Model *m, const OptimPiece *pc) {
     const OptimUnit *un = &o->units[pc->u];
-    size_t es = dtype_size(m->dtype);
-    char *slice = model_shard_slice(m, un->layer, un->t0 >= 0 ? o->ranges[un->t0].lo : 0);
+    size_t es = dtype_size(o->dtype);
+    char *slice = o->params == m->params ? model_shard_slice(m, un->layer, un->t0 >= 0 ? o->ranges[un->t0].lo : 0) : NULL;
     if (slice) return slice + (pc->held - un->held) * es;
-    return (char *)m->params + pc->lo * es;
+    return (char *)o->params + pc->lo * es;
 }
 
 Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
+    int n = model_param_infos(m, NULL, 0);
+    ParamInfo *infos = xmalloc(sizeof(ParamInfo) * n);
+    model_param_infos(m, infos, n);
+    OptimSet set = {infos, n, m->params, m->n_params, m->dtype};
+    Optim *o = optim_new_set(m, &set, mesh, cfg);
+    free(infos);
+    return o;
+}
+
+Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, OptimConfig cfg) {
     check_config(&cfg);
     const Backend *be = m->be;
     /* runtime/comm.c moves host memory: a device trains on one rank without ZeRO (the commands say so) */
@@ -190,12 +200,12 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
     o->cfg = cfg;
     o->mesh = mesh;
     o->be = be;
-    o->n_params = m->n_params;
-    o->dtype = m->dtype;
+    o->params = set->params;
+    o->n_params = set->n_params;
+    o->dtype = set->dtype;
 
-    int n_info = model_param_infos(m, NULL, 0);
-    ParamInfo *infos = xmalloc(sizeof(ParamInfo) * n_info);
-    model_param_infos(m, infos, n_info);
+    int n_info = set->n_infos;
+    const ParamInfo *infos = set->infos;
     o->ranges = xmalloc(sizeof(OptimRange) * n_info);
     o->n_ranges = n_info;
     size_t end = 0;
@@ -205,12 +215,11 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
                                     infos[i].norm_once, infos[i].layer};
         end += infos[i].numel;
     }
-    CHECK(end == m->n_params);
-    free(infos);
+    CHECK(end == o->n_params);
     build_partition(o);
 
     size_t quantum = (size_t)ARENA_ALIGN * mesh->dp;
-    o->n_grad = cfg.zero >= 2 ? 0 : (m->n_params + quantum - 1) / quantum * quantum;
+    o->n_grad = cfg.zero >= 2 ? 0 : (o->n_params + quantum - 1) / quantum * quantum;
     if (cfg.zero) o->slice = xcalloc(o->n_state, sizeof(float));
     if (cfg.zero >= 2) {   /* the layers' shared buffer first, then one per other unit */
         o->ubuf_off = xmalloc(sizeof(size_t) * o->n_units);
@@ -313,21 +322,21 @@ void optim_print_summary(const Optim *o) {
  * each unit's gradient buffer (spent: its gradient is reduced). */
 static void gather_params(Optim *o, Model *m, float *grads) {
     const Comm *dp = &o->mesh->dp_comm;
-    size_t es = dtype_size(m->dtype);
+    size_t es = dtype_size(o->dtype);
     int p = 0;
     for (int u = 0; u < o->n_units; u++) {
         const OptimUnit *un = &o->units[u];
-        if (m->z3) break;   /* ZeRO-3: the slices were updated in place; nothing to send */
+        if (m->z3 && o->params == m->params) break;   /* ZeRO-3: the slices were updated in place; nothing to send */
         char *all = (char *)(o->cfg.zero >= 2 ? optim_unit_grads(o, u) : grads);   /* (dp * S) elements */
         char *mine = (char *)o->slice + un->held * es;   /* my slice's params, packed; the slice is spent */
         memset(mine, 0, es * un->S);
         for (; p < o->n_pieces && o->pieces[p].held < un->held + un->S; p++) {
             const OptimPiece *pc = &o->pieces[p];
-            memcpy(mine + (pc->held - un->held) * es, (char *)m->params + pc->lo * es, es * (pc->hi - pc->lo));
+            memcpy(mine + (pc->held - un->held) * es, (char *)o->params + pc->lo * es, es * (pc->hi - pc->lo));
         }
         comm_all_gather(dp, (float *)mine, (float *)all, un->S * es / sizeof(float));
         if (o->cfg.zero < 2) {   /* one unit, packed = the arena */
-            memcpy(m->params, all, es * o->n_params);
+            memcpy(o->params, all, es * o->n_params);
             continue;
         }
         /* every rank's pieces of this unit: the unit's tensors packed in order */
@@ -335,7 +344,7 @@ static void gather_params(Optim *o, Model *m, float *grads) {
         for (int t = 0; t < o->n_ranges; t++) {
             const OptimRange *rg = &o->ranges[t];
             if (!in_unit(o, un, t)) continue;
-            memcpy((char *)m->params + rg->lo * es, all + at * es, es * (rg->hi - rg->lo));
+            memcpy((char *)o->params + rg->lo * es, all + at * es, es * (rg->hi - rg->lo));
             at += rg->hi - rg->lo;
         }
         memset(all, 0, sizeof(float) * un->S * o->mesh->dp);   /* the unit's gradient buffer again */
@@ -345,7 +354,6 @@ static void gather_params(Optim *o, Model *m, float *grads) {
 float optim_step(Optim *o, Model *m, float *grads) {
     const Mesh *mesh = o->mesh;
     const OptimConfig *c = &o->cfg;
-    CHECK(m->n_params == o->n_params);
 
     /* 1. sum over dp, each element by one fixed tree (comm_all_reduce_sum_fixed): every ZeRO stage
      * gives plain's bits; held[i] is then the reduced gradient of held float i */

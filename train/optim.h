@@ -113,7 +113,8 @@ typedef struct {
     const Mesh *mesh;
     const Backend *be;        /* the model's: the moments, the master and the norm's sums are its memory */
     int step;                 /* optimizer steps taken; the next step uses lr_schedule(cfg, step) */
-    size_t n_params;          /* floats in this rank's parameter arena */
+    void *params;             /* the trained arena (OptimSet's): the model's weights, or LoRA's adapters */
+    size_t n_params;          /* elements in it */
     size_t n_grad;            /* plain / ZeRO-1: n_params rounded up to a multiple of 16 * dp
                                  (optim_grad_floats); ZeRO-2: 0 (the gradients are the units' buffers) */
     size_t n_state;           /* floats this rank holds per moment: the sum of its units' S */
@@ -141,6 +142,18 @@ typedef struct {
     double *sums_host;        /* (n_pieces) host: the same, copied back once per step */
     double *partials;         /* (n_state / 65536 + 2) backend: sum_squares' chunk sums */
 } Optim;
+
+/* What an optimizer trains: tensors (their ParamInfo, arena order, tiling the arena) of an arena of
+ * n_params elements of dtype in the model's backend. optim_new's is the model's own (its weights);
+ * LoRA's (train/learner.c) is the adapters' arena beside the frozen weights. */
+typedef struct {
+    const ParamInfo *infos;
+    int n_infos;
+    void *params;
+    size_t n_params;
+    DType dtype;
+} OptimSet;
+Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, OptimConfig cfg);
 
 /* Allocates everything the steps need (optim_step allocates nothing); not collective. A bad
  * config value (lr < 0, beta outside [0, 1), warmup > total_steps, ...) is a user_error. */

@@ -70,6 +70,7 @@ int sft_main(int argc, char **argv) {
         {"--data", OPT_STR, &o.data_path, NULL, "training data: jsonl or JSON array (prompt/response, Alpaca, messages, ShareGPT)"},
         TRAIN_OUT_OPTIONS(&o, "held-out data: eval loss before, every --eval-every steps, after"),
         TRAIN_STEP_OPTIONS(&o, "tokens per sample / packed row at most", "rows per micro-batch", "1e-4"),
+        TRAIN_LORA_OPTIONS(&o),
         {"--pack", OPT_FLAG, &pack, NULL, "pack several samples per row (positions restart, no cross-attention)"},
         {"--train-on-prompt", OPT_FLAG, &train_on_prompt, NULL, "loss on prompt tokens too"},
         TRAIN_SKIP_OPTION(&o),

@@ -1,5 +1,7 @@
 /* trainer.c — see trainer.h. */
 #include "train/trainer.h"
+#include "runtime/adapter.h"
+#include "runtime/lora.h"
 #include "runtime/util.h"
 #include "kernels/kernels.h"
 #include "train/checkpoint.h"
@@ -252,6 +254,11 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     if (strcmp(o->recompute_name, "none") && strcmp(o->recompute_name, "full"))
         user_error("--recompute %s: expected full or none", o->recompute_name);
     if (o->sp && o->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
+    if (o->lora_r < 0) user_error("--lora-r %d: must be >= 0 (0 = full training)", o->lora_r);
+    if (o->merge && !o->lora_r) user_error("--merge: merges LoRA adapters; give --lora-r");
+    if (o->lora_r && o->zero > 1)
+        user_error("--lora-r with --zero %d: the adapters are small; ZeRO-2/3 for them is not done (use --zero 0 or 1)", o->zero);
+    if (o->lora_r && o->resume) user_error("--lora-r with --resume: resuming a LoRA run is not done yet");
     if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard);
     if (o->resume) trainer_check_same_model(o->model_dir, o->resume);
     if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
@@ -359,6 +366,13 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
     oc.lr = o->lr; oc.min_lr = o->min_lr; oc.warmup = o->warmup; oc.total_steps = steps_total;
     oc.schedule = lr_schedule_parse("--lr-schedule", o->schedule_name); oc.beta1 = o->beta1; oc.beta2 = o->beta2;
     oc.eps = o->eps; oc.weight_decay = o->wd; oc.clip = o->clip; oc.zero = o->zero;
+    if (o->lora_r) {   /* the adapters, seeded by --seed: every layout draws the same A */
+        int target[LORA_TARGETS];
+        lora_targets_parse("--lora-target", o->lora_target, target);
+        lora_new(m, o->lora_r, o->lora_alpha, o->lora_rslora, target, (uint64_t)o->seed);
+        if (root) fprintf(stderr, "LoRA: r %d, alpha %g, scale %g, %s; %zu trained parameters on rank 0\n", o->lora_r,
+                          o->lora_alpha, m->lora->scale, o->lora_target, m->lora->n);
+    }
     Learner L;
     learner_init(&L, m, oc, max_tokens, o->seq_len, o->M,
                  (!strcmp(o->recompute_name, "full") ? TRAIN_RECOMPUTE : 0) | (o->sp ? TRAIN_SEQ_PARALLEL : 0));
@@ -417,6 +431,15 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
     }
     if (have_eval) evaluate(t, m, &L, &val, step, "after", &ml);
     trainer_save_checkpoint(&L, &train, o->model_dir, o->out, step, o->save_limit);
+    if (o->merge) {   /* the last checkpoint's adapter into the weights, as --adapter merges it */
+        char ck[4200], *dir = path_join(o->out, "merged"), err[CHECKPOINT_ERR_CAP];
+        snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->out, step);
+        m->lora->enabled = 0;
+        adapter_merge(m, ck);
+        if (checkpoint_save_model(m, o->model_dir, dir, 1, o->save_dtype, err)) job_error(m->mesh->rank == 0, "%s", err);
+        if (root) fprintf(stderr, "merged %s\n", dir);
+        free(dir);
+    }
     if (root) {
         double el = now_seconds() - t_start;
         fprintf(stderr, "trained %d steps, %ld tokens in %.1f s (%.0f tok/s), peak RSS %.1f MiB\n", step - step0,

@@ -89,6 +89,9 @@ typedef struct {
     const Backend *be;         /* --device, opened by train_options_check: load the models onto it */
     int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, stop_after, warmup, zero, skip_bad, overwrite, sp;
     int seed, eval_every, save_every, save_limit, log_every;
+    int lora_r, lora_rslora, merge;  /* LoRA (runtime/lora.h): rank (0 = off), rsLoRA's scale; --merge */
+    float lora_alpha;
+    const char *lora_target;
     float lr, min_lr, wd, beta1, beta2, eps, clip, comm_timeout;
     const Option *opts;    /* the command's whole table, echoed in the summary */
     int n_opts;
@@ -120,6 +123,14 @@ typedef struct {
     {"--recompute", OPT_STR, &(o)->recompute_name, "none", "full: keep only layer inputs, recompute in backward (less memory)"}, \
     SEQ_PARALLEL_OPTION(&(o)->sp),                                                                                 \
     ZERO_OPTION(&(o)->zero)
+/* LoRA adapters (runtime/lora.h; sft): the base frozen, A and B trained, PEFT's adapter saved */
+#define TRAIN_LORA_OPTIONS(o)                                                                                      \
+    {"--lora-r", OPT_INT, &(o)->lora_r, "0", "LoRA rank: train adapters on the frozen model (0 = full training)"},   \
+    {"--lora-alpha", OPT_FLOAT, &(o)->lora_alpha, "16", "LoRA alpha: the adapters' scale is alpha / r"},             \
+    {"--lora-target", OPT_STR, &(o)->lora_target, "all-linear",                                                     \
+     "all-linear, or a comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"},                     \
+    {"--lora-rslora", OPT_FLAG, &(o)->lora_rslora, NULL, "rank-stabilised LoRA: scale alpha / sqrt(r)"},            \
+    {"--merge", OPT_FLAG, &(o)->merge, NULL, "with --lora-r: also write OUT/merged, the model with the adapters merged"}
 #define TRAIN_SKIP_OPTION(o)                                                                                       \
     {"--skip-bad-lines", OPT_FLAG, &(o)->skip_bad, NULL, "skip malformed records (counted) instead of stopping"}
 #define TRAIN_CHAT_OPTION(o)                                                                                       \

@@ -85,6 +85,7 @@ const Backend cpu_backend = {
     .attention_batch = cpu_attention_batch,
     .swiglu = cpu_swiglu,
     .add_to = cpu_add_to,
+    .scale = cpu_scale,
     .copy = cpu_copy,
     .gather_rows = cpu_gather_rows,
     .embedding = cpu_embedding,

@@ -51,9 +51,10 @@ void cpu_matmul_backward(float *dx, float *dw, float *db, const float *dout, con
         }
         free(wf);
     }
-    /* dw (n_out, n_in) += dout^T (n_out, N) @ x (N, n_in), in tiles of dw's rows */
+    /* dw (n_out, n_in) += dout^T (n_out, N) @ x (N, n_in), in tiles of dw's rows; NULL: a frozen weight */
+    int n_dw = dw ? n_out : 0;
 #pragma omp parallel for schedule(static)
-    for (int o = 0; o < n_out; o += BW_TILE) {
+    for (int o = 0; o < n_dw; o += BW_TILE) {
         int m = n_out - o < BW_TILE ? n_out - o : BW_TILE;
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, n_in, N, 1.0f, dout + o, n_out, x, n_in, 1.0f,
                     dw + (size_t)o * n_in, n_in);
@@ -77,7 +78,7 @@ void cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *
         float c = dot / D;
         for (int i = 0; i < D; i++) {                    /* reads g[i] before writing o[i]: dx may alias dout */
             float xh = xr[i] * r, gi = g[i];
-            dw[i] += gi * xh;
+            if (dw) dw[i] += gi * xh;   /* NULL: a frozen weight */
             o[i] = r * (gi * weight_at(w, wt, i) - xh * c);
         }
     }

@@ -229,6 +229,7 @@ static void g_attention_batch(float *out, const float *q, const float *kc, const
 static void g_swiglu(float *out, const float *gate, const float *up, size_t n) {
     GUARDED("swiglu", cpu_swiglu(out, gate, up, n), P(out), P(gate), P(up));
 }
+static void g_scale(float *x, float s, size_t n) { GUARDED("scale", cpu_scale(x, s, n), P(x)); }
 static void g_add_to(float *out, const float *a, const float *b, size_t n) {
     GUARDED("add_to", cpu_add_to(out, a, b, n), P(out), P(a), P(b));
 }
@@ -266,7 +267,7 @@ static void g_matmul_backward(float *dx, float *dw, float *db, const float *dout
 }
 static void g_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x, const void *w, DType wt, int N,
                                int D, float eps) {
-    GUARDED("rmsnorm_backward", cpu_rmsnorm_backward(dx, dw, dout, x, w, wt, N, D, eps), P(dx), P(dw), P(dout), P(x),
+    GUARDED("rmsnorm_backward", cpu_rmsnorm_backward(dx, dw, dout, x, w, wt, N, D, eps), P(dx), OPT(dw), P(dout), P(x),
             P(w));
 }
 static void g_rope_backward(float *dx, const float *cs, int N, int n_heads, int Dh) {
@@ -319,6 +320,7 @@ const Backend cpu_guarded_backend = {
     .attention_batch = g_attention_batch,
     .swiglu = g_swiglu,
     .add_to = g_add_to,
+    .scale = g_scale,
     .copy = g_copy,
     .gather_rows = g_gather_rows,
     .embedding = g_embedding,

@@ -506,6 +506,10 @@ void cpu_add_to(float *out, const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+void cpu_scale(float *x, float s, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
 void cpu_log_add(float *lse, const float *sum, int N) {
     for (int n = 0; n < N; n++) lse[n] += logf(sum[n]);
 }

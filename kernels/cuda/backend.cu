@@ -92,6 +92,7 @@ extern "C" const Backend cuda_backend = {
     .attention_batch = cuda_attention_batch,
     .swiglu = cuda_swiglu,
     .add_to = cuda_add_to,
+    .scale = cuda_scale,
     .copy = cuda_copy,
     .gather_rows = cuda_gather_rows,
     .embedding = cuda_embedding,

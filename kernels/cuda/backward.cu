@@ -73,7 +73,7 @@ extern "C" void cuda_matmul_backward(float *dx, float *dw, float *db, const floa
     if (dx && n_out == 0) CUDA_CHECK(cudaMemsetAsync(dx, 0, sizeof(float) * (size_t)N * n_in));
     else if (dx && wt == DTYPE_BF16) gemm(dx, dout, n_out, 1, (const uint16_t *)w, n_in, N, n_in, n_out, 0);
     else if (dx) gemm(dx, dout, n_out, 1, (const float *)w, n_in, N, n_in, n_out, 0);
-    if (n_out > 0 && n_in > 0) gemm(dw, dout, 1, n_out, x, n_in, n_out, n_in, N, 1);
+    if (dw && n_out > 0 && n_in > 0) gemm(dw, dout, 1, n_out, x, n_in, n_out, n_in, N, 1);   /* NULL: frozen */
     if (db && n_out > 0) {
         col_sum_kernel<<<blocks_for(n_out), THREADS>>>(db, dout, N, n_out);
         CUDA_CHECK_LAUNCH();
@@ -113,8 +113,10 @@ extern "C" void cuda_rmsnorm_backward(float *dx, float *dw, const float *dout, c
     float *r = (float *)cuda_scratch(1, sizeof(float) * N);
     rms_scale_kernel<<<N, THREADS>>>(r, x, D, eps);
     CUDA_CHECK_LAUNCH();
-    rms_dw_kernel<<<blocks_for(D), THREADS>>>(dw, dout, x, r, N, D);
-    CUDA_CHECK_LAUNCH();
+    if (dw) {   /* NULL: a frozen weight */
+        rms_dw_kernel<<<blocks_for(D), THREADS>>>(dw, dout, x, r, N, D);
+        CUDA_CHECK_LAUNCH();
+    }
     rms_dx_kernel<<<N, THREADS>>>(dx, dout, x, w, wt, r, D);
     CUDA_CHECK_LAUNCH();
 }

@@ -407,6 +407,15 @@ extern "C" void cuda_add_to(float *out, const float *a, const float *b, size_t n
     CUDA_CHECK_LAUNCH();
 }
 
+__global__ void scale_kernel(float *x, float s, size_t n) {
+    GRID_STRIDE(i, n) x[i] *= s;
+}
+extern "C" void cuda_scale(float *x, float s, size_t n) {
+    if (n == 0) return;
+    scale_kernel<<<blocks_for(n), THREADS>>>(x, s, n);
+    CUDA_CHECK_LAUNCH();
+}
+
 extern "C" void cuda_copy(float *dst, const float *src, size_t n) {
     if (n == 0 || dst == src) return;
     CUDA_CHECK(cudaMemcpyAsync(dst, src, sizeof(float) * n, cudaMemcpyDeviceToDevice));

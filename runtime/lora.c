@@ -1,0 +1,241 @@
+/* lora.c — see lora.h. The adapters' blocks follow the base weights' blocks (model_param_infos):
+ * a column-parallel projection's block is rows [row0, row0 + rows) of its output, so B keeps those
+ * rows and A is whole (the same on every tp rank); a row-parallel one's block is columns [col0,
+ * col0 + cols) of its input, so A keeps those columns and B is whole. */
+#include "runtime/lora.h"
+#include "runtime/safetensors.h"
+#include "runtime/util.h"
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const NAMES[LORA_TARGETS] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+static const char *const PATHS[LORA_TARGETS] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+static int row_parallel(int t) { return t == LORA_O || t == LORA_DOWN; }
+
+void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARGETS]) {
+    memset(target, 0, sizeof(int) * LORA_TARGETS);
+    if (!strcmp(list, "all-linear")) {
+        for (int t = 0; t < LORA_TARGETS; t++) target[t] = 1;
+        return;
+    }
+    char *s = xstrdup(list), *save = NULL;
+    for (char *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int t = 0;
+        while (t < LORA_TARGETS && strcmp(tok, NAMES[t])) t++;
+        if (t == LORA_TARGETS)
+            user_error("%s %s: %s is not a projection: all-linear, or a list of q_proj,k_proj,v_proj,o_proj,gate_proj,"
+                       "up_proj,down_proj", flag, list, tok);
+        target[t] = 1;
+    }
+    free(s);
+}
+
+/* the base weight of projection t: its ParamInfo name ends so */
+static int base_target(const ParamInfo *in) {
+    for (int t = 0; t < LORA_TARGETS; t++) {
+        char tail[64];
+        snprintf(tail, sizeof tail, ".%s.weight", PATHS[t]);
+        size_t n = strlen(in->name), k = strlen(tail);
+        if (in->layer >= 0 && n > k && !strcmp(in->name + n - k, tail)) return t;
+    }
+    return -1;
+}
+
+/* A's element idx of the whole (r, in) tensor: kaiming_uniform(a = sqrt(5)) is U(-1/sqrt(in), 1/sqrt(in)) */
+static float init_a(uint64_t key, size_t idx, int in) {
+    uint64_t z = key + (idx + 1) * 0x9E3779B97F4A7C15ull;
+    float u = (float)((splitmix64_next(&z) >> 40) * 0x1.0p-24);   /* [0, 1) */
+    return (2.0f * u - 1.0f) / sqrtf((float)in);
+}
+
+Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_TARGETS], uint64_t seed) {
+    CHECK(!m->lora);
+    const Mesh *mesh = m->mesh;
+    if (r < 1) user_error("--lora-r %d: must be >= 1", r);
+    if (!(alpha > 0)) user_error("--lora-alpha %g: must be > 0", alpha);
+    if ((target[LORA_K] || target[LORA_V]) && mesh->tp > m->cfg.n_heads_kv)
+        user_error("--lora-target k_proj/v_proj with --tp %d > num_key_value_heads %d: a replicated kv head's adapter "
+                   "is not split yet (leave k_proj and v_proj out, or use --tp <= %d)", mesh->tp, m->cfg.n_heads_kv,
+                   m->cfg.n_heads_kv);
+    Lora *lo = xcalloc(1, sizeof *lo);
+    lo->r = r;
+    lo->alpha = alpha;
+    lo->rslora = rslora;
+    memcpy(lo->target, target, sizeof lo->target);
+    lo->scale = (float)(rslora ? alpha / sqrt((double)r) : alpha / r);   /* PEFT: a Python float, then fp32 */
+    lo->enabled = 1;
+    int L = m->n_layers_local;
+    lo->A = xcalloc((size_t)L * LORA_TARGETS, sizeof(float *));
+    lo->B = xcalloc((size_t)L * LORA_TARGETS, sizeof(float *));
+    int n_base = model_param_infos(m, NULL, 0);
+    ParamInfo *base = xmalloc(sizeof(ParamInfo) * n_base);
+    model_param_infos(m, base, n_base);
+    lo->infos = xcalloc((size_t)2 * L * LORA_TARGETS, sizeof(ParamInfo));
+    /* the tensors in PEFT's order: layer by layer, each projection's A then B */
+    for (int l = 0; l < L; l++)
+        for (int t = 0; t < LORA_TARGETS; t++) {
+            if (!target[t]) continue;
+            const ParamInfo *w = NULL;
+            for (int i = 0; i < n_base && !w; i++) if (base[i].layer == l && base_target(&base[i]) == t) w = &base[i];
+            CHECK(w);
+            int gl = m->layer_start + l, tp = mesh->tp;
+            for (int b = 0; b < 2; b++) {
+                ParamInfo *in = &lo->infos[lo->n_infos++];
+                snprintf(in->name, sizeof in->name, "base_model.model.model.layers.%d.%s.lora_%c.weight", gl, PATHS[t],
+                         b ? 'B' : 'A');
+                in->layer = l;
+                in->decay = 1;
+                int whole = row_parallel(t) ? b : !b;   /* replicated over tp: B of o/down, A of the others */
+                in->tp_replicated = whole && tp > 1;
+                in->replicas = whole ? tp : 1;
+                in->norm_once = mesh->tp_rank % in->replicas == 0;
+                if (!b) {   /* A (r, in) */
+                    in->rows = in->rows_global = r;
+                    in->cols_global = w->cols_global;
+                    in->cols = row_parallel(t) ? w->cols : w->cols_global;
+                    in->col0 = row_parallel(t) ? w->col0 : 0;
+                } else {    /* B (out, r) */
+                    in->cols = in->cols_global = r;
+                    in->rows_global = w->rows_global;
+                    in->rows = row_parallel(t) ? w->rows_global : w->rows;
+                    in->row0 = row_parallel(t) ? 0 : w->row0;
+                }
+                in->numel = (size_t)in->rows * in->cols;
+                in->offset = lo->n;
+                lo->n += in->numel;
+            }
+        }
+    free(base);
+    lo->arena = m->be->alloc(sizeof(float) * (lo->n ? lo->n : 1));   /* zero: B */
+    float *host = xcalloc(lo->n ? lo->n : 1, sizeof(float));
+    for (int i = 0; i < lo->n_infos; i++) {
+        ParamInfo *in = &lo->infos[i];
+        int t = 0;
+        while (strstr(in->name, PATHS[t]) == NULL) t++;
+        float *p = lo->arena + in->offset;
+        if (in->name[strlen(in->name) - 8] == 'B') { lo->B[in->layer * LORA_TARGETS + t] = p; continue; }
+        lo->A[in->layer * LORA_TARGETS + t] = p;
+        uint64_t key = seed ^ ((uint64_t)(m->layer_start + in->layer) << 32) ^ ((uint64_t)t << 56);
+        for (int k = 0; k < in->rows; k++)
+            for (int j = 0; j < in->cols; j++)
+                host[in->offset + (size_t)k * in->cols + j] = init_a(key, (size_t)k * in->cols_global + in->col0 + j, in->cols_global);
+    }
+    m->be->to_device(lo->arena, host, sizeof(float) * lo->n);
+    free(host);
+    m->lora = lo;
+    return lo;
+}
+
+void lora_free(Model *m) {
+    Lora *lo = m->lora;
+    if (!lo) return;
+    m->be->free(lo->arena);
+    free(lo->A);
+    free(lo->B);
+    free(lo->infos);
+    free(lo);
+    m->lora = NULL;
+}
+
+void lora_load(Model *m, const char *dir) {
+    Lora *lo = m->lora;
+    char *path = path_join(dir, "adapter_model.safetensors");
+    if (!file_exists(path)) user_error("%s: not found (a PEFT adapter directory's weights)", path);
+    SafeTensors *st = st_open_file(path);
+    float *buf = NULL;
+    size_t cap = 0;
+    for (int i = 0; i < lo->n_infos; i++) {
+        const ParamInfo *in = &lo->infos[i];
+        if (!st_find(st, in->name)) user_error("%s: tensor %s missing (--lora-target names it)", path, in->name);
+        if (in->numel > cap) buf = xrealloc(buf, sizeof(float) * (cap = in->numel));
+        st_read_block(st, in->name, in->rows_global, in->cols_global, in->row0, in->rows, in->col0, in->cols, buf, DTYPE_F32);
+        for (size_t e = 0; e < in->numel; e++)
+            if (!isfinite(buf[e])) user_error("%s: tensor %s holds a non-finite value", path, in->name);
+        m->be->to_device(lo->arena + in->offset, buf, sizeof(float) * in->numel);
+    }
+    free(buf);
+    st_close(st);
+    free(path);
+}
+
+int lora_save(const Model *m, const char *dir, const char *base, char *err, size_t cap) {
+    const Lora *lo = m->lora;
+    const Mesh *mesh = m->mesh;
+    const ModelConfig *c = &m->cfg;
+    int r = lo->r, L = c->n_layers;
+    /* every tensor whole on every rank: each element written by the one rank that holds it (dp rank
+     * 0, the first of its tp replicas), zeros elsewhere, summed over the mesh (exact) */
+    int64_t QD = (int64_t)c->n_heads * c->head_dim, KVD = (int64_t)c->n_heads_kv * c->head_dim;
+    const int64_t outs[LORA_TARGETS] = {QD, KVD, KVD, c->dim, c->hidden_dim, c->hidden_dim, c->dim};
+    const int64_t ins[LORA_TARGETS] = {c->dim, c->dim, c->dim, QD, c->dim, c->dim, c->hidden_dim};
+    size_t per = 0, off[LORA_TARGETS];
+    for (int t = 0; t < LORA_TARGETS; t++) {
+        off[t] = per;
+        if (lo->target[t]) per += (size_t)r * (ins[t] + outs[t]);
+    }
+    float *all = xcalloc((size_t)L * per + 1, sizeof(float)), *host = xmalloc(sizeof(float) * (lo->n ? lo->n : 1));
+    m->be->to_host(host, lo->arena, sizeof(float) * lo->n);
+    if (mesh->dp_rank == 0)
+        for (int i = 0; i < lo->n_infos; i++) {
+            const ParamInfo *in = &lo->infos[i];
+            if (mesh->tp_rank % in->replicas) continue;
+            int t = 0, b = in->name[strlen(in->name) - 8] == 'B';
+            while (strstr(in->name, PATHS[t]) == NULL) t++;
+            float *g = all + (size_t)(m->layer_start + in->layer) * per + off[t] + (b ? (size_t)r * ins[t] : 0);
+            for (int k = 0; k < in->rows; k++)
+                memcpy(g + (size_t)(in->row0 + k) * in->cols_global + in->col0, host + in->offset + (size_t)k * in->cols,
+                       sizeof(float) * in->cols);
+        }
+    comm_all_reduce_sum(&mesh->group, all, (size_t)L * per + 1);
+    err[0] = 0;
+    if (mesh->rank == 0) {
+        StWriteTensor *ts = xcalloc((size_t)2 * L * LORA_TARGETS, sizeof(StWriteTensor));
+        char (*names)[128] = xcalloc((size_t)2 * L * LORA_TARGETS, sizeof(*names));
+        int n = 0;
+        for (int l = 0; l < L; l++)
+            for (int t = 0; t < LORA_TARGETS; t++) {
+                if (!lo->target[t]) continue;
+                for (int b = 0; b < 2; b++) {
+                    snprintf(names[n], sizeof names[n], "base_model.model.model.layers.%d.%s.lora_%c.weight", l, PATHS[t],
+                             b ? 'B' : 'A');
+                    ts[n] = (StWriteTensor){names[n], 2, {b ? outs[t] : r, b ? r : ins[t]},
+                                            all + (size_t)l * per + off[t] + (b ? (size_t)r * ins[t] : 0)};
+                    n++;
+                }
+            }
+        char *wpath = path_join(dir, "adapter_model.safetensors"), *cpath = path_join(dir, "adapter_config.json");
+        if (st_write(wpath, ts, n, ST_F32) != 0) snprintf(err, cap, "%s: cannot write: %s", wpath, strerror(errno));
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "peft_type", "LORA");
+        cJSON_AddStringToObject(j, "task_type", m->head == HEAD_SCORE ? "SEQ_CLS" : "CAUSAL_LM");
+        cJSON_AddStringToObject(j, "base_model_name_or_path", base);
+        cJSON_AddNumberToObject(j, "r", r);
+        cJSON_AddNumberToObject(j, "lora_alpha", lo->alpha);
+        cJSON_AddNumberToObject(j, "lora_dropout", 0.0);
+        cJSON_AddBoolToObject(j, "use_rslora", lo->rslora);
+        cJSON_AddBoolToObject(j, "use_dora", 0);
+        cJSON_AddBoolToObject(j, "fan_in_fan_out", 0);
+        cJSON_AddStringToObject(j, "bias", "none");
+        cJSON_AddBoolToObject(j, "inference_mode", 1);
+        cJSON_AddBoolToObject(j, "init_lora_weights", 1);
+        cJSON *tm = cJSON_AddArrayToObject(j, "target_modules");
+        for (int t = 0; t < LORA_TARGETS; t++) if (lo->target[t]) cJSON_AddItemToArray(tm, cJSON_CreateString(NAMES[t]));
+        cJSON_AddNullToObject(j, "modules_to_save");
+        char *text = cJSON_Print(j);
+        cJSON_Delete(j);
+        if (!err[0] && write_file_atomic(cpath, text, strlen(text)) != 0)
+            snprintf(err, cap, "%s: cannot write: %s", cpath, strerror(errno));
+        free(text);
+        free(wpath);
+        free(cpath);
+        free(ts);
+        free(names);
+    }
+    free(all);
+    free(host);
+    return comm_first_error(&mesh->group, err, cap) ? -1 : 0;
+}

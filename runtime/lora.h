@@ -1,0 +1,50 @@
+/* lora.h — LoRA adapters as trainable weights beside a frozen base (PEFT's LoraLayer, Hu et al.):
+ * each targeted projection y = W x becomes y = W x + scale * B (A x), A (r, in), B (out, r), scale =
+ * alpha / r (alpha / sqrt(r) with rsLoRA). Owns: the adapters' spec (PEFT's tensor names), their
+ * sharding under tensor parallelism (the layer's own split: column-parallel q/k/v/gate/up keep A
+ * whole and B's rows of their outputs; row-parallel o/down keep A's columns of their inputs and B
+ * whole), PEFT's initialisation (A kaiming-uniform, B zero), and reading / writing PEFT's adapter
+ * directory. The forward's and backward's terms are in runtime/forward.c and train/grad.c.
+ * Memory: one fp32 arena in the model's backend (the trained weights and their optimizer state are
+ * the adapters' only: the base has no gradients and no moments).
+ * Does not own: merging into the base for inference (runtime/adapter.c), the optimizer. */
+#ifndef TANDEM_LORA_H
+#define TANDEM_LORA_H
+#include "runtime/model.h"
+
+enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_TARGETS };
+
+typedef struct Lora {
+    int r;
+    double alpha;
+    int rslora;
+    int target[LORA_TARGETS];   /* 1: that projection is adapted */
+    float scale;                /* alpha / r (rslora: alpha / sqrt(r)), in fp32 as PEFT multiplies */
+    int enabled;                /* 0: the forward is the base's alone (a reference model) */
+    float **A, **B;             /* (L_local * LORA_TARGETS) this rank's blocks, NULL where not adapted:
+                                   A (r, in_local), B (out_local, r); see the top for which is whole */
+    float *arena;               /* every A and B, in the order of infos; the backend's memory */
+    size_t n;                   /* floats in it */
+    ParamInfo *infos;           /* (n_infos) the adapters' tensors on this rank, PEFT's names */
+    int n_infos;
+} Lora;
+
+/* --lora-target: "all-linear" or a comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,
+ * down_proj; anything else is a user_error naming flag */
+void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARGETS]);
+/* Adapters for m (this rank's layers and tp shard), initialised as PEFT does: A ~ U(-1/sqrt(in),
+ * 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), drawn for the whole tensor from `seed`, the layer
+ * and the projection (every layout the same values), B = 0. A user_error when the layout cannot
+ * split them (k/v adapted while tp > num_key_value_heads). Sets m->lora. */
+Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_TARGETS], uint64_t seed);
+void lora_free(Model *m);
+/* Reads a PEFT adapter directory's adapter_model.safetensors into the adapters (this rank's blocks),
+ * e.g. a run's checkpoint or an adapter to start from; shapes are checked (user_error naming the file
+ * and tensor). */
+void lora_load(Model *m, const char *dir);
+/* Writes dir/adapter_config.json and dir/adapter_model.safetensors as PEFT's save_pretrained does
+ * (base_model_name_or_path = base), world rank 0 writing what every tp / pp rank of dp rank 0 sends
+ * it (one file, as PEFT reads it). Collective over m's mesh. 0, or -1 with err (CHECKPOINT_ERR_CAP-
+ * sized, the line naming the file) on every rank. */
+int lora_save(const Model *m, const char *dir, const char *base, char *err, size_t cap);
+#endif

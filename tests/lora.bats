@@ -1,0 +1,129 @@
+#!/usr/bin/env bats
+# LoRA training (issue 30; runtime/lora.h, the terms in runtime/forward.c lora_add and train/grad.c
+# lora_backward): adapters beside the frozen base, PEFT's format out.
+# - Gradients of every lora_A and lora_B against PyTorch autograd through PEFT's unmerged model
+#   (tests/fixtures/lora/make_lora_fixtures.py: nonzero A and B on three fixture models), at 1x1,
+#   tp 2, pp 2, tp 2 x pp 2, 1F1B and recompute, with test_grad.c's tolerance (1e-5 of max(1,
+#   max|ref|): both sides fp32; the adapters add two small matmuls per projection to the same
+#   summation-order differences the base's gradients have; measured worst 2.3e-6).
+# - sft --lora-r on stories260K lowers the held-out loss by sft.bats' own margin (0.1; measured
+#   2.047 -> 1.790, more than full training's 1.876 at the same lr and steps), and the checkpoint
+#   is a PEFT adapter: transformers + peft load it and give Tandem's logprobs (eval --adapter and the
+#   --merge'd model) within eval.bats' 1e-4, which the base alone misses by far.
+# - The base is frozen: no gradients and no moments for it in the memory plan.
+# - Layouts: every layout draws the same A (from --seed) and B = 0, so step 1 is the base model's
+#   loss bit for bit; later steps follow 1x1 within resume_layout.bats' 1e-5 (other summation orders).
+load helpers
+
+TG="$ROOT/build/tests/test_grad"
+
+# lora_grad MODEL TP PP [1f1b]: test_grad with the fixture's adapter on TP*PP ranks; every rank ok
+lora_grad() {
+    local model=$1 tp=$2 pp=$3 n=$(($2 * $3))
+    run timeout 120 env TANDEM_TEST_LORA="$FIX/lora/$model" $MPIRUN "$n" "$TG" "$FIX/models/$model" "$FIX/lora/$model.json" \
+        "$tp" "$pp" ${4:-}
+    echo "$output" | grep -E 'worst|loss|FAIL'
+    [ "$status" -eq 0 ]
+    [ "$(grep -c 'ok: grad' <<<"$output")" -eq "$n" ]
+    [ "$(grep -c ' 28 gradient tensors\| 14 gradient tensors' <<<"$output")" -eq "$n" ]
+}
+
+@test "lora grad: every lora_A / lora_B gradient matches PEFT's autograd at 1x1, tp 2, pp 2, tp 2 x pp 2 (llama_gqa, qwen2_bias, mistral_swa)" {
+    for model in llama_gqa qwen2_bias mistral_swa; do
+        run timeout 60 env TANDEM_TEST_LORA="$FIX/lora/$model" "$TG" "$FIX/models/$model" "$FIX/lora/$model.json"
+        echo "$output" | grep -E 'worst|loss|FAIL'
+        [ "$status" -eq 0 ]
+        grep -q 'ok: grad loss, 28 gradient tensors' <<<"$output"
+        lora_grad $model 2 1
+        lora_grad $model 1 2
+        lora_grad $model 2 2
+    done
+}
+
+@test "lora grad: 1F1B micro-batches and recompute (the same bits as keeping every activation)" {
+    lora_grad llama_gqa 1 2 1f1b
+    run timeout 120 env TANDEM_TEST_RECOMPUTE=1 TANDEM_TEST_LORA="$FIX/lora/llama_gqa" $MPIRUN 4 "$TG" \
+        "$FIX/models/llama_gqa" "$FIX/lora/llama_gqa.json" 2 2
+    [ "$status" -eq 0 ]
+    [ "$(grep -c 'recompute: gradients and loss bit-identical' <<<"$output")" -eq 4 ]
+}
+
+stories_data() {
+    jq -Rsc 'split("\n\n") | map(select(length > 80)) | .[] | (split(". ")) as $s | select(($s | length) > 2)
+             | {prompt: ($s[0] + "."), response: (" " + ($s[1:] | join(". ")))}' \
+        "$ASSETS/data/pretrain/tinystories_train_head.txt" > "$BATS_TEST_TMPDIR/all.jsonl"
+    head -n 400 "$BATS_TEST_TMPDIR/all.jsonl" > "$BATS_TEST_TMPDIR/train.jsonl"
+    sed -n 401,460p "$BATS_TEST_TMPDIR/all.jsonl" > "$BATS_TEST_TMPDIR/val.jsonl"
+}
+
+@test "sft --lora-r: stories260K's held-out loss falls (sft.bats' 0.1); the checkpoint is a PEFT adapter that peft loads with Tandem's logprobs; --merge; the base frozen" {
+    need_assets
+    need_hfpy
+    stories_data
+    t="$BATS_TEST_TMPDIR"
+    run "$TANDEM" sft --model "$STORIES" --data "$t/train.jsonl" --eval-data "$t/val.jsonl" --out "$t/o" --seq-len 256 \
+        --batch-size 8 --max-steps 30 --lr 2e-3 --warmup 3 --threads 2 --lora-r 8 --lora-alpha 16 --merge
+    [ "$status" -eq 0 ]
+    b=$(grep eval_loss "$t/o/metrics.jsonl" | head -1 | jq .eval_loss); a=$(grep eval_loss "$t/o/metrics.jsonl" | tail -1 | jq .eval_loss)
+    echo "eval loss $b -> $a"
+    awk -v a="$a" -v b="$b" 'BEGIN { exit !(b - a > 0.1) }'
+    # the base frozen: gradients and moments are the adapters' (46K floats), not the model's (256K)
+    plan=$(grep -A1 '^memory plan' <<<"$output" | tail -1)
+    echo "$plan"
+    awk '{ exit !($9 < 0.25 && $10 < 0.5) }' <<<"$plan"
+    ck="$t/o/checkpoint-30"
+    [ -f "$ck/adapter_config.json" ] && [ -f "$ck/adapter_model.safetensors" ] && [ -f "$ck/trainer_state.json" ]
+    [ "$(jq -r '.peft_type + " " + (.r | tostring) + " " + (.target_modules | length | tostring)' "$ck/adapter_config.json")" = "LORA 8 7" ]
+    # PEFT's own forward of the saved adapter (unmerged) against Tandem's
+    head -3 "$t/val.jsonl" | jq -c '{text: (.prompt + .response)}' > "$t/in.jsonl"
+    run timeout 120 "$HFPY" "$ROOT/eval/hf_reference.py" --model "$STORIES" --adapter "$ck" --input "$t/in.jsonl" --out "$t/ref.jsonl" --greedy 8
+    [ "$status" -eq 0 ]
+    for m in "--model $STORIES --adapter $ck" "--model $t/o/merged"; do
+        run "$TANDEM" eval --dtype fp32 $m --reference "$t/ref.jsonl" --max-logprob-diff 1e-4 --quiet
+        echo "$m: ${lines[-1]}"
+        [ "$status" -eq 0 ]
+        echo "${lines[-1]}" | jq -e '.pass and .greedy_mismatches == 0'
+    done
+    # the adapter matters: the base alone misses PEFT's logprobs by far
+    run "$TANDEM" eval --dtype fp32 --model "$STORIES" --reference "$t/ref.jsonl" --max-logprob-diff 1e-4 --quiet
+    [ "$status" -ne 0 ]
+    echo "${lines[-1]}" | jq -e '.max_abs_logprob_diff > 0.1'
+}
+
+@test "sft --lora-r at tp 2, pp 2 and dp 2 ZeRO-1: step 1 is the base model's loss bit for bit (B = 0, the same A); the run follows 1x1 within 1e-5" {
+    need_assets
+    make_rev_data "$BATS_TEST_TMPDIR"
+    t="$BATS_TEST_TMPDIR"
+    A=(sft --model "$STORIES" --data "$t/rev_train.jsonl" --seq-len 32 --batch-size 8 --max-steps 6 --lr 3e-3 --threads 1)
+    "$TANDEM" "${A[@]}" --out "$t/full" --max-steps 1 2>/dev/null
+    "$TANDEM" "${A[@]}" --lora-r 4 --out "$t/one" 2>/dev/null
+    "$TANDEM" "${A[@]}" --lora-r 4 --micro-batches 2 --out "$t/two" 2>/dev/null   # dp 2's step: 2 micro-batches
+    # the adapters' memory is the backend's (cpu-guarded: the host never touches it): the same bits
+    "$TANDEM" "${A[@]}" --lora-r 4 --device cpu-guarded --out "$t/guarded" 2>/dev/null
+    diff <(jq .loss "$t/one/metrics.jsonl") <(jq .loss "$t/guarded/metrics.jsonl")
+    [ "$(jq -s '.[0].loss' "$t/full/metrics.jsonl")" = "$(jq -s '.[0].loss' "$t/one/metrics.jsonl")" ]
+    for lay in "one --tp 2" "one --pp 2" "two --zero 1"; do
+        set -- $lay
+        ref=$1; shift
+        run timeout 200 $MPIRUN 2 "$TANDEM" "${A[@]}" --lora-r 4 --out "$t/l$1$2" "$@"
+        [ "$status" -eq 0 ]
+        echo "$*: $(jq .loss "$t/l$1$2/metrics.jsonl" | tr '\n' ' ') vs $(jq .loss "$t/$ref/metrics.jsonl" | tr '\n' ' ')"
+        paste <(jq .loss "$t/$ref/metrics.jsonl") <(jq .loss "$t/l$1$2/metrics.jsonl") |
+            awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 > 1 ? $1 : 1)) bad = 1; n++ } END { exit bad || n != 6 }'
+        cmp "$t/one/checkpoint-6/adapter_config.json" "$t/l$1$2/checkpoint-6/adapter_config.json"
+    done
+}
+
+@test "sft --lora-*: bad settings are one line each" {
+    need_assets
+    make_rev_data "$BATS_TEST_TMPDIR"
+    A=(sft --model "$STORIES" --data "$BATS_TEST_TMPDIR/rev_train.jsonl" --out "$BATS_TEST_TMPDIR/x" --max-steps 1)
+    run_one_line "--lora-r -1: must be >= 0" "$TANDEM" "${A[@]}" --lora-r -1
+    run_one_line "--merge: merges LoRA adapters; give --lora-r" "$TANDEM" "${A[@]}" --merge
+    run_one_line "--lora-r with --zero 2: the adapters are small" "$TANDEM" "${A[@]}" --lora-r 4 --zero 2
+    run_one_line "--lora-target q_proj,x_proj: x_proj is not a projection" "$TANDEM" "${A[@]}" --lora-r 4 --lora-target q_proj,x_proj
+    run_one_line "--lora-alpha 0: must be > 0" "$TANDEM" "${A[@]}" --lora-r 4 --lora-alpha 0
+    # k/v of a kv head replicated over tp ranks (llama_gqa: 2 kv heads at tp 4): not split yet
+    run_one_line "--lora-target k_proj/v_proj with --tp 4 > num_key_value_heads 2" env TANDEM_TEST_LORA="$FIX/lora/llama_gqa" \
+        $MPIRUN 4 "$ROOT/build/tests/test_grad" "$FIX/models/llama_gqa" "$FIX/lora/llama_gqa.json" 4 1
+}
