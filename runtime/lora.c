@@ -141,28 +141,32 @@ void lora_free(Model *m) {
     m->lora = NULL;
 }
 
-void lora_load(Model *m, const char *dir) {
-    Lora *lo = m->lora;
-    char *path = path_join(dir, "adapter_model.safetensors");
+void lora_read_blocks(const Model *m, const char *path, float *host) {
+    const Lora *lo = m->lora;
     if (!file_exists(path)) user_error("%s: not found (a PEFT adapter directory's weights)", path);
     SafeTensors *st = st_open_file(path);
-    float *buf = NULL;
-    size_t cap = 0;
     for (int i = 0; i < lo->n_infos; i++) {
         const ParamInfo *in = &lo->infos[i];
         if (!st_find(st, in->name)) user_error("%s: tensor %s missing (--lora-target names it)", path, in->name);
-        if (in->numel > cap) buf = xrealloc(buf, sizeof(float) * (cap = in->numel));
+        float *buf = host + in->offset;
         st_read_block(st, in->name, in->rows_global, in->cols_global, in->row0, in->rows, in->col0, in->cols, buf, DTYPE_F32);
         for (size_t e = 0; e < in->numel; e++)
             if (!isfinite(buf[e])) user_error("%s: tensor %s holds a non-finite value", path, in->name);
-        m->be->to_device(lo->arena + in->offset, buf, sizeof(float) * in->numel);
     }
-    free(buf);
     st_close(st);
+}
+
+void lora_load(Model *m, const char *dir) {
+    Lora *lo = m->lora;
+    char *path = path_join(dir, "adapter_model.safetensors");
+    float *host = xmalloc(sizeof(float) * (lo->n ? lo->n : 1));
+    lora_read_blocks(m, path, host);
+    m->be->to_device(lo->arena, host, sizeof(float) * lo->n);
+    free(host);
     free(path);
 }
 
-int lora_save(const Model *m, const char *dir, const char *base, char *err, size_t cap) {
+int lora_write_blocks(const Model *m, const float *host, const char *path, char *err, size_t cap) {
     const Lora *lo = m->lora;
     const Mesh *mesh = m->mesh;
     const ModelConfig *c = &m->cfg;
@@ -177,8 +181,7 @@ int lora_save(const Model *m, const char *dir, const char *base, char *err, size
         off[t] = per;
         if (lo->target[t]) per += (size_t)r * (ins[t] + outs[t]);
     }
-    float *all = xcalloc((size_t)L * per + 1, sizeof(float)), *host = xmalloc(sizeof(float) * (lo->n ? lo->n : 1));
-    m->be->to_host(host, lo->arena, sizeof(float) * lo->n);
+    float *all = xcalloc((size_t)L * per + 1, sizeof(float));
     if (mesh->dp_rank == 0)
         for (int i = 0; i < lo->n_infos; i++) {
             const ParamInfo *in = &lo->infos[i];
@@ -207,13 +210,31 @@ int lora_save(const Model *m, const char *dir, const char *base, char *err, size
                     n++;
                 }
             }
-        char *wpath = path_join(dir, "adapter_model.safetensors"), *cpath = path_join(dir, "adapter_config.json");
-        if (st_write(wpath, ts, n, ST_F32) != 0) snprintf(err, cap, "%s: cannot write: %s", wpath, strerror(errno));
+        if (st_write(path, ts, n, ST_F32) != 0) snprintf(err, cap, "%s: cannot write: %s", path, strerror(errno));
+        free(ts);
+        free(names);
+    }
+    free(all);
+    return comm_first_error(&mesh->group, err, cap) ? -1 : 0;
+}
+
+int lora_save(const Model *m, const char *dir, const char *base, char *err, size_t cap) {
+    const Lora *lo = m->lora;
+    const Mesh *mesh = m->mesh;
+    float *host = xmalloc(sizeof(float) * (lo->n ? lo->n : 1));
+    m->be->to_host(host, lo->arena, sizeof(float) * lo->n);
+    char *wpath = path_join(dir, "adapter_model.safetensors");
+    int rc = lora_write_blocks(m, host, wpath, err, cap);
+    free(host);
+    free(wpath);
+    if (rc) return -1;
+    if (mesh->rank == 0) {
+        char *cpath = path_join(dir, "adapter_config.json");
         cJSON *j = cJSON_CreateObject();
         cJSON_AddStringToObject(j, "peft_type", "LORA");
         cJSON_AddStringToObject(j, "task_type", m->head == HEAD_SCORE ? "SEQ_CLS" : "CAUSAL_LM");
         cJSON_AddStringToObject(j, "base_model_name_or_path", base);
-        cJSON_AddNumberToObject(j, "r", r);
+        cJSON_AddNumberToObject(j, "r", lo->r);
         cJSON_AddNumberToObject(j, "lora_alpha", lo->alpha);
         cJSON_AddNumberToObject(j, "lora_dropout", 0.0);
         cJSON_AddBoolToObject(j, "use_rslora", lo->rslora);
@@ -227,15 +248,10 @@ int lora_save(const Model *m, const char *dir, const char *base, char *err, size
         cJSON_AddNullToObject(j, "modules_to_save");
         char *text = cJSON_Print(j);
         cJSON_Delete(j);
-        if (!err[0] && write_file_atomic(cpath, text, strlen(text)) != 0)
+        if (write_file_atomic(cpath, text, strlen(text)) != 0)
             snprintf(err, cap, "%s: cannot write: %s", cpath, strerror(errno));
         free(text);
-        free(wpath);
         free(cpath);
-        free(ts);
-        free(names);
     }
-    free(all);
-    free(host);
     return comm_first_error(&mesh->group, err, cap) ? -1 : 0;
 }

@@ -47,4 +47,9 @@ void lora_load(Model *m, const char *dir);
  * it (one file, as PEFT reads it). Collective over m's mesh. 0, or -1 with err (CHECKPOINT_ERR_CAP-
  * sized, the line naming the file) on every rank. */
 int lora_save(const Model *m, const char *dir, const char *base, char *err, size_t cap);
+/* The tensor file alone, of `host` (lora->n floats on the host: this rank's blocks laid out as the
+ * arena; dp rank 0's are written): the optimizer's moments go the same way (train/optim_state.c). */
+int lora_write_blocks(const Model *m, const float *host, const char *path, char *err, size_t cap);
+/* This rank's blocks of every adapter tensor of the file at path into host (lora->n floats). */
+void lora_read_blocks(const Model *m, const char *path, float *host);
 #endif

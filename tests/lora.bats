@@ -13,6 +13,8 @@
 # - The base is frozen: no gradients and no moments for it in the memory plan.
 # - Layouts: every layout draws the same A (from --seed) and B = 0, so step 1 is the base model's
 #   loss bit for bit; later steps follow 1x1 within resume_layout.bats' 1e-5 (other summation orders).
+# - --resume: the checkpoint holds the adapter and its moments (optimizer/exp_avg, exp_avg_sq as
+#   adapter files): bit for bit at the same layout, within 1e-5 after tp / dp / ZeRO-1 changes.
 load helpers
 
 TG="$ROOT/build/tests/test_grad"
@@ -112,6 +114,32 @@ stories_data() {
             awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 > 1 ? $1 : 1)) bad = 1; n++ } END { exit bad || n != 6 }'
         cmp "$t/one/checkpoint-6/adapter_config.json" "$t/l$1$2/checkpoint-6/adapter_config.json"
     done
+}
+
+@test "sft --lora-r --resume: bit for bit at the same layout (the adapter and its AdamW moments in the checkpoint); 1x1 -> tp 2 -> dp 2 ZeRO-1 follows within 1e-5" {
+    need_assets
+    make_rev_data "$BATS_TEST_TMPDIR"
+    t="$BATS_TEST_TMPDIR"
+    A=(sft --model "$STORIES" --data "$t/rev_train.jsonl" --seq-len 32 --batch-size 8 --max-steps 6 --lr 3e-3 --threads 1
+       --lora-r 4 --save-every 2)
+    "$TANDEM" "${A[@]}" --out "$t/straight" 2>/dev/null
+    "$TANDEM" "${A[@]}" --out "$t/s" --stop-after 2 2>/dev/null
+    [ -f "$t/s/checkpoint-2/optimizer/exp_avg/adapter_model.safetensors" ] && [ -f "$t/s/checkpoint-2/optimizer/optimizer.json" ]
+    run "$TANDEM" "${A[@]}" --out "$t/s" --resume "$t/s/checkpoint-2"
+    [ "$status" -eq 0 ]
+    diff <(jq .loss "$t/straight/metrics.jsonl") <(jq .loss "$t/s/metrics.jsonl")
+    cmp "$t/straight/checkpoint-6/adapter_model.safetensors" "$t/s/checkpoint-6/adapter_model.safetensors"
+    run timeout 200 $MPIRUN 2 "$TANDEM" "${A[@]}" --out "$t/s" --resume "$t/s/checkpoint-2" --tp 2 --stop-after 4 --overwrite
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"saved with tp=1 pp=1 dp=1 zero=0, now tp=2 pp=1 dp=1 zero=0"* ]]
+    run timeout 200 $MPIRUN 2 "$TANDEM" "${A[@]}" --micro-batches 1 --batch-size 4 --zero 1 --out "$t/s" --resume "$t/s/checkpoint-4" --overwrite
+    [ "$status" -eq 0 ]
+    paste <(jq .loss "$t/straight/metrics.jsonl") <(jq .loss "$t/s/metrics.jsonl") |
+        awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 > 1 ? $1 : 1)) bad = 1; n++ } END { exit bad || n != 6 }'
+    # a full-training checkpoint is not a LoRA one
+    "$TANDEM" sft --model "$STORIES" --data "$t/rev_train.jsonl" --seq-len 32 --max-steps 1 --out "$t/full" 2>/dev/null
+    run_one_line "checkpoint-1/adapter_config.json: missing: --lora-r resumes from a LoRA run's checkpoint" \
+        "$TANDEM" "${A[@]}" --out "$t/full" --resume "$t/full/checkpoint-1"
 }
 
 @test "sft --lora-*: bad settings are one line each" {

@@ -129,7 +129,8 @@ int learner_save(Learner *L, const char *src_dir, const char *dir, char *err) {
         if (mesh->rank == 0 && mkdir(dir, 0755) != 0 && errno != EEXIST)
             snprintf(err, CHECKPOINT_ERR_CAP, "%s: cannot create directory: %s", dir, strerror(errno));
         if (comm_first_error(&mesh->group, err, CHECKPOINT_ERR_CAP)) return -1;
-        return lora_save(L->m, dir, src_dir, err, CHECKPOINT_ERR_CAP);
+        if (lora_save(L->m, dir, src_dir, err, CHECKPOINT_ERR_CAP)) return -1;
+        return optim_state_save(L->opt, L->m, dir, err);
     }
     model_shards_gather_all(L->m);   /* ZeRO-3: the writer reads whole layers */
     int failed = checkpoint_save_model(L->m, src_dir, dir, 1, L->save_dtype, err);

@@ -1,6 +1,7 @@
 /* optim_state.c — see optim_state.h. The sections are Optim's one state block in order (m, v,
  * master: optim.h), each written as its own HF directory of tensors. */
 #include "train/optim_state.h"
+#include "runtime/lora.h"
 #include "runtime/comm.h"
 #include "runtime/safetensors.h"
 #include "runtime/util.h"
@@ -55,6 +56,20 @@ static const float *state_shard(void *ctx, const ParamInfo *in) {
     return mesh->dp_rank == 0 ? s->buf : NULL;
 }
 
+/* LoRA (OptimSet of the adapters): section k laid out as the adapters' arena on the host, every dp
+ * rank's pieces (each element held by one dp rank under ZeRO, by every one plain: dp rank 0's) */
+static float *lora_section(const Optim *o, int k) {
+    float *host = xcalloc(o->n_params ? o->n_params : 1, sizeof(float));
+    const Mesh *mesh = o->mesh;
+    if (o->cfg.zero || mesh->dp_rank == 0)
+        for (int i = 0; i < o->n_pieces; i++) {
+            const OptimPiece *pc = &o->pieces[i];
+            o->be->to_host(host + pc->lo, o->m + (size_t)k * o->n_state + pc->held, sizeof(float) * (pc->hi - pc->lo));
+        }
+    comm_all_reduce_sum(&mesh->dp_comm, host, o->n_params);   /* exact: one rank's value, zeros elsewhere */
+    return host;
+}
+
 int optim_state_save(const Optim *o, const Model *m, const char *dir, char *err) {
     const Mesh *mesh = o->mesh;
     int ns = n_sections(o->dtype), rc = -1;
@@ -71,10 +86,19 @@ int optim_state_save(const Optim *o, const Model *m, const char *dir, char *err)
     if (comm_first_error(&mesh->group, err, CHECKPOINT_ERR_CAP)) goto free_root;
     for (int k = 0; k < ns; k++) {
         char *d = path_join(root, SECTIONS[k]);
-        StateSource s = {o, o->m + (size_t)k * o->n_state, NULL, 0};
-        ShardSource src = {state_shard, &s};
-        int failed = checkpoint_save_tensors(m, &src, d, DTYPE_F32, err);
-        free(s.buf);
+        int failed;
+        if (o->params != m->params) {   /* LoRA's adapters: each section as an adapter file */
+            float *host = lora_section(o, k);
+            char *f = path_join(d, "adapter_model.safetensors");
+            failed = lora_write_blocks(m, host, f, err, CHECKPOINT_ERR_CAP);
+            free(f);
+            free(host);
+        } else {
+            StateSource s = {o, o->m + (size_t)k * o->n_state, NULL, 0};
+            ShardSource src = {state_shard, &s};
+            failed = checkpoint_save_tensors(m, &src, d, DTYPE_F32, err);
+            free(s.buf);
+        }
         free(d);
         if (failed) goto free_root;
     }
@@ -151,6 +175,26 @@ void optim_state_load(Optim *o, const Model *m, const char *dir) {
     cJSON_Delete(j);
     free(text);
 
+    if (o->params != m->params) {   /* LoRA's adapters: each section an adapter file */
+        float *host = xmalloc(sizeof(float) * (o->n_params ? o->n_params : 1));
+        for (int k = 0; k < n_sections(o->dtype); k++) {
+            char *f = path_join(root, SECTIONS[k]), *p = path_join(f, "adapter_model.safetensors");
+            lora_read_blocks(m, p, host);
+            for (int i = 0; i < o->n_pieces; i++) {
+                const OptimPiece *pc = &o->pieces[i];
+                for (size_t e = pc->lo; k == 1 && e < pc->hi; e++)
+                    if (host[e] < 0) user_error("%s: a negative second moment: a corrupt optimizer state", p);
+                o->be->to_device(o->m + (size_t)k * o->n_state + pc->held, host + pc->lo, sizeof(float) * (pc->hi - pc->lo));
+            }
+            free(p);
+            free(f);
+        }
+        free(host);
+        free(jpath);
+        free(root);
+        o->step = step;
+        return;
+    }
     int n = model_param_infos(m, NULL, 0);
     ParamInfo *infos = xmalloc(sizeof(ParamInfo) * (size_t)n);
     model_param_infos(m, infos, n);

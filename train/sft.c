@@ -88,7 +88,7 @@ int sft_main(int argc, char **argv) {
     Mesh mesh;
     mesh_init_world(&mesh, o.tp, o.pp);
     Model m;
-    model_load(&m, o.resume ? o.resume : o.model_dir, &mesh, o.dtype, o.be);
+    model_load(&m, o.resume && !o.lora_r ? o.resume : o.model_dir, &mesh, o.dtype, o.be);   /* LoRA: the base */
     Sft s = {&m, NAN};
     TrainTask t = {.hook = &LOSS_XENT, .ctx = &s, .prepare_step = sft_prepare_step, .step_metrics = sft_step_metrics,
                    .evaluate = sft_evaluate};

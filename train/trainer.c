@@ -258,9 +258,13 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     if (o->merge && !o->lora_r) user_error("--merge: merges LoRA adapters; give --lora-r");
     if (o->lora_r && o->zero > 1)
         user_error("--lora-r with --zero %d: the adapters are small; ZeRO-2/3 for them is not done (use --zero 0 or 1)", o->zero);
-    if (o->lora_r && o->resume) user_error("--lora-r with --resume: resuming a LoRA run is not done yet");
+    if (o->lora_r && o->resume) {   /* a LoRA checkpoint: the adapter (the base is --model) */
+        char *p = path_join(o->resume, "adapter_config.json");
+        if (!file_exists(p)) user_error("%s: missing: --lora-r resumes from a LoRA run's checkpoint (a PEFT adapter directory)", p);
+        free(p);
+    }
     if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard);
-    if (o->resume) trainer_check_same_model(o->model_dir, o->resume);
+    if (o->resume && !o->lora_r) trainer_check_same_model(o->model_dir, o->resume);
     if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
     o->threads = backend_set_threads(o->threads);
     o->be = device_open(o->device, o->tp, o->pp);
@@ -370,6 +374,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
         int target[LORA_TARGETS];
         lora_targets_parse("--lora-target", o->lora_target, target);
         lora_new(m, o->lora_r, o->lora_alpha, o->lora_rslora, target, (uint64_t)o->seed);
+        if (o->resume) lora_load(m, o->resume);
         if (root) fprintf(stderr, "LoRA: r %d, alpha %g, scale %g, %s; %zu trained parameters on rank 0\n", o->lora_r,
                           o->lora_alpha, m->lora->scale, o->lora_target, m->lora->n);
     }
