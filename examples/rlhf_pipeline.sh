@@ -44,9 +44,9 @@ RM=$(ls -d "$OUT"/rm/checkpoint-* | sort -t- -k2 -n | tail -1)
 
 echo "== 4. PPO: actor and reference = the SFT model, critic and reward = the reward model"
 $T ppo --actor "$SFT" --critic "$RM" --reward "$RM" --prompts tests/fixtures/ppo/story_prompts_train.jsonl --out "$OUT/ppo" \
-    --rollout-batch-size 16 --max-new-tokens 48 --steps 30 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --log-every 10 2>&1 |
+    --rollout-batch-size 16 --max-new-tokens 48 --steps 20 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --log-every 10 2>&1 |
     grep -E "^step|^ppo:"
 
-before=$(rate "$SFT"); after=$(rate "$OUT/ppo/checkpoint-30/actor")
+before=$(rate "$SFT"); after=$(rate "$OUT/ppo/checkpoint-20/actor")
 kl=$(jq -s '.[-1]["actor/kl"]' "$OUT/ppo/metrics.jsonl")
 echo "held-out rule score: SFT $before -> PPO $after; KL to the reference at the end $kl"

@@ -220,12 +220,15 @@ rule_rate() {
     need_story
     out="$BATS_TEST_TMPDIR/grpo"
     run timeout 300 "$TANDEM" ppo --dtype bf16 --actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --out "$out" --advantage grpo \
-        --n-samples-per-prompt 8 --rollout-batch-size 8 --max-new-tokens 48 --steps 30 --kl-coef 0 --kl-loss-coef 0.001 \
+        --n-samples-per-prompt 8 --rollout-batch-size 8 --max-new-tokens 48 --steps 15 --kl-coef 0 --kl-loss-coef 0.001 \
         --actor-lr 3e-4 --log-every 5
     [ "$status" -eq 0 ]
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$out/metrics.jsonl" -c)" = "[0]" ]
-    [ "$(st_dtypes "$out/checkpoint-30/actor/model-00001-of-00001.safetensors")" = BF16 ]
-    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-30/actor")
+    [ "$(jq -s length "$out/metrics.jsonl")" -eq 15 ]
+    [ "$(st_dtypes "$out/checkpoint-15/actor/model-00001-of-00001.safetensors")" = BF16 ]
+    # 15 steps (fp32's test runs 10): measured 0.90-0.99 at step 15 over --seed 1234, 1-4, against
+    # the threshold's 0.5 (at step 10: 0.56-0.91, too close)
+    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-15/actor")
     echo "bf16 grpo: held-out rule score $before -> $after" >&3
     awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'
 }
@@ -297,12 +300,15 @@ rule_rate() {
     RMD="$BATS_TEST_TMPDIR/rm/checkpoint-78"
     out="$BATS_TEST_TMPDIR/ppo"
     run timeout 300 "$TANDEM" ppo --dtype bf16 --actor "$STORIES" --critic "$RMD" --reward "$RMD" --prompts "$TRAIN" --out "$out" \
-        --rollout-batch-size 16 --max-new-tokens 48 --steps 30 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --log-every 5
+        --rollout-batch-size 16 --max-new-tokens 48 --steps 20 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --log-every 5
     [ "$status" -eq 0 ]
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$out/metrics.jsonl" -c)" = "[0]" ]
+    [ "$(jq -s length "$out/metrics.jsonl")" -eq 20 ]
+    # 20 steps (fp32's test runs 20 too): measured over --seed 1234, 1-4 the RM score rises by
+    # 3.8-6.9 (the test asks 2) and the held-out score reaches 0.76-1.0 (it asks 0.5)
     s0=$(jq -s '.[0:5] | map(.["critic/score/mean"]) | add / 5' "$out/metrics.jsonl")
     s1=$(jq -s '.[-5:] | map(.["critic/score/mean"]) | add / 5' "$out/metrics.jsonl")
-    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-30/actor")
+    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-20/actor")
     echo "bf16 ppo: RM score (first 5 / last 5 steps) $s0 -> $s1; held-out rule score $before -> $after" >&3
     awk -v a="$s0" -v b="$s1" 'BEGIN { exit !(b > a + 2) }'
     awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'

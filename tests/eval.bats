@@ -66,19 +66,27 @@ hf_parity() { # MODEL REF [extra args]
 
 # Layouts: each layout must reproduce the 1x1 run's logprobs exactly (limit 0: pp and dp move data
 # only, and tp's sums are leaves added by one tree at every tp dividing 8, kernels.h TP_LEAVES) and
-# HF greedy exactly.
+# HF greedy exactly. One run per layout checks both: the 1x1 run passes HF's reference (1e-4, greedy
+# exact) as it writes its own, the layout's logprobs equal the 1x1 run's (so they pass HF's 1e-4 as
+# well), and the written reference carries HF's greedy ids with HF's greedy_top_logprobs (and tie
+# gaps, where given) merged back in, so a greedy step is a mismatch or a tie exactly as against
+# HF's own file.
 layouts_match_1x1() { # FIXTURE
     local ref1="$BATS_TEST_TMPDIR/$1.1x1.jsonl"
-    "$TANDEM" eval --dtype fp32 --model "$FIX/models/$1" --reference "$FIX/refs/$1.jsonl" --write-reference "$ref1" --quiet
+    "$TANDEM" eval --dtype fp32 --model "$FIX/models/$1" --reference "$FIX/refs/$1.jsonl" --write-reference "$ref1.own" --quiet
+    jq -c -n --slurpfile hf "$FIX/refs/$1.jsonl" '[inputs] | to_entries[] | .key as $i
+        | .value + ($hf[$i] | {greedy_ids, greedy_top_logprobs, greedy_tie_gap} | with_entries(select(.value != null)))' \
+        "$ref1.own" > "$ref1"
+    [ "$(jq -c '[.id, .greedy_ids, .greedy_top_logprobs, .greedy_tie_gap]' "$ref1")" = \
+      "$(jq -c '[.id, .greedy_ids, .greedy_top_logprobs, .greedy_tie_gap]' "$FIX/refs/$1.jsonl")" ]
     for l in "2 2 1" "2 1 2" "4 2 2"; do
         set -- $l "$1"
         run timeout 120 $MPIRUN "$1" "$TANDEM" eval --dtype fp32 --model "$FIX/models/$4" --reference "$ref1" --tp "$2" --pp "$3" \
             --max-logprob-diff 0 --quiet
         echo "$4 np=$1 tp=$2 pp=$3: $output"
         [ "$status" -eq 0 ]
-        run timeout 120 $MPIRUN "$1" "$TANDEM" eval --dtype fp32 --model "$FIX/models/$4" --reference "$FIX/refs/$4.jsonl" --tp "$2" \
-            --pp "$3" --quiet
-        [ "$status" -eq 0 ]
+        grep '^{"records"' <<<"$output" | jq -e --argjson tp "$2" --argjson pp "$3" \
+            '.max_abs_logprob_diff == 0 and .greedy_mismatches == 0 and .greedy_tokens > 0 and .tp == $tp and .pp == $pp' >/dev/null
         set -- "$4"
     done
 }

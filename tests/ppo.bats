@@ -30,13 +30,15 @@ setup_file() {
     need_story
     out="$BATS_TEST_TMPDIR/grpo"
     run timeout 300 "$TANDEM" ppo --actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --out "$out" --advantage grpo \
-        --n-samples-per-prompt 8 --rollout-batch-size 8 --max-new-tokens 48 --steps 30 --kl-coef 0 --kl-loss-coef 0.001 \
+        --n-samples-per-prompt 8 --rollout-batch-size 8 --max-new-tokens 48 --steps 10 --kl-coef 0 --kl-loss-coef 0.001 \
         --actor-lr 3e-4 --log-every 5
     echo "$output" | grep -E "^step|ppo:"
     [ "$status" -eq 0 ]
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$out/metrics.jsonl" -c)" = "[0]" ]
-    [ "$(jq -s length "$out/metrics.jsonl")" -eq 30 ]
-    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-30/actor")
+    [ "$(jq -s length "$out/metrics.jsonl")" -eq 10 ]
+    # 10 steps (README's command runs 30): measured 0.80-0.89 at step 10 over --seed 1234, 1-6
+    # (0.94-1.0 at 15), against the threshold's 0.5
+    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-10/actor")
     kl=$(jq -s '.[-1]["actor/kl"]' "$out/metrics.jsonl")
     echo "grpo: held-out rule score $before -> $after, KL to the reference at the end $kl" >&3
     awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'
@@ -46,13 +48,16 @@ setup_file() {
     need_story
     out="$BATS_TEST_TMPDIR/ppo"
     run timeout 300 "$TANDEM" ppo --actor "$STORIES" --critic "$RM" --reward "$RM" --prompts "$TRAIN" --out "$out" \
-        --rollout-batch-size 16 --max-new-tokens 48 --steps 30 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --log-every 5
+        --rollout-batch-size 16 --max-new-tokens 48 --steps 20 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --log-every 5
     echo "$output" | grep -E "^step|ppo:"
     [ "$status" -eq 0 ]
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$out/metrics.jsonl" -c)" = "[0]" ]
+    [ "$(jq -s length "$out/metrics.jsonl")" -eq 20 ]
+    # 20 steps (README's command runs 30): measured over --seed 1234, 1-5 the RM score rises by
+    # 3.5-4.2 (the test asks 2) and the held-out score reaches 0.96-1.0 (it asks 0.5)
     s0=$(jq -s '.[0:5] | map(.["critic/score/mean"]) | add / 5' "$out/metrics.jsonl")
     s1=$(jq -s '.[-5:] | map(.["critic/score/mean"]) | add / 5' "$out/metrics.jsonl")
-    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-30/actor")
+    before=$(rule_rate "$STORIES"); after=$(rule_rate "$out/checkpoint-20/actor")
     kl=$(jq -s '.[-1]["actor/kl"]' "$out/metrics.jsonl")
     echo "ppo: RM score (first 5 / last 5 steps) $s0 -> $s1; held-out rule score $before -> $after; KL at the end $kl" >&3
     awk -v a="$s0" -v b="$s1" 'BEGIN { exit !(b > a + 2) }'
@@ -64,11 +69,11 @@ setup_file() {
         timing_s/adv timing_s/update_actor timing_s/update_critic timing_s/step samples_per_s; do
         jq -e --arg k "$k" 'has($k)' <(head -1 "$out/metrics.jsonl") >/dev/null || { echo "missing $k"; false; }
     done
-    [ "$(jq -r '.architectures[0]' "$out/checkpoint-30/actor/config.json")" = LlamaForCausalLM ]
-    [ "$(jq -r '.architectures[0]' "$out/checkpoint-30/critic/config.json")" = LlamaForSequenceClassification ]
+    [ "$(jq -r '.architectures[0]' "$out/checkpoint-20/actor/config.json")" = LlamaForCausalLM ]
+    [ "$(jq -r '.architectures[0]' "$out/checkpoint-20/critic/config.json")" = LlamaForSequenceClassification ]
     # transformers loads both: the critic scores like Tandem (check_hf_score.py), the actor with no missing keys
     need_hfpy
-    ck="$out/checkpoint-30"
+    ck="$out/checkpoint-20"
     head -4 "$PF/story_val.jsonl" | jq -c '{prompt, response: .chosen}' > "$BATS_TEST_TMPDIR/s.jsonl"
     run "$TANDEM" rm --score --model "$ck/critic" --input "$BATS_TEST_TMPDIR/s.jsonl" --output "$BATS_TEST_TMPDIR/s.out"
     [ "$status" -eq 0 ]
