@@ -9,6 +9,7 @@
  * Owns: the two commands' options, the metrics (TRL's names for DPO), the RM's reward statistics
  * on the eval set (saved as "normalize_reward", "mean", "std", OpenRLHF's config keys). */
 #include "rlhf/pref.h"
+#include "runtime/lora.h"
 #include "kernels/kernels.h"
 #include "rlhf/pref_loss.h"
 #include "runtime/adapter.h"
@@ -39,10 +40,13 @@ typedef struct {
 
 /* ctx->ref (n_seqs) = the reference's response logprob per sequence (sum; mean for IPO) */
 static void reference_logps(Pref *p, const MicroBatch *mb, double *ref) {
+    int own = p->ref == p->m;   /* LoRA: the reference is the base, the adapters switched off */
+    if (own) p->m->lora->enabled = 0;
     int N = mb->seq_start[mb->n_seqs];
     Scores sc = {p->lse, p->amax, p->amax_lp, p->lp};
     model_score(p->ref, mb->tokens, mb->seq_start, mb->n_seqs, N, NULL, mb->targets, &sc);
     pref_seq_logps(mb->seq_start, mb->n_seqs, mb->targets, p->lp, p->hook.type == DPO_IPO, ref);
+    if (own) p->m->lora->enabled = 1;
 }
 
 /* The hook's sums, added over dp and sent from the last stage to every rank. */
@@ -253,7 +257,7 @@ static void pref_mem_plan(void *ctx, MemPlan *plan) {
     Pref *p = ctx;
     if (!p->dpo) return;
     MemPlan rp = model_mem_plan(p->ref);
-    plan->weights += rp.weights;
+    if (p->ref != p->m) plan->weights += rp.weights;   /* LoRA: the base is the reference, no copy */
     plan->acts += sizeof(float) * (double)p->ref->s.n_floats;
 }
 
@@ -310,14 +314,19 @@ static void pref_evaluate(void *ctx, TrainActs *a, Data *val, int step, const ch
 
 /* The policy (dpo; with its frozen reference on a second mesh over the same ranks) or the reward
  * model (rm: a score head, new unless the directory has one), from --resume when given. */
-static void load_models(const TrainOptions *o, int dpo, const char *ref_dir, int head_seed, Mesh *mesh, Model *m,
-                        Mesh *ref_mesh, Model *ref) {
-    const char *start = o->resume ? o->resume : o->model_dir;
+static int load_models(const TrainOptions *o, int dpo, const char *ref_dir, int head_seed, Mesh *mesh, Model *m,
+                       Mesh *ref_mesh, Model *ref) {
+    const char *start = o->resume && !o->lora_r ? o->resume : o->model_dir;   /* LoRA: the base */
+    int own_ref = dpo && o->lora_r && !ref_dir;   /* LoRA's reference: the base, adapters off */
     Comm world = comm_world();
     mesh_init(mesh, &world, o->tp, o->pp);
     if (dpo) {
         model_load(m, start, mesh, o->dtype, o->be);
         if (m->head != HEAD_LM) user_error("%s: a score-head model; dpo trains a causal LM", start);
+        if (own_ref) {
+            comm_free(&world);
+            return 1;
+        }
         mesh_init(ref_mesh, &world, o->tp, o->pp);   /* the reference: same ranks, its own communicators */
         model_load(ref, ref_dir ? ref_dir : o->model_dir, ref_mesh, o->dtype, o->be);
         if (ref->head != HEAD_LM) user_error("%s: a score-head model; the DPO reference must be a causal LM", ref_dir ? ref_dir : o->model_dir);
@@ -325,10 +334,11 @@ static void load_models(const TrainOptions *o, int dpo, const char *ref_dir, int
             user_error("--ref %s: vocabulary %d, the policy's is %d", ref_dir, ref->cfg.vocab_size, m->cfg.vocab_size);
     } else {
         model_load_score(m, start, mesh, (uint64_t)head_seed, o->dtype, o->be);
-        if (o->resume && m->score_seed)   /* a new head would silently restart the reward model */
+        if (o->resume && m->score_seed && !o->lora_r)   /* a new head would silently restart the reward model */
             user_error("--resume %s: a causal-LM checkpoint, not a reward model's (no score head)", o->resume);
     }
     comm_free(&world);
+    return 0;
 }
 
 static int pref_main(int argc, char **argv, int dpo) {
@@ -352,6 +362,7 @@ static int pref_main(int argc, char **argv, int dpo) {
         {"--head-seed", OPT_INT, &head_seed, "42", "RM: seed of a new score head (normal(0, initializer_range))"},
         TRAIN_STEP_OPTIONS(&o, "tokens per sequence at most (the prompt loses tokens from the left)", "pairs per micro-batch",
                            dpo ? "5e-6" : "1e-5"),
+        TRAIN_LORA_OPTIONS(&o),
         TRAIN_SKIP_OPTION(&o),
         TRAIN_CHAT_OPTION(&o),
         TRAIN_LOG_OPTIONS(&o),
@@ -381,9 +392,9 @@ static int pref_main(int argc, char **argv, int dpo) {
 
     Mesh mesh, ref_mesh;
     Model m, ref;
-    load_models(&o, dpo, ref_dir, head_seed, &mesh, &m, &ref_mesh, &ref);
+    int own_ref = load_models(&o, dpo, ref_dir, head_seed, &mesh, &m, &ref_mesh, &ref);
 
-    Pref p = {.dpo = dpo, .m = &m, .ref = dpo ? &ref : NULL, .mesh = &mesh};
+    Pref p = {.dpo = dpo, .m = &m, .ref = !dpo ? NULL : own_ref ? &m : &ref, .mesh = &mesh};
     p.hook = (PrefHook){.center = center, .type = !strcmp(loss_name, "ipo") ? DPO_IPO : DPO_SIGMOID, .beta = beta,
                         .label_smoothing = label_smoothing};
     p.lh = (LossHook){dpo ? loss_dpo : loss_bt, &p.hook, 1.0f, 0.0f, NULL};
@@ -396,7 +407,7 @@ static int pref_main(int argc, char **argv, int dpo) {
     free(p.ctx); free(p.refs);
     free(p.lse); free(p.lp); free(p.amax_lp); free(p.amax);
     model_free(&m);
-    if (dpo) { model_free(&ref); mesh_free(&ref_mesh); }
+    if (dpo && !own_ref) { model_free(&ref); mesh_free(&ref_mesh); }
     mesh_free(&mesh);
     comm_finalize();
     return 0;

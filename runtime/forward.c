@@ -152,7 +152,7 @@ void model_head(const Model *m, const LayerBatch *sp, float *out, float *xb, con
     be->round_to(mine, (size_t)rows * c->dim, m->dtype);                               /* matmul input */
     if (rows < R) comm_all_gather_rows(&m->mesh->tp_comm, mine, xb, (size_t)R, (size_t)c->dim); /* every row */
     if (m->head == HEAD_SCORE) {
-        be->matmul(out, xb, m->w.score, NULL, m->dtype, R, c->dim, 1, 1);               /* replicated */
+        be->matmul(out, xb, m->w.score, NULL, lora_score_dtype(m), R, c->dim, 1, 1);     /* replicated */
         return;
     }
     be->matmul(out, xb, m->w.lm_head, NULL, m->dtype, R, c->dim, m->vocab_local, 1);   /* vocab-parallel logits */

@@ -74,7 +74,7 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
     int n_base = model_param_infos(m, NULL, 0);
     ParamInfo *base = xmalloc(sizeof(ParamInfo) * n_base);
     model_param_infos(m, base, n_base);
-    lo->infos = xcalloc((size_t)2 * L * LORA_TARGETS, sizeof(ParamInfo));
+    lo->infos = xcalloc((size_t)2 * L * LORA_TARGETS + 1, sizeof(ParamInfo));   /* + a score head */
     /* the tensors in PEFT's order: layer by layer, each projection's A then B */
     for (int l = 0; l < L; l++)
         for (int t = 0; t < LORA_TARGETS; t++) {
@@ -110,10 +110,34 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
             }
         }
     free(base);
+    ParamInfo *sc = NULL;   /* a score head: trained in full (PEFT's modules_to_save), last in the arena */
+    if (m->head == HEAD_SCORE && m->is_last) {
+        sc = &lo->infos[lo->n_infos++];
+        snprintf(sc->name, sizeof sc->name, "base_model.model.score.weight");
+        sc->layer = -1;
+        sc->decay = 1;
+        sc->tp_replicated = mesh->tp > 1;
+        sc->replicas = mesh->tp;
+        sc->norm_once = mesh->tp_rank == 0;
+        sc->rows = sc->rows_global = m->cfg.num_labels;
+        sc->cols = sc->cols_global = m->cfg.dim;
+        sc->numel = (size_t)sc->rows * sc->cols;
+        sc->offset = lo->n;
+        lo->n += sc->numel;
+    }
     lo->arena = m->be->alloc(sizeof(float) * (lo->n ? lo->n : 1));   /* zero: B */
     float *host = xcalloc(lo->n ? lo->n : 1, sizeof(float));
+    if (sc) {   /* the model's head, upcast; the forward then reads the arena's */
+        size_t es = dtype_size(m->dtype);
+        void *raw = xmalloc(es * sc->numel);
+        m->be->to_host(raw, m->w.score, es * sc->numel);
+        for (size_t e = 0; e < sc->numel; e++) host[sc->offset + e] = weight_at(raw, m->dtype, e);
+        free(raw);
+        lo->score = lo->arena + sc->offset;
+    }
     for (int i = 0; i < lo->n_infos; i++) {
         ParamInfo *in = &lo->infos[i];
+        if (in->layer < 0) continue;
         int t = 0;
         while (strstr(in->name, PATHS[t]) == NULL) t++;
         float *p = lo->arena + in->offset;
@@ -126,9 +150,12 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
     }
     m->be->to_device(lo->arena, host, sizeof(float) * lo->n);
     free(host);
+    if (lo->score) m->w.score = lo->score;
     m->lora = lo;
     return lo;
 }
+
+DType lora_score_dtype(const Model *m) { return m->lora && m->lora->score ? DTYPE_F32 : m->dtype; }
 
 void lora_free(Model *m) {
     Lora *lo = m->lora;
@@ -181,11 +208,16 @@ int lora_write_blocks(const Model *m, const float *host, const char *path, char 
         off[t] = per;
         if (lo->target[t]) per += (size_t)r * (ins[t] + outs[t]);
     }
-    float *all = xcalloc((size_t)L * per + 1, sizeof(float));
+    size_t score_n = m->head == HEAD_SCORE ? (size_t)c->num_labels * c->dim : 0;   /* after the layers */
+    float *all = xcalloc((size_t)L * per + score_n + 1, sizeof(float));
     if (mesh->dp_rank == 0)
         for (int i = 0; i < lo->n_infos; i++) {
             const ParamInfo *in = &lo->infos[i];
             if (mesh->tp_rank % in->replicas) continue;
+            if (in->layer < 0) {
+                memcpy(all + (size_t)L * per, host + in->offset, sizeof(float) * in->numel);
+                continue;
+            }
             int t = 0, b = in->name[strlen(in->name) - 8] == 'B';
             while (strstr(in->name, PATHS[t]) == NULL) t++;
             float *g = all + (size_t)(m->layer_start + in->layer) * per + off[t] + (b ? (size_t)r * ins[t] : 0);
@@ -193,11 +225,11 @@ int lora_write_blocks(const Model *m, const float *host, const char *path, char 
                 memcpy(g + (size_t)(in->row0 + k) * in->cols_global + in->col0, host + in->offset + (size_t)k * in->cols,
                        sizeof(float) * in->cols);
         }
-    comm_all_reduce_sum(&mesh->group, all, (size_t)L * per + 1);
+    comm_all_reduce_sum(&mesh->group, all, (size_t)L * per + score_n + 1);
     err[0] = 0;
     if (mesh->rank == 0) {
-        StWriteTensor *ts = xcalloc((size_t)2 * L * LORA_TARGETS, sizeof(StWriteTensor));
-        char (*names)[128] = xcalloc((size_t)2 * L * LORA_TARGETS, sizeof(*names));
+        StWriteTensor *ts = xcalloc((size_t)2 * L * LORA_TARGETS + 1, sizeof(StWriteTensor));
+        char (*names)[128] = xcalloc((size_t)2 * L * LORA_TARGETS + 1, sizeof(*names));
         int n = 0;
         for (int l = 0; l < L; l++)
             for (int t = 0; t < LORA_TARGETS; t++) {
@@ -210,6 +242,8 @@ int lora_write_blocks(const Model *m, const float *host, const char *path, char 
                     n++;
                 }
             }
+        if (score_n)
+            ts[n++] = (StWriteTensor){"base_model.model.score.weight", 2, {c->num_labels, c->dim}, all + (size_t)L * per};
         if (st_write(path, ts, n, ST_F32) != 0) snprintf(err, cap, "%s: cannot write: %s", path, strerror(errno));
         free(ts);
         free(names);
@@ -245,7 +279,13 @@ int lora_save(const Model *m, const char *dir, const char *base, char *err, size
         cJSON_AddBoolToObject(j, "init_lora_weights", 1);
         cJSON *tm = cJSON_AddArrayToObject(j, "target_modules");
         for (int t = 0; t < LORA_TARGETS; t++) if (lo->target[t]) cJSON_AddItemToArray(tm, cJSON_CreateString(NAMES[t]));
-        cJSON_AddNullToObject(j, "modules_to_save");
+        if (m->head == HEAD_SCORE) {   /* PEFT's sequence-classification adapters name both */
+            cJSON *ms = cJSON_AddArrayToObject(j, "modules_to_save");
+            cJSON_AddItemToArray(ms, cJSON_CreateString("classifier"));
+            cJSON_AddItemToArray(ms, cJSON_CreateString("score"));
+        } else {
+            cJSON_AddNullToObject(j, "modules_to_save");
+        }
         char *text = cJSON_Print(j);
         cJSON_Delete(j);
         if (write_file_atomic(cpath, text, strlen(text)) != 0)

@@ -27,6 +27,9 @@ typedef struct Lora {
     size_t n;                   /* floats in it */
     ParamInfo *infos;           /* (n_infos) the adapters' tensors on this rank, PEFT's names */
     int n_infos;
+    float *score;               /* a score head (reward models, critics) trained in full as PEFT's
+                                   modules_to_save: (num_labels, D) fp32 in the arena, m->w.score points at
+                                   it (the forward reads it as fp32: lora_score_dtype); NULL otherwise */
 } Lora;
 
 /* --lora-target: "all-linear" or a comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,
@@ -38,6 +41,8 @@ void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARG
  * split them (k/v adapted while tp > num_key_value_heads). Sets m->lora. */
 Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_TARGETS], uint64_t seed);
 void lora_free(Model *m);
+/* the dtype the score head is read in: fp32 when the adapters train it, else the model's */
+DType lora_score_dtype(const Model *m);
 /* Reads a PEFT adapter directory's adapter_model.safetensors into the adapters (this rank's blocks),
  * e.g. a run's checkpoint or an adapter to start from; shapes are checked (user_error naming the file
  * and tensor). */

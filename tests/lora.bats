@@ -15,6 +15,8 @@
 #   loss bit for bit; later steps follow 1x1 within resume_layout.bats' 1e-5 (other summation orders).
 # - --resume: the checkpoint holds the adapter and its moments (optimizer/exp_avg, exp_avg_sq as
 #   adapter files): bit for bit at the same layout, within 1e-5 after tp / dp / ZeRO-1 changes.
+# - rm (the score head trained in full, PEFT's modules_to_save) and dpo (the reference is the base
+#   with the adapters off) meet pref.bats' held-out thresholds; peft scores rm's adapter alike.
 load helpers
 
 TG="$ROOT/build/tests/test_grad"
@@ -140,6 +142,69 @@ stories_data() {
     "$TANDEM" sft --model "$STORIES" --data "$t/rev_train.jsonl" --seq-len 32 --max-steps 1 --out "$t/full" 2>/dev/null
     run_one_line "checkpoint-1/adapter_config.json: missing: --lora-r resumes from a LoRA run's checkpoint" \
         "$TANDEM" "${A[@]}" --out "$t/full" --resume "$t/full/checkpoint-1"
+}
+
+@test "rm --lora-r: held-out accuracy on the story pairs rises from chance to >= 0.9 (pref.bats' thresholds), the score head trained in full; peft scores the saved adapter as rm --score --adapter does" {
+    need_assets
+    need_hfpy
+    t="$BATS_TEST_TMPDIR"
+    run timeout 300 "$TANDEM" rm --model "$STORIES" --data "$PF/story_train.jsonl" --eval-data "$PF/story_val.jsonl" \
+        --out "$t/rm" --seq-len 64 --batch-size 8 --lr 3e-3 --epochs 3 --log-every 20 --lora-r 8
+    [ "$status" -eq 0 ]
+    a0=$(jq -s 'map(select(.eval_accuracy)) | first.eval_accuracy' "$t/rm/metrics.jsonl")
+    a1=$(jq -s 'map(select(.eval_accuracy)) | last.eval_accuracy' "$t/rm/metrics.jsonl")
+    echo "held-out accuracy $a0 -> $a1"
+    awk -v a="$a0" -v b="$a1" 'BEGIN { exit !(a < 0.7 && b >= 0.9) }'
+    ck="$t/rm/checkpoint-78"
+    [ "$(jq -c '[.task_type, .modules_to_save]' "$ck/adapter_config.json")" = '["SEQ_CLS",["classifier","score"]]' ]
+    head -4 "$PF/story_val.jsonl" | jq -c '{prompt, response: .chosen}' > "$t/s.jsonl"
+    run "$TANDEM" rm --score --model "$STORIES" --adapter "$ck" --input "$t/s.jsonl" --output "$t/s.out"
+    [ "$status" -eq 0 ]
+    jq -c '{text: (.prompt + .response)}' "$t/s.jsonl" | "$TANDEM" tokenize --tokenizer "$STORIES" --jsonl | jq -c '.input_ids + [2]' > "$t/ids.jsonl"
+    # PEFT's sequence classifier with the saved adapter: the same scores (fp32 both sides; 1e-5, pref.bats' layout tolerance)
+    cat > "$t/peft_score.py" <<'PY'
+import json, sys, torch
+from transformers import AutoModelForSequenceClassification
+from peft import PeftModel
+base, ck, ids, out = sys.argv[1:]
+m = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, torch_dtype=torch.float32)
+m.config.pad_token_id = 0
+pm = PeftModel.from_pretrained(m, ck).eval()
+ours = [json.loads(l)["reward"] for l in open(out)]
+worst = 0.0
+for l, r in zip(open(ids), ours):
+    with torch.no_grad():
+        s = float(pm(torch.tensor([json.loads(l)])).logits[0, 0])
+    worst = max(worst, abs(s - r))
+print(f"max |peft - tandem| {worst:.3g}")
+assert worst < 1e-5
+PY
+    run timeout 120 "$HFPY" "$t/peft_score.py" "$STORIES" "$ck" "$t/ids.jsonl" "$t/s.out"
+    echo "$output" | tail -1
+    [ "$status" -eq 0 ]
+}
+
+@test "dpo --lora-r: the reference is the base with the adapters off (no second copy; step 1 is ln 2 exactly); held-out accuracy and the property's rate in samples rise (pref.bats' thresholds)" {
+    need_assets
+    t="$BATS_TEST_TMPDIR"
+    run timeout 300 "$TANDEM" dpo --model "$STORIES" --data "$PF/story_train.jsonl" --eval-data "$PF/story_val.jsonl" \
+        --out "$t/dpo" --seq-len 64 --batch-size 8 --lr 1e-3 --epochs 3 --beta 0.1 --log-every 20 --lora-r 8
+    [ "$status" -eq 0 ]
+    # one copy of the weights in the plan (full DPO holds the policy and its reference: twice)
+    w=$(grep -A1 '^memory plan' <<<"$output" | tail -1 | awk '{ print $7 }')
+    echo "weights MiB $w"
+    awk -v w="$w" 'BEGIN { exit !(w > 0.9 && w < 1.1) }'
+    [ "$(jq -c 'select(.step == 1) | [.loss, ."rewards/chosen", ."rewards/rejected"]' "$t/dpo/metrics.jsonl")" = "[0.693147181,0,0]" ]
+    a1=$(jq -s 'map(select(."eval_rewards/accuracies")) | last."eval_rewards/accuracies"' "$t/dpo/metrics.jsonl")
+    echo "held-out implicit-reward accuracy -> $a1"
+    awk -v a="$a1" 'BEGIN { exit !(a >= 0.7) }'
+    jq -c --argjson k 16 'range(0; $k) as $j | {prompt, seed: (50000 + $j)}' "$PF/story_prompts_val.jsonl" > "$t/g.jsonl"
+    for m in "" "--adapter $t/dpo/checkpoint-78"; do
+        "$TANDEM" generate --model "$STORIES" $m --input "$t/g.jsonl" --output "$t/g.out" --max-new-tokens 48 2>/dev/null
+        jq -s '[.[].completion | test("\\bhappy\\b"; "i")] | map(if . then 1 else 0 end) | add / length' "$t/g.out" >> "$t/rates"
+    done
+    echo "property rate before / after: $(paste -sd' ' "$t/rates")"
+    awk 'NR == 1 { b = $1 } NR == 2 { a = $1 } END { exit !(a >= 3 * b && a >= 0.2) }' "$t/rates"
 }
 
 @test "sft --lora-*: bad settings are one line each" {

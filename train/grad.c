@@ -351,7 +351,7 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         be->to_device(a->dout, a->host_dout, sizeof(float) * N);
         if (m->head == HEAD_SCORE) {
             /* values = xb_final score^T, score replicated: dxb is the same full sum on every rank */
-            be->matmul_backward(dxb, grads->score, NULL, a->dout, a->xb_final, m->w.score, wt, N, D, 1);
+            be->matmul_backward(dxb, grads->score, NULL, a->dout, a->xb_final, m->w.score, lora_score_dtype(m), N, D, 1);
         } else {
             be->logprob_backward(a->dlogits, a->logits, a->lse, a->targets, a->dout, ent ? a->ent : NULL,
                                  ent && hook->entropy_coef != 0.0f ? a->dent : NULL, N, Vl, m->vocab_start, hook->temperature);

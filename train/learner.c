@@ -61,10 +61,11 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
     L->slots = xcalloc(L->n_slots, sizeof(TrainActs));
     for (int i = 0; i < L->n_slots; i++) train_acts_init(&L->slots[i], m, max_tokens, max_seq, flags);
     L->gl = xcalloc(m->n_layers_local, sizeof(LayerWeights));
-    if (m->lora) {   /* every base tensor NULL: frozen */
+    if (m->lora) {   /* every base tensor NULL: frozen; a score head trained in full, in the adapters' arena */
         L->grads = m->be->alloc(sizeof(float) * optim_grad_floats(L->opt));
         L->sink.w.layers = L->gl;
         L->sink.lora = L->grads;
+        if (m->lora->score) L->sink.w.score = L->grads + (m->lora->score - m->lora->arena);
     } else if (oc.zero >= 2) {
         L->sink.w.layers = L->gl;
         place_unit_grads(L);
