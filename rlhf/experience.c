@@ -1,5 +1,6 @@
 /* experience.c — see experience.h. */
 #include "rlhf/experience.h"
+#include "runtime/lora.h"
 #include "generate/request.h"
 #include "rlhf/reward_http.h"
 #include "runtime/jsonl.h"
@@ -300,10 +301,12 @@ static void reward_from_program(ExperienceMaker *x, Roles *rs, Experience *b, co
 /* The three experience passes, each leaving its result on every rank (a role's dp replicas fill
  * their own chunks of a zeroed buffer, which share_* sums). */
 void experience_ref(ExperienceMaker *x, Roles *rs, Experience *b) {
-    Role *r = &rs->role[R_REF];
-    if (!r->active) return;
+    Role *r = &rs->role[x->lora_ref ? R_ACTOR : R_REF];   /* LoRA: the actor's base, adapters off */
+    if (!x->lora_ref && !r->active) return;
     memset(b->ref_lp, 0, sizeof(float) * b->N);
+    if (r->member && x->lora_ref) r->m.lora->enabled = 0;
     if (r->member) chunks(x, rs, r, b, ref_chunk, b->ref_lp);
+    if (r->member && x->lora_ref) r->m.lora->enabled = 1;
     roles_share_f(rs, r, b->ref_lp, b->N);
 }
 void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx) {

@@ -69,6 +69,7 @@ typedef struct {
     AdvantageKind adv_kind;
     double reward_clip, eos_penalty, gamma, lambda;
     int std_norm, whiten;
+    int lora_ref;             /* the reference is the actor's base with its LoRA adapters off (no --ref model) */
     int has_norm;                        /* --normalize-reward with the reward model's saved stats */
     double norm_mean, norm_std;
 } ExperienceMaker;

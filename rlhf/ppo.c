@@ -14,6 +14,8 @@
  * Owns: the options, setup, the step loop, the adaptive KL, metrics, --bench-alone; checkpoints and
  * ppo_state.json: rlhf/ppo_checkpoint.c. */
 #include "rlhf/ppo.h"
+#include "runtime/lora.h"
+#include "train/trainer.h"
 #include "rlhf/ppo_checkpoint.h"
 #include "kernels/kernels.h"
 #include "rlhf/experience.h"
@@ -36,6 +38,9 @@ typedef struct {
     const char *chat_template, *colocate, *kl_est, *adv_name, *sched_name, *dtype_name, *save_dtype_name, *device;
     int bench_alone, steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite;
     int no_whiten, normalize_reward, sp, zero;
+    int lora_r, lora_rslora, merge;      /* LoRA on the actor and the critic (runtime/lora.h) */
+    float lora_alpha;
+    const char *lora_target;
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
         clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, wd, clip, timeout, comm_timeout;
     LrSchedule sched, critic_sched;
@@ -233,7 +238,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         {"--ref-ranks", OPT_INT, &R[R_REF].count, "0", "ranks of the reference's group"},
         {"--reward-ranks", OPT_INT, &R[R_REWARD].count, "0", "ranks of the reward model's group"},
         {"--actor-tp", OPT_INT, &R[R_ACTOR].tp, "1", ""}, {"--actor-pp", OPT_INT, &R[R_ACTOR].pp, "1", ""},
-        SEQ_PARALLEL_OPTION(&o->sp), ZERO_OPTION(&o->zero),
+        SEQ_PARALLEL_OPTION(&o->sp), ZERO_OPTION(&o->zero), TRAIN_LORA_OPTIONS(o),
         {"--critic-tp", OPT_INT, &R[R_CRITIC].tp, "1", ""}, {"--critic-pp", OPT_INT, &R[R_CRITIC].pp, "1", ""},
         {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
         {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
@@ -271,6 +276,9 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         user_error("--sequence-parallel: needs --actor-tp or --critic-tp > 1 (it shares a trained role's tp ranks' rows)");
     if (!(o->actor_lr > 0) || !(o->critic_lr > 0)) user_error("ppo: --actor-lr and --critic-lr must be > 0");
     if (o->zero < 0 || o->zero > 3) user_error("--zero %d: must be 0, 1, 2 or 3", o->zero);
+    if (o->merge) user_error("--merge: a sft / rm / dpo option (ppo's checkpoints hold the adapters: rerun sft --merge, or load them with --adapter)");
+    if (o->lora_r < 0 || (o->lora_r && o->zero > 1))
+        user_error("--lora-r %d: must be >= 0, with --zero 0 or 1 (ZeRO-2/3 for adapters is not done)", o->lora_r);
     if (o->zero && strcmp(o->device, "cpu"))
         user_error("ppo: --zero %d with --device %s: ZeRO shards the optimizer over a role's data-parallel ranks, and a "
                    "device runs each role on one rank (use --zero 0)", o->zero, o->device);
@@ -284,7 +292,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     if (o->resume) {
         ppo_state_load(o->resume, &o->state);
         char *ad = path_join(o->resume, "actor");
-        trainer_check_same_model(R[R_ACTOR].dir, ad);
+        if (!o->lora_r) trainer_check_same_model(R[R_ACTOR].dir, ad);   /* LoRA: an adapter, on --actor */
         free(ad);
     }
     if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
@@ -314,10 +322,14 @@ static void setup(Ppo *p, PpoOptions *o) {
     ExperienceMaker *x = &p->x;
     int S = x->B * x->G;
     rs->device = o->device;
-    roles_open(rs, o->kl_coef > 0 || o->kl_loss_coef > 0, o->colocate);
+    /* LoRA without --ref: the reference is the actor's base with its adapters off (no second copy) */
+    x->lora_ref = o->lora_r && !R[R_REF].dir && (o->kl_coef > 0 || o->kl_loss_coef > 0);
+    roles_open(rs, (o->kl_coef > 0 || o->kl_loss_coef > 0) && !x->lora_ref, o->colocate);
+    const char *resume_dir[N_ROLES] = {0};   /* the trained roles' checkpoint directories */
     for (int r = 0; r < N_ROLES; r++) {   /* the reference stays the starting weights on resume */
         p->load_dir[r] = R[r].dir;
-        if (o->resume && (r == R_ACTOR || r == R_CRITIC) && R[r].active) p->load_dir[r] = path_join(o->resume, ROLE_NAMES[r]);
+        if (o->resume && (r == R_ACTOR || r == R_CRITIC) && R[r].active) resume_dir[r] = path_join(o->resume, ROLE_NAMES[r]);
+        if (resume_dir[r] && !o->lora_r) p->load_dir[r] = resume_dir[r];   /* LoRA: the base, then the adapter */
     }
     roles_load(rs, p->load_dir, o->dtype);
     char err[1024];
@@ -351,7 +363,13 @@ static void setup(Ppo *p, PpoOptions *o) {
     for (int r = 0; r < N_ROLES; r++) {
         if (!R[r].member) continue;
         Model *m = &R[r].m;
-        if (r != R_ACTOR) model_alloc_state(m, x->fwd_tokens, x->max_len);
+        if (o->lora_r && (r == R_ACTOR || r == R_CRITIC)) {   /* adapters on the trained roles, seeded by --seed */
+            int target[LORA_TARGETS];
+            lora_targets_parse("--lora-target", o->lora_target, target);
+            lora_new(m, o->lora_r, o->lora_alpha, o->lora_rslora, target, (uint64_t)o->seed + (uint64_t)r);
+            if (resume_dir[r]) lora_load(m, resume_dir[r]);
+        }
+        if (r != R_ACTOR || x->lora_ref) model_alloc_state(m, x->fwd_tokens, x->max_len);
         if (r != R_ACTOR && r != R_CRITIC) continue;
         if (p->mini % R[r].mesh.dp) user_error("--mini-batch-size %d: must be a multiple of the %s's dp %d", p->mini, ROLE_NAMES[r], R[r].mesh.dp);
         oc.lr = r == R_ACTOR ? o->actor_lr : o->critic_lr;
@@ -364,7 +382,7 @@ static void setup(Ppo *p, PpoOptions *o) {
         p->kl_coef = o->state.kl_coef;
         int same = !strcmp(o->state.placement, rs->placement);
         for (int r = R_ACTOR; r <= R_CRITIC; r++)
-            if (R[r].member) learner_resume(&p->learner[r], p->load_dir[r], same);
+            if (R[r].member) learner_resume(&p->learner[r], resume_dir[r], same);
         if (rs->world_rank == 0)
             fprintf(stderr, "resuming at step %d from %s%s\n", o->state.step, o->resume,
                     same ? "" : ": another placement, so the weights, the step and the optimizer states (resharded) continue");
@@ -465,7 +483,7 @@ static double kl_control(Ppo *p, const Experience *b) {
         seq_kl += b->resp_len[s] ? k / b->resp_len[s] : 0;
     }
     seq_kl /= b->S;
-    if (p->kl_target > 0 && p->roles.role[R_REF].active) {
+    if (p->kl_target > 0 && (p->roles.role[R_REF].active || p->x.lora_ref)) {
         double e = seq_kl / p->kl_target - 1;
         e = e < -0.2 ? -0.2 : e > 0.2 ? 0.2 : e;
         p->kl_coef *= 1 + e * b->S / p->kl_horizon;
@@ -501,7 +519,7 @@ static void log_step(const Ppo *p, MetricsLog *ml, int step, int steps, int prin
     metrics_num(ml, "actor/pg_clipfrac_lower", as->pg_clipfrac_lower / na);
     metrics_num(ml, "actor/ppo_kl", as->ppo_kl / na);
     metrics_num(ml, "actor/entropy", p->entropy[1] > 0 ? p->entropy[0] / p->entropy[1] : 0.0);
-    metrics_num(ml, "actor/kl", R[R_REF].active ? seq_kl : 0.0);
+    metrics_num(ml, "actor/kl", R[R_REF].active || p->x.lora_ref ? seq_kl : 0.0);
     metrics_num(ml, "actor/kl_loss", as->kl_loss / na);
     metrics_num(ml, "actor/kl_coef", kl_used);
     metrics_num(ml, "actor/grad_norm", so->gn[0]);
@@ -544,7 +562,7 @@ int ppo_main(int argc, char **argv) {
                 o.steps, x->B, x->G, S / p.mini, p.ppo_epochs);
     }
     Experience b;
-    experience_alloc(&b, S, x->max_len, p.roles.role[R_REF].active);
+    experience_alloc(&b, S, x->max_len, p.roles.role[R_REF].active || x->lora_ref);
     int *pidx = xmalloc(sizeof(int) * x->B);
     if (world0) {
         mkdir_p(o.out);

@@ -17,6 +17,9 @@
 #   adapter files): bit for bit at the same layout, within 1e-5 after tp / dp / ZeRO-1 changes.
 # - rm (the score head trained in full, PEFT's modules_to_save) and dpo (the reference is the base
 #   with the adapters off) meet pref.bats' held-out thresholds; peft scores rm's adapter alike.
+# - ppo: grpo and gae with adapters on the actor (and the critic) meet ppo.bats' thresholds, the
+#   reference is the actor's base with its adapters off, rollout logprobs == training logprobs every
+#   step (tp 2 too), and --resume continues bit for bit.
 load helpers
 
 TG="$ROOT/build/tests/test_grad"
@@ -205,6 +208,57 @@ PY
     done
     echo "property rate before / after: $(paste -sd' ' "$t/rates")"
     awk 'NR == 1 { b = $1 } NR == 2 { a = $1 } END { exit !(a >= 3 * b && a >= 0.2) }' "$t/rates"
+}
+
+# rule_rate MODEL [ARGS]: ppo.bats' held-out rule score (4 samples of each held-out prompt)
+rule_rate() {
+    jq -c 'range(0; 4) as $j | {prompt, seed: (70000 + $j)}' "$PF/story_prompts_val.jsonl" > "$BATS_TEST_TMPDIR/hv.jsonl"
+    "$TANDEM" generate --model "$@" --input "$BATS_TEST_TMPDIR/hv.jsonl" --output "$BATS_TEST_TMPDIR/hv.out" --max-new-tokens 48 2>/dev/null
+    jq -s '[.[].completion | test("\\bhappy\\b"; "i")] | map(if . then 1 else 0 end) | add / length' "$BATS_TEST_TMPDIR/hv.out"
+}
+
+@test "grpo --lora-r: the reference is the actor's base with its adapters off (no reference model; KL 0 at step 1); rollout logprobs == training logprobs every step; the held-out rule score rises (ppo.bats' thresholds)" {
+    need_story
+    t="$BATS_TEST_TMPDIR"
+    run timeout 300 "$TANDEM" ppo --actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --out "$t/grpo" --advantage grpo \
+        --n-samples-per-prompt 8 --rollout-batch-size 8 --max-new-tokens 48 --steps 10 --kl-coef 0 --kl-loss-coef 0.001 \
+        --actor-lr 3e-3 --log-every 5 --lora-r 8
+    echo "$output" | grep -E "^step|placement"
+    [ "$status" -eq 0 ]
+    [[ "$output" != *"ref ranks"* ]]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$t/grpo/metrics.jsonl" -c)" = "[0]" ]
+    [ "$(jq -s '.[0]["actor/kl"]' "$t/grpo/metrics.jsonl")" = 0 ]
+    [ "$(jq -s '.[-1]["actor/kl"] > 0' "$t/grpo/metrics.jsonl")" = true ]
+    before=$(rule_rate "$STORIES"); after=$(rule_rate "$STORIES" --adapter "$t/grpo/checkpoint-10/actor")
+    echo "grpo LoRA: held-out rule score $before -> $after"
+    awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'
+}
+
+@test "ppo (gae) --lora-r on the actor and the critic (its score head in full) at tp 2: rollout == training logprobs, the reward rises (ppo.bats' > 2); --resume continues bit for bit" {
+    need_story
+    t="$BATS_TEST_TMPDIR"
+    "$TANDEM" rm --model "$STORIES" --data "$PF/story_train.jsonl" --out "$t/rm" --seq-len 64 --batch-size 8 --lr 3e-3 --epochs 3 2>/dev/null
+    RM="$t/rm/checkpoint-78"
+    A=(ppo --actor "$STORIES" --critic "$RM" --reward "$RM" --prompts "$TRAIN" --rollout-batch-size 16 --max-new-tokens 48
+       --kl-coef 0.01 --actor-lr 3e-3 --critic-lr 1e-2 --log-every 5 --lora-r 8 --actor-tp 2 --critic-tp 2)
+    run timeout 300 $MPIRUN 2 "$TANDEM" "${A[@]}" --steps 20 --out "$t/ppo"
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$t/ppo/metrics.jsonl" -c)" = "[0]" ]
+    first=$(jq -s '[.[0:5][]["critic/score/mean"]] | add / 5' "$t/ppo/metrics.jsonl")
+    last=$(jq -s '[.[-5:][]["critic/score/mean"]] | add / 5' "$t/ppo/metrics.jsonl")
+    echo "RM score (first 5 / last 5 steps) $first -> $last"
+    awk -v a="$first" -v b="$last" 'BEGIN { exit !(b - a > 2) }'
+    [ "$(jq -c '[.task_type, .modules_to_save]' "$t/ppo/checkpoint-20/critic/adapter_config.json")" = '["SEQ_CLS",["classifier","score"]]' ]
+    # --resume: 4 steps straight, and 2 + 2 through a checkpoint (the adapters and their moments)
+    run timeout 300 $MPIRUN 2 "$TANDEM" "${A[@]}" --steps 4 --out "$t/s4"
+    [ "$status" -eq 0 ]
+    run timeout 300 $MPIRUN 2 "$TANDEM" "${A[@]}" --steps 4 --out "$t/r" --save-every 2 --stop-after 2
+    [ "$status" -eq 0 ]
+    run timeout 300 $MPIRUN 2 "$TANDEM" "${A[@]}" --steps 4 --out "$t/r" --resume "$t/r/checkpoint-2"
+    [ "$status" -eq 0 ]
+    diff <(jq -c 'with_entries(select(.key | (startswith("timing_s/") or . == "samples_per_s") | not))' "$t/s4/metrics.jsonl") \
+         <(jq -c 'with_entries(select(.key | (startswith("timing_s/") or . == "samples_per_s") | not))' "$t/r/metrics.jsonl")
+    cmp "$t/s4/checkpoint-4/actor/adapter_model.safetensors" "$t/r/checkpoint-4/actor/adapter_model.safetensors"
 }
 
 @test "sft --lora-*: bad settings are one line each" {
