@@ -14,6 +14,7 @@
  * Owns: the options, setup, the step loop, the adaptive KL, metrics, --bench-alone; checkpoints and
  * ppo_state.json: rlhf/ppo_checkpoint.c. */
 #include "rlhf/ppo.h"
+#include "runtime/adapter.h"
 #include "runtime/lora.h"
 #include "train/trainer.h"
 #include "rlhf/ppo_checkpoint.h"
@@ -39,6 +40,7 @@ typedef struct {
     int bench_alone, steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite;
     int no_whiten, normalize_reward, sp, zero;
     int lora_r, lora_rslora, merge;      /* LoRA on the actor and the critic (runtime/lora.h) */
+    const char *adapter[N_ROLES];        /* --ROLE-adapter: a PEFT adapter on that role's model */
     float lora_alpha;
     const char *lora_target;
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
@@ -177,6 +179,10 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         {"--actor", OPT_MODEL, &R[R_ACTOR].dir, NULL, "the policy to train (HF causal LM, e.g. an SFT checkpoint)"},
         {"--critic", OPT_MODEL, &R[R_CRITIC].dir, NULL, "value model: a reward-model or causal-LM directory (gae only)"},
         {"--reward", OPT_MODEL, &R[R_REWARD].dir, NULL, "reward model directory (*ForSequenceClassification)"},
+        {"--actor-adapter", OPT_STR, &o->adapter[R_ACTOR], NULL, "a PEFT adapter on --actor: merged, or with --lora-r the adapters to train on"},
+        {"--critic-adapter", OPT_STR, &o->adapter[R_CRITIC], NULL, "a PEFT adapter on --critic (as --actor-adapter)"},
+        {"--ref-adapter", OPT_STR, &o->adapter[R_REF], NULL, "a PEFT adapter merged into --ref (default: --actor-adapter without --ref)"},
+        {"--reward-adapter", OPT_STR, &o->adapter[R_REWARD], NULL, "a PEFT adapter merged into --reward (a sequence-classification adapter's score head too)"},
         {"--reward-cmd", OPT_STR, &p->x.reward_cmd, NULL, "instead of --reward: a program speaking jsonl (rlhf/reward_cmd.h)"},
         {"--reward-url", OPT_STR, &o->reward_urls, NULL, "instead: reward servers URL[,URL...] (OpenRLHF's remote RM protocol)"},
         {"--reward-timeout", OPT_FLOAT, &o->timeout, "600", "--reward-cmd / --reward-url: seconds to wait for a batch's replies (0 = no limit)"},
@@ -277,6 +283,10 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     if (!(o->actor_lr > 0) || !(o->critic_lr > 0)) user_error("ppo: --actor-lr and --critic-lr must be > 0");
     if (o->zero < 0 || o->zero > 3) user_error("--zero %d: must be 0, 1, 2 or 3", o->zero);
     if (o->merge) user_error("--merge: a sft / rm / dpo option (ppo's checkpoints hold the adapters: rerun sft --merge, or load them with --adapter)");
+    for (int r = 0; r < N_ROLES; r++)
+        if (o->adapter[r] && !dir_exists(o->adapter[r]))
+            user_error("--%s-adapter %s: not a directory (a PEFT adapter directory: adapter_config.json and "
+                       "adapter_model.safetensors)", ROLE_NAMES[r], o->adapter[r]);
     if (o->lora_r < 0 || (o->lora_r && o->zero > 1))
         user_error("--lora-r %d: must be >= 0, with --zero 0 or 1 (ZeRO-2/3 for adapters is not done)", o->lora_r);
     if (o->zero && strcmp(o->device, "cpu"))
@@ -323,7 +333,9 @@ static void setup(Ppo *p, PpoOptions *o) {
     int S = x->B * x->G;
     rs->device = o->device;
     /* LoRA without --ref: the reference is the actor's base with its adapters off (no second copy) */
-    x->lora_ref = o->lora_r && !R[R_REF].dir && (o->kl_coef > 0 || o->kl_loss_coef > 0);
+    x->lora_ref = o->lora_r && !R[R_REF].dir && !o->adapter[R_ACTOR] && (o->kl_coef > 0 || o->kl_loss_coef > 0);
+    if (!R[R_REF].dir && !o->adapter[R_REF]) o->adapter[R_REF] = o->adapter[R_ACTOR];   /* the starting policy */
+    rs->score_head[R_REWARD] = o->adapter[R_REWARD] && adapter_has_score(o->adapter[R_REWARD]);
     roles_open(rs, (o->kl_coef > 0 || o->kl_loss_coef > 0) && !x->lora_ref, o->colocate);
     const char *resume_dir[N_ROLES] = {0};   /* the trained roles' checkpoint directories */
     for (int r = 0; r < N_ROLES; r++) {   /* the reference stays the starting weights on resume */
@@ -332,6 +344,10 @@ static void setup(Ppo *p, PpoOptions *o) {
         if (resume_dir[r] && !o->lora_r) p->load_dir[r] = resume_dir[r];   /* LoRA: the base, then the adapter */
     }
     roles_load(rs, p->load_dir, o->dtype);
+    for (int r = 0; r < N_ROLES; r++) {   /* adapters merged: the frozen roles', and a trained role's unless LoRA trains it */
+        int trained = r == R_ACTOR || r == R_CRITIC;
+        if (R[r].member && o->adapter[r] && !(trained && (o->lora_r || resume_dir[r]))) adapter_merge(&R[r].m, o->adapter[r]);
+    }
     char err[1024];
     x->tok = tokenizer_open(R[R_ACTOR].dir, err, sizeof err);
     if (!x->tok) user_error("%s", err);
@@ -368,6 +384,7 @@ static void setup(Ppo *p, PpoOptions *o) {
             lora_targets_parse("--lora-target", o->lora_target, target);
             lora_new(m, o->lora_r, o->lora_alpha, o->lora_rslora, target, (uint64_t)o->seed + (uint64_t)r);
             if (resume_dir[r]) lora_load(m, resume_dir[r]);
+            else if (o->adapter[r]) lora_load(m, o->adapter[r]);   /* the adapters to continue training */
         }
         if (r != R_ACTOR || x->lora_ref) model_alloc_state(m, x->fwd_tokens, x->max_len);
         if (r != R_ACTOR && r != R_CRITIC) continue;

@@ -119,7 +119,7 @@ void roles_check_vocab(const Roles *p) {
         if (c.vocab_size != a.vocab_size)
             user_error("--%s %s: vocabulary of %d tokens, the actor's has %d: the roles must share the actor's tokenizer",
                        ROLE_NAMES[r], p->role[r].dir, c.vocab_size, a.vocab_size);
-        if (r == R_REWARD && !c.score_head)
+        if (r == R_REWARD && !c.score_head && !p->score_head[r])
             user_error("--reward %s: a causal LM, not a reward model (*ForSequenceClassification, e.g. from `tandem rm`)",
                        p->role[r].dir);
         if (r == R_REF && c.score_head) user_error("--ref %s: a score-head model; the reference is a causal LM", p->role[r].dir);
@@ -157,7 +157,7 @@ void roles_load(Roles *rs, const char *const *load_dir, DType dtype) {
     for (int r = 0; r < N_ROLES; r++) {
         if (!R[r].member) continue;
         util_set_reporter(R[r].mesh.rank == 0, ROLE_NAMES[r]);   /* a role's model errors name the role */
-        if (r == R_CRITIC) model_load_score(&R[r].m, load_dir[r], &R[r].mesh, 42, dtype, rs->be);
+        if (r == R_CRITIC || rs->score_head[r]) model_load_score(&R[r].m, load_dir[r], &R[r].mesh, 42, dtype, rs->be);
         else model_load(&R[r].m, load_dir[r], &R[r].mesh, dtype, rs->be);
         if (r == R_ACTOR && R[r].m.head != HEAD_LM) user_error("--actor %s: a score-head model; the actor is a causal LM", R[r].dir);
     }

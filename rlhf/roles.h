@@ -33,6 +33,8 @@ typedef struct {
     char group_name[32];       /* this rank's role group ("" with one group), for error lines */
     int group_root;            /* this rank is its group's root */
     const char *device;        /* --device (set before roles_open) */
+    int score_head[N_ROLES];   /* roles_load gives that role a score head whatever its directory (the
+                                  reward when its adapter brings one: a causal-LM base) */
     const Backend *be;         /* its backend, opened by roles_place: every role's model is on it */
 } Roles;
 

@@ -261,6 +261,38 @@ rule_rate() {
     cmp "$t/s4/checkpoint-4/actor/adapter_model.safetensors" "$t/r/checkpoint-4/actor/adapter_model.safetensors"
 }
 
+@test "ppo --ROLE-adapter: an sft LoRA adapter as the actor's start (merged: KL 0 at step 1; with --lora-r: the adapters trained on), an rm LoRA adapter as the reward on a causal-LM base" {
+    need_story
+    t="$BATS_TEST_TMPDIR"
+    make_rev_data "$t"
+    "$TANDEM" sft --model "$STORIES" --data "$t/rev_train.jsonl" --seq-len 32 --batch-size 8 --max-steps 5 --lr 3e-3 --threads 1 \
+        --lora-r 8 --out "$t/sft" 2>/dev/null
+    A=(ppo --actor "$STORIES" --actor-adapter "$t/sft/checkpoint-5" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo
+       --n-samples-per-prompt 4 --rollout-batch-size 4 --max-new-tokens 16 --steps 2 --kl-coef 0 --kl-loss-coef 0.001 --actor-lr 3e-3)
+    run timeout 120 "$TANDEM" "${A[@]}" --out "$t/merged"
+    [ "$status" -eq 0 ]
+    # the reference is the starting policy, base + the same adapter: identical weights at step 1
+    [ "$(jq -s '.[0]["actor/kl"]' "$t/merged/metrics.jsonl")" = 0 ]
+    run timeout 120 "$TANDEM" "${A[@]}" --out "$t/lora" --lora-r 8
+    [ "$status" -eq 0 ]
+    # the policy runs the adapter unmerged, the reference merged: the same function up to fp32 rounding
+    [ "$(jq -s '.[0]["actor/kl"] | fabs < 1e-5' "$t/lora/metrics.jsonl")" = true ]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$t/lora/metrics.jsonl" -c)" = "[0]" ]
+    # the adapter matters: the first rollout's samples differ from the base's
+    run timeout 120 "$TANDEM" ppo --actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 4 \
+        --rollout-batch-size 4 --max-new-tokens 16 --steps 1 --kl-coef 0 --actor-lr 3e-3 --out "$t/base"
+    [ "$status" -eq 0 ]
+    [ "$(jq -s '.[0]["response_length/mean"]' "$t/base/metrics.jsonl")" != "$(jq -s '.[0]["response_length/mean"]' "$t/merged/metrics.jsonl")" ] ||
+        [ "$(jq -s '.[0]["actor/entropy"]' "$t/base/metrics.jsonl")" != "$(jq -s '.[0]["actor/entropy"]' "$t/merged/metrics.jsonl")" ]
+    # a reward model trained as a LoRA adapter (its score head in it) on the causal-LM base
+    "$TANDEM" rm --model "$STORIES" --data "$PF/story_train.jsonl" --out "$t/rm" --seq-len 64 --batch-size 8 --lr 3e-3 --max-steps 20 \
+        --lora-r 8 2>/dev/null
+    run timeout 120 "$TANDEM" ppo --actor "$STORIES" --reward "$STORIES" --reward-adapter "$t/rm/checkpoint-20" --prompts "$TRAIN" \
+        --advantage grpo --n-samples-per-prompt 4 --rollout-batch-size 4 --max-new-tokens 16 --steps 1 --kl-coef 0 --actor-lr 3e-4 --out "$t/rw"
+    [ "$status" -eq 0 ]
+    run_one_line "--actor-adapter $t/none: not a directory" "$TANDEM" "${A[@]}" --actor-adapter "$t/none" --out "$t/x"
+}
+
 @test "sft --lora-*: bad settings are one line each" {
     need_assets
     make_rev_data "$BATS_TEST_TMPDIR"
