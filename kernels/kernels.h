@@ -59,6 +59,17 @@ static inline void tree_sum(float *v, int P, size_t n) {
             for (size_t i = 0; i < n; i++) v[(size_t)p * n + i] += v[(size_t)(p + s) * n + i];
 }
 
+/* Backend.dropout's mask (LoRA's lora_dropout): element idx of an input laid out (rows, cols_global)
+ * is kept when splitmix64's output at key + (idx + 1) * gamma, as a 24-bit fraction, is >= p: the
+ * same mask wherever the element sits (any tp split of the columns, any backend) */
+static inline int dropout_keep(uint64_t key, uint64_t idx, float p) {
+    uint64_t z = key + (idx + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * 0x1.0p-24f >= p;
+}
+
 /* One output of Backend.matmuls: a weight that reads the shared x (q, k, v; gate, up). */
 typedef struct {
     float *out;          /* (N, n_out) */
@@ -149,6 +160,9 @@ typedef struct Backend {
     void (*swiglu)(float *out, const float *gate, const float *up, size_t n);
     void (*add_to)(float *out, const float *a, const float *b, size_t n);
     void (*scale)(float *x, float s, size_t n);   /* x *= s (LoRA's alpha / r) */
+    /* out (N, cols) = x / (1 - p) where dropout_keep(key, n * cols_global + col0 + j, p), else 0: the
+     * columns [col0, col0 + cols) of an (N, cols_global) input; out may be x */
+    void (*dropout)(float *out, const float *x, int N, int cols, int col0, int cols_global, float p, uint64_t key);
     void (*copy)(float *dst, const float *src, size_t n);
     void (*gather_rows)(float *out, const float *x, const int *rows, int R, int D);
     void (*embedding)(float *out, const void *table, DType wt, const int *ids, int N, int D, int v0, int V_local);

@@ -41,7 +41,7 @@ typedef struct {
     int no_whiten, normalize_reward, sp, zero;
     int lora_r, lora_rslora, merge;      /* LoRA on the actor and the critic (runtime/lora.h) */
     const char *adapter[N_ROLES];        /* --ROLE-adapter: a PEFT adapter on that role's model */
-    float lora_alpha;
+    float lora_alpha, lora_dropout;
     const char *lora_target;
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
         clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, wd, clip, timeout, comm_timeout;
@@ -287,6 +287,9 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         if (o->adapter[r] && !dir_exists(o->adapter[r]))
             user_error("--%s-adapter %s: not a directory (a PEFT adapter directory: adapter_config.json and "
                        "adapter_model.safetensors)", ROLE_NAMES[r], o->adapter[r]);
+    if (o->lora_dropout != 0)
+        user_error("--lora-dropout %g: ppo runs its adapters without dropout (the rollout's logprobs must be the training "
+                   "forward's)", o->lora_dropout);
     if (o->lora_r < 0 || (o->lora_r && o->zero > 1))
         user_error("--lora-r %d: must be >= 0, with --zero 0 or 1 (ZeRO-2/3 for adapters is not done)", o->lora_r);
     if (o->zero && strcmp(o->device, "cpu"))

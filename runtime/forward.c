@@ -74,6 +74,12 @@ static void lora_add(const Model *m, const LayerBatch *b, const LayerActs *a, in
     const Backend *be = m->be;
     int N = b->N, r = lo->r, rowp = t == LORA_O || t == LORA_DOWN;
     float *u = a->lora_u + (size_t)t * N * r;
+    if (b->lora_key) {   /* training: PEFT's lora_dropout on the adapter's input (the base reads x itself) */
+        int tp = m->mesh->tp, col0 = rowp ? m->mesh->tp_rank * n_in : 0;
+        be->dropout(b->lora_xd, x, N, n_in, col0, rowp ? n_in * tp : n_in, lo->dropout,
+                    lora_target_key(b->lora_key, m->layer_start + l, t));
+        x = b->lora_xd;
+    }
     be->matmul(u, x, lo->A[l * LORA_TARGETS + t], NULL, DTYPE_F32, N, n_in, r, 1);
     if (rowp) model_tp_sum(m, u, (size_t)N * r);
     be->scale(u, lo->scale, (size_t)N * r);
@@ -183,9 +189,9 @@ static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, in
     size_t g0 = start[lo];                               /* the group's first token */
     int N = start[hi] - start[lo];
     LayerActs a = run_acts(m, s, g0);
-    size_t lw = m->lora ? (size_t)(m->hidden_local > D ? m->hidden_local : D) : 0;
+    size_t lw = lora_width(m);
     LayerBatch lb = {N, hi - lo, start + lo, pos + g0, s->rope + g0 * Dh, b->tables ? kv : NULL, {0}, s->xo + g0 * D,
-                     s->scratch, (size_t)m->n_heads_local * s->max_seq, NULL, 0, 0, s->lora_tmp + g0 * lw};
+                     s->scratch, (size_t)m->n_heads_local * s->max_seq, NULL, 0, 0, s->lora_tmp + g0 * lw, 0, NULL};
     if (b->tables)
         lb.paged = (PagedBatch){b->tables, b->table_stride, kv->block, seq + g0, pos + g0, N, hi - lo, lo, start + lo,
                                 s->ids_host + g0};

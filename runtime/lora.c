@@ -68,6 +68,7 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
     memcpy(lo->target, target, sizeof lo->target);
     lo->scale = (float)(rslora ? alpha / sqrt((double)r) : alpha / r);   /* PEFT: a Python float, then fp32 */
     lo->enabled = 1;
+    lo->seed = seed;
     int L = m->n_layers_local;
     lo->A = xcalloc((size_t)L * LORA_TARGETS, sizeof(float *));
     lo->B = xcalloc((size_t)L * LORA_TARGETS, sizeof(float *));
@@ -153,6 +154,19 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
     if (lo->score) m->w.score = lo->score;
     m->lora = lo;
     return lo;
+}
+
+uint64_t lora_micro_key(const Model *m, int micro) {
+    const Lora *lo = m->lora;
+    if (!lo || !(lo->dropout > 0)) return 0;
+    uint64_t k = splitmix64_mix(lo->seed ^ splitmix64_mix((uint64_t)lo->step * 0x100000001ull + (uint64_t)micro + 1));
+    return k ? k : 1;
+}
+
+size_t lora_width(const Model *m) {
+    if (!m->lora) return 0;
+    size_t D = m->cfg.dim, F = m->hidden_local, qd = (size_t)m->n_heads_local * m->cfg.head_dim, w = F > D ? F : D;
+    return qd > w ? qd : w;
 }
 
 DType lora_score_dtype(const Model *m) { return m->lora && m->lora->score ? DTYPE_F32 : m->dtype; }
@@ -270,7 +284,7 @@ int lora_save(const Model *m, const char *dir, const char *base, char *err, size
         cJSON_AddStringToObject(j, "base_model_name_or_path", base);
         cJSON_AddNumberToObject(j, "r", lo->r);
         cJSON_AddNumberToObject(j, "lora_alpha", lo->alpha);
-        cJSON_AddNumberToObject(j, "lora_dropout", 0.0);
+        cJSON_AddNumberToObject(j, "lora_dropout", round(lo->dropout * 1e6) / 1e6);   /* the flag as given */
         cJSON_AddBoolToObject(j, "use_rslora", lo->rslora);
         cJSON_AddBoolToObject(j, "use_dora", 0);
         cJSON_AddBoolToObject(j, "fan_in_fan_out", 0);

@@ -21,6 +21,9 @@ typedef struct Lora {
     int target[LORA_TARGETS];   /* 1: that projection is adapted */
     float scale;                /* alpha / r (rslora: alpha / sqrt(r)), in fp32 as PEFT multiplies */
     int enabled;                /* 0: the forward is the base's alone (a reference model) */
+    float dropout;              /* PEFT's lora_dropout on each adapter's input, training steps only */
+    uint64_t seed;              /* the run's: with the optimizer's step and the micro-batch, the masks' key */
+    int step;                   /* the optimizer step being taken (learner_step sets it) */
     float **A, **B;             /* (L_local * LORA_TARGETS) this rank's blocks, NULL where not adapted:
                                    A (r, in_local), B (out_local, r); see the top for which is whole */
     float *arena;               /* every A and B, in the order of infos; the backend's memory */
@@ -41,6 +44,14 @@ void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARG
  * split them (k/v adapted while tp > num_key_value_heads). Sets m->lora. */
 Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_TARGETS], uint64_t seed);
 void lora_free(Model *m);
+/* The dropout key of micro-batch `micro` of the current step (0: no dropout: without adapters, with
+ * lora_dropout 0, and outside a training step). Masks (kernels.h dropout_keep) follow from it, the
+ * layer and the projection: a resumed run draws the same ones. */
+uint64_t lora_micro_key(const Model *m, int micro);
+/* one projection's mask key from the micro-batch's (every projection its own dropout, as PEFT's) */
+static inline uint64_t lora_target_key(uint64_t key, int layer, int t) { return key ^ ((uint64_t)(layer * LORA_TARGETS + t + 1) << 40); }
+/* floats per row of an adapter's scratch: its widest output or input, max(D, F_local, H_local Dh) */
+size_t lora_width(const Model *m);
 /* the dtype the score head is read in: fp32 when the adapters train it, else the model's */
 DType lora_score_dtype(const Model *m);
 /* Reads a PEFT adapter directory's adapter_model.safetensors into the adapters (this rank's blocks),

@@ -487,7 +487,7 @@ void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq) {
     size_t qd = (size_t)m->n_heads_local * Dh, kvd = (size_t)m->n_heads_kv_local * Dh, F = m->hidden_local;
     size_t V = !m->is_last ? 0 : m->head == HEAD_SCORE ? 1 : (size_t)m->vocab_local;
     /* one arena: sizes in the order of RunState's fields */
-    size_t lr = m->lora ? (size_t)m->lora->r : 0, lw = m->lora ? (F > D ? F : D) : 0;   /* LoRA's buffers */
+    size_t lr = m->lora ? (size_t)m->lora->r : 0, lw = lora_width(m);   /* LoRA's buffers */
     size_t sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * F, N * F, N * V,
                       (size_t)max_seq * m->n_heads_local * backend_scratch_rows(m->be), N * Dh, N * LORA_TARGETS * lr, N * lw};
     float **slots[] = {&s->x, &s->xb, &s->q, &s->k, &s->v, &s->att, &s->xo, &s->hb, &s->hb2, &s->logits, &s->scratch,

@@ -84,7 +84,9 @@ typedef struct {
      * every row on every rank. */
     float *sp_full;
     int sp_lo, sp_hi;
-    float *lora_tmp; /* with LoRA: (N, max(D, F_local)) scratch: an adapter's term before it is added */
+    float *lora_tmp; /* with LoRA: (N, max(D, F_local, H_local Dh)) scratch: an adapter's term before it is added */
+    uint64_t lora_key; /* LoRA dropout's key of this micro-batch (lora_micro_key), 0: none (inference, eval) */
+    float *lora_xd;  /* with lora_key: (N, max(D, F_local, H_local Dh)) the dropped-out input */
 } LayerBatch;
 
 typedef struct {

@@ -13,6 +13,8 @@
 # - The base is frozen: no gradients and no moments for it in the memory plan.
 # - Layouts: every layout draws the same A (from --seed) and B = 0, so step 1 is the base model's
 #   loss bit for bit; later steps follow 1x1 within resume_layout.bats' 1e-5 (other summation orders).
+# - --lora-dropout: masks from the run's seed, the step and the micro-batch (kernels.h dropout_keep);
+#   gradients against autograd with the same masks, resume bit for bit.
 # - --resume: the checkpoint holds the adapter and its moments (optimizer/exp_avg, exp_avg_sq as
 #   adapter files): bit for bit at the same layout, within 1e-5 after tp / dp / ZeRO-1 changes.
 # - rm (the score head trained in full, PEFT's modules_to_save) and dpo (the reference is the base
@@ -53,6 +55,49 @@ lora_grad() {
         "$FIX/models/llama_gqa" "$FIX/lora/llama_gqa.json" 2 2
     [ "$status" -eq 0 ]
     [ "$(grep -c 'recompute: gradients and loss bit-identical' <<<"$output")" -eq 4 ]
+}
+
+@test "lora grad with --lora-dropout: PEFT's autograd with Tandem's masks (make_lora_dropout_fixture.py reimplements dropout_keep) at 1x1, tp 2, pp 2, tp 2 x pp 2; recompute draws the same masks" {
+    for lay in "1 1 1" "2 2 1" "2 1 2" "4 2 2"; do
+        set -- $lay
+        run timeout 120 env TANDEM_TEST_LORA_DROPOUT="0.25 19088743" TANDEM_TEST_LORA="$FIX/lora/llama_gqa" $MPIRUN "$1" "$TG" \
+            "$FIX/models/llama_gqa" "$FIX/lora/llama_gqa_dropout.json" "$2" "$3"
+        echo "$output" | grep -E 'worst|loss|FAIL'
+        [ "$status" -eq 0 ]
+        [ "$(grep -c 'ok: grad' <<<"$output")" -eq "$1" ]
+    done
+    run timeout 60 env TANDEM_TEST_RECOMPUTE=1 TANDEM_TEST_LORA_DROPOUT="0.25 19088743" TANDEM_TEST_LORA="$FIX/lora/llama_gqa" "$TG" \
+        "$FIX/models/llama_gqa" "$FIX/lora/llama_gqa_dropout.json"
+    [ "$status" -eq 0 ]
+    grep -q 'recompute: gradients and loss bit-identical' <<<"$output"
+}
+
+@test "sft --lora-dropout: masks from --seed, the step and the micro-batch: resume bit for bit, tp 2 draws 1x1's masks, eval without dropout; ppo refuses it" {
+    need_assets
+    make_rev_data "$BATS_TEST_TMPDIR"
+    t="$BATS_TEST_TMPDIR"
+    A=(sft --model "$STORIES" --data "$t/rev_train.jsonl" --eval-data "$t/rev_val.jsonl" --seq-len 32 --batch-size 8 --max-steps 6
+       --lr 3e-3 --threads 1 --lora-r 4 --save-every 2 --eval-every 2)
+    "$TANDEM" "${A[@]}" --out "$t/d0" 2>/dev/null
+    "$TANDEM" "${A[@]}" --lora-dropout 0.1 --out "$t/d" 2>/dev/null
+    # step 1's loss (B = 0: no adapter term) and the eval before it are the same; the masks change the
+    # gradient (of B, through the dropped-out input) and what follows
+    [ "$(jq -s -c '[.[0].eval_loss, .[1].loss]' "$t/d0/metrics.jsonl")" = "$(jq -s -c '[.[0].eval_loss, .[1].loss]' "$t/d/metrics.jsonl")" ]
+    [ "$(jq -s '.[1].grad_norm' "$t/d0/metrics.jsonl")" != "$(jq -s '.[1].grad_norm' "$t/d/metrics.jsonl")" ]
+    ! diff <(jq .loss "$t/d0/metrics.jsonl") <(jq .loss "$t/d/metrics.jsonl") >/dev/null
+    [ "$(jq .lora_dropout "$t/d/checkpoint-6/adapter_config.json")" = 0.1 ]
+    "$TANDEM" "${A[@]}" --lora-dropout 0.1 --out "$t/r" --stop-after 2 2>/dev/null
+    run "$TANDEM" "${A[@]}" --lora-dropout 0.1 --out "$t/r" --resume "$t/r/checkpoint-2"
+    [ "$status" -eq 0 ]
+    diff <(jq -c 'del(.tokens_per_s)' "$t/d/metrics.jsonl") <(jq -c 'del(.tokens_per_s)' "$t/r/metrics.jsonl")
+    cmp "$t/d/checkpoint-6/adapter_model.safetensors" "$t/r/checkpoint-6/adapter_model.safetensors"
+    run timeout 200 $MPIRUN 2 "$TANDEM" "${A[@]}" --lora-dropout 0.1 --out "$t/tp" --tp 2
+    [ "$status" -eq 0 ]
+    paste <(jq .loss "$t/d/metrics.jsonl") <(jq .loss "$t/tp/metrics.jsonl") | grep -v null |
+        awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 > 1 ? $1 : 1)) bad = 1; n++ } END { exit bad || n != 6 }'
+    run_one_line "--lora-dropout 1: must be in [0, 1)" "$TANDEM" "${A[@]}" --lora-dropout 1 --out "$t/x"
+    run_one_line "--lora-dropout 0.1: ppo runs its adapters without dropout" "$TANDEM" ppo --actor "$STORIES" --reward-cmd "$RULE" \
+        --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --out "$t/x" --lora-r 4 --lora-dropout 0.1
 }
 
 stories_data() {

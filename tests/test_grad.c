@@ -273,15 +273,21 @@ int main(int argc, char **argv) {
         lora_new(&m, item(lj, "r")->valueint, item(lj, "alpha")->valuedouble, 0, all, 1);
         lora_load(&m, lora_dir);
     }
+    /* TANDEM_TEST_LORA_DROPOUT="P KEY": the adapters' inputs dropped out with that micro-batch key
+     * (tests/fixtures/lora/make_lora_dropout_fixture.py draws the same masks) */
+    const char *dropout = getenv("TANDEM_TEST_LORA_DROPOUT");
+    unsigned long long dkey = 0;
+    if (dropout) CHECK(m.lora && sscanf(dropout, "%f %llu", &m.lora->dropout, &dkey) == 2);
     size_t gn = m.lora ? m.lora->n : m.n_params;
     model_alloc_state(&m, N, max_seq);
     TrainActs a;
     train_acts_init(&a, &m, N, max_seq, recompute ? TRAIN_RECOMPUTE : 0);
+    a.lora_key = dkey;
 
     /* 1. logits: train_forward vs model_forward, bit for bit */
     model_forward(&m, tokens, seq_start, n_seqs);
     train_forward(&m, &a, tokens, seq_start, n_seqs);
-    if (m.is_last) {
+    if (m.is_last && !dkey) {   /* (with dropout the training forward is another function) */
         size_t nl = (size_t)N * (m.head == HEAD_SCORE ? 1 : m.vocab_local);
         int same = memcmp(a.logits, m.s.logits, sizeof(float) * nl) == 0;
         printf("%s logits (%d, %d): train_forward %s model_forward%s\n", g_tag, N, m.vocab_local,
@@ -347,6 +353,7 @@ int main(int argc, char **argv) {
         else model_weights_place(&m, g2, &gs2.w, gl2);
         TrainActs full;
         train_acts_init(&full, &m, N, max_seq, 0);
+        full.lora_key = dkey;
         train_forward(&m, &full, tokens, seq_start, n_seqs);
         float loss2 = train_loss_share(&m, train_loss_backward(&m, &full, &mb, &hook, &gs2));
         train_tied_embedding_all_reduce(&m, &full, &gs2.w);

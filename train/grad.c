@@ -108,7 +108,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     a->dlogits = a->logits;   /* the cross-entropy backward overwrites the logits in place */
 
     if (m->lora) {   /* each layer's u, then the scratch */
-        size_t r = (size_t)m->lora->r, w = F > D ? F : D, wx = qd > w ? qd : w;
+        size_t r = (size_t)m->lora->r, w = lora_width(m), wx = w;
         size_t n = Ll * LORA_TARGETS * N * r + N * w + N * r + N * wx;
         a->lora_arena = m->be->alloc(sizeof(float) * n);
         a->n_arena += n;   /* the memory plan's activations */
@@ -207,7 +207,7 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
     size_t lo = 0, hi = N;
     if (a->sp) comm_rows((size_t)N, m->mesh->tp, m->mesh->tp_rank, &lo, &hi);
     a->lb = (LayerBatch){N, n_seqs, a->seq_start, a->pos, a->rope, NULL, {0}, a->dtmp, a->scratch, a->scratch_stride,
-                         a->sp_xb, (int)lo, (int)hi, a->lora_tmp};
+                         a->sp_xb, (int)lo, (int)hi, a->lora_tmp, a->lora_key, a->lora_dx};
     m->be->rope_table(a->rope, a->pos, m->inv_freq, N, c->head_dim);
     float *x0 = m->n_layers_local ? a->layers[0].x_in : a->x_final;
     model_end_weights(m, 0, 1);                                   /* ZeRO-3: the embedding for the lookup */
@@ -321,7 +321,14 @@ static void lora_backward(Model *m, TrainActs *a, GradSink *g, int l, int t, con
     be->matmul_backward(a->lora_du, dB, NULL, dy, u, B, DTYPE_F32, N, r, n_out);
     if (!rowp) model_tp_sum(m, a->lora_du, (size_t)N * r);
     be->scale(a->lora_du, lo->scale, (size_t)N * r);
+    int col0 = rowp ? m->mesh->tp_rank * n_in : 0, cg = rowp ? n_in * m->mesh->tp : n_in;
+    uint64_t key = a->lora_key ? lora_target_key(a->lora_key, m->layer_start + l, t) : 0;
+    if (key) {   /* the forward's dropped-out input, again (the same mask) */
+        be->dropout(a->lora_tmp, x, N, n_in, col0, cg, lo->dropout, key);
+        x = a->lora_tmp;
+    }
     be->matmul_backward(a->lora_dx, dA, NULL, a->lora_du, x, A, DTYPE_F32, N, n_in, r);
+    if (key) be->dropout(a->lora_dx, a->lora_dx, N, n_in, col0, cg, lo->dropout, key);   /* d x' / d x: mask / (1 - p) */
     if (rowp || m->mesh->tp_rank == 0) be->add_to(dx_in, dx_in, a->lora_dx, (size_t)N * n_in);
 }
 

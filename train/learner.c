@@ -98,6 +98,7 @@ LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHoo
     LearnerStep r;
     optim_zero_grad(L->opt, L->grads);
     model_shards_step(L->m, 1);   /* ZeRO-3: each layer gathered where it is used */
+    if (L->m->lora) L->m->lora->step = L->opt->step;   /* LoRA dropout's masks: this step's */
     r.loss = schedule_1f1b(L->m, L->slots, L->n_slots, mbs, M, hook, &L->sink);
     r.lr = (float)optim_lr(L->opt, L->opt->step);
     /* The loss is each dp replica's own (the same over tp and pp): every rank learns whether any

@@ -256,6 +256,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     if (o->sp && o->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
     if (o->lora_r < 0) user_error("--lora-r %d: must be >= 0 (0 = full training)", o->lora_r);
     if (o->merge && !o->lora_r) user_error("--merge: merges LoRA adapters; give --lora-r");
+    if (!(o->lora_dropout >= 0 && o->lora_dropout < 1)) user_error("--lora-dropout %g: must be in [0, 1)", o->lora_dropout);
     if (o->lora_r && o->zero > 1)
         user_error("--lora-r with --zero %d: the adapters are small; ZeRO-2/3 for them is not done (use --zero 0 or 1)", o->zero);
     if (o->lora_r && o->resume) {   /* a LoRA checkpoint: the adapter (the base is --model) */
@@ -374,6 +375,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
         int target[LORA_TARGETS];
         lora_targets_parse("--lora-target", o->lora_target, target);
         lora_new(m, o->lora_r, o->lora_alpha, o->lora_rslora, target, (uint64_t)o->seed);
+        m->lora->dropout = o->lora_dropout;
         if (o->resume) lora_load(m, o->resume);
         if (root) fprintf(stderr, "LoRA: r %d, alpha %g, scale %g, %s; %zu trained parameters on rank 0\n", o->lora_r,
                           o->lora_alpha, m->lora->scale, o->lora_target, m->lora->n);

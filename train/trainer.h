@@ -90,7 +90,7 @@ typedef struct {
     int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, stop_after, warmup, zero, skip_bad, overwrite, sp;
     int seed, eval_every, save_every, save_limit, log_every;
     int lora_r, lora_rslora, merge;  /* LoRA (runtime/lora.h): rank (0 = off), rsLoRA's scale; --merge */
-    float lora_alpha;
+    float lora_alpha, lora_dropout;
     const char *lora_target;
     float lr, min_lr, wd, beta1, beta2, eps, clip, comm_timeout;
     const Option *opts;    /* the command's whole table, echoed in the summary */
@@ -130,6 +130,7 @@ typedef struct {
     {"--lora-target", OPT_STR, &(o)->lora_target, "all-linear",                                                     \
      "all-linear, or a comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"},                     \
     {"--lora-rslora", OPT_FLAG, &(o)->lora_rslora, NULL, "rank-stabilised LoRA: scale alpha / sqrt(r)"},            \
+    {"--lora-dropout", OPT_FLOAT, &(o)->lora_dropout, "0", "LoRA: dropout on each adapter's input in training (masks from --seed)"}, \
     {"--merge", OPT_FLAG, &(o)->merge, NULL, "with --lora-r: also write OUT/merged, the model with the adapters merged"}
 #define TRAIN_SKIP_OPTION(o)                                                                                       \
     {"--skip-bad-lines", OPT_FLAG, &(o)->skip_bad, NULL, "skip malformed records (counted) instead of stopping"}

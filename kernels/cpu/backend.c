@@ -86,6 +86,7 @@ const Backend cpu_backend = {
     .swiglu = cpu_swiglu,
     .add_to = cpu_add_to,
     .scale = cpu_scale,
+    .dropout = cpu_dropout,
     .copy = cpu_copy,
     .gather_rows = cpu_gather_rows,
     .embedding = cpu_embedding,

@@ -85,6 +85,7 @@ void cpu_add(float *x, const float *y, size_t n);
 /* out = a + b, n floats; out may be a (then cpu_add's bits) */
 void cpu_add_to(float *out, const float *a, const float *b, size_t n);
 void cpu_scale(float *x, float s, size_t n);
+void cpu_dropout(float *out, const float *x, int N, int cols, int col0, int cols_global, float p, uint64_t key);
 void cpu_copy(float *dst, const float *src, size_t n);
 /* out (R, D) = rows rows[0..R) of x (., D) */
 void cpu_gather_rows(float *out, const float *x, const int *rows, int R, int D);

@@ -230,6 +230,9 @@ static void g_swiglu(float *out, const float *gate, const float *up, size_t n) {
     GUARDED("swiglu", cpu_swiglu(out, gate, up, n), P(out), P(gate), P(up));
 }
 static void g_scale(float *x, float s, size_t n) { GUARDED("scale", cpu_scale(x, s, n), P(x)); }
+static void g_dropout(float *out, const float *x, int N, int cols, int col0, int cols_global, float p, uint64_t key) {
+    GUARDED("dropout", cpu_dropout(out, x, N, cols, col0, cols_global, p, key), P(out), P(x));
+}
 static void g_add_to(float *out, const float *a, const float *b, size_t n) {
     GUARDED("add_to", cpu_add_to(out, a, b, n), P(out), P(a), P(b));
 }
@@ -321,6 +324,7 @@ const Backend cpu_guarded_backend = {
     .swiglu = g_swiglu,
     .add_to = g_add_to,
     .scale = g_scale,
+    .dropout = g_dropout,
     .copy = g_copy,
     .gather_rows = g_gather_rows,
     .embedding = g_embedding,

@@ -506,6 +506,16 @@ void cpu_add_to(float *out, const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
+void cpu_dropout(float *out, const float *x, int N, int cols, int col0, int cols_global, float p, uint64_t key) {
+    float k = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static) if ((size_t)N * cols > 65536)
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < cols; j++) {
+            size_t e = (size_t)n * cols + j;
+            out[e] = dropout_keep(key, (uint64_t)n * cols_global + col0 + j, p) ? x[e] * k : 0.0f;
+        }
+}
+
 void cpu_scale(float *x, float s, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }

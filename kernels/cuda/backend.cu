@@ -93,6 +93,7 @@ extern "C" const Backend cuda_backend = {
     .swiglu = cuda_swiglu,
     .add_to = cuda_add_to,
     .scale = cuda_scale,
+    .dropout = cuda_dropout,
     .copy = cuda_copy,
     .gather_rows = cuda_gather_rows,
     .embedding = cuda_embedding,

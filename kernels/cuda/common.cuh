@@ -98,6 +98,7 @@ void cuda_attention_batch(float *out, const float *q, const float *kc, const flo
 void cuda_swiglu(float *out, const float *gate, const float *up, size_t n);
 void cuda_add_to(float *out, const float *a, const float *b, size_t n);
 void cuda_scale(float *x, float s, size_t n);
+void cuda_dropout(float *out, const float *x, int N, int cols, int col0, int cols_global, float p, uint64_t key);
 void cuda_copy(float *dst, const float *src, size_t n);
 void cuda_gather_rows(float *out, const float *x, const int *rows, int R, int D);
 void cuda_embedding(float *out, const void *table, DType wt, const int *ids, int N, int D, int v0, int V_local);

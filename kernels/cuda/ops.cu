@@ -410,6 +410,24 @@ extern "C" void cuda_add_to(float *out, const float *a, const float *b, size_t n
 __global__ void scale_kernel(float *x, float s, size_t n) {
     GRID_STRIDE(i, n) x[i] *= s;
 }
+__global__ void dropout_kernel(float *out, const float *x, int N, int cols, int col0, int cols_global, float p,
+                               uint64_t key) {
+    float k = 1.0f / (1.0f - p);
+    GRID_STRIDE(e, (size_t)N * cols) {
+        size_t n = e / cols, j = e % cols;
+        uint64_t z = key + ((uint64_t)n * cols_global + col0 + j + 1) * 0x9E3779B97F4A7C15ull;   /* dropout_keep */
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        out[e] = (float)(z >> 40) * 0x1.0p-24f >= p ? x[e] * k : 0.0f;
+    }
+}
+extern "C" void cuda_dropout(float *out, const float *x, int N, int cols, int col0, int cols_global, float p,
+                             uint64_t key) {
+    if ((size_t)N * cols == 0) return;
+    dropout_kernel<<<blocks_for((size_t)N * cols), THREADS>>>(out, x, N, cols, col0, cols_global, p, key);
+    CUDA_CHECK_LAUNCH();
+}
 extern "C" void cuda_scale(float *x, float s, size_t n) {
     if (n == 0) return;
     scale_kernel<<<blocks_for(n), THREADS>>>(x, s, n);

@@ -106,7 +106,7 @@ static const char *const ENTRIES[] = {
     "attention", "swiglu", "add_to", "copy", "gather_rows", "embedding", "mask_cols", "argmax_rows",
     "row_max", "row_sumexp", "pick_logits", "log_add", "row_entropy_part", "sub_at", "matmul_backward",
     "rmsnorm_backward", "rope_backward", "attention_backward", "swiglu_backward", "embedding_backward",
-    "logprob_backward", "kv_store_batch", "attention_batch", "memory"};
+    "logprob_backward", "kv_store_batch", "attention_batch", "scale", "dropout", "memory"};
 enum { N_ENTRIES = sizeof ENTRIES / sizeof ENTRIES[0] };
 static int hits[N_ENTRIES];
 static int n_cases, n_failed;
@@ -400,6 +400,14 @@ static void g_add_to(float *out, const float *a, const float *b, size_t n) {
     need("add_to", out, fb(n)), need("add_to", a, fb(n)), need("add_to", b, fb(n));
     cpu_add_to(out, a, b, n);
 }
+static void g_scale(float *x, float s, size_t n) {
+    need("scale", x, fb(n));
+    cpu_scale(x, s, n);
+}
+static void g_dropout(float *out, const float *x, int N, int cols, int col0, int cols_global, float p, uint64_t key) {
+    need("dropout", out, nf(N, cols)), need("dropout", x, nf(N, cols));
+    cpu_dropout(out, x, N, cols, col0, cols_global, p, key);
+}
 static void g_copy(float *dst, const float *src, size_t n) {
     need("copy", dst, fb(n)), need("copy", src, fb(n));
     cpu_copy(dst, src, n);
@@ -511,6 +519,8 @@ static const Backend guarded_cpu = {
     .attention_batch = g_attention_batch,
     .swiglu = g_swiglu,
     .add_to = g_add_to,
+    .scale = g_scale,
+    .dropout = g_dropout,
     .copy = g_copy,
     .gather_rows = g_gather_rows,
     .embedding = g_embedding,
@@ -1026,6 +1036,27 @@ static void case_add_to(size_t n, int in_place) {
     snprintf(sh, sizeof sh, "n=%zu%s", n, in_place ? ",in_place" : "");
     cmp_exact("add_to", DTYPE_F32, sh, got, want, n);
     free(a), free(b), free(want), free(got);
+}
+/* x *= s and LoRA's dropout: one fp32 product per element (the same mask from dropout_keep): exact */
+static void case_scale_dropout(int N, int cols, int col0, int cols_global, float p) {
+    size_t n = (size_t)N * cols;
+    float *x = rand_f32(n, 3.0f), *want = xmalloc(fb(n)), *got = xmalloc(fb(n)), *res[2] = {want, got};
+    const Backend *be[2] = {ref, dut};
+    char sh[96];
+    for (int op = 0; op < 2; op++) {
+        cur_entry = op ? "dropout" : "scale";
+        for (int s = 0; s < 2; s++) {
+            Dev d = {be[s], {0}, 0};
+            float *o = dput(&d, x, fb(n));
+            if (op) be[s]->dropout(o, o, N, cols, col0, cols_global, p, 0x1234567ull);
+            else be[s]->scale(o, 2.5f, n);
+            dget(&d, res[s], o, fb(n));
+            dfree(&d);
+        }
+        snprintf(sh, sizeof sh, "N=%d,cols=%d/%d@%d,p=%g", N, cols, cols_global, col0, p);
+        cmp_exact(cur_entry, DTYPE_F32, sh, got, want, n);
+    }
+    free(x), free(want), free(got);
 }
 static void case_copy(size_t n) {
     cur_entry = "copy";
@@ -1917,6 +1948,7 @@ static void attention_cases(void) {
 static void elementwise_cases(void) {
     case_swiglu(1, 0), case_swiglu(4099, 0), case_swiglu(17, 1);
     case_add_to(4099, 0), case_add_to(33, 1), case_copy(1), case_copy(4099);
+    case_scale_dropout(37, 64, 0, 64, 0.1f), case_scale_dropout(5, 48, 48, 96, 0.5f);
     const int rows[7] = {12, 0, 5, 5, 7, 12, 1}, one[1] = {0};
     case_gather_rows(13, 7, rows, 33);
     case_gather_rows(1, 1, one, 1);
