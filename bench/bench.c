@@ -287,7 +287,7 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
     if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
     if (sp && mesh->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
     if (zero < 0 || zero > 3) user_error("--zero %d: must be 0, 1, 2 or 3", zero);
-    if (lora_r < 0 || (lora_r && zero > 1)) user_error("--lora-r %d: must be >= 0, with --zero 0 or 1", lora_r);
+    if (lora_r < 0) user_error("--lora-r %d: must be >= 0", lora_r);
     if (m->head == HEAD_SCORE && B % 2)   /* --score, or a *ForSequenceClassification directory */
         user_error("bench --train --score: --batch %d is odd (sequences 2i and 2i+1 are a chosen/rejected pair)", B);
     int flags = (!strcmp(recompute, "full") ? TRAIN_RECOMPUTE : 0) | (sp ? TRAIN_SEQ_PARALLEL : 0);

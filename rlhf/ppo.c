@@ -290,8 +290,7 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
     if (o->lora_dropout != 0)
         user_error("--lora-dropout %g: ppo runs its adapters without dropout (the rollout's logprobs must be the training "
                    "forward's)", o->lora_dropout);
-    if (o->lora_r < 0 || (o->lora_r && o->zero > 1))
-        user_error("--lora-r %d: must be >= 0, with --zero 0 or 1 (ZeRO-2/3 for adapters is not done)", o->lora_r);
+    if (o->lora_r < 0) user_error("--lora-r %d: must be >= 0", o->lora_r);
     if (o->zero && strcmp(o->device, "cpu"))
         user_error("ppo: --zero %d with --device %s: ZeRO shards the optimizer over a role's data-parallel ranks, and a "
                    "device runs each role on one rank (use --zero 0)", o->zero, o->device);

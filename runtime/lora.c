@@ -57,10 +57,6 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
     const Mesh *mesh = m->mesh;
     if (r < 1) user_error("--lora-r %d: must be >= 1", r);
     if (!(alpha > 0)) user_error("--lora-alpha %g: must be > 0", alpha);
-    if ((target[LORA_K] || target[LORA_V]) && mesh->tp > m->cfg.n_heads_kv)
-        user_error("--lora-target k_proj/v_proj with --tp %d > num_key_value_heads %d: a replicated kv head's adapter "
-                   "is not split yet (leave k_proj and v_proj out, or use --tp <= %d)", mesh->tp, m->cfg.n_heads_kv,
-                   m->cfg.n_heads_kv);
     Lora *lo = xcalloc(1, sizeof *lo);
     lo->r = r;
     lo->alpha = alpha;
@@ -91,8 +87,8 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
                 in->layer = l;
                 in->decay = 1;
                 int whole = row_parallel(t) ? b : !b;   /* replicated over tp: B of o/down, A of the others */
+                in->replicas = whole ? tp : w->replicas;   /* k/v's B: a replicated kv head's, as its weight */
                 in->tp_replicated = whole && tp > 1;
-                in->replicas = whole ? tp : 1;
                 in->norm_once = mesh->tp_rank % in->replicas == 0;
                 if (!b) {   /* A (r, in) */
                     in->rows = in->rows_global = r;

@@ -6,6 +6,7 @@
  * cut it.
  * Does not own: updating the slices (the optimizer writes them), which commands shard (learner). */
 #include "runtime/model.h"
+#include "runtime/lora.h"
 #include "runtime/util.h"
 #include <stddef.h>
 #include <stdlib.h>
@@ -59,6 +60,7 @@ void model_shard_weights(Model *m, const Comm *dp) {
     for (int f = 0; f < 4; f++) {
         void *p = *(void **)((char *)&m->w + fields[f]);
         if (!p || (f == 2 && p == m->w.embed)) continue;   /* absent, or the tied embedding itself */
+        if ((char *)p < (char *)m->params || (char *)p >= (char *)m->params + m->n_params * es) continue;   /* LoRA's score */
         ShardTensor *t = &z->t[z->n_t++];
         t->offset = (size_t)((char *)p - (char *)m->params) / es;
         for (int i = 0; i < n_info; i++) if (infos[i].offset == t->offset) t->n = infos[i].numel;
@@ -76,7 +78,7 @@ void model_shard_weights(Model *m, const Comm *dp) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
     uintptr_t a = ((uintptr_t)m->params + page - 1) / page * page, b = ((uintptr_t)m->params + m->n_params * es) / page * page;
     if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
-    ModelWeights none = {.layers = m->w.layers};
+    ModelWeights none = {.layers = m->w.layers, .score = m->lora && m->lora->score ? m->w.score : NULL};
     for (int l = 0; l < z->L; l++) memset(&m->w.layers[l], 0, sizeof(LayerWeights));
     m->w = none;
     m->z3 = z;

@@ -391,7 +391,8 @@ int main(int argc, char **argv) {
         compare(p->name, garena + p->offset, p->rows, p->cols ? p->cols : 1, ref, R, C, r0, c0, &worst);
         if (p->tp_replicated) same_across(&mesh.tp_comm, p->name, garena + p->offset, p->numel);
         if (ends_with(p->name, "k_proj.weight") || ends_with(p->name, "v_proj.weight") ||
-            ends_with(p->name, "k_proj.bias") || ends_with(p->name, "v_proj.bias"))
+            ends_with(p->name, "k_proj.bias") || ends_with(p->name, "v_proj.bias") ||
+            ends_with(p->name, "k_proj.lora_B.weight") || ends_with(p->name, "v_proj.lora_B.weight"))
             same_across(&a.kv_comm, p->name, garena + p->offset, p->numel);
         free(ref);
     }

@@ -319,6 +319,8 @@ static void lora_backward(Model *m, TrainActs *a, GradSink *g, int l, int t, con
     const float *u = a->layers[l].lora_u + (size_t)t * N * r;
     float *dA = g->lora + (A - lo->arena), *dB = g->lora + (B - lo->arena);
     be->matmul_backward(a->lora_du, dB, NULL, dy, u, B, DTYPE_F32, N, r, n_out);
+    /* a kv head replicated over tp ranks (tp > num_key_value_heads): its rows once in the tp sum */
+    if ((t == LORA_K || t == LORA_V) && a->kv_comm.rank != 0) be->zero(a->lora_du, sizeof(float) * N * r);
     if (!rowp) model_tp_sum(m, a->lora_du, (size_t)N * r);
     be->scale(a->lora_du, lo->scale, (size_t)N * r);
     int col0 = rowp ? m->mesh->tp_rank * n_in : 0, cg = rowp ? n_in * m->mesh->tp : n_in;

@@ -50,10 +50,11 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
     L->m = m;
     L->save_dtype = DTYPE_AUTO;
     if (m->lora) {   /* LoRA: the adapters alone are trained; the base has no gradients and no moments */
-        CHECK(oc.zero <= 1);
         const Lora *lo = m->lora;
         OptimSet set = {lo->infos, lo->n_infos, lo->arena, lo->n, DTYPE_F32};
-        L->opt = optim_new_set(m, &set, m->mesh, oc);
+        OptimConfig ao = oc;
+        if (ao.zero > 1) ao.zero = 1;   /* the adapters' gradients are small: ZeRO-2/3 shard their state as ZeRO-1 */
+        L->opt = optim_new_set(m, &set, m->mesh, ao);
     } else {
         L->opt = optim_new(m, m->mesh, oc);
     }
@@ -66,6 +67,7 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
         L->sink.w.layers = L->gl;
         L->sink.lora = L->grads;
         if (m->lora->score) L->sink.w.score = L->grads + (m->lora->score - m->lora->arena);
+        if (oc.zero == 3) model_shard_weights(m, &m->mesh->dp_comm);   /* the frozen base sliced over dp */
     } else if (oc.zero >= 2) {
         L->sink.w.layers = L->gl;
         place_unit_grads(L);

@@ -257,8 +257,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     if (o->lora_r < 0) user_error("--lora-r %d: must be >= 0 (0 = full training)", o->lora_r);
     if (o->merge && !o->lora_r) user_error("--merge: merges LoRA adapters; give --lora-r");
     if (!(o->lora_dropout >= 0 && o->lora_dropout < 1)) user_error("--lora-dropout %g: must be in [0, 1)", o->lora_dropout);
-    if (o->lora_r && o->zero > 1)
-        user_error("--lora-r with --zero %d: the adapters are small; ZeRO-2/3 for them is not done (use --zero 0 or 1)", o->zero);
+    if (o->merge && o->zero == 3) user_error("--merge with --zero 3: the merge needs the whole weights (merge from the checkpoint with --adapter)");
     if (o->lora_r && o->resume) {   /* a LoRA checkpoint: the adapter (the base is --model) */
         char *p = path_join(o->resume, "adapter_config.json");
         if (!file_exists(p)) user_error("%s: missing: --lora-r resumes from a LoRA run's checkpoint (a PEFT adapter directory)", p);
