@@ -373,6 +373,9 @@ static void setup(Ppo *p, PpoOptions *o) {
         x->has_norm = norm.has_reward_stats;
         x->norm_mean = norm.reward_mean;
         x->norm_std = norm.reward_std;
+        float mu, sd;
+        if (o->adapter[R_REWARD] && adapter_reward_stats(o->adapter[R_REWARD], &mu, &sd))
+            x->has_norm = 1, x->norm_mean = mu, x->norm_std = sd;   /* a LoRA reward model's */
     }
 
     /* per role: run state; actor and critic: a learner, resumed */

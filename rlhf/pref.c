@@ -304,7 +304,7 @@ static void pref_evaluate(void *ctx, TrainActs *a, Data *val, int step, const ch
     m->cfg.reward_mean = (float)mean;
     m->cfg.reward_std = (float)sqrt(var > 1e-12 ? var : 1e-12);
     if (!root) return;
-    fprintf(stderr, "eval rewards: mean %.6f std %.6f (saved in config.json: normalize_reward)\n", mean,
+    fprintf(stderr, "eval rewards: mean %.6f std %.6f (saved in config.json: normalize_reward; a LoRA run's in reward_stats.json)\n", mean,
             (double)m->cfg.reward_std);
     metrics_begin(ml, step);
     metrics_num(ml, "eval_reward_mean", mean);

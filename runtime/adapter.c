@@ -313,6 +313,25 @@ static void adapter_paths(Adapter *a, const char *dir) {
     a->weights_path = path_join(dir, "adapter_model.safetensors");
 }
 
+int adapter_reward_stats(const char *dir, float *mean, float *std) {
+    char *path = path_join(dir, ADAPTER_REWARD_STATS), *text = read_file(path, NULL);
+    int ok = 0;
+    if (text) {
+        cJSON *j = cJSON_Parse(text);
+        const cJSON *mu = field(j, "mean"), *sd = field(j, "std");
+        if (!cJSON_IsNumber(mu) || !cJSON_IsNumber(sd) || !isfinite(mu->valuedouble) || !(sd->valuedouble > 0) ||
+            !isfinite(sd->valuedouble))
+            user_error("%s: needs a finite \"mean\" and a positive \"std\" (the reward model's eval statistics)", path);
+        *mean = (float)mu->valuedouble;
+        *std = (float)sd->valuedouble;
+        ok = 1;
+        cJSON_Delete(j);
+        free(text);
+    }
+    free(path);
+    return ok;
+}
+
 void adapter_merge(Model *m, const char *dir) {
     Adapter a = {0};
     adapter_paths(&a, dir);
@@ -341,6 +360,8 @@ void adapter_merge(Model *m, const char *dir) {
             if (a.target[t] && !strcmp(path, TARGET_PATHS[t])) merge_block(m, &a, st, &infos[i], layer, (Target)t);
     }
     if (a.save_score && m->head == HEAD_SCORE && st_find(st, PEFT_SCORE)) replace_score(m, &a, st);
+    if (m->head == HEAD_SCORE && adapter_reward_stats(dir, &m->cfg.reward_mean, &m->cfg.reward_std))
+        m->cfg.has_reward_stats = 1;   /* a LoRA reward model's (its config.json would hold them) */
     free(infos);
     st_close(st);
     free(a.config_path);

@@ -30,4 +30,10 @@ void adapter_merge(Model *m, const char *dir);
  * with a score head, which the adapter's replaces). 0 when the file is missing or unreadable:
  * adapter_merge reports it. */
 int adapter_has_score(const char *dir);
+/* A reward model trained as adapters (tandem rm --lora-r) keeps its eval reward statistics beside
+ * them, in DIR/reward_stats.json {"mean", "std"} (PEFT's adapter_config.json takes no other keys;
+ * a full reward model has them in config.json: normalize_reward, mean, std). 1 and the values when
+ * the file is there (a malformed one is a user_error naming it), else 0. adapter_merge applies them. */
+#define ADAPTER_REWARD_STATS "reward_stats.json"
+int adapter_reward_stats(const char *dir, float *mean, float *std);
 #endif

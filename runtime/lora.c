@@ -3,6 +3,7 @@
  * rows and A is whole (the same on every tp rank); a row-parallel one's block is columns [col0,
  * col0 + cols) of its input, so A keeps those columns and B is whole. */
 #include "runtime/lora.h"
+#include "runtime/adapter.h"
 #include "runtime/safetensors.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
@@ -302,6 +303,13 @@ int lora_save(const Model *m, const char *dir, const char *base, char *err, size
             snprintf(err, cap, "%s: cannot write: %s", cpath, strerror(errno));
         free(text);
         free(cpath);
+        if (!err[0] && m->cfg.has_reward_stats) {   /* a reward model's eval statistics (runtime/adapter.h) */
+            char *spath = path_join(dir, ADAPTER_REWARD_STATS), stats[128];
+            int n = snprintf(stats, sizeof stats, "{\"mean\": %.9g, \"std\": %.9g}\n", m->cfg.reward_mean, m->cfg.reward_std);
+            if (write_file_atomic(spath, stats, (size_t)n) != 0)
+                snprintf(err, cap, "%s: cannot write: %s", spath, strerror(errno));
+            free(spath);
+        }
     }
     return comm_first_error(&mesh->group, err, cap) ? -1 : 0;
 }

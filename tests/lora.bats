@@ -212,6 +212,9 @@ stories_data() {
     head -4 "$PF/story_val.jsonl" | jq -c '{prompt, response: .chosen}' > "$t/s.jsonl"
     run "$TANDEM" rm --score --model "$STORIES" --adapter "$ck" --input "$t/s.jsonl" --output "$t/s.out"
     [ "$status" -eq 0 ]
+    # the eval reward statistics beside the adapter, applied by --adapter: reward_normalized = (r - mean) / std
+    jq -e '.mean and .std > 0' "$ck/reward_stats.json"
+    jq -s -e --slurpfile st "$ck/reward_stats.json" 'map(((.reward - $st[0].mean) / $st[0].std - .reward_normalized) | fabs < 1e-5) | all' "$t/s.out"
     jq -c '{text: (.prompt + .response)}' "$t/s.jsonl" | "$TANDEM" tokenize --tokenizer "$STORIES" --jsonl | jq -c '.input_ids + [2]' > "$t/ids.jsonl"
     # PEFT's sequence classifier with the saved adapter: the same scores (fp32 both sides; 1e-5, pref.bats' layout tolerance)
     cat > "$t/peft_score.py" <<'PY'
