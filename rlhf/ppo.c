@@ -15,6 +15,7 @@
  * ppo_state.json: rlhf/ppo_checkpoint.c. */
 #include "rlhf/ppo.h"
 #include "runtime/adapter.h"
+#include "train/checkpoint.h"
 #include "runtime/lora.h"
 #include "train/trainer.h"
 #include "rlhf/ppo_checkpoint.h"
@@ -122,6 +123,26 @@ static double update(Ppo *p, int ri, int step, const int *pidx, Experience *b) {
 
 static int cmp_float(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return (x > y) - (x < y); }
 static float median(float *x, int n) { qsort(x, n, sizeof(float), cmp_float); return x[n / 2]; }
+
+/* --merge: the last checkpoint's adapters into the actor's (and critic's) weights, written as
+ * OUT/merged/actor (critic) HF models, as sft --merge writes OUT/merged */
+static void merge_trained(Ppo *p, const PpoOptions *o, int step) {
+    Role *R = p->roles.role;
+    for (int r = R_ACTOR; r <= R_CRITIC; r++) {
+        if (!R[r].member) continue;
+        char ck[4200], err[CHECKPOINT_ERR_CAP], *root = path_join(o->out, "merged"), *dir = path_join(root, ROLE_NAMES[r]);
+        snprintf(ck, sizeof ck, "%s/checkpoint-%d/%s", o->out, step, ROLE_NAMES[r]);
+        if (R[r].mesh.rank == 0) mkdir_p(root);
+        comm_barrier(&R[r].mesh.group);
+        model_shards_gather_all(&R[r].m);
+        R[r].m.lora->enabled = 0;
+        adapter_merge(&R[r].m, ck);
+        if (checkpoint_save_model(&R[r].m, p->load_dir[r], dir, 1, o->save_dtype, err)) job_error(R[r].mesh.rank == 0, "%s", err);
+        if (R[r].mesh.rank == 0) fprintf(stderr, "merged %s\n", dir);
+        free(dir);
+        free(root);
+    }
+}
 
 /* ZeRO-3: the trained roles' layers whole for the experience phases (generation, logprobs, values),
  * as verl syncs the actor's weights into its rollout engine; each update's learner_step releases them */
@@ -282,7 +303,8 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         user_error("--sequence-parallel: needs --actor-tp or --critic-tp > 1 (it shares a trained role's tp ranks' rows)");
     if (!(o->actor_lr > 0) || !(o->critic_lr > 0)) user_error("ppo: --actor-lr and --critic-lr must be > 0");
     if (o->zero < 0 || o->zero > 3) user_error("--zero %d: must be 0, 1, 2 or 3", o->zero);
-    if (o->merge) user_error("--merge: a sft / rm / dpo option (ppo's checkpoints hold the adapters: rerun sft --merge, or load them with --adapter)");
+    if (o->merge && !o->lora_r) user_error("--merge: merges LoRA adapters; give --lora-r");
+    if (o->merge && o->zero == 3) user_error("--merge with --zero 3: the merge needs the whole weights (merge from the checkpoint with --adapter)");
     for (int r = 0; r < N_ROLES; r++)
         if (o->adapter[r] && !dir_exists(o->adapter[r]))
             user_error("--%s-adapter %s: not a directory (a PEFT adapter directory: adapter_config.json and "
@@ -606,6 +628,7 @@ int ppo_main(int argc, char **argv) {
     }
     if (o.bench_alone > 0 && last > step0) bench_phases_alone(&p, last - 1, pidx, &b, o.bench_alone, step_s + step0, last - step0);
     ppo_checkpoint_save(&p.roles, p.learner, p.load_dir, o.out, last, p.kl_coef, p.x.seed, p.save_limit);
+    if (o.merge) merge_trained(&p, &o, last);
     comm_barrier(&p.roles.world);
     if (world0)
         fprintf(stderr, "ppo: %d steps in %.1f s; actor%s in %s/checkpoint-%d; peak RSS %.1f MiB\n", last - step0,

@@ -274,7 +274,7 @@ rule_rate() {
     t="$BATS_TEST_TMPDIR"
     run timeout 300 "$TANDEM" ppo --actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --out "$t/grpo" --advantage grpo \
         --n-samples-per-prompt 8 --rollout-batch-size 8 --max-new-tokens 48 --steps 10 --kl-coef 0 --kl-loss-coef 0.001 \
-        --actor-lr 3e-3 --log-every 5 --lora-r 8
+        --actor-lr 3e-3 --log-every 5 --lora-r 8 --merge
     echo "$output" | grep -E "^step|placement"
     [ "$status" -eq 0 ]
     [[ "$output" != *"ref ranks"* ]]
@@ -283,6 +283,10 @@ rule_rate() {
     [ "$(jq -s '.[-1]["actor/kl"] > 0' "$t/grpo/metrics.jsonl")" = true ]
     before=$(rule_rate "$STORIES"); after=$(rule_rate "$STORIES" --adapter "$t/grpo/checkpoint-10/actor")
     echo "grpo LoRA: held-out rule score $before -> $after"
+    # --merge: OUT/merged/actor is the base with the last adapters merged as --adapter merges them
+    cp "$BATS_TEST_TMPDIR/hv.out" "$t/adapter.out"
+    rule_rate "$t/grpo/merged/actor" >/dev/null
+    cmp "$t/adapter.out" "$BATS_TEST_TMPDIR/hv.out"
     awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 0.5 && a >= 3 * b) }'
 }
 
