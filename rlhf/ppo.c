@@ -135,8 +135,7 @@ static void merge_trained(Ppo *p, const PpoOptions *o, int step) {
         if (R[r].mesh.rank == 0) mkdir_p(root);
         comm_barrier(&R[r].mesh.group);
         model_shards_gather_all(&R[r].m);
-        R[r].m.lora->enabled = 0;
-        adapter_merge(&R[r].m, ck);
+        lora_merge(&R[r].m, ck);
         if (checkpoint_save_model(&R[r].m, p->load_dir[r], dir, 1, o->save_dtype, err)) job_error(R[r].mesh.rank == 0, "%s", err);
         if (R[r].mesh.rank == 0) fprintf(stderr, "merged %s\n", dir);
         free(dir);

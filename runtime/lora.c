@@ -148,7 +148,7 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
     }
     m->be->to_device(lo->arena, host, sizeof(float) * lo->n);
     free(host);
-    if (lo->score) m->w.score = lo->score;
+    if (lo->score) lo->score_base = m->w.score, m->w.score = lo->score;
     m->lora = lo;
     return lo;
 }
@@ -167,6 +167,13 @@ size_t lora_width(const Model *m) {
 }
 
 DType lora_score_dtype(const Model *m) { return m->lora && m->lora->score ? DTYPE_F32 : m->dtype; }
+
+void lora_merge(Model *m, const char *dir) {
+    Lora *lo = m->lora;
+    lo->enabled = 0;
+    if (lo->score) m->w.score = lo->score_base;   /* the checkpoint's trained head replaces it */
+    adapter_merge(m, dir);
+}
 
 void lora_free(Model *m) {
     Lora *lo = m->lora;

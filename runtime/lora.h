@@ -33,6 +33,7 @@ typedef struct Lora {
     float *score;               /* a score head (reward models, critics) trained in full as PEFT's
                                    modules_to_save: (num_labels, D) fp32 in the arena, m->w.score points at
                                    it (the forward reads it as fp32: lora_score_dtype); NULL otherwise */
+    void *score_base;           /* the model's own score.weight (its arena's), where a merge writes */
 } Lora;
 
 /* --lora-target: "all-linear" or a comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,
@@ -44,6 +45,9 @@ void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARG
  * split them (k/v adapted while tp > num_key_value_heads). Sets m->lora. */
 Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_TARGETS], uint64_t seed);
 void lora_free(Model *m);
+/* --merge: the model's own weights again (the adapters off, the score head back in the arena), then
+ * the adapter in DIR (a checkpoint's, with the trained score head) merged in as --adapter merges it */
+void lora_merge(Model *m, const char *dir);
 /* The dropout key of micro-batch `micro` of the current step (0: no dropout: without adapters, with
  * lora_dropout 0, and outside a training step). Masks (kernels.h dropout_keep) follow from it, the
  * layer and the projection: a resumed run draws the same ones. */

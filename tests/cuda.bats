@@ -27,14 +27,14 @@ need_harness() {
     echo "$output"
     [ "$status" -eq 0 ]
     [ "$(grep -c '^FAIL' <<<"$output")" -eq 0 ]
-    grep -q "^coverage: all 33 entries compared" <<<"$output"
+    grep -q "^coverage: all 35 entries compared" <<<"$output"
     grep -q '^guard: [0-9]* dut allocations, every entry pointer in dut memory: yes$' <<<"$output"
     grep -q '^PASS: [0-9]* cases, dut cpu (guarded) is exactly ref cpu$' <<<"$output"
     # every entry has an ok line, each with max_abs 0
     for e in matmul matmuls rmsnorm round_to pack unpack rope_table rope kv_store attention swiglu add_to copy \
         gather_rows embedding mask_cols argmax_rows row_max row_sumexp pick_logits log_add row_entropy_part sub_at \
         matmul_backward rmsnorm_backward rope_backward attention_backward swiglu_backward embedding_backward \
-        logprob_backward kv_store_batch attention_batch memory; do
+        logprob_backward kv_store_batch attention_batch scale dropout memory; do
         grep -qE "^ok +$e(\.[a-z_]+)? " <<<"$output" || { echo "no case for $e"; false; }
     done
     [ "$(grep '^ok ' <<<"$output" | awk '$5 != "0.000e+00"' | wc -l)" -eq 0 ]
@@ -61,7 +61,7 @@ need_harness() {
     echo "$output"
     [ "$status" -ne 77 ] || skip "$(grep -m1 '^SKIP: ' <<<"$output")"
     [ "$status" -eq 0 ]
-    grep -q "^coverage: all 33 entries compared" <<<"$output"
+    grep -q "^coverage: all 35 entries compared" <<<"$output"
 }
 
 @test "the GPU check script runs its checks on the CPU too (tests/cuda/gpu_check.py --device cpu): it stays runnable" {

@@ -215,6 +215,13 @@ stories_data() {
     # the eval reward statistics beside the adapter, applied by --adapter: reward_normalized = (r - mean) / std
     jq -e '.mean and .std > 0' "$ck/reward_stats.json"
     jq -s -e --slurpfile st "$ck/reward_stats.json" 'map(((.reward - $st[0].mean) / $st[0].std - .reward_normalized) | fabs < 1e-5) | all' "$t/s.out"
+    # --merge (a second short run): the merged reward model scores as base + adapter (its trained head in it)
+    run timeout 300 "$TANDEM" rm --model "$STORIES" --data "$PF/story_train.jsonl" --out "$t/rm2" --seq-len 64 --batch-size 8 \
+        --lr 3e-3 --max-steps 10 --lora-r 8 --merge
+    [ "$status" -eq 0 ]
+    "$TANDEM" rm --score --model "$t/rm2/merged" --input "$t/s.jsonl" --output "$t/m.out" 2>/dev/null
+    "$TANDEM" rm --score --model "$STORIES" --adapter "$t/rm2/checkpoint-10" --input "$t/s.jsonl" --output "$t/a.out" 2>/dev/null
+    diff <(jq .reward "$t/m.out") <(jq .reward "$t/a.out")
     jq -c '{text: (.prompt + .response)}' "$t/s.jsonl" | "$TANDEM" tokenize --tokenizer "$STORIES" --jsonl | jq -c '.input_ids + [2]' > "$t/ids.jsonl"
     # PEFT's sequence classifier with the saved adapter: the same scores (fp32 both sides; 1e-5, pref.bats' layout tolerance)
     cat > "$t/peft_score.py" <<'PY'

@@ -440,8 +440,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
     if (o->merge) {   /* the last checkpoint's adapter into the weights, as --adapter merges it */
         char ck[4200], *dir = path_join(o->out, "merged"), err[CHECKPOINT_ERR_CAP];
         snprintf(ck, sizeof ck, "%s/checkpoint-%d", o->out, step);
-        m->lora->enabled = 0;
-        adapter_merge(m, ck);
+        lora_merge(m, ck);
         if (checkpoint_save_model(m, o->model_dir, dir, 1, o->save_dtype, err)) job_error(m->mesh->rank == 0, "%s", err);
         if (root) fprintf(stderr, "merged %s\n", dir);
         free(dir);
