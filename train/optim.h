@@ -1,17 +1,23 @@
 /* optim.h — the optimizer of one rank: AdamW with torch.optim.AdamW's arithmetic, global
  * gradient-norm clipping over the whole mesh (torch.nn.utils.clip_grad_norm_), the learning-rate
  * schedule, and the data-parallel gradient reduction and state partition (OptimUnit):
- *   plain   all-reduce; every dp rank holds the full moments and updates every param;
+ *   plain   all-reduce (a fixed-tree reduce-scatter, then an all-gather); every dp rank holds the full
+ *           moments and updates every param;
  *   ZeRO-1  Megatron's distributed optimizer: one reduce-scatter of the flat arena per step, each dp
  *           rank owns the moments (and master) of 1/dp of it, updates those params, all-gather;
  *   ZeRO-2  DeepSpeed's stage 2: the gradients are partitioned too. Each layer's gradient is
  *           reduce-scattered right after that layer's backward of every micro-batch, from one
  *           buffer the layers share, and its owner adds its slice into a 1/dp accumulator; the
  *           embedding and head keep whole buffers over the step (reduced once, after the tied
- *           embedding's cross-stage sum). Each layer is split over dp on its own (FSDP's units).
+ *           embedding's cross-stage sum). Each layer is split over dp on its own (FSDP's units);
+ *   ZeRO-3  and the weights too (FSDP's full sharding): the optimizer updates each rank's slices of
+ *           the weights in place (runtime/model.h model_shard_weights) and nothing is gathered after
+ *           the step; the forward and backward gather a unit where it is used.
+ * What it trains is an OptimSet: the model's own weights (optim_new), or LoRA's adapters beside the
+ * frozen weights (runtime/lora.h; their state sharded as ZeRO-1 under ZeRO-2/3).
  * Every dp sum adds the ranks by one fixed pairwise tree (comm_all_reduce_sum_fixed and
  * comm_reduce_scatter_sum_fixed), so the stages agree bit for bit at any dp whenever each rank's
- * step is one micro-batch. With M > 1 micro-batches ZeRO-2 sums each micro-batch over dp before
+ * step is one micro-batch. With M > 1 micro-batches ZeRO-2/3 sum each micro-batch over dp before
  * adding the micro-batches (as DeepSpeed's stage 2 does), plain and ZeRO-1 the other way round: the
  * layers' gradients then differ by fp32 rounding (tests/zero.bats measures it).
  * Reads (and writes, for tests) the per-rank state files of earlier builds' checkpoints;
