@@ -11,14 +11,13 @@
  * then the adaptive KL controller, the metrics (verl's names) and checkpoints. --device puts every
  * role's model on one backend (rlhf/roles.c: a device needs each role on one rank); results move
  * between roles as host copies.
- * Owns: the options, setup, the step loop, the adaptive KL, metrics, --bench-alone; checkpoints and
- * ppo_state.json: rlhf/ppo_checkpoint.c. */
+ * Owns: the options, setup, the step loop, the adaptive KL, --bench-alone; checkpoints and
+ * ppo_state.json: rlhf/ppo_checkpoint.c; the metrics line: rlhf/ppo_log.c. */
 #include "rlhf/ppo.h"
 #include "runtime/adapter.h"
-#include "train/checkpoint.h"
 #include "runtime/lora.h"
-#include "train/trainer.h"
 #include "rlhf/ppo_checkpoint.h"
+#include "rlhf/ppo_log.h"
 #include "kernels/kernels.h"
 #include "rlhf/experience.h"
 #include "rlhf/reward_http.h"
@@ -124,31 +123,6 @@ static double update(Ppo *p, int ri, int step, const int *pidx, Experience *b) {
 static int cmp_float(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return (x > y) - (x < y); }
 static float median(float *x, int n) { qsort(x, n, sizeof(float), cmp_float); return x[n / 2]; }
 
-/* --merge: the last checkpoint's adapters into the actor's (and critic's) weights, written as
- * OUT/merged/actor (critic) HF models, as sft --merge writes OUT/merged */
-static void merge_trained(Ppo *p, const PpoOptions *o, int step) {
-    Role *R = p->roles.role;
-    for (int r = R_ACTOR; r <= R_CRITIC; r++) {
-        if (!R[r].member) continue;
-        char ck[4200], err[CHECKPOINT_ERR_CAP], *root = path_join(o->out, "merged"), *dir = path_join(root, ROLE_NAMES[r]);
-        snprintf(ck, sizeof ck, "%s/checkpoint-%d/%s", o->out, step, ROLE_NAMES[r]);
-        if (R[r].mesh.rank == 0) mkdir_p(root);
-        comm_barrier(&R[r].mesh.group);
-        model_shards_gather_all(&R[r].m);
-        lora_merge(&R[r].m, ck);
-        if (checkpoint_save_model(&R[r].m, p->load_dir[r], dir, 1, o->save_dtype, err)) job_error(R[r].mesh.rank == 0, "%s", err);
-        if (R[r].mesh.rank == 0) fprintf(stderr, "merged %s\n", dir);
-        free(dir);
-        free(root);
-    }
-}
-
-/* ZeRO-3: the trained roles' layers whole for the experience phases (generation, logprobs, values),
- * as verl syncs the actor's weights into its rollout engine; each update's learner_step releases them */
-static void gather_trained(Ppo *p) {
-    for (int r = R_ACTOR; r <= R_CRITIC; r++)
-        if (p->roles.role[r].member) model_shards_gather_all(&p->roles.role[r].m);
-}
 
 /* Each phase of a step run by itself, `rounds` times on the last step's shapes (a world barrier
  * before each, so nothing overlaps it), against the run's median step: what a step costs beyond
@@ -162,7 +136,7 @@ static void bench_phases_alone(Ppo *p, int step, const int *pidx, Experience *b,
         for (int ph = 0; ph < K; ph++) {
             comm_barrier(&p->roles.world);
             double t0 = now_seconds();
-            if (ph == 0) gather_trained(p), experience_rollout(&p->x, &p->roles, step, pidx, b);
+            if (ph == 0) roles_gather_weights(&p->roles), experience_rollout(&p->x, &p->roles, step, pidx, b);
             else if (ph == 1) experience_ref(&p->x, &p->roles, b);
             else if (ph == 2) experience_reward(&p->x, &p->roles, b, pidx);
             else if (ph == 3) experience_values(&p->x, &p->roles, b);
@@ -367,10 +341,10 @@ static void setup(Ppo *p, PpoOptions *o) {
         if (resume_dir[r] && !o->lora_r) p->load_dir[r] = resume_dir[r];   /* LoRA: the base, then the adapter */
     }
     roles_load(rs, p->load_dir, o->dtype);
-    for (int r = 0; r < N_ROLES; r++) {   /* adapters merged: the frozen roles', and a trained role's unless LoRA trains it */
-        int trained = r == R_ACTOR || r == R_CRITIC;
-        if (R[r].member && o->adapter[r] && !(trained && (o->lora_r || resume_dir[r]))) adapter_merge(&R[r].m, o->adapter[r]);
-    }
+    const char *merged[N_ROLES];   /* adapters merged: the frozen roles', and a trained role's unless LoRA trains it */
+    for (int r = 0; r < N_ROLES; r++)
+        merged[r] = (r == R_ACTOR || r == R_CRITIC) && (o->lora_r || resume_dir[r]) ? NULL : o->adapter[r];
+    roles_merge_adapters(rs, merged);
     char err[1024];
     x->tok = tokenizer_open(R[R_ACTOR].dir, err, sizeof err);
     if (!x->tok) user_error("%s", err);
@@ -457,17 +431,6 @@ static void teardown(Ppo *p) {
 
 /* ---- one step ------------------------------------------------------------------------------------ */
 
-enum { T_GEN, T_REF, T_REWARD, T_VALUES, T_ADV, T_ACTOR, T_CRITIC, T_STEP, N_T };
-static const char *const TIMING_NAMES[N_T] = {"gen", "ref", "reward", "values", "adv", "update_actor", "update_critic", "step"};
-
-/* What a step reports, the same on every rank. */
-typedef struct {
-    double score_raw;          /* sum of the raw scores */
-    PpoStats as, cs;           /* the actor's and the critic's hook sums */
-    double gn[2];              /* their mean gradient norms */
-    float tm[N_T];             /* seconds per phase (the slowest rank's) */
-} StepOut;
-
 /* 1-4 of one step, every rank. */
 static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so) {
     Roles *rs = &p->roles;
@@ -477,7 +440,7 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so) {
     double t0 = now_seconds(), t = t0;
 #define LAP(k) do { double t_ = now_seconds(); tm[k] = (float)(t_ - t); t = t_; } while (0)
     experience_step_prompts(&p->x, step, pidx);
-    gather_trained(p);
+    roles_gather_weights(rs);   /* ZeRO-3: the trained roles whole for the experience phases */
     experience_rollout(&p->x, rs, step, pidx, b);
     LAP(T_GEN);
     experience_ref(&p->x, rs, b);
@@ -534,59 +497,6 @@ static double kl_control(Ppo *p, const Experience *b) {
     return seq_kl;
 }
 
-/* The step's metrics line (verl's names) and progress line, on world rank 0. */
-static void log_step(const Ppo *p, MetricsLog *ml, int step, int steps, int print, const Experience *b, const StepOut *so,
-                     double seq_kl, double kl_used) {
-    const Role *R = p->roles.role;
-    int S = b->S, N = b->N;
-    double resp_len = 0, clipped = 0, rew_sum = 0;
-    for (int s = 0; s < S; s++) {
-        double r = 0;
-        for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++) if (b->mask[n] > 0) r += b->rewards[n];
-        rew_sum += p->x.adv_kind == ADV_GAE ? r : b->score[s];
-        resp_len += b->resp_len[s];
-        clipped += b->finish[s] == FINISH_LENGTH;
-    }
-    const PpoStats *as = &so->as, *cs = &so->cs;
-    double na = as->n_tokens > 0 ? as->n_tokens : 1, nc = cs->n_tokens > 0 ? cs->n_tokens : 1;
-    double vsum = 0, vn = 0;   /* the critic's values over the actions */
-    for (int n = 0; n < N; n++) if (b->mask[n] > 0) { vsum += b->values[n]; vn += 1; }
-    metrics_begin(ml, step + 1);
-    metrics_num(ml, "critic/score/mean", so->score_raw / S);
-    metrics_num(ml, "critic/rewards/mean", rew_sum / S);
-    metrics_num(ml, "critic/advantages/mean", masked_mean(b->adv, b->mask, N));
-    metrics_num(ml, "critic/returns/mean", masked_mean(b->ret, b->mask, N));
-    metrics_num(ml, "critic/values/mean", R[R_CRITIC].active && vn ? vsum / vn : 0.0);
-    metrics_num(ml, "actor/pg_loss", as->pg_loss / na);
-    metrics_num(ml, "actor/pg_clipfrac", as->pg_clipfrac / na);
-    metrics_num(ml, "actor/pg_clipfrac_lower", as->pg_clipfrac_lower / na);
-    metrics_num(ml, "actor/ppo_kl", as->ppo_kl / na);
-    metrics_num(ml, "actor/entropy", p->entropy[1] > 0 ? p->entropy[0] / p->entropy[1] : 0.0);
-    metrics_num(ml, "actor/kl", R[R_REF].active || p->x.lora_ref ? seq_kl : 0.0);
-    metrics_num(ml, "actor/kl_loss", as->kl_loss / na);
-    metrics_num(ml, "actor/kl_coef", kl_used);
-    metrics_num(ml, "actor/grad_norm", so->gn[0]);
-    metrics_num(ml, "critic/vf_loss", cs->vf_loss / nc);
-    metrics_num(ml, "critic/vf_clipfrac", cs->vf_clipfrac / nc);
-    metrics_num(ml, "critic/vf_explained_var", R[R_CRITIC].active ? explained_variance(b->ret, b->values, b->mask, N) : 0.0);
-    metrics_num(ml, "critic/grad_norm", so->gn[1]);
-    metrics_num(ml, "response_length/mean", resp_len / S);
-    metrics_num(ml, "response_length/clip_ratio", clipped / S);
-    metrics_num(ml, "rollout_logprob_diff_max", as->logprob_diff_max);
-    char key[64];
-    for (int k = 0; k < N_T; k++) {
-        snprintf(key, sizeof key, "timing_s/%s", TIMING_NAMES[k]);
-        metrics_fmt(ml, key, "%.6f", so->tm[k]);
-    }
-    metrics_fmt(ml, "samples_per_s", "%.3f", S / (so->tm[T_STEP] > 0 ? so->tm[T_STEP] : 1e-9));
-    metrics_end(ml);
-    if (print)
-        fprintf(stderr, "step %d/%d | score %.4f | pg_loss %.4f | clipfrac %.3f | kl %.4f | vf_loss %.4f | len %.1f | "
-                        "logprob diff %g | %.2f s (gen %.2f, update %.2f)\n",
-                step + 1, steps, so->score_raw / S, as->pg_loss / na, as->pg_clipfrac / na, seq_kl, cs->vf_loss / nc,
-                resp_len / S, as->logprob_diff_max, so->tm[T_STEP], so->tm[T_GEN], so->tm[T_ACTOR] + so->tm[T_CRITIC]);
-}
-
 /* ---- the command ------------------------------------------------------------------------------ */
 
 int ppo_main(int argc, char **argv) {
@@ -621,13 +531,13 @@ int ppo_main(int argc, char **argv) {
         ppo_step(&p, step, pidx, &b, &so);
         step_s[step] = so.tm[T_STEP];
         double kl_used = p.kl_coef, seq_kl = kl_control(&p, &b);
-        if (world0) log_step(&p, &ml, step, o.steps, (step + 1) % o.log_every == 0 || step + 1 == last, &b, &so, seq_kl, kl_used);
+        if (world0) ppo_log_step(&ml, &p.roles, &p.x, p.entropy, step, o.steps, (step + 1) % o.log_every == 0 || step + 1 == last, &b, &so, seq_kl, kl_used);
         if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 != last)
             ppo_checkpoint_save(&p.roles, p.learner, p.load_dir, o.out, step + 1, p.kl_coef, p.x.seed, p.save_limit);
     }
     if (o.bench_alone > 0 && last > step0) bench_phases_alone(&p, last - 1, pidx, &b, o.bench_alone, step_s + step0, last - step0);
     ppo_checkpoint_save(&p.roles, p.learner, p.load_dir, o.out, last, p.kl_coef, p.x.seed, p.save_limit);
-    if (o.merge) merge_trained(&p, &o, last);
+    if (o.merge) ppo_checkpoint_merge(&p.roles, p.load_dir, o.out, last, o.save_dtype);
     comm_barrier(&p.roles.world);
     if (world0)
         fprintf(stderr, "ppo: %d steps in %.1f s; actor%s in %s/checkpoint-%d; peak RSS %.1f MiB\n", last - step0,

@@ -3,6 +3,7 @@
  * the seed and the role placement), and reading that state back for --resume.
  * Owns: the checkpoint directory's layout and ppo_state.json's format. */
 #include "rlhf/ppo_checkpoint.h"
+#include "runtime/lora.h"
 #include "runtime/util.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -39,6 +40,22 @@ void ppo_checkpoint_save(const Roles *rs, Learner *learner, const char *const *l
     int n = snprintf(json, sizeof json, "{\"format\": \"tandem-ppo-state\", \"version\": 1, \"step\": %d, \"kl_coef\": %.17g, "
                      "\"seed\": %llu, \"placement\": \"%s\"}\n", step, kl_coef, (unsigned long long)seed, rs->placement);
     trainer_finish_checkpoint(dir, "ppo_state.json", json, (size_t)n, out, save_limit);
+}
+
+void ppo_checkpoint_merge(Roles *rs, const char *const *load_dir, const char *out, int step, DType save_dtype) {
+    Role *R = rs->role;
+    for (int r = R_ACTOR; r <= R_CRITIC; r++) {
+        if (!R[r].member) continue;
+        char ck[4200], err[CHECKPOINT_ERR_CAP], *root = path_join(out, "merged"), *dir = path_join(root, ROLE_NAMES[r]);
+        snprintf(ck, sizeof ck, "%s/checkpoint-%d/%s", out, step, ROLE_NAMES[r]);
+        if (R[r].mesh.rank == 0) mkdir_p(root);
+        comm_barrier(&R[r].mesh.group);
+        lora_merge(&R[r].m, ck);
+        if (checkpoint_save_model(&R[r].m, load_dir[r], dir, 1, save_dtype, err)) job_error(R[r].mesh.rank == 0, "%s", err);
+        if (R[r].mesh.rank == 0) fprintf(stderr, "merged %s\n", dir);
+        free(dir);
+        free(root);
+    }
 }
 
 void ppo_state_load(const char *dir, PpoState *st) {

@@ -13,6 +13,10 @@ typedef struct { int step; double kl_coef; char placement[512]; } PpoState;
  * one line on every rank and leaves no partial checkpoint. Keeps the newest save_limit (0 = all). */
 void ppo_checkpoint_save(const Roles *rs, Learner *learner, const char *const *load_dir, const char *out, int step,
                          double kl_coef, uint64_t seed, int save_limit);
+/* --merge (LoRA): the checkpoint-STEP adapters of the actor and critic merged into their weights
+ * (lora_merge, as --adapter merges them) and written as OUT/merged/actor and critic HF models.
+ * Collective over each trained role's members. */
+void ppo_checkpoint_merge(Roles *rs, const char *const *load_dir, const char *out, int step, DType save_dtype);
 /* DIR/ppo_state.json into st; a missing or malformed file is one user_error naming it */
 void ppo_state_load(const char *dir, PpoState *st);
 #endif

@@ -153,6 +153,58 @@ static void score_tokens(Tokenizer *t, int chat_format, JsonlReader *r, const cJ
     free(text);
 }
 
+/* Every line of input as its object and token ids (a tail of seq_len kept, after BOS); every rank
+ * reads and tokenizes every line. Returns how many. */
+static int read_score_lines(Tokenizer *t, int chat_format, const char *input, int seq_len, cJSON ***objs_out,
+                            TokIds **ids_out) {
+    JsonlReader r;
+    jsonl_open(&r, input);
+    int n = 0, cap = 0;
+    cJSON **objs = NULL;
+    TokIds *ids = NULL;
+    for (cJSON *o; (o = jsonl_next(&r));) {
+        if (n == cap) {
+            cap = cap * 2 + 64;
+            objs = xrealloc(objs, sizeof(cJSON *) * cap);
+            ids = xrealloc(ids, sizeof(TokIds) * cap);
+        }
+        ids[n] = (TokIds){0};
+        score_tokens(t, chat_format, &r, o, &ids[n]);
+        if ((int)ids[n].n > seq_len) {   /* keep the end (the answer and its EOS), after BOS */
+            size_t cut = ids[n].n - (size_t)seq_len, keep = tokenizer_bos_id(t) >= 0;
+            memmove(ids[n].ids + keep, ids[n].ids + keep + cut, sizeof(int32_t) * (ids[n].n - keep - cut));
+            ids[n].n = (size_t)seq_len;
+        }
+        objs[n++] = o;
+    }
+    jsonl_close(&r);
+    *objs_out = objs;
+    *ids_out = ids;
+    return n;
+}
+
+/* rew (n) = the value at each line's EOS, batch_size lines per forward, the dp replicas taking turns
+ * (the same on every rank after the dp sum) */
+static void score_lines(Model *m, const Mesh *mesh, const TokIds *ids, int n, int batch_size, int seq_len, double *rew) {
+    int *tok = xmalloc(sizeof(int) * (size_t)batch_size * seq_len), *start = xmalloc(sizeof(int) * (batch_size + 1));
+    float *vals = xmalloc(sizeof(float) * (size_t)batch_size * seq_len);
+    for (int b0 = 0, k = 0; b0 < n; b0 += batch_size, k++) {
+        if (k % mesh->dp != mesh->dp_rank) continue;   /* dp replicas take turns */
+        int nb = n - b0 < batch_size ? n - b0 : batch_size, N = 0;
+        start[0] = 0;
+        for (int i = 0; i < nb; i++) {
+            for (size_t j = 0; j < ids[b0 + i].n; j++) tok[N++] = ids[b0 + i].ids[j];
+            start[i + 1] = N;
+        }
+        model_forward(m, tok, start, nb);
+        if (m->is_last) m->be->to_host(vals, m->s.logits, sizeof(float) * N);
+        comm_broadcast(&mesh->pp_comm, vals, sizeof(float) * N, mesh->pp_comm.size - 1);
+        for (int i = 0; i < nb; i++) rew[b0 + i] = vals[start[i + 1] - 1];   /* the value at EOS */
+    }
+    comm_all_reduce_sum_f64(&mesh->dp_comm, rew, n);   /* each line was scored by one dp replica */
+    free(tok); free(start); free(vals);
+}
+
 static int score_main(const char *model_dir, const char *adapter, const char *input, const char *output,
                       const char *chat_template, int tp, int pp, int seq_len, int batch_size, DType dtype,
                       const char *device) {
@@ -175,64 +227,29 @@ static int score_main(const char *model_dir, const char *adapter, const char *in
     Tokenizer *t = tokenizer_open(model_dir, err, sizeof err);
     if (!t) user_error("%s", err);
     if (tokenizer_eos_id(t) < 0) user_error("%s: the tokenizer has no EOS token; rewards are read there", model_dir);
-    int chat_format = chat_format_resolve(t, chat_template, err, sizeof err);
-    /* every rank reads and tokenizes every line (the same input): lines, their ids, their objects */
-    JsonlReader r;
-    jsonl_open(&r, input);
-    int n = 0, cap = 0;
-    cJSON **objs = NULL;
-    TokIds *ids = NULL;
-    for (cJSON *o; (o = jsonl_next(&r));) {
-        if (n == cap) {
-            cap = cap * 2 + 64;
-            objs = xrealloc(objs, sizeof(cJSON *) * cap);
-            ids = xrealloc(ids, sizeof(TokIds) * cap);
-        }
-        ids[n] = (TokIds){0};
-        score_tokens(t, chat_format, &r, o, &ids[n]);
-        if ((int)ids[n].n > seq_len) {   /* keep the end (the answer and its EOS), after BOS */
-            size_t cut = ids[n].n - (size_t)seq_len, keep = tokenizer_bos_id(t) >= 0;
-            memmove(ids[n].ids + keep, ids[n].ids + keep + cut, sizeof(int32_t) * (ids[n].n - keep - cut));
-            ids[n].n = (size_t)seq_len;
-        }
-        objs[n++] = o;
-    }
-    jsonl_close(&r);
+    cJSON **objs;
+    TokIds *ids;
+    int n = read_score_lines(t, chat_format_resolve(t, chat_template, err, sizeof err), input, seq_len, &objs, &ids);
     tokenizer_free(t);
     if (!n) user_error("%s: no lines to score", input);
     model_alloc_state(&m, batch_size * seq_len, seq_len);
     double *rew = xcalloc((size_t)n, sizeof(double));
-    int *tok = xmalloc(sizeof(int) * (size_t)batch_size * seq_len), *start = xmalloc(sizeof(int) * (batch_size + 1));
-    float *vals = xmalloc(sizeof(float) * (size_t)batch_size * seq_len);
-    for (int b0 = 0, k = 0; b0 < n; b0 += batch_size, k++) {
-        if (k % mesh.dp != mesh.dp_rank) continue;   /* dp replicas take turns */
-        int nb = n - b0 < batch_size ? n - b0 : batch_size, N = 0;
-        start[0] = 0;
-        for (int i = 0; i < nb; i++) {
-            for (size_t j = 0; j < ids[b0 + i].n; j++) tok[N++] = ids[b0 + i].ids[j];
-            start[i + 1] = N;
-        }
-        model_forward(&m, tok, start, nb);
-        if (m.is_last) m.be->to_host(vals, m.s.logits, sizeof(float) * N);
-        comm_broadcast(&mesh.pp_comm, vals, sizeof(float) * N, mesh.pp_comm.size - 1);
-        for (int i = 0; i < nb; i++) rew[b0 + i] = vals[start[i + 1] - 1];   /* the value at EOS */
-    }
-    comm_all_reduce_sum_f64(&mesh.dp_comm, rew, n);   /* each line was scored by one dp replica */
+    score_lines(&m, &mesh, ids, n, batch_size, seq_len, rew);
     if (mesh_is_root(&mesh)) {
-        size_t len = 0, cap2 = 1 << 16;
-        char *buf = xmalloc(cap2);
+        size_t len = 0, cap = 1 << 16;
+        char *buf = xmalloc(cap);
         for (int i = 0; i < n; i++) {
             cJSON_AddNumberToObject(objs[i], "reward", rew[i]);
             if (m.cfg.has_reward_stats)
                 cJSON_AddNumberToObject(objs[i], "reward_normalized", (rew[i] - m.cfg.reward_mean) / m.cfg.reward_std);
-            jsonl_append(&buf, &len, &cap2, objs[i]);
+            jsonl_append(&buf, &len, &cap, objs[i]);
         }
         if (write_file_atomic(output, buf, len)) user_error("%s: cannot write: %s", output, strerror(errno));
         free(buf);
         fprintf(stderr, "scored %d lines -> %s\n", n, output);
     }
     for (int i = 0; i < n; i++) { cJSON_Delete(objs[i]); tok_ids_free(&ids[i]); }
-    free(objs); free(ids); free(rew); free(tok); free(start); free(vals);
+    free(objs); free(ids); free(rew);
     model_free(&m);
     mesh_free(&mesh);
     comm_finalize();

@@ -1,5 +1,6 @@
 /* roles.c — see roles.h. */
 #include "rlhf/roles.h"
+#include "runtime/adapter.h"
 #include "runtime/util.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -162,6 +163,16 @@ void roles_load(Roles *rs, const char *const *load_dir, DType dtype) {
         if (r == R_ACTOR && R[r].m.head != HEAD_LM) user_error("--actor %s: a score-head model; the actor is a causal LM", R[r].dir);
     }
     util_set_reporter(rs->group_root, rs->group_name[0] ? rs->group_name : NULL);
+}
+
+void roles_merge_adapters(Roles *rs, const char *const *adapter) {
+    for (int r = 0; r < N_ROLES; r++)
+        if (rs->role[r].member && adapter[r]) adapter_merge(&rs->role[r].m, adapter[r]);
+}
+
+void roles_gather_weights(Roles *rs) {
+    for (int r = 0; r < N_ROLES; r++)
+        if (rs->role[r].member) model_shards_gather_all(&rs->role[r].m);
 }
 
 void roles_free(Roles *rs) {

@@ -45,6 +45,12 @@ void roles_open(Roles *rs, int has_ref, const char *colocate);
 /* Each member role's model from load_dir[role] on its mesh (the critic with a score head, a new
  * one seeded 42 on a causal LM); a role's model errors name the role. */
 void roles_load(Roles *rs, const char *const *load_dir, DType dtype);
+/* adapter[role] (NULL: none): a PEFT adapter merged into that role's model (runtime/adapter.h). */
+void roles_merge_adapters(Roles *rs, const char *const *adapter);
+/* ZeRO-3: every member role's weights whole (model_shards_gather_all; a no-op for the others), for
+ * the experience phases (generation, logprobs, values), as verl syncs the actor's weights into its
+ * rollout engine; each update's learner_step releases them again. */
+void roles_gather_weights(Roles *rs);
 /* This rank's models and meshes, and the world. */
 void roles_free(Roles *rs);
 /* Splits the world into role groups from the counts and --colocate ("all", or sets like

@@ -16,6 +16,13 @@ static const char *const NAMES[LORA_TARGETS] = {"q_proj", "k_proj", "v_proj", "o
 static const char *const PATHS[LORA_TARGETS] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                 "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
 static int row_parallel(int t) { return t == LORA_O || t == LORA_DOWN; }
+/* an adapter tensor's projection (LORA_*) and whether it is lora_B, from its PEFT name */
+static int name_target(const ParamInfo *in, int *is_b) {
+    int t = 0;
+    while (!strstr(in->name, PATHS[t])) t++;
+    *is_b = strstr(in->name, ".lora_B.") != NULL;
+    return t;
+}
 
 void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARGETS]) {
     memset(target, 0, sizeof(int) * LORA_TARGETS);
@@ -136,10 +143,9 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
     for (int i = 0; i < lo->n_infos; i++) {
         ParamInfo *in = &lo->infos[i];
         if (in->layer < 0) continue;
-        int t = 0;
-        while (strstr(in->name, PATHS[t]) == NULL) t++;
+        int is_b, t = name_target(in, &is_b);
         float *p = lo->arena + in->offset;
-        if (in->name[strlen(in->name) - 8] == 'B') { lo->B[in->layer * LORA_TARGETS + t] = p; continue; }
+        if (is_b) { lo->B[in->layer * LORA_TARGETS + t] = p; continue; }
         lo->A[in->layer * LORA_TARGETS + t] = p;
         uint64_t key = seed ^ ((uint64_t)(m->layer_start + in->layer) << 32) ^ ((uint64_t)t << 56);
         for (int k = 0; k < in->rows; k++)
@@ -236,8 +242,7 @@ int lora_write_blocks(const Model *m, const float *host, const char *path, char 
                 memcpy(all + (size_t)L * per, host + in->offset, sizeof(float) * in->numel);
                 continue;
             }
-            int t = 0, b = in->name[strlen(in->name) - 8] == 'B';
-            while (strstr(in->name, PATHS[t]) == NULL) t++;
+            int b, t = name_target(in, &b);
             float *g = all + (size_t)(m->layer_start + in->layer) * per + off[t] + (b ? (size_t)r * ins[t] : 0);
             for (int k = 0; k < in->rows; k++)
                 memcpy(g + (size_t)(in->row0 + k) * in->cols_global + in->col0, host + in->offset + (size_t)k * in->cols,

@@ -17,7 +17,6 @@ setup_file() {
 }
 
 need_m() { need_assets; [ -e "$BATS_FILE_TMPDIR/m/config.json" ]; M="$BATS_FILE_TMPDIR/m"; }
-losses() { jq -r 'select(.loss != null) | .loss' "$1/metrics.jsonl"; }
 # the dtype of every tensor of a safetensors file, once each
 st_dtypes() { python3 -c 'import json, struct, sys
 f = open(sys.argv[1], "rb"); h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))

@@ -78,3 +78,15 @@ run_one_line() {
     [ "${#lines[@]}" -eq 1 ]
     [[ "$output" == *"$want"* ]]
 }
+
+# the numbers of a run's metrics.jsonl FILE without its timings (what must be equal between runs)
+numbers() { jq -c 'del(.tokens_per_s, .samples_per_s) | with_entries(select(.key | startswith("timing_s/") | not))' "$1"; }
+# losses DIR: the training loss of each step of DIR/metrics.jsonl
+losses() { jq -r 'select(.loss != null) | .loss' "$1/metrics.jsonl"; }
+# within TOL A B: files of numbers, line by line |a - b| <= TOL * max(|a|, 1) (and as many lines);
+# prints the worst ratio
+within() {
+    paste "$2" "$3" | awk -v tol="$1" '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (a < 1) a = 1
+        r = d / a; if (r > worst) worst = r; if (r > tol || NF != 2) bad = 1; n++ }
+        END { printf "%d values, worst relative difference %.2e (tolerance %g)\n", n, worst, tol; exit bad || n == 0 }'
+}

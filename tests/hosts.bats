@@ -25,7 +25,6 @@ hosts_up() {
 ON_HOSTS="bash $HOSTS/mpirun.sh"
 
 losses() { jq -c '[.step, .loss, .grad_norm]' "$1/metrics.jsonl"; }
-numbers() { jq -c 'with_entries(select(.key | (startswith("timing_s/") or . == "samples_per_s") | not))' "$1"; }
 same_weights() { cmp <(cat "$1"/*.safetensors) <(cat "$2"/*.safetensors); }
 # every process on both hosts has ended (what ip netns pids sees, less zombies: an ended process
 # that the init process has yet to reap; tests/hosts/down.sh would kill the rest)

@@ -93,12 +93,12 @@ lora_grad() {
     "$TANDEM" "${A[@]}" --lora-dropout 0.1 --out "$t/r" --stop-after 2 2>/dev/null
     run "$TANDEM" "${A[@]}" --lora-dropout 0.1 --out "$t/r" --resume "$t/r/checkpoint-2"
     [ "$status" -eq 0 ]
-    diff <(jq -c 'del(.tokens_per_s)' "$t/d/metrics.jsonl") <(jq -c 'del(.tokens_per_s)' "$t/r/metrics.jsonl")
+    diff <(numbers "$t/d/metrics.jsonl") <(numbers "$t/r/metrics.jsonl")
     cmp "$t/d/checkpoint-6/adapter_model.safetensors" "$t/r/checkpoint-6/adapter_model.safetensors"
     run timeout 200 $MPIRUN 2 "$TANDEM" "${A[@]}" --lora-dropout 0.1 --out "$t/tp" --tp 2
     [ "$status" -eq 0 ]
-    paste <(jq .loss "$t/d/metrics.jsonl") <(jq .loss "$t/tp/metrics.jsonl") | grep -v null |
-        awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 > 1 ? $1 : 1)) bad = 1; n++ } END { exit bad || n != 6 }'
+    within 1e-5 <(losses "$t/d") <(losses "$t/tp")
+    [ "$(losses "$t/tp" | wc -l)" -eq 6 ]
     run_one_line "--lora-dropout 1: must be in [0, 1)" "$TANDEM" "${A[@]}" --lora-dropout 1 --out "$t/x"
     run_one_line "--lora-dropout 0.1: ppo runs its adapters without dropout" "$TANDEM" ppo --actor "$STORIES" --reward-cmd "$RULE" \
         --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --out "$t/x" --lora-r 4 --lora-dropout 0.1
@@ -164,8 +164,8 @@ stories_data() {
         run timeout 200 $MPIRUN 2 "$TANDEM" "${A[@]}" --lora-r 4 --out "$t/l$1$2" "$@"
         [ "$status" -eq 0 ]
         echo "$*: $(jq .loss "$t/l$1$2/metrics.jsonl" | tr '\n' ' ') vs $(jq .loss "$t/$ref/metrics.jsonl" | tr '\n' ' ')"
-        paste <(jq .loss "$t/$ref/metrics.jsonl") <(jq .loss "$t/l$1$2/metrics.jsonl") |
-            awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 > 1 ? $1 : 1)) bad = 1; n++ } END { exit bad || n != 6 }'
+        within 1e-5 <(losses "$t/$ref") <(losses "$t/l$1$2")
+        [ "$(losses "$t/l$1$2" | wc -l)" -eq 6 ]
         cmp "$t/one/checkpoint-6/adapter_config.json" "$t/l$1$2/checkpoint-6/adapter_config.json"
     done
 }
@@ -188,8 +188,8 @@ stories_data() {
     [[ "$output" == *"saved with tp=1 pp=1 dp=1 zero=0, now tp=2 pp=1 dp=1 zero=0"* ]]
     run timeout 200 $MPIRUN 2 "$TANDEM" "${A[@]}" --micro-batches 1 --batch-size 4 --zero 1 --out "$t/s" --resume "$t/s/checkpoint-4" --overwrite
     [ "$status" -eq 0 ]
-    paste <(jq .loss "$t/straight/metrics.jsonl") <(jq .loss "$t/s/metrics.jsonl") |
-        awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($1 > 1 ? $1 : 1)) bad = 1; n++ } END { exit bad || n != 6 }'
+    within 1e-5 <(losses "$t/straight") <(losses "$t/s")
+    [ "$(losses "$t/s" | wc -l)" -eq 6 ]
     # a full-training checkpoint is not a LoRA one
     "$TANDEM" sft --model "$STORIES" --data "$t/rev_train.jsonl" --seq-len 32 --max-steps 1 --out "$t/full" 2>/dev/null
     run_one_line "checkpoint-1/adapter_config.json: missing: --lora-r resumes from a LoRA run's checkpoint" \
@@ -319,8 +319,7 @@ rule_rate() {
     [ "$status" -eq 0 ]
     run timeout 300 $MPIRUN 2 "$TANDEM" "${A[@]}" --steps 4 --out "$t/r" --resume "$t/r/checkpoint-2"
     [ "$status" -eq 0 ]
-    diff <(jq -c 'with_entries(select(.key | (startswith("timing_s/") or . == "samples_per_s") | not))' "$t/s4/metrics.jsonl") \
-         <(jq -c 'with_entries(select(.key | (startswith("timing_s/") or . == "samples_per_s") | not))' "$t/r/metrics.jsonl")
+    diff <(numbers "$t/s4/metrics.jsonl") <(numbers "$t/r/metrics.jsonl")
     cmp "$t/s4/checkpoint-4/actor/adapter_model.safetensors" "$t/r/checkpoint-4/actor/adapter_model.safetensors"
 }
 
@@ -360,7 +359,6 @@ rule_rate() {
     need_story
     make_rev_data "$BATS_TEST_TMPDIR"
     t="$BATS_TEST_TMPDIR"
-    strip() { jq -c 'with_entries(select(.key | (startswith("timing_s/") or . == "samples_per_s" or . == "tokens_per_s") | not))' "$1"; }
     for z in 0 2 3; do
         run timeout 200 $MPIRUN 2 "$TANDEM" sft --model "$STORIES" --data "$t/rev_train.jsonl" --eval-data "$t/rev_val.jsonl" --seq-len 32 \
             --batch-size 8 --max-steps 4 --lr 3e-3 --threads 1 --lora-r 4 --eval-every 2 --zero $z --out "$t/s$z"
@@ -374,11 +372,11 @@ rule_rate() {
         [ "$status" -eq 0 ]
     done
     for z in 2 3; do
-        diff <(strip "$t/s0/metrics.jsonl") <(strip "$t/s$z/metrics.jsonl")
+        diff <(numbers "$t/s0/metrics.jsonl") <(numbers "$t/s$z/metrics.jsonl")
         cmp "$t/s0/checkpoint-4/adapter_model.safetensors" "$t/s$z/checkpoint-4/adapter_model.safetensors"
-        diff <(strip "$t/r0/metrics.jsonl") <(strip "$t/r$z/metrics.jsonl")
+        diff <(numbers "$t/r0/metrics.jsonl") <(numbers "$t/r$z/metrics.jsonl")
         cmp "$t/r0/checkpoint-4/adapter_model.safetensors" "$t/r$z/checkpoint-4/adapter_model.safetensors"
-        diff <(strip "$t/p0/metrics.jsonl") <(strip "$t/p$z/metrics.jsonl")
+        diff <(numbers "$t/p0/metrics.jsonl") <(numbers "$t/p$z/metrics.jsonl")
     done
     run_one_line "--merge with --zero 3: the merge needs the whole weights" "$TANDEM" sft --model "$STORIES" --data "$t/rev_train.jsonl" \
         --out "$t/x" --lora-r 4 --merge --zero 3

@@ -15,8 +15,6 @@ rule_rate() {
     jq -s '[.[].completion | test("\\bhappy\\b"; "i")] | map(if . then 1 else 0 end) | add / length' "$BATS_TEST_TMPDIR/hv.out"
 }
 
-# the metrics without the timings (what must be equal between runs)
-numbers() { jq -c 'with_entries(select(.key | (startswith("timing_s/") or . == "samples_per_s") | not))' "$1"; }
 
 setup_file() {
     [ -e "$ROOT/../shared/assets/models/stories260K-hf/config.json" ] || return 0

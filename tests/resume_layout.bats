@@ -23,14 +23,6 @@ setup_file() {
          printf "{\"prompt\": \"%s=\", \"response\": \"%s\"}\n", s, s } }' > "$BATS_FILE_TMPDIR/digits.jsonl"
 }
 
-# losses DIR: one per step
-losses() { jq -r 'select(.loss != null) | .loss' "$1/metrics.jsonl"; }
-# within TOL A B: files of numbers, line by line |a - b| <= TOL * max(|a|, 1); prints the worst ratio
-within() {
-    paste "$2" "$3" | awk -v tol="$1" '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (a < 1) a = 1
-        r = d / a; if (r > worst) worst = r; if (r > tol || NF != 2) bad = 1; n++ }
-        END { printf "%d values, worst relative difference %.2e (tolerance %g)\n", n, worst, tol; exit bad || n == 0 }'
-}
 # same_state A B: two checkpoints hold the same weights, optimizer state and trainer state, byte for byte
 same_state() {
     local f n=0

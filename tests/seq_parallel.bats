@@ -10,8 +10,6 @@ load helpers
 
 setup_file() { make_rev_data "$BATS_FILE_TMPDIR"; }
 
-# numbers of metrics.jsonl without the timings
-numbers() { jq -c 'del(.tokens_per_s, .samples_per_s) | with_entries(select(.key | startswith("timing_s/") | not))' "$1"; }
 # sp_same NP ARGS...: `tandem sft ARGS` on NP ranks without and with --sequence-parallel: the same metrics and
 # weights; prints both activation lines
 sp_same() {

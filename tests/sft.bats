@@ -90,7 +90,6 @@ sft_vs_torch() {
 }
 
 # losses (one per step) of a metrics file
-losses() { jq -r 'select(.loss != null) | .loss' "$1/metrics.jsonl"; }
 
 @test "sft: 10 steps straight == 5 steps, stop, resume 5 more (bit for bit), and save->resume into another layout (more in resume_layout.bats)" {
     need_tok

@@ -1,0 +1,57 @@
+/* ppo_log.c — see ppo_log.h. */
+#include "rlhf/ppo_log.h"
+#include <stdio.h>
+
+const char *const PPO_TIMING_NAMES[N_T] = {"gen", "ref", "reward", "values", "adv", "update_actor", "update_critic", "step"};
+
+void ppo_log_step(MetricsLog *ml, const Roles *rs, const ExperienceMaker *x, const double entropy[2], int step, int steps,
+                  int print, const Experience *b, const StepOut *so, double seq_kl, double kl_used) {
+    const Role *R = rs->role;
+    int S = b->S, N = b->N;
+    double resp_len = 0, clipped = 0, rew_sum = 0;
+    for (int s = 0; s < S; s++) {
+        double r = 0;
+        for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++) if (b->mask[n] > 0) r += b->rewards[n];
+        rew_sum += x->adv_kind == ADV_GAE ? r : b->score[s];
+        resp_len += b->resp_len[s];
+        clipped += b->finish[s] == FINISH_LENGTH;
+    }
+    const PpoStats *as = &so->as, *cs = &so->cs;
+    double na = as->n_tokens > 0 ? as->n_tokens : 1, nc = cs->n_tokens > 0 ? cs->n_tokens : 1;
+    double vsum = 0, vn = 0;   /* the critic's values over the actions */
+    for (int n = 0; n < N; n++) if (b->mask[n] > 0) { vsum += b->values[n]; vn += 1; }
+    metrics_begin(ml, step + 1);
+    metrics_num(ml, "critic/score/mean", so->score_raw / S);
+    metrics_num(ml, "critic/rewards/mean", rew_sum / S);
+    metrics_num(ml, "critic/advantages/mean", masked_mean(b->adv, b->mask, N));
+    metrics_num(ml, "critic/returns/mean", masked_mean(b->ret, b->mask, N));
+    metrics_num(ml, "critic/values/mean", R[R_CRITIC].active && vn ? vsum / vn : 0.0);
+    metrics_num(ml, "actor/pg_loss", as->pg_loss / na);
+    metrics_num(ml, "actor/pg_clipfrac", as->pg_clipfrac / na);
+    metrics_num(ml, "actor/pg_clipfrac_lower", as->pg_clipfrac_lower / na);
+    metrics_num(ml, "actor/ppo_kl", as->ppo_kl / na);
+    metrics_num(ml, "actor/entropy", entropy[1] > 0 ? entropy[0] / entropy[1] : 0.0);
+    metrics_num(ml, "actor/kl", R[R_REF].active || x->lora_ref ? seq_kl : 0.0);
+    metrics_num(ml, "actor/kl_loss", as->kl_loss / na);
+    metrics_num(ml, "actor/kl_coef", kl_used);
+    metrics_num(ml, "actor/grad_norm", so->gn[0]);
+    metrics_num(ml, "critic/vf_loss", cs->vf_loss / nc);
+    metrics_num(ml, "critic/vf_clipfrac", cs->vf_clipfrac / nc);
+    metrics_num(ml, "critic/vf_explained_var", R[R_CRITIC].active ? explained_variance(b->ret, b->values, b->mask, N) : 0.0);
+    metrics_num(ml, "critic/grad_norm", so->gn[1]);
+    metrics_num(ml, "response_length/mean", resp_len / S);
+    metrics_num(ml, "response_length/clip_ratio", clipped / S);
+    metrics_num(ml, "rollout_logprob_diff_max", as->logprob_diff_max);
+    char key[64];
+    for (int k = 0; k < N_T; k++) {
+        snprintf(key, sizeof key, "timing_s/%s", PPO_TIMING_NAMES[k]);
+        metrics_fmt(ml, key, "%.6f", so->tm[k]);
+    }
+    metrics_fmt(ml, "samples_per_s", "%.3f", S / (so->tm[T_STEP] > 0 ? so->tm[T_STEP] : 1e-9));
+    metrics_end(ml);
+    if (print)
+        fprintf(stderr, "step %d/%d | score %.4f | pg_loss %.4f | clipfrac %.3f | kl %.4f | vf_loss %.4f | len %.1f | "
+                        "logprob diff %g | %.2f s (gen %.2f, update %.2f)\n",
+                step + 1, steps, so->score_raw / S, as->pg_loss / na, as->pg_clipfrac / na, seq_kl, cs->vf_loss / nc,
+                resp_len / S, as->logprob_diff_max, so->tm[T_STEP], so->tm[T_GEN], so->tm[T_ACTOR] + so->tm[T_CRITIC]);
+}
