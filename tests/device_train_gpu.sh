@@ -51,3 +51,10 @@ for dt in fp32 bf16; do for dev in cpu cuda; do
     echo "bench --train 15M 8 x 256 $dt $dev: $(timeout 120 $T bench --train --model $W/15M --batch 8 --seq 256 --iters 5 \
         --dtype $dt --device $dev --threads 16 2>/dev/null | grep -o '"tokens_per_s": [^,]*\|"last_loss": [^,]*' | tr '\n' ' ')"
 done; done
+# LoRA (issue 30) on the GPU beside the CPU: adapters with dropout in sft, adapters with the base as reference in dpo
+for dev in cpu cuda; do
+    timeout 60 $T sft $A --dtype bf16 --device $dev --lora-r 8 --lora-dropout 0.1 --out $W/lora.$dev 2> $W/e || tail -3 $W/e
+    echo "sft lora bf16 $dev: $(L $W/lora.$dev | cut -c1-200)"
+    timeout 60 $T dpo $P --device $dev --lora-r 8 --out $W/dpo_lora.$dev 2> $W/e || tail -3 $W/e
+    echo "dpo lora $dev: $(L $W/dpo_lora.$dev | cut -c1-200)"
+done
