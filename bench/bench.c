@@ -571,7 +571,7 @@ int bench_main(int argc, char **argv) {
     if ((score || plan_only) && !train) user_error("bench: --%s is a --train option", score ? "score" : "plan");
     threads = backend_set_threads(threads);
     DType dtype = dtype_parse("--dtype", dtype_flag);
-    const Backend *be = device_open(device, tp, pp);
+    const Backend *be = device_open(device);
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
     if ((kernels || generate) && !train && mesh.size != 1) user_error("bench --%s runs on one rank", kernels ? "kernels" : "generate");

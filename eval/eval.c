@@ -523,7 +523,7 @@ int eval_main(int argc, char **argv) {
     if (batch_tokens < 1) user_error("--batch-tokens must be >= 1");
     threads = backend_set_threads(threads);
     DType dtype = dtype_parse("--dtype", dtype_name);
-    const Backend *be = device_open(device, tp, pp);
+    const Backend *be = device_open(device);
 
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);

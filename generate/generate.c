@@ -112,7 +112,7 @@ static void on_finish(void *ctx, Seq *s) {
     run->outbox = xrealloc(run->outbox, sizeof(char *) * (run->n_out + 1));
     run->sends = xrealloc(run->sends, sizeof(CommRequest) * (run->n_out + 1));
     run->outbox[run->n_out] = msg;
-    run->sends[run->n_out] = (CommRequest){NULL};
+    run->sends[run->n_out] = (CommRequest){NULL, NULL};
     comm_isend_tag(&run->mesh->group, msg, 8 + n, 0, TAG_LINE, &run->sends[run->n_out]);
     run->n_out++;
 }
@@ -339,7 +339,7 @@ int generate_main(int argc, char **argv) {
         user_error("--block-size, --max-batch, --max-batch-tokens, --threads, --kv-cache-mem must be positive");
     threads = backend_set_threads(threads);
     DType dtype = dtype_parse("--dtype", dtype_name);
-    const Backend *be = device_open(device, tp, pp);
+    const Backend *be = device_open(device);
 
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);

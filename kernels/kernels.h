@@ -204,7 +204,38 @@ typedef struct Backend {
     void (*to_device)(void *dst, const void *src, size_t bytes);
     /* waits until everything queued before it is done (a no-op on the CPU): for timers */
     void (*sync)(void);
+    /* communication on this backend's memory (runtime/comm.c). owns: 1 when p lies in memory the
+     * host cannot hand to MPI (CUDA's device memory, cpu-guarded's regions): comm.c then moves it over
+     * the link below or stages it through host memory; NULL: every pointer is host memory (the CPU).
+     * tree_sum: kernels.h's tree_sum on P planes of n floats of this backend's memory. link: the
+     * collectives between ranks that each have their own device (NCCL on CUDA), or NULL. */
+    int (*owns)(const void *p);
+    void (*tree_sum)(float *v, int P, size_t n);
+    const struct DeviceLink *link;
 } Backend;
+
+/* A backend's own transport between devices (NCCL), used by runtime/comm.c for a group whose ranks
+ * each have a device of their own. A group's rank 0 makes the bootstrap id, comm.c broadcasts it
+ * over MPI, and every member opens the link with it (collective over the group). Operations are
+ * queued on the backend's stream in call order, like the backend's entries; sends and receives
+ * between group_begin and group_end progress together (two ranks sending to each other at once). */
+typedef struct DeviceLink {
+    const char *name;   /* "NCCL" */
+    size_t id_bytes;
+    /* where this rank's device is (host and PCI bus id): ranks with equal keys share a device and the
+     * link cannot join them (NCCL refuses "duplicate GPU"), so such a group stages through the host */
+    void (*device_key)(char *key, size_t cap);
+    const char *(*make_id)(void *id);   /* NULL, or one line why the link cannot be used (no library) */
+    const char *(*open)(void **h, const void *id, int rank, int size);
+    void (*close)(void *h);
+    void (*group_begin)(void);
+    void (*group_end)(void);
+    void (*send)(void *h, const void *buf, size_t bytes, int peer);
+    void (*recv)(void *h, void *buf, size_t bytes, int peer);
+    void (*all_gather)(void *h, const float *in, float *out, size_t n_each);   /* in may be out + rank * n_each */
+    void (*broadcast)(void *h, void *buf, size_t bytes, int root);
+    void (*max)(void *h, float *buf, size_t n);   /* in place, element-wise max: exact in any order */
+} DeviceLink;
 
 /* Rows of attention scratch a caller gives be's entries: one per host thread that may call at once */
 int backend_scratch_rows(const Backend *be);

@@ -216,7 +216,7 @@ static int score_main(const char *model_dir, const char *adapter, const char *in
     if (!cfg.score_head && !adapter_head)
         user_error("%s: a causal LM, not a reward model (rm --score needs a *ForSequenceClassification directory, "
                    "e.g. one `tandem rm` saved, or an --adapter with a score head)", model_dir);
-    const Backend *be = device_open(device, tp, pp);
+    const Backend *be = device_open(device);
     Mesh mesh;
     mesh_init_world(&mesh, tp, pp);
     Model m;

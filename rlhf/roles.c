@@ -72,14 +72,7 @@ void roles_place(Roles *p, const char *colocate) {
             counts[g] = p->world.size;
         }
     }
-    /* the device, while world rank 0 still reports alone: runtime/comm.c moves host memory, so a
-     * device serves roles that each run on one rank */
-    if (strcmp(p->device, "cpu"))
-        for (int r = 0; r < N_ROLES; r++)
-            if (R[r].active && (R[r].tp != 1 || R[r].pp != 1 || counts[R[r].group] != 1))
-                user_error("--device %s: every role runs on one rank (tp = pp = dp = 1: the collectives work on host "
-                           "memory); the %s has tp %d pp %d on %d ranks", p->device, ROLE_NAMES[r], R[r].tp, R[r].pp,
-                           counts[R[r].group]);
+    /* the device, while world rank 0 still reports alone, and before the groups are cut (their links) */
     p->be = device_open_local(p->device, &p->world);
     RoleGroup mine;
     group_split(&p->world, n_groups, names, counts, "--actor-ranks/--critic-ranks/--ref-ranks/--reward-ranks", &mine);

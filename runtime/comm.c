@@ -1,7 +1,9 @@
-/* comm.c — MPI backend of comm.h, and a process alone without it. Every MPI call is checked; an
+/* comm.c — MPI backend of comm.h, and a process alone without it. A buffer in a device backend's
+ * memory is handed to comm_device.c at the top of each call. Every MPI call is checked; an
  * MPI failure aborts the job. Every MPI call also runs under the deadline (comm_set_timeout): a
  * watchdog thread stops the process when one call has waited too long. */
 #include "runtime/comm.h"
+#include "runtime/comm_device.h"
 #include "kernels/kernels.h"
 #include "runtime/util.h"
 #include <limits.h>
@@ -207,12 +209,13 @@ void comm_finalize(void) {
 int comm_initialized(void) { return initialized; }
 
 static Comm dup_of(MPI_Comm parent) {
-    Comm c;
+    Comm c = {0};
     MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
     MPI_CHECK(MPI_Comm_dup(parent, h));
     c.handle = h;
     MPI_Comm_rank(*h, &c.rank);
     MPI_Comm_size(*h, &c.size);
+    comm_link_attach(&c);
     return c;
 }
 Comm comm_world(void) { return mpi_on ? dup_of(MPI_COMM_WORLD) : alone(); }
@@ -220,18 +223,19 @@ Comm comm_dup(const Comm *c) { return is_alone(c) ? alone() : dup_of(HANDLE(c));
 
 Comm comm_split(const Comm *parent, int color, int key) {
     if (is_alone(parent)) return alone();
-    Comm c;
+    Comm c = {0};
     MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
     MPI_CHECK(MPI_Comm_split(HANDLE(parent), color, key, h));
     c.handle = h;
     MPI_Comm_rank(*h, &c.rank);
     MPI_Comm_size(*h, &c.size);
+    comm_link_attach(&c);
     return c;
 }
 
 Comm comm_split_node(const Comm *parent) {
     if (is_alone(parent)) return alone();
-    Comm c;
+    Comm c = {0};
     MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
     MPI_CHECK(MPI_Comm_split_type(HANDLE(parent), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, h));
     c.handle = h;
@@ -241,6 +245,7 @@ Comm comm_split_node(const Comm *parent) {
 }
 
 void comm_free(Comm *c) {
+    comm_link_detach(c);
     if (!c->handle) return;
     MPI_Comm_free((MPI_Comm *)c->handle);
     free(c->handle);
@@ -271,6 +276,7 @@ static void sent(const Comm *c, double bytes) {
         }
     pthread_mutex_unlock(&traffic_lock);
 }
+void comm_count_sent(const Comm *c, double bytes) { sent(c, bytes); }
 double comm_bytes_sent(const Comm *c) {
     double b = 0.0;
     pthread_mutex_lock(&traffic_lock);
@@ -283,6 +289,7 @@ double comm_bytes_sent(const Comm *c) {
 static double ring_all_reduce(const Comm *c, size_t n, size_t size) { return 2.0 * n * size * (c->size - 1) / c->size; }
 
 void comm_all_reduce_sum(const Comm *c, float *buf, size_t n) {
+    if (c->size > 1 && comm_on_device(buf)) { comm_dev_all_reduce_sum_fixed(c, buf, n); return; }
     if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_FLOAT, MPI_SUM, HANDLE(c)));
     sent(c, ring_all_reduce(c, n, sizeof(float)));
 }
@@ -305,6 +312,7 @@ static float *fixed_scratch(size_t n) {
 void comm_all_reduce_sum_fixed(const Comm *c, float *buf, size_t n) {
     int P = c->size, r = c->rank;
     if (P == 1 || n == 0) return;
+    if (comm_on_device(buf)) { comm_dev_all_reduce_sum_fixed(c, buf, n); return; }
     if (n <= FIXED_GATHER_MAX) {                        /* every rank gets every partial, adds them by the tree */
         float *all = fixed_scratch((size_t)P * n);      /* (P, n) */
         MPI_CHECK(MPI_Allgather(buf, count(n), MPI_FLOAT, all, count(n), MPI_FLOAT, HANDLE(c)));
@@ -343,6 +351,7 @@ void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n
         if (mine != all) memcpy(all, mine, sizeof(float) * n * unit);
         return;
     }
+    if (comm_on_device(all)) { comm_dev_all_gather_rows(c, mine, all, n, unit); return; }
     int *cnt = xmalloc(sizeof(int) * 2 * P), *dsp = cnt + P;
     for (int s = 0; s < P; s++) {
         size_t a, b;
@@ -368,6 +377,7 @@ void comm_reduce_scatter_sum_fixed(const Comm *c, const float *in, float *out, s
         if (in != out) memmove(out, in, sizeof(float) * n_each);
         return;
     }
+    if (comm_on_device(in)) { comm_dev_reduce_scatter_sum_fixed(c, in, out, n_each); return; }
     size_t chunk = n_each < FIXED_CHUNK ? n_each : FIXED_CHUNK;
     float *parts = fixed_scratch((size_t)P * chunk);   /* (P, k): rank s's partial of my block's chunk */
     int *cnt = xmalloc(sizeof(int) * 4 * P), *dsp = cnt + P, *rcnt = cnt + 2 * P, *rdsp = cnt + 3 * P;
@@ -392,6 +402,7 @@ void comm_reduce_scatter_sum_fixed(const Comm *c, const float *in, float *out, s
 void comm_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t unit) {
     int P = c->size;
     if (P == 1 || n == 0) return;
+    if (comm_on_device(buf)) { comm_dev_reduce_scatter_rows_fixed(c, buf, n, unit); return; }
     int *cnt = xmalloc(sizeof(int) * 4 * P), *dsp = cnt + P, *rcnt = cnt + 2 * P, *rdsp = cnt + 3 * P;
     for (int s = 0; s < P; s++) {
         size_t a, b;
@@ -410,17 +421,21 @@ void comm_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t 
 }
 
 void comm_all_reduce_sum_f64(const Comm *c, double *buf, size_t n) {
+    if (c->size > 1 && comm_on_device(buf)) { comm_dev_all_reduce_sum_f64(c, buf, n); return; }
     if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_DOUBLE, MPI_SUM, HANDLE(c)));
     sent(c, ring_all_reduce(c, n, sizeof(double)));
 }
 void comm_all_reduce_max(const Comm *c, float *buf, size_t n) {
+    if (c->size > 1 && comm_on_device(buf)) { comm_dev_all_reduce_max(c, buf, n); return; }
     if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_FLOAT, MPI_MAX, HANDLE(c)));
 }
 void comm_all_reduce_sum_int(const Comm *c, int *buf, size_t n) {
+    if (c->size > 1 && comm_on_device(buf)) { comm_dev_all_reduce_sum_int(c, buf, n); return; }
     if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_INT, MPI_SUM, HANDLE(c)));
 }
 void comm_all_reduce_maxloc(const Comm *c, float *val, int *idx, size_t n) {
     if (c->size == 1) return;
+    if (comm_on_device(val)) { comm_dev_all_reduce_maxloc(c, val, idx, n); return; }
     struct { float v; int i; } *pair = xmalloc(sizeof(*pair) * n);
     for (size_t k = 0; k < n; k++) { pair[k].v = val[k]; pair[k].i = idx[k]; }
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pair, count(n), MPI_FLOAT_INT, MPI_MAXLOC, HANDLE(c)));
@@ -432,6 +447,7 @@ void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each) 
         if (in != out) memcpy(out, in, sizeof(float) * n_each);
         return;
     }
+    if (comm_on_device(out)) { comm_dev_all_gather(c, in, out, n_each); return; }
     sent(c, (double)n_each * sizeof(float) * (c->size - 1));
     if (in == out + (size_t)c->rank * n_each) {   /* already in its place */
         MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, count(n_each), MPI_FLOAT, HANDLE(c)));
@@ -445,6 +461,7 @@ void comm_iall_gather(const Comm *c, const float *in, float *out, size_t n_each,
         if (in != out) memcpy(out, in, sizeof(float) * n_each);
         return;
     }
+    if (comm_on_device(out)) { comm_dev_all_gather(c, in, out, n_each); return; }   /* at once: the link queues it */
     sent(c, (double)n_each * sizeof(float) * (c->size - 1));
     MPI_Request *r = xmalloc(sizeof(MPI_Request));
     if (in == out + (size_t)c->rank * n_each)
@@ -464,16 +481,19 @@ int comm_first_error(const Comm *c, char *msg, size_t cap) {
 }
 
 void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root) {
+    if (c->size > 1 && comm_on_device(buf)) { comm_dev_broadcast(c, buf, bytes, root); return; }
     if (c->size > 1) MPI_CHECK(MPI_Bcast(buf, count(bytes), MPI_BYTE, root, HANDLE(c)));
     if (c->rank == root) sent(c, (double)bytes);
 }
 void comm_send(const Comm *c, const void *buf, size_t bytes, int dst) {
     CHECK(mpi_on);   /* alone, nothing is ever sent or received */
+    if (comm_on_device(buf)) { comm_dev_send(c, buf, bytes, dst); return; }
     MPI_CHECK(MPI_Send(buf, count(bytes), MPI_BYTE, dst, 0, HANDLE(c)));
     sent(c, (double)bytes);
 }
 void comm_isend(const Comm *c, const void *buf, size_t bytes, int dst, CommRequest *req) {
-    comm_isend_tag(c, buf, bytes, dst, 0, req);
+    if (comm_on_device(buf)) comm_dev_isend(c, buf, bytes, dst, req);
+    else comm_isend_tag(c, buf, bytes, dst, 0, req);
 }
 void comm_isend_tag(const Comm *c, const void *buf, size_t bytes, int dst, int tag, CommRequest *req) {
     CHECK(mpi_on);
@@ -500,12 +520,17 @@ void comm_recv_tag(const Comm *c, void *buf, size_t bytes, int src, int tag) {
     MPI_CHECK(MPI_Recv(buf, count(bytes), MPI_BYTE, src, tag, HANDLE(c), MPI_STATUS_IGNORE));
 }
 void comm_wait(CommRequest *req) {
-    if (!req->handle) return;
+    if (!req->handle || comm_dev_wait(req)) return;
     MPI_CHECK(MPI_Wait((MPI_Request *)req->handle, MPI_STATUS_IGNORE));
     free(req->handle);
     req->handle = NULL;
+    free(req->host);
+    req->host = NULL;
 }
-void comm_recv(const Comm *c, void *buf, size_t bytes, int src) { comm_recv_tag(c, buf, bytes, src, 0); }
+void comm_recv(const Comm *c, void *buf, size_t bytes, int src) {
+    if (comm_on_device(buf)) comm_dev_recv(c, buf, bytes, src);
+    else comm_recv_tag(c, buf, bytes, src, 0);
+}
 void comm_barrier(const Comm *c) {
     if (!is_alone(c)) MPI_CHECK(MPI_Barrier(HANDLE(c)));
 }

@@ -1,6 +1,7 @@
 /* comm.h — the one communication API (ARCHITECTURE.md): all_reduce, all_gather, reduce_scatter,
  * broadcast, send/recv, over a Comm (a group of ranks). MPI backend on host buffers under a
- * launcher (mpirun); a process started without one never initialises MPI: its world is one rank,
+ * launcher (mpirun); a device backend's memory goes over its link (NCCL) or through host memory
+ * (comm_device.c). A process started without a launcher never initialises MPI: its world is one rank,
  * every Comm has size 1, a collective is the identity (or a copy between distinct buffers) and
  * send/recv never happen. MPI stays inside comm.c; the one other file that calls MPI is
  * runtime/util.c, whose error path asks for the world rank and aborts the job.
@@ -14,7 +15,15 @@ typedef struct {
     int rank;      /* rank within this group */
     int size;      /* ranks in this group */
     void *handle;  /* the backend's communicator */
+    void *link;    /* the device backend's own (NCCL) for this group, or NULL (runtime/comm_device.c) */
 } Comm;
+
+/* The backend whose memory buffers may be (kernels.h Backend.owns): a call given such a buffer moves
+ * it over the backend's link (NCCL) when its group has one, else through host memory
+ * (runtime/comm_device.c). Called by device_open before the meshes and role groups are cut: groups
+ * made after it get their link. NULL or the CPU: every buffer is host memory. */
+struct Backend;
+void comm_use_backend(const struct Backend *be);
 
 /* MPI_Init when a launcher started the process (OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK,
  * PMIX_RANK or PMI_RANK set), else nothing: alone. World rank 0 reports errors until groups exist. */
@@ -85,7 +94,10 @@ void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root);
 void comm_send(const Comm *c, const void *buf, size_t bytes, int dst);
 /* Non-blocking send: buf must stay untouched until comm_wait(req). A pipeline schedule posts its
  * sends this way so neighbours sending to each other at once cannot deadlock. */
-typedef struct { void *handle; } CommRequest;
+typedef struct {
+    void *handle;
+    void *host;   /* a device buffer's host copy that a staged send reads (comm_device.c), freed by comm_wait */
+} CommRequest;
 void comm_isend(const Comm *c, const void *buf, size_t bytes, int dst, CommRequest *req);
 void comm_wait(CommRequest *req);   /* no-op when nothing is pending */
 /* comm_all_gather started (MPI_Iallgather): in and out untouched until comm_wait(req). ZeRO-3

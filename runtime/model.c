@@ -397,17 +397,11 @@ static const Backend *device_ready(const char *name, const Backend *be, int loca
     return be;
 }
 
-const Backend *device_open(const char *name, int tp, int pp) {
-    const Backend *be = device_named(name);
-    if (strcmp(name, "cpu")) {
-        Comm world = comm_world();
-        int ranks = world.size;
-        comm_free(&world);
-        if (tp != 1 || pp != 1 || ranks != 1)
-            user_error("--device %s runs on one rank, tp = pp = dp = 1 (got --tp %d --pp %d on %d ranks): the "
-                       "collectives work on host memory", name, tp, pp, ranks);
-    }
-    return device_ready(name, be, 0);   /* one rank, or the CPU: local rank 0 */
+const Backend *device_open(const char *name) {
+    Comm world = comm_world();
+    const Backend *be = device_open_local(name, &world);
+    comm_free(&world);
+    return be;
 }
 
 const Backend *device_open_local(const char *name, const Comm *world) {
@@ -416,7 +410,9 @@ const Backend *device_open_local(const char *name, const Comm *world) {
     Comm node = comm_split_node(world);
     int local_rank = node.rank;
     comm_free(&node);
-    return device_ready(name, be, local_rank);
+    device_ready(name, be, local_rank);
+    comm_use_backend(be);   /* before any mesh or role group is cut: their links open with them */
+    return be;
 }
 
 static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_t seed, DType dtype,

@@ -187,14 +187,12 @@ DType model_dtype_auto(const ModelConfig *c);
 /* "auto", "bf16" (or "bfloat16"), "fp32" (or "float32"); anything else is a user_error naming flag */
 DType dtype_parse(const char *flag, const char *value);
 /* --device NAME (cpu | cuda | cpu-guarded), opened for this process: one user_error line when the
- * name is unknown, when a device other than the CPU is asked of more than one rank (tp, pp or dp
- * above 1: the collectives, runtime/comm.c, work on host memory), when the build lacks it, or when
- * it cannot run (open's reason). Collective over the world when NAME is not cpu. */
-const Backend *device_open(const char *name, int tp, int pp);
-/* --device NAME for a process of a job whose every model is on a mesh of one rank (ppo's roles: the
- * caller checked it): the same lines as device_open but the layout's; a device other than the CPU
- * opens device local_rank % devices, local_rank this process's rank among world's ranks on its node.
- * Collective over world when NAME is not cpu. */
+ * name is unknown, when the build lacks it, or when it cannot run (open's reason). A device other
+ * than the CPU opens device local_rank % devices (local_rank: this process's rank among the job's
+ * ranks on its node) and becomes the backend runtime/comm.c moves device buffers for
+ * (comm_use_backend), so call it before cutting meshes. Collective over the world when NAME is not
+ * cpu. device_open_local: the same over the ranks of world. */
+const Backend *device_open(const char *name);
 const Backend *device_open_local(const char *name, const Comm *world);
 /* Sizes a run state (inference activations, in m's backend memory) for batches of up to max_tokens
  * tokens, max_seq per sequence; run_state_free releases it. model_alloc_state sizes the model's own,

@@ -124,7 +124,7 @@ random_model() {
     done
 }
 
-@test "device train: --device cuda without a GPU, a device with --tp 2, --zero 1 or a role on two ranks: one line each" {
+@test "device train: --device cuda without a GPU, and --zero on a device: one line each" {
     M="$FIX/models/llama_gqa"
     D=(--model "$M" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --out "$BATS_TEST_TMPDIR/o")
     if nvidia-smi -L >/dev/null 2>&1; then
@@ -135,19 +135,34 @@ random_model() {
     else
         run_one_line "--device cuda: this build has no CUDA backend" "$TANDEM" sft "${D[@]}" --device cuda
     fi
-    run_one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 2 --pp 1 on 1 ranks)" \
-        "$TANDEM" sft "${D[@]}" $G --tp 2
-    run_one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 1 --pp 2 on 1 ranks)" \
-        "$TANDEM" dpo --model "$M" --data "$PF/story_train.jsonl" --out "$BATS_TEST_TMPDIR/o" $G --pp 2
-    run_one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 1 --pp 1 on 2 ranks)" \
-        timeout 60 $MPIRUN 2 "$TANDEM" rm "${D[@]}" $G
-    run_one_line "rm: --zero 1 with --device cpu-guarded: ZeRO shards the optimizer over data-parallel ranks" \
+    run_one_line "rm: --zero 1 with --device cpu-guarded: ZeRO's host-side slices do not live on a device yet" \
         "$TANDEM" rm "${D[@]}" $G --zero 1
-    run_one_line "--device cpu-guarded runs on one rank, tp = pp = dp = 1 (got --tp 2 --pp 1 on 1 ranks)" \
-        "$TANDEM" bench --train --model "$M" $G --tp 2
     P=(--actor "$M" --reward-cmd true --advantage grpo --n-samples-per-prompt 2 --prompts "$TRAIN" --out "$BATS_TEST_TMPDIR/p" $G)
-    run_one_line "--device cpu-guarded: every role runs on one rank (tp = pp = dp = 1: the collectives work on host memory); the actor has tp 2 pp 1 on 1 ranks" \
-        "$TANDEM" ppo "${P[@]}" --actor-tp 2
-    run_one_line "--device cpu-guarded: every role runs on one rank (tp = pp = dp = 1: the collectives work on host memory); the actor has tp 1 pp 1 on 2 ranks" \
-        timeout 60 $MPIRUN 2 "$TANDEM" ppo "${P[@]}"
+    run_one_line "ppo: --zero 2 with --device cpu-guarded: ZeRO's host-side slices do not live on a device yet" \
+        "$TANDEM" ppo "${P[@]}" --zero 2
+}
+
+@test "device train: tp, pp and dp on cpu-guarded equal cpu (buffers staged through host memory): sft tp 2 x pp 2, dp 3, sequence parallel with LoRA; ppo with a tp-2 actor" {
+    need_story
+    random_model "$BATS_TEST_TMPDIR/m"
+    A=(--model "$BATS_TEST_TMPDIR/m" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --eval-data "$BATS_FILE_TMPDIR/rev_val.jsonl"
+       --seq-len 32 --batch-size 6 --max-steps 2 --lr 3e-3 --save-every 2 --eval-every 2 --threads 1)
+    # dp 3: the gradient mean divides by 3 (not a power of two: on the host, through a copy)
+    for L in "4 --tp 2 --pp 2" "3" "2 --tp 2 --sequence-parallel --lora-r 4 --lora-dropout 0.1"; do
+        set -- $L
+        n=$1; shift
+        for dev in cpu cpu-guarded; do
+            timeout 120 $MPIRUN $n "$TANDEM" sft "${A[@]}" "$@" --device $dev --out "$BATS_TEST_TMPDIR/$n.$dev" 2>/dev/null
+        done
+        same_out "$BATS_TEST_TMPDIR/$n.cpu" "$BATS_TEST_TMPDIR/$n.cpu-guarded"
+    done
+    RM="$BATS_FILE_TMPDIR/rm/checkpoint-1"
+    B=(--actor "$STORIES" --critic "$RM" --reward "$RM" --prompts "$TRAIN" --n-samples-per-prompt 2 --rollout-batch-size 4
+       --max-new-tokens 8 --steps 2 --save-every 2 --kl-coef 0.01 --actor-lr 3e-4 --critic-lr 1e-3 --threads 1
+       --actor-ranks 2 --actor-tp 2 --critic-ranks 1 --ref-ranks 1 --reward-ranks 0)
+    for dev in cpu cpu-guarded; do
+        timeout 120 $MPIRUN 4 "$TANDEM" ppo "${B[@]}" --device $dev --out "$BATS_TEST_TMPDIR/ppo.$dev" 2>/dev/null
+    done
+    same_out "$BATS_TEST_TMPDIR/ppo.cpu" "$BATS_TEST_TMPDIR/ppo.cpu-guarded"
+    grep -q '"rollout_logprob_diff_max": 0,' "$BATS_TEST_TMPDIR/ppo.cpu-guarded/metrics.jsonl"
 }

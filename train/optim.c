@@ -194,8 +194,8 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
 Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, OptimConfig cfg) {
     check_config(&cfg);
     const Backend *be = m->be;
-    /* runtime/comm.c moves host memory: a device trains on one rank without ZeRO (the commands say so) */
-    CHECK(be == backend_named("cpu") || (mesh->size == 1 && !cfg.zero));
+    /* ZeRO's slices and unit buffers are host memory: a device trains without it (the commands say so) */
+    CHECK(be == backend_named("cpu") || !cfg.zero);
     Optim *o = xcalloc(1, sizeof(Optim));
     o->cfg = cfg;
     o->mesh = mesh;
@@ -351,6 +351,21 @@ static void gather_params(Optim *o, Model *m, float *grads) {
     }
 }
 
+/* held[0 .. n) /= dp, the same bits on every backend: a power-of-two dp is the backend's exact
+ * multiply by 2^-k; else a host division, through a host copy when held is a device's memory */
+static void mean_over_dp(const Optim *o, float *held, size_t n) {
+    int dp = o->mesh->dp;
+    if ((dp & (dp - 1)) == 0) {
+        o->be->scale(held, 1.0f / (float)dp, n);
+        return;
+    }
+    float *h = o->be->owns ? xmalloc(sizeof(float) * n) : held;
+    if (h != held) o->be->to_host(h, held, sizeof(float) * n);
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) h[i] /= (float)dp;
+    if (h != held) o->be->to_device(held, h, sizeof(float) * n), free(h);
+}
+
 float optim_step(Optim *o, Model *m, float *grads) {
     const Mesh *mesh = o->mesh;
     const OptimConfig *c = &o->cfg;
@@ -373,12 +388,7 @@ float optim_step(Optim *o, Model *m, float *grads) {
         }
         held = grads;
     }
-    if (mesh->dp > 1) {
-        float dp = (float)mesh->dp;
-        size_t n = o->n_state;
-#pragma omp parallel for schedule(static) if (n > 65536)
-        for (size_t i = 0; i < n; i++) held[i] /= dp;
-    }
+    if (mesh->dp > 1) mean_over_dp(o, held, o->n_state);
 
     /* 2. global norm: each element of the global model once, over tp and pp (and dp under ZeRO) */
     const Backend *be = o->be;

@@ -267,10 +267,10 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     if (o->resume && !o->lora_r) trainer_check_same_model(o->model_dir, o->resume);
     if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
     o->threads = backend_set_threads(o->threads);
-    o->be = device_open(o->device, o->tp, o->pp);
+    o->be = device_open(o->device);
     if (o->zero && o->be != backend_named("cpu"))
-        user_error("%s: --zero %d with --device %s: ZeRO shards the optimizer over data-parallel ranks, and a "
-                   "device trains on one rank (use --zero 0)", cmd, o->zero, o->device);
+        user_error("%s: --zero %d with --device %s: ZeRO's host-side slices do not live on a device yet "
+                   "(use --zero 0: tp, pp and dp run on devices)", cmd, o->zero, o->device);
 }
 
 /* Train and eval data, tokenized with --model's tokenizer. */

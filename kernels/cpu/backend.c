@@ -62,6 +62,7 @@ static void host_free(void *p) {
 static void host_zero(void *p, size_t bytes) { memset(p, 0, bytes); }
 
 static void host_sync(void) {}
+static void host_tree_sum(float *v, int P, size_t n) { tree_sum(v, P, n); }
 static const char *host_open(int local_rank) {
     (void)local_rank;
     return NULL;
@@ -113,6 +114,7 @@ const Backend cpu_backend = {
     .to_host = host_copy,
     .to_device = host_copy,
     .sync = host_sync,
+    .tree_sum = host_tree_sum,   /* owns NULL: host memory goes to MPI as it is */
 };
 
 const Backend *backend_default(void) { return &cpu_backend; }

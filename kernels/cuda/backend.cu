@@ -120,4 +120,7 @@ extern "C" const Backend cuda_backend = {
     .to_host = cuda_to_host,
     .to_device = cuda_to_device,
     .sync = cuda_sync,
+    .owns = cuda_owns,
+    .tree_sum = cuda_tree_sum,
+    .link = &cuda_link,
 };

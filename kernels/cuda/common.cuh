@@ -77,7 +77,7 @@ __device__ __forceinline__ T block_sum(T v, T *sh) {
  * and ignored here): grows, never shrinks; stream order makes reuse safe. Slot s is independent. */
 void *cuda_scratch(int slot, size_t bytes);
 
-/* ---- the table's entries (forward: ops.cu, backward: backward.cu, the optimizer: optim.cu) ---- */
+/* ---- the table's entries (forward: ops.cu, backward: backward.cu, the optimizer: optim.cu, communication: link.cu) ---- */
 extern "C" {
 void cuda_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out,
                  int leaves);
@@ -124,6 +124,10 @@ void cuda_logprob_backward(float *dlogits, const float *logits, const float *lse
 void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float grad_scale, double lr, double beta1,
                 double beta2, double eps, double weight_decay, int t);
 void cuda_sum_squares(double *out, const float *x, size_t n, double *partials);
+/* communication's side (link.cu) */
+int cuda_owns(const void *p);
+void cuda_tree_sum(float *v, int P, size_t n);
+extern const DeviceLink cuda_link;
 }
 
 /* RoPE's rotation (ops.cu): sign 1 the forward, -1 the inverse (the backward) */

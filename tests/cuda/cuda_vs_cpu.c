@@ -106,7 +106,7 @@ static const char *const ENTRIES[] = {
     "attention", "swiglu", "add_to", "copy", "gather_rows", "embedding", "mask_cols", "argmax_rows",
     "row_max", "row_sumexp", "pick_logits", "log_add", "row_entropy_part", "sub_at", "matmul_backward",
     "rmsnorm_backward", "rope_backward", "attention_backward", "swiglu_backward", "embedding_backward",
-    "logprob_backward", "kv_store_batch", "attention_batch", "scale", "dropout", "memory"};
+    "logprob_backward", "kv_store_batch", "attention_batch", "scale", "dropout", "tree_sum", "memory"};
 enum { N_ENTRIES = sizeof ENTRIES / sizeof ENTRIES[0] };
 static int hits[N_ENTRIES];
 static int n_cases, n_failed;
@@ -469,6 +469,10 @@ static void g_rmsnorm_backward(float *dx, float *dw, const float *dout, const fl
     need("rmsnorm_backward", w, nw(wt, D, 1));
     cpu_rmsnorm_backward(dx, dw, dout, x, w, wt, N, D, eps);
 }
+static void g_tree_sum(float *v, int planes, size_t n) {
+    need("tree_sum", v, (size_t)planes * n * sizeof(float));
+    tree_sum(v, planes, n);
+}
 static void g_rope_backward(float *dx, const float *cs, int N, int n_heads, int Dh) {
     need("rope_backward", dx, nf(N, n_heads * Dh)), need("rope_backward", cs, nf(N, Dh));
     cpu_rope_backward(dx, cs, N, n_heads, Dh);
@@ -544,6 +548,7 @@ static const Backend guarded_cpu = {
     .zero = g_zero,
     .to_host = g_to_host,
     .to_device = g_to_device,
+    .tree_sum = g_tree_sum,
 };
 
 /* ---- memory: alloc zeroes, to_device / to_host round-trip, zero clears a range ------------------ */
@@ -1056,6 +1061,24 @@ static void case_scale_dropout(int N, int cols, int col0, int cols_global, float
         snprintf(sh, sizeof sh, "N=%d,cols=%d/%d@%d,p=%g", N, cols, cols_global, col0, p);
         cmp_exact(cur_entry, DTYPE_F32, sh, got, want, n);
     }
+    free(x), free(want), free(got);
+}
+/* the ranks' partials added by kernels.h's pairwise tree (runtime/comm.c's fixed sums on device
+ * memory): the same additions in the same order, exact */
+static void case_tree_sum(int P, size_t n) {
+    cur_entry = "tree_sum";
+    float *x = rand_f32((size_t)P * n, 1.0f), *want = xmalloc(fb(n)), *got = xmalloc(fb(n)), *res[2] = {want, got};
+    const Backend *be[2] = {ref, dut};
+    for (int s = 0; s < 2; s++) {
+        Dev d = {be[s], {0}, 0};
+        float *v = dput(&d, x, fb((size_t)P * n));
+        be[s]->tree_sum(v, P, n);
+        dget(&d, res[s], v, fb(n));
+        dfree(&d);
+    }
+    char sh[96];
+    snprintf(sh, sizeof sh, "P=%d,n=%zu", P, n);
+    cmp_exact("tree_sum", DTYPE_F32, sh, got, want, n);
     free(x), free(want), free(got);
 }
 static void case_copy(size_t n) {
@@ -1949,6 +1972,7 @@ static void elementwise_cases(void) {
     case_swiglu(1, 0), case_swiglu(4099, 0), case_swiglu(17, 1);
     case_add_to(4099, 0), case_add_to(33, 1), case_copy(1), case_copy(4099);
     case_scale_dropout(37, 64, 0, 64, 0.1f), case_scale_dropout(5, 48, 48, 96, 0.5f);
+    case_tree_sum(1, 7), case_tree_sum(2, 1000), case_tree_sum(3, 65), case_tree_sum(4, 4096), case_tree_sum(8, 333);
     const int rows[7] = {12, 0, 5, 5, 7, 12, 1}, one[1] = {0};
     case_gather_rows(13, 7, rows, 33);
     case_gather_rows(1, 1, one, 1);
@@ -2054,6 +2078,42 @@ static int geometry_checks(void) {
     return bad;
 }
 
+/* The dut's link (NCCL) on a group of one rank, the most one GPU can hold (NCCL refuses two ranks
+ * on one device): the library loads, the bootstrap id and the communicator are made, and each call
+ * moves the bytes it should (all-gather and broadcast of one rank copy or keep; max keeps; a grouped
+ * send to itself and receive from itself copy). Two ranks and more need two GPUs. */
+static void link_checks(void) {
+    const DeviceLink *L = dut->link;
+    if (!L) return;
+    char *id = xcalloc(1, L->id_bytes);
+    const char *why = L->make_id(id);
+    if (why) {
+        printf("note link: %s: %s (groups of ranks on their own GPUs would stage through host memory)\n", L->name, why);
+        free(id);
+        return;
+    }
+    void *h = NULL;
+    why = L->open(&h, id, 0, 1);
+    if (why) printf("FAIL link: open: %s\n", why), n_failed++;
+    size_t n = 1000;
+    float *x = rand_f32(n, 1.0f), *got = xmalloc(fb(n));
+    Dev d = {dut, {0}, 0};
+    float *a = dput(&d, x, fb(n)), *b = dput(&d, NULL, fb(n)), *c = dput(&d, NULL, fb(n));
+    const char *what[4] = {"link.all_gather", "link.broadcast", "link.max", "link.send_recv_self"};
+    for (int k = 0; k < 4 && h; k++) {
+        if (k == 0) L->all_gather(h, a, b, n);
+        if (k == 1) dut->copy(b, a, n), L->broadcast(h, b, fb(n), 0);
+        if (k == 2) dut->copy(b, a, n), L->max(h, b, n);
+        if (k == 3) L->group_begin(), L->send(h, a, fb(n), 0), L->recv(h, c, fb(n), 0), L->group_end(), dut->copy(b, c, n);
+        dget(&d, got, b, fb(n));
+        dut->zero(b, fb(n));
+        cmp_exact(what[k], DTYPE_F32, "ranks=1,n=1000", got, x, n);
+    }
+    if (h) L->close(h);
+    dfree(&d);
+    free(x), free(got), free(id);
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--self")) self_mode = 1;
@@ -2088,6 +2148,7 @@ int main(int argc, char **argv) {
     logit_cases();
     backward_cases();
     invariance_checks();
+    link_checks();
     int bad = final_checks();
     if (n_failed || bad) {
         printf("FAIL: %d of %d cases failed%s\n", n_failed, n_cases, bad ? ", and the final checks above" : "");

@@ -4,7 +4,7 @@
 #     source tests/cuda/device_env.sh            # bundle in .device/ (or $TANDEM_BUNDLE)
 #     source tests/cuda/device_env.sh DIR
 # Unpacks DIR/libs.tar.xz to /tmp/tandem-libs (once per tarball), then exports LD_LIBRARY_PATH (bundled
-# libraries, then /usr/local/cuda/lib64, then any pip nvidia/ cuBLAS / cudart dirs, then what was there),
+# libraries, then /usr/local/cuda/lib64, then any pip nvidia/ cuBLAS / cudart / NCCL dirs, then what was there),
 # PATH, Open MPI's relocation and singleton variables, TANDEM (the bundled binary) and TANDEM_ASSETS.
 # Writes only under /tmp (and nothing in DIR). Sourcing it twice gives the same environment.
 # `without_bundle CMD ...` runs CMD with the LD_LIBRARY_PATH and PATH from before.
@@ -51,7 +51,7 @@ os.rename(dest + ".part", dest)' "$dir/libs.tar.xz" "$dest" "$stamp" || { echo "
 import glob, os, site
 dirs = []
 for sp in site.getsitepackages() + [site.getusersitepackages()]:
-    for pat in ("libcublas.so.13*", "libcudart.so.13*"):
+    for pat in ("libcublas.so.13*", "libcudart.so.13*", "libnccl.so.2*"):
         for f in sorted(glob.glob(os.path.join(sp, "nvidia", "**", pat), recursive=True)):
             if os.path.dirname(f) not in dirs:
                 dirs.append(os.path.dirname(f))
