@@ -126,6 +126,11 @@ void cuda_adamw(float *p, const float *g, float *m, float *v, size_t n, float gr
 void cuda_sum_squares(double *out, const float *x, size_t n, double *partials);
 }
 
+/* cuda_matmul's path for bf16 weights (matmul_tc.cu): the batch-invariant tensor-core matmul;
+ * leaves a power of two up to 64 dividing K (checked by cuda_matmul) */
+void matmul_tc(float *out, const float *x, const uint16_t *w, const uint16_t *bias, int N, int K, int n_out,
+               int leaves);
+
 /* RoPE's rotation (ops.cu): sign 1 the forward, -1 the inverse (the backward) */
 void rope_launch(float *x, const float *cs, int N, int n_heads, int Dh, float sign);
 
