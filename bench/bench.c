@@ -419,7 +419,9 @@ static int bench_prefill(Model *m, const Mesh *mesh, int batch, int seq, int ite
  * on the model's backend: microseconds per call (REPS back-to-back calls between syncs, median of
  * `iters`), the weight bytes streamed per second and FLOP/s. Shows where a decode step (N = 1, 32)
  * or a prefill (N = 512) spends its time, and how far each kernel is from the device's copy
- * bandwidth (printed first). Random activations; the numbers do not depend on values. */
+ * bandwidth (printed first). Random activations; the numbers do not depend on values. On CUDA in
+ * bf16 each matmul is timed twice: the tensor cores ("q_proj"), then the fp32 SIMT kernel they
+ * replaced ("q_proj (simt)"). */
 enum { REPS = 20 };
 typedef enum { K_MATMUL, K_RMSNORM, K_SWIGLU, K_ADD, K_ATTN_DECODE, K_ATTN_PREFILL } KernelOp;
 typedef struct {
@@ -463,6 +465,10 @@ static double time_kernel(const Model *m, const KernelCase *k, int N, float *x, 
     free(t);
     return med;
 }
+
+/* kernels/cuda/matmul_tc.cu when the build has CUDA (weak: NULL otherwise): bf16 matmuls on the old
+ * SIMT kernel, timed beside the tensor cores */
+extern void cuda_matmul_set_simt_bf16(int on) __attribute__((weak));
 
 static int bench_kernels(Model *m, int iters) {
     const Backend *be = m->be;
@@ -509,17 +515,23 @@ static int bench_kernels(Model *m, int iters) {
             if ((k->op == K_ADD && N > 1) || (k->op == K_ATTN_PREFILL && N < 512) || (k->op == K_ATTN_DECODE && N > 32) ||
                 (k->op == K_MATMUL && !k->w))
                 continue;
-            double us = time_kernel(m, k, N, x, y, kc, vc, &pb, scratch, iters) * 1e6;
-            double wbytes = k->op == K_MATMUL ? (double)k->n_in * k->n_out * dtype_size(m->dtype) : 0;
-            double flops = k->op == K_MATMUL ? 2.0 * N * k->n_in * k->n_out : 0;
-            if (k->op == K_ATTN_DECODE) {
-                wbytes = 2.0 * N * ctx * kvd * sizeof(float);                 /* the keys and values read */
-                flops = 4.0 * N * ctx * qd;
+            /* a bf16 matmul on CUDA: the tensor cores, then the old SIMT kernel as the baseline */
+            int cuda_bf16 = k->op == K_MATMUL && !strcmp(be->name, "cuda") && m->dtype == DTYPE_BF16;
+            for (int simt = 0; simt <= (cuda_bf16 && cuda_matmul_set_simt_bf16); simt++) {
+                if (simt) cuda_matmul_set_simt_bf16(1);
+                double us = time_kernel(m, k, N, x, y, kc, vc, &pb, scratch, iters) * 1e6;
+                if (simt) cuda_matmul_set_simt_bf16(0);
+                double wbytes = k->op == K_MATMUL ? (double)k->n_in * k->n_out * dtype_size(m->dtype) : 0;
+                double flops = k->op == K_MATMUL ? 2.0 * N * k->n_in * k->n_out : 0;
+                if (k->op == K_ATTN_DECODE) {
+                    wbytes = 2.0 * N * ctx * kvd * sizeof(float);                 /* the keys and values read */
+                    flops = 4.0 * N * ctx * qd;
+                }
+                if (k->op == K_ATTN_PREFILL) flops = 2.0 * N * N * qd;           /* causal: half of 4 N^2 qd */
+                if (mesh_is_root(m->mesh))
+                    printf("{\"kernel\": \"%s%s\", \"N\": %d, \"us\": %.4g, \"gb_s\": %.4g, \"of_bandwidth\": %.3g, \"tflop_s\": %.4g}\n",
+                           k->name, simt ? " (simt)" : "", N, us, wbytes / us / 1e3, wbytes / us / 1e3 / bw, flops / us / 1e6);
             }
-            if (k->op == K_ATTN_PREFILL) flops = 2.0 * N * N * qd;           /* causal: half of 4 N^2 qd */
-            if (mesh_is_root(m->mesh))
-                printf("{\"kernel\": \"%s\", \"N\": %d, \"us\": %.4g, \"gb_s\": %.4g, \"of_bandwidth\": %.3g, \"tflop_s\": %.4g}\n",
-                       k->name, N, us, wbytes / us / 1e3, wbytes / us / 1e3 / bw, flops / us / 1e6);
         }
     be->free(x); be->free(y); be->free(kc); be->free(vc); be->free(table); be->free(scratch);
     free(h); free(ht);

@@ -17,7 +17,11 @@
  * A weight tensor's storage dtype (Model.dtype): F32, or BF16 (the top 16 bits of an fp32: 8-bit
  * significand, fp32's exponent range). Every kernel computes in fp32; a BF16 weight is read through
  * its exact upcast (bf16_to_f32 is a shift), so a kernel's BF16 result has the bits of its F32
- * result on the upcast weights, on every ISA. Activations, gradients, the KV cache and optimizer
+ * result on the upcast weights: on the CPU (every ISA), and on CUDA for every entry but the forward
+ * matmul (matmul, matmuls). There a BF16 weight takes the tensor cores (kernels/cuda/matmul_tc.cu:
+ * x split exactly into three bf16 pieces, products exact, the mma's fp32 accumulation), another
+ * function of the same inputs, batch-invariant like every matmul, within a derived bound of the F32
+ * kernel's result but not its bits (tests/cuda/cuda_vs_cpu.c). Activations, gradients, the KV cache and optimizer
  * state are fp32 buffers; in BF16 mode the matmul inputs are rounded to bf16 values in place
  * (Backend.round_to) where runtime/forward.c says so. DTYPE_AUTO is a request only (--dtype auto:
  * the checkpoint's torch_dtype), never a tensor's dtype. */

@@ -130,6 +130,11 @@ void cuda_tree_sum(float *v, int P, size_t n);
 extern const DeviceLink cuda_link;
 }
 
+/* cuda_matmul's path for bf16 weights (matmul_tc.cu): the batch-invariant tensor-core matmul;
+ * leaves a power of two up to 64 dividing K (checked by cuda_matmul) */
+void matmul_tc(float *out, const float *x, const uint16_t *w, const uint16_t *bias, int N, int K, int n_out,
+               int leaves);
+
 /* RoPE's rotation (ops.cu): sign 1 the forward, -1 the inverse (the backward) */
 void rope_launch(float *x, const float *cs, int N, int n_heads, int Dh, float sign);
 

@@ -4,12 +4,15 @@
  * kernels/cpu/backward.h) on device pointers, int arrays included; all work is queued on one
  * stream per process (the legacy default stream), so consecutive calls are ordered and to_host
  * waits for everything before it.
- * Owns: cuda_backend, cuda_sync and the matmul's launch geometry (cuda_matmul_geometry, host-side:
- * tested without a GPU).
+ * Owns: cuda_backend, cuda_sync and the matmuls' launch geometry (cuda_matmul_geometry, the fp32
+ * SIMT kernel's; cuda_mma_geometry, the bf16 tensor-core kernel's), the tensor-core kernel's fragment
+ * index map and its exact 3-piece bf16 split of x (host and device: tested without a GPU).
  * Checked against the CPU oracle, entry by entry, by tests/cuda/cuda_vs_cpu.c. */
 #ifndef TANDEM_CUDA_H
 #define TANDEM_CUDA_H
 #include <stddef.h>
+#include <stdint.h>
+#include <string.h>
 #include "kernels/kernels.h"
 
 /* Defined in kernels/cuda/ (C++ .cu files), called from C: C linkage. */
@@ -31,6 +34,79 @@ typedef struct {
     unsigned grid_x, grid_y;/* blocks over n_out, over N */
 } MatmulGeometry;
 MatmulGeometry cuda_matmul_geometry(int N, int n_out);
+
+/* ---- the bf16 tensor-core matmul (kernels/cuda/matmul_tc.cu): what its host-side checks need ----
+ * out (N, n_out) = x (N, n_in) w^T with w bf16: mma.sync m16n8k16 (bf16 x bf16, fp32 accumulators),
+ * A = 16 weight rows x 16 k, B = 16 k x 8 x rows, D = 16 outputs x 8 rows. Each output's sequence of
+ * mma's is fixed by n_in and leaves alone: chunks of 16 k in increasing order, each three mma's (x's
+ * hi, mid, lo pieces) into one accumulator, starting from 0; the tile shape below only decides which
+ * outputs and rows a warp computes, so every N and every tile gives a row the same bits. */
+enum { MMA_K = 16, MMA_M = 16, MMA_N = 8, MMA_MAX_WARPS = 4, MMA_MAX_LEAVES = 64 };
+typedef struct {
+    int mt, nt;                      /* a warp's tile: mt x 16 outputs, nt x 8 rows of x */
+    int unroll;                      /* chunks whose loads are issued before their mma's */
+    int warps;                       /* warps per block, side by side over the outputs */
+    int split;                       /* 1: one block row per leaf (grid_z = leaves) into scratch, then a
+                                        tree kernel; 0: a warp runs the leaves in turn, tree on a stack */
+    unsigned grid_x, grid_y, grid_z; /* blocks over n_out, over N, over the leaves */
+} MmaGeometry;
+MmaGeometry cuda_mma_geometry(int N, int n_out, int leaves);
+/* 1: bf16 weights take the fp32 SIMT kernel (on the upcast weights) instead, the path before the
+ * tensor cores: a baseline for timing. Starts as TANDEM_CUDA_MATMUL=simt in the environment says
+ * (read once); bench --kernels sets it to time both side by side. */
+int cuda_matmul_simt_bf16(void);
+void cuda_matmul_set_simt_bf16(int on);
+
+#ifdef __CUDACC__
+#define TANDEM_HD __host__ __device__
+#else
+#define TANDEM_HD
+#endif
+/* Where a lane's fragment elements sit, as the kernel addresses them (g = lane / 4, t = lane % 4).
+ * The PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type") fixes which slot of
+ * the 16 k slots each element occupies; the kernel chooses which k goes to which slot, the same
+ * for A and B, so that a lane's four k are consecutive (one 8-byte weight load, one 16-byte x load):
+ * slot 2t + h + 8q holds k = 4t + 2q + h (q = 0, 1; h = 0, 1 the low / high half of a register).
+ * A register r (0..3): row g + 8 (r & 1), k 4t + 2 (r >> 1) + h.   B register r (0, 1): column (x
+ * row) g, k 4t + 2r + h.   C element i (0..3): row (output) g + 8 (i >> 1), column (x row) 2t + (i & 1).
+ * cuda_vs_cpu checks these against the ISA's table: every (output, x row, k) product exactly once. */
+TANDEM_HD static inline int mma_a_row(int lane, int r) { return lane / 4 + 8 * (r & 1); }
+TANDEM_HD static inline int mma_a_k(int lane, int r, int h) { return 4 * (lane % 4) + 2 * (r >> 1) + h; }
+TANDEM_HD static inline int mma_b_col(int lane) { return lane / 4; }
+TANDEM_HD static inline int mma_b_k(int lane, int r, int h) { return 4 * (lane % 4) + 2 * r + h; }
+TANDEM_HD static inline int mma_c_row(int lane, int i) { return lane / 4 + 8 * (i >> 1); }
+TANDEM_HD static inline int mma_c_col(int lane, int i) { return 2 * (lane % 4) + (i & 1); }
+
+TANDEM_HD static inline uint32_t mma_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+TANDEM_HD static inline float mma_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+/* x as three bf16 pieces (their bits), p[0] + p[1] + p[2] == x exactly for every x that is a multiple
+ * of 2^-133 (every |x| >= 2^-110, every bf16 value), else within 2^-133:
+ *   hi = x with its low 16 bits cleared (x truncated to bf16's 8 significant bits: never rounds up,
+ *   so never overflows to inf); r1 = x - hi is exact (Sterbenz: hi <= x < 2 hi, same sign; a
+ *   subnormal difference is always exact): the low 16 significant bits of x, |r1| < 2^(e - 7) for x
+ *   in [2^e, 2^(e+1)), a multiple of ulp(x) = 2^(e - 23). mid = r1 truncated the same way, r2 = r1 - mid
+ *   exact likewise: with |r1| in [2^f, 2^(f+1)), f <= e - 8, |r2| < 2^(f - 7) <= 2^(e - 15), and r2 is
+ *   a multiple of 2^(e - 23): fewer than 2^8 of them, at most 8 significant bits, which bf16 holds
+ *   when r2 is a normal float, and when r2 is subnormal iff it is a multiple of bf16's least
+ *   subnormal 2^-133 (true when e - 23 >= -133). lo = r2 truncated == r2 then; otherwise only r2's
+ *   bits below 2^-133 are lost.
+ * inf and NaN: hi carries them (a NaN stays a NaN, quiet bit set as f32_to_bf16), mid = lo = 0.
+ * x a bf16 value (the forward's matmul inputs in bf16 mode): hi = x, mid = lo = 0. */
+TANDEM_HD static inline void mma_split3(float x, uint16_t p[3]) {
+    uint32_t u = mma_f2u(x);
+    if ((u & 0x7f800000u) == 0x7f800000u) {
+        p[0] = (uint16_t)((u >> 16) | ((u & 0x7fffffu) ? 0x40u : 0u));
+        p[1] = p[2] = 0;
+        return;
+    }
+    uint32_t h = u & 0xffff0000u;
+    float r1 = x - mma_u2f(h);
+    uint32_t m = mma_f2u(r1) & 0xffff0000u;
+    float r2 = r1 - mma_u2f(m);
+    p[0] = (uint16_t)(h >> 16);
+    p[1] = (uint16_t)(m >> 16);
+    p[2] = (uint16_t)(mma_f2u(r2) >> 16);
+}
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,6 @@
 /* ops.cu — the CUDA forward kernels (kernels/cuda/cuda.h, common.cuh): the batch-invariant matmul,
  * RMSNorm, RoPE, the paged-cache store, flash-style attention and the elementwise kernels (the row
- * reductions of the logprob path: vocab.cu). Each launcher has its cpu_ twin's contract on device pointers.
+ * reductions of the logprob path: vocab.cu; the matmul for bf16 weights: matmul_tc.cu). Each launcher has its cpu_ twin's contract on device pointers.
  * Owns no memory and does no communication.
  *
  * Batch invariance (what the logprob path needs): every reduction here runs in an order fixed by
@@ -18,8 +18,9 @@
  * out (N, n_out) = x (N, n_in) w^T [+ bias]. A warp computes CUDA_MM_ROWS outputs for XR rows of x.
  * Lane l multiplies elements [4l, 4l + 4) of every CUDA_MM_CHUNK-element chunk of the row, fused
  * multiply-adds in increasing k into one accumulator per output, then the fixed xor tree adds the
- * 32 lanes, then the bias. A bf16 weight is read through its exact upcast, so its result has the
- * fp32 kernel's bits on the upcast weights. Memory-bound at decode: the weight rows are streamed
+ * 32 lanes, then the bias. bf16 weights take the tensor cores instead (matmul_tc.cu), unless
+ * TANDEM_CUDA_MATMUL=simt (a timing baseline): then a bf16 weight is read here through its exact
+ * upcast, and its result has the fp32 kernel's bits on the upcast weights. Memory-bound at decode: the weight rows are streamed
  * once per launch (16-byte fp32 / 8-byte bf16 loads, coalesced across the warp); x rows come from
  * L1 (the block's warps share them). */
 template <typename WT> struct W4;
@@ -169,7 +170,9 @@ extern "C" void cuda_matmul(float *out, const float *x, const void *w, const voi
         fprintf(stderr, "cuda_matmul: %d leaves of %d inputs (a power of two up to 64 that divides them)\n", leaves, n_in);
         abort();
     }
-    if (wt == DTYPE_BF16) matmul_launch(out, x, (const uint16_t *)w, (const uint16_t *)bias, N, n_in, n_out, leaves);
+    if (wt == DTYPE_BF16 && !cuda_matmul_simt_bf16())   /* tensor cores: matmul_tc.cu */
+        matmul_tc(out, x, (const uint16_t *)w, (const uint16_t *)bias, N, n_in, n_out, leaves);
+    else if (wt == DTYPE_BF16) matmul_launch(out, x, (const uint16_t *)w, (const uint16_t *)bias, N, n_in, n_out, leaves);
     else matmul_launch(out, x, (const float *)w, (const float *)bias, N, n_in, n_out, leaves);
 }
 

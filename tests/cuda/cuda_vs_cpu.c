@@ -1,9 +1,12 @@
 /* cuda_vs_cpu.c — the oracle harness over two Backend tables (kernels/kernels.h): every compute entry
  * of a device-under-test table (dut) against the CPU table (ref = cpu_backend, whose contracts are
  * kernels/cpu/cpu.h and kernels/cpu/backward.h), on seeded random inputs of several shapes, fp32 and
- * bf16 weights; then the dut's own invariances, bit for bit: batch-invariant matmul, matmuls ==
- * matmul, attention independent of the cache layout and of the prefill / decode / chunk split, bf16
- * entries == fp32 entries on the upcast weights.
+ * bf16 weights; then the dut's own invariances, bit for bit: batch-invariant matmul (N = 1, 7, 8, 20, 37
+ * vs 64, leaves, unaligned operands), matmuls == matmul, attention independent of the cache layout
+ * and of the prefill / decode / chunk split, bf16 entries == fp32 entries on the upcast weights
+ * (CUDA's bf16 matmul is the tensor-core function instead: within its bound of its fp32 twin; the
+ * CPU keeps the bits). Host-side, in every run, GPU or not: both CUDA matmuls' launch geometry, the
+ * tensor-core kernel's fragment map against the PTX ISA's and its exact split of x.
  * Every input reaches a table through its alloc + to_device and every result comes back through
  * its to_host; scratch arguments get a host-sized buffer (the CPU contract) from the table's alloc.
  * Owns: the cases, the per-entry tolerances (derived below), the report, and for --self a guarded
@@ -43,6 +46,24 @@
  * expf / logf / cosf / sinf within 1 ulp, CUDA's expf / cosf / sinf within 2 ulp and logf 1 ulp,
  * the CPU's exp16 (vec.h) within 2 ulp; 1 ulp <= 2u relative.
  *   matmul, matmuls      2 gamma(n_in + 1)  x sum_k |x w| + |bias|     (n_in products and the bias)
+ *     bf16 on a GPU      gamma(n_in + 1) + (1 + 2^-7) gamma(12 n_in + 1)  x the same: tensor cores
+ *                        (kernels/cuda/matmul_tc.cu). The CPU side as above. The device splits x
+ *                        exactly into three bf16 pieces, |mid| + |lo| < 2^-7 |x| (cuda.h), so their
+ *                        products' magnitudes sum to at most (1 + 2^-7) sum |x w|; a product of bf16
+ *                        values is exact; an mma step adds j <= 16 of them (in groups the hardware
+ *                        picks) to the accumulator c by aligning every term to the largest, keeping at
+ *                        least 24 bits and truncating (Fasi et al. 2021, "Numerical behavior of NVIDIA
+ *                        tensor cores"; the PTX ISA: at least single precision, order and rounding
+ *                        unspecified): each of the j smaller terms and the final normalisation lose
+ *                        less than one ulp of the largest, so a step errs by <= 2u (j + 1) (|c| +
+ *                        sum |p|). A leaf of KL inputs has at most 3 KL nonzero products, in at most
+ *                        3 KL steps that hold one (a step of zeros is exact), so the steps' 2 (j + 1)
+ *                        sum to <= 12 KL and the leaf is within gamma(12 KL) of its magnitude (the
+ *                        product of the (1 + delta_i), Higham 3.1); the leaves' tree and the bias are
+ *                        log2(leaves) + 1 fp32 roundings more: gamma(12 n_in + 1) in all. (A subnormal
+ *                        piece or product, handling unspecified, could lose 2^-126 each: no case's
+ *                        inputs have one.) The integer cases below stay exact: every term and
+ *                        partial sum is an integer below 2^24, which 24 aligned bits hold.
  *   matmul_backward      dx: 2 gamma(n_out) x sum |dout w|;  dw: 2 gamma(N + 1) x |dw0| + sum |dout x|;
  *                        db: 2 gamma(N + 1) x |db0| + sum |dout|       (the old value is one more term)
  *   rmsnorm              gamma(D) + 14u  x |w x| r, r = 1 / sqrt(mean x^2 + eps): per side the sum of
@@ -90,7 +111,9 @@
  * the bound (5e-4) no longer separates a reduced-precision product (TF32: 2^-11 per product), so
  * matmul and matmul_backward also run on integers: one operand odd 12-bit integers (|v| in [2049,
  * 4095], exact in fp32, rounded by TF32 or bf16), the other +-1, with at most 4096 terms: every
- * partial sum in any order is an integer below 2^24, so any fp32 order is exact: bit-exact. */
+ * partial sum in any order is an integer below 2^24, so any fp32 order is exact: bit-exact. matmul
+ * also with x odd 20-bit integers and n_in <= 15 (15 (2^20 - 1) + 999 < 2^24): x needs all three of
+ * the tensor-core kernel's bf16 pieces (8 + 8 + 4 bits), so a lost piece shows. */
 static const double U = 0x1p-24;
 static double gam(double n) { return n * U / (1.0 - n * U); }
 
@@ -150,12 +173,12 @@ static float *rand_weight(void **w, DType dt, size_t n, float amp) {
     *w = store_weight(f, dt, n);
     return f;
 }
-/* (n) integers exact in fp32 and bf16 alike: wide: odd, |v| in [2049, 4095] (12 significant bits); else
- * +-1 */
-static float *rand_ints(size_t n, int wide) {
+/* (n) integers exact in fp32: bits 0: +-1; else odd, |v| in [2^(bits-1) + 1, 2^bits - 1] (bits significant
+ * bits; 12: [2049, 4095]) */
+static float *rand_ints(size_t n, int bits) {
     float *a = xmalloc(fb(n ? n : 1));
     for (size_t i = 0; i < n; i++) {
-        float m = wide ? (float)(2049 + 2 * rand_int(1024)) : 1.0f;
+        float m = bits ? (float)((1 << (bits - 1)) + 1 + 2 * rand_int(1 << (bits - 2))) : 1.0f;
         a[i] = rand_u64() >> 63 ? -m : m;
     }
     return a;
@@ -583,19 +606,35 @@ static double dot_mag(const float *a, const float *b, int n) { /* sum |a b| in d
     for (int k = 0; k < n; k++) s += fabs((double)a[k] * b[k]);
     return s;
 }
-static void run_matmul(const Backend *be, float *out, const float *x, const void *w, const void *bias, DType wt, int N,
-                       int n_in, int n_out, int leaves) {
+/* off 1: x and w one element past an aligned start (4 and 2 bytes for bf16: no 16- or 8-byte loads) */
+static void run_matmul_at(const Backend *be, float *out, const float *x, const void *w, const void *bias, DType wt,
+                          int N, int n_in, int n_out, int leaves, int off) {
     Dev d = {be, {0}, 0};
+    size_t es = dtype_size(wt);
     float *o = dput(&d, NULL, nf(N, n_out));
-    const float *dx = dput(&d, x, nf(N, n_in));
-    const void *dw = dput(&d, w, nw(wt, n_out, n_in)), *db = bias ? dput(&d, bias, nw(wt, n_out, 1)) : NULL;
+    float *dx = (float *)dput(&d, NULL, nf(N, n_in) + fb(off)) + off;
+    char *dw = (char *)dput(&d, NULL, nw(wt, n_out, n_in) + es * off) + es * off;
+    be->to_device(dx, x, nf(N, n_in));
+    be->to_device(dw, w, nw(wt, n_out, n_in));
+    const void *db = bias ? dput(&d, bias, nw(wt, n_out, 1)) : NULL;
     be->matmul(o, dx, dw, db, wt, N, n_in, n_out, leaves);
     dget(&d, out, o, nf(N, n_out));
     dfree(&d);
 }
+static void run_matmul(const Backend *be, float *out, const float *x, const void *w, const void *bias, DType wt, int N,
+                       int n_in, int n_out, int leaves) {
+    run_matmul_at(be, out, x, w, bias, wt, N, n_in, n_out, leaves, 0);
+}
+/* The matmul's bound relative to matmul_mag (the tolerance comment): on a GPU a bf16 weight takes the
+ * tensor-core kernel; --self compares the CPU with itself (any bound: it must be 0) */
+static double matmul_tol(DType wt, int n_in) {
+    if (wt == DTYPE_BF16 && !self_mode) return gam(n_in + 1) + (1 + 0x1p-7) * gam(12.0 * n_in + 1);
+    return 2 * gam(n_in + 1);
+}
 /* mag (N, n_out) = sum_k |x w| + |bias| */
 static double *matmul_mag(const float *x, const float *wf, const float *bf, int N, int n_in, int n_out) {
     double *mag = dzeros((size_t)N * n_out);
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         for (int j = 0; j < n_out; j++)
             mag[(size_t)n * n_out + j] =
@@ -616,21 +655,41 @@ static void case_matmul(int N, int n_in, int n_out, int with_bias, DType wt, int
     double *mag = matmul_mag(x, wf, bf, N, n_in, n_out);
     char sh[96];
     snprintf(sh, sizeof sh, "N=%d,n_in=%d,n_out=%d%s,leaves=%d", N, n_in, n_out, with_bias ? ",bias" : "", leaves);
-    cmp_tol("matmul", wt, sh, got, want, no, mag, 2 * gam(n_in + 1), 0.0);
+    cmp_tol("matmul", wt, sh, got, want, no, mag, matmul_tol(wt, n_in), 0.0);
     free(x), free(w), free(wf), free(b), free(bf), free(want), free(got), free(mag);
 }
-
-/* x: 12-bit odd integers, w: +-1, bias: integers below 1000, n_in <= 4096: exact in any order */
-static void case_matmul_ints(int N, int n_in, int n_out, DType wt) {
+/* x and w one element past an aligned start (no vector loads): within the bound of the ref, and the
+ * dut's bits of the aligned call (the same values in the same order, element by element) */
+static void case_matmul_unaligned(int N, int n_in, int n_out, DType wt, int leaves) {
     cur_entry = "matmul";
-    float *x = rand_ints((size_t)N * n_in, 1), *wf = rand_ints((size_t)n_out * n_in, 0), *bf = xmalloc(fb(n_out));
+    void *w, *b;
+    float *x = rand_f32((size_t)N * n_in, 1.0f), *wf = rand_weight(&w, wt, (size_t)n_out * n_in, 1.0f);
+    float *bf = rand_weight(&b, wt, n_out, 1.0f);
+    size_t no = (size_t)N * n_out;
+    float *want = xmalloc(fb(no)), *got = xmalloc(fb(no)), *aligned = xmalloc(fb(no));
+    run_matmul_at(ref, want, x, w, b, wt, N, n_in, n_out, leaves, 1);
+    run_matmul_at(dut, got, x, w, b, wt, N, n_in, n_out, leaves, 1);
+    run_matmul_at(dut, aligned, x, w, b, wt, N, n_in, n_out, leaves, 0);
+    double *mag = matmul_mag(x, wf, bf, N, n_in, n_out);
+    char sh[96];
+    snprintf(sh, sizeof sh, "N=%d,n_in=%d,n_out=%d,bias,leaves=%d,unaligned", N, n_in, n_out, leaves);
+    cmp_tol("matmul", wt, sh, got, want, no, mag, matmul_tol(wt, n_in), 0.0);
+    cmp_bits("inv.matmul_unaligned", wt, sh, got, aligned, no);
+    free(x), free(w), free(wf), free(b), free(bf), free(want), free(got), free(aligned), free(mag);
+}
+
+/* x: odd integers of `bits` bits (12: n_in <= 4096; 20: n_in <= 15), w: +-1, bias: integers below 1000:
+ * exact in any order */
+static void case_matmul_ints(int N, int n_in, int n_out, DType wt, int bits) {
+    cur_entry = "matmul";
+    float *x = rand_ints((size_t)N * n_in, bits), *wf = rand_ints((size_t)n_out * n_in, 0), *bf = xmalloc(fb(n_out));
     for (int j = 0; j < n_out; j++) bf[j] = (float)(rand_int(1999) - 999);
     void *w = store_weight(wf, wt, (size_t)n_out * n_in), *b = store_weight(bf, wt, n_out);
     float *want = xmalloc(nf(N, n_out)), *got = xmalloc(nf(N, n_out));
     run_matmul(ref, want, x, w, b, wt, N, n_in, n_out, 1);
     run_matmul(dut, got, x, w, b, wt, N, n_in, n_out, 1);
     char sh[96];
-    snprintf(sh, sizeof sh, "N=%d,n_in=%d,n_out=%d,bias,ints_exact", N, n_in, n_out);
+    snprintf(sh, sizeof sh, "N=%d,n_in=%d,n_out=%d,bias,ints%d_exact", N, n_in, n_out, bits);
     cmp_exact("matmul", wt, sh, got, want, (size_t)N * n_out);
     free(x), free(w), free(wf), free(b), free(bf), free(want), free(got);
 }
@@ -679,7 +738,7 @@ static void case_matmuls(int N, int n_in, int n, const int *n_out, const int *bi
         double *mag = matmul_mag(x, s.wf[j], s.bf[j], N, n_in, n_out[j]);
         char sh[96];
         snprintf(sh, sizeof sh, "N=%d,n_in=%d,out=%d/%d,n_out=%d%s", N, n_in, j + 1, n, n_out[j], bias[j] ? ",bias" : "");
-        cmp_tol("matmuls", wt, sh, got[j], want[j], (size_t)N * n_out[j], mag, 2 * gam(n_in + 1), 0.0);
+        cmp_tol("matmuls", wt, sh, got[j], want[j], (size_t)N * n_out[j], mag, matmul_tol(wt, n_in), 0.0);
         free(mag), free(want[j]), free(got[j]);
     }
     free(x);
@@ -1340,7 +1399,7 @@ typedef struct {
 static MmBack mm_back(int N, int n_in, int n_out, int has_dx, int has_db, DType wt, int ints) {
     MmBack m = {N, n_in, n_out, has_dx, has_db, NULL, NULL, NULL, NULL, NULL, NULL};
     if (ints) {
-        m.dout = rand_ints((size_t)N * n_out, 1), m.x = rand_ints((size_t)N * n_in, 0);
+        m.dout = rand_ints((size_t)N * n_out, 12), m.x = rand_ints((size_t)N * n_in, 0);
         m.wf = rand_ints((size_t)n_out * n_in, 0), m.w = store_weight(m.wf, wt, (size_t)n_out * n_in);
         m.dw0 = rand_ints((size_t)n_out * n_in, 0), m.db0 = rand_ints(n_out, 0);
         return m;
@@ -1622,33 +1681,37 @@ static void case_logprob_backward(int N, int V, int v0, float T, int with_entrop
 }
 
 /* ---- the dut's own invariances, bit for bit ------------------------------------------------------------ */
-/* rows of one N = 37 call == each row alone (N = 1) == the rows inside N = 8 calls at offsets 0, 8, 16,
- * 24, 29 (x and the output offset in the dut's memory) */
-static void inv_matmul_batch(int n_in, int n_out, int with_bias, DType wt) {
+/* rows of one N = 64 call == each row alone (N = 1) == the rows of calls of 7, 8, 20 and 37 rows at
+ * offsets 0, s, 2s, ... and 64 - s (x and the output offset in the dut's memory): every tile variant
+ * of the CUDA kernels (decode, batched, prefill; leaves split over the grid or in turn) and every
+ * position of a row in a tile */
+static void inv_matmul_batch(int n_in, int n_out, int with_bias, DType wt, int leaves) {
     cur_entry = "inv";
-    enum { N = 37 };
+    enum { N = 64 };
     void *w, *b = NULL;
     float *x = rand_f32((size_t)N * n_in, 1.0f), *wf = rand_weight(&w, wt, (size_t)n_out * n_in, 1.0f);
     float *bf = with_bias ? rand_weight(&b, wt, n_out, 1.0f) : NULL;
-    float *all = xmalloc(nf(N, n_out)), *one = xmalloc(nf(N, n_out)), *eight = xmalloc(nf(N, n_out));
+    float *all = xmalloc(nf(N, n_out)), *part = xmalloc(nf(N, n_out));
     Dev d = {dut, {0}, 0};
-    float *dx = dput(&d, x, nf(N, n_in)), *o = dput(&d, NULL, nf(N, n_out)), *o8 = dput(&d, NULL, nf(N, n_out));
+    float *dx = dput(&d, x, nf(N, n_in)), *o = dput(&d, NULL, nf(N, n_out)), *o2 = dput(&d, NULL, nf(N, n_out));
     const void *dw = dput(&d, w, nw(wt, n_out, n_in)), *db = b ? dput(&d, b, nw(wt, n_out, 1)) : NULL;
-    dut->matmul(o, dx, dw, db, wt, N, n_in, n_out, 1);
+    dut->matmul(o, dx, dw, db, wt, N, n_in, n_out, leaves);
     dget(&d, all, o, nf(N, n_out));
-    for (int r = 0; r < N; r++) dut->matmul(o + (size_t)r * n_out, dx + (size_t)r * n_in, dw, db, wt, 1, n_in, n_out, 1);
-    dget(&d, one, o, nf(N, n_out));
-    const int offs[] = {0, 8, 16, 24, 29};
-    for (int i = 0; i < 5; i++)
-        dut->matmul(o8 + (size_t)offs[i] * n_out, dx + (size_t)offs[i] * n_in, dw, db, wt, 8, n_in, n_out, 1);
-    dget(&d, eight, o8, nf(N, n_out));
+    const int sizes[] = {1, 7, 8, 20, 37};
+    for (int i = 0; i < 5; i++) {
+        int s = sizes[i];
+        dut->zero(o2, nf(N, n_out));
+        for (int r0 = 0; r0 < N; r0 += s) {
+            int at = r0 + s <= N ? r0 : N - s;   /* the last call ends at row 64 */
+            dut->matmul(o2 + (size_t)at * n_out, dx + (size_t)at * n_in, dw, db, wt, s, n_in, n_out, leaves);
+        }
+        dget(&d, part, o2, nf(N, n_out));
+        char sh[96];
+        snprintf(sh, sizeof sh, "N=64_vs_%d,n_in=%d,n_out=%d%s,leaves=%d", s, n_in, n_out, with_bias ? ",bias" : "", leaves);
+        cmp_bits("inv.matmul_rows", wt, sh, part, all, (size_t)N * n_out);
+    }
     dfree(&d);
-    char sh[96];
-    snprintf(sh, sizeof sh, "N=37_vs_1,n_in=%d,n_out=%d%s", n_in, n_out, with_bias ? ",bias" : "");
-    cmp_bits("inv.matmul_rows", wt, sh, one, all, (size_t)N * n_out);
-    snprintf(sh, sizeof sh, "N=37_vs_8,n_in=%d,n_out=%d%s", n_in, n_out, with_bias ? ",bias" : "");
-    cmp_bits("inv.matmul_rows", wt, sh, eight, all, (size_t)N * n_out);
-    free(x), free(w), free(wf), free(b), free(bf), free(all), free(one), free(eight);
+    free(x), free(w), free(wf), free(b), free(bf), free(all), free(part);
 }
 /* tp invariance (kernels.h TP_LEAVES): TP_LEAVES leaves over n_in == the host's tree_sum over t
  * "ranks" of n_in / t columns each with TP_LEAVES / t leaves (the tp sum is host arithmetic,
@@ -1844,32 +1907,58 @@ static void batch_paged_case(int window) {
     free(mag), free(perm), free(q), free(k), free(v), free(pool_k), free(pool_v);
 }
 
-/* bf16 entries == the fp32 entries on the upcast weights (the dut against itself) */
+/* bf16 entries == the fp32 entries on the upcast weights (the dut against itself). CUDA's bf16 matmul
+ * and matmuls are the tensor-core function (kernels.h): on a GPU the CPU's (ref's) bits are checked
+ * instead, and the dut's bf16 result against its fp32 one within the sum of their bounds from the
+ * exact sum, gamma(n_in + 1) (fp32 kernel) + (1 + 2^-7) gamma(12 n_in + 1) (tensor cores) = matmul_tol */
+static void bf16_vs_fp32(const char *what, int N, int n_in, int n_out, const float *x, const float *wf,
+                         const float *bf, const float *h, const float *f, const float *ref_h, const float *ref_f) {
+    char sh[96];
+    if (self_mode) {
+        snprintf(sh, sizeof sh, "%s:N=%d,n_in=%d,n_out=%d", what, N, n_in, n_out);
+        cmp_bits("inv.bf16_eq_fp32", DTYPE_BF16, sh, h, f, (size_t)N * n_out);
+        return;
+    }
+    snprintf(sh, sizeof sh, "ref:%s:N=%d,n_in=%d,n_out=%d", what, N, n_in, n_out);
+    cmp_bits("inv.bf16_eq_fp32", DTYPE_BF16, sh, ref_h, ref_f, (size_t)N * n_out);
+    double *mag = matmul_mag(x, wf, bf, N, n_in, n_out);
+    snprintf(sh, sizeof sh, "bf16_vs_fp32:%s:N=%d,n_in=%d,n_out=%d", what, N, n_in, n_out);
+    cmp_tol("matmul", DTYPE_BF16, sh, h, f, (size_t)N * n_out, mag, matmul_tol(DTYPE_BF16, n_in), 0.0);
+    free(mag);
+}
 static void inv_bf16_matmul(int N, int n_in, int n_out) {
     cur_entry = "inv";
     void *w, *b;
     float *x = rand_f32((size_t)N * n_in, 1.0f), *wf = rand_weight(&w, DTYPE_BF16, (size_t)n_out * n_in, 1.0f);
     float *bf = rand_weight(&b, DTYPE_BF16, n_out, 1.0f), *h = xmalloc(nf(N, n_out)), *f = xmalloc(nf(N, n_out));
+    float *rh = xmalloc(nf(N, n_out)), *rf = xmalloc(nf(N, n_out));
     run_matmul(dut, h, x, w, b, DTYPE_BF16, N, n_in, n_out, 8);
     run_matmul(dut, f, x, wf, bf, DTYPE_F32, N, n_in, n_out, 8);
+    if (!self_mode) {
+        run_matmul(ref, rh, x, w, b, DTYPE_BF16, N, n_in, n_out, 8);
+        run_matmul(ref, rf, x, wf, bf, DTYPE_F32, N, n_in, n_out, 8);
+    }
     char sh[96];
-    snprintf(sh, sizeof sh, "matmul:N=%d,n_in=%d,n_out=%d,bias", N, n_in, n_out);
-    cmp_bits("inv.bf16_eq_fp32", DTYPE_BF16, sh, h, f, (size_t)N * n_out);
+    bf16_vs_fp32("matmul", N, n_in, n_out, x, wf, bf, h, f, rh, rf);
     /* matmuls: the same three weights */
     const int n_outs[3] = {n_out, 9, 33}, bias[3] = {1, 0, 1};
     MatmulSet s = matmul_set(3, n_outs, bias, n_in, DTYPE_BF16), sf = s;
     for (int j = 0; j < 3; j++) sf.w[j] = s.wf[j], sf.b[j] = s.bf[j];
-    float *hs[3], *fs[3];
-    for (int j = 0; j < 3; j++) hs[j] = xmalloc(nf(N, n_outs[j])), fs[j] = xmalloc(nf(N, n_outs[j]));
+    float *hs[3], *fs[3], *rhs[3], *rfs[3];
+    for (int j = 0; j < 3; j++) {
+        hs[j] = xmalloc(nf(N, n_outs[j])), fs[j] = xmalloc(nf(N, n_outs[j]));
+        rhs[j] = xmalloc(nf(N, n_outs[j])), rfs[j] = xmalloc(nf(N, n_outs[j]));
+    }
     run_matmuls(dut, hs, x, N, n_in, &s, DTYPE_BF16);
     run_matmuls(dut, fs, x, N, n_in, &sf, DTYPE_F32);
+    if (!self_mode) run_matmuls(ref, rhs, x, N, n_in, &s, DTYPE_BF16), run_matmuls(ref, rfs, x, N, n_in, &sf, DTYPE_F32);
     for (int j = 0; j < 3; j++) {
-        snprintf(sh, sizeof sh, "matmuls:N=%d,n_in=%d,out=%d/3", N, n_in, j + 1);
-        cmp_bits("inv.bf16_eq_fp32", DTYPE_BF16, sh, hs[j], fs[j], (size_t)N * n_outs[j]);
-        free(hs[j]), free(fs[j]);
+        snprintf(sh, sizeof sh, "matmuls.out%d/3", j + 1);
+        bf16_vs_fp32(sh, N, n_in, n_outs[j], x, s.wf[j], s.bf[j], hs[j], fs[j], rhs[j], rfs[j]);
+        free(hs[j]), free(fs[j]), free(rhs[j]), free(rfs[j]);
     }
     free_set(&s);
-    free(x), free(w), free(wf), free(b), free(bf), free(h), free(f);
+    free(x), free(w), free(wf), free(b), free(bf), free(h), free(f), free(rh), free(rf);
 }
 static void inv_bf16_norm_embed(int N, int D) {
     cur_entry = "inv";
@@ -1927,7 +2016,24 @@ static void forward_cases(void) {
             case_matmul(mm[i][0], mm[i][1], mm[i][2], mm[i][3], (DType)dt, 1);
         case_matmul(3, 2048, 256, 0, (DType)dt, 8), case_matmul(33, 1000, 129, 1, (DType)dt, 8);
         case_matmul(1, 5632, 64, 0, (DType)dt, 4), case_matmul(2, 24, 5, 1, (DType)dt, 8);
-        case_matmul_ints(2, 4096, 64, (DType)dt), case_matmul_ints(5, 1000, 33, (DType)dt);
+        case_matmul_ints(2, 4096, 64, (DType)dt, 12), case_matmul_ints(5, 1000, 33, (DType)dt, 12);
+    }
+    /* the tensor-core kernel's shapes (bf16; fp32 too where cheap): real layers (TinyLlama's gate_proj at a
+     * 512-token prefill, its down_proj at decode), each tile variant with tails in n_in, n_out and N,
+     * leaves split over the grid (N <= 32) and in turn (N > 32), n_in = 1, unaligned operands, integers */
+    case_matmul(512, 2048, 5632, 0, DTYPE_BF16, 1), case_matmul(1, 5632, 2048, 0, DTYPE_BF16, 8);
+    case_matmul(1, 5632, 2048, 1, DTYPE_BF16, 1);
+    static const int odd[][5] = {{3, 1, 5, 1, 1},   {7, 33, 65, 1, 1},  {9, 17, 100, 1, 1}, {20, 48, 33, 0, 1},
+                                 {40, 33, 70, 1, 1}, {65, 130, 67, 1, 1}, {2, 24, 5, 1, 8},   {40, 24, 70, 1, 8},
+                                 {7, 64, 65, 0, 64}, {100, 1000, 129, 1, 8}, {31, 4096, 48, 1, 2}};
+    for (int dt = 0; dt < 2; dt++)
+        for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++)
+            case_matmul(odd[i][0], odd[i][1], odd[i][2], odd[i][3], (DType)dt, odd[i][4]);
+    for (int dt = 0; dt < 2; dt++) {
+        case_matmul_unaligned(1, 2048, 67, (DType)dt, 1), case_matmul_unaligned(20, 1000, 33, (DType)dt, 8);
+        case_matmul_unaligned(40, 256, 70, (DType)dt, 4);
+        case_matmul_ints(40, 4096, 64, (DType)dt, 12), case_matmul_ints(1, 4096, 17, (DType)dt, 12);
+        case_matmul_ints(7, 15, 33, (DType)dt, 20), case_matmul_ints(40, 15, 20, (DType)dt, 20);
     }
     const int qkv[3] = {256, 64, 64}, qkv_bias[3] = {0, 1, 1}, gu[2] = {173, 173}, no_bias[2] = {0, 0};
     for (int dt = 0; dt < 2; dt++) {
@@ -2023,7 +2129,10 @@ static void backward_cases(void) {
     case_logprob_backward(1, 32000, 0, 1.0f, 0, 0);
 }
 static void invariance_checks(void) {
-    for (int dt = 0; dt < 2; dt++) inv_matmul_batch(1000, 67, 1, (DType)dt), inv_matmul_batch(2048, 32, 0, (DType)dt);
+    for (int dt = 0; dt < 2; dt++) {
+        inv_matmul_batch(1000, 67, 1, (DType)dt, 1), inv_matmul_batch(2048, 32, 0, (DType)dt, 8);
+        inv_matmul_batch(33, 65, 1, (DType)dt, 1), inv_matmul_batch(24, 70, 1, (DType)dt, 8);
+    }
     for (int dt = 0; dt < 2; dt++) inv_matmuls(2, 300, (DType)dt), inv_matmuls(9, 1000, (DType)dt);
     for (int dt = 0; dt < 2; dt++) inv_matmul_tp(1, 2048, 67, (DType)dt), inv_matmul_tp(37, 5632, 40, (DType)dt);
     inv_attention(45, 8, 2, 64, 0);
@@ -2057,6 +2166,188 @@ static int known_entry(const char *name) {
     return 0;
 }
 
+/* ---- the bf16 tensor-core matmul, host-side (kernels/cuda/matmul_tc.cu, cuda.h) ----------------------
+ * The PTX ISA's fragment layout of mma.m16n8k16 for .bf16 ("Matrix Fragments for mma.m16n8k16 with
+ * floating point type"), written here from the ISA's text independently of cuda.h; g = lane >> 2,
+ * t = lane % 4. A (16 x 16): element i (0..7; register i / 2, low half first) at row g for i in
+ * {0, 1, 4, 5}, else g + 8; column 2t + (i & 1), + 8 for i >= 4. B (16 x 8): element i (0..3) at row
+ * 2t + (i & 1), + 8 for i >= 2; column g. C, D (16 x 8): element i (0..3) at row g, + 8 for i >= 2;
+ * column 2t + (i & 1). */
+static void ptx_a(int lane, int i, int *row, int *col) {
+    *row = lane / 4 + (i == 2 || i == 3 || i == 6 || i == 7 ? 8 : 0);
+    *col = 2 * (lane % 4) + (i & 1) + (i >= 4 ? 8 : 0);
+}
+static void ptx_b(int lane, int i, int *row, int *col) {
+    *row = 2 * (lane % 4) + (i & 1) + (i >= 2 ? 8 : 0);
+    *col = lane / 4;
+}
+static void ptx_c(int lane, int i, int *row, int *col) {
+    *row = lane / 4 + (i >= 2 ? 8 : 0);
+    *col = 2 * (lane % 4) + (i & 1);
+}
+static void host_line(int bad, const char *what, const char *shape) {
+    printf("%-4s %-27s %-4s %-46s %-9s %-9s %s\n", bad ? "FAIL" : "ok", what, "host", shape, "0.000e+00", "0.000e+00",
+           "0.000e+00");
+}
+/* The kernel's fragment map (cuda.h mma_*) against the ISA's: every A element's row is the ISA's,
+ * A and B put the same k in each of the 16 slots, a permutation of 0..15, so D (row, col) = sum over
+ * k of W[row][k] x[col][k], each k once; C elements are written where the ISA puts them; and the
+ * vector loads' assumptions (a lane's k are 4t .. 4t + 3: registers r and r + 2 of A one 8-byte load,
+ * B's two registers one 16-byte load, starts 4-element aligned). Returns the failures. */
+static int mma_map_checks(void) {
+    int bad = 0, ak[16][16], bk[16][8];
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) ak[i][j] = -1, bk[j][i % 8] = -1;
+    for (int lane = 0; lane < 32; lane++) {
+        for (int r = 0; r < 4; r++)
+            for (int h = 0; h < 2; h++) {
+                int row, col;
+                ptx_a(lane, 2 * r + h, &row, &col);
+                bad += row != mma_a_row(lane, r) || ak[row][col] != -1;
+                ak[row][col] = mma_a_k(lane, r, h);
+                bad += mma_a_k(lane, r, h) != mma_a_k(lane, 0, 0) + 2 * (r >> 1) + h || mma_a_row(lane, r) != mma_a_row(lane, r & 1);
+            }
+        for (int r = 0; r < 2; r++)
+            for (int h = 0; h < 2; h++) {
+                int row, col;
+                ptx_b(lane, 2 * r + h, &row, &col);
+                bad += col != mma_b_col(lane) || bk[row][col] != -1;
+                bk[row][col] = mma_b_k(lane, r, h);
+                bad += mma_b_k(lane, r, h) != mma_b_k(lane, 0, 0) + 2 * r + h;
+            }
+        for (int i = 0; i < 4; i++) {
+            int row, col;
+            ptx_c(lane, i, &row, &col);
+            bad += row != mma_c_row(lane, i) || col != mma_c_col(lane, i);
+        }
+        bad += mma_a_k(lane, 0, 0) % 4 != 0 || mma_b_k(lane, 0, 0) % 4 != 0;
+    }
+    for (int row = 0; row < 16; row++)
+        for (int col = 0; col < 8; col++) {
+            int seen[16] = {0};
+            for (int slot = 0; slot < 16; slot++) {
+                int k = ak[row][slot];
+                bad += k < 0 || k >= 16 || k != bk[slot][col];
+                if (k >= 0 && k < 16) bad += seen[k]++ != 0;
+            }
+        }
+    host_line(bad, "mma.fragment_map", "A,B,C_vs_PTX_ISA,32_lanes");
+    return bad != 0;
+}
+/* mma_split3 (cuda.h): hi + mid + lo == x exactly for x a multiple of 2^-133 (every |x| >= 2^-110),
+ * within 2^-133 below; |mid| + |lo| < 2^-7 |x| (the bound's (1 + 2^-7)); a bf16 value is its own hi;
+ * inf and NaN stay in hi. Over random bit patterns of every exponent, and the edges. */
+static int mma_split_checks(void) {
+    int bad = 0;
+    for (int i = 0; i < 1 << 20; i++) {
+        uint32_t u = (uint32_t)rand_u64();
+        if (i < 64) u = (uint32_t)i | (i & 1 ? 0x80000000u : 0u);   /* the least subnormals */
+        if (i >= 64 && i < 128) u = 0x7f7fffffu - (uint32_t)(i - 64); /* the largest floats */
+        float x;
+        memcpy(&x, &u, 4);
+        uint16_t p[3];
+        mma_split3(x, p);
+        double hi = bf16_to_f32(p[0]), mid = bf16_to_f32(p[1]), lo = bf16_to_f32(p[2]);
+        if (isnan(x)) { bad += !isnan(hi) || p[1] || p[2]; continue; }
+        if (isinf(x)) { bad += hi != x || p[1] || p[2]; continue; }
+        double err = fabs(hi + mid + lo - (double)x);   /* the pieces span <= 24 bits: exact in double */
+        int exact = fabs(x) >= 0x1p-110 || fmod(fabs((double)x), 0x1p-133) == 0.0;
+        bad += exact ? err != 0.0 : !(err < 0x1p-133);
+        bad += !(fabs(mid) + fabs(lo) <= 0x1p-7 * fabs((double)x));
+        uint16_t q[3];
+        mma_split3(bf16_to_f32(f32_to_bf16(x)), q);   /* a bf16 value: hi alone */
+        bad += !isinf(bf16_to_f32(f32_to_bf16(x))) && (q[0] != f32_to_bf16(x) || q[1] || q[2]);
+    }
+    host_line(bad, "mma.split_exact", "2^20_random_floats_and_edges");
+    return bad != 0;
+}
+/* The kernel's index arithmetic, emulated: for each block, warp, lane and chunk of each leaf, the
+ * operands it loads (with its bounds: row < n_out, x row < N, k < the leaf's end) placed where the
+ * ISA says, multiplied slot by slot into the output the ISA's D element is written to: every product
+ * W[o][k] x[n][k] is accumulated exactly once into out[n][o], into the leaf holding k, and every
+ * output is written once. Returns the failures. */
+static int mma_emulate(int N, int n_in, int n_out, int leaves) {
+    MmaGeometry g = cuda_mma_geometry(N, n_out, leaves);
+    unsigned char *count = xcalloc((size_t)N * n_out * (n_in ? n_in : 1), 1), *written = xcalloc((size_t)N * n_out, 1);
+    int bad = 0, KL = n_in / leaves;
+    for (unsigned bx = 0; bx < g.grid_x; bx++)
+        for (unsigned by = 0; by < g.grid_y; by++)
+            for (int warp = 0; warp < g.warps; warp++) {
+                int o0 = ((int)bx * g.warps + warp) * MMA_M * g.mt, n0 = (int)by * MMA_N * g.nt;
+                if (o0 >= n_out) continue;
+                for (int mt = 0; mt < g.mt; mt++)
+                    for (int nt = 0; nt < g.nt; nt++) {
+                        for (int lf = 0; lf < leaves; lf++)
+                            for (int kc = lf * KL; kc < (lf + 1) * KL; kc += MMA_K) {
+                                int ao[16][16], ak[16][16], bn[16][8], bk[16][8], kend = (lf + 1) * KL;
+                                for (int lane = 0; lane < 32; lane++) {
+                                    for (int i = 0; i < 8; i++) {
+                                        int row, col, o = o0 + MMA_M * mt + mma_a_row(lane, i / 2);
+                                        int k = kc + mma_a_k(lane, i / 2, i % 2);
+                                        ptx_a(lane, i, &row, &col);
+                                        ao[row][col] = o < n_out && k < kend ? o : -1, ak[row][col] = k;
+                                    }
+                                    for (int i = 0; i < 4; i++) {
+                                        int row, col, n = n0 + MMA_N * nt + mma_b_col(lane);
+                                        int k = kc + mma_b_k(lane, i / 2, i % 2);
+                                        ptx_b(lane, i, &row, &col);
+                                        bn[row][col] = n < N && k < kend ? n : -1, bk[row][col] = k;
+                                    }
+                                }
+                                for (int lane = 0; lane < 32; lane++)
+                                    for (int i = 0; i < 4; i++) {
+                                        int row, col, o = o0 + MMA_M * mt + mma_c_row(lane, i);
+                                        int n = n0 + MMA_N * nt + mma_c_col(lane, i);
+                                        ptx_c(lane, i, &row, &col);
+                                        for (int slot = 0; slot < 16; slot++) {
+                                            if (ao[row][slot] < 0 || bn[slot][col] < 0) continue;   /* a zero operand */
+                                            int k = ak[row][slot];
+                                            bad += ak[row][slot] != bk[slot][col] || ao[row][slot] != o || bn[slot][col] != n;
+                                            if (o < n_out && n < N && k < n_in) count[((size_t)n * n_out + o) * n_in + k]++;
+                                        }
+                                    }
+                            }
+                        for (int lane = 0; lane < 32; lane++)
+                            for (int i = 0; i < 4; i++) {
+                                int o = o0 + MMA_M * mt + mma_c_row(lane, i), n = n0 + MMA_N * nt + mma_c_col(lane, i);
+                                if (o < n_out && n < N) written[(size_t)n * n_out + o]++;
+                            }
+                    }
+            }
+    for (size_t e = 0; e < (size_t)N * n_out; e++) {
+        bad += written[e] != 1;
+        for (int k = 0; k < n_in; k++) bad += count[e * n_in + k] != 1;
+    }
+    free(count), free(written);
+    return bad;
+}
+/* cuda_mma_geometry: blocks cover every output and x row with less than one block of slack, warps <=
+ * MMA_MAX_WARPS, leaves split over the grid exactly when leaves > 1 and N <= 32; then the map, the
+ * split, and the emulation at odd shapes. Returns the failures. */
+static int mma_checks(void) {
+    static const int outs[] = {1, 15, 16, 17, 65, 256, 2048, 5632, 32000}, lvs[] = {1, 2, 8, 64};
+    int bad = 0;
+    for (int N = 1; N <= 600; N += N < 80 ? 1 : 37)
+        for (size_t o = 0; o < sizeof outs / sizeof outs[0]; o++)
+            for (int l = 0; l < 4; l++) {
+                MmaGeometry g = cuda_mma_geometry(N, outs[o], lvs[l]);
+                long per_x = (long)MMA_M * g.mt * g.warps, per_y = (long)MMA_N * g.nt;
+                int split = lvs[l] > 1 && N <= 32;
+                if (g.grid_x * per_x < outs[o] || (g.grid_x - 1) * per_x >= outs[o] || g.grid_y * per_y < N ||
+                    (g.grid_y - 1) * per_y >= N || g.split != split || g.grid_z != (split ? (unsigned)lvs[l] : 1u) ||
+                    g.warps < 1 || g.warps > MMA_MAX_WARPS || g.unroll < 1)
+                    if (bad++ < 5) printf("FAIL geometry.mma N=%d n_out=%d leaves=%d\n", N, outs[o], lvs[l]);
+            }
+    host_line(bad, "geometry.mma", "N=1..600,9_n_out_sizes,leaves_1..64");
+    bad += mma_map_checks() + mma_split_checks();
+    static const int em[][4] = {{1, 1, 1, 1},  {7, 33, 65, 1}, {2, 24, 5, 8},  {9, 17, 100, 1}, {20, 48, 33, 4},
+                                {40, 33, 70, 1}, {40, 24, 70, 8}, {65, 130, 67, 2}, {7, 64, 17, 64}, {1, 0, 3, 1}};
+    int ebad = 0;
+    for (size_t i = 0; i < sizeof em / sizeof em[0]; i++) ebad += mma_emulate(em[i][0], em[i][1], em[i][2], em[i][3]);
+    host_line(ebad, "mma.emulated_cover", "10_odd_shapes,every_variant");
+    return bad + (ebad != 0);
+}
+
 /* The matmul's launch geometry (host-side, cuda_matmul_geometry): the grid covers every output row
  * and x row exactly once, with less than one tile of slack, and x rows per warp is the smallest of
  * 1, 2, 4, 8 holding min(N, 8). Runs in every mode, GPU or not. Returns the failures. */
@@ -2075,7 +2366,7 @@ static int geometry_checks(void) {
         }
     printf("%-4s %-27s %-4s %-46s %-9s %-9s %s\n", bad ? "FAIL" : "ok", "geometry.matmul", "host", "N=1..70,8_n_out_sizes",
            "0.000e+00", "0.000e+00", "0.000e+00");
-    return bad;
+    return bad + mma_checks();
 }
 
 /* The dut's link (NCCL) on a group of one rank, the most one GPU can hold (NCCL refuses two ranks
