@@ -51,9 +51,12 @@ typedef struct {
     unsigned grid_x, grid_y, grid_z; /* blocks over n_out, over N, over the leaves */
 } MmaGeometry;
 MmaGeometry cuda_mma_geometry(int N, int n_out, int leaves);
-/* 1: bf16 weights take the fp32 SIMT kernel (on the upcast weights) instead, the path before the
- * tensor cores: a baseline for timing. Starts as TANDEM_CUDA_MATMUL=simt in the environment says
- * (read once); bench --kernels sets it to time both side by side. */
+/* 1: bf16 weights take the fp32 SIMT kernel (on the upcast weights); 0: the tensor cores
+ * (matmul_tc.cu). The SIMT kernel unless TANDEM_CUDA_MATMUL=tc (read once): measured on an H200 at
+ * the 1.1B shape, the tensor cores prefill 2.1x faster and train 1.13x faster but decode 2.9x slower
+ * (one m16 tile of outputs per warp walks all of K in order: too few warps at batch 1), and decode
+ * is what rollouts spend their time in. One choice per process, so every batch size gets the same
+ * bits. bench --kernels sets it to time both side by side. */
 int cuda_matmul_simt_bf16(void);
 void cuda_matmul_set_simt_bf16(int on);
 

@@ -2429,6 +2429,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     if (ref->open(0)) return 2;
+    if (!self_mode) cuda_matmul_set_simt_bf16(0);   /* bf16 weights on the tensor cores (TANDEM_CUDA_MATMUL=tc) */
     printf("dut %s vs ref %s, %d threads%s\n", dut->name, ref->name, threads(),
            corrupt_entry ? ", one bit corrupted" : "");
     printf("%-4s %-27s %-4s %-46s %-9s %-9s %s\n", "", "entry", "type", "shape", "max_abs", "max_rel", "tol");
