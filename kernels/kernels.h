@@ -206,6 +206,7 @@ typedef struct Backend {
     void (*zero)(void *p, size_t bytes);
     void (*to_host)(void *dst, const void *src, size_t bytes);
     void (*to_device)(void *dst, const void *src, size_t bytes);
+    void (*copy_bytes)(void *dst, const void *src, size_t bytes);   /* within the backend's memory, not overlapping */
     /* waits until everything queued before it is done (a no-op on the CPU): for timers */
     void (*sync)(void);
     /* communication on this backend's memory (runtime/comm.c). owns: 1 when p lies in memory the

@@ -286,9 +286,6 @@ static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char 
         user_error("--lora-dropout %g: ppo runs its adapters without dropout (the rollout's logprobs must be the training "
                    "forward's)", o->lora_dropout);
     if (o->lora_r < 0) user_error("--lora-r %d: must be >= 0", o->lora_r);
-    if (o->zero && strcmp(o->device, "cpu"))
-        user_error("ppo: --zero %d with --device %s: ZeRO's host-side slices do not live on a device yet "
-                   "(use --zero 0: tp, pp and dp run on devices)", o->zero, o->device);
     o->sched = lr_schedule_parse("--lr-schedule", o->sched_name);
     o->dtype = dtype_parse("--dtype", o->dtype_name), o->save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);
     o->critic_sched = o->critic_sched_name ? lr_schedule_parse("--critic-lr-schedule", o->critic_sched_name) : o->sched;

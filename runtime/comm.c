@@ -348,7 +348,7 @@ void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n
     size_t lo, hi;
     comm_rows(n, P, c->rank, &lo, &hi);
     if (P == 1 || is_alone(c)) {
-        if (mine != all) memcpy(all, mine, sizeof(float) * n * unit);
+        if (mine != all) comm_local_copy(all, mine, sizeof(float) * n * unit);
         return;
     }
     if (comm_on_device(all)) { comm_dev_all_gather_rows(c, mine, all, n, unit); return; }
@@ -374,7 +374,7 @@ void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n
 void comm_reduce_scatter_sum_fixed(const Comm *c, const float *in, float *out, size_t n_each) {
     int P = c->size;
     if (is_alone(c)) {
-        if (in != out) memmove(out, in, sizeof(float) * n_each);
+        if (in != out) comm_local_copy(out, in, sizeof(float) * n_each);
         return;
     }
     if (comm_on_device(in)) { comm_dev_reduce_scatter_sum_fixed(c, in, out, n_each); return; }
@@ -444,7 +444,7 @@ void comm_all_reduce_maxloc(const Comm *c, float *val, int *idx, size_t n) {
 }
 void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each) {
     if (is_alone(c)) {
-        if (in != out) memcpy(out, in, sizeof(float) * n_each);
+        if (in != out) comm_local_copy(out, in, sizeof(float) * n_each);
         return;
     }
     if (comm_on_device(out)) { comm_dev_all_gather(c, in, out, n_each); return; }
@@ -458,7 +458,7 @@ void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each) 
 void comm_iall_gather(const Comm *c, const float *in, float *out, size_t n_each, CommRequest *req) {
     comm_wait(req);
     if (is_alone(c)) {
-        if (in != out) memcpy(out, in, sizeof(float) * n_each);
+        if (in != out) comm_local_copy(out, in, sizeof(float) * n_each);
         return;
     }
     if (comm_on_device(out)) { comm_dev_all_gather(c, in, out, n_each); return; }   /* at once: the link queues it */

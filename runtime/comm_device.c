@@ -23,6 +23,10 @@ static const Backend *dev;   /* comm_use_backend's, when it has memory MPI canno
 
 void comm_use_backend(const Backend *be) { dev = be && be->owns ? be : NULL; }
 int comm_on_device(const void *p) { return dev && p && dev->owns(p); }
+void comm_local_copy(void *dst, const void *src, size_t bytes) {
+    if (comm_on_device(dst) || comm_on_device(src)) dev->copy_bytes(dst, src, bytes);
+    else memmove(dst, src, bytes);
+}
 
 /* ---- staging: host copies, grown on demand, one per slot (a call uses at most two) ------------ */
 static void *stage_buf[2];

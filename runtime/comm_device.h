@@ -8,6 +8,8 @@
 #include <stddef.h>
 
 int comm_on_device(const void *p);   /* 1: p is memory of the backend comm_use_backend named */
+/* a one-rank collective's copy between distinct buffers (not overlapping), wherever they are */
+void comm_local_copy(void *dst, const void *src, size_t bytes);
 void comm_link_attach(Comm *c);      /* collective over c: opens its link when it can have one */
 void comm_link_detach(Comm *c);
 

@@ -514,9 +514,10 @@ void run_state_free(RunState *s) {
 void model_alloc_state(Model *m, int max_tokens, int max_seq) { run_state_init(&m->s, m, max_tokens, max_seq); }
 
 void model_free(Model *m) {
+    int arena_gone = m->z3 && m->z3->arena_freed;
     model_shards_free(m);
     lora_free(m);
-    m->be->free(m->params);
+    if (!arena_gone) m->be->free(m->params);
     run_state_free(&m->s);
     free(m->w.layers);
     m->be->free(m->inv_freq);

@@ -299,9 +299,11 @@ typedef struct ModelShards {
     ShardTensor *t;            /* (n_t) the embedding and head tensors of this stage */
     int n_t;
     int stepping;              /* 1 inside a training step */
+    int arena_freed;           /* a device's parameter arena, freed whole once sliced */
 } ModelShards;
-/* Slices m's weights over dp (collective): each rank keeps its slices, the parameter arena goes
- * back to the OS (madvise), and every weight pointer is NULL until gathered. Call after the
+/* Slices m's weights over dp (collective): each rank keeps its slices (the model's backend memory,
+ * as every buffer here), the parameter arena goes back to the OS (madvise; a device's is freed whole,
+ * m->params then only names where tensors were), and every weight pointer is NULL until gathered. Call after the
  * optimizer has read what it needs of the weights (its fp32 master). */
 void model_shard_weights(Model *m, const Comm *dp);
 void model_shards_free(Model *m);

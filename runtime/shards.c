@@ -25,7 +25,8 @@ static size_t floats(const ModelShards *z, size_t elems) { return elems * es_of(
 static void **field_of(Model *m, const ShardTensor *t) { return (void **)((char *)&m->w + t->field); }
 
 void model_shard_weights(Model *m, const Comm *dp) {
-    CHECK(!m->z3 && m->be == backend_named("cpu"));
+    CHECK(!m->z3);
+    const Backend *be = m->be;
     ModelShards *z = xcalloc(1, sizeof *z);
     z->dp = dp;
     z->L = m->n_layers_local;
@@ -34,9 +35,9 @@ void model_shard_weights(Model *m, const Comm *dp) {
     model_layer_place(m, NULL, z->dtype, &probe, &z->n);
     z->S = per_rank(z->n, dp->size);
     size_t es = es_of(z), full = z->S * dp->size;
-    z->shard = xcalloc(z->L && z->S ? (size_t)z->L * z->S : 1, es);
+    z->shard = be->alloc((size_t)z->L * z->S * es);
     for (int k = 0; k < 2; k++) {
-        z->slot[k] = xcalloc(full ? full : 1, es);
+        z->slot[k] = be->alloc(full * es);
         z->slot_layer[k] = -1;
     }
     z->pending_layer = -1;
@@ -47,11 +48,12 @@ void model_shard_weights(Model *m, const Comm *dp) {
     model_param_infos(m, infos, n_info);
     char *packed = z->slot[0];
     for (int l = 0; l < z->L; l++) {
-        memset(packed, 0, es * full);
+        be->zero(packed, es * full);
         for (int i = 0; i < n_info; i++)
             if (infos[i].layer == l)
-                memcpy(packed + infos[i].layer_offset * es, (char *)m->params + infos[i].offset * es, infos[i].numel * es);
-        memcpy(slice_of(z, l), packed + (size_t)dp->rank * z->S * es, z->S * es);
+                be->copy_bytes(packed + infos[i].layer_offset * es, (char *)m->params + infos[i].offset * es,
+                               infos[i].numel * es);
+        be->copy_bytes(slice_of(z, l), packed + (size_t)dp->rank * z->S * es, z->S * es);
     }
     /* the embedding and head tensors: each its own unit */
     z->t = xcalloc(4, sizeof(ShardTensor));
@@ -68,16 +70,22 @@ void model_shard_weights(Model *m, const Comm *dp) {
         t->field = fields[f];
         t->head = f > 0;
         t->tied = f == 0 && m->w.lm_head == m->w.embed;
-        t->shard = xcalloc(t->S ? t->S : 1, es);
+        t->shard = be->alloc(t->S * es);   /* zero: the padding past the tensor's end */
         size_t lo = (size_t)dp->rank * t->S, k = lo < t->n ? (t->n - lo < t->S ? t->n - lo : t->S) : 0;
-        memcpy(t->shard, (char *)p + lo * es, k * es);
+        be->copy_bytes(t->shard, (char *)p + lo * es, k * es);
     }
     free(infos);
     /* the arena back to the OS: its whole pages read zero if ever touched, and nothing touches them
      * (every weight pointer is NULL until a gather sets it) */
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = ((uintptr_t)m->params + page - 1) / page * page, b = ((uintptr_t)m->params + m->n_params * es) / page * page;
-    if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+    if (be->owns) {   /* a device's: freed whole (part of a cudaMalloc cannot go back) */
+        be->free(m->params);
+        z->arena_freed = 1;
+    } else {
+        size_t page = (size_t)sysconf(_SC_PAGESIZE);
+        uintptr_t a = ((uintptr_t)m->params + page - 1) / page * page,
+                  b = ((uintptr_t)m->params + m->n_params * es) / page * page;
+        if (b > a) madvise((void *)a, b - a, MADV_DONTNEED);
+    }
     ModelWeights none = {.layers = m->w.layers, .score = m->lora && m->lora->score ? m->w.score : NULL};
     for (int l = 0; l < z->L; l++) memset(&m->w.layers[l], 0, sizeof(LayerWeights));
     m->w = none;
@@ -85,7 +93,7 @@ void model_shard_weights(Model *m, const Comm *dp) {
 }
 
 static void release_tensor(Model *m, ShardTensor *t) {
-    free(t->buf);
+    m->be->free(t->buf);
     t->buf = NULL;
     *field_of(m, t) = NULL;
     if (t->tied) m->w.lm_head = NULL;
@@ -95,15 +103,16 @@ void model_shards_free(Model *m) {
     ModelShards *z = m->z3;
     if (!z) return;
     comm_wait(&z->pending);
+    const Backend *be = m->be;
     for (int i = 0; i < z->n_t; i++) {
-        free(z->t[i].shard);
-        free(z->t[i].buf);
+        be->free(z->t[i].shard);
+        be->free(z->t[i].buf);
     }
     free(z->t);
-    free(z->shard);
-    free(z->slot[0]);
-    free(z->slot[1]);
-    free(z->full);
+    be->free(z->shard);
+    be->free(z->slot[0]);
+    be->free(z->slot[1]);
+    be->free(z->full);
     free(z);
     m->z3 = NULL;
 }
@@ -140,7 +149,7 @@ void model_layer_weights(Model *m, int l, int next) {
 static void gather_tensor(Model *m, ShardTensor *t) {
     ModelShards *z = m->z3;
     if (t->buf) return;
-    t->buf = xmalloc(es_of(z) * t->S * z->dp->size);
+    t->buf = m->be->alloc(es_of(z) * t->S * z->dp->size);
     comm_all_gather(z->dp, (const float *)t->shard, (float *)t->buf, floats(z, t->S));
     *field_of(m, t) = t->buf;
     if (t->tied) m->w.lm_head = t->buf;
@@ -175,7 +184,7 @@ void model_shards_gather_all(Model *m) {
     comm_wait(&z->pending);
     z->pending_layer = -1;
     size_t es = es_of(z), full = z->S * z->dp->size;
-    z->full = xmalloc(es * full * (z->L ? z->L : 1));
+    z->full = m->be->alloc(es * full * z->L);
     for (int l = 0; l < z->L; l++) {
         char *all = (char *)z->full + (size_t)l * full * es;
         comm_all_gather(z->dp, (const float *)slice_of(z, l), (float *)all, floats(z, z->S));
@@ -187,7 +196,7 @@ void model_shards_gather_all(Model *m) {
 void model_shards_release(Model *m) {
     ModelShards *z = m->z3;
     if (!z || !z->full) return;
-    free(z->full);
+    m->be->free(z->full);
     z->full = NULL;
     for (int l = 0; l < z->L; l++) memset(&m->w.layers[l], 0, sizeof(LayerWeights));
     for (int i = 0; i < z->n_t; i++) release_tensor(m, &z->t[i]);

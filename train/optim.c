@@ -194,8 +194,6 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
 Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, OptimConfig cfg) {
     check_config(&cfg);
     const Backend *be = m->be;
-    /* ZeRO's slices and unit buffers are host memory: a device trains without it (the commands say so) */
-    CHECK(be == backend_named("cpu") || !cfg.zero);
     Optim *o = xcalloc(1, sizeof(Optim));
     o->cfg = cfg;
     o->mesh = mesh;
@@ -220,7 +218,7 @@ Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, Opti
 
     size_t quantum = (size_t)ARENA_ALIGN * mesh->dp;
     o->n_grad = cfg.zero >= 2 ? 0 : (o->n_params + quantum - 1) / quantum * quantum;
-    if (cfg.zero) o->slice = xcalloc(o->n_state, sizeof(float));
+    if (cfg.zero) o->slice = be->alloc(sizeof(float) * o->n_state);   /* zero; the model's backend's, as are all below */
     if (cfg.zero >= 2) {   /* the layers' shared buffer first, then one per other unit */
         o->ubuf_off = xmalloc(sizeof(size_t) * o->n_units);
         size_t layer_at = SIZE_MAX;
@@ -231,10 +229,10 @@ Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, Opti
             if (un->layer >= 0) layer_at = o->n_ubuf;
             o->n_ubuf += un->S * mesh->dp;
         }
-        o->ubuf = xcalloc(o->n_ubuf ? o->n_ubuf : 1, sizeof(float));
+        o->ubuf = be->alloc(sizeof(float) * o->n_ubuf);
         size_t S = 1;
         for (int u = 0; u < o->n_units; u++) if (o->units[u].S > S) S = o->units[u].S;
-        o->rbuf = xmalloc(sizeof(float) * S);
+        o->rbuf = be->alloc(sizeof(float) * S);
     }
     o->m = be->alloc(optim_sections(o) * sizeof(float) * o->n_state);   /* zero */
     o->v = o->m + o->n_state;
@@ -257,13 +255,13 @@ void optim_free(Optim *o) {
     o->be->free(o->sums);
     o->be->free(o->partials);
     free(o->sums_host);
-    free(o->slice);
+    o->be->free(o->slice);
     free(o->ranges);
     free(o->units);
     free(o->pieces);
-    free(o->ubuf);
+    o->be->free(o->ubuf);
     free(o->ubuf_off);
-    free(o->rbuf);
+    o->be->free(o->rbuf);
     free(o);
 }
 
@@ -276,8 +274,8 @@ size_t optim_grad_bytes(const Optim *o) {
 }
 void optim_zero_grad(const Optim *o, float *grads) {
     if (grads) o->be->zero(grads, sizeof(float) * o->n_grad);
-    if (o->slice) memset(o->slice, 0, sizeof(float) * o->n_state);
-    if (o->ubuf) memset(o->ubuf, 0, sizeof(float) * o->n_ubuf);
+    if (o->slice) o->be->zero(o->slice, sizeof(float) * o->n_state);
+    if (o->ubuf) o->be->zero(o->ubuf, sizeof(float) * o->n_ubuf);
 }
 double optim_lr(const Optim *o, int step) { return lr_schedule(&o->cfg, step); }
 
@@ -291,8 +289,8 @@ void optim_reduce_unit(Optim *o, int u) {
     const OptimUnit *un = &o->units[u];
     float *buf = optim_unit_grads(o, u), *acc = o->slice + un->held;
     comm_reduce_scatter_sum_fixed(&o->mesh->dp_comm, buf, o->rbuf, un->S);
-    for (size_t i = 0; i < un->S; i++) acc[i] += o->rbuf[i];
-    memset(buf, 0, sizeof(float) * un->S * o->mesh->dp);
+    o->be->add_to(acc, acc, o->rbuf, un->S);
+    o->be->zero(buf, sizeof(float) * un->S * o->mesh->dp);
 }
 
 void optim_print_summary(const Optim *o) {
@@ -322,6 +320,7 @@ void optim_print_summary(const Optim *o) {
  * each unit's gradient buffer (spent: its gradient is reduced). */
 static void gather_params(Optim *o, Model *m, float *grads) {
     const Comm *dp = &o->mesh->dp_comm;
+    const Backend *be = o->be;
     size_t es = dtype_size(o->dtype);
     int p = 0;
     for (int u = 0; u < o->n_units; u++) {
@@ -329,14 +328,14 @@ static void gather_params(Optim *o, Model *m, float *grads) {
         if (m->z3 && o->params == m->params) break;   /* ZeRO-3: the slices were updated in place; nothing to send */
         char *all = (char *)(o->cfg.zero >= 2 ? optim_unit_grads(o, u) : grads);   /* (dp * S) elements */
         char *mine = (char *)o->slice + un->held * es;   /* my slice's params, packed; the slice is spent */
-        memset(mine, 0, es * un->S);
+        be->zero(mine, es * un->S);
         for (; p < o->n_pieces && o->pieces[p].held < un->held + un->S; p++) {
             const OptimPiece *pc = &o->pieces[p];
-            memcpy(mine + (pc->held - un->held) * es, (char *)o->params + pc->lo * es, es * (pc->hi - pc->lo));
+            be->copy_bytes(mine + (pc->held - un->held) * es, (char *)o->params + pc->lo * es, es * (pc->hi - pc->lo));
         }
         comm_all_gather(dp, (float *)mine, (float *)all, un->S * es / sizeof(float));
         if (o->cfg.zero < 2) {   /* one unit, packed = the arena */
-            memcpy(o->params, all, es * o->n_params);
+            be->copy_bytes(o->params, all, es * o->n_params);
             continue;
         }
         /* every rank's pieces of this unit: the unit's tensors packed in order */
@@ -344,10 +343,10 @@ static void gather_params(Optim *o, Model *m, float *grads) {
         for (int t = 0; t < o->n_ranges; t++) {
             const OptimRange *rg = &o->ranges[t];
             if (!in_unit(o, un, t)) continue;
-            memcpy((char *)o->params + rg->lo * es, all + at * es, es * (rg->hi - rg->lo));
+            be->copy_bytes((char *)o->params + rg->lo * es, all + at * es, es * (rg->hi - rg->lo));
             at += rg->hi - rg->lo;
         }
-        memset(all, 0, sizeof(float) * un->S * o->mesh->dp);   /* the unit's gradient buffer again */
+        be->zero(all, sizeof(float) * un->S * o->mesh->dp);   /* the unit's gradient buffer again */
     }
 }
 

@@ -268,9 +268,6 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
     o->threads = backend_set_threads(o->threads);
     o->be = device_open(o->device);
-    if (o->zero && o->be != backend_named("cpu"))
-        user_error("%s: --zero %d with --device %s: ZeRO's host-side slices do not live on a device yet "
-                   "(use --zero 0: tp, pp and dp run on devices)", cmd, o->zero, o->device);
 }
 
 /* Train and eval data, tokenized with --model's tokenizer. */

@@ -113,6 +113,7 @@ const Backend cpu_backend = {
     .zero = host_zero,
     .to_host = host_copy,
     .to_device = host_copy,
+    .copy_bytes = host_copy,
     .sync = host_sync,
     .tree_sum = host_tree_sum,   /* owns NULL: host memory goes to MPI as it is */
 };

@@ -172,6 +172,12 @@ static void guarded_to_host(void *dst, const void *src, size_t bytes) {
     memcpy(dst, src, bytes);
     leave(a, 1);
 }
+static void guarded_copy_bytes(void *dst, const void *src, size_t bytes) {
+    const Arg a[] = {P(dst), P(src)};
+    enter("copy_bytes", a, 2, bytes);
+    memcpy(dst, src, bytes);
+    leave(a, 2);
+}
 static void guarded_to_device(void *dst, const void *src, size_t bytes) {
     const Arg a[] = {P(dst)};
     enter("to_device", a, 1, bytes);
@@ -358,6 +364,7 @@ const Backend cpu_guarded_backend = {
     .zero = guarded_zero,
     .to_host = guarded_to_host,
     .to_device = guarded_to_device,
+    .copy_bytes = guarded_copy_bytes,
     .sync = guarded_sync,
     .owns = guarded_owns,
     .tree_sum = g_tree_sum,

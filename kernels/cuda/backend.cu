@@ -60,6 +60,9 @@ static void cuda_to_host(void *dst, const void *src, size_t bytes) {
 static void cuda_to_device(void *dst, const void *src, size_t bytes) {
     if (bytes) CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
+static void cuda_copy_bytes(void *dst, const void *src, size_t bytes) {   /* queued on the stream */
+    if (bytes) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+}
 
 void *cuda_scratch(int slot, size_t bytes) {
     enum { SLOTS = 3 };   /* 0: attention_backward's row statistics, 1: rmsnorm_backward's row scales,
@@ -120,6 +123,7 @@ extern "C" const Backend cuda_backend = {
     .zero = cuda_zero,
     .to_host = cuda_to_host,
     .to_device = cuda_to_device,
+    .copy_bytes = cuda_copy_bytes,
     .sync = cuda_sync,
     .owns = cuda_owns,
     .tree_sum = cuda_tree_sum,

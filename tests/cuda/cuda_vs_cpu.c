@@ -340,6 +340,10 @@ static void g_to_device(void *dst, const void *src, size_t bytes) {
     need("to_device", dst, bytes);
     cpu_backend.to_device(dst, src, bytes);
 }
+static void g_copy_bytes(void *dst, const void *src, size_t bytes) {
+    need("copy_bytes", dst, bytes), need("copy_bytes", src, bytes);
+    cpu_backend.copy_bytes(dst, src, bytes);
+}
 static const char *g_open(int local_rank) { return cpu_backend.open(local_rank); }
 
 static size_t nf(int a, int b) { return fb((size_t)a * b); }   /* bytes of an (a, b) fp32 array */
@@ -571,6 +575,7 @@ static const Backend guarded_cpu = {
     .zero = g_zero,
     .to_host = g_to_host,
     .to_device = g_to_device,
+    .copy_bytes = g_copy_bytes,
     .tree_sum = g_tree_sum,
 };
 
@@ -588,13 +593,17 @@ static void case_memory(void) {
     for (int i = 0; i < BYTES; i++) fresh_zero &= back[i] == 0;
     dut->to_device(p, host, BYTES);
     dut->zero(p + 100, 1000);
+    unsigned char *q = dput(&d, NULL, BYTES);   /* bytes [7, 3007) of p to q + 1: odd offsets and length */
+    dut->copy_bytes(q + 1, p + 7, 3000);
+    dut->copy_bytes(p + 3500, q + 1 + 93, 501);
     dget(&d, back, p, BYTES);
     memset(host + 100, 0, 1000);
+    memmove(host + 3500, host + 7 + 93, 501);
     dut->free(NULL);          /* a no-op */
     dut->free(dut->alloc(0)); /* a zero-byte buffer is a buffer */
     dfree(&d);
     memcpy(want, host, BYTES / 4 * 4), memcpy(got, back, BYTES / 4 * 4);
-    cmp_bits("memory.round_trip_zero", DTYPE_F32, "bytes=4099,zero=[100,1100)", got, want, BYTES / 4);
+    cmp_bits("memory.round_trip_zero", DTYPE_F32, "bytes=4099,zero=[100,1100),copy_bytes", got, want, BYTES / 4);
     int tail_ok = !memcmp(host + BYTES / 4 * 4, back + BYTES / 4 * 4, BYTES % 4);
     report("memory.alloc_zeroed_tail", DTYPE_F32, "bytes=4099", fresh_zero && tail_ok ? 0.0 : INFINITY, 0.0, 0.0,
            fresh_zero && tail_ok);
