@@ -178,7 +178,7 @@ __device__ __forceinline__ void chunks_vec(Acc<MT, NT> &acc, const Tile &T, int 
 }
 
 /* out = one run's sum: chunks [c0, c1) of the leaf [kb, kend), in increasing order (U at a time,
- * then 4, then 1: the same sequence), three accumulators, then hi + z(lo + mid) */
+ * then 8, 4, 2, 1: the same sequence), three accumulators, then hi + z(lo + mid) */
 template <int MT, int NT, int U>
 __device__ __forceinline__ void run_dot(float (&out)[MT][NT][4], const Tile &T, int kb, int kend, int c0, int c1,
                                         int vec, int skip) {
@@ -193,8 +193,12 @@ __device__ __forceinline__ void run_dot(float (&out)[MT][NT][4], const Tile &T, 
                 for (int i = 0; i < 4; i++) acc.v[p][mt][nt][i] = 0.0f;
     int n_full = vec ? (kend - kb) / MMA_K : 0, cf = c1 < n_full ? c1 : n_full, c = c0;
     for (; c + U <= cf; c += U) chunks_vec<MT, NT, U>(acc, T, kb, c, skip);
+    if (U > 8)   /* a run's remaining whole chunks in fewer rounds of loads: 22 = 16 + 4 + 2 */
+        for (; c + 8 <= cf; c += 8) chunks_vec<MT, NT, (U > 8 ? 8 : 1)>(acc, T, kb, c, skip);
     if (U > 4)
         for (; c + 4 <= cf; c += 4) chunks_vec<MT, NT, (U > 4 ? 4 : 1)>(acc, T, kb, c, skip);
+    if (U > 2)
+        for (; c + 2 <= cf; c += 2) chunks_vec<MT, NT, (U > 2 ? 2 : 1)>(acc, T, kb, c, skip);
     for (; c < c1; c++) {
         Chunk<MT, NT> ch;
         if (c < n_full) load_vec(ch, T, kb + c * MMA_K);
