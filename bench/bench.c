@@ -466,9 +466,11 @@ static double time_kernel(const Model *m, const KernelCase *k, int N, float *x, 
     return med;
 }
 
-/* kernels/cuda/matmul_tc.cu when the build has CUDA (weak: NULL otherwise): bf16 matmuls on the old
- * SIMT kernel, timed beside the tensor cores */
+/* kernels/cuda/matmul_tc.cu when the build has CUDA (weak: NULL otherwise): bf16 matmuls on the
+ * tensor cores, timed beside the SIMT kernel, whatever TANDEM_CUDA_MATMUL says; the process's choice
+ * is restored after */
 extern void cuda_matmul_set_simt_bf16(int on) __attribute__((weak));
+extern int cuda_matmul_simt_bf16(void) __attribute__((weak));
 
 static int bench_kernels(Model *m, int iters) {
     const Backend *be = m->be;
@@ -517,10 +519,12 @@ static int bench_kernels(Model *m, int iters) {
                 continue;
             /* a bf16 matmul on CUDA: the tensor cores, then the old SIMT kernel as the baseline */
             int cuda_bf16 = k->op == K_MATMUL && !strcmp(be->name, "cuda") && m->dtype == DTYPE_BF16;
-            for (int simt = 0; simt <= (cuda_bf16 && cuda_matmul_set_simt_bf16); simt++) {
-                if (simt) cuda_matmul_set_simt_bf16(1);
+            int both = cuda_bf16 && cuda_matmul_set_simt_bf16 && cuda_matmul_simt_bf16;
+            int was = both ? cuda_matmul_simt_bf16() : 0;
+            for (int simt = 0; simt <= both; simt++) {
+                if (both) cuda_matmul_set_simt_bf16(simt);
                 double us = time_kernel(m, k, N, x, y, kc, vc, &pb, scratch, iters) * 1e6;
-                if (simt) cuda_matmul_set_simt_bf16(0);
+                if (both) cuda_matmul_set_simt_bf16(was);
                 double wbytes = k->op == K_MATMUL ? (double)k->n_in * k->n_out * dtype_size(m->dtype) : 0;
                 double flops = k->op == K_MATMUL ? 2.0 * N * k->n_in * k->n_out : 0;
                 if (k->op == K_ATTN_DECODE) {

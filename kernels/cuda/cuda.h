@@ -15,6 +15,11 @@
 #include <string.h>
 #include "kernels/kernels.h"
 
+#ifdef __CUDACC__
+#define TANDEM_HD __host__ __device__
+#else
+#define TANDEM_HD
+#endif
 /* Defined in kernels/cuda/ (C++ .cu files), called from C: C linkage. */
 #ifdef __cplusplus
 extern "C" {
@@ -37,34 +42,53 @@ MatmulGeometry cuda_matmul_geometry(int N, int n_out);
 
 /* ---- the bf16 tensor-core matmul (kernels/cuda/matmul_tc.cu): what its host-side checks need ----
  * out (N, n_out) = x (N, n_in) w^T with w bf16: mma.sync m16n8k16 (bf16 x bf16, fp32 accumulators),
- * A = 16 weight rows x 16 k, B = 16 k x 8 x rows, D = 16 outputs x 8 rows. Each output's sequence of
- * mma's is fixed by n_in and leaves alone: chunks of 16 k in increasing order, each three mma's (x's
- * hi, mid, lo pieces) into one accumulator, starting from 0; the tile shape below only decides which
- * outputs and rows a warp computes, so every N and every tile gives a row the same bits. */
-enum { MMA_K = 16, MMA_M = 16, MMA_N = 8, MMA_MAX_WARPS = 4, MMA_MAX_LEAVES = 64 };
+ * A = 16 weight rows x 16 k, B = 16 k x 8 x rows, D = 16 outputs x 8 rows. Each output's arithmetic
+ * is fixed by n_in and leaves alone (matmul_tc.cu's header has it in full): a leaf of KL = n_in /
+ * leaves inputs is C = ceil(KL / 16) chunks of 16 k, cut into R = mma_runs(KL) runs (mma_run_chunks);
+ * a run is three accumulators from 0 (x's hi, mid, lo pieces), its chunks in increasing order, added
+ * (lo + mid, a zero made +0) + hi; the leaves x R runs are added by tree_sum's pairwise tree, then
+ * the bias. The geometry below only decides which outputs, rows and runs a warp computes, so every
+ * N and every tile gives a row the same bits. */
+enum { MMA_K = 16, MMA_M = 16, MMA_N = 8, MMA_MAX_WARPS = 8, MMA_MAX_LEAVES = 64, MMA_MAX_RUNS = 16,
+       MMA_RUN_CHUNKS = 16 };
+/* Runs of a leaf of KL inputs: the largest power of two R <= MMA_MAX_RUNS with C >= MMA_RUN_CHUNKS R
+ * (C = ceil(KL / 16) chunks; runs of at least 256 k), 1 when C < 32. Fixed by KL alone (kernels.h:
+ * a tp rank's leaves have the whole model's KL, so its subtree is the same). */
+TANDEM_HD static inline int mma_runs(int KL) {
+    int C = (KL + MMA_K - 1) / MMA_K, R = 1;
+    while (R < MMA_MAX_RUNS && C >= MMA_RUN_CHUNKS * 2 * R) R *= 2;
+    return R;
+}
+/* Run r of R over a leaf of C chunks: chunks [floor(r C / R), floor((r + 1) C / R)), lengths differing
+ * by at most one, none empty (C >= R); the leaf's partial last chunk, if any, is in the last run. */
+TANDEM_HD static inline void mma_run_chunks(int C, int R, int r, int *c0, int *c1) {
+    *c0 = (int)((long long)r * C / R);
+    *c1 = (int)((long long)(r + 1) * C / R);
+}
 typedef struct {
-    int mt, nt;                      /* a warp's tile: mt x 16 outputs, nt x 8 rows of x */
+    int mt, nt;                      /* a tile: mt x 16 outputs, nt x 8 rows of x */
     int unroll;                      /* chunks whose loads are issued before their mma's */
-    int warps;                       /* warps per block, side by side over the outputs */
-    int split;                       /* 1: one block row per leaf (grid_z = leaves) into scratch, then a
-                                        tree kernel; 0: a warp runs the leaves in turn, tree on a stack */
-    unsigned grid_x, grid_y, grid_z; /* blocks over n_out, over N, over the leaves */
+    int share;                       /* warps sharing one tile, each a contiguous 1 / share of its
+                                        leaves x runs (a power of two); their subtrees added in shared
+                                        memory by the same tree. 1: a warp does every run in turn */
+    int warps;                       /* warps per block: share warps on one tile, or warps tiles side
+                                        by side over the outputs (share == 1) */
+    int runs;                        /* mma_runs(n_in / leaves) */
+    unsigned grid_x, grid_y;         /* blocks over n_out, over N */
 } MmaGeometry;
-MmaGeometry cuda_mma_geometry(int N, int n_out, int leaves);
+MmaGeometry cuda_mma_geometry(int N, int n_in, int n_out, int leaves);
+/* 0: always issue the mid and lo mma's (a debug switch: cuda_vs_cpu checks the bits are the same);
+ * 1 (default): skip them where the warp's x pieces are all +0 and its weights finite */
+void cuda_matmul_set_tc_skip(int on);
 /* 1: bf16 weights take the fp32 SIMT kernel (on the upcast weights); 0: the tensor cores
- * (matmul_tc.cu). The SIMT kernel unless TANDEM_CUDA_MATMUL=tc (read once): measured on an H200 at
- * the 1.1B shape, the tensor cores prefill 2.1x faster and train 1.13x faster but decode 2.9x slower
- * (one m16 tile of outputs per warp walks all of K in order: too few warps at batch 1), and decode
- * is what rollouts spend their time in. One choice per process, so every batch size gets the same
- * bits. bench --kernels sets it to time both side by side. */
+ * (matmul_tc.cu). The SIMT kernel unless TANDEM_CUDA_MATMUL=tc (read once). Measured on an H200 at
+ * the 1.1B shape, the first tensor-core kernel (one accumulator walking all of K per tile, no runs)
+ * prefilled 2.1x faster but decoded 2.9x slower; the runs over a block's warps and the skip of zero
+ * mma's are meant to fix decode, after which the default can change. One choice per process, so
+ * every batch size gets the same bits. bench --kernels sets it to time both side by side. */
 int cuda_matmul_simt_bf16(void);
 void cuda_matmul_set_simt_bf16(int on);
 
-#ifdef __CUDACC__
-#define TANDEM_HD __host__ __device__
-#else
-#define TANDEM_HD
-#endif
 /* Where a lane's fragment elements sit, as the kernel addresses them (g = lane / 4, t = lane % 4).
  * The PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type") fixes which slot of
  * the 16 k slots each element occupies; the kernel chooses which k goes to which slot, the same

@@ -1,26 +1,47 @@
 /* matmul_tc.cu — the forward matmul for bf16 weights on tensor cores: out (N, n_out) = x (N, n_in)
- * w^T [+ bias], w bf16 (n_out, n_in), x fp32. cuda_matmul (ops.cu) calls it whenever the weight dtype
- * is DTYPE_BF16, for every N (1 included); fp32 weights keep ops.cu's SIMT kernel.
- * Owns the kernel, its launch geometry (cuda_mma_geometry) and the leaves' tree kernel. No memory
- * of its own but cuda_scratch slot 2 (the leaves' partial sums), no communication.
+ * w^T [+ bias], w bf16 (n_out, n_in), x fp32. cuda_matmul (ops.cu) calls it for bf16 weights when
+ * cuda_matmul_simt_bf16() is 0 (cuda.h), for every N (1 included); fp32 weights keep ops.cu's SIMT
+ * kernel. Owns the kernel and its launch geometry (cuda_mma_geometry). No memory of its own, no
+ * communication.
  *
  * The promise it keeps: a row's output bits depend only on that row of x and the weights, never on
- * N, on which rows share a launch or on the tiling. Every output is one fixed sequence of mma.sync
- * m16n8k16 bf16 instructions (fp32 accumulators; cuda.h has the fragment map):
- *   for each leaf (n_in / leaves consecutive inputs), an accumulator starting at 0 takes the chunks
- *   of 16 k in increasing order, each as three mma's, x's hi, mid and lo bf16 pieces (mma_split3,
- *   cuda.h: exact) times the same 16 weights; a chunk past the leaf's end holds zeros in both
- *   operands. The leaves' sums are added by tree_sum's pairwise tree (kernels.h), then the bias.
- * The tile variants (cuda_mma_geometry: mt x 16 outputs, nt x 8 rows a warp; leaves split over the
- * grid or run in turn) change which outputs and rows a warp computes, and which lane holds which
- * token, never an output's operands or their order. An mma's output element depends only on its row
- * of A, its column of B and its C element (the hardware computes each element alone), so the bits
- * are identical by construction; cuda_vs_cpu checks it across N = 1, 8, 37, 64 and row offsets.
+ * N, on which rows share a launch or on the tiling. Every output is this fixed computation, by n_in
+ * and leaves alone (mma.sync m16n8k16 bf16, fp32 accumulators; cuda.h has the fragment map):
+ *   a leaf (KL = n_in / leaves consecutive inputs) is C = ceil(KL / 16) chunks of 16 k from its start
+ *   (a chunk past the leaf's end holds zeros in both operands), cut into R = mma_runs(KL) runs of
+ *   consecutive chunks (mma_run_chunks: floor(r C / R) ..; R a power of two <= 16, runs >= 256 k).
+ *   A run: three accumulators hi, mid, lo start at +0; each chunk in increasing order is split
+ *   (mma_split3, cuda.h: x = hi + mid + lo exactly) and adds one mma per piece, piece p times the
+ *   chunk's 16 weights into accumulator p. The run's sum is hi + z(lo + mid), z turning a -0 into +0.
+ *   The leaves x R runs' sums (leaf-major) are added by tree_sum's pairwise tree (kernels.h): as R is
+ *   a power of two, the tree of each leaf's runs, then the leaves' tree, as kernels.h allows. Then
+ *   the bias.
+ * The skip: the mid (lo) mma of a chunk is not issued when every lane's mid (lo) B register of that
+ * row tile is 0 (+0 pieces: always so for bf16-valued x, the forward's matmul inputs in bf16 mode)
+ * and every weight of the A fragment is finite (a __any_sync each: warp-uniform, no divergence).
+ * Same bits: an mma's terms are then its C element and 16 products a x (+0) of finite a, each a
+ * zero; their exact sum is C's value, which the tensor core returns exactly (aligned to C, nothing
+ * below it to truncate), a zero C giving a zero. So skipping changes at most the sign of a zero
+ * accumulator; a zero's sign changes no later nonzero sum (the exact value is the same), and a run
+ * ends with z(lo + mid) + hi, where z makes any zero +0. Hence the result is the same whether or
+ * not any mid / lo mma was skipped, and the skip deciding by the 8 rows of a tile (its neighbours)
+ * does not make a row depend on them. (An inf or NaN weight times +0 is a NaN: hence "finite".)
+ * cuda_vs_cpu checks it bit for bit (cuda_matmul_set_tc_skip(0)), on bf16 and on fp32 x.
+ * The variants (cuda_mma_geometry: mt x 16 outputs by nt x 8 rows a tile; a tile's runs over
+ * `share` warps of a block, each a contiguous power-of-two-aligned group of them added on a stack,
+ * then the warps' subtrees in shared memory; or share = 1: one warp all the runs in turn) change
+ * which outputs, rows and runs a warp computes and which lane holds which row, never an output's
+ * operands, their order, or the tree: a contiguous aligned group of 2^j of the leaves x R is a
+ * subtree of tree_sum's tree. An mma's output element depends only on its row of A, its column of B
+ * and its C element (the hardware computes each element alone), so the bits are identical by
+ * construction; cuda_vs_cpu checks it across N = 1, 7, 8, 20, 37, 64, 512 and row offsets.
  * Products of bf16 values are exact in the tensor core; its fp32 accumulation aligns them to the
  * largest and truncates (Fasi et al. 2021), a different rounding than the CPU's fmaf chain:
- * cuda_vs_cpu's header derives the bound. Decode-shaped (N <= 8): one m16 tile a warp, one warp a
- * block, 16 chunks' loads in flight (the weights stream from global memory into registers); prefill
- * (N > 32): 64 outputs x 32 rows a warp, 4 warps a block sharing their rows of x. */
+ * cuda_vs_cpu's header derives the bound. Decode (N <= 8): one m16 x n8 tile, its runs over up to 8
+ * warps of a block, a run's 16 chunks of loads in flight at once (q_proj at N = 1: 128 tiles x 8
+ * runs = 1024 warps streaming the weights). Batched decode (N <= 32): 16 outputs x 32 rows, the
+ * same. Prefill (N > 32): 32 outputs x 32 rows a warp, 4 warps a block side by side (sharing their x
+ * rows through L1), each warp every run in turn. */
 #include "kernels/cuda/common.cuh"
 #include <stdlib.h>
 
@@ -99,9 +120,20 @@ __device__ __forceinline__ void load_one(Chunk<MT, NT> &c, const Tile &T, int kc
     }
 }
 
-/* acc += the chunk: x split into its three pieces, then per (mt, nt) the mma's hi, mid, lo in order */
+/* 1 when a bf16 weight (2 halves of a register) is inf or NaN */
+__device__ __forceinline__ bool nonfinite2(uint32_t r) {
+    return (r & 0x7f80u) == 0x7f80u || (r & 0x7f800000u) == 0x7f800000u;
+}
+
+/* The run's accumulators: [piece][mt][nt][4], piece 0 hi, 1 mid, 2 lo */
+template <int MT, int NT> struct Acc {
+    float v[3][MT][NT][4];
+};
+
+/* acc += the chunk: x split into its three pieces, then per (mt, nt) the hi mma, and the mid and lo
+ * mma's unless skippable (the header: every lane's piece +0 and the A fragment finite) */
 template <int MT, int NT>
-__device__ __forceinline__ void mma_chunk(float (&acc)[MT][NT][4], const Chunk<MT, NT> &c) {
+__device__ __forceinline__ void mma_chunk(Acc<MT, NT> &acc, const Chunk<MT, NT> &c, int skip) {
     uint32_t b[NT][3][2];   /* [row tile][piece][register] */
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -113,81 +145,145 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[MT][NT][4], const Chunk<M
 #pragma unroll
             for (int p = 0; p < 3; p++) b[nt][p][r] = (uint32_t)lo[p] | (uint32_t)hi[p] << 16;
         }
+    bool zero[NT][3], fin[MT];   /* warp-uniform: every lane's piece +0; every weight of A finite */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int p = 1; p < 3; p++) zero[nt][p] = skip && !__any_sync(0xffffffffu, (b[nt][p][0] | b[nt][p][1]) != 0u);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        fin[mt] = skip && !__any_sync(0xffffffffu, nonfinite2(c.a[mt][0]) || nonfinite2(c.a[mt][1]) ||
+                                                       nonfinite2(c.a[mt][2]) || nonfinite2(c.a[mt][3]));
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int nt = 0; nt < NT; nt++) {
+            mma_bf16(acc.v[0][mt][nt], c.a[mt], b[nt][0]);
 #pragma unroll
-            for (int p = 0; p < 3; p++) mma_bf16(acc[mt][nt], c.a[mt], b[nt][p]);
+            for (int p = 1; p < 3; p++)
+                if (!(zero[nt][p] && fin[mt])) mma_bf16(acc.v[p][mt][nt], c.a[mt], b[nt][p]);
+        }
 }
 
-/* acc = one leaf's dot products: columns [kb, kb + KL), chunks in increasing order. U chunks' loads
- * are issued before their mma's (decode is bound by the loads in flight); each accumulator still
- * takes the chunks one after another, so U never changes a bit. */
+/* V chunks from chunk c of the leaf at column kb, every one whole and vector-loadable: all loads
+ * issued before the mma's (decode is bound by the loads in flight); each accumulator still takes the
+ * chunks one after another, so V never changes a bit */
+template <int MT, int NT, int V>
+__device__ __forceinline__ void chunks_vec(Acc<MT, NT> &acc, const Tile &T, int kb, int c, int skip) {
+    Chunk<MT, NT> ch[V];
+#pragma unroll
+    for (int u = 0; u < V; u++) load_vec(ch[u], T, kb + (c + u) * MMA_K);
+#pragma unroll
+    for (int u = 0; u < V; u++) mma_chunk(acc, ch[u], skip);
+}
+
+/* out = one run's sum: chunks [c0, c1) of the leaf [kb, kend), in increasing order (U at a time,
+ * then 8, 4, 2, 1: the same sequence), three accumulators, then hi + z(lo + mid) */
 template <int MT, int NT, int U>
-__device__ __forceinline__ void leaf_dot(float (&acc)[MT][NT][4], const Tile &T, int kb, int KL, int vec) {
+__device__ __forceinline__ void run_dot(float (&out)[MT][NT][4], const Tile &T, int kb, int kend, int c0, int c1,
+                                        int vec, int skip) {
+    Acc<MT, NT> acc;
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int p = 0; p < 3; p++)
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
-    int n_full = vec ? KL / MMA_K : 0, n_chunks = (KL + MMA_K - 1) / MMA_K, c = 0;
-    for (; c + U <= n_full; c += U) {
-        Chunk<MT, NT> ch[U];
+            for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int u = 0; u < U; u++) load_vec(ch[u], T, kb + (c + u) * MMA_K);
-#pragma unroll
-        for (int u = 0; u < U; u++) mma_chunk(acc, ch[u]);
-    }
-    for (; c < n_chunks; c++) {
+                for (int i = 0; i < 4; i++) acc.v[p][mt][nt][i] = 0.0f;
+    int n_full = vec ? (kend - kb) / MMA_K : 0, cf = c1 < n_full ? c1 : n_full, c = c0;
+    for (; c + U <= cf; c += U) chunks_vec<MT, NT, U>(acc, T, kb, c, skip);
+    if (U > 8)   /* a run's remaining whole chunks in fewer rounds of loads: 22 = 16 + 4 + 2 */
+        for (; c + 8 <= cf; c += 8) chunks_vec<MT, NT, (U > 8 ? 8 : 1)>(acc, T, kb, c, skip);
+    if (U > 4)
+        for (; c + 4 <= cf; c += 4) chunks_vec<MT, NT, (U > 4 ? 4 : 1)>(acc, T, kb, c, skip);
+    if (U > 2)
+        for (; c + 2 <= cf; c += 2) chunks_vec<MT, NT, (U > 2 ? 2 : 1)>(acc, T, kb, c, skip);
+    for (; c < c1; c++) {
         Chunk<MT, NT> ch;
         if (c < n_full) load_vec(ch, T, kb + c * MMA_K);
-        else load_one(ch, T, kb + c * MMA_K, kb + KL);
-        mma_chunk(acc, ch);
+        else load_one(ch, T, kb + c * MMA_K, kend);
+        mma_chunk(acc, ch, skip);
     }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float lm = acc.v[2][mt][nt][i] + acc.v[1][mt][nt][i];
+                lm = __float_as_uint(lm) == 0x80000000u ? 0.0f : lm;   /* z: -0 as +0 (bits: no folding) */
+                out[mt][nt][i] = lm + acc.v[0][mt][nt][i];
+            }
 }
 
-/* part NULL: each warp runs the leaves in turn, adds them by tree_sum's tree on a stack (leaf lf
- * closes the subtrees its index completes: (left) + (right)), then the bias, into out.
- * part (leaves, N, n_out): block row z computes leaf z alone into part; leaf_tree_kernel adds them. */
-template <int MT, int NT, int U>
+/* Each warp: its tile (o0, n0) and units [u0, u0 + count) of the leaves x R (unit u: leaf u / R, run
+ * u % R), count a power of two, u0 a multiple of it: the units' sums added by tree_sum's tree on a
+ * stack (unit i closes the subtrees its index completes: (left) + (right)). share > 1: the block's
+ * warps are one tile's, warp s having units [s count, (s + 1) count); their sums are added in shared
+ * memory by the same tree ((s) + (s + st) for st = 1, 2, 4 ..), warp 0 writes. Then the bias. */
+template <int MT, int NT, int U, int SH>
 __global__ void __launch_bounds__(MMA_MAX_WARPS *WARP)
-matmul_tc_kernel(float *out, float *part, const float *x, const uint16_t *w, const uint16_t *bias, int N, int K,
-                 int n_out, int leaves, int vec) {
+matmul_tc_kernel(float *out, const float *x, const uint16_t *w, const uint16_t *bias, int N, int K, int n_out,
+                 int leaves, int R, int share, int vec, int skip) {
+    __shared__ float red[SH][MT * NT * 4][WARP];   /* SH: the most warps that share a tile (share <= SH) */
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
-    Tile T = {w, x, N, K, n_out, ((int)blockIdx.x * warps + warp) * MMA_M * MT, (int)blockIdx.y * MMA_N * NT, lane};
-    if (T.o0 >= n_out) return;   /* a whole warp: mma.sync needs all 32 lanes, and they leave together */
-    int KL = K / leaves;
-    float acc[MT][NT][4];
-    if (part) {
-        int lf = blockIdx.z;
-        leaf_dot<MT, NT, U>(acc, T, lf * KL, KL, vec);
-        part += (size_t)lf * N * n_out;
-    } else {
-        float stack[6][MT][NT][4];   /* leaves <= 64: at most log2(64) left subtrees pending */
-        int top = 0;
-        for (int lf = 0; lf < leaves; lf++) {
-            leaf_dot<MT, NT, U>(acc, T, lf * KL, KL, vec);
-            for (int m = lf + 1; m % 2 == 0; m /= 2) {
-                top--;
+    int tile = warp / share, sub = warp % share, tiles = warps / share;
+    Tile T = {w, x, N, K, n_out, ((int)blockIdx.x * tiles + tile) * MMA_M * MT, (int)blockIdx.y * MMA_N * NT, lane};
+    /* a whole warp leaves (mma.sync needs all 32 lanes); with share > 1 the block is one tile, which
+     * the grid never puts past n_out, so no warp misses the __syncthreads below */
+    if (T.o0 >= n_out) return;
+    int KL = K / leaves, C = (KL + MMA_K - 1) / MMA_K, count = leaves * R / share, u0 = sub * count;
+    float acc[MT][NT][4], stack[10][MT][NT][4];   /* leaves x R <= 1024: at most 10 left subtrees pending */
+    int top = 0;
+    for (int i = 0; i < count; i++) {
+        int u = u0 + i, lf = u / R, c0, c1;
+        mma_run_chunks(C, R, u % R, &c0, &c1);
+        run_dot<MT, NT, U>(acc, T, lf * KL, (lf + 1) * KL, c0, c1, vec, skip);
+        for (int m = i + 1; m % 2 == 0; m /= 2) {
+            top--;
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
+                for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                        for (int i = 0; i < 4; i++) acc[mt][nt][i] = stack[top][mt][nt][i] + acc[mt][nt][i];
-            }
-            if (lf + 1 < leaves) {   /* leaves is a power of two: the last leaf closes every subtree */
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++) stack[top][mt][nt][i] = acc[mt][nt][i];
-                top++;
-            }
+                    for (int e = 0; e < 4; e++) acc[mt][nt][e] = stack[top][mt][nt][e] + acc[mt][nt][e];
         }
+        if (i + 1 < count) {   /* count is a power of two: the last unit closes every subtree */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) stack[top][mt][nt][e] = acc[mt][nt][e];
+            top++;
+        }
+    }
+    if (SH > 1 && share > 1) {
+        for (int st = 1; st < share; st *= 2) {
+            /* round st: warp s + st (s = 0 mod 2 st) stores its subtree, warp s adds it to its own:
+             * (left) + (right) */
+            if (sub % (2 * st) == st) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) red[sub][(mt * NT + nt) * 4 + e][lane] = acc[mt][nt][e];
+            }
+            __syncthreads();
+            if (sub % (2 * st) == 0) {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            acc[mt][nt][e] = acc[mt][nt][e] + red[sub + st][(mt * NT + nt) * 4 + e][lane];
+            }
+            __syncthreads();
+        }
+        if (sub != 0) return;
     }
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
@@ -198,39 +294,31 @@ matmul_tc_kernel(float *out, float *part, const float *x, const uint16_t *w, con
                 int o = T.o0 + MMA_M * mt + mma_c_row(lane, i), n = T.n0 + MMA_N * nt + mma_c_col(lane, i);
                 if (o >= n_out || n >= N) continue;
                 float v = acc[mt][nt][i];
-                if (part) part[(size_t)n * n_out + o] = v;
-                else out[(size_t)n * n_out + o] = bias ? v + bf16_up(bias[o]) : v;
+                out[(size_t)n * n_out + o] = bias ? v + bf16_up(bias[o]) : v;
             }
 }
 
-/* out (N, n_out) = tree_sum of part's `leaves` planes (kernels.h: (p0 + p1) + (p2 + p3) ...), then the bias */
-__global__ void leaf_tree_kernel(float *out, const float *part, const uint16_t *bias, int N, int n_out, int leaves) {
-    size_t plane = (size_t)N * n_out;
-    GRID_STRIDE(e, plane) {
-        float v[MMA_MAX_LEAVES];
-        for (int l = 0; l < leaves; l++) v[l] = part[(size_t)l * plane + e];
-        for (int s = 1; s < leaves; s *= 2)
-            for (int p = 0; p + s < leaves; p += 2 * s) v[p] += v[p + s];
-        out[e] = bias ? v[0] + bf16_up(bias[e % n_out]) : v[0];
-    }
-}
-
-/* Decode (N <= 8): one m16 tile a warp and one warp a block (n_out / 16 blocks spread over every SM),
- * 16 chunks of loads in flight; leaves split over the grid (o_proj / down_proj get leaves x the
- * warps). Batched decode (N <= 32): 32 rows a warp. Prefill (N > 32): 64 outputs x 32 rows a warp,
- * 4 warps a block; leaves in turn (no scratch of leaves x N x n_out). */
-extern "C" MmaGeometry cuda_mma_geometry(int N, int n_out, int leaves) {
+/* Decode (N <= 8): one m16 x n8 tile a block, its leaves x R runs over share = min(leaves R, 8)
+ * warps, a run's 16 chunks of loads in flight. Batched decode (N <= 32): 16 outputs x 32 rows a
+ * tile, 4 chunks in flight, the same sharing. Prefill (N > 32): 32 outputs x 32 rows a warp, 4 warps
+ * a block side by side, every run in turn (share 1). */
+extern "C" MmaGeometry cuda_mma_geometry(int N, int n_in, int n_out, int leaves) {
     MmaGeometry g;
-    if (N <= 8) g.mt = 1, g.nt = 1, g.unroll = 16, g.warps = 1;
-    else if (N <= 32) g.mt = 1, g.nt = 4, g.unroll = 4, g.warps = 1;
-    else g.mt = 4, g.nt = 4, g.unroll = 2, g.warps = 4;
-    g.split = leaves > 1 && N <= 32;
-    int outs = MMA_M * g.mt * g.warps, rows = MMA_N * g.nt;
+    g.runs = mma_runs(n_in / leaves);
+    int units = leaves * g.runs;
+    if (N <= 8) g.mt = 1, g.nt = 1, g.unroll = 16;
+    else if (N <= 32) g.mt = 1, g.nt = 4, g.unroll = 4;
+    else g.mt = 2, g.nt = 4, g.unroll = 2;
+    if (N <= 32) g.share = units < MMA_MAX_WARPS ? units : MMA_MAX_WARPS, g.warps = g.share;
+    else g.share = 1, g.warps = 4;
+    int outs = MMA_M * g.mt * (g.warps / g.share), rows = MMA_N * g.nt;
     g.grid_x = (unsigned)((n_out + outs - 1) / outs);
     g.grid_y = (unsigned)((N + rows - 1) / rows);
-    g.grid_z = g.split ? (unsigned)leaves : 1u;
     return g;
 }
+
+static int tc_skip = 1;
+extern "C" void cuda_matmul_set_tc_skip(int on) { tc_skip = on != 0; }
 
 static int simt_bf16 = -1;   /* -1: not read from the environment yet */
 extern "C" int cuda_matmul_simt_bf16(void) {
@@ -245,24 +333,19 @@ extern "C" void cuda_matmul_set_simt_bf16(int on) { simt_bf16 = on != 0; }
 /* cuda_matmul's bf16 path (leaves already checked: a power of two up to 64 dividing n_in) */
 void matmul_tc(float *out, const float *x, const uint16_t *w, const uint16_t *bias, int N, int K, int n_out,
                int leaves) {
-    MmaGeometry g = cuda_mma_geometry(N, n_out, leaves);
+    MmaGeometry g = cuda_mma_geometry(N, K, n_out, leaves);
     int KL = K / leaves;
     /* 8-byte weight loads and 16-byte x loads need every row and leaf start aligned: KL % 4 == 0
      * (then K % 4 == 0) and aligned bases; otherwise element by element, the same values */
     int vec = KL % 4 == 0 && (uintptr_t)w % 8 == 0 && (uintptr_t)x % 16 == 0;
-    float *part = g.split ? (float *)cuda_scratch(2, sizeof(float) * (size_t)leaves * N * n_out) : NULL;
-    dim3 grid(g.grid_x, g.grid_y, g.grid_z), block(g.warps * WARP);
+    dim3 grid(g.grid_x, g.grid_y), block(g.warps * WARP);
     if (g.mt == 1 && g.nt == 1 && g.unroll == 16)
-        matmul_tc_kernel<1, 1, 16><<<grid, block>>>(out, part, x, w, bias, N, K, n_out, leaves, vec);
+        matmul_tc_kernel<1, 1, 16, MMA_MAX_WARPS><<<grid, block>>>(out, x, w, bias, N, K, n_out, leaves, g.runs, g.share, vec, tc_skip);
     else if (g.mt == 1 && g.nt == 4 && g.unroll == 4)
-        matmul_tc_kernel<1, 4, 4><<<grid, block>>>(out, part, x, w, bias, N, K, n_out, leaves, vec);
-    else if (g.mt == 4 && g.nt == 4 && g.unroll == 2)
-        matmul_tc_kernel<4, 4, 2><<<grid, block>>>(out, part, x, w, bias, N, K, n_out, leaves, vec);
-    else
+        matmul_tc_kernel<1, 4, 4, MMA_MAX_WARPS><<<grid, block>>>(out, x, w, bias, N, K, n_out, leaves, g.runs, g.share, vec, tc_skip);
+    else if (g.mt == 2 && g.nt == 4 && g.unroll == 2 && g.share == 1)
+        matmul_tc_kernel<2, 4, 2, 1><<<grid, block>>>(out, x, w, bias, N, K, n_out, leaves, g.runs, g.share, vec, tc_skip);
+    else   /* the prefill kernel has no shared memory for sharing a tile: share must be 1 there */
         rank_error("internal error: matmul_tc has no kernel for tile %d x %d, unroll %d", g.mt, g.nt, g.unroll);
     CUDA_CHECK_LAUNCH();
-    if (g.split) {
-        leaf_tree_kernel<<<blocks_for((size_t)N * n_out), THREADS>>>(out, part, bias, N, n_out, leaves);
-        CUDA_CHECK_LAUNCH();
-    }
 }

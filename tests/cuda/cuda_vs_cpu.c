@@ -1,12 +1,15 @@
 /* cuda_vs_cpu.c — the oracle harness over two Backend tables (kernels/kernels.h): every compute entry
  * of a device-under-test table (dut) against the CPU table (ref = cpu_backend, whose contracts are
  * kernels/cpu/cpu.h and kernels/cpu/backward.h), on seeded random inputs of several shapes, fp32 and
- * bf16 weights; then the dut's own invariances, bit for bit: batch-invariant matmul (N = 1, 7, 8, 20, 37
- * vs 64, leaves, unaligned operands), matmuls == matmul, attention independent of the cache layout
- * and of the prefill / decode / chunk split, bf16 entries == fp32 entries on the upcast weights
- * (CUDA's bf16 matmul is the tensor-core function instead: within its bound of its fp32 twin; the
- * CPU keeps the bits). Host-side, in every run, GPU or not: both CUDA matmuls' launch geometry, the
- * tensor-core kernel's fragment map against the PTX ISA's and its exact split of x.
+ * bf16 weights; then the dut's own invariances, bit for bit: batch-invariant matmul (N = 1, 7, 8, 20, 37,
+ * 64 vs 512, leaves, runs, unaligned operands), matmuls == matmul, attention independent of the cache
+ * layout and of the prefill / decode / chunk split, bf16 entries == fp32 entries on the upcast weights
+ * (CUDA's bf16 matmul on the tensor cores is another function: within its bound of its fp32 twin; the
+ * CPU keeps the bits), the tensor cores' skip of zero mma's changing no bit. CUDA's bf16 matmul runs
+ * both ways: the tensor cores (TANDEM_CUDA_MATMUL=tc) for everything, then the SIMT kernel (the
+ * default) for the bf16 matmul cases and invariances. Host-side, in every run, GPU or not: both CUDA
+ * matmuls' launch geometry, the tensor-core kernel's runs, fragment map against the PTX ISA's, exact
+ * split of x and an emulation of its index arithmetic.
  * Every input reaches a table through its alloc + to_device and every result comes back through
  * its to_host; scratch arguments get a host-sized buffer (the CPU contract) from the table's alloc.
  * Owns: the cases, the per-entry tolerances (derived below), the report, and for --self a guarded
@@ -46,24 +49,30 @@
  * expf / logf / cosf / sinf within 1 ulp, CUDA's expf / cosf / sinf within 2 ulp and logf 1 ulp,
  * the CPU's exp16 (vec.h) within 2 ulp; 1 ulp <= 2u relative.
  *   matmul, matmuls      2 gamma(n_in + 1)  x sum_k |x w| + |bias|     (n_in products and the bias)
- *     bf16 on a GPU      gamma(n_in + 1) + (1 + 2^-7) gamma(12 n_in + 1)  x the same: tensor cores
- *                        (kernels/cuda/matmul_tc.cu). The CPU side as above. The device splits x
- *                        exactly into three bf16 pieces, |mid| + |lo| < 2^-7 |x| (cuda.h), so their
- *                        products' magnitudes sum to at most (1 + 2^-7) sum |x w|; a product of bf16
- *                        values is exact; an mma step adds j <= 16 of them (in groups the hardware
- *                        picks) to the accumulator c by aligning every term to the largest, keeping at
- *                        least 24 bits and truncating (Fasi et al. 2021, "Numerical behavior of NVIDIA
- *                        tensor cores"; the PTX ISA: at least single precision, order and rounding
- *                        unspecified): each of the j smaller terms and the final normalisation lose
- *                        less than one ulp of the largest, so a step errs by <= 2u (j + 1) (|c| +
- *                        sum |p|). A leaf of KL inputs has at most 3 KL nonzero products, in at most
- *                        3 KL steps that hold one (a step of zeros is exact), so the steps' 2 (j + 1)
- *                        sum to <= 12 KL and the leaf is within gamma(12 KL) of its magnitude (the
- *                        product of the (1 + delta_i), Higham 3.1); the leaves' tree and the bias are
- *                        log2(leaves) + 1 fp32 roundings more: gamma(12 n_in + 1) in all. (A subnormal
- *                        piece or product, handling unspecified, could lose 2^-126 each: no case's
- *                        inputs have one.) The integer cases below stay exact: every term and
- *                        partial sum is an integer below 2^24, which 24 aligned bits hold.
+ *     bf16, tensor cores gamma(n_in + 1) + (1 + 2^-7) gamma(s(n_in))  x the same (kernels/cuda/matmul_tc.cu;
+ *                        the CPU side as above). s(n_in) = max over the leaves l of 4 L + 3 + log2(l R),
+ *                        L = 16 ceil(C / R) the longest run (C = ceil(KL / 16) chunks, KL = n_in / l,
+ *                        R = mma_runs(KL)). The device splits x exactly into three bf16 pieces, |mid| +
+ *                        |lo| < 2^-7 |x| (cuda.h), so their products' magnitudes sum to at most
+ *                        (1 + 2^-7) sum |x w|; a product of bf16 values is exact; an mma step adds j <=
+ *                        16 of them (in groups the hardware picks) to the accumulator c by aligning
+ *                        every term to the largest, keeping at least 24 bits and truncating (Fasi et al.
+ *                        2021, "Numerical behavior of NVIDIA tensor cores"; the PTX ISA: at least single
+ *                        precision, order and rounding unspecified): each of the j smaller terms and
+ *                        the final normalisation lose less than one ulp of the largest, so a step errs
+ *                        by <= 2u (j + 1) (|c| + sum |p|). A run keeps each piece in its own
+ *                        accumulator: one accumulator has at most L nonzero products in at most L steps
+ *                        that hold one (a step of zeros is exact), the steps' 2 (j + 1) sum to <= 4 L,
+ *                        and it is within gamma(4 L) of its magnitude (the product of the (1 + delta_i),
+ *                        Higham 3.1); lo + mid and + hi are 2 fp32 roundings, the tree of the leaves x
+ *                        R runs log2(l R) and the bias 1 more: gamma(4 L + 3 + log2(l R)). The runs
+ *                        shrink it: the one accumulator per leaf before them was gamma(12 n_in + 1);
+ *                        now L <= 512 unless R = 16 caps it (KL > 8192), so the CPU side's gamma(n_in
+ *                        + 1) dominates. (A subnormal piece or product, handling unspecified, could lose
+ *                        2^-126 each: no case's inputs have one.) The integer cases below stay exact:
+ *                        every term and partial sum is an integer below 2^24, which 24 aligned bits hold.
+ *     bf16, SIMT kernel  (TANDEM_CUDA_MATMUL=simt, the default; cuda_vs_cpu runs the bf16 matmul cases on
+ *                        both) the fp32 kernel on the upcast weights: its bound, and its bits.
  *   matmul_backward      dx: 2 gamma(n_out) x sum |dout w|;  dw: 2 gamma(N + 1) x |dw0| + sum |dout x|;
  *                        db: 2 gamma(N + 1) x |db0| + sum |dout|       (the old value is one more term)
  *   rmsnorm              gamma(D) + 14u  x |w x| r, r = 1 / sqrt(mean x^2 + eps): per side the sum of
@@ -636,8 +645,20 @@ static void run_matmul(const Backend *be, float *out, const float *x, const void
 }
 /* The matmul's bound relative to matmul_mag (the tolerance comment): on a GPU a bf16 weight takes the
  * tensor-core kernel; --self compares the CPU with itself (any bound: it must be 0) */
+static int tc_mode;   /* the dut's bf16 matmul is the tensor-core kernel (cuda_matmul_set_simt_bf16(0)) */
+/* s(n_in) of the tolerance comment: the steps of the longest accumulator chain and the roundings after */
+static double tc_steps(int n_in) {
+    double s = 0.0;
+    for (int l = 1; l <= MMA_MAX_LEAVES; l *= 2) {
+        if (n_in % l) break;
+        int KL = n_in / l, C = (KL + MMA_K - 1) / MMA_K, R = mma_runs(KL), lg = 0;
+        for (int v = l * R; v > 1; v /= 2) lg++;
+        s = fmax(s, 4.0 * MMA_K * ((C + R - 1) / R) + 3 + lg);
+    }
+    return s;
+}
 static double matmul_tol(DType wt, int n_in) {
-    if (wt == DTYPE_BF16 && !self_mode) return gam(n_in + 1) + (1 + 0x1p-7) * gam(12.0 * n_in + 1);
+    if (wt == DTYPE_BF16 && tc_mode) return gam(n_in + 1) + (1 + 0x1p-7) * gam(tc_steps(n_in));
     return 2 * gam(n_in + 1);
 }
 /* mag (N, n_out) = sum_k |x w| + |bias| */
@@ -1690,13 +1711,13 @@ static void case_logprob_backward(int N, int V, int v0, float T, int with_entrop
 }
 
 /* ---- the dut's own invariances, bit for bit ------------------------------------------------------------ */
-/* rows of one N = 64 call == each row alone (N = 1) == the rows of calls of 7, 8, 20 and 37 rows at
- * offsets 0, s, 2s, ... and 64 - s (x and the output offset in the dut's memory): every tile variant
- * of the CUDA kernels (decode, batched, prefill; leaves split over the grid or in turn) and every
- * position of a row in a tile */
+/* rows of one N = 512 call == each row alone (N = 1) == the rows of calls of 7, 8, 20, 37 and 64 rows
+ * at offsets 0, s, 2s, ... and 512 - s (x and the output offset in the dut's memory): every tile
+ * variant of the CUDA kernels (decode, batched, prefill; a tile's runs over a block's warps or in
+ * turn) and every position of a row in a tile */
 static void inv_matmul_batch(int n_in, int n_out, int with_bias, DType wt, int leaves) {
     cur_entry = "inv";
-    enum { N = 64 };
+    enum { N = 512 };
     void *w, *b = NULL;
     float *x = rand_f32((size_t)N * n_in, 1.0f), *wf = rand_weight(&w, wt, (size_t)n_out * n_in, 1.0f);
     float *bf = with_bias ? rand_weight(&b, wt, n_out, 1.0f) : NULL;
@@ -1706,21 +1727,53 @@ static void inv_matmul_batch(int n_in, int n_out, int with_bias, DType wt, int l
     const void *dw = dput(&d, w, nw(wt, n_out, n_in)), *db = b ? dput(&d, b, nw(wt, n_out, 1)) : NULL;
     dut->matmul(o, dx, dw, db, wt, N, n_in, n_out, leaves);
     dget(&d, all, o, nf(N, n_out));
-    const int sizes[] = {1, 7, 8, 20, 37};
-    for (int i = 0; i < 5; i++) {
+    const int sizes[] = {1, 7, 8, 20, 37, 64};
+    for (int i = 0; i < 6; i++) {
         int s = sizes[i];
         dut->zero(o2, nf(N, n_out));
         for (int r0 = 0; r0 < N; r0 += s) {
-            int at = r0 + s <= N ? r0 : N - s;   /* the last call ends at row 64 */
+            int at = r0 + s <= N ? r0 : N - s;   /* the last call ends at row 512 */
             dut->matmul(o2 + (size_t)at * n_out, dx + (size_t)at * n_in, dw, db, wt, s, n_in, n_out, leaves);
         }
         dget(&d, part, o2, nf(N, n_out));
         char sh[96];
-        snprintf(sh, sizeof sh, "N=64_vs_%d,n_in=%d,n_out=%d%s,leaves=%d", s, n_in, n_out, with_bias ? ",bias" : "", leaves);
+        snprintf(sh, sizeof sh, "N=512_vs_%d,n_in=%d,n_out=%d%s,leaves=%d", s, n_in, n_out, with_bias ? ",bias" : "", leaves);
         cmp_bits("inv.matmul_rows", wt, sh, part, all, (size_t)N * n_out);
     }
     dfree(&d);
     free(x), free(w), free(wf), free(b), free(bf), free(all), free(part);
+}
+/* The tensor-core kernel's skip of the mid and lo mma's (matmul_tc.cu's header) changes no bit: the
+ * dut with the skip (cuda_matmul_set_tc_skip(1), the default) == without it, on x of bf16 values (the
+ * mid and lo mma's always skipped), fp32 x (never), x whose rows or columns alternate between the two
+ * (tiles and runs that switch: an accumulator skipped, then used, then skipped), zeros and -0 in x,
+ * and one weight inf (its fragments never skipped: inf x 0 is a NaN). kind 0 bf16 x, 1 fp32, 2 rows
+ * alternate, 3 the first half of every row bf16 and zeros, 4 bf16 x with an inf weight. Elsewhere
+ * (the CPU, the SIMT kernel) the switch does nothing and the bits are trivially the same. */
+static void inv_tc_skip(int N, int n_in, int n_out, int leaves, int kind) {
+    cur_entry = "inv";
+    void *w, *b;
+    float *x = rand_f32((size_t)N * n_in, 1.0f), *wf = rand_f32((size_t)n_out * n_in, 1.0f);
+    if (kind == 4) wf[(size_t)3 * n_in + 5 % n_in] = INFINITY;
+    w = store_weight(wf, DTYPE_BF16, (size_t)n_out * n_in);
+    float *bf = rand_weight(&b, DTYPE_BF16, n_out, 1.0f);
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < n_in; k++) {
+            float *v = x + (size_t)n * n_in + k;
+            int bf16 = kind == 0 || kind == 4 || (kind == 2 && n % 2 == 0) || (kind == 3 && k < n_in / 2);
+            if (bf16) *v = bf16_to_f32(f32_to_bf16(*v));
+            if (kind == 3 && k % 37 == 0) *v = k % 74 ? -0.0f : 0.0f;
+        }
+    float *on = xmalloc(nf(N, n_out)), *off = xmalloc(nf(N, n_out));
+    run_matmul(dut, on, x, w, b, DTYPE_BF16, N, n_in, n_out, leaves);
+    cuda_matmul_set_tc_skip(0);
+    run_matmul(dut, off, x, w, b, DTYPE_BF16, N, n_in, n_out, leaves);
+    cuda_matmul_set_tc_skip(1);
+    static const char *kinds[5] = {"bf16_x", "fp32_x", "rows_alternate", "half_bf16_zeros", "bf16_x,inf_weight"};
+    char sh[96];
+    snprintf(sh, sizeof sh, "N=%d,n_in=%d,n_out=%d,leaves=%d,%s", N, n_in, n_out, leaves, kinds[kind]);
+    cmp_bits("inv.tc_skip", DTYPE_BF16, sh, on, off, (size_t)N * n_out);
+    free(x), free(w), free(wf), free(b), free(bf), free(on), free(off);
 }
 /* tp invariance (kernels.h TP_LEAVES): TP_LEAVES leaves over n_in == the host's tree_sum over t
  * "ranks" of n_in / t columns each with TP_LEAVES / t leaves (the tp sum is host arithmetic,
@@ -1917,13 +1970,14 @@ static void batch_paged_case(int window) {
 }
 
 /* bf16 entries == the fp32 entries on the upcast weights (the dut against itself). CUDA's bf16 matmul
- * and matmuls are the tensor-core function (kernels.h): on a GPU the CPU's (ref's) bits are checked
- * instead, and the dut's bf16 result against its fp32 one within the sum of their bounds from the
- * exact sum, gamma(n_in + 1) (fp32 kernel) + (1 + 2^-7) gamma(12 n_in + 1) (tensor cores) = matmul_tol */
+ * and matmuls on the tensor cores (tc_mode) are another function (kernels.h): then the CPU's (ref's)
+ * bits are checked instead, and the dut's bf16 result against its fp32 one within the sum of their
+ * bounds from the exact sum, gamma(n_in + 1) (fp32 kernel) + (1 + 2^-7) gamma(s(n_in)) (tensor cores)
+ * = matmul_tol. On the SIMT kernel (not tc_mode) the dut's own bits, as everywhere else. */
 static void bf16_vs_fp32(const char *what, int N, int n_in, int n_out, const float *x, const float *wf,
                          const float *bf, const float *h, const float *f, const float *ref_h, const float *ref_f) {
     char sh[96];
-    if (self_mode) {
+    if (!tc_mode) {
         snprintf(sh, sizeof sh, "%s:N=%d,n_in=%d,n_out=%d", what, N, n_in, n_out);
         cmp_bits("inv.bf16_eq_fp32", DTYPE_BF16, sh, h, f, (size_t)N * n_out);
         return;
@@ -1943,7 +1997,7 @@ static void inv_bf16_matmul(int N, int n_in, int n_out) {
     float *rh = xmalloc(nf(N, n_out)), *rf = xmalloc(nf(N, n_out));
     run_matmul(dut, h, x, w, b, DTYPE_BF16, N, n_in, n_out, 8);
     run_matmul(dut, f, x, wf, bf, DTYPE_F32, N, n_in, n_out, 8);
-    if (!self_mode) {
+    if (tc_mode) {
         run_matmul(ref, rh, x, w, b, DTYPE_BF16, N, n_in, n_out, 8);
         run_matmul(ref, rf, x, wf, bf, DTYPE_F32, N, n_in, n_out, 8);
     }
@@ -1960,7 +2014,7 @@ static void inv_bf16_matmul(int N, int n_in, int n_out) {
     }
     run_matmuls(dut, hs, x, N, n_in, &s, DTYPE_BF16);
     run_matmuls(dut, fs, x, N, n_in, &sf, DTYPE_F32);
-    if (!self_mode) run_matmuls(ref, rhs, x, N, n_in, &s, DTYPE_BF16), run_matmuls(ref, rfs, x, N, n_in, &sf, DTYPE_F32);
+    if (tc_mode) run_matmuls(ref, rhs, x, N, n_in, &s, DTYPE_BF16), run_matmuls(ref, rfs, x, N, n_in, &sf, DTYPE_F32);
     for (int j = 0; j < 3; j++) {
         snprintf(sh, sizeof sh, "matmuls.out%d/3", j + 1);
         bf16_vs_fp32(sh, N, n_in, n_outs[j], x, s.wf[j], s.bf[j], hs[j], fs[j], rhs[j], rfs[j]);
@@ -2017,10 +2071,11 @@ static void inv_bf16_matmul_backward(int N, int n_in, int n_out) {
 }
 
 /* ---- the cases ----------------------------------------------------------------------------------------- */
-static void forward_cases(void) {
+/* the matmul and matmuls cases, weights of dtype d0 .. bf16 (d0 = 1: bf16 alone, the SIMT pass) */
+static void matmul_cases(int d0) {
     static const int mm[][4] = {{1, 1, 1, 1},     {7, 33, 65, 0},   {1, 4096, 1024, 1}, {3, 2048, 256, 0},
                                 {33, 1000, 129, 1}, {64, 2048, 11, 0}, {5, 11008, 64, 1}};
-    for (int dt = 0; dt < 2; dt++) {
+    for (int dt = d0; dt < 2; dt++) {
         for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++)
             case_matmul(mm[i][0], mm[i][1], mm[i][2], mm[i][3], (DType)dt, 1);
         case_matmul(3, 2048, 256, 0, (DType)dt, 8), case_matmul(33, 1000, 129, 1, (DType)dt, 8);
@@ -2035,20 +2090,23 @@ static void forward_cases(void) {
     static const int odd[][5] = {{3, 1, 5, 1, 1},   {7, 33, 65, 1, 1},  {9, 17, 100, 1, 1}, {20, 48, 33, 0, 1},
                                  {40, 33, 70, 1, 1}, {65, 130, 67, 1, 1}, {2, 24, 5, 1, 8},   {40, 24, 70, 1, 8},
                                  {7, 64, 65, 0, 64}, {100, 1000, 129, 1, 8}, {31, 4096, 48, 1, 2}};
-    for (int dt = 0; dt < 2; dt++)
+    for (int dt = d0; dt < 2; dt++)
         for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++)
             case_matmul(odd[i][0], odd[i][1], odd[i][2], odd[i][3], (DType)dt, odd[i][4]);
-    for (int dt = 0; dt < 2; dt++) {
+    for (int dt = d0; dt < 2; dt++) {
         case_matmul_unaligned(1, 2048, 67, (DType)dt, 1), case_matmul_unaligned(20, 1000, 33, (DType)dt, 8);
         case_matmul_unaligned(40, 256, 70, (DType)dt, 4);
         case_matmul_ints(40, 4096, 64, (DType)dt, 12), case_matmul_ints(1, 4096, 17, (DType)dt, 12);
         case_matmul_ints(7, 15, 33, (DType)dt, 20), case_matmul_ints(40, 15, 20, (DType)dt, 20);
     }
     const int qkv[3] = {256, 64, 64}, qkv_bias[3] = {0, 1, 1}, gu[2] = {173, 173}, no_bias[2] = {0, 0};
-    for (int dt = 0; dt < 2; dt++) {
+    for (int dt = d0; dt < 2; dt++) {
         case_matmuls(9, 2048, 3, qkv, qkv_bias, (DType)dt);
         case_matmuls(1, 300, 2, gu, no_bias, (DType)dt);
     }
+}
+static void forward_cases(void) {
+    matmul_cases(0);
     for (int dt = 0; dt < 2; dt++) {
         case_rmsnorm(1, 1, 1e-5f, 1.0f, 0, (DType)dt);
         case_rmsnorm(7, 33, 1e-6f, 1.0f, 1, (DType)dt);
@@ -2137,18 +2195,38 @@ static void backward_cases(void) {
     case_logprob_backward(6, 1001, 500, 1.0f, 1, 1);
     case_logprob_backward(1, 32000, 0, 1.0f, 0, 0);
 }
+static void inv_bf16_matmuls(void) {
+    inv_bf16_matmul(1, 1000, 67), inv_bf16_matmul(3, 2048, 40), inv_bf16_matmul(37, 1000, 67);
+}
+/* CUDA's bf16 matmul on the SIMT kernel too (cuda_matmul_set_simt_bf16(1), the default): the bf16
+ * matmul cases against the CPU within the fp32 bound, its rows' batch invariance, and bf16 == fp32 on
+ * the upcast weights bit for bit. --self has one matmul: nothing to add. */
+static void simt_bf16_checks(void) {
+    if (self_mode) return;
+    cuda_matmul_set_simt_bf16(1), tc_mode = 0;
+    printf("-- bf16 weights on the SIMT kernel (TANDEM_CUDA_MATMUL=simt)\n");
+    matmul_cases(1);
+    inv_matmul_batch(1000, 67, 1, DTYPE_BF16, 1), inv_matmul_batch(2048, 32, 0, DTYPE_BF16, 8);
+    inv_bf16_matmuls();
+    cuda_matmul_set_simt_bf16(0), tc_mode = 1;
+}
 static void invariance_checks(void) {
     for (int dt = 0; dt < 2; dt++) {
         inv_matmul_batch(1000, 67, 1, (DType)dt, 1), inv_matmul_batch(2048, 32, 0, (DType)dt, 8);
         inv_matmul_batch(33, 65, 1, (DType)dt, 1), inv_matmul_batch(24, 70, 1, (DType)dt, 8);
     }
+    /* runs: 2 of a leaf with a partial chunk; 16 (two a warp at decode); 4 a leaf x 8 leaves */
+    inv_matmul_batch(4096, 40, 1, DTYPE_BF16, 1), inv_matmul_batch(8192, 24, 0, DTYPE_BF16, 8);
+    const int skip_n[3] = {1, 20, 64};
+    for (int i = 0; i < 3; i++)
+        for (int kind = 0; kind < 5; kind++) inv_tc_skip(skip_n[i], kind == 3 ? 1000 : 2048, 70, kind == 1 ? 8 : 1, kind);
     for (int dt = 0; dt < 2; dt++) inv_matmuls(2, 300, (DType)dt), inv_matmuls(9, 1000, (DType)dt);
     for (int dt = 0; dt < 2; dt++) inv_matmul_tp(1, 2048, 67, (DType)dt), inv_matmul_tp(37, 5632, 40, (DType)dt);
     inv_attention(45, 8, 2, 64, 0);
     inv_attention(45, 8, 2, 64, 13);
     inv_attention(40, 4, 4, 40, 0);
     inv_attention(33, 12, 3, 128, 7);
-    inv_bf16_matmul(1, 1000, 67), inv_bf16_matmul(3, 2048, 40), inv_bf16_matmul(37, 1000, 67);
+    inv_bf16_matmuls();
     inv_bf16_norm_embed(5, 1000);
     inv_bf16_matmul_backward(37, 130, 300);
 }
@@ -2270,90 +2348,149 @@ static int mma_split_checks(void) {
     host_line(bad, "mma.split_exact", "2^20_random_floats_and_edges");
     return bad != 0;
 }
-/* The kernel's index arithmetic, emulated: for each block, warp, lane and chunk of each leaf, the
- * operands it loads (with its bounds: row < n_out, x row < N, k < the leaf's end) placed where the
- * ISA says, multiplied slot by slot into the output the ISA's D element is written to: every product
- * W[o][k] x[n][k] is accumulated exactly once into out[n][o], into the leaf holding k, and every
- * output is written once. Returns the failures. */
+/* The kernel's index arithmetic, emulated: for each block, warp (its tile and its share of the tile's
+ * units, leaves x runs), unit, and lane and chunk of the unit's run, the operands it loads (with its
+ * bounds: row < n_out, x row < N, k < the leaf's end) placed where the ISA says, multiplied slot by
+ * slot into the output the ISA's D element is written to: every product W[o][k] x[n][k] is
+ * accumulated exactly once into out[n][o], by the unit whose leaf and run hold k; a tile's warps
+ * take contiguous aligned power-of-two groups of its units, together each unit once (so their
+ * stacks and the shared-memory rounds add tree_sum's tree); every output is written once.
+ * Returns the failures. */
 static int mma_emulate(int N, int n_in, int n_out, int leaves) {
-    MmaGeometry g = cuda_mma_geometry(N, n_out, leaves);
+    MmaGeometry g = cuda_mma_geometry(N, n_in, n_out, leaves);
     unsigned char *count = xcalloc((size_t)N * n_out * (n_in ? n_in : 1), 1), *written = xcalloc((size_t)N * n_out, 1);
-    int bad = 0, KL = n_in / leaves;
+    int bad = 0, KL = n_in / leaves, R = g.runs, C = (KL + MMA_K - 1) / MMA_K, S = leaves * R;
+    int tiles = g.warps / g.share, per = S / g.share, *cov = xcalloc((size_t)S, sizeof(int));
+    bad += R != mma_runs(KL) || per * g.share != S || (per & (per - 1)) != 0;
     for (unsigned bx = 0; bx < g.grid_x; bx++)
         for (unsigned by = 0; by < g.grid_y; by++)
-            for (int warp = 0; warp < g.warps; warp++) {
-                int o0 = ((int)bx * g.warps + warp) * MMA_M * g.mt, n0 = (int)by * MMA_N * g.nt;
-                if (o0 >= n_out) continue;
-                for (int mt = 0; mt < g.mt; mt++)
-                    for (int nt = 0; nt < g.nt; nt++) {
-                        for (int lf = 0; lf < leaves; lf++)
-                            for (int kc = lf * KL; kc < (lf + 1) * KL; kc += MMA_K) {
-                                int ao[16][16], ak[16][16], bn[16][8], bk[16][8], kend = (lf + 1) * KL;
-                                for (int lane = 0; lane < 32; lane++) {
-                                    for (int i = 0; i < 8; i++) {
-                                        int row, col, o = o0 + MMA_M * mt + mma_a_row(lane, i / 2);
-                                        int k = kc + mma_a_k(lane, i / 2, i % 2);
-                                        ptx_a(lane, i, &row, &col);
-                                        ao[row][col] = o < n_out && k < kend ? o : -1, ak[row][col] = k;
-                                    }
-                                    for (int i = 0; i < 4; i++) {
-                                        int row, col, n = n0 + MMA_N * nt + mma_b_col(lane);
-                                        int k = kc + mma_b_k(lane, i / 2, i % 2);
-                                        ptx_b(lane, i, &row, &col);
-                                        bn[row][col] = n < N && k < kend ? n : -1, bk[row][col] = k;
-                                    }
-                                }
-                                for (int lane = 0; lane < 32; lane++)
-                                    for (int i = 0; i < 4; i++) {
-                                        int row, col, o = o0 + MMA_M * mt + mma_c_row(lane, i);
-                                        int n = n0 + MMA_N * nt + mma_c_col(lane, i);
-                                        ptx_c(lane, i, &row, &col);
-                                        for (int slot = 0; slot < 16; slot++) {
-                                            if (ao[row][slot] < 0 || bn[slot][col] < 0) continue;   /* a zero operand */
-                                            int k = ak[row][slot];
-                                            bad += ak[row][slot] != bk[slot][col] || ao[row][slot] != o || bn[slot][col] != n;
-                                            if (o < n_out && n < N && k < n_in) count[((size_t)n * n_out + o) * n_in + k]++;
+            for (int tile = 0; tile < tiles; tile++) {
+                memset(cov, 0, sizeof(int) * (size_t)S);
+                for (int sub = 0; sub < g.share; sub++) {
+                    int o0 = ((int)bx * tiles + tile) * MMA_M * g.mt, n0 = (int)by * MMA_N * g.nt;
+                    if (o0 >= n_out) {
+                        bad += g.share > 1;   /* a block that leaves before its __syncthreads */
+                        continue;
+                    }
+                    for (int i = 0; i < per; i++) {
+                        int u = sub * per + i, lf = u / R, c0, c1, kb = lf * KL, kend = kb + KL;
+                        cov[u]++;
+                        mma_run_chunks(C, R, u % R, &c0, &c1);
+                        for (int mt = 0; mt < g.mt; mt++)
+                            for (int nt = 0; nt < g.nt; nt++)
+                                for (int c = c0; c < c1; c++) {
+                                    int ao[16][16], ak[16][16], bn[16][8], bk[16][8], kc = kb + c * MMA_K;
+                                    for (int lane = 0; lane < 32; lane++) {
+                                        for (int e = 0; e < 8; e++) {
+                                            int row, col, o = o0 + MMA_M * mt + mma_a_row(lane, e / 2);
+                                            int k = kc + mma_a_k(lane, e / 2, e % 2);
+                                            ptx_a(lane, e, &row, &col);
+                                            ao[row][col] = o < n_out && k < kend ? o : -1, ak[row][col] = k;
+                                        }
+                                        for (int e = 0; e < 4; e++) {
+                                            int row, col, n = n0 + MMA_N * nt + mma_b_col(lane);
+                                            int k = kc + mma_b_k(lane, e / 2, e % 2);
+                                            ptx_b(lane, e, &row, &col);
+                                            bn[row][col] = n < N && k < kend ? n : -1, bk[row][col] = k;
                                         }
                                     }
-                            }
-                        for (int lane = 0; lane < 32; lane++)
-                            for (int i = 0; i < 4; i++) {
-                                int o = o0 + MMA_M * mt + mma_c_row(lane, i), n = n0 + MMA_N * nt + mma_c_col(lane, i);
-                                if (o < n_out && n < N) written[(size_t)n * n_out + o]++;
-                            }
+                                    for (int lane = 0; lane < 32; lane++)
+                                        for (int e = 0; e < 4; e++) {
+                                            int row, col, o = o0 + MMA_M * mt + mma_c_row(lane, e);
+                                            int n = n0 + MMA_N * nt + mma_c_col(lane, e);
+                                            ptx_c(lane, e, &row, &col);
+                                            for (int slot = 0; slot < 16; slot++) {
+                                                if (ao[row][slot] < 0 || bn[slot][col] < 0) continue;   /* a zero operand */
+                                                int k = ak[row][slot];
+                                                bad += ak[row][slot] != bk[slot][col] || ao[row][slot] != o || bn[slot][col] != n;
+                                                bad += k < kb || k >= kend || (k - kb) / MMA_K < c0 || (k - kb) / MMA_K >= c1;
+                                                if (o < n_out && n < N && k < n_in) count[((size_t)n * n_out + o) * n_in + k]++;
+                                            }
+                                        }
+                                }
                     }
+                    if (sub == 0)   /* share > 1: warp 0 of the block writes the tile's sums */
+                        for (int mt = 0; mt < g.mt; mt++)
+                            for (int nt = 0; nt < g.nt; nt++)
+                                for (int lane = 0; lane < 32; lane++)
+                                    for (int e = 0; e < 4; e++) {
+                                        int o = o0 + MMA_M * mt + mma_c_row(lane, e), n = n0 + MMA_N * nt + mma_c_col(lane, e);
+                                        if (o < n_out && n < N) written[(size_t)n * n_out + o]++;
+                                    }
+                }
+                int o0 = ((int)bx * tiles + tile) * MMA_M * g.mt;
+                for (int u = 0; u < S && o0 < n_out; u++) bad += cov[u] != 1;
             }
     for (size_t e = 0; e < (size_t)N * n_out; e++) {
         bad += written[e] != 1;
         for (int k = 0; k < n_in; k++) bad += count[e * n_in + k] != 1;
     }
-    free(count), free(written);
+    free(count), free(written), free(cov);
     return bad;
 }
-/* cuda_mma_geometry: blocks cover every output and x row with less than one block of slack, warps <=
- * MMA_MAX_WARPS, leaves split over the grid exactly when leaves > 1 and N <= 32; then the map, the
- * split, and the emulation at odd shapes. Returns the failures. */
+/* mma_runs and mma_run_chunks (cuda.h) for every leaf length up to 2^17 and some beyond: R a power of
+ * two <= MMA_MAX_RUNS, the largest with C >= 16 R (1 below 32 chunks); the runs cover the chunks in
+ * order, none empty, lengths within one of each other, each >= 16 chunks when R > 1. Returns the
+ * failures. */
+static int mma_run_checks(void) {
+    int bad = 0;
+    for (long KL = 0; KL <= 1L << 20; KL += KL < 1 << 17 ? 1 : 4093) {
+        int C = (int)((KL + MMA_K - 1) / MMA_K), R = mma_runs((int)KL), want = 1;
+        while (want < MMA_MAX_RUNS && C >= MMA_RUN_CHUNKS * 2 * want) want *= 2;
+        bad += R != want || R < 1 || (R & (R - 1)) || R > MMA_MAX_RUNS || (R > 1 && C < MMA_RUN_CHUNKS * R) ||
+               (R < MMA_MAX_RUNS && C >= MMA_RUN_CHUNKS * 2 * R);
+        int next = 0, lo = 1 << 30, hi = 0;
+        for (int r = 0; r < R; r++) {
+            int c0, c1;
+            mma_run_chunks(C, R, r, &c0, &c1);
+            bad += c0 != next || (C > 0 && c1 <= c0) || (R > 1 && c1 - c0 < MMA_RUN_CHUNKS);
+            lo = c1 - c0 < lo ? c1 - c0 : lo, hi = c1 - c0 > hi ? c1 - c0 : hi;
+            next = c1;
+        }
+        bad += next != C || hi - lo > 1;
+        if (bad && bad < 3) printf("FAIL mma.runs KL=%ld R=%d\n", KL, R);
+    }
+    host_line(bad, "mma.runs", "KL=0..2^17,..2^20");
+    return bad != 0;
+}
+/* cuda_mma_geometry: blocks cover every output and x row with less than one block of slack; runs is
+ * mma_runs(n_in / leaves); share a power of two dividing leaves x runs, at most MMA_MAX_WARPS, > 1
+ * only at N <= 32 (the prefill kernel has no shared memory for it) and then the whole block; a
+ * tile the launcher has a kernel for; then the runs, the map, the split, and the emulation at odd
+ * shapes. Returns the failures. */
 static int mma_checks(void) {
     static const int outs[] = {1, 15, 16, 17, 65, 256, 2048, 5632, 32000}, lvs[] = {1, 2, 8, 64};
+    static const int ins[] = {64, 1000, 2048, 4096, 5632, 11008, 65536};
     int bad = 0;
     for (int N = 1; N <= 600; N += N < 80 ? 1 : 37)
         for (size_t o = 0; o < sizeof outs / sizeof outs[0]; o++)
-            for (int l = 0; l < 4; l++) {
-                MmaGeometry g = cuda_mma_geometry(N, outs[o], lvs[l]);
-                long per_x = (long)MMA_M * g.mt * g.warps, per_y = (long)MMA_N * g.nt;
-                int split = lvs[l] > 1 && N <= 32;
-                if (g.grid_x * per_x < outs[o] || (g.grid_x - 1) * per_x >= outs[o] || g.grid_y * per_y < N ||
-                    (g.grid_y - 1) * per_y >= N || g.split != split || g.grid_z != (split ? (unsigned)lvs[l] : 1u) ||
-                    g.warps < 1 || g.warps > MMA_MAX_WARPS || g.unroll < 1)
-                    if (bad++ < 5) printf("FAIL geometry.mma N=%d n_out=%d leaves=%d\n", N, outs[o], lvs[l]);
-            }
-    host_line(bad, "geometry.mma", "N=1..600,9_n_out_sizes,leaves_1..64");
-    bad += mma_map_checks() + mma_split_checks();
-    static const int em[][4] = {{1, 1, 1, 1},  {7, 33, 65, 1}, {2, 24, 5, 8},  {9, 17, 100, 1}, {20, 48, 33, 4},
-                                {40, 33, 70, 1}, {40, 24, 70, 8}, {65, 130, 67, 2}, {7, 64, 17, 64}, {1, 0, 3, 1}};
+            for (size_t q = 0; q < sizeof ins / sizeof ins[0]; q++)
+                for (int l = 0; l < 4; l++) {
+                    if (ins[q] % lvs[l]) continue;
+                    MmaGeometry g = cuda_mma_geometry(N, ins[q], outs[o], lvs[l]);
+                    int S = lvs[l] * g.runs, kernel = (g.mt == 1 && g.nt == 1 && g.unroll == 16) ||
+                                                      (g.mt == 1 && g.nt == 4 && g.unroll == 4) ||
+                                                      (g.mt == 2 && g.nt == 4 && g.unroll == 2 && g.share == 1);
+                    if (g.share < 1 || (g.share & (g.share - 1)) || S % g.share || g.share > MMA_MAX_WARPS ||
+                        g.warps < 1 || g.warps > MMA_MAX_WARPS || g.warps % g.share || (g.share > 1 && g.warps != g.share) ||
+                        (N > 32 && g.share != 1) || g.runs != mma_runs(ins[q] / lvs[l]) || !kernel || g.unroll < 1) {
+                        if (bad++ < 5) printf("FAIL geometry.mma N=%d n_in=%d n_out=%d leaves=%d\n", N, ins[q], outs[o], lvs[l]);
+                        continue;
+                    }
+                    long per_x = (long)MMA_M * g.mt * (g.warps / g.share), per_y = (long)MMA_N * g.nt;
+                    if (g.grid_x * per_x < outs[o] || (g.grid_x - 1) * per_x >= outs[o] || g.grid_y * per_y < N ||
+                        (g.grid_y - 1) * per_y >= N)
+                        if (bad++ < 5) printf("FAIL geometry.mma N=%d n_out=%d leaves=%d: grid\n", N, outs[o], lvs[l]);
+                }
+    host_line(bad, "geometry.mma", "N=1..600,7_n_in,9_n_out,leaves_1..64");
+    bad += mma_run_checks() + mma_map_checks() + mma_split_checks();
+    static const int em[][4] = {{1, 1, 1, 1},      {7, 33, 65, 1},   {2, 24, 5, 8},     {9, 17, 100, 1},
+                                {20, 48, 33, 4},   {40, 33, 70, 1},  {40, 24, 70, 8},   {65, 130, 67, 2},
+                                {7, 64, 17, 64},   {1, 0, 3, 1},     {1, 1000, 17, 1},  {20, 4096, 16, 1},
+                                {40, 1000, 33, 2}, {3, 8192, 16, 8}, {37, 4100, 20, 1}, {9, 1016, 40, 1}};
     int ebad = 0;
     for (size_t i = 0; i < sizeof em / sizeof em[0]; i++) ebad += mma_emulate(em[i][0], em[i][1], em[i][2], em[i][3]);
-    host_line(ebad, "mma.emulated_cover", "10_odd_shapes,every_variant");
+    host_line(ebad, "mma.emulated_cover", "16_odd_shapes,every_variant,runs");
     return bad + (ebad != 0);
 }
 
@@ -2438,7 +2575,7 @@ int main(int argc, char **argv) {
         return 77;
     }
     if (ref->open(0)) return 2;
-    if (!self_mode) cuda_matmul_set_simt_bf16(0);   /* bf16 weights on the tensor cores (TANDEM_CUDA_MATMUL=tc) */
+    if (!self_mode) cuda_matmul_set_simt_bf16(0), tc_mode = 1;   /* bf16 weights on the tensor cores first */
     printf("dut %s vs ref %s, %d threads%s\n", dut->name, ref->name, threads(),
            corrupt_entry ? ", one bit corrupted" : "");
     printf("%-4s %-27s %-4s %-46s %-9s %-9s %s\n", "", "entry", "type", "shape", "max_abs", "max_rel", "tol");
@@ -2449,6 +2586,7 @@ int main(int argc, char **argv) {
     logit_cases();
     backward_cases();
     invariance_checks();
+    simt_bf16_checks();
     link_checks();
     int bad = final_checks();
     if (n_failed || bad) {
