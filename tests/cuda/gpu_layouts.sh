@@ -3,7 +3,7 @@
 # runtime/comm_device.c stages their buffers through host memory; NCCL needs a GPU per rank).
 # Checks, printed as lines: generate with logprobs at 1x1, tp 2, pp 2, tp 2 x pp 2 and dp 3 on cuda
 # gives the same bytes (fp32 and bf16); eval tp 2 x pp 2 on cuda gives 1x1's numbers; sft at tp 2 x
-# pp 2, dp 2, ZeRO-1 and -2 on cuda beside the cpu at the same layout (losses, grad norms); ppo with a tp-2 actor
+# pp 2, dp 2, ZeRO-1, -2 and -3 on cuda beside the cpu at the same layout (losses, grad norms); ppo with a tp-2 actor
 # on 2 ranks, critic and reference on their own (rollout logprob diff 0). DIR: the bundle (.device).
 # DEVICE=cpu-guarded checks the script here (bin/tandem, ../shared/assets).
 set -u
@@ -35,7 +35,7 @@ awk 'BEGIN { srand(7); for (i = 0; i < 400; i++) { s = ""; for (k = 0; k < 4; k+
      r = ""; for (k = 4; k > 0; k--) r = r substr(s, k, 1); printf "{\"prompt\": \"%s=\", \"response\": \"%s\"}\n", s, r } }' > $W/rt.jsonl
 $T convert --from random --shape 64,256,2,4,2,512,64 --tokenizer $MD/stories260K/tok512.model --seed 1 --out $W/m 2>/dev/null
 L() { grep '"loss"' $1/metrics.jsonl | sed -E 's/.*"step": ([0-9]+), "loss": ([^,]+).*"grad_norm": ([^,]+).*/\1 \2 \3/' | tr '\n' ' '; echo; }
-for Lay in "4 --tp 2 --pp 2" "2" "2 --tp 2 --sequence-parallel --dtype bf16" "2 --zero 2 --dtype bf16" "4 --tp 2 --zero 1"; do
+for Lay in "4 --tp 2 --pp 2" "2" "2 --tp 2 --sequence-parallel --dtype bf16" "2 --zero 2 --dtype bf16" "4 --tp 2 --zero 1" "2 --zero 3"; do
     set -- $Lay; n=$1; shift
     for dev in cpu $DEV; do
         timeout 120 $MPI $n $T sft --model $W/m --data $W/rt.jsonl --seq-len 32 --batch-size 8 --max-steps 6 --lr 3e-3 "$@" \
