@@ -83,8 +83,9 @@ void cuda_matmul_set_tc_skip(int on);
 /* 1: bf16 weights take the fp32 SIMT kernel (on the upcast weights); 0: the tensor cores
  * (matmul_tc.cu). The SIMT kernel unless TANDEM_CUDA_MATMUL=tc (read once). Measured on an H200 at
  * the 1.1B shape, the first tensor-core kernel (one accumulator walking all of K per tile, no runs)
- * prefilled 2.1x faster but decoded 2.9x slower; the runs over a block's warps and the skip of zero
- * mma's are meant to fix decode, after which the default can change. One choice per process, so
+ * prefilled 2.1x faster but decoded 2.9x slower; this one (runs over a block's warps, zero mma's
+ * skipped) decodes batch 32 1.24x faster and prefills 1.16x faster but batch 1 0.91x (README,
+ * Measured). One choice per process, so
  * every batch size gets the same bits. bench --kernels sets it to time both side by side. */
 int cuda_matmul_simt_bf16(void);
 void cuda_matmul_set_simt_bf16(int on);
