@@ -77,6 +77,48 @@ typedef struct {
     unsigned grid_x, grid_y;         /* blocks over n_out, over N */
 } MmaGeometry;
 MmaGeometry cuda_mma_geometry(int N, int n_in, int n_out, int leaves);
+/* The hi-only variant for N > 32 (matmul_tc.cu's header): when every x element is bf16-valued and no
+ * NaN (a device pre-pass decides, no host sync), mid = lo = +0 pieces, so a run is the hi accumulator
+ * alone, hi + z(+0 + +0) = +0 + hi. Same per-output arithmetic as the general kernel; only the
+ * tiling changes: a block 128 outputs x 32 wn rows (wn = 4, or 2 when the 128 x 128 tiles would not
+ * fill the GPU's sms), warps 64 x 32 (2 along the outputs, wn along the rows), operands staged in
+ * shared memory by cp.async, MMA_HI_SC chunks a stage, MMA_HI_STAGES stages. Every block walks the
+ * whole chunk sequence j = 0 .. leaves C - 1 (mma_hi_chunk), closing unit u (leaf u / R, run u % R)
+ * after chunk mma_hi_unit_end(u) - 1. ok: the shape the kernel takes (16-byte copies: n_in and the
+ * leaf length multiples of 8; at most MMA_HI_MAX_UNITS units, the stack's depth); else the general
+ * kernel. */
+enum { MMA_HI_BM = 128, MMA_HI_WM = 64, MMA_HI_WN = 32, MMA_HI_SC = 2, MMA_HI_STAGES = 3, MMA_HI_MAX_UNITS = 64,
+       MMA_HI_DEPTH = 6 };
+typedef struct {
+    int ok;                          /* the hi-only kernel can take this shape */
+    int wn;                          /* warps along the x rows: 4 (128 x 128 a block) or 2 (128 x 64) */
+    int runs;                        /* mma_runs(n_in / leaves) */
+    unsigned grid_x, grid_y;         /* blocks over n_out, over N */
+} MmaHiGeometry;
+MmaHiGeometry cuda_mma_hi_geometry(int N, int n_in, int n_out, int leaves, int sms);
+/* chunk j of the sequence (leaf j / C, chunk j % C): its first column and its leaf's end */
+TANDEM_HD static inline void mma_hi_chunk(int j, int C, int KL, int *kc, int *kend) {
+    int lf = j / C;
+    *kc = lf * KL + (j - lf * C) * MMA_K;
+    *kend = (lf + 1) * KL;
+}
+/* one past the last chunk (in the sequence) of unit u */
+TANDEM_HD static inline int mma_hi_unit_end(int u, int C, int R) {
+    int c0, c1;
+    mma_run_chunks(C, R, u % R, &c0, &c1);
+    return (u / R) * C + c1;
+}
+/* copy i of a chunk's staged tiles (16 bytes each): weights, a row of 16 bf16 in 2 copies (row i / 2,
+ * k 8 (i % 2) ..); x, a row of 16 fp32 in 4 copies (row i / 4, k 4 (i % 4) ..) */
+TANDEM_HD static inline void mma_hi_w_copy(int i, int *row, int *k) { *row = i >> 1, *k = 8 * (i & 1); }
+TANDEM_HD static inline void mma_hi_x_copy(int i, int *row, int *k) { *row = i >> 2, *k = 4 * (i & 3); }
+/* 0: never the hi-only variant (the general kernel for every N > 32 too). Default 1 unless
+ * TANDEM_CUDA_TC_FAST=0 (read once); cuda_matmul_set_tc_skip(0) also turns it off (it is a skip). */
+void cuda_matmul_set_tc_fast(int on);
+int cuda_matmul_tc_fast(void);
+/* 1 when the last bf16 tensor-core matmul took the hi-only variant (reads the device's flag: syncs;
+ * a test's probe) */
+int cuda_matmul_tc_hi_taken(void);
 /* 0: always issue the mid and lo mma's (a debug switch: cuda_vs_cpu checks the bits are the same);
  * 1 (default): skip them where the warp's x pieces are all +0 and its weights finite */
 void cuda_matmul_set_tc_skip(int on);
@@ -105,6 +147,15 @@ TANDEM_HD static inline int mma_b_k(int lane, int r, int h) { return 4 * (lane %
 TANDEM_HD static inline int mma_c_row(int lane, int i) { return lane / 4 + 8 * (i >> 1); }
 TANDEM_HD static inline int mma_c_col(int lane, int i) { return 2 * (lane % 4) + (i & 1); }
 
+/* where warp (wm, wn)'s lane reads a chunk's staged tiles (elements from the tile's start, rows of 16):
+ * A registers r, r + 2 of row tile mt one 8-byte read (k 4t .. 4t + 3 of its row mma_a_row(lane, r));
+ * B registers 0, 1 of row tile nt one 16-byte read (k 4t .. 4t + 3 of x row mma_b_col(lane)) */
+TANDEM_HD static inline int mma_hi_a_off(int wm, int mt, int lane, int r) {
+    return (MMA_HI_WM * wm + MMA_M * mt + mma_a_row(lane, r)) * MMA_K + mma_a_k(lane, r, 0);
+}
+TANDEM_HD static inline int mma_hi_b_off(int wn, int nt, int lane) {
+    return (MMA_HI_WN * wn + MMA_N * nt + mma_b_col(lane)) * MMA_K + mma_b_k(lane, 0, 0);
+}
 TANDEM_HD static inline uint32_t mma_f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 TANDEM_HD static inline float mma_u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 /* x as three bf16 pieces (their bits), p[0] + p[1] + p[2] == x exactly for every x that is a multiple

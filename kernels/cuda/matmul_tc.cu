@@ -41,7 +41,20 @@
  * warps of a block, a run's 16 chunks of loads in flight at once (q_proj at N = 1: 128 tiles x 8
  * runs = 1024 warps streaming the weights). Batched decode (N <= 32): 16 outputs x 32 rows, the
  * same. Prefill (N > 32): 32 outputs x 32 rows a warp, 4 warps a block side by side (sharing their x
- * rows through L1), each warp every run in turn. */
+ * rows through L1), each warp every run in turn.
+ * The hi-only prefill variant (N > 32; cuda.h MmaHiGeometry; off with TANDEM_CUDA_TC_FAST=0 or
+ * cuda_matmul_set_tc_fast(0)): a pre-pass kernel sets a device flag when some x element is not
+ * bf16-valued or is a NaN; then the hi-only kernel (which returns at once if the flag is set) and the
+ * general prefill kernel (which returns at once unless it is set) are both queued: no host sync. With
+ * x bf16-valued and no NaN, mid = lo = +0 and hi is x's high 16 bits, so the general kernel's
+ * mid / lo mma's are skipped (finite weights) and its run's sum is z(+0 + +0) + hi = +0 + hi; the
+ * hi-only kernel issues the same hi mma's (same A and B registers, same order, from +0) into one
+ * accumulator and adds +0 + hi (__fadd_rn: an add, never folded, so a -0 becomes +0 as there), then
+ * the same stack and bias. A nonfinite weight (the general kernel's mid mma then issued: inf x 0 =
+ * NaN) is found by scanning the row of a nonfinite result and gives NaN by an add. One accumulator
+ * set: 64 x 32 a warp, 128 x 128 (or 128 x 64 when that would not fill the GPU) a block, the
+ * operands staged in shared memory by cp.async, 3 stages of 2 chunks. cuda_vs_cpu checks it against
+ * the general kernel bit for bit and its index arithmetic on the host (mma_hi.emulated_cover). */
 #include "kernels/cuda/common.cuh"
 #include <stdlib.h>
 
@@ -225,8 +238,9 @@ __device__ __forceinline__ void run_dot(float (&out)[MT][NT][4], const Tile &T, 
 template <int MT, int NT, int U, int SH>
 __global__ void __launch_bounds__(MMA_MAX_WARPS *WARP)
 matmul_tc_kernel(float *out, const float *x, const uint16_t *w, const uint16_t *bias, int N, int K, int n_out,
-                 int leaves, int R, int share, int vec, int skip) {
+                 int leaves, int R, int share, int vec, int skip, const int *gate) {
     __shared__ float red[SH][MT * NT * 4][WARP];   /* SH: the most warps that share a tile (share <= SH) */
+    if (gate && !*gate) return;   /* the hi-only kernel took this call (its pre-pass found x bf16-valued) */
     int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
     int tile = warp / share, sub = warp % share, tiles = warps / share;
     Tile T = {w, x, N, K, n_out, ((int)blockIdx.x * tiles + tile) * MMA_M * MT, (int)blockIdx.y * MMA_N * NT, lane};
@@ -298,6 +312,191 @@ matmul_tc_kernel(float *out, const float *x, const uint16_t *w, const uint16_t *
             }
 }
 
+/* ---- the hi-only variant (N > 32, x bf16-valued: cuda.h's MmaHiGeometry) ----------------------------
+ * The pre-pass: *flag = 1 when some x element has low 16 bits set or is a NaN (then mid or lo may be
+ * nonzero, or hi would carry a NaN's quiet bit: the general kernel). n4 float4's, x 16-byte aligned. */
+__global__ void tc_hi_check_kernel(const uint4 *x, size_t n4, int *flag) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n4; i += (size_t)gridDim.x * blockDim.x) {
+        uint4 v = __ldg(x + i);
+        uint32_t u[4] = {v.x, v.y, v.z, v.w};
+        bool bad = false;
+#pragma unroll
+        for (int e = 0; e < 4; e++) bad |= (u[e] & 0xffffu) != 0u || (u[e] & 0x7fffffffu) > 0x7f800000u;
+        if (bad) *flag = 1;
+    }
+}
+__device__ int tc_hi_flag;   /* the pre-pass's verdict for the call in flight: 0 the hi-only kernel */
+
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, int bytes) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int P> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(P) : "memory");
+}
+
+/* stage s's chunks into buffer s % STAGES: weights rows o0 .., x rows n0 .., 16-byte copies, each
+ * wholly inside or outside its leaf (n_in and KL multiples of 8); outside, or past n_out / N: zeros,
+ * as the general kernel's loads give */
+template <int WN>
+__device__ __forceinline__ void hi_load(uint16_t *Ws, float *Xs, const uint16_t *w, const float *x, int s, int J, int C,
+                                        int KL, int K, int N, int n_out, int o0, int n0) {
+    constexpr int BN = MMA_HI_WN * WN, T = 64 * WN, WSZ = MMA_HI_BM * MMA_K, XSZ = BN * MMA_K;
+    int buf = s % MMA_HI_STAGES;
+#pragma unroll
+    for (int q = 0; q < MMA_HI_SC; q++) {
+        int j = s * MMA_HI_SC + q;
+        if (j >= J) break;
+        int kc, kend;
+        mma_hi_chunk(j, C, KL, &kc, &kend);
+        uint16_t *wd = Ws + (buf * MMA_HI_SC + q) * WSZ;
+        float *xd = Xs + (buf * MMA_HI_SC + q) * XSZ;
+#pragma unroll
+        for (int c = 0; c < MMA_HI_BM * 2 / T; c++) {
+            int i = (int)threadIdx.x + c * T, row, k;
+            mma_hi_w_copy(i, &row, &k);
+            bool ok = o0 + row < n_out && kc + k < kend;
+            cp_async16(wd + row * MMA_K + k, ok ? (const void *)(w + (size_t)(o0 + row) * K + kc + k) : (const void *)w,
+                       ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int c = 0; c < BN * 4 / T; c++) {
+            int i = (int)threadIdx.x + c * T, row, k;
+            mma_hi_x_copy(i, &row, &k);
+            bool ok = n0 + row < N && kc + k < kend;
+            cp_async16(xd + row * MMA_K + k, ok ? (const void *)(x + (size_t)(n0 + row) * K + kc + k) : (const void *)x,
+                       ok ? 16 : 0);
+        }
+    }
+}
+
+/* A block: 128 outputs x 32 WN rows, warp (wm, wn) = (warp % 2, warp / 2) the 64 x 32 at (64 wm, 32 wn).
+ * Per output exactly the general kernel's arithmetic on bf16-valued x: each unit's chunks in order into
+ * one accumulator from +0 (the hi mma with the same A and B registers: B's halves are x's high 16 bits,
+ * what mma_split3 gives as hi when x has no NaN), the run's sum +0 + hi (the general kernel's
+ * z(lo + mid) + hi with lo = mid = +0), the units by the same stack (tree_sum's tree), the bias. A
+ * nonfinite weight: the general kernel's mid mma (issued: its fragment is not finite) makes the row
+ * NaN (inf x 0); here hi is then inf or NaN, so a nonfinite result scans its weight row and, finding
+ * one, gives the NaN (by an add, as the general kernel's last step is one: the same NaN bits). Returns at once if the pre-pass's *flag says x is not bf16-valued. */
+template <int WN>
+__global__ void __launch_bounds__(64 * WN)
+matmul_tc_hi_kernel(float *out, const float *x, const uint16_t *w, const uint16_t *bias, int N, int K, int n_out,
+                    int leaves, int R, const int *flag) {
+    if (*flag) return;
+    constexpr int BN = MMA_HI_WN * WN, WSZ = MMA_HI_BM * MMA_K, XSZ = BN * MMA_K, ST = MMA_HI_STAGES;
+    constexpr int MT = MMA_HI_WM / MMA_M, NT = MMA_HI_WN / MMA_N;
+    extern __shared__ __align__(16) unsigned char hi_smem[];
+    uint16_t *Ws = (uint16_t *)hi_smem;                                           /* [ST SC][128][16] */
+    float *Xs = (float *)(hi_smem + sizeof(uint16_t) * ST * MMA_HI_SC * WSZ);   /* [ST SC][BN][16] */
+    int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, wm = warp & 1, wn = warp >> 1;
+    int o0 = (int)blockIdx.x * MMA_HI_BM, n0 = (int)blockIdx.y * BN;
+    int KL = K / leaves, C = (KL + MMA_K - 1) / MMA_K, J = leaves * C, NS = (J + MMA_HI_SC - 1) / MMA_HI_SC;
+    int S = leaves * R, u = 0, uend = mma_hi_unit_end(0, C, R), top = 0;
+    float acc[MT][NT][4], stack[MMA_HI_DEPTH][MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < NS) hi_load<WN>(Ws, Xs, w, x, s, J, C, KL, K, N, n_out, o0, n0);
+        cp_async_commit();
+    }
+    for (int s = 0; s < NS; s++) {
+        cp_async_wait<ST - 2>();
+        __syncthreads();   /* stage s landed for every thread; buffer (s - 1) % ST free */
+        if (s + ST - 1 < NS) hi_load<WN>(Ws, Xs, w, x, s + ST - 1, J, C, KL, K, N, n_out, o0, n0);
+        cp_async_commit();
+        int buf = s % ST;
+#pragma unroll
+        for (int q = 0; q < MMA_HI_SC; q++) {
+            int j = s * MMA_HI_SC + q;
+            if (j >= J) break;
+            const uint16_t *wt = Ws + (buf * MMA_HI_SC + q) * WSZ;
+            const float *xt = Xs + (buf * MMA_HI_SC + q) * XSZ;
+            uint32_t a[MT][4], b[NT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {   /* load_vec's registers: r k 4t, 4t + 1; r + 2 k 4t + 2, 4t + 3 */
+                    uint2 v = *(const uint2 *)(wt + mma_hi_a_off(wm, mt, lane, r));
+                    a[mt][r] = v.x, a[mt][r + 2] = v.y;
+                }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {   /* register r: hi(x[k 4t + 2r]) | hi(x[k 4t + 2r + 1]) << 16 */
+                uint4 v = *(const uint4 *)(xt + mma_hi_b_off(wn, nt, lane));
+                b[nt][0] = __byte_perm(v.x, v.y, 0x7632), b[nt][1] = __byte_perm(v.z, v.w, 0x7632);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) mma_bf16(acc[mt][nt], a[mt], b[nt]);
+            if (j + 1 == uend) {   /* unit u closes: its run's sum, then matmul_tc_kernel's stack */
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) acc[mt][nt][e] = __fadd_rn(0.0f, acc[mt][nt][e]);   /* z(+0 + +0) + hi */
+                for (int m = u + 1; m % 2 == 0; m /= 2) {
+                    top--;
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) acc[mt][nt][e] = stack[top][mt][nt][e] + acc[mt][nt][e];
+                }
+                if (u + 1 < S) {
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) stack[top][mt][nt][e] = acc[mt][nt][e], acc[mt][nt][e] = 0.0f;
+                    top++;
+                    u++;
+                    uend = mma_hi_unit_end(u, C, R);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int o = o0 + MMA_HI_WM * wm + MMA_M * mt + mma_c_row(lane, i);
+                int n = n0 + MMA_HI_WN * wn + MMA_N * nt + mma_c_col(lane, i);
+                if (o >= n_out || n >= N) continue;
+                float v = acc[mt][nt][i];
+                if ((__float_as_uint(v) & 0x7f800000u) == 0x7f800000u)   /* inf or NaN: a nonfinite weight? */
+                    for (int k = 0; k < K; k++)
+                        if ((w[(size_t)o * K + k] & 0x7f80u) == 0x7f80u) {
+                            v = __fadd_rn(v, __uint_as_float(0x7fffffffu));   /* a NaN as an add makes it */
+                            break;
+                        }
+                out[(size_t)n * n_out + o] = bias ? v + bf16_up(bias[o]) : v;
+            }
+}
+
+extern "C" MmaHiGeometry cuda_mma_hi_geometry(int N, int n_in, int n_out, int leaves, int sms) {
+    MmaHiGeometry g;
+    int KL = n_in / leaves;
+    g.runs = mma_runs(KL);
+    g.ok = N > 32 && n_in >= MMA_K && n_in % 8 == 0 && KL % 8 == 0 && leaves * g.runs <= MMA_HI_MAX_UNITS;
+    long bx = (n_out + MMA_HI_BM - 1) / MMA_HI_BM, big = (N + 4 * MMA_HI_WN - 1) / (4 * MMA_HI_WN);
+    g.wn = bx * big >= sms ? 4 : 2;
+    g.grid_x = (unsigned)bx;
+    g.grid_y = (unsigned)((N + g.wn * MMA_HI_WN - 1) / (g.wn * MMA_HI_WN));
+    return g;
+}
+
 /* Decode (N <= 8): one m16 x n8 tile a block, its leaves x R runs over share = min(leaves R, 8)
  * warps, a run's 16 chunks of loads in flight. Batched decode (N <= 32): 16 outputs x 32 rows a
  * tile, 4 chunks in flight, the same sharing. Prefill (N > 32): 32 outputs x 32 rows a warp, 4 warps
@@ -320,6 +519,21 @@ extern "C" MmaGeometry cuda_mma_geometry(int N, int n_in, int n_out, int leaves)
 static int tc_skip = 1;
 extern "C" void cuda_matmul_set_tc_skip(int on) { tc_skip = on != 0; }
 
+static int tc_fast = -1, hi_tried;   /* -1: not read from the environment yet */
+extern "C" int cuda_matmul_tc_fast(void) {
+    if (tc_fast < 0) {
+        const char *e = getenv("TANDEM_CUDA_TC_FAST");
+        tc_fast = !(e && !strcmp(e, "0"));
+    }
+    return tc_fast;
+}
+extern "C" void cuda_matmul_set_tc_fast(int on) { tc_fast = on != 0; }
+extern "C" int cuda_matmul_tc_hi_taken(void) {
+    int f = 1;
+    if (hi_tried) CUDA_CHECK(cudaMemcpyFromSymbol(&f, tc_hi_flag, sizeof f));
+    return hi_tried && f == 0;
+}
+
 static int simt_bf16 = -1;   /* -1: not read from the environment yet */
 extern "C" int cuda_matmul_simt_bf16(void) {
     if (simt_bf16 < 0) {
@@ -339,12 +553,40 @@ void matmul_tc(float *out, const float *x, const uint16_t *w, const uint16_t *bi
      * (then K % 4 == 0) and aligned bases; otherwise element by element, the same values */
     int vec = KL % 4 == 0 && (uintptr_t)w % 8 == 0 && (uintptr_t)x % 16 == 0;
     dim3 grid(g.grid_x, g.grid_y), block(g.warps * WARP);
+    const int *gate = NULL;   /* the hi-only kernel's flag: the general kernel runs only if it is set */
+    hi_tried = 0;
+    if (N > 32 && tc_skip && cuda_matmul_tc_fast() && (uintptr_t)w % 16 == 0 && (uintptr_t)x % 16 == 0) {
+        int dev, sms;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        MmaHiGeometry h = cuda_mma_hi_geometry(N, K, n_out, leaves, sms);
+        if (h.ok) {
+            int *flag;
+            CUDA_CHECK(cudaGetSymbolAddress((void **)&flag, tc_hi_flag));
+            CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int)));
+            size_t n4 = (size_t)N * K / 4;
+            unsigned cb = (unsigned)((n4 + 255) / 256 < (size_t)sms * 8 ? (n4 + 255) / 256 : (size_t)sms * 8);
+            tc_hi_check_kernel<<<cb, 256>>>((const uint4 *)x, n4, flag);
+            CUDA_CHECK_LAUNCH();
+            dim3 hg(h.grid_x, h.grid_y);
+            size_t st = (size_t)MMA_HI_STAGES * MMA_HI_SC * MMA_K * (MMA_HI_BM * sizeof(uint16_t) + h.wn * MMA_HI_WN * sizeof(float));
+            if (h.wn == 4) {
+                CUDA_CHECK(cudaFuncSetAttribute(matmul_tc_hi_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)st));
+                matmul_tc_hi_kernel<4><<<hg, 256, st>>>(out, x, w, bias, N, K, n_out, leaves, h.runs, flag);
+            } else {
+                CUDA_CHECK(cudaFuncSetAttribute(matmul_tc_hi_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)st));
+                matmul_tc_hi_kernel<2><<<hg, 128, st>>>(out, x, w, bias, N, K, n_out, leaves, h.runs, flag);
+            }
+            CUDA_CHECK_LAUNCH();
+            gate = flag, hi_tried = 1;
+        }
+    }
     if (g.mt == 1 && g.nt == 1 && g.unroll == 16)
-        matmul_tc_kernel<1, 1, 16, MMA_MAX_WARPS><<<grid, block>>>(out, x, w, bias, N, K, n_out, leaves, g.runs, g.share, vec, tc_skip);
+        matmul_tc_kernel<1, 1, 16, MMA_MAX_WARPS><<<grid, block>>>(out, x, w, bias, N, K, n_out, leaves, g.runs, g.share, vec, tc_skip, gate);
     else if (g.mt == 1 && g.nt == 4 && g.unroll == 4)
-        matmul_tc_kernel<1, 4, 4, MMA_MAX_WARPS><<<grid, block>>>(out, x, w, bias, N, K, n_out, leaves, g.runs, g.share, vec, tc_skip);
+        matmul_tc_kernel<1, 4, 4, MMA_MAX_WARPS><<<grid, block>>>(out, x, w, bias, N, K, n_out, leaves, g.runs, g.share, vec, tc_skip, gate);
     else if (g.mt == 2 && g.nt == 4 && g.unroll == 2 && g.share == 1)
-        matmul_tc_kernel<2, 4, 2, 1><<<grid, block>>>(out, x, w, bias, N, K, n_out, leaves, g.runs, g.share, vec, tc_skip);
+        matmul_tc_kernel<2, 4, 2, 1><<<grid, block>>>(out, x, w, bias, N, K, n_out, leaves, g.runs, g.share, vec, tc_skip, gate);
     else   /* the prefill kernel has no shared memory for sharing a tile: share must be 1 there */
         rank_error("internal error: matmul_tc has no kernel for tile %d x %d, unroll %d", g.mt, g.nt, g.unroll);
     CUDA_CHECK_LAUNCH();

@@ -1715,11 +1715,16 @@ static void case_logprob_backward(int N, int V, int v0, float T, int with_entrop
  * at offsets 0, s, 2s, ... and 512 - s (x and the output offset in the dut's memory): every tile
  * variant of the CUDA kernels (decode, batched, prefill; a tile's runs over a block's warps or in
  * turn) and every position of a row in a tile */
-static void inv_matmul_batch(int n_in, int n_out, int with_bias, DType wt, int leaves) {
+static int hi_expected(int N, int n_in, int n_out, int leaves);
+/* bf16x: x bf16-valued (the forward's matmul inputs in bf16 mode): N > 32 takes the tensor cores'
+ * hi-only kernel where its shape allows (checked it did), N <= 32 the decode kernels */
+static void inv_matmul_batch_x(int n_in, int n_out, int with_bias, DType wt, int leaves, int bf16x) {
     cur_entry = "inv";
     enum { N = 512 };
     void *w, *b = NULL;
     float *x = rand_f32((size_t)N * n_in, 1.0f), *wf = rand_weight(&w, wt, (size_t)n_out * n_in, 1.0f);
+    if (bf16x)
+        for (size_t i = 0; i < (size_t)N * n_in; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
     float *bf = with_bias ? rand_weight(&b, wt, n_out, 1.0f) : NULL;
     float *all = xmalloc(nf(N, n_out)), *part = xmalloc(nf(N, n_out));
     Dev d = {dut, {0}, 0};
@@ -1727,6 +1732,12 @@ static void inv_matmul_batch(int n_in, int n_out, int with_bias, DType wt, int l
     const void *dw = dput(&d, w, nw(wt, n_out, n_in)), *db = b ? dput(&d, b, nw(wt, n_out, 1)) : NULL;
     dut->matmul(o, dx, dw, db, wt, N, n_in, n_out, leaves);
     dget(&d, all, o, nf(N, n_out));
+    if (bf16x && wt == DTYPE_BF16) {
+        char shp[96];
+        snprintf(shp, sizeof shp, "N=512,n_in=%d,n_out=%d,leaves=%d,bf16_x", n_in, n_out, leaves);
+        int want = hi_expected(N, n_in, n_out, leaves);
+        report("inv.tc_hi_taken", DTYPE_BF16, shp, 0.0, 0.0, 0.0, want < 0 || cuda_matmul_tc_hi_taken() == want);
+    }
     const int sizes[] = {1, 7, 8, 20, 37, 64};
     for (int i = 0; i < 6; i++) {
         int s = sizes[i];
@@ -1737,11 +1748,58 @@ static void inv_matmul_batch(int n_in, int n_out, int with_bias, DType wt, int l
         }
         dget(&d, part, o2, nf(N, n_out));
         char sh[96];
-        snprintf(sh, sizeof sh, "N=512_vs_%d,n_in=%d,n_out=%d%s,leaves=%d", s, n_in, n_out, with_bias ? ",bias" : "", leaves);
+        snprintf(sh, sizeof sh, "N=512_vs_%d,n_in=%d,n_out=%d%s,leaves=%d%s", s, n_in, n_out, with_bias ? ",bias" : "", leaves,
+                 bf16x ? ",bf16_x" : "");
         cmp_bits("inv.matmul_rows", wt, sh, part, all, (size_t)N * n_out);
     }
     dfree(&d);
     free(x), free(w), free(wf), free(b), free(bf), free(all), free(part);
+}
+static void inv_matmul_batch(int n_in, int n_out, int with_bias, DType wt, int leaves) {
+    inv_matmul_batch_x(n_in, n_out, with_bias, wt, leaves, 0);
+}
+/* Whether the dut's tensor-core matmul should take the hi-only kernel (bf16-valued x, no NaN): 1 / 0,
+ * or -1 when the dut is not that kernel (--self, the SIMT kernel: nothing to check) */
+static int hi_expected(int N, int n_in, int n_out, int leaves) {
+    if (self_mode || !tc_mode || !cuda_matmul_tc_fast()) return -1;
+    return cuda_mma_hi_geometry(N, n_in, n_out, leaves, 132).ok;   /* ok does not depend on sms */
+}
+/* The hi-only kernel (N > 32, x bf16-valued: matmul_tc.cu) == the general kernel forced on the same
+ * x (cuda_matmul_set_tc_fast(0)) bit for bit, and it is taken exactly when it should be. kind 0 bf16
+ * x; 1 bf16 x and an inf weight (that row NaN either way); 2 a NaN weight; 3 bf16 x with zeros, rows
+ * of -0 (and the weights negative there), an inf in x; 4 bf16 x but one element not (the general
+ * kernel: the pre-pass says so); 5 bf16 x and one NaN (the general kernel too). */
+static void inv_tc_fast(int N, int n_in, int n_out, int leaves, int kind) {
+    cur_entry = "inv";
+    void *w, *b;
+    float *x = rand_f32((size_t)N * n_in, 1.0f), *wf = rand_f32((size_t)n_out * n_in, 1.0f);
+    for (size_t i = 0; i < (size_t)N * n_in; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    if (kind == 1) wf[(size_t)3 * n_in + 5 % n_in] = INFINITY;
+    if (kind == 2) wf[(size_t)(n_out - 1) * n_in + n_in / 2] = NAN;
+    if (kind == 3) {
+        for (int n = 0; n < N; n += 5)
+            for (int k = 0; k < n_in; k++) x[(size_t)n * n_in + k] = n % 2 ? -0.0f : 0.0f;
+        for (int k = 0; k < n_in; k++) wf[k] = -fabsf(wf[k]) - 1.0f;
+        x[(size_t)1 * n_in + 7] = INFINITY, x[(size_t)2 * n_in + 3] = -INFINITY;
+    }
+    if (kind == 4) x[(size_t)(N - 1) * n_in + n_in - 1] += ldexpf(1.0f, -20);
+    if (kind == 5) x[(size_t)(N / 2) * n_in] = NAN;
+    w = store_weight(wf, DTYPE_BF16, (size_t)n_out * n_in);
+    float *bf = rand_weight(&b, DTYPE_BF16, n_out, 1.0f);
+    float *fast = xmalloc(nf(N, n_out)), *gen = xmalloc(nf(N, n_out));
+    run_matmul(dut, fast, x, w, kind == 2 ? NULL : b, DTYPE_BF16, N, n_in, n_out, leaves);
+    int want = hi_expected(N, n_in, n_out, leaves), taken = want < 0 ? -1 : cuda_matmul_tc_hi_taken();
+    if (want > 0 && kind >= 4) want = 0;
+    int was = cuda_matmul_tc_fast();
+    cuda_matmul_set_tc_fast(0);
+    run_matmul(dut, gen, x, w, kind == 2 ? NULL : b, DTYPE_BF16, N, n_in, n_out, leaves);
+    cuda_matmul_set_tc_fast(was);
+    static const char *kinds[6] = {"bf16_x", "inf_weight", "nan_weight", "zeros,-0_rows,inf_x", "one_x_not_bf16", "nan_x"};
+    char sh[96];
+    snprintf(sh, sizeof sh, "N=%d,n_in=%d,n_out=%d,leaves=%d,%s", N, n_in, n_out, leaves, kinds[kind]);
+    cmp_bits("inv.tc_hi_vs_general", DTYPE_BF16, sh, fast, gen, (size_t)N * n_out);
+    report("inv.tc_hi_taken", DTYPE_BF16, sh, 0.0, 0.0, 0.0, want < 0 || taken == want);
+    free(x), free(w), free(wf), free(b), free(bf), free(fast), free(gen);
 }
 /* The tensor-core kernel's skip of the mid and lo mma's (matmul_tc.cu's header) changes no bit: the
  * dut with the skip (cuda_matmul_set_tc_skip(1), the default) == without it, on x of bf16 values (the
@@ -2217,6 +2275,15 @@ static void invariance_checks(void) {
     }
     /* runs: 2 of a leaf with a partial chunk; 16 (two a warp at decode); 4 a leaf x 8 leaves */
     inv_matmul_batch(4096, 40, 1, DTYPE_BF16, 1), inv_matmul_batch(8192, 24, 0, DTYPE_BF16, 8);
+    /* bf16-valued x: N = 512, 37, 64 on the hi-only kernel where the shape allows, against decode */
+    inv_matmul_batch_x(1000, 67, 1, DTYPE_BF16, 1, 1), inv_matmul_batch_x(2048, 32, 0, DTYPE_BF16, 8, 1);
+    inv_matmul_batch_x(1000, 67, 1, DTYPE_BF16, 8, 1), inv_matmul_batch_x(4096, 300, 1, DTYPE_BF16, 1, 1);
+    inv_matmul_batch_x(8192, 24, 0, DTYPE_BF16, 8, 1), inv_matmul_batch_x(1024, 40, 1, DTYPE_BF16, 64, 1);
+    static const int fast_shape[][4] = {{512, 2048, 256, 1}, {37, 1000, 67, 1}, {300, 1040, 200, 2}, {64, 2048, 70, 8},
+                                        {129, 4096, 130, 1}};
+    for (int i = 0; i < 5; i++)
+        for (int kind = 0; kind < 6; kind++)
+            inv_tc_fast(fast_shape[i][0], fast_shape[i][1], fast_shape[i][2], fast_shape[i][3], kind);
     const int skip_n[3] = {1, 20, 64};
     for (int i = 0; i < 3; i++)
         for (int kind = 0; kind < 5; kind++) inv_tc_skip(skip_n[i], kind == 3 ? 1000 : 2048, 70, kind == 1 ? 8 : 1, kind);
@@ -2428,6 +2495,168 @@ static int mma_emulate(int N, int n_in, int n_out, int leaves) {
     free(count), free(written), free(cov);
     return bad;
 }
+/* The hi-only kernel's index arithmetic (matmul_tc.cu matmul_tc_hi_kernel, cuda.h MmaHiGeometry),
+ * emulated as the kernel runs it: per block, the stages' chunks (mma_hi_chunk) staged by the 16-byte
+ * copies (mma_hi_w_copy, mma_hi_x_copy; each tile slot written once, a copy wholly inside its leaf
+ * and row or zero-filled), each warp's fragments read from the tiles as the kernel reads them, placed
+ * where the ISA says: every product W[o][k] x[n][k] accumulated exactly once into out[n][o], while
+ * the unit that holds k is open; the units closed in order, each once, the stack within
+ * MMA_HI_DEPTH and empty at the end; every output written once. Returns the failures. */
+static int mma_hi_emulate(int N, int n_in, int n_out, int leaves, int sms) {
+    MmaHiGeometry g = cuda_mma_hi_geometry(N, n_in, n_out, leaves, sms);
+    if (!g.ok) return 1;
+    int bad = 0, KL = n_in / leaves, R = g.runs, C = (KL + MMA_K - 1) / MMA_K, S = leaves * R, J = leaves * C;
+    int BM = MMA_HI_BM, BN = MMA_HI_WN * g.wn, T = 64 * g.wn, NS = (J + MMA_HI_SC - 1) / MMA_HI_SC;
+    int MT = MMA_HI_WM / MMA_M, NT = MMA_HI_WN / MMA_N;
+    unsigned char *count = xcalloc((size_t)N * n_out * n_in, 1), *written = xcalloc((size_t)N * n_out, 1);
+    int *wo = xmalloc(sizeof(int) * BM * MMA_K), *wk = xmalloc(sizeof(int) * BM * MMA_K);
+    int *xn = xmalloc(sizeof(int) * BN * MMA_K), *xk = xmalloc(sizeof(int) * BN * MMA_K);
+    bad += (g.wn != 2 && g.wn != 4) || R != mma_runs(KL);
+    for (unsigned bx = 0; bx < g.grid_x; bx++)
+        for (unsigned by = 0; by < g.grid_y; by++) {
+            int o0 = (int)bx * BM, n0 = (int)by * BN, u = 0, uend = mma_hi_unit_end(0, C, R), top = 0, closed = 0;
+            for (int s = 0; s < NS; s++)
+                for (int q = 0; q < MMA_HI_SC; q++) {
+                    int j = s * MMA_HI_SC + q, kc, kend;
+                    if (j >= J) break;
+                    mma_hi_chunk(j, C, KL, &kc, &kend);
+                    for (int i = 0; i < BM * MMA_K; i++) wo[i] = -2;
+                    for (int i = 0; i < BN * MMA_K; i++) xn[i] = -2;
+                    for (int t = 0; t < T; t++) {   /* the copies, thread by thread as the kernel loops */
+                        for (int c = 0; c < BM * 2 / T; c++) {
+                            int i = t + c * T, row, k;
+                            mma_hi_w_copy(i, &row, &k);
+                            int ok = o0 + row < n_out && kc + k < kend;
+                            for (int e = 0; e < 8; e++) {
+                                int slot = row * MMA_K + k + e;
+                                bad += row < 0 || row >= BM || k + e >= MMA_K || wo[slot] != -2;
+                                if (ok) bad += kc + k + e >= kend || kc + k + e >= n_in;
+                                wo[slot] = ok ? o0 + row : -1, wk[slot] = kc + k + e;
+                            }
+                        }
+                        for (int c = 0; c < BN * 4 / T; c++) {
+                            int i = t + c * T, row, k;
+                            mma_hi_x_copy(i, &row, &k);
+                            int ok = n0 + row < N && kc + k < kend;
+                            for (int e = 0; e < 4; e++) {
+                                int slot = row * MMA_K + k + e;
+                                bad += row < 0 || row >= BN || k + e >= MMA_K || xn[slot] != -2;
+                                if (ok) bad += kc + k + e >= kend || kc + k + e >= n_in;
+                                xn[slot] = ok ? n0 + row : -1, xk[slot] = kc + k + e;
+                            }
+                        }
+                    }
+                    for (int i = 0; i < BM * MMA_K; i++) bad += wo[i] == -2;
+                    for (int i = 0; i < BN * MMA_K; i++) bad += xn[i] == -2;
+                    int lf = u / R, c0, c1;
+                    mma_run_chunks(C, R, u % R, &c0, &c1);
+                    for (int warp = 0; warp < T / 32; warp++) {
+                        int wm = warp & 1, wnn = warp >> 1;
+                        for (int mt = 0; mt < MT; mt++)
+                            for (int nt = 0; nt < NT; nt++) {
+                                int ao[16][16], ak[16][16], bn[16][8], bk[16][8];
+                                for (int lane = 0; lane < 32; lane++) {
+                                    for (int r = 0; r < 2; r++) {   /* uint2 at (row, k 4t): registers r, r + 2 */
+                                        int base = mma_hi_a_off(wm, mt, lane, r);
+                                        bad += base % 4 != 0 || base < 0 || base + 4 > BM * MMA_K;
+                                        for (int e = 0; e < 4; e++) {
+                                            int reg = e < 2 ? r : r + 2, row, col;
+                                            ptx_a(lane, 2 * reg + (e & 1), &row, &col);
+                                            ao[row][col] = wo[base + e], ak[row][col] = wk[base + e];
+                                        }
+                                    }
+                                    int base = mma_hi_b_off(wnn, nt, lane);
+                                    bad += base % 4 != 0 || base < 0 || base + 4 > BN * MMA_K;
+                                    for (int e = 0; e < 4; e++) {   /* uint4 .x .y -> register 0, .z .w -> 1 */
+                                        int row, col;
+                                        ptx_b(lane, e, &row, &col);
+                                        bn[row][col] = xn[base + e], bk[row][col] = xk[base + e];
+                                    }
+                                }
+                                for (int lane = 0; lane < 32; lane++)
+                                    for (int e = 0; e < 4; e++) {
+                                        int row, col, o = o0 + MMA_HI_WM * wm + MMA_M * mt + mma_c_row(lane, e);
+                                        int n = n0 + MMA_HI_WN * wnn + MMA_N * nt + mma_c_col(lane, e);
+                                        ptx_c(lane, e, &row, &col);
+                                        for (int slot = 0; slot < 16; slot++) {
+                                            if (ao[row][slot] < 0 || bn[slot][col] < 0) continue;
+                                            int k = ak[row][slot];
+                                            bad += k != bk[slot][col] || ao[row][slot] != o || bn[slot][col] != n;
+                                            bad += k < lf * KL || k >= (lf + 1) * KL || (k - lf * KL) / MMA_K < c0 ||
+                                                   (k - lf * KL) / MMA_K >= c1;
+                                            if (o < n_out && n < N && k < n_in) count[((size_t)n * n_out + o) * n_in + k]++;
+                                        }
+                                    }
+                            }
+                    }
+                    if (j + 1 == uend) {   /* the kernel's close: the stack */
+                        bad += closed != u;
+                        closed++;
+                        for (int m = u + 1; m % 2 == 0; m /= 2) top--;
+                        bad += top < 0;
+                        if (u + 1 < S) {
+                            top++;
+                            bad += top > MMA_HI_DEPTH;
+                            u++;
+                            uend = mma_hi_unit_end(u, C, R);
+                        }
+                    }
+                }
+            bad += closed != S || top != 0;
+            for (int warp = 0; warp < T / 32; warp++)
+                for (int mt = 0; mt < MT; mt++)
+                    for (int nt = 0; nt < NT; nt++)
+                        for (int lane = 0; lane < 32; lane++)
+                            for (int e = 0; e < 4; e++) {
+                                int o = o0 + MMA_HI_WM * (warp & 1) + MMA_M * mt + mma_c_row(lane, e);
+                                int n = n0 + MMA_HI_WN * (warp >> 1) + MMA_N * nt + mma_c_col(lane, e);
+                                if (o < n_out && n < N) written[(size_t)n * n_out + o]++;
+                            }
+        }
+    for (size_t e = 0; e < (size_t)N * n_out; e++) {
+        bad += written[e] != 1;
+        for (int k = 0; k < n_in; k++) bad += count[e * n_in + k] != 1;
+    }
+    free(count), free(written), free(wo), free(wk), free(xn), free(xk);
+    return bad;
+}
+/* cuda_mma_hi_geometry: ok exactly for N > 32, n_in >= 16, n_in and its leaves' length multiples of 8
+ * and at most MMA_HI_MAX_UNITS units; runs mma_runs(n_in / leaves); wn 4 when the 128 x 128 blocks
+ * are at least sms, else 2; the grid covers every output and row with less than one block of slack.
+ * Returns the failures. */
+static int mma_hi_geometry_checks(void) {
+    static const int outs[] = {1, 15, 16, 17, 65, 256, 2048, 5632, 32000}, lvs[] = {1, 2, 8, 64}, sms[] = {1, 132};
+    static const int ins[] = {64, 1000, 1004, 2048, 4096, 5632, 11008, 65536, 8};
+    int bad = 0;
+    for (int N = 1; N <= 700; N += N < 140 ? 1 : 37)
+        for (size_t o = 0; o < sizeof outs / sizeof outs[0]; o++)
+            for (size_t q = 0; q < sizeof ins / sizeof ins[0]; q++)
+                for (int l = 0; l < 4; l++)
+                    for (int m = 0; m < 2; m++) {
+                        if (ins[q] % lvs[l]) continue;
+                        MmaHiGeometry g = cuda_mma_hi_geometry(N, ins[q], outs[o], lvs[l], sms[m]);
+                        int KL = ins[q] / lvs[l], R = mma_runs(KL);
+                        int ok = N > 32 && ins[q] >= MMA_K && ins[q] % 8 == 0 && KL % 8 == 0 && lvs[l] * R <= MMA_HI_MAX_UNITS;
+                        long bx = (outs[o] + 127) / 128, big = (N + 127) / 128, rows = MMA_HI_WN * (long)g.wn;
+                        int wn = bx * big >= sms[m] ? 4 : 2, depth = 0;
+                        for (int u = 1; u < lvs[l] * R; u *= 2) depth++;
+                        if (g.ok != ok || g.runs != R || g.wn != wn || g.grid_x * (long)MMA_HI_BM < outs[o] ||
+                            (g.grid_x - 1) * (long)MMA_HI_BM >= outs[o] || g.grid_y * rows < N || (g.grid_y - 1) * rows >= N ||
+                            (ok && depth > MMA_HI_DEPTH))
+                            if (bad++ < 5) printf("FAIL geometry.mma_hi N=%d n_in=%d n_out=%d leaves=%d sms=%d\n", N, ins[q], outs[o], lvs[l], sms[m]);
+                    }
+    host_line(bad, "geometry.mma_hi", "N=1..700,9_n_in,9_n_out,leaves_1..64,sms");
+    static const int em[][5] = {{33, 64, 17, 1, 1},    {40, 1000, 67, 1, 132}, {130, 1040, 200, 2, 132}, {100, 8192, 40, 8, 132},
+                                {129, 2048, 140, 1, 2}, {48, 1024, 33, 64, 132}, {200, 48, 300, 2, 1}, {65, 4096, 16, 16, 132}};
+    int ebad = 0;
+    for (size_t i = 0; i < sizeof em / sizeof em[0]; i++) {
+        int b = mma_hi_emulate(em[i][0], em[i][1], em[i][2], em[i][3], em[i][4]);
+        if (b && ebad < 3) printf("FAIL mma_hi.emulated_cover N=%d n_in=%d n_out=%d leaves=%d sms=%d\n", em[i][0], em[i][1], em[i][2], em[i][3], em[i][4]);
+        ebad += b != 0;
+    }
+    host_line(ebad, "mma_hi.emulated_cover", "8_shapes,wn_2_and_4,partial_chunks,64_units");
+    return bad + ebad;
+}
 /* mma_runs and mma_run_chunks (cuda.h) for every leaf length up to 2^17 and some beyond: R a power of
  * two <= MMA_MAX_RUNS, the largest with C >= 16 R (1 below 32 chunks); the runs cover the chunks in
  * order, none empty, lengths within one of each other, each >= 16 chunks when R > 1. Returns the
@@ -2491,7 +2720,7 @@ static int mma_checks(void) {
     int ebad = 0;
     for (size_t i = 0; i < sizeof em / sizeof em[0]; i++) ebad += mma_emulate(em[i][0], em[i][1], em[i][2], em[i][3]);
     host_line(ebad, "mma.emulated_cover", "16_odd_shapes,every_variant,runs");
-    return bad + (ebad != 0);
+    return bad + (ebad != 0) + mma_hi_geometry_checks();
 }
 
 /* The matmul's launch geometry (host-side, cuda_matmul_geometry): the grid covers every output row
