@@ -122,13 +122,11 @@ int cuda_matmul_tc_hi_taken(void);
 /* 0: always issue the mid and lo mma's (a debug switch: cuda_vs_cpu checks the bits are the same);
  * 1 (default): skip them where the warp's x pieces are all +0 and its weights finite */
 void cuda_matmul_set_tc_skip(int on);
-/* 1: bf16 weights take the fp32 SIMT kernel (on the upcast weights); 0: the tensor cores
- * (matmul_tc.cu). The SIMT kernel unless TANDEM_CUDA_MATMUL=tc (read once). Measured on an H200 at
- * the 1.1B shape, the first tensor-core kernel (one accumulator walking all of K per tile, no runs)
- * prefilled 2.1x faster but decoded 2.9x slower; this one (runs over a block's warps, zero mma's
- * skipped) decodes batch 32 1.24x faster and prefills 1.16x faster but batch 1 0.91x (README,
- * Measured). One choice per process, so
- * every batch size gets the same bits. bench --kernels sets it to time both side by side. */
+/* 1: bf16 weights take the fp32 SIMT kernel (on the upcast weights); 0 (default): the tensor cores
+ * (matmul_tc.cu). TANDEM_CUDA_MATMUL=simt (read once) picks the SIMT kernel. Measured on an H200 at
+ * the 1.1B shape against SIMT in one call: prefill 4 x 512 3.5x, decode batch 32 1.24x, a training
+ * step 1.18x, decode batch 1 0.91x (README, Measured). One choice per process, so every batch size
+ * gets the same bits. bench --kernels sets it to time both side by side. */
 int cuda_matmul_simt_bf16(void);
 void cuda_matmul_set_simt_bf16(int on);
 

@@ -538,7 +538,7 @@ static int simt_bf16 = -1;   /* -1: not read from the environment yet */
 extern "C" int cuda_matmul_simt_bf16(void) {
     if (simt_bf16 < 0) {
         const char *e = getenv("TANDEM_CUDA_MATMUL");
-        simt_bf16 = !(e && !strcmp(e, "tc"));   /* the SIMT kernel unless asked: see cuda.h */
+        simt_bf16 = e && !strcmp(e, "simt");   /* the tensor cores unless asked: see cuda.h */
     }
     return simt_bf16;
 }

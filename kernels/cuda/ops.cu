@@ -18,10 +18,9 @@
  * out (N, n_out) = x (N, n_in) w^T [+ bias]. A warp computes CUDA_MM_ROWS outputs for XR rows of x.
  * Lane l multiplies elements [4l, 4l + 4) of every CUDA_MM_CHUNK-element chunk of the row, fused
  * multiply-adds in increasing k into one accumulator per output, then the fixed xor tree adds the
- * 32 lanes, then the bias. A bf16 weight is read here through its exact
- * upcast, so its result has the fp32 kernel's bits on the upcast weights, unless TANDEM_CUDA_MATMUL=tc
- * gives bf16 weights to the tensor cores (matmul_tc.cu; cuda.h says why not by default). Memory-bound
- * at decode: the weight rows are streamed
+ * 32 lanes, then the bias. bf16 weights go to the tensor cores (matmul_tc.cu) unless
+ * TANDEM_CUDA_MATMUL=simt: then a bf16 weight is read here through its exact upcast, so its result
+ * has the fp32 kernel's bits on the upcast weights. Memory-bound at decode: the weight rows are streamed
  * once per launch (16-byte fp32 / 8-byte bf16 loads, coalesced across the warp); x rows come from
  * L1 (the block's warps share them). */
 template <typename WT> struct W4;
