@@ -145,8 +145,8 @@ static const DeviceLink fake_link = {"fake NCCL", sizeof(FakeId), fake_key, fake
                                      fake_group_begin, fake_group_end, fake_send, fake_recv, fake_all_gather,
                                      fake_broadcast, fake_max};
 static Backend fake = {.name = "fake", .alloc = fake_alloc, .free = fake_free, .to_host = fake_copy_bytes,
-                       .to_device = fake_copy_bytes, .copy = fake_copy, .owns = fake_owns,
-                       .tree_sum = fake_tree_sum, .link = &fake_link};
+                       .to_device = fake_copy_bytes, .copy_bytes = fake_copy_bytes, .copy = fake_copy,
+                       .owns = fake_owns, .tree_sum = fake_tree_sum, .link = &fake_link};
 
 /* ---- checks --------------------------------------------------------------------------------------- */
 static float *dev_copy(const float *h, size_t n) {
@@ -156,11 +156,14 @@ static float *dev_copy(const float *h, size_t n) {
 }
 static float *values(size_t n, int salt) {   /* distinct per rank, not exactly summable in any order */
     float *v = xmalloc(sizeof(float) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++) v[i] = (float)((i * 2654435761u + (unsigned)(salt * 97 + world_rank * 31)) % 10007) / 7.0f + 1e-3f * (float)world_rank;
+    for (size_t i = 0; i < n; i++)
+        v[i] = (float)((i * 2654435761u + (unsigned)(salt * 97 + world_rank * 31)) % 10007) / 7.0f +
+               1e-3f * (float)world_rank;
     return v;
 }
 static void same(const char *what, const void *dev, const void *host, size_t bytes) {
-    if (memcmp(dev, host, bytes)) printf("FAIL %s: rank %d, the device buffer's bytes differ from the host call's\n", what, world_rank), failures++;
+    if (memcmp(dev, host, bytes))
+        printf("FAIL %s: rank %d, the device buffer's bytes differ from the host call's\n", what, world_rank), failures++;
 }
 
 static void check_group(const Comm *c, const char *name) {
