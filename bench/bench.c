@@ -74,7 +74,7 @@ static double copy_bandwidth_gbs(void) {
 /* A device backend's copy bandwidth, bytes read plus bytes written per second (the HBM roofline's
  * figure: nvidia-smi's and CUDA's bandwidthTest count both): be->copy of 512 MiB, timed between
  * syncs. Best of 5 after one warm-up. */
-static double device_copy_gbs(const Backend *be) {
+double bench_device_copy_gbs(const Backend *be) {
     size_t n = (size_t)128 << 20;   /* floats */
     float *a = be->alloc(sizeof(float) * n), *b = be->alloc(sizeof(float) * n);
     double best = 0;
@@ -137,7 +137,7 @@ static EngineStats bench_decode(Model *m, int B, int P, int T) {
 
 /* Read bandwidth: a vectorised sum over a buffer far larger than the L3, with the run's threads.
  * Batch-1 decode only reads weights, so this (not copy) is its ceiling. Best of 5. */
-static double read_bandwidth_gbs(void) {
+double bench_read_bandwidth_gbs(void) {
     size_t n = (size_t)64 << 20;   /* floats: 256 MiB */
     float *a = xmalloc(sizeof(float) * n);
     for (size_t i = 0; i < n; i++) a[i] = (float)(i & 7);
@@ -202,7 +202,7 @@ static double fma_peak_gflops(void) {
     return best;
 }
 
-static double median(double *v, int n) {
+double bench_median(double *v, int n) {
     qsort(v, n, sizeof(double), cmp_double);
     return v[n / 2];
 }
@@ -215,7 +215,7 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
     /* On a device the roofline is its copy bandwidth (read + write), and the hardware FMA peak is
      * not measured (fma_peak_gflops times host cores) */
     int host = !strcmp(m->be->name, "cpu");
-    double copy = host ? copy_bandwidth_gbs() : device_copy_gbs(m->be);
+    double copy = host ? copy_bandwidth_gbs() : bench_device_copy_gbs(m->be);
     /* bytes of weights streamed per decode token: every matrix and norm; an untied embedding table
      * is only looked up (one row), a tied one is read whole as the lm head */
     double es = (double)dtype_size(m->dtype), n_read = m->n_params - (m->cfg.tie_embeddings ? 0.0 : (double)m->vocab_local * m->cfg.dim);
@@ -228,7 +228,7 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
     double *ratio = xmalloc(sizeof(double) * rounds), *frac = xmalloc(sizeof(double) * rounds);
     double *hw = xmalloc(sizeof(double) * rounds);   /* per round: fma_ceiling / batch 1 */
     for (int r = 0; r < rounds; r++) {
-        bw[r] = host ? read_bandwidth_gbs() : device_copy_gbs(m->be);
+        bw[r] = host ? bench_read_bandwidth_gbs() : bench_device_copy_gbs(m->be);
         EngineStats s1 = bench_decode(m, 1, P, T), sb = bench_decode(m, big, P, T);
         d1[r] = s1.decode_tokens / s1.decode_s;
         db[r] = sb.decode_tokens / sb.decode_s;
@@ -237,10 +237,10 @@ static int bench_generate(Model *m, int threads, int P, int T, int big, int roun
         frac[r] = d1[r] / (bw[r] * 1e9 / bytes);
         hw[r] = fma_ceiling / d1[r];
     }
-    double mbw = median(bw, rounds), bound = mbw * 1e9 / bytes, m1 = median(d1, rounds), mb = median(db, rounds);
-    double mpf = median(pf, rounds), mfrac = median(frac, rounds);
-    median(ratio, rounds);   /* sorted: ratio[0] and ratio[rounds - 1] are the extremes */
-    median(hw, rounds);
+    double mbw = bench_median(bw, rounds), bound = mbw * 1e9 / bytes, m1 = bench_median(d1, rounds), mb = bench_median(db, rounds);
+    double mpf = bench_median(pf, rounds), mfrac = bench_median(frac, rounds);
+    bench_median(ratio, rounds);   /* sorted: ratio[0] and ratio[rounds - 1] are the extremes */
+    bench_median(hw, rounds);
     if (mesh_is_root(m->mesh)) {
         printf("%s bandwidth %.1f-%.1f GB/s, median %.1f (copy %.1f); weights %.1f MB per token -> batch-1 bound %.1f tokens/s\n",
                host ? "read" : "device copy (read + write)", bw[0], bw[rounds - 1], mbw, copy, bytes / 1e6, bound);
@@ -350,7 +350,7 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
         comm_barrier(&mesh->group);
         if (it >= 0) times[it] = now_seconds() - t0;
     }
-    double med = median(times, iters);
+    double med = bench_median(times, iters);
     /* bytes a rank sends per step over dp and tp, against Psi = this replica's parameters in fp32
      * bytes (the ZeRO paper: plain DP and ZeRO-1/2 send 2 Psi (P-1)/P, ZeRO-3 3 Psi (P-1)/P) */
     double dp_b = (comm_bytes_sent(&mesh->dp_comm) - dp0) / iters, tp_b = (comm_bytes_sent(&mesh->tp_comm) - tp0) / iters;
@@ -398,7 +398,7 @@ static int bench_prefill(Model *m, const Mesh *mesh, int batch, int seq, int ite
         comm_barrier(&mesh->group);
         if (it >= 0) times[it] = now_seconds() - t0;
     }
-    double med = median(times, iters);
+    double med = bench_median(times, iters);
     double peak = peak_rss_mib(), peak_max = peak;
     comm_all_reduce_sum_f64(&mesh->group, &peak, 1);
     float pm = (float)peak_max;
@@ -414,134 +414,6 @@ static int bench_prefill(Model *m, const Mesh *mesh, int batch, int seq, int ite
     free(tokens); free(start); free(times);
     return 0;
 }
-
-/* --kernels: the forward's kernels alone at the model's shapes and weights (layer 0, the lm head),
- * on the model's backend: microseconds per call (REPS back-to-back calls between syncs, median of
- * `iters`), the weight bytes streamed per second and FLOP/s. Shows where a decode step (N = 1, 32)
- * or a prefill (N = 512) spends its time, and how far each kernel is from the device's copy
- * bandwidth (printed first). Random activations; the numbers do not depend on values. On CUDA in
- * bf16 each matmul is timed twice: the tensor cores ("q_proj"), then the fp32 SIMT kernel they
- * replaced ("q_proj (simt)"). */
-enum { REPS = 20 };
-typedef enum { K_MATMUL, K_RMSNORM, K_SWIGLU, K_ADD, K_ATTN_DECODE, K_ATTN_PREFILL } KernelOp;
-typedef struct {
-    const char *name;
-    KernelOp op;
-    const void *w;   /* matmul weight */
-    int n_in, n_out; /* matmul shape; attention: context length in n_in */
-    int leaves;      /* matmul: the forward's leaves (forward.c) */
-} KernelCase;
-
-static double time_kernel(const Model *m, const KernelCase *k, int N, float *x, float *y, float *kc, float *vc,
-                          const PagedBatch *pb, float *scratch, int iters) {
-    const Backend *be = m->be;
-    const ModelConfig *c = &m->cfg;
-    int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, Dh = c->head_dim, D = c->dim;
-    double *t = xmalloc(sizeof(double) * iters);
-    for (int it = -1; it < iters; it++) {
-        be->sync();
-        double t0 = now_seconds();
-        for (int r = 0; r < REPS; r++) switch (k->op) {
-            case K_MATMUL: be->matmul(y, x, k->w, NULL, m->dtype, N, k->n_in, k->n_out, k->leaves); break;
-            case K_RMSNORM: be->rmsnorm(y, x, m->w.layers[0].attn_norm, m->dtype, N, D, c->norm_eps); break;
-            case K_SWIGLU: be->swiglu(y, x, x, (size_t)N * m->hidden_local); break;
-            case K_ADD: be->add_to(y, x, x, 1); break;
-            case K_ATTN_DECODE: {   /* N sequences of n_in cached keys, one query each: one call (as the forward) */
-                PagedBatch b = *pb;
-                b.N = b.n_seqs = N;
-                be->attention_batch(y, x, kc, vc, &b, Hl, Hkvl, Dh, 0, scratch, (size_t)Hl * (k->n_in > 512 ? k->n_in : 512));
-                break;
-            }
-            case K_ATTN_PREFILL: {  /* one sequence of N tokens, its own keys */
-                KVLayout kv = kv_rows(N, Hkvl, Dh);
-                be->attention(y, x, kc, vc, &kv, N, 0, Hl, Hkvl, Dh, 0, scratch);
-                break;
-            }
-            }
-        be->sync();
-        if (it >= 0) t[it] = (now_seconds() - t0) / REPS;
-    }
-    double med = median(t, iters);
-    free(t);
-    return med;
-}
-
-/* kernels/cuda/matmul_tc.cu when the build has CUDA (weak: NULL otherwise): bf16 matmuls on the
- * tensor cores, timed beside the SIMT kernel, whatever TANDEM_CUDA_MATMUL says; the process's choice
- * is restored after */
-extern void cuda_matmul_set_simt_bf16(int on) __attribute__((weak));
-extern int cuda_matmul_simt_bf16(void) __attribute__((weak));
-
-static int bench_kernels(Model *m, int iters) {
-    const Backend *be = m->be;
-    const ModelConfig *c = &m->cfg;
-    const LayerWeights *w = &m->w.layers[0];
-    int D = c->dim, F = m->hidden_local, Dh = c->head_dim, qd = m->n_heads_local * Dh, kvd = m->n_heads_kv_local * Dh;
-    int ctx = 1024 < c->max_pos ? 1024 : c->max_pos, Ns[] = {1, 32, 512};
-    size_t widest = (size_t)(F > m->vocab_local ? F : m->vocab_local) + D + qd;
-    size_t n_buf = 512 * widest;
-    size_t n_kv = (size_t)((ctx / 16 + 1) * 16 > 512 ? (ctx / 16 + 1) * 16 : 512) * kvd;   /* whole 16-position blocks */
-    float *h = xmalloc(sizeof(float) * n_buf);
-    unsigned rng = 99;
-    for (size_t i = 0; i < n_buf; i++) { rng = rng * 1103515245u + 12345u; h[i] = (float)((rng >> 9) & 1023) / 1024.0f - 0.5f; }
-    float *x = be->alloc(sizeof(float) * n_buf), *y = be->alloc(sizeof(float) * n_buf);
-    float *kc = be->alloc(sizeof(float) * n_kv), *vc = be->alloc(sizeof(float) * n_kv);
-    be->to_device(x, h, sizeof(float) * n_buf);
-    be->to_device(kc, h, sizeof(float) * n_kv);
-    be->to_device(vc, h, sizeof(float) * n_kv);
-    be->round_to(x, n_buf, m->dtype);   /* what every matmul reads in this dtype */
-    /* decode: 32 sequences whose caches are one and the same (table stride 0), each at position ctx - 1 */
-    int nt = ctx / 16 + 1, *ht = xmalloc(sizeof(int) * (nt + 2 * 32 + 33)), *table = be->alloc(sizeof(int) * (nt + 2 * 32));
-    for (int i = 0; i < nt; i++) ht[i] = i;
-    for (int r = 0; r < 32; r++) ht[nt + r] = r, ht[nt + 32 + r] = ctx - 1, ht[nt + 64 + r] = r;
-    ht[nt + 96] = 32;
-    be->to_device(table, ht, sizeof(int) * (nt + 2 * 32));
-    PagedBatch pb = {table, 0, 16, table + nt, table + nt + 32, 32, 32, 0, ht + nt + 64, ht + nt + 32};
-    /* the CPU attention's scratch: a thread's scores for every head and key */
-    float *scratch = be->alloc(sizeof(float) * omp_get_max_threads() * m->n_heads_local * (ctx > 512 ? ctx : 512));
-    double bw = strcmp(be->name, "cpu") ? device_copy_gbs(be) : read_bandwidth_gbs();
-    KernelCase cases[] = {
-        {"q_proj", K_MATMUL, w->wq, D, qd, 1}, {"k_proj", K_MATMUL, w->wk, D, kvd, 1}, {"o_proj", K_MATMUL, w->wo, qd, D, m->o_leaves},
-        {"gate_proj", K_MATMUL, w->w_gate, D, F, 1}, {"down_proj", K_MATMUL, w->w_down, F, D, m->down_leaves},
-        {"lm_head", K_MATMUL, m->w.lm_head, D, m->vocab_local, 1}, {"rmsnorm", K_RMSNORM, NULL, 0, 0, 1},
-        {"swiglu", K_SWIGLU, NULL, 0, 0, 1}, {"attention_decode", K_ATTN_DECODE, NULL, ctx, 0, 1},
-        {"attention_prefill", K_ATTN_PREFILL, NULL, 0, 0, 1}, {"launch (add 1 float)", K_ADD, NULL, 0, 0, 1},
-    };
-    if (mesh_is_root(m->mesh))
-        printf("{\"bench\": \"kernels\", \"device\": \"%s\", \"dtype\": \"%s\", \"bandwidth_gb_s\": %.1f, \"context\": %d}\n",
-               be->name, dtype_name(m->dtype), bw, ctx);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        for (int j = 0; j < 3; j++) {
-            const KernelCase *k = &cases[i];
-            int N = Ns[j];
-            if ((k->op == K_ADD && N > 1) || (k->op == K_ATTN_PREFILL && N < 512) || (k->op == K_ATTN_DECODE && N > 32) ||
-                (k->op == K_MATMUL && !k->w))
-                continue;
-            /* a bf16 matmul on CUDA: the tensor cores, then the old SIMT kernel as the baseline */
-            int cuda_bf16 = k->op == K_MATMUL && !strcmp(be->name, "cuda") && m->dtype == DTYPE_BF16;
-            int both = cuda_bf16 && cuda_matmul_set_simt_bf16 && cuda_matmul_simt_bf16;
-            int was = both ? cuda_matmul_simt_bf16() : 0;
-            for (int simt = 0; simt <= both; simt++) {
-                if (both) cuda_matmul_set_simt_bf16(simt);
-                double us = time_kernel(m, k, N, x, y, kc, vc, &pb, scratch, iters) * 1e6;
-                if (both) cuda_matmul_set_simt_bf16(was);
-                double wbytes = k->op == K_MATMUL ? (double)k->n_in * k->n_out * dtype_size(m->dtype) : 0;
-                double flops = k->op == K_MATMUL ? 2.0 * N * k->n_in * k->n_out : 0;
-                if (k->op == K_ATTN_DECODE) {
-                    wbytes = 2.0 * N * ctx * kvd * sizeof(float);                 /* the keys and values read */
-                    flops = 4.0 * N * ctx * qd;
-                }
-                if (k->op == K_ATTN_PREFILL) flops = 2.0 * N * N * qd;           /* causal: half of 4 N^2 qd */
-                if (mesh_is_root(m->mesh))
-                    printf("{\"kernel\": \"%s%s\", \"N\": %d, \"us\": %.4g, \"gb_s\": %.4g, \"of_bandwidth\": %.3g, \"tflop_s\": %.4g}\n",
-                           k->name, simt ? " (simt)" : "", N, us, wbytes / us / 1e3, wbytes / us / 1e3 / bw, flops / us / 1e6);
-            }
-        }
-    be->free(x); be->free(y); be->free(kc); be->free(vc); be->free(table); be->free(scratch);
-    free(h); free(ht);
-    return 0;
-}
-
 
 int bench_main(int argc, char **argv) {
     const char *model_dir, *tok_list, *text_path;
