@@ -192,6 +192,35 @@ __device__ __forceinline__ void chunks_vec(Acc<MT, NT> &acc, const Tile &T, int 
 
 /* out = one run's sum: chunks [c0, c1) of the leaf [kb, kend), in increasing order (U at a time,
  * then 8, 4, 2, 1: the same sequence), three accumulators, then hi + z(lo + mid) */
+/* Unit u's sum is in acc: the units' pairwise tree (tree_sum's order) on a stack of pending left
+ * subtrees. Every subtree u closes is added as (left) + (acc); then, unless u is the last unit (a
+ * power-of-two count closes every subtree), acc is pushed, and zeroed when clear (the next unit
+ * accumulates into it). The one copy both kernels use: their units combine in the same order. */
+template <int MT, int NT, int DEPTH>
+__device__ __forceinline__ void tree_step(float (&acc)[MT][NT][4], float (&stack)[DEPTH][MT][NT][4], int &top, int u,
+                                          int last, int clear) {
+    for (int m = u + 1; m % 2 == 0; m /= 2) {
+        top--;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[mt][nt][e] = stack[top][mt][nt][e] + acc[mt][nt][e];
+    }
+    if (last) return;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                stack[top][mt][nt][e] = acc[mt][nt][e];
+                if (clear) acc[mt][nt][e] = 0.0f;
+            }
+    top++;
+}
+
 template <int MT, int NT, int U>
 __device__ __forceinline__ void run_dot(float (&out)[MT][NT][4], const Tile &T, int kb, int kend, int c0, int c1,
                                         int vec, int skip) {
@@ -254,24 +283,7 @@ matmul_tc_kernel(float *out, const float *x, const uint16_t *w, const uint16_t *
         int u = u0 + i, lf = u / R, c0, c1;
         mma_run_chunks(C, R, u % R, &c0, &c1);
         run_dot<MT, NT, U>(acc, T, lf * KL, (lf + 1) * KL, c0, c1, vec, skip);
-        for (int m = i + 1; m % 2 == 0; m /= 2) {
-            top--;
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) acc[mt][nt][e] = stack[top][mt][nt][e] + acc[mt][nt][e];
-        }
-        if (i + 1 < count) {   /* count is a power of two: the last unit closes every subtree */
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) stack[top][mt][nt][e] = acc[mt][nt][e];
-            top++;
-        }
+        tree_step(acc, stack, top, i, i + 1 == count, 0);   /* run_dot starts acc afresh */
     }
     if (SH > 1 && share > 1) {
         for (int st = 1; st < share; st *= 2) {
@@ -441,23 +453,8 @@ matmul_tc_hi_kernel(float *out, const float *x, const uint16_t *w, const uint16_
                     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
                         for (int e = 0; e < 4; e++) acc[mt][nt][e] = __fadd_rn(0.0f, acc[mt][nt][e]);   /* z(+0 + +0) + hi */
-                for (int m = u + 1; m % 2 == 0; m /= 2) {
-                    top--;
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) acc[mt][nt][e] = stack[top][mt][nt][e] + acc[mt][nt][e];
-                }
+                tree_step(acc, stack, top, u, u + 1 == S, 1);
                 if (u + 1 < S) {
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) stack[top][mt][nt][e] = acc[mt][nt][e], acc[mt][nt][e] = 0.0f;
-                    top++;
                     u++;
                     uend = mma_hi_unit_end(u, C, R);
                 }
