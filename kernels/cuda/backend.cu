@@ -65,8 +65,7 @@ static void cuda_copy_bytes(void *dst, const void *src, size_t bytes) {   /* que
 }
 
 void *cuda_scratch(int slot, size_t bytes) {
-    enum { SLOTS = 3 };   /* 0: attention_backward's row statistics, 1: rmsnorm_backward's row scales,
-                             2: the bf16 matmul's leaf sums (matmul_tc.cu) */
+    enum { SLOTS = 2 };   /* 0: attention_backward's row statistics, 1: rmsnorm_backward's row scales */
     static void *buf[SLOTS];
     static size_t cap[SLOTS];
     if (slot < 0 || slot >= SLOTS) rank_error("internal error: cuda_scratch slot %d", slot);
