@@ -177,64 +177,59 @@ void bpe_free(Bpe *b) {
     free(b);
 }
 
-Bpe *bpe_load(Tokenizer *t, const char *path, const char *json_text, char *err, size_t errlen) {
-    cJSON *j = cJSON_Parse(json_text);
-    Bpe *b = xcalloc(1, sizeof(Bpe));
-    int cp_to_byte[512];
-    b->t = t;
-    byte_map_init(b, cp_to_byte);
-    if (!j) {
-        snprintf(err, errlen, "%s: not valid JSON (near byte %zu)", path,
-                 cJSON_GetErrorPtr() ? (size_t)(cJSON_GetErrorPtr() - json_text) : (size_t)0);
-        goto fail;
-    }
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
-    if (!cJSON_IsObject(model)) { snprintf(err, errlen, "%s: field \"model\" missing", path); goto fail; }
-    const char *mty = type_of(model);
-    if (strcmp(mty, "BPE")) {
-        snprintf(err, errlen, "%s: tokenizer model type \"%s\" is not supported (supported: BPE)", path, mty);
-        goto fail;
-    }
+/* The five sections of a tokenizer.json, read in this order (the first error is the one
+ * reported). Each returns 0, or -1 with err. */
+
+/* normalizer: none, or NFC (composed before splitting). */
+static int bpe_read_normalizer(Bpe *b, const cJSON *j, const char *path, char *err, size_t errlen) {
     const cJSON *norm = cJSON_GetObjectItemCaseSensitive(j, "normalizer");
-    int nfc = 0;
     if (norm && !cJSON_IsNull(norm)) {
         if (strcmp(type_of(norm), "NFC")) {
             snprintf(err, errlen, "%s: normalizer type \"%s\" is not supported (supported: none, NFC)", path,
                      type_of(norm));
-            goto fail;
+            return -1;
         }
-        nfc = 1;
+        b->nfc = 1;
     }
-    b->nfc = nfc;
+    return 0;
+}
+
+/* pre_tokenizer (the regex splits) and its mirror, the decoder: both byte-level. */
+static int bpe_read_pretokenizer(Bpe *b, const cJSON *j, const char *path, char *err, size_t errlen) {
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(j, "pre_tokenizer");
     if (!cJSON_IsObject(pre)) {
         snprintf(err, errlen, "%s: pre_tokenizer missing (only byte-level BPE is supported)", path);
-        goto fail;
+        return -1;
     }
-    if (parse_pretok(b, pre, path, err, errlen)) goto fail;
+    if (parse_pretok(b, pre, path, err, errlen)) return -1;
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(j, "decoder");
     if (dec && !cJSON_IsNull(dec) && strcmp(type_of(dec), "ByteLevel")) {
         snprintf(err, errlen, "%s: decoder type \"%s\" is not supported (supported: ByteLevel)", path, type_of(dec));
-        goto fail;
+        return -1;
     }
+    return 0;
+}
+
+/* Vocabulary: model.vocab plus added_tokens (ids may leave gaps, filled with ""); each piece's
+ * bytes, the specials, and the one-byte tokens of the byte map. */
+static int bpe_read_vocab(Bpe *b, const cJSON *j, const cJSON *model, const int cp_to_byte[512], const char *path,
+                          char *err, size_t errlen) {
+    Tokenizer *t = b->t;
     const cJSON *sfx = cJSON_GetObjectItemCaseSensitive(model, "end_of_word_suffix");
     const cJSON *pfx = cJSON_GetObjectItemCaseSensitive(model, "continuing_subword_prefix");
     if ((cJSON_IsString(sfx) && sfx->valuestring[0]) || (cJSON_IsString(pfx) && pfx->valuestring[0])) {
         snprintf(err, errlen, "%s: BPE with continuing_subword_prefix/end_of_word_suffix is not supported", path);
-        goto fail;
+        return -1;
     }
-    b->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
-
-    /* vocabulary: model.vocab plus added_tokens; ids may leave gaps */
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(j, "added_tokens");
-    if (!cJSON_IsObject(vocab)) { snprintf(err, errlen, "%s: field \"model.vocab\" missing", path); goto fail; }
+    if (!cJSON_IsObject(vocab)) { snprintf(err, errlen, "%s: field \"model.vocab\" missing", path); return -1; }
     int V = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, vocab) {
         if (!cJSON_IsNumber(e) || e->valueint < 0) {
             snprintf(err, errlen, "%s: model.vocab[\"%s\"] is not a non-negative id", path, e->string);
-            goto fail;
+            return -1;
         }
         if (e->valueint + 1 > V) V = e->valueint + 1;
     }
@@ -243,7 +238,7 @@ Bpe *bpe_load(Tokenizer *t, const char *path, const char *json_text, char *err, 
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "content");
         if (!cJSON_IsNumber(id) || id->valueint < 0 || !cJSON_IsString(c)) {
             snprintf(err, errlen, "%s: added_tokens entry without \"id\"/\"content\"", path);
-            goto fail;
+            return -1;
         }
         if (id->valueint + 1 > V) V = id->valueint + 1;
     }
@@ -272,9 +267,14 @@ Bpe *bpe_load(Tokenizer *t, const char *path, const char *json_text, char *err, 
         if (!t->pieces[id]) { t->pieces[id] = xstrdup(""); t->tok_bytes[id] = xstrdup(""); }
     for (int byte = 0; byte < 256; byte++)
         b->byte_tok[byte] = strmap_get(&t->piece_ids, b->byte_str[byte], strlen(b->byte_str[byte]));
+    return 0;
+}
 
-    /* merges: rank = position; "a b" or ["a", "b"] */
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+/* model.merges into the pair table: rank = position; "a b" or ["a", "b"]. Needs the vocabulary. */
+static int bpe_read_merges(Bpe *b, const cJSON *model, const char *path, char *err, size_t errlen) {
+    const Tokenizer *t = b->t;
+    b->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
+    const cJSON *e, *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     int n_merges = cJSON_GetArraySize(merges);
     b->pairs_cap = 16;
     while (b->pairs_cap < (size_t)n_merges * 2) b->pairs_cap *= 2;
@@ -287,7 +287,7 @@ Bpe *bpe_load(Tokenizer *t, const char *path, const char *json_text, char *err, 
         size_t ll, rl;
         if (cJSON_IsString(e)) {
             const char *sp = strchr(e->valuestring, ' ');
-            if (!sp) { snprintf(err, errlen, "%s: model.merges[%d] \"%s\" has no space", path, rank, e->valuestring); free(buf); goto fail; }
+            if (!sp) { snprintf(err, errlen, "%s: model.merges[%d] \"%s\" has no space", path, rank, e->valuestring); free(buf); return -1; }
             l = e->valuestring; ll = (size_t)(sp - l);
             r = sp + 1; rl = strlen(r);
         } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) == 2 && cJSON_IsString(e->child) &&
@@ -297,7 +297,7 @@ Bpe *bpe_load(Tokenizer *t, const char *path, const char *json_text, char *err, 
         } else {
             snprintf(err, errlen, "%s: model.merges[%d] is neither \"a b\" nor [\"a\", \"b\"]", path, rank);
             free(buf);
-            goto fail;
+            return -1;
         }
         if (ll + rl + 1 > buf_cap) { buf_cap = (ll + rl + 1) * 2; buf = xrealloc(buf, buf_cap); }
         memcpy(buf, l, ll);
@@ -311,8 +311,12 @@ Bpe *bpe_load(Tokenizer *t, const char *path, const char *json_text, char *err, 
         rank++;
     }
     free(buf);
+    return 0;
+}
 
-    /* post_processor TemplateProcessing whose single template starts with a special token: BOS */
+/* post_processor TemplateProcessing whose single template starts with a special token: that
+ * token is the BOS, added by default. Anything else adds nothing; never an error. */
+static void bpe_read_post(Tokenizer *t, const cJSON *j) {
     const cJSON *post = cJSON_GetObjectItemCaseSensitive(j, "post_processor");
     if (cJSON_IsObject(post) && !strcmp(type_of(post), "Sequence")) { /* Llama-3: [ByteLevel, Template] */
         const cJSON *pp;
@@ -326,6 +330,30 @@ Bpe *bpe_load(Tokenizer *t, const char *path, const char *json_text, char *err, 
         if (cJSON_IsString(sid) && (t->bos_id = tokenizer_piece_to_id(t, sid->valuestring)) >= 0)
             t->add_bos = 1;
     }
+}
+
+Bpe *bpe_load(Tokenizer *t, const char *path, const char *json_text, char *err, size_t errlen) {
+    cJSON *j = cJSON_Parse(json_text);
+    Bpe *b = xcalloc(1, sizeof(Bpe));
+    int cp_to_byte[512];
+    b->t = t;
+    byte_map_init(b, cp_to_byte);
+    if (!j) {
+        snprintf(err, errlen, "%s: not valid JSON (near byte %zu)", path,
+                 cJSON_GetErrorPtr() ? (size_t)(cJSON_GetErrorPtr() - json_text) : (size_t)0);
+        goto fail;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
+    if (!cJSON_IsObject(model)) { snprintf(err, errlen, "%s: field \"model\" missing", path); goto fail; }
+    const char *mty = type_of(model);
+    if (strcmp(mty, "BPE")) {
+        snprintf(err, errlen, "%s: tokenizer model type \"%s\" is not supported (supported: BPE)", path, mty);
+        goto fail;
+    }
+    if (bpe_read_normalizer(b, j, path, err, errlen) || bpe_read_pretokenizer(b, j, path, err, errlen) ||
+        bpe_read_vocab(b, j, model, cp_to_byte, path, err, errlen) || bpe_read_merges(b, model, path, err, errlen))
+        goto fail;
+    bpe_read_post(t, j);
     b->md = pcre2_match_data_create(1, NULL);
     strmap_init(&b->cache, 1024);
     cJSON_Delete(j);
