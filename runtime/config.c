@@ -44,6 +44,157 @@ static int get_bool(const Cfg *g, const char *key, int dflt) {
     return cJSON_IsTrue(v);
 }
 
+/* ---- the families: what each model_type always has, and how it reads the rest ------------ */
+
+/* Where a family's sliding window comes from. */
+typedef enum {
+    WINDOW_NONE,        /* full attention on every layer */
+    WINDOW_ALL_LAYERS,  /* "sliding_window" on every layer (mistral; null or absent: none) */
+    WINDOW_OPT_IN,      /* only with "use_sliding_window": true, on layers >= "max_window_layers" (qwen2) */
+} WindowRule;
+
+/* One row per supported model_type. A feature a family may or may not have is a column here,
+ * never an is_<family> branch below. */
+typedef struct {
+    const char *model_type;
+    int qkv_bias;        /* 1: q/k/v biases always; 0: as "attention_bias" says (default false) */
+    WindowRule window;
+} Family;
+
+static const Family FAMILIES[] = {
+    {"llama",   0, WINDOW_NONE},
+    {"mistral", 0, WINDOW_ALL_LAYERS},
+    {"qwen2",   1, WINDOW_OPT_IN},
+};
+enum { N_FAMILIES = (int)(sizeof(FAMILIES) / sizeof(FAMILIES[0])) };
+
+/* "model_type" -> its row; user_error naming the supported ones. */
+static const Family *read_family(const Cfg *g, ModelConfig *c) {
+    cJSON *mt = get(g, "model_type");
+    if (!mt || !cJSON_IsString(mt)) user_error("%s: missing key \"model_type\"", g->path);
+    for (int i = 0; i < N_FAMILIES; i++)
+        if (!strcmp(mt->valuestring, FAMILIES[i].model_type)) {
+            snprintf(c->model_type, sizeof(c->model_type), "%s", mt->valuestring);
+            return &FAMILIES[i];
+        }
+    char names[128] = "";
+    for (int i = 0; i < N_FAMILIES; i++)
+        snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", i ? ", " : "", FAMILIES[i].model_type);
+    user_error("%s: model_type \"%s\" is not supported (%s)", g->path, mt->valuestring, names);
+    return NULL;
+}
+
+/* Sizes (D, F, L, H, Hkv, Dh, V, max_pos) with their consistency checks. */
+static void read_shape(const Cfg *g, ModelConfig *c) {
+    c->dim = get_int(g, "hidden_size", 1, 0);
+    c->hidden_dim = get_int(g, "intermediate_size", 1, 0);
+    c->n_layers = get_int(g, "num_hidden_layers", 1, 0);
+    c->n_heads = get_int(g, "num_attention_heads", 1, 0);
+    c->n_heads_kv = get_int(g, "num_key_value_heads", 0, c->n_heads);
+    c->vocab_size = get_int(g, "vocab_size", 1, 0);
+    c->max_pos = get_int(g, "max_position_embeddings", 0, 2048);
+    if (c->dim <= 0 || c->hidden_dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_heads_kv <= 0 || c->vocab_size <= 0)
+        user_error("%s: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
+                   "num_key_value_heads and vocab_size must be positive", g->path);
+    if (c->n_heads % c->n_heads_kv)
+        user_error("%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", g->path,
+                   c->n_heads, c->n_heads_kv);
+    c->head_dim = get_int(g, "head_dim", 0, 0);
+    if (c->head_dim == 0) {
+        if (c->dim % c->n_heads) user_error("%s: hidden_size %% num_attention_heads != 0 and no head_dim", g->path);
+        c->head_dim = c->dim / c->n_heads;
+    }
+    if (c->head_dim % 2) user_error("%s: head_dim %d must be even for RoPE", g->path, c->head_dim);
+}
+
+/* Keys whose other values change the math in ways not implemented: refused, never ignored. */
+static void refuse_unsupported(const Cfg *g) {
+    cJSON *act = get(g, "hidden_act");
+    if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "silu") && strcmp(act->valuestring, "swish"))))
+        user_error("%s: hidden_act \"%s\" is not supported (silu)", g->path, cJSON_IsString(act) ? act->valuestring : "?");
+    if (get_bool(g, "mlp_bias", 0)) user_error("%s: mlp_bias true is not supported", g->path);
+    if (cJSON_IsNumber(get(g, "pretraining_tp")) && get_int(g, "pretraining_tp", 0, 1) != 1)
+        user_error("%s: pretraining_tp != 1 is not supported", g->path);
+}
+
+/* "rope_scaling": null (default), linear or llama3, with their keys. */
+static void read_rope_scaling(const Cfg *g, ModelConfig *c) {
+    cJSON *rs = get(g, "rope_scaling");
+    c->rope_scaling = ROPE_DEFAULT;
+    c->rope_factor = 1.0f;
+    if (!rs) return;
+    if (!cJSON_IsObject(rs)) user_error("%s: rope_scaling must be an object or null", g->path);
+    cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!type) type = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    if (!type || !cJSON_IsString(type)) user_error("%s: rope_scaling has no \"rope_type\"", g->path);
+    const char *t = type->valuestring;
+    if (!strcmp(t, "default")) {
+    } else if (!strcmp(t, "linear")) {
+        c->rope_scaling = ROPE_LINEAR;
+        c->rope_factor = get_float(g, rs, "factor", 1, 1.0f);
+    } else if (!strcmp(t, "llama3")) {
+        c->rope_scaling = ROPE_LLAMA3;
+        c->rope_factor = get_float(g, rs, "factor", 1, 1.0f);
+        c->rope_low_freq_factor = get_float(g, rs, "low_freq_factor", 1, 1.0f);
+        c->rope_high_freq_factor = get_float(g, rs, "high_freq_factor", 1, 4.0f);
+        c->rope_orig_max_pos = get_int_in(g, rs, "original_max_position_embeddings", 1, 8192);
+    } else {
+        user_error("%s: rope_scaling type \"%s\" is not supported (linear, llama3)", g->path, t);
+    }
+    if (!(c->rope_factor > 0 && isfinite(c->rope_factor))) user_error("%s: rope_scaling.factor must be > 0", g->path);
+}
+
+/* The sliding window by the family's rule (see WindowRule). */
+static void read_window(const Cfg *g, const Family *f, ModelConfig *c) {
+    c->sliding_window = 0;
+    if (f->window == WINDOW_ALL_LAYERS) {
+        c->sliding_window = get_int(g, "sliding_window", 0, 0);
+        c->window_from_layer = 0;
+    } else if (f->window == WINDOW_OPT_IN && get_bool(g, "use_sliding_window", 0)) {
+        c->sliding_window = get_int(g, "sliding_window", 0, 0);
+        c->window_from_layer = get_int(g, "max_window_layers", 0, 0);
+    }
+}
+
+/* "eos_token_id": one id or a list (the first MAX_EOS_IDS kept). */
+static void read_eos(const Cfg *g, ModelConfig *c) {
+    cJSON *eos = get(g, "eos_token_id");
+    if (eos && cJSON_IsNumber(eos)) {
+        c->eos_ids[c->n_eos++] = eos->valueint;
+    } else if (eos && cJSON_IsArray(eos)) {
+        cJSON *e;
+        cJSON_ArrayForEach(e, eos) {
+            if (!cJSON_IsNumber(e)) user_error("%s: eos_token_id entries must be integers", g->path);
+            if (c->n_eos < MAX_EOS_IDS) c->eos_ids[c->n_eos++] = e->valueint;
+        }
+    } else if (eos) {
+        user_error("%s: eos_token_id must be an integer or a list", g->path);
+    }
+}
+
+/* A *ForSequenceClassification directory: score.weight (num_labels, D) instead of lm_head, and
+ * a reward model's normalisation stats. */
+static void read_score_head(const Cfg *g, ModelConfig *c) {
+    cJSON *arch = get(g, "architectures"), *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
+    const char *suffix = "ForSequenceClassification";
+    size_t la = cJSON_IsString(a0) ? strlen(a0->valuestring) : 0, ls = strlen(suffix);
+    c->score_head = la > ls && !strcmp(a0->valuestring + la - ls, suffix);
+    cJSON *id2label = get(g, "id2label");
+    c->num_labels = get_int(g, "num_labels", 0, cJSON_IsObject(id2label) ? cJSON_GetArraySize(id2label) : 2);
+    if (c->score_head && c->num_labels != 1)
+        user_error("%s: num_labels %d: only 1 (a scalar reward or value head) is supported", g->path, c->num_labels);
+    if (c->score_head) c->tie_embeddings = 0;   /* no lm_head to tie */
+    c->pad_id = get_int(g, "pad_token_id", 0, -1);
+    c->init_range = get_float(g, g->root, "initializer_range", 0, 0.02f);
+    c->has_reward_stats = c->score_head && get_bool(g, "normalize_reward", 0);
+    c->reward_mean = c->has_reward_stats ? get_float(g, g->root, "mean", 1, 0.0f) : 0.0f;
+    c->reward_std = c->has_reward_stats ? get_float(g, g->root, "std", 1, 1.0f) : 1.0f;
+    if (c->has_reward_stats && !(c->reward_std > 0 && isfinite(c->reward_std) && isfinite(c->reward_mean)))
+        user_error("%s: \"std\" must be > 0 and \"mean\" finite (reward normalisation)", g->path);
+    if (!(c->init_range >= 0 && isfinite(c->init_range))) user_error("%s: initializer_range must be >= 0", g->path);
+}
+
+/* The keys are read in this order, so a file with several faults reports the same one first. */
 void config_load(ModelConfig *c, const char *dir) {
     memset(c, 0, sizeof(*c));
     if (!dir_exists(dir)) user_error("%s: model directory not found", dir);
@@ -54,113 +205,20 @@ void config_load(ModelConfig *c, const char *dir) {
     free(text);
     if (!g.root || !cJSON_IsObject(g.root)) user_error("%s: not valid JSON", path);
 
-    cJSON *mt = get(&g, "model_type");
-    if (!mt || !cJSON_IsString(mt)) user_error("%s: missing key \"model_type\"", path);
-    if (strcmp(mt->valuestring, "llama") && strcmp(mt->valuestring, "mistral") && strcmp(mt->valuestring, "qwen2"))
-        user_error("%s: model_type \"%s\" is not supported (llama, mistral, qwen2)", path, mt->valuestring);
-    snprintf(c->model_type, sizeof(c->model_type), "%s", mt->valuestring);
-    int is_qwen2 = !strcmp(c->model_type, "qwen2"), is_mistral = !strcmp(c->model_type, "mistral");
-
-    c->dim = get_int(&g, "hidden_size", 1, 0);
-    c->hidden_dim = get_int(&g, "intermediate_size", 1, 0);
-    c->n_layers = get_int(&g, "num_hidden_layers", 1, 0);
-    c->n_heads = get_int(&g, "num_attention_heads", 1, 0);
-    c->n_heads_kv = get_int(&g, "num_key_value_heads", 0, c->n_heads);
-    c->vocab_size = get_int(&g, "vocab_size", 1, 0);
-    c->max_pos = get_int(&g, "max_position_embeddings", 0, 2048);
-    if (c->dim <= 0 || c->hidden_dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_heads_kv <= 0 || c->vocab_size <= 0)
-        user_error("%s: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
-                   "num_key_value_heads and vocab_size must be positive", path);
-    if (c->n_heads % c->n_heads_kv)
-        user_error("%s: num_attention_heads (%d) is not a multiple of num_key_value_heads (%d)", path,
-                   c->n_heads, c->n_heads_kv);
-    c->head_dim = get_int(&g, "head_dim", 0, 0);
-    if (c->head_dim == 0) {
-        if (c->dim % c->n_heads) user_error("%s: hidden_size %% num_attention_heads != 0 and no head_dim", path);
-        c->head_dim = c->dim / c->n_heads;
-    }
-    if (c->head_dim % 2) user_error("%s: head_dim %d must be even for RoPE", path, c->head_dim);
+    const Family *f = read_family(&g, c);
+    read_shape(&g, c);
     c->norm_eps = get_float(&g, g.root, "rms_norm_eps", 0, 1e-6f);
     c->rope_theta = get_float(&g, g.root, "rope_theta", 0, 10000.0f);
-
-    cJSON *act = get(&g, "hidden_act");
-    if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "silu") && strcmp(act->valuestring, "swish"))))
-        user_error("%s: hidden_act \"%s\" is not supported (silu)", path, cJSON_IsString(act) ? act->valuestring : "?");
-    if (get_bool(&g, "mlp_bias", 0)) user_error("%s: mlp_bias true is not supported", path);
-    if (cJSON_IsNumber(get(&g, "pretraining_tp")) && get_int(&g, "pretraining_tp", 0, 1) != 1)
-        user_error("%s: pretraining_tp != 1 is not supported", path);
-
-    cJSON *rs = get(&g, "rope_scaling");
-    c->rope_scaling = ROPE_DEFAULT;
-    c->rope_factor = 1.0f;
-    if (rs) {
-        if (!cJSON_IsObject(rs)) user_error("%s: rope_scaling must be an object or null", path);
-        cJSON *type = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
-        if (!type) type = cJSON_GetObjectItemCaseSensitive(rs, "type");
-        if (!type || !cJSON_IsString(type)) user_error("%s: rope_scaling has no \"rope_type\"", path);
-        const char *t = type->valuestring;
-        if (!strcmp(t, "default")) {
-        } else if (!strcmp(t, "linear")) {
-            c->rope_scaling = ROPE_LINEAR;
-            c->rope_factor = get_float(&g, rs, "factor", 1, 1.0f);
-        } else if (!strcmp(t, "llama3")) {
-            c->rope_scaling = ROPE_LLAMA3;
-            c->rope_factor = get_float(&g, rs, "factor", 1, 1.0f);
-            c->rope_low_freq_factor = get_float(&g, rs, "low_freq_factor", 1, 1.0f);
-            c->rope_high_freq_factor = get_float(&g, rs, "high_freq_factor", 1, 4.0f);
-            c->rope_orig_max_pos = get_int_in(&g, rs, "original_max_position_embeddings", 1, 8192);
-        } else {
-            user_error("%s: rope_scaling type \"%s\" is not supported (linear, llama3)", path, t);
-        }
-        if (!(c->rope_factor > 0 && isfinite(c->rope_factor))) user_error("%s: rope_scaling.factor must be > 0", path);
-    }
+    refuse_unsupported(&g);
+    read_rope_scaling(&g, c);
     if (!(c->rope_theta > 0 && isfinite(c->rope_theta))) user_error("%s: rope_theta must be > 0", path);
     if (!(c->norm_eps >= 0 && isfinite(c->norm_eps))) user_error("%s: rms_norm_eps must be >= 0", path);
-
-    /* qwen2 always has q/k/v biases; llama may via attention_bias */
-    c->qkv_bias = is_qwen2 ? 1 : get_bool(&g, "attention_bias", 0);
+    c->qkv_bias = f->qkv_bias ? 1 : get_bool(&g, "attention_bias", 0);
     c->tie_embeddings = get_bool(&g, "tie_word_embeddings", 0);
-
-    c->sliding_window = 0;
-    if (is_mistral) {
-        c->sliding_window = get_int(&g, "sliding_window", 0, 0);
-        c->window_from_layer = 0;
-    } else if (is_qwen2 && get_bool(&g, "use_sliding_window", 0)) {
-        c->sliding_window = get_int(&g, "sliding_window", 0, 0);
-        c->window_from_layer = get_int(&g, "max_window_layers", 0, 0);
-    }
-
+    read_window(&g, f, c);
     c->bos_id = get_int(&g, "bos_token_id", 0, -1);
-    cJSON *eos = get(&g, "eos_token_id");
-    if (eos && cJSON_IsNumber(eos)) {
-        c->eos_ids[c->n_eos++] = eos->valueint;
-    } else if (eos && cJSON_IsArray(eos)) {
-        cJSON *e;
-        cJSON_ArrayForEach(e, eos) {
-            if (!cJSON_IsNumber(e)) user_error("%s: eos_token_id entries must be integers", path);
-            if (c->n_eos < MAX_EOS_IDS) c->eos_ids[c->n_eos++] = e->valueint;
-        }
-    } else if (eos) {
-        user_error("%s: eos_token_id must be an integer or a list", path);
-    }
-    /* a *ForSequenceClassification directory: score.weight (num_labels, D) instead of lm_head */
-    cJSON *arch = get(&g, "architectures"), *a0 = cJSON_IsArray(arch) ? cJSON_GetArrayItem(arch, 0) : NULL;
-    const char *suffix = "ForSequenceClassification";
-    size_t la = cJSON_IsString(a0) ? strlen(a0->valuestring) : 0, ls = strlen(suffix);
-    c->score_head = la > ls && !strcmp(a0->valuestring + la - ls, suffix);
-    cJSON *id2label = get(&g, "id2label");
-    c->num_labels = get_int(&g, "num_labels", 0, cJSON_IsObject(id2label) ? cJSON_GetArraySize(id2label) : 2);
-    if (c->score_head && c->num_labels != 1)
-        user_error("%s: num_labels %d: only 1 (a scalar reward or value head) is supported", path, c->num_labels);
-    if (c->score_head) c->tie_embeddings = 0;   /* no lm_head to tie */
-    c->pad_id = get_int(&g, "pad_token_id", 0, -1);
-    c->init_range = get_float(&g, g.root, "initializer_range", 0, 0.02f);
-    c->has_reward_stats = c->score_head && get_bool(&g, "normalize_reward", 0);
-    c->reward_mean = c->has_reward_stats ? get_float(&g, g.root, "mean", 1, 0.0f) : 0.0f;
-    c->reward_std = c->has_reward_stats ? get_float(&g, g.root, "std", 1, 1.0f) : 1.0f;
-    if (c->has_reward_stats && !(c->reward_std > 0 && isfinite(c->reward_std) && isfinite(c->reward_mean)))
-        user_error("%s: \"std\" must be > 0 and \"mean\" finite (reward normalisation)", path);
-    if (!(c->init_range >= 0 && isfinite(c->init_range))) user_error("%s: initializer_range must be >= 0", path);
+    read_eos(&g, c);
+    read_score_head(&g, c);
     cJSON *dt = get(&g, "torch_dtype");
     snprintf(c->torch_dtype, sizeof(c->torch_dtype), "%s", dt && cJSON_IsString(dt) ? dt->valuestring : "float32");
     cJSON_Delete(g.root);
