@@ -175,16 +175,11 @@ char *prompt_tokens(Tokenizer *tok, const cJSON *j, const char *key, const char 
         if (!tok) user_error("%s:%d: \"messages\" needs a tokenizer in the model directory", file, line);
         if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
             user_error("%s:%d: field \"messages\" must be a non-empty list", file, line);
-        int n = cJSON_GetArraySize(msgs), k = 0;
+        int n = cJSON_GetArraySize(msgs);
         ChatMessage *m = xcalloc(n, sizeof(ChatMessage));
-        const cJSON *e;
-        cJSON_ArrayForEach(e, msgs) {
-            const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role"), *content = cJSON_GetObjectItemCaseSensitive(e, "content");
-            if (!cJSON_IsString(role) || !cJSON_IsString(content))
-                user_error("%s:%d: messages[%d] needs string fields \"role\" and \"content\"", file, line, k);
-            m[k++] = (ChatMessage){role->valuestring, content->valuestring};
-        }
         char err[512];
+        if (chat_messages_parse(msgs, "messages", "role", "content", m, err, sizeof err) < 0)
+            user_error("%s:%d: %s", file, line, err);
         int fmt = chat_format_resolve(tok, chat_template, err, sizeof err);
         if (fmt < 0) user_error("%s:%d: %s", file, line, err);
         TokIds mask = {0};

@@ -37,10 +37,10 @@ typedef struct {
     int n_stop_ids;
 } RequestDefaults;
 
-/* One jsonl line's prompt ids into t: "input_ids" (ids in [0, vocab)), "messages" (the chat
- * template with the generation prompt), or the text field `key` (BOS per the tokenizer unless
- * no_bos). Bad or missing fields are a user_error naming FILE:LINE. Returns the field as given, as
- * JSON text (malloc'd). tok may be NULL (then only input_ids work). */
+/* One jsonl line's prompt ids into t: "input_ids" (ids in [0, vocab)), "messages" (read by
+ * chat_messages_parse, then the chat template with the generation prompt), or the text field `key`
+ * (BOS per the tokenizer unless no_bos). Bad or missing fields are a user_error naming FILE:LINE.
+ * Returns the field as given, as JSON text (malloc'd). tok may be NULL (then only input_ids work). */
 char *prompt_tokens(Tokenizer *tok, const cJSON *j, const char *key, const char *chat_template, int no_bos, int vocab,
                     const char *file, int line, TokIds *t);
 

@@ -254,6 +254,43 @@ stage() {
     [ "$output" = "tandem: stdin:1: messages[0]: conversation roles must alternate user/assistant/user/assistant/..." ]
 }
 
+@test "chat: tokenize, generate and sft data read \"messages\" with one parser: one line per fault, null content is \"\"" {
+    need_assets
+    t="$BATS_TEST_TMPDIR"
+    M="$t/chat"
+    "$TANDEM" convert --from random --shape 64,128,2,4,2,6400,256 --out "$M" 2>/dev/null
+    cp "$TOKA/minimind/tokenizer.json" "$TOKA/minimind/tokenizer_config.json" "$M/"
+    faults=('[{"role": "user", "content": "hi"}, 7]'
+            '[{"content": "hi"}]'
+            '[{"role": "user", "content": 5}]'
+            '[{"role": "user", "content": "hi"}, {"role": null, "content": "x"}]')
+    want=('messages[1] is not an object'
+          'messages[0]: field "role" missing'
+          'messages[0]: field "content" is not a string'
+          'messages[1]: field "role" is not a string')
+    for i in "${!faults[@]}"; do
+        echo "{\"messages\": ${faults[$i]}}" > "$t/m.jsonl"
+        run bash -c "'$TANDEM' tokenize --model '$M' --jsonl < '$t/m.jsonl'"
+        echo "tokenize $i: $output"
+        [ "$status" -eq 1 ]; [ "$output" = "tandem: stdin:1: ${want[$i]}" ]
+        run bash -c "'$TANDEM' generate --model '$M' --input '$t/m.jsonl' --output '$t/o.jsonl' 2>&1 >/dev/null | grep '^tandem:'"
+        echo "generate $i: $output"
+        [ "$output" = "tandem: $t/m.jsonl:1: ${want[$i]}" ]
+        run "$ROOT/build/tests/test_sft_data" dump "$M/tokenizer.json" "$t/m.jsonl"
+        echo "sft data $i: $output"
+        [ "$status" -eq 1 ]; [ "$output" = "tandem: $t/m.jsonl:1: ${want[$i]}" ]
+    done
+    # a null content is an empty one in every command (generate refused it before)
+    msgs='[{"role": "system", "content": null}, {"role": "user", "content": "Hi there"}]'
+    echo "{\"messages\": $msgs, \"max_new_tokens\": 2}" > "$t/m.jsonl"
+    n=$(echo "{\"messages\": $msgs}" | "$TANDEM" tokenize --model "$M" --jsonl --add-generation-prompt | jq '.input_ids | length')
+    e=$(echo '{"messages": [{"role": "system", "content": ""}, {"role": "user", "content": "Hi there"}]}' |
+        "$TANDEM" tokenize --model "$M" --jsonl --add-generation-prompt | jq '.input_ids | length')
+    [ "$n" -gt 5 ]; [ "$n" -eq "$e" ]
+    "$TANDEM" generate --model "$M" --input "$t/m.jsonl" --output "$t/o.jsonl" --greedy 2>/dev/null
+    [ "$(jq .prompt_tokens "$t/o.jsonl")" -eq "$n" ]
+}
+
 # ---------------------------------------------------------------- bad inputs
 
 @test "tokenize: bad inputs give one clear line and exit 1" {

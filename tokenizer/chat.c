@@ -5,9 +5,11 @@
  * Each format is a C function that appends text segments, each with a mask bit (1 = assistant
  * output: content and its end-of-turn token). The whole text is then encoded once (special tokens
  * in it are matched as in HF), and a token's mask is the mask of the byte where it starts.
- * This file does not execute or parse Jinja, and does not read JSON (tokenize_cli.c does). */
+ * Also the one reader of a JSON messages array (chat_messages_parse). This file does not execute
+ * or parse Jinja, and reads no JSON file or line itself (its callers do). */
 #include "tokenizer/tok_internal.h"
 #include "runtime/util.h"
+#include <cjson/cJSON.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,4 +302,33 @@ int chat_render(Tokenizer *t, ChatFormat f, const ChatMessage *msgs, int n_msgs,
     free(text);
     free(bm);
     return 0;
+}
+
+/* ---------------------------------------------------------------- messages from JSON */
+
+/* One field of a message as a string: 0, or -1 with err. null_ok: a null value is "". */
+static int message_field(const cJSON *e, const char *arr_key, int i, const char *key, int null_ok, const char **out,
+                         char *err, size_t errlen) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, key);
+    *out = "";
+    if (!v) return fail(err, errlen, "%s[%d]: field \"%s\" missing", arr_key, i, key);
+    if (cJSON_IsNull(v) && null_ok) return 0;
+    if (!cJSON_IsString(v)) return fail(err, errlen, "%s[%d]: field \"%s\" is not a string", arr_key, i, key);
+    *out = v->valuestring;
+    return 0;
+}
+
+int chat_messages_parse(const cJSON *arr, const char *arr_key, const char *role_key, const char *content_key,
+                        ChatMessage *m, char *err, size_t errlen) {
+    if (!cJSON_IsArray(arr)) return fail(err, errlen, "field \"%s\" is not an array", arr_key);
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, arr) {
+        if (!cJSON_IsObject(e)) return fail(err, errlen, "%s[%d] is not an object", arr_key, i);
+        if (message_field(e, arr_key, i, role_key, 0, &m[i].role, err, errlen) ||
+            message_field(e, arr_key, i, content_key, 1, &m[i].content, err, errlen))
+            return -1;
+        i++;
+    }
+    return i;
 }

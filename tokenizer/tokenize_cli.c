@@ -118,21 +118,12 @@ static void jsonl_line(Tokenizer *t, const TokenizeArgs *a, int chat_format, con
         tokenizer_encode(t, text->valuestring, strlen(text->valuestring), enc_flags, &ids, NULL);
         cJSON_AddItemToObject(out, "input_ids", ids_to_json(&ids));
     } else if (cJSON_IsArray(msgs)) {
-        int n = cJSON_GetArraySize(msgs), k = 0;
+        int n = cJSON_GetArraySize(msgs);
         ChatMessage *m = xcalloc((size_t)n + 1, sizeof(ChatMessage));
-        const cJSON *e;
-        cJSON_ArrayForEach(e, msgs) {
-            const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role");
-            const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
-            if (!cJSON_IsString(role)) user_error("stdin:%ld: messages[%d]: field \"role\" missing or not a string", lineno, k);
-            if (!cJSON_IsString(content) && !cJSON_IsNull(content))
-                user_error("stdin:%ld: messages[%d]: field \"content\" missing or not a string", lineno, k);
-            m[k].role = role->valuestring;
-            m[k].content = cJSON_IsString(content) ? content->valuestring : "";
-            k++;
-        }
-        if (chat_format < 0) user_error("%s", chat_err);
         char err[512];
+        if (chat_messages_parse(msgs, "messages", "role", "content", m, err, sizeof(err)) < 0)
+            user_error("stdin:%ld: %s", lineno, err);
+        if (chat_format < 0) user_error("%s", chat_err);
         if (chat_render(t, (ChatFormat)chat_format, m, n, a->gen_prompt, &ids, &mask, err, sizeof(err)))
             user_error("stdin:%ld: %s", lineno, err);
         free(m);

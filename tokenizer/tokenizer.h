@@ -14,7 +14,7 @@
  *
  * Errors: functions that can fail on user input return NULL / -1 and write one line (no prefix,
  * naming the file and field) into err; callers prefix "tandem: ". Nothing here exits the process.
- * This file does not own the chat message parsing from JSON (tokenize_cli.c) nor model loading. */
+ * This file does not own model loading. */
 #ifndef TANDEM_TOKENIZER_H
 #define TANDEM_TOKENIZER_H
 #include <stddef.h>
@@ -112,6 +112,17 @@ const char *chat_format_name(ChatFormat f);
 int chat_format_detect(const char *template_text);
 /* The format for t: name if not NULL, else detected from t's chat_template. -1 + err if neither. */
 int chat_format_resolve(const Tokenizer *t, const char *name, char *err, size_t errlen);
+
+/* The entries of a JSON messages array (arr_key names it in errors: "messages", "conversations")
+ * as ChatMessage: the role from field role_key, the content from field content_key (a null
+ * content is ""), pointers into arr (valid while it lives). m has room for every entry. Every
+ * command reads chat messages through this. Returns the count, or -1 with err, one of:
+ *   field "<arr_key>" is not an array | <arr_key>[i] is not an object |
+ *   <arr_key>[i]: field "<key>" missing | <arr_key>[i]: field "<key>" is not a string
+ * (callers prefix the file and line). Role values are not checked here (chat_render does). */
+struct cJSON;
+int chat_messages_parse(const struct cJSON *arr, const char *arr_key, const char *role_key, const char *content_key,
+                        ChatMessage *m, char *err, size_t errlen);
 
 /* Render messages to ids plus a per-id loss mask: 1 for tokens of assistant content and the
  * assistant's end-of-turn token (</s>, <|im_end|>, <|eot_id|>), 0 elsewhere (what SFT trains on,

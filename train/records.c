@@ -109,33 +109,27 @@ static int collect_msgs(Loader *L, int line, const cJSON *arr, const char *arr_k
     const Keys *k = &L->k;
     const char *role_key = sharegpt ? k->from : k->role;
     const char *text_key = sharegpt ? k->value : k->content;
-    int i = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, arr) {
-        char where[96];
-        snprintf(where, sizeof(where), "%s[%d]: ", arr_key, i);
-        if (!cJSON_IsObject(e)) return bad(L, line, "%s[%d] is not an object", arr_key, i);
-        const char *role, *text;
-        if (get_str(L, line, e, role_key, 0, 0, where, &role) < 0) return -1;
-        if (get_str(L, line, e, text_key, 0, 1, where, &text) < 0) return -1;
-        const char *r = NULL;
+    char err[512];
+    int n = chat_messages_parse(arr, arr_key, role_key, text_key, m + *nm, err, sizeof(err));
+    if (n < 0) return bad(L, line, "%s", err);
+    for (int i = 0; i < n; i++) {
+        const char *role = m[*nm].role, *r = NULL;
         if (sharegpt) {
             if (!strcmp(role, "human") || !strcmp(role, "user")) r = "user";
             else if (!strcmp(role, "gpt") || !strcmp(role, "assistant")) r = "assistant";
             else if (!strcmp(role, "system")) r = "system";
             if (!r)
-                return bad(L, line, "%sunknown \"%s\" value \"%s\" (expected human, user, gpt, assistant or system)",
-                           where, role_key, role);
+                return bad(L, line, "%s[%d]: unknown \"%s\" value \"%s\" (expected human, user, gpt, assistant or system)",
+                           arr_key, i, role_key, role);
         } else {
             if (!strcmp(role, "system") || !strcmp(role, "user") || !strcmp(role, "assistant")) r = role;
-            if (!r) return bad(L, line, "%sunknown %s \"%s\" (expected system, user or assistant)", where, role_key, role);
+            if (!r) return bad(L, line, "%s[%d]: unknown %s \"%s\" (expected system, user or assistant)", arr_key, i, role_key, role);
         }
         if (!strcmp(r, "assistant")) {
-            if (!text[0]) return bad(L, line, "%sassistant field \"%s\" is empty", where, text_key);
+            if (!m[*nm].content[0]) return bad(L, line, "%s[%d]: assistant field \"%s\" is empty", arr_key, i, text_key);
             (*n_assistant)++;
         }
-        m[(*nm)++] = (ChatMessage){r, text};
-        i++;
+        m[(*nm)++].role = r;
     }
     return 0;
 }
