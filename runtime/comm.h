@@ -36,16 +36,17 @@ void comm_use_backend(const struct Backend *be);
 void comm_init(int *argc, char ***argv);
 void comm_finalize(void);
 /* The deadline of a rank waiting inside one communication call (README "Across hosts"; kept by
- * runtime/comm_mpi.c, which defines these three): past it the
- * rank prints one line, "tandem: rank R on host H: no progress in MPI_X for S s (...); stopping",
- * leaves the launcher half the deadline (at least 10 s) to end the job, then exits 1 (runtime/comm_mpi.c
- * says why it waits). comm_finalize's closing barrier has no deadline. Only waiting counts, never compute: a peer that
- * legitimately works longer than the deadline while this rank waits for it (a checkpoint write, a
- * slow reward program, a rollout of a large model, generate's rank 0 waiting for another dp
- * group's last lines) trips it too, so the deadline must exceed the
- * longest such imbalance. Seconds, 0 = none; from comm_init on, TANDEM_COMM_TIMEOUT or else
- * COMM_TIMEOUT_DEFAULT; each command's --comm-timeout (COMM_TIMEOUT_OPTION, whose default is
- * comm_timeout_default()) sets it after parsing (a user error past 0 .. 1e9). */
+ * runtime/comm_mpi.c, which defines the three below): past it the rank prints one line, "tandem:
+ * rank R on host H: no progress in MPI_X for S s (...); stopping", leaves the launcher half the
+ * deadline (at least 10 s) to end the job, then exits 1, ending its Open MPI daemon too when that
+ * can no longer deliver (comm_mpi.c says why it waits, and why the daemon). comm_finalize's closing
+ * barrier has no deadline. Only waiting counts, never compute: a peer that legitimately works
+ * longer than the deadline while this rank waits for it (a checkpoint write, a slow reward program,
+ * a rollout of a large model, generate's rank 0 waiting for another dp group's last lines) trips it
+ * too, so the deadline must exceed the longest such imbalance. Seconds, 0 = none; from comm_init
+ * on, TANDEM_COMM_TIMEOUT or else COMM_TIMEOUT_DEFAULT; each command's --comm-timeout
+ * (COMM_TIMEOUT_OPTION, whose default is comm_timeout_default()) sets it after parsing (a user
+ * error past 0 .. 1e9). */
 #define COMM_TIMEOUT_DEFAULT 60
 #define COMM_TIMEOUT_DEFAULT_TEXT "60"
 const char *comm_timeout_default(void);   /* TANDEM_COMM_TIMEOUT if set, else "60" */

@@ -8,9 +8,12 @@
 #include "runtime/comm_mpi.h"
 #include "kernels/kernels.h"
 #include "runtime/util.h"
+#include <dirent.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <mpi.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -95,17 +98,126 @@ static void sleep_s(double s) {
  * told of its rank's exit reports to mpirun; over a dead link those messages are never
  * acknowledged, Linux's TCP keepalive does not probe a connection with unacknowledged data, and
  * both wait for TCP's retransmissions to give up (about 15 minutes; measured: mpirun and the remote
- * daemon outlived the ranks by minutes). While the ranks stay, the daemons' connections stay idle,
- * their keepalive (README "Across hosts": its settings) finds the link dead, and the daemons end
- * every process on both sides. A peer that hangs over a live link, or a launcher without that
+ * daemon outlived the ranks by minutes). While the ranks stay, the daemons' connections may stay
+ * idle, their keepalive (README "Across hosts": its settings) find the link dead, and the daemons
+ * end every process on both sides. A peer that hangs over a live link, or a launcher without that
  * lifeline (Slurm ends a step when a task exits 1), meets the exit. The host's other ranks keep
  * quiet until 3 s x their local rank past that exit, when the launcher has normally ended them; one
- * still alive then (its host's first rank was not waiting) says it and exits, which ends the rest. */
+ * still alive then (its host's first rank was not waiting) says it and exits, which ends the rest;
+ * one whose parent (its daemon) has gone meanwhile exits at once. A rank's exit ends a stuck daemon
+ * too (leave_watcher, below). */
 static double linger_s(double deadline_s) { return deadline_s / 2 > 10 ? deadline_s / 2 : 10; }
 #define OTHERS_LATER_S 3
 
+static pid_t parent_at_start;   /* the rank's parent when MPI started: Open MPI's daemon under mpirun */
+
+/* sleeps s seconds, or less when the parent has gone (the rank was reparented): returns 0 then */
+static int linger(double s) {
+    for (double t = 0; t < s; t += 0.25) {
+        if (getppid() != parent_at_start) return 0;
+        sleep_s(s - t < 0.25 ? s - t : 0.25);
+    }
+    return getppid() == parent_at_start;
+}
+
+/* ---- a daemon that cannot deliver ----------------------------------------------------------------
+ * Keepalive cannot save a daemon that holds a message its peer never acknowledges (the remote
+ * rank's line forwarded to mpirun, the rank's end reported, mpirun's order to stop), and the rank's
+ * own exit makes such a message. So a rank ending itself leaves a watcher: a child that closes
+ * every descriptor (the daemon sees the rank's output end and its exit as usual), watches the
+ * daemon's TCP connections (/proc/PID/net/tcp, tcp6) for up to WATCH_S and ends the daemon
+ * (SIGKILL) when one holds data through STUCK_TRIES retransmissions or unanswered probes (about
+ * 1.4 s at TCP's least timeout; a live link acknowledges in milliseconds), then its own work done;
+ * it ends as soon as the daemon has. The daemon's other ranks, their parent gone, end at once
+ * (linger). Only Open MPI's daemons are watched: orted, or mpirun itself for the ranks on its host. */
+#define WATCH_S 10
+#define STUCK_TRIES 3
+
+static int proc_read(const char *path, char *buf, size_t cap) {   /* bytes read, NUL-ended; -1: none */
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t n = 0;
+    ssize_t k;
+    while (n + 1 < cap && (k = read(fd, buf + n, cap - 1 - n)) > 0) n += (size_t)k;
+    close(fd);
+    buf[n] = 0;
+    return (int)n;
+}
+
+static int is_daemon(pid_t pid) {
+    static const char *const names[] = {"orted", "mpirun", "mpiexec", "orterun", "prted", "prterun"};
+    char path[64], comm[64];
+    snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+    if (proc_read(path, comm, sizeof comm) <= 0) return 0;
+    comm[strcspn(comm, "\n")] = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(comm, names[i])) return 1;
+    return 0;
+}
+
+static int gone(pid_t pid) {   /* ended, or a zombie its parent has yet to reap */
+    char path[64], st[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    if (proc_read(path, st, sizeof st) <= 0) return 1;
+    const char *p = strrchr(st, ')');
+    return !p || p[1] == 0 || p[2] == 'Z' || p[2] == 'X';
+}
+
+/* 1 when one of pid's TCP sockets has data or probes unanswered STUCK_TRIES times */
+static int stuck(pid_t pid) {
+    enum { MAX_SOCKETS = 256 };
+    unsigned long ino[MAX_SOCKETS];
+    int n_ino = 0;
+    char path[64], link[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    for (struct dirent *e; (e = readdir(d)) && n_ino < MAX_SOCKETS;) {
+        char fd_path[320];
+        snprintf(fd_path, sizeof fd_path, "%s/%s", path, e->d_name);
+        ssize_t k = readlink(fd_path, link, sizeof link - 1);
+        if (k <= 0) continue;
+        link[k] = 0;
+        if (sscanf(link, "socket:[%lu]", &ino[n_ino]) == 1) n_ino++;
+    }
+    closedir(d);
+    static char table[1 << 18];   /* the watcher's alone: it is the only thread of its process */
+    for (int v6 = 0; v6 < 2; v6++) {
+        snprintf(path, sizeof path, "/proc/%d/net/%s", (int)pid, v6 ? "tcp6" : "tcp");
+        if (proc_read(path, table, sizeof table) <= 0) continue;
+        for (char *line = strchr(table, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
+            unsigned long tx, inode;
+            unsigned retrans, probes;
+            /* sl local rem st tx_queue:rx_queue tr:when retrnsmt uid timeout(probes) inode */
+            if (sscanf(line + 1, "%*d: %*[0-9A-Fa-f]:%*x %*[0-9A-Fa-f]:%*x %*x %lx:%*x %*x:%*x %x %*u %u %lu", &tx,
+                       &retrans, &probes, &inode) != 4)
+                continue;
+            if (!((tx && retrans >= STUCK_TRIES) || probes >= STUCK_TRIES)) continue;
+            for (int i = 0; i < n_ino; i++)
+                if (ino[i] == inode) return 1;
+        }
+    }
+    return 0;
+}
+
+static void leave_watcher(void) {
+    pid_t daemon = getppid();
+    if (daemon != parent_at_start || !is_daemon(daemon) || fork() != 0) return;   /* the rank, or no watcher */
+    int null = open("/dev/null", O_RDWR);
+    for (int fd = 0; fd < 3; fd++) dup2(null, fd);
+    for (int fd = 3; fd < 65536; fd++) close(fd);   /* the rank's sockets and pipes: the daemon's to see end */
+    for (int i = 0; i < WATCH_S * 5 && !gone(daemon); i++) {
+        sleep_s(0.2);
+        if (stuck(daemon)) {
+            kill(daemon, SIGKILL);
+            break;
+        }
+    }
+    _exit(0);
+}
+
 _Noreturn static void stalled(const char *call, double deadline_s, int local) {
-    if (local > 0) sleep_s(linger_s(deadline_s) + OTHERS_LATER_S * local);
+    if (local > 0 && !linger(linger_s(deadline_s) + OTHERS_LATER_S * local)) _exit(1);   /* the daemon ended */
     char msg[256];
     int n = (int)strcspn(call, "(");
     int len = snprintf(msg, sizeof msg,
@@ -114,7 +226,8 @@ _Noreturn static void stalled(const char *call, double deadline_s, int local) {
                        world_rank_cached, host_name, n, call, deadline_s);
     if (len > (int)sizeof msg - 1) len = (int)sizeof msg - 1;
     if (write(2, msg, (size_t)len) < 0) { /* nothing left to tell */ }
-    if (local == 0) sleep_s(linger_s(deadline_s));
+    if (local == 0 && !linger(linger_s(deadline_s))) _exit(1);
+    leave_watcher();
     _exit(1);
 }
 
@@ -176,6 +289,7 @@ int comm_mpi_start(int *argc, char ***argv) {
     timeout_from_env();
     if (n == 1) return 1;   /* one rank waits for no one */
     world_rank_cached = r;
+    parent_at_start = getppid();
     if (gethostname(host_name, sizeof host_name) != 0) snprintf(host_name, sizeof host_name, "?");
     host_name[sizeof host_name - 1] = 0;
     pthread_t tid;
