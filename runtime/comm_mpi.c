@@ -2,9 +2,10 @@
  * comm_mpi.h). comm.c hands a call here once it is known to be on host memory and over more than one
  * rank; comm_device.c stages a device buffer through here. Every MPI call is checked (an MPI failure
  * aborts the job) and runs under the deadline (comm_set_timeout, defined here with the watchdog): a
- * watchdog thread stops the process when one call has waited too long. Owns: whether MPI runs, the
- * deadline, the communicator handles and the fixed sums' scratch. Does not own the one-rank cases,
- * device buffers or the byte counts (comm.c). */
+ * watchdog thread stops the process when one call has waited too long, and the watcher the
+ * stopping rank leaves ends its Open MPI daemon when that cannot deliver. Owns: whether MPI runs,
+ * the deadline, the communicator handles and the fixed sums' scratch. Does not own the one-rank
+ * cases, device buffers or the byte counts (comm.c). */
 #include "runtime/comm_mpi.h"
 #include "kernels/kernels.h"
 #include "runtime/util.h"
