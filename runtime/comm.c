@@ -1,267 +1,53 @@
-/* comm.c — MPI backend of comm.h, and a process alone without it. A buffer in a device backend's
- * memory is handed to comm_device.c at the top of each call. Every MPI call is checked; an
- * MPI failure aborts the job. Every MPI call also runs under the deadline (comm_set_timeout): a
- * watchdog thread stops the process when one call has waited too long. */
+/* comm.c — comm.h's API: a Comm's life (world, dup, split, free; alone when no launcher started the
+ * process), each call's dispatch and the byte counts. A call over one rank is done here (nothing, or
+ * a copy); a buffer in the memory of the group's device backend (Comm.be) goes to comm_device.c,
+ * any other to comm_mpi.c (MPI, under the deadline). Calls into comm_mpi.c and comm_device.c, never
+ * the reverse; neither of them calls back into this file. Does not own MPI or the deadline
+ * (comm_mpi.c), nor how device memory moves (comm_device.c). */
 #include "runtime/comm.h"
 #include "runtime/comm_device.h"
+#include "runtime/comm_mpi.h"
 #include "kernels/kernels.h"
 #include "runtime/util.h"
-#include <limits.h>
-#include <mpi.h>
 #include <pthread.h>
-#include <stdatomic.h>
-#include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
-/* The deadline. MPI has none: a collective whose peer is gone (a host down, the link cut) waits
- * forever, and with TCP a cut link is silent (no reset arrives). So each MPI call is stamped: the
- * calling (main) thread stores the call's text and the time it began, and clears the time when the
- * call returns; a watchdog thread, started with MPI, looks at the stamp a few times per deadline and,
- * when one call has been waiting longer than the deadline, prints one line, gives the launcher time
- * to end the job (stalled, below) and else ends the process itself (_exit(1)). The watchdog
- * calls no MPI (the job runs MPI_THREAD_SINGLE), and a stamp is two relaxed atomic stores and a
- * vDSO clock read per call, so the step loops do not notice it. Compute never counts: only a rank
- * waiting inside a call, which is also why a peer that computes longer than the deadline while
- * this rank waits trips it (the trade-off in README). */
-static _Atomic int64_t wait_since_ns;           /* CLOCK_MONOTONIC at the start of the current call; 0: none */
-static const char *_Atomic wait_call;           /* its text, "MPI_Allreduce(MPI_IN_PLACE, ...)" */
-static _Atomic int64_t deadline_ns = COMM_TIMEOUT_DEFAULT * 1000000000LL;   /* 0: no deadline */
-
-static int64_t clock_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-static void wait_begin(const char *call) {
-    atomic_store_explicit(&wait_call, call, memory_order_relaxed);
-    atomic_store_explicit(&wait_since_ns, clock_ns(), memory_order_release);
-}
-static void wait_end(void) { atomic_store_explicit(&wait_since_ns, 0, memory_order_relaxed); }
-
-#define MPI_CHECK(call)                                                                  \
-    do {                                                                                 \
-        wait_begin(#call);                                                               \
-        int mpi_rc_ = (call);                                                            \
-        wait_end();                                                                      \
-        if (mpi_rc_ != MPI_SUCCESS) check_failed("(" #call ") == MPI_SUCCESS", __FILE__, __LINE__); \
-    } while (0)
-#define HANDLE(c) (*(MPI_Comm *)(c)->handle)
-
-/* A process that no launcher started runs alone, without MPI (mpi_on 0): Open MPI's singleton start
- * spawns its own runtime and writes a shared-memory segment and a PMIx store first, so it fails
- * (PMIx banners) or hangs under a small `ulimit -f`, before any Tandem code runs. Alone, every
- * Comm is the one-rank world {0, 1, NULL}: a collective is the identity, or a copy where the input
- * and output buffers differ, and no message is ever sent. */
-static int initialized, mpi_on;
-
-/* Started by a launcher: Open MPI's mpirun sets OMPI_COMM_WORLD_SIZE/RANK and PMIX_RANK (also
- * Slurm's srun with PMIx), MPICH's hydra and Slurm's PMI-2 set PMI_RANK. */
-static int launched(void) {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
-        if (getenv(vars[i])) return 1;
-    return 0;
-}
-
-/* What the watchdog's line names: the world rank and this host (cached at start: the watchdog thread
- * calls no MPI), and the call without its arguments. */
-static int world_rank_cached;
-static char host_name[64];
-
-/* This rank's place among its host's ranks (the launcher's local rank: Open MPI, Slurm, MPICH; 0
- * when none is set). When a link dies, every rank of a host waits in the same collective and meets
- * the deadline at once: the host's first rank speaks at once, the others only later and one at a
- * time (stalled), so that what reaches the user is one line. */
-static int local_rank(void) {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v) return atoi(v);
-    }
-    return 0;
-}
-
-static void sleep_s(double s) {
-    nanosleep(&(struct timespec){.tv_sec = (time_t)s, .tv_nsec = (long)((s - (time_t)s) * 1e9)}, NULL);
-}
-
-/* Past the deadline the rank says so and then leaves the ending to the launcher for a while (half
- * the deadline, at least 10 s) before it exits 1 itself. Why not exit at once: Open MPI's mpirun,
- * told of a rank's exit, orders the remote daemon to stop and waits for it, and a remote daemon
- * told of its rank's exit reports to mpirun; over a dead link those messages are never
- * acknowledged, Linux's TCP keepalive does not probe a connection with unacknowledged data, and
- * both wait for TCP's retransmissions to give up (about 15 minutes; measured: mpirun and the remote
- * daemon outlived the ranks by minutes). While the ranks stay, the daemons' connections stay idle,
- * their keepalive (README "Across hosts": its settings) finds the link dead, and the daemons end
- * every process on both sides. A peer that hangs over a live link, or a launcher without that
- * lifeline (Slurm ends a step when a task exits 1), meets the exit. The host's other ranks keep
- * quiet until 3 s x their local rank past that exit, when the launcher has normally ended them; one
- * still alive then (its host's first rank was not waiting) says it and exits, which ends the rest. */
-static double linger_s(double deadline_s) { return deadline_s / 2 > 10 ? deadline_s / 2 : 10; }
-#define OTHERS_LATER_S 3
-
-_Noreturn static void stalled(const char *call, double deadline_s, int local) {
-    if (local > 0) sleep_s(linger_s(deadline_s) + OTHERS_LATER_S * local);
-    char msg[256];
-    int n = (int)strcspn(call, "(");
-    int len = snprintf(msg, sizeof msg,
-                       "tandem: rank %d on host %s: no progress in %.*s for %.0f s (a peer or the network is gone; "
-                       "--comm-timeout sets the deadline); stopping\n",
-                       world_rank_cached, host_name, n, call, deadline_s);
-    if (len > (int)sizeof msg - 1) len = (int)sizeof msg - 1;
-    if (write(2, msg, (size_t)len) < 0) { /* nothing left to tell */ }
-    if (local == 0) sleep_s(linger_s(deadline_s));
-    _exit(1);
-}
-
-static void *watchdog(void *arg) {
-    (void)arg;
-    int local = local_rank();
-    for (;;) {
-        int64_t limit = atomic_load_explicit(&deadline_ns, memory_order_relaxed);
-        /* a look every eighth of the deadline (at most 1 s apart): the line comes at most 1/8 late */
-        int64_t nap = limit > 0 && limit / 8 < 1000000000LL ? limit / 8 : 1000000000LL;
-        if (nap < 10000000LL) nap = 10000000LL;
-        nanosleep(&(struct timespec){.tv_sec = nap / 1000000000LL, .tv_nsec = nap % 1000000000LL}, NULL);
-        int64_t since = atomic_load_explicit(&wait_since_ns, memory_order_acquire);
-        const char *call = atomic_load_explicit(&wait_call, memory_order_relaxed);
-        if (since == 0 || limit == 0 || clock_ns() - since <= limit) continue;
-        if (atomic_load_explicit(&wait_since_ns, memory_order_acquire) != since) continue;   /* it returned meanwhile */
-        stalled(call, (double)limit / 1e9, local);
-    }
-    return NULL;
-}
-
-const char *comm_timeout_default(void) {
-    const char *v = getenv("TANDEM_COMM_TIMEOUT");
-    return v && *v ? v : COMM_TIMEOUT_DEFAULT_TEXT;
-}
-
-void comm_set_timeout(double seconds) {
-    if (!(seconds >= 0) || seconds > 1e9)
-        user_error("--comm-timeout %g: expected seconds, 0 (no deadline) to 1e9", seconds);
-    atomic_store_explicit(&deadline_ns, (int64_t)(seconds * 1e9), memory_order_relaxed);
-}
-double comm_timeout(void) { return (double)atomic_load_explicit(&deadline_ns, memory_order_relaxed) / 1e9; }
-
-static Comm alone(void) { return (Comm){.rank = 0, .size = 1, .handle = NULL}; }
-
-/* 1 when c is the one-rank world of a process without MPI */
-static int is_alone(const Comm *c) {
-    if (mpi_on) return 0;
-    CHECK(c->size == 1);
-    return 1;
-}
-
-/* The deadline until the command's --comm-timeout (whose default this also is) says: checked here,
- * so that a bad TANDEM_COMM_TIMEOUT is named as such */
-static void timeout_from_env(void) {
-    const char *env = comm_timeout_default();
-    char *end = NULL;
-    double t = strtod(env, &end);
-    if (end == env || *end || !(t >= 0) || t > 1e9)
-        user_error("TANDEM_COMM_TIMEOUT=%s: expected seconds, 0 (no deadline) to 1e9", env);
-    comm_set_timeout(t);
-}
+static int initialized;
 
 void comm_init(int *argc, char ***argv) {
-    int init = 0;
-    MPI_Initialized(&init);
     initialized = 1;
-    mpi_on = init || launched();
-    if (!mpi_on) {
-        util_set_reporter(1, NULL);
-        timeout_from_env();
-        return;
-    }
-    if (!init) MPI_CHECK(MPI_Init(argc, argv));
-    int r = 0, n = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &r);
-    MPI_Comm_size(MPI_COMM_WORLD, &n);
-    util_set_reporter(r == 0, NULL);   /* until a role group says otherwise */
-    timeout_from_env();
-    if (n == 1) return;   /* one rank waits for no one */
-    world_rank_cached = r;
-    if (gethostname(host_name, sizeof host_name) != 0) snprintf(host_name, sizeof host_name, "?");
-    host_name[sizeof host_name - 1] = 0;
-    pthread_t tid;
-    CHECK(pthread_create(&tid, NULL, watchdog, NULL) == 0);
-    CHECK(pthread_detach(tid) == 0);
+    comm_mpi_start(argc, argv);
 }
-
-/* The job ends together: a rank whose group is done waits here for every other group, so an error
- * raised later in another group (MPI_Abort) still finds it alive; for as long as they take, so
- * without the deadline (a plain MPI_Barrier, not MPI_CHECK). Open MPI's mpirun hangs when one
- * rank aborts after others have left through MPI_Finalize (seen with role groups). */
-void comm_finalize(void) {
-    if (!mpi_on) return;   /* alone, or convert and fetch, which never start comm */
-    int fin = 0;
-    MPI_Finalized(&fin);
-    if (fin) return;
-    MPI_Barrier(MPI_COMM_WORLD);
-    MPI_Finalize();
-}
-
+void comm_finalize(void) { comm_mpi_finalize(); }
 int comm_initialized(void) { return initialized; }
 
-static Comm dup_of(MPI_Comm parent) {
-    Comm c = {0};
-    MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
-    MPI_CHECK(MPI_Comm_dup(parent, h));
-    c.handle = h;
-    MPI_Comm_rank(*h, &c.rank);
-    MPI_Comm_size(*h, &c.size);
-    comm_link_attach(&c);
-    return c;
-}
-Comm comm_world(void) { return mpi_on ? dup_of(MPI_COMM_WORLD) : alone(); }
-Comm comm_dup(const Comm *c) { return is_alone(c) ? alone() : dup_of(HANDLE(c)); }
+/* ---- the device backend ---------------------------------------------------------------------------
+ * Each Comm carries the backend whose memory its calls may be given (Comm.be): comm_world()'s is the
+ * one comm_use_backend named last, and a group cut from a Comm carries its parent's (or the world's,
+ * when the parent carries none: it was made before comm_use_backend, as PPO's world is, made before
+ * its device opens). Only a backend with memory of its own (Backend.owns) is carried: the CPU's is
+ * host memory. */
+static const Backend *world_backend;
 
-Comm comm_split(const Comm *parent, int color, int key) {
-    if (is_alone(parent)) return alone();
-    Comm c = {0};
-    MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
-    MPI_CHECK(MPI_Comm_split(HANDLE(parent), color, key, h));
-    c.handle = h;
-    MPI_Comm_rank(*h, &c.rank);
-    MPI_Comm_size(*h, &c.size);
-    comm_link_attach(&c);
-    return c;
-}
+void comm_use_backend(const Backend *be) { world_backend = be && be->owns ? be : NULL; }
+static const Backend *inherited(const Comm *parent) { return parent->be ? parent->be : world_backend; }
 
-Comm comm_split_node(const Comm *parent) {
-    if (is_alone(parent)) return alone();
-    Comm c = {0};
-    MPI_Comm *h = xmalloc(sizeof(MPI_Comm));
-    MPI_CHECK(MPI_Comm_split_type(HANDLE(parent), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, h));
-    c.handle = h;
-    MPI_Comm_rank(*h, &c.rank);
-    MPI_Comm_size(*h, &c.size);
-    return c;
-}
+/* 1: p is memory of c's device backend */
+static int on_device(const Comm *c, const void *p) { return c->be && p && c->be->owns(p); }
 
-void comm_free(Comm *c) {
-    comm_link_detach(c);
-    if (!c->handle) return;
-    MPI_Comm_free((MPI_Comm *)c->handle);
-    free(c->handle);
-    c->handle = NULL;
-}
-
-static int count(size_t n) {
-    CHECK(n <= INT_MAX);
-    return (int)n;
+/* a one-rank collective's copy between distinct buffers (not overlapping), wherever they are */
+static void local_copy(const Comm *c, void *dst, const void *src, size_t bytes) {
+    if (on_device(c, dst) || on_device(c, src)) c->be->copy_bytes(dst, src, bytes);
+    else memmove(dst, src, bytes);
 }
 
 /* ---- traffic: the bytes this rank sends, per communicator --------------------------------------
  * Counted from each call's size by the bandwidth-optimal algorithms' volumes (the ZeRO paper's
  * accounting): an all-reduce of n values sends 2 n (P-1) / P, an all-gather or a reduce-scatter of n
  * values in all n (P-1) / P, an all-to-all the other ranks' parts, a send or a broadcast's root its
- * bytes. (MPI picks its algorithm by message size; a latency-optimal one sends more.) */
+ * bytes. (MPI picks its algorithm by message size; a latency-optimal one sends more.) The same on
+ * every path (MPI, staged, the device's link), but for the fixed sum, whose algorithm says. */
 enum { TRAFFIC_SLOTS = 64 };
 static struct { const void *handle; double bytes; } traffic[TRAFFIC_SLOTS];
 static pthread_mutex_t traffic_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -276,7 +62,6 @@ static void sent(const Comm *c, double bytes) {
         }
     pthread_mutex_unlock(&traffic_lock);
 }
-void comm_count_sent(const Comm *c, double bytes) { sent(c, bytes); }
 double comm_bytes_sent(const Comm *c) {
     double b = 0.0;
     pthread_mutex_lock(&traffic_lock);
@@ -285,190 +70,146 @@ double comm_bytes_sent(const Comm *c) {
     pthread_mutex_unlock(&traffic_lock);
     return b;
 }
+/* ---- a Comm's life --------------------------------------------------------------------------------
+ * A process that no launcher started runs alone, without MPI (comm_mpi.c says why): every Comm is
+ * then the one-rank world {0, 1, NULL}, a collective is the identity, or a copy where the input and
+ * output buffers differ, and no message is ever sent. */
+static Comm alone(const Backend *be) { return (Comm){.rank = 0, .size = 1, .handle = NULL, .be = be}; }
+
+/* 1 when c is the one-rank world of a process without MPI */
+static int is_alone(const Comm *c) {
+    if (comm_mpi_running()) return 0;
+    CHECK(c->size == 1);
+    return 1;
+}
+
+/* a group over MPI handle h, with backend be and its link (collective over the group) */
+static Comm group(void *h, int rank, int size, const Backend *be) {
+    Comm c = {.rank = rank, .size = size, .handle = h, .be = be};
+    double bytes = comm_link_attach(&c);   /* its opening's broadcasts, when it has one */
+    if (bytes > 0) sent(&c, bytes);
+    return c;
+}
+Comm comm_world(void) {
+    if (!comm_mpi_running()) return alone(world_backend);
+    int rank, size;
+    void *h = comm_mpi_dup(NULL, &rank, &size);
+    return group(h, rank, size, world_backend);
+}
+Comm comm_dup(const Comm *c) {
+    if (is_alone(c)) return alone(inherited(c));
+    int rank, size;
+    void *h = comm_mpi_dup(c->handle, &rank, &size);
+    return group(h, rank, size, inherited(c));
+}
+Comm comm_split(const Comm *parent, int color, int key) {
+    if (is_alone(parent)) return alone(inherited(parent));
+    int rank, size;
+    void *h = comm_mpi_split(parent->handle, color, key, &rank, &size);
+    return group(h, rank, size, inherited(parent));
+}
+Comm comm_split_node(const Comm *parent) {   /* no link: it only tells which ranks share a node */
+    if (is_alone(parent)) return alone(inherited(parent));
+    Comm c = {.be = inherited(parent)};
+    c.handle = comm_mpi_split_node(parent->handle, &c.rank, &c.size);
+    return c;
+}
+void comm_free(Comm *c) {
+    comm_link_detach(c);
+    if (!c->handle) return;
+    comm_mpi_free(c->handle);
+    c->handle = NULL;
+}
+
 /* an all-reduce's volume: 2 n (P-1) / P values of `size` bytes */
 static double ring_all_reduce(const Comm *c, size_t n, size_t size) { return 2.0 * n * size * (c->size - 1) / c->size; }
+/* an all-gather's: the other ranks' n_each floats each */
+static double gathered(const Comm *c, size_t n_each) { return (double)n_each * sizeof(float) * (c->size - 1); }
 
+/* ---- the calls ------------------------------------------------------------------------------------ */
 void comm_all_reduce_sum(const Comm *c, float *buf, size_t n) {
-    if (c->size > 1 && comm_on_device(buf)) { comm_dev_all_reduce_sum_fixed(c, buf, n); return; }
-    if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_FLOAT, MPI_SUM, HANDLE(c)));
+    if (c->size > 1 && on_device(c, buf)) { sent(c, comm_dev_all_reduce_sum_fixed(c, buf, n)); return; }
+    if (c->size > 1) comm_mpi_all_reduce(c, buf, n, COMM_MPI_SUM_F32);
     sent(c, ring_all_reduce(c, n, sizeof(float)));
 }
-/* Scratch for comm_all_reduce_sum_fixed, grown on demand and kept for the process: the steps that
- * call it reuse one buffer instead of allocating per call (one per thread that calls it). */
-static _Thread_local float *fixed_buf;
-static _Thread_local size_t fixed_cap;
-static float *fixed_scratch(size_t n) {
-    if (n > fixed_cap) {
-        free(fixed_buf);
-        fixed_buf = xmalloc(sizeof(float) * n);
-        fixed_cap = n;
-    }
-    return fixed_buf;
-}
-
-/* Below this many floats per rank one all-gather (latency) beats all-to-all + all-gather (traffic). */
-#define FIXED_GATHER_MAX 65536
-
 void comm_all_reduce_sum_fixed(const Comm *c, float *buf, size_t n) {
-    int P = c->size, r = c->rank;
-    if (P == 1 || n == 0) return;
-    if (comm_on_device(buf)) { comm_dev_all_reduce_sum_fixed(c, buf, n); return; }
-    if (n <= FIXED_GATHER_MAX) {                        /* every rank gets every partial, adds them by the tree */
-        float *all = fixed_scratch((size_t)P * n);      /* (P, n) */
-        MPI_CHECK(MPI_Allgather(buf, count(n), MPI_FLOAT, all, count(n), MPI_FLOAT, HANDLE(c)));
-        sent(c, (double)n * sizeof(float) * (P - 1));
-        tree_sum(all, P, n);
-        memcpy(buf, all, sizeof(float) * n);
-        return;
-    }
-    /* slice s = [lo(s), lo(s+1)) belongs to rank s: all-to-all gives rank r every rank's slice r */
-    int *cnt = xmalloc(sizeof(int) * 4 * P), *dsp = cnt + P, *rcnt = cnt + 2 * P, *rdsp = cnt + 3 * P;
-    for (int s = 0; s < P; s++) {
-        size_t lo = n * s / P, hi = n * (s + 1) / P;
-        cnt[s] = count(hi - lo);
-        dsp[s] = count(lo);
-    }
-    size_t mine = (size_t)cnt[r];
-    for (int s = 0; s < P; s++) { rcnt[s] = (int)mine; rdsp[s] = count(mine * s); }
-    float *parts = fixed_scratch((size_t)P * mine);    /* (P, mine): rank s's partial of my slice */
-    MPI_CHECK(MPI_Alltoallv(buf, cnt, dsp, MPI_FLOAT, parts, rcnt, rdsp, MPI_FLOAT, HANDLE(c)));
-    tree_sum(parts, P, mine);
-    memcpy(buf + dsp[r], parts, sizeof(float) * mine);
-    MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt, dsp, MPI_FLOAT, HANDLE(c)));
-    sent(c, 2.0 * (n - mine) * sizeof(float));   /* the other ranks' slices out, then the ring's (P-1)/P */
-    free(cnt);
+    if (c->size == 1 || n == 0) return;
+    if (on_device(c, buf)) sent(c, comm_dev_all_reduce_sum_fixed(c, buf, n));
+    else sent(c, comm_mpi_all_reduce_sum_fixed(c, buf, n));
 }
-void comm_rows(size_t n, int P, int r, size_t *lo, size_t *hi) {
-    *lo = n * r / P;
-    *hi = n * (r + 1) / P;
-}
-
-void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n, size_t unit) {
-    int P = c->size;
-    size_t lo, hi;
-    comm_rows(n, P, c->rank, &lo, &hi);
-    if (P == 1 || is_alone(c)) {
-        if (mine != all) comm_local_copy(all, mine, sizeof(float) * n * unit);
-        return;
-    }
-    if (comm_on_device(all)) { comm_dev_all_gather_rows(c, mine, all, n, unit); return; }
-    int *cnt = xmalloc(sizeof(int) * 2 * P), *dsp = cnt + P;
-    for (int s = 0; s < P; s++) {
-        size_t a, b;
-        comm_rows(n, P, s, &a, &b);
-        cnt[s] = count((b - a) * unit);
-        dsp[s] = count(a * unit);
-    }
-    if (mine == all + lo * unit)
-        MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, cnt, dsp, MPI_FLOAT, HANDLE(c)));
-    else
-        MPI_CHECK(MPI_Allgatherv(mine, count((hi - lo) * unit), MPI_FLOAT, all, cnt, dsp, MPI_FLOAT, HANDLE(c)));
-    sent(c, (double)(n - (hi - lo)) * unit * sizeof(float));
-    free(cnt);
-}
-
-/* floats per rank's block that comm_reduce_scatter_sum_fixed moves per all-to-all: its scratch is
- * P of them, not P whole blocks (a whole gradient) */
-#define FIXED_CHUNK (1u << 18)
-
-void comm_reduce_scatter_sum_fixed(const Comm *c, const float *in, float *out, size_t n_each) {
-    int P = c->size;
-    if (c->size == 1) {   /* alone, or a group of one: a copy */
-        if (in != out) comm_local_copy(out, in, sizeof(float) * n_each);
-        return;
-    }
-    if (comm_on_device(in)) { comm_dev_reduce_scatter_sum_fixed(c, in, out, n_each); return; }
-    size_t chunk = n_each < FIXED_CHUNK ? n_each : FIXED_CHUNK;
-    float *parts = fixed_scratch((size_t)P * chunk);   /* (P, k): rank s's partial of my block's chunk */
-    int *cnt = xmalloc(sizeof(int) * 4 * P), *dsp = cnt + P, *rcnt = cnt + 2 * P, *rdsp = cnt + 3 * P;
-    /* chunk by chunk: a chunk of my block is sent before its sum overwrites it, so out may be
-     * in + rank * n_each */
-    for (size_t off = 0; off < n_each; off += chunk) {
-        size_t k = n_each - off < chunk ? n_each - off : chunk;
-        for (int s = 0; s < P; s++) {
-            cnt[s] = count(k);
-            dsp[s] = count((size_t)s * n_each + off);
-            rcnt[s] = count(k);
-            rdsp[s] = count((size_t)s * k);
-        }
-        MPI_CHECK(MPI_Alltoallv(in, cnt, dsp, MPI_FLOAT, parts, rcnt, rdsp, MPI_FLOAT, HANDLE(c)));
-        tree_sum(parts, P, k);
-        memcpy(out + off, parts, sizeof(float) * k);
-    }
-    sent(c, (double)n_each * sizeof(float) * (P - 1));
-    free(cnt);
-}
-
-void comm_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t unit) {
-    int P = c->size;
-    if (P == 1 || n == 0) return;
-    if (comm_on_device(buf)) { comm_dev_reduce_scatter_rows_fixed(c, buf, n, unit); return; }
-    int *cnt = xmalloc(sizeof(int) * 4 * P), *dsp = cnt + P, *rcnt = cnt + 2 * P, *rdsp = cnt + 3 * P;
-    for (int s = 0; s < P; s++) {
-        size_t a, b;
-        comm_rows(n, P, s, &a, &b);
-        cnt[s] = count((b - a) * unit);
-        dsp[s] = count(a * unit);
-    }
-    size_t mine = (size_t)cnt[c->rank];
-    for (int s = 0; s < P; s++) { rcnt[s] = (int)mine; rdsp[s] = count(mine * s); }
-    float *parts = fixed_scratch((size_t)P * mine);   /* (P, mine): rank s's partial of my rows */
-    MPI_CHECK(MPI_Alltoallv(buf, cnt, dsp, MPI_FLOAT, parts, rcnt, rdsp, MPI_FLOAT, HANDLE(c)));
-    sent(c, (double)(n * unit - mine) * sizeof(float));
-    tree_sum(parts, P, mine);
-    memcpy(buf, parts, sizeof(float) * mine);
-    free(cnt);
-}
-
 void comm_all_reduce_sum_f64(const Comm *c, double *buf, size_t n) {
-    if (c->size > 1 && comm_on_device(buf)) { comm_dev_all_reduce_sum_f64(c, buf, n); return; }
-    if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_DOUBLE, MPI_SUM, HANDLE(c)));
+    if (c->size > 1 && on_device(c, buf)) comm_dev_all_reduce_sum_f64(c, buf, n);
+    else if (c->size > 1) comm_mpi_all_reduce(c, buf, n, COMM_MPI_SUM_F64);
     sent(c, ring_all_reduce(c, n, sizeof(double)));
 }
 void comm_all_reduce_max(const Comm *c, float *buf, size_t n) {
-    if (c->size > 1 && comm_on_device(buf)) { comm_dev_all_reduce_max(c, buf, n); return; }
-    if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_FLOAT, MPI_MAX, HANDLE(c)));
+    if (c->size > 1 && on_device(c, buf)) comm_dev_all_reduce_max(c, buf, n);
+    else if (c->size > 1) comm_mpi_all_reduce(c, buf, n, COMM_MPI_MAX_F32);
 }
 void comm_all_reduce_sum_int(const Comm *c, int *buf, size_t n) {
-    if (c->size > 1 && comm_on_device(buf)) { comm_dev_all_reduce_sum_int(c, buf, n); return; }
-    if (c->size > 1) MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf, count(n), MPI_INT, MPI_SUM, HANDLE(c)));
+    if (c->size > 1 && on_device(c, buf)) comm_dev_all_reduce_sum_int(c, buf, n);
+    else if (c->size > 1) comm_mpi_all_reduce(c, buf, n, COMM_MPI_SUM_I32);
 }
 void comm_all_reduce_maxloc(const Comm *c, float *val, int *idx, size_t n) {
     if (c->size == 1) return;
-    if (comm_on_device(val)) { comm_dev_all_reduce_maxloc(c, val, idx, n); return; }
-    struct { float v; int i; } *pair = xmalloc(sizeof(*pair) * n);
-    for (size_t k = 0; k < n; k++) { pair[k].v = val[k]; pair[k].i = idx[k]; }
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, pair, count(n), MPI_FLOAT_INT, MPI_MAXLOC, HANDLE(c)));
-    for (size_t k = 0; k < n; k++) { val[k] = pair[k].v; idx[k] = pair[k].i; }
-    free(pair);
+    if (on_device(c, val)) comm_dev_all_reduce_maxloc(c, val, idx, n);
+    else comm_mpi_all_reduce_maxloc(c, val, idx, n);
 }
+
 void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each) {
     if (c->size == 1) {
-        if (in != out) comm_local_copy(out, in, sizeof(float) * n_each);
+        if (in != out) local_copy(c, out, in, sizeof(float) * n_each);
         return;
     }
-    if (comm_on_device(out)) { comm_dev_all_gather(c, in, out, n_each); return; }
-    sent(c, (double)n_each * sizeof(float) * (c->size - 1));
-    if (in == out + (size_t)c->rank * n_each) {   /* already in its place */
-        MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, count(n_each), MPI_FLOAT, HANDLE(c)));
-        return;
-    }
-    MPI_CHECK(MPI_Allgather(in, count(n_each), MPI_FLOAT, out, count(n_each), MPI_FLOAT, HANDLE(c)));
+    if (on_device(c, out)) comm_dev_all_gather(c, in, out, n_each);
+    else comm_mpi_all_gather(c, in, out, n_each);
+    sent(c, gathered(c, n_each));
 }
 void comm_iall_gather(const Comm *c, const float *in, float *out, size_t n_each, CommRequest *req) {
     comm_wait(req);
     if (c->size == 1) {
-        if (in != out) comm_local_copy(out, in, sizeof(float) * n_each);
+        if (in != out) local_copy(c, out, in, sizeof(float) * n_each);
         return;
     }
-    if (comm_on_device(out)) { comm_dev_all_gather(c, in, out, n_each); return; }   /* at once: the link queues it */
-    sent(c, (double)n_each * sizeof(float) * (c->size - 1));
-    MPI_Request *r = xmalloc(sizeof(MPI_Request));
-    if (in == out + (size_t)c->rank * n_each)
-        MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, count(n_each), MPI_FLOAT, HANDLE(c), r));
-    else
-        MPI_CHECK(MPI_Iallgather(in, count(n_each), MPI_FLOAT, out, count(n_each), MPI_FLOAT, HANDLE(c), r));
-    req->handle = r;
+    if (on_device(c, out)) comm_dev_all_gather(c, in, out, n_each);   /* at once: the link queues it */
+    else comm_mpi_iall_gather(c, in, out, n_each, req);
+    sent(c, gathered(c, n_each));
+}
+void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n, size_t unit) {
+    size_t lo, hi;
+    comm_rows(n, c->size, c->rank, &lo, &hi);
+    if (c->size == 1 || is_alone(c)) {
+        if (mine != all) local_copy(c, all, mine, sizeof(float) * n * unit);
+        return;
+    }
+    if (on_device(c, all)) comm_dev_all_gather_rows(c, mine, all, n, unit);
+    else comm_mpi_all_gather_rows(c, mine, all, n, unit);
+    sent(c, (double)(n - (hi - lo)) * unit * sizeof(float));
+}
+void comm_reduce_scatter_sum_fixed(const Comm *c, const float *in, float *out, size_t n_each) {
+    if (c->size == 1) {   /* alone, or a group of one: a copy */
+        if (in != out) local_copy(c, out, in, sizeof(float) * n_each);
+        return;
+    }
+    if (on_device(c, in)) comm_dev_reduce_scatter_sum_fixed(c, in, out, n_each);
+    else comm_mpi_reduce_scatter_sum_fixed(c, in, out, n_each);
+    sent(c, gathered(c, n_each));
+}
+void comm_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t unit) {
+    if (c->size == 1 || n == 0) return;
+    size_t lo, hi;
+    comm_rows(n, c->size, c->rank, &lo, &hi);
+    if (on_device(c, buf)) comm_dev_reduce_scatter_rows_fixed(c, buf, n, unit);
+    else comm_mpi_reduce_scatter_rows_fixed(c, buf, n, unit);
+    sent(c, (double)(n * unit - (hi - lo) * unit) * sizeof(float));
+}
+void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root) {
+    if (c->size > 1 && on_device(c, buf)) comm_dev_broadcast(c, buf, bytes, root);
+    else if (c->size > 1) comm_mpi_broadcast(c, buf, bytes, root);
+    if (c->rank == root) sent(c, (double)bytes);
+}
+void comm_barrier(const Comm *c) {
+    if (!is_alone(c)) comm_mpi_barrier(c);
 }
 int comm_first_error(const Comm *c, char *msg, size_t cap) {
     float failed = msg[0] != 0;
@@ -480,57 +221,33 @@ int comm_first_error(const Comm *c, char *msg, size_t cap) {
     return 1;
 }
 
-void comm_broadcast(const Comm *c, void *buf, size_t bytes, int root) {
-    if (c->size > 1 && comm_on_device(buf)) { comm_dev_broadcast(c, buf, bytes, root); return; }
-    if (c->size > 1) MPI_CHECK(MPI_Bcast(buf, count(bytes), MPI_BYTE, root, HANDLE(c)));
-    if (c->rank == root) sent(c, (double)bytes);
-}
+/* ---- point to point (alone, nothing is ever sent or received: comm_mpi.c checks) ------------------ */
 void comm_send(const Comm *c, const void *buf, size_t bytes, int dst) {
-    CHECK(mpi_on);   /* alone, nothing is ever sent or received */
-    if (comm_on_device(buf)) { comm_dev_send(c, buf, bytes, dst); return; }
-    MPI_CHECK(MPI_Send(buf, count(bytes), MPI_BYTE, dst, 0, HANDLE(c)));
+    CHECK(comm_mpi_running());
+    if (on_device(c, buf)) comm_dev_send(c, buf, bytes, dst);
+    else comm_mpi_send(c, buf, bytes, dst);
     sent(c, (double)bytes);
 }
 void comm_isend(const Comm *c, const void *buf, size_t bytes, int dst, CommRequest *req) {
-    if (comm_on_device(buf)) comm_dev_isend(c, buf, bytes, dst, req);
-    else comm_isend_tag(c, buf, bytes, dst, 0, req);
+    comm_wait(req);
+    if (on_device(c, buf)) comm_dev_isend(c, buf, bytes, dst, req);
+    else comm_mpi_isend(c, buf, bytes, dst, 0, req);
+    sent(c, (double)bytes);
 }
 void comm_isend_tag(const Comm *c, const void *buf, size_t bytes, int dst, int tag, CommRequest *req) {
-    CHECK(mpi_on);
     comm_wait(req);
-    MPI_Request *r = xmalloc(sizeof(MPI_Request));
-    MPI_CHECK(MPI_Isend(buf, count(bytes), MPI_BYTE, dst, tag, HANDLE(c), r));
+    comm_mpi_isend(c, buf, bytes, dst, tag, req);
     sent(c, (double)bytes);
-    req->handle = r;
-}
-int comm_probe(const Comm *c, int tag, int blocking, int *src, size_t *bytes) {
-    CHECK(mpi_on);
-    MPI_Status st;
-    int flag = 1, n = 0;
-    if (blocking) MPI_CHECK(MPI_Probe(MPI_ANY_SOURCE, tag, HANDLE(c), &st));
-    else MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, tag, HANDLE(c), &flag, &st));
-    if (!flag) return 0;
-    MPI_Get_count(&st, MPI_BYTE, &n);
-    *src = st.MPI_SOURCE;
-    *bytes = (size_t)n;
-    return 1;
-}
-void comm_recv_tag(const Comm *c, void *buf, size_t bytes, int src, int tag) {
-    CHECK(mpi_on);
-    MPI_CHECK(MPI_Recv(buf, count(bytes), MPI_BYTE, src, tag, HANDLE(c), MPI_STATUS_IGNORE));
 }
 void comm_wait(CommRequest *req) {
     if (!req->handle || comm_dev_wait(req)) return;
-    MPI_CHECK(MPI_Wait((MPI_Request *)req->handle, MPI_STATUS_IGNORE));
-    free(req->handle);
-    req->handle = NULL;
-    free(req->host);
-    req->host = NULL;
+    comm_mpi_wait(req);
 }
 void comm_recv(const Comm *c, void *buf, size_t bytes, int src) {
-    if (comm_on_device(buf)) comm_dev_recv(c, buf, bytes, src);
-    else comm_recv_tag(c, buf, bytes, src, 0);
+    if (on_device(c, buf)) comm_dev_recv(c, buf, bytes, src);
+    else comm_mpi_recv(c, buf, bytes, src, 0);
 }
-void comm_barrier(const Comm *c) {
-    if (!is_alone(c)) MPI_CHECK(MPI_Barrier(HANDLE(c)));
+void comm_recv_tag(const Comm *c, void *buf, size_t bytes, int src, int tag) { comm_mpi_recv(c, buf, bytes, src, tag); }
+int comm_probe(const Comm *c, int tag, int blocking, int *src, size_t *bytes) {
+    return comm_mpi_probe(c, tag, blocking, src, bytes);
 }

@@ -1,44 +1,52 @@
 /* comm.h — the one communication API (ARCHITECTURE.md): all_reduce, all_gather, reduce_scatter,
- * broadcast, send/recv, over a Comm (a group of ranks). MPI backend on host buffers under a
- * launcher (mpirun); a device backend's memory goes over its link (NCCL) or through host memory
- * (comm_device.c). A process started without a launcher never initialises MPI: its world is one rank,
- * every Comm has size 1, a collective is the identity (or a copy between distinct buffers) and
- * send/recv never happen. MPI stays inside comm.c; the one other file that calls MPI is
- * runtime/util.c, whose error path asks for the world rank and aborts the job.
+ * broadcast, send/recv, over a Comm (a group of ranks). MPI on host buffers under a launcher
+ * (mpirun); a buffer in the memory of the group's device backend goes over its link (NCCL) or
+ * through host memory. A process started without a launcher never initialises MPI: its world is one
+ * rank, every Comm has size 1, a collective is the identity (or a copy between distinct buffers) and
+ * send/recv never happen. Three files, no circle: runtime/comm.c (this API: a Comm's life and
+ * backend, the one-rank cases, each call's dispatch, the byte counts) calls comm_mpi.c (MPI and the
+ * deadline's watchdog) and comm_device.c (device buffers: link or staged), and comm_device.c stages
+ * through comm_mpi.c. mpi.h is included by comm_mpi.c alone here; the one other file that calls MPI
+ * is runtime/util.c, whose error path asks for the world rank and aborts the job.
  * Does not own the rank algebra (runtime/mesh.c) or who fetches a model on each node (runtime/hub.c,
  * through comm_split_node). */
 #ifndef TANDEM_COMM_H
 #define TANDEM_COMM_H
 #include <stddef.h>
 
+struct Backend;
 typedef struct {
     int rank;      /* rank within this group */
     int size;      /* ranks in this group */
-    void *handle;  /* the backend's communicator */
+    void *handle;  /* MPI's communicator (runtime/comm_mpi.c), NULL alone */
     void *link;    /* the device backend's own (NCCL) for this group, or NULL (runtime/comm_device.c) */
+    const struct Backend *be;   /* the device backend whose memory its calls may be given, or NULL */
 } Comm;
 
-/* The backend whose memory buffers may be (kernels.h Backend.owns): a call given such a buffer moves
- * it over the backend's link (NCCL) when its group has one, else through host memory
- * (runtime/comm_device.c). Called by device_open before the meshes and role groups are cut: groups
- * made after it get their link. NULL or the CPU: every buffer is host memory. */
-struct Backend;
+/* The world's device backend, whose memory buffers may be (kernels.h Backend.owns): comm_world()
+ * from now on carries it (Comm.be), and a group cut by comm_dup / comm_split / comm_split_node
+ * carries its parent's (the world's when the parent carries none, being older than this call). A
+ * call given such a buffer moves it over the backend's link (NCCL) when its group has one, else
+ * through host memory (runtime/comm_device.c). Called by device_open before the meshes and role
+ * groups are cut: groups made after it get their link. NULL or the CPU: every buffer is host memory. */
 void comm_use_backend(const struct Backend *be);
 
 /* MPI_Init when a launcher started the process (OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_RANK,
  * PMIX_RANK or PMI_RANK set), else nothing: alone. World rank 0 reports errors until groups exist. */
 void comm_init(int *argc, char ***argv);
 void comm_finalize(void);
-/* The deadline of a rank waiting inside one communication call (README "Across hosts"): past it the
- * rank prints one line, "tandem: rank R on host H: no progress in MPI_X for S s (...); stopping",
- * leaves the launcher half the deadline (at least 10 s) to end the job, then exits 1 (runtime/comm.c
- * says why it waits). comm_finalize's closing barrier has no deadline. Only waiting counts, never compute: a peer that
- * legitimately works longer than the deadline while this rank waits for it (a checkpoint write, a
- * slow reward program, a rollout of a large model, generate's rank 0 waiting for another dp
- * group's last lines) trips it too, so the deadline must exceed the
- * longest such imbalance. Seconds, 0 = none; from comm_init on, TANDEM_COMM_TIMEOUT or else
- * COMM_TIMEOUT_DEFAULT; each command's --comm-timeout (COMM_TIMEOUT_OPTION, whose default is
- * comm_timeout_default()) sets it after parsing (a user error past 0 .. 1e9). */
+/* The deadline of a rank waiting inside one communication call (README "Across hosts"; kept by
+ * runtime/comm_mpi.c, which defines the three below): past it the rank prints one line, "tandem:
+ * rank R on host H: no progress in MPI_X for S s (...); stopping", leaves the launcher half the
+ * deadline (at least 10 s) to end the job, then exits 1, ending its Open MPI daemon too when that
+ * can no longer deliver (comm_mpi.c says why it waits, and why the daemon). comm_finalize's closing
+ * barrier has no deadline. Only waiting counts, never compute: a peer that legitimately works
+ * longer than the deadline while this rank waits for it (a checkpoint write, a slow reward program,
+ * a rollout of a large model, generate's rank 0 waiting for another dp group's last lines) trips it
+ * too, so the deadline must exceed the longest such imbalance. Seconds, 0 = none; from comm_init
+ * on, TANDEM_COMM_TIMEOUT or else COMM_TIMEOUT_DEFAULT; each command's --comm-timeout
+ * (COMM_TIMEOUT_OPTION, whose default is comm_timeout_default()) sets it after parsing (a user
+ * error past 0 .. 1e9). */
 #define COMM_TIMEOUT_DEFAULT 60
 #define COMM_TIMEOUT_DEFAULT_TEXT "60"
 const char *comm_timeout_default(void);   /* TANDEM_COMM_TIMEOUT if set, else "60" */
@@ -80,7 +88,10 @@ void comm_all_gather(const Comm *c, const float *in, float *out, size_t n_each);
 void comm_reduce_scatter_sum_fixed(const Comm *c, const float *in, float *out, size_t n_each);
 /* Sequence parallelism's row split: rank r of P holds rows [lo, hi) = [n r / P, n (r + 1) / P) of an
  * (n, unit) array (a row: unit floats). */
-void comm_rows(size_t n, int P, int r, size_t *lo, size_t *hi);
+static inline void comm_rows(size_t n, int P, int r, size_t *lo, size_t *hi) {
+    *lo = n * r / P;
+    *hi = n * (r + 1) / P;
+}
 /* all (n, unit) = every rank's rows, each from its `mine` (its rows; mine may be all + lo * unit) */
 void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n, size_t unit);
 /* buf (n, unit): each rank's partial sums in; its own rows' sums out in buf's first rows, each element

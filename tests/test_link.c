@@ -13,7 +13,11 @@
  *     all-gather (in place and not), the row split's gather and reduce-scatter with unequal rows,
  *     broadcast, send / recv, and two ranks sending to each other at once (comm_isend, then
  *     comm_recv: the posted send goes out in the receive's group, or it would deadlock with NCCL);
- *   - the link carried the data in link mode (its calls counted) and nothing in shared mode.
+ *   - the link carried the data in link mode (its calls counted) and nothing in shared mode;
+ *   - a device call counts the bytes its host twin counts (comm_bytes_sent; the fixed sum past one
+ *     gather excepted: there the link's algorithm is not MPI's);
+ *   - each Comm carries its device backend: comm_world()'s is comm_use_backend's, a group cut from
+ *     a Comm keeps its parent's (the world's when the parent is older than comm_use_backend).
  * Prints "ok: MODE, N link calls" on rank 0; exits 1 with a line per failed check. */
 #include "kernels/kernels.h"
 #include "runtime/comm.h"
@@ -166,6 +170,19 @@ static void same(const char *what, const void *dev, const void *host, size_t byt
         printf("FAIL %s: rank %d, the device buffer's bytes differ from the host call's\n", what, world_rank), failures++;
 }
 
+/* the host call, then its device twin: the bytes the device call counts (comm_bytes_sent) are the host's */
+#define TWIN(s, host_call, dev_call)                                                                          \
+    do {                                                                                                      \
+        double b0_ = comm_bytes_sent(c);                                                                      \
+        host_call;                                                                                            \
+        double b1_ = comm_bytes_sent(c);                                                                      \
+        dev_call;                                                                                             \
+        double b2_ = comm_bytes_sent(c);                                                                      \
+        if (b2_ - b1_ != b1_ - b0_)                                                                           \
+            printf("FAIL %s: rank %d counted %.0f bytes sent on device buffers, %.0f on host ones\n", W(s),   \
+                   world_rank, b2_ - b1_, b1_ - b0_), failures++;                                             \
+    } while (0)
+
 static void check_group(const Comm *c, const char *name) {
     char what[128];
 #define W(s) (snprintf(what, sizeof what, "%s %s", name, s), what)
@@ -174,7 +191,8 @@ static void check_group(const Comm *c, const char *name) {
     for (int k = 0; k < 2; k++) {   /* the fixed sum: one gather (small) and the slices' path (large) on the host */
         size_t n = sizes[k];
         float *h = values(n, k), *d = dev_copy(h, n);
-        comm_all_reduce_sum_fixed(c, h, n), comm_all_reduce_sum_fixed(c, d, n);
+        if (k == 0) TWIN("all_reduce_sum_fixed", comm_all_reduce_sum_fixed(c, h, n), comm_all_reduce_sum_fixed(c, d, n));
+        else comm_all_reduce_sum_fixed(c, h, n), comm_all_reduce_sum_fixed(c, d, n);   /* the link: one all-gather */
         same(W("all_reduce_sum_fixed"), d, h, n * 4);
         h = values(n, k + 5), d = dev_copy(h, n);
         comm_all_reduce_max(c, h, n), comm_all_reduce_max(c, d, n);
@@ -183,29 +201,31 @@ static void check_group(const Comm *c, const char *name) {
     /* the reduce-scatter past one link chunk (2^20 floats), in place */
     size_t each = (1u << 20) + 7, n = each * P;
     float *h = values(n, 9), *d = dev_copy(h, n);
-    comm_reduce_scatter_sum_fixed(c, h, h + (size_t)r * each, each);
-    comm_reduce_scatter_sum_fixed(c, d, d + (size_t)r * each, each);
+    TWIN("reduce_scatter_sum_fixed", comm_reduce_scatter_sum_fixed(c, h, h + (size_t)r * each, each),
+         comm_reduce_scatter_sum_fixed(c, d, d + (size_t)r * each, each));
     same(W("reduce_scatter_sum_fixed in place"), d + (size_t)r * each, h + (size_t)r * each, each * 4);
     /* all-gather, in place and from another buffer */
     size_t e = 33;
     float *hin = values(e, 3), *din = dev_copy(hin, e), *hout = xcalloc(e * P, 4), *dout = fake_alloc(e * P * 4);
-    comm_all_gather(c, hin, hout, e), comm_all_gather(c, din, dout, e);
+    TWIN("all_gather", comm_all_gather(c, hin, hout, e), comm_all_gather(c, din, dout, e));
     same(W("all_gather"), dout, hout, e * P * 4);
     memcpy(hout + r * e, hin, e * 4), memcpy(dout + r * e, hin, e * 4);
-    comm_all_gather(c, hout + r * e, hout, e), comm_all_gather(c, dout + r * e, dout, e);
+    TWIN("all_gather in place", comm_all_gather(c, hout + r * e, hout, e), comm_all_gather(c, dout + r * e, dout, e));
     same(W("all_gather in place"), dout, hout, e * P * 4);
     /* the row split: 7 rows over P ranks (unequal), rows of 5 */
     size_t rows = 7, unit = 5, lo, hi;
     comm_rows(rows, P, r, &lo, &hi);
     float *hr = values(rows * unit, 4), *dr = dev_copy(hr, rows * unit);
-    comm_all_gather_rows(c, hr + lo * unit, hr, rows, unit), comm_all_gather_rows(c, dr + lo * unit, dr, rows, unit);
+    TWIN("all_gather_rows", comm_all_gather_rows(c, hr + lo * unit, hr, rows, unit),
+         comm_all_gather_rows(c, dr + lo * unit, dr, rows, unit));
     same(W("all_gather_rows"), dr, hr, rows * unit * 4);
     hr = values(rows * unit, 6), dr = dev_copy(hr, rows * unit);
-    comm_reduce_scatter_rows_fixed(c, hr, rows, unit), comm_reduce_scatter_rows_fixed(c, dr, rows, unit);
+    TWIN("reduce_scatter_rows_fixed", comm_reduce_scatter_rows_fixed(c, hr, rows, unit),
+         comm_reduce_scatter_rows_fixed(c, dr, rows, unit));
     same(W("reduce_scatter_rows_fixed"), dr, hr, (hi - lo) * unit * 4);
     /* broadcast from the last rank; maxloc */
     float *hb = values(11, 7), *db = dev_copy(hb, 11);
-    comm_broadcast(c, hb, 44, P - 1), comm_broadcast(c, db, 44, P - 1);
+    TWIN("broadcast", comm_broadcast(c, hb, 44, P - 1), comm_broadcast(c, db, 44, P - 1));
     same(W("broadcast"), db, hb, 44);
     float *hv = values(9, 8), *dv = dev_copy(hv, 9);
     int hi_[9], *di = fake_alloc(sizeof hi_);
@@ -217,11 +237,11 @@ static void check_group(const Comm *c, const char *name) {
         int to = (r + 1) % P, from = (r + P - 1) % P;
         float *hs = values(17, 10), *ds = dev_copy(hs, 17), *got = fake_alloc(17 * 4), *want = xmalloc(17 * 4);
         CommRequest hq = {0}, dq = {0};
-        comm_isend(c, hs, 68, to, &hq), comm_recv(c, want, 68, from), comm_wait(&hq);
-        comm_isend(c, ds, 68, to, &dq), comm_recv(c, got, 68, from), comm_wait(&dq);
+        TWIN("isend", (comm_isend(c, hs, 68, to, &hq), comm_recv(c, want, 68, from), comm_wait(&hq)),
+             (comm_isend(c, ds, 68, to, &dq), comm_recv(c, got, 68, from), comm_wait(&dq)));
         same(W("isend / recv both ways at once"), got, want, 68);
-        if (r == 0) comm_send(c, ds, 68, P - 1), comm_send(c, hs, 68, P - 1);   /* over the link, then MPI */
-        if (r == P - 1) comm_recv(c, got, 68, 0), comm_recv(c, want, 68, 0), same(W("send / recv"), got, want, 68);
+        if (r == 0) TWIN("send", comm_send(c, hs, 68, P - 1), comm_send(c, ds, 68, P - 1));   /* MPI, then the link */
+        if (r == P - 1) comm_recv(c, want, 68, 0), comm_recv(c, got, 68, 0), same(W("send / recv"), got, want, 68);
     }
 #undef W
 }
@@ -235,6 +255,7 @@ int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    Comm early = comm_world();   /* made before comm_use_backend: it carries no device backend */
     comm_use_backend(&fake);
     Comm world = comm_world();   /* a group over every rank */
     check_group(&world, "world");
@@ -253,6 +274,20 @@ int main(int argc, char **argv) {
         if (shared_mode ? sums[0] != 0 : sums[0] == 0)
             printf("FAIL %s mode: %ld link calls\n", argv[1], sums[0]), failures++;
     }
+    /* each Comm carries its backend (Comm.be): a group cut from one made before comm_use_backend gets
+     * the world's; one cut after the world's changed keeps its parent's, and moves device buffers as
+     * such (over its own link in link mode) */
+    Comm cut = comm_split(&early, 0, world.rank);
+    comm_use_backend(NULL);
+    Comm later = comm_world(), kept = comm_dup(&world);
+    if (early.be || cut.be != &fake || later.be || kept.be != &fake)
+        printf("FAIL backend: rank %d: early %p, cut from it %p, world after NULL %p, dup of the world %p (fake %p)\n",
+               world_rank, (void *)early.be, (void *)cut.be, (void *)later.be, (void *)kept.be, (void *)&fake), failures++;
+    long calls = link_calls;
+    check_group(&kept, "dup");
+    if (!shared_mode && world_size > 1 && link_calls == calls)
+        printf("FAIL backend: rank %d: the dup's device buffers did not go over its link\n", world_rank), failures++;
+    comm_free(&kept), comm_free(&later), comm_free(&cut), comm_free(&early);
     int bad = failures, any = 0;
     MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (world_rank == 0 && !any) printf("ok: %s, %ld link calls, %ld ids, %ld opens\n", argv[1], sums[0], sums[1], sums[2]);

@@ -125,10 +125,10 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
 
     int Hkv = c->n_heads_kv;
     a->kv_rep = tp > Hkv ? tp / Hkv : 1;
-    a->kv_comm = (Comm){0, 1, NULL, NULL};
+    a->kv_comm = (Comm){.rank = 0, .size = 1};
     if (a->kv_rep > 1)   /* the ranks holding kv head tp_rank / kv_rep (model.c SHARD_KV_ROWS) */
         a->kv_comm = comm_split(&m->mesh->tp_comm, m->mesh->tp_rank / a->kv_rep, m->mesh->tp_rank);
-    a->emb_comm = (Comm){0, 1, NULL, NULL};
+    a->emb_comm = (Comm){.rank = 0, .size = 1};
     if (c->tie_embeddings && m->mesh->pp > 1)   /* color 0: first and last stage; 1: the middle ones */
         a->emb_comm = comm_split(&m->mesh->pp_comm, !(m->is_first || m->is_last), m->mesh->pp_rank);
 

@@ -6,10 +6,12 @@
 # TCP, and the daemons' lifeline: TCP keepalive on their connections, so that a dead link ends them
 # (README "Across hosts": the keepalive must notice later than --comm-timeout and before the rank's
 # own exit, half the deadline later, at least 10 s; here 1 + 1 x 8 = 9 s against the tests' 5 s).
+# HOSTS_KEEPALIVE="TIME INTVL PROBES" replaces those three (seconds, seconds, count).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 n=$1 np=$2
 shift 2
+read -r ka_time ka_intvl ka_probes <<<"${HOSTS_KEEPALIVE:-1 1 8}"
 hostfile=$(mktemp)
 trap 'rm -f "$hostfile"' EXIT
 printf '192.0.2.1 slots=%d\n192.0.2.2 slots=%d\n' $((np / 2)) $((np - np / 2)) > "$hostfile"
@@ -18,5 +20,5 @@ ip netns exec "${n}a" unshare --uts sh -c 'hostname "$0"; exec "$@"' "${n}a" \
     mpirun -q --oversubscribe --hostfile "$hostfile" -np "$np" \
     --mca plm_rsh_agent "$here/agent.sh" \
     --mca btl tcp,self --mca btl_tcp_if_include 192.0.2.0/24 --mca oob_tcp_if_include 192.0.2.0/24 \
-    --mca oob_tcp_keepalive_time 1 --mca oob_tcp_keepalive_intvl 1 --mca oob_tcp_keepalive_probes 8 \
+    --mca oob_tcp_keepalive_time "$ka_time" --mca oob_tcp_keepalive_intvl "$ka_intvl" --mca oob_tcp_keepalive_probes "$ka_probes" \
     "$@"
