@@ -5,6 +5,7 @@
 #include "runtime/util.h"
 #include "kernels/kernels.h"
 #include "train/checkpoint.h"
+#include "train/optim_state.h"
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -265,6 +266,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     }
     if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard);
     if (o->resume && !o->lora_r) trainer_check_same_model(o->model_dir, o->resume);
+    if (o->resume && !o->lora_r && o->dtype == DTYPE_AUTO) o->dtype = optim_state_dtype(o->resume);   /* the run's */
     if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
     o->threads = backend_set_threads(o->threads);
     o->be = device_open(o->device);
