@@ -162,8 +162,11 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
 uint64_t lora_micro_key(const Model *m, int micro) {
     const Lora *lo = m->lora;
     if (!lo || !(lo->dropout > 0)) return 0;
-    uint64_t k = splitmix64_mix(lo->seed ^ splitmix64_mix((uint64_t)lo->step * 0x100000001ull + (uint64_t)micro + 1));
-    return k ? k : 1;
+    uint64_t t0 = lo->token0 ? (uint64_t)lo->token0[micro] : 0, at = lo->token0 ? 0 : (uint64_t)micro;
+    if (t0 >> 24) rank_error("--lora-dropout: a step of more than 2^24 tokens (micro-batch %d starts at token %llu)",
+                             micro, (unsigned long long)t0);
+    uint64_t k = splitmix64_mix(lo->seed ^ splitmix64_mix((uint64_t)lo->step * 0x100000001ull + at + 1)) & ((1ull << 40) - 1);
+    return (k ? k : 1) | t0 << 40;
 }
 
 size_t lora_width(const Model *m) {

@@ -23,9 +23,10 @@ void step_alloc(Step *s, int M, int max_tokens) {
     s->targets = xmalloc(sizeof(int) * (size_t)M * max_tokens);
     s->weight = xmalloc(sizeof(float) * (size_t)M * max_tokens);
     s->margin = xmalloc(sizeof(float) * (size_t)M * max_tokens);
+    s->token0 = xmalloc(sizeof(long) * M);
 }
 void step_free(Step *s) {
-    free(s->mbs); free(s->tokens); free(s->seq_start); free(s->targets); free(s->weight); free(s->margin);
+    free(s->mbs); free(s->tokens); free(s->seq_start); free(s->targets); free(s->weight); free(s->margin); free(s->token0);
 }
 
 /* Reads the step's M * dp micro-batches; keeps this dp rank's. Returns 0 when the data has ended
@@ -36,11 +37,13 @@ int step_fill(Step *s, Data *d, const Mesh *mesh) {
     DataBatch b;
     for (int k = 0; k < s->M * mesh->dp; k++) {
         if (!data_next_batch(d, &b)) return 0;
+        long token0 = s->n_tokens;
         s->loss_tokens += b.n_loss;
         s->n_tokens += b.n_tokens;
         if (b.margin) s->n_pairs += b.n_seqs / 2;
         if (k % mesh->dp != mesh->dp_rank) continue;
         int i = s->n++;
+        s->token0[i] = token0;
         int *tok = s->tokens + (size_t)i * s->max_tokens, *st = s->seq_start + (size_t)i * (s->max_tokens + 1);
         int *tg = s->targets + (size_t)i * s->max_tokens;
         memcpy(tok, b.tokens, sizeof(int) * b.n_tokens);
@@ -387,6 +390,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
     if (root) trainer_remove_stale_tmp(o->out);
     Step st;
     step_alloc(&st, o->M, max_tokens);
+    if (m->lora) m->lora->token0 = st.token0;   /* LoRA dropout: masks by the tokens' places in the step */
     if (t->setup) t->setup(t->ctx, max_tokens, o->seq_len, o->M);
 
     MemPlan plan = model_mem_plan(m);
@@ -450,6 +454,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
                 tokens_done, el, tokens_done / (el > 0 ? el : 1), peak_rss_mib());
     }
     metrics_close(&ml);
+    if (m->lora) m->lora->token0 = NULL;
     step_free(&st);
     learner_free(&L);
     data_free(&train);
