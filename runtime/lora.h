@@ -43,6 +43,16 @@ typedef struct Lora {
 /* --lora-target: "all-linear" or a comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,
  * down_proj; anything else is a user_error naming flag */
 void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARGETS]);
+/* A training command's LoRA flags (--lora-r r, --lora-alpha, --lora-target, --lora-rslora,
+ * --lora-dropout; sft, rm, dpo, ppo), checked after args_parse. resume: the checkpoint a run resumes
+ * from (NULL: a new run), role: its adapter's subdirectory (ppo's "actor"; NULL: resume itself). A
+ * LoRA checkpoint (its adapter_config.json) is
+ * the truth: each flag not given takes its value (so --lora-r may be left out), and a given flag that
+ * disagrees is a user_error naming it and the file. Without --lora-r, any other LoRA flag is a
+ * user_error (the run would train every weight); --lora-target must name a projection; --lora-alpha
+ * must be in (0, ADAPTER_ALPHA_MAX]. */
+void lora_options_check(int *r, float *alpha, const char **target, int *rslora, float *dropout, const char *resume,
+                        const char *role);
 /* Adapters for m (this rank's layers and tp shard), initialised as PEFT does: A ~ U(-1/sqrt(in),
  * 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), drawn for the whole tensor from `seed`, the layer
  * and the projection (every layout the same values), B = 0. A user_error when the layout cannot

@@ -259,6 +259,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
         user_error("--recompute %s: expected full or none", o->recompute_name);
     if (o->sp && o->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
     if (o->lora_r < 0) user_error("--lora-r %d: must be >= 0 (0 = full training)", o->lora_r);
+    lora_options_check(&o->lora_r, &o->lora_alpha, &o->lora_target, &o->lora_rslora, &o->lora_dropout, o->resume, NULL);
     if (o->merge && !o->lora_r) user_error("--merge: merges LoRA adapters; give --lora-r");
     if (!(o->lora_dropout >= 0 && o->lora_dropout < 1)) user_error("--lora-dropout %g: must be in [0, 1)", o->lora_dropout);
     if (o->merge && o->zero == 3) user_error("--merge with --zero 3: the merge needs the whole weights (merge from the checkpoint with --adapter)");
