@@ -13,8 +13,9 @@
 # - The base is frozen: no gradients and no moments for it in the memory plan.
 # - Layouts: every layout draws the same A (from --seed) and B = 0, so step 1 is the base model's
 #   loss bit for bit; later steps follow 1x1 within resume_layout.bats' 1e-5 (other summation orders).
-# - --lora-dropout: masks from the run's seed, the step and the micro-batch (kernels.h dropout_keep);
-#   gradients against autograd with the same masks, resume bit for bit.
+# - --lora-dropout: masks from the run's seed, the step and each token's place in the step (kernels.h
+#   dropout_keep; any micro-batch / dp split the same); gradients against autograd with the same masks,
+#   resume bit for bit.
 # - --resume: the checkpoint holds the adapter and its moments (optimizer/exp_avg, exp_avg_sq as
 #   adapter files): bit for bit at the same layout, within 1e-5 after tp / dp / ZeRO-1 changes.
 # - rm (the score head trained in full, PEFT's modules_to_save) and dpo (the reference is the base
@@ -76,7 +77,7 @@ lora_grad() {
     grep -q 'recompute: gradients and loss bit-identical' <<<"$output"
 }
 
-@test "sft --lora-dropout: masks from --seed, the step and the micro-batch: resume bit for bit, tp 2 draws 1x1's masks, eval without dropout; ppo refuses it" {
+@test "sft --lora-dropout: masks from --seed, the step and the token's place: resume bit for bit, tp 2 draws 1x1's masks, eval without dropout; ppo refuses it" {
     need_assets
     make_rev_data "$BATS_TEST_TMPDIR"
     t="$BATS_TEST_TMPDIR"
