@@ -29,6 +29,8 @@ typedef struct {
     int target[N_TARGETS];    /* target_modules names it */
     int save_score;           /* modules_to_save names "score" */
     float scale;              /* lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora */
+    double alpha, dropout;    /* lora_alpha, lora_dropout (0 when absent) */
+    int rslora;               /* use_rslora */
 } Adapter;
 
 /* the base weight's global (out, in) from config.json */
@@ -86,9 +88,15 @@ static void config_read(Adapter *a) {
         user_error("%s: field \"r\" must be a positive integer (the LoRA rank)", cp);
     a->r = (int)e->valuedouble;
     e = field(j, "lora_alpha");
-    if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble)) user_error("%s: field \"lora_alpha\" must be a number", cp);
-    double alpha = e->valuedouble;
-    int rslora = flag(j, cp, "use_rslora");
+    if (!cJSON_IsNumber(e) || !(e->valuedouble > 0 && e->valuedouble <= ADAPTER_ALPHA_MAX))
+        user_error("%s: field \"lora_alpha\" must be a number > 0 and <= %g (the adapters' scale is lora_alpha / r)",
+                   cp, ADAPTER_ALPHA_MAX);
+    double alpha = a->alpha = e->valuedouble;
+    int rslora = a->rslora = flag(j, cp, "use_rslora");
+    e = field(j, "lora_dropout");
+    if (!unset(e) && (!cJSON_IsNumber(e) || !(e->valuedouble >= 0 && e->valuedouble < 1)))
+        user_error("%s: field \"lora_dropout\" must be a number in [0, 1)", cp);
+    a->dropout = unset(e) ? 0.0 : e->valuedouble;
     /* PEFT: scaling = lora_alpha / r (a Python float), rounded to fp32 where it multiplies B A */
     a->scale = (float)(rslora ? alpha / sqrt((double)a->r) : alpha / a->r);
     if (flag(j, cp, "use_dora"))
@@ -364,6 +372,17 @@ void adapter_merge(Model *m, const char *dir) {
         m->cfg.has_reward_stats = 1;   /* a LoRA reward model's (its config.json would hold them) */
     free(infos);
     st_close(st);
+    free(a.config_path);
+    free(a.weights_path);
+}
+
+void adapter_config(const char *dir, AdapterConfig *c) {
+    Adapter a = {0};
+    adapter_paths(&a, dir);
+    config_read(&a);
+    *c = (AdapterConfig){.r = a.r, .rslora = a.rslora, .alpha = a.alpha, .dropout = a.dropout};
+    memcpy(c->target, a.target, sizeof c->target);
+    snprintf(c->path, sizeof c->path, "%s", a.config_path);
     free(a.config_path);
     free(a.weights_path);
 }

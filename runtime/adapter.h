@@ -17,6 +17,19 @@
 #define TANDEM_ADAPTER_H
 #include "runtime/model.h"
 
+/* lora_alpha's range, from a flag or an adapter_config.json: the adapters' scale alpha / r multiplies
+ * their term in fp32, and an alpha past this is a typo (it overflows the forward long before it
+ * could be meant) */
+#define ADAPTER_ALPHA_MAX 1e6
+/* DIR/adapter_config.json's settings, checked as adapter_merge checks them (one user_error line naming
+ * the file and the field): what a LoRA checkpoint was trained with. target: the LLaMA projections
+ * q k v o gate up down (runtime/lora.h's order), 1 where target_modules names one. */
+typedef struct {
+    int r, rslora, target[7];
+    double alpha, dropout;
+    char path[4096];   /* the file, for error lines */
+} AdapterConfig;
+void adapter_config(const char *dir, AdapterConfig *c);
 /* Merges the adapter in DIR into m's weights (this rank's tp shard of its pp stage's layers; a
  * "score" module replaces the score head). The merge is fp32: each element of B A is a sum over
  * the rank in order, times scale, added to the weight's fp32 value, then stored (bf16: rounded to

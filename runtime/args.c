@@ -9,6 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+enum { MAX_GIVEN = 256 };
+static const void *g_given[MAX_GIVEN];   /* the ptr of each option the last args_parse read from argv, once */
+static int g_n_given;
+
+int args_given(const void *ptr) {
+    for (int i = 0; i < g_n_given; i++)
+        if (g_given[i] == ptr) return 1;
+    return 0;
+}
+
 static void set_value(const Option *o, const char *v) {
     char *end = NULL;
     errno = 0;
@@ -45,6 +55,7 @@ static void usage(const char *text, const Option *opts, int n) {
 }
 
 void args_parse(const char *usage_text, Option *opts, int n, int argc, char **argv) {
+    g_n_given = 0;
     for (int i = 0; i < n; i++) {
         if (opts[i].type == OPT_FLAG) *(int *)opts[i].ptr = 0;
         else if (opts[i].type == OPT_STR || opts[i].type == OPT_MODEL) *(const char **)opts[i].ptr = opts[i].dflt;
@@ -62,6 +73,7 @@ void args_parse(const char *usage_text, Option *opts, int n, int argc, char **ar
         for (int i = 0; i < n && !o; i++)
             if (!strcmp(argv[a], opts[i].name)) o = &opts[i];
         if (!o) user_error("unknown option '%s' (see --help)", argv[a]);
+        if (!args_given(o->ptr) && g_n_given < MAX_GIVEN) g_given[g_n_given++] = o->ptr;
         if (o->type == OPT_FLAG) { set_value(o, NULL); continue; }
         if (a + 1 >= argc) user_error("%s needs a value", o->name);
         set_value(o, argv[++a]);

@@ -52,6 +52,9 @@ typedef struct {
 
 /* Parses argv (argv[0] is the subcommand). --help prints usage and exits 0. */
 void args_parse(const char *usage, Option *opts, int n_opts, int argc, char **argv);
+/* Whether the last args_parse set the option stored at ptr (an Option's ptr) from the command line,
+ * not from its default: where a saved setting (a checkpoint's) stands unless a flag overrides it. */
+int args_given(const void *ptr);
 /* Prints "| setting | value |" for every option to stderr (call on rank 0 only). */
 void args_print(const Option *opts, int n_opts);
 #endif

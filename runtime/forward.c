@@ -77,7 +77,7 @@ static void lora_add(const Model *m, const LayerBatch *b, const LayerActs *a, in
     if (b->lora_key) {   /* training: PEFT's lora_dropout on the adapter's input (the base reads x itself) */
         int tp = m->mesh->tp, col0 = rowp ? m->mesh->tp_rank * n_in : 0;
         be->dropout(b->lora_xd, x, N, n_in, col0, rowp ? n_in * tp : n_in, lo->dropout,
-                    lora_target_key(b->lora_key, m->layer_start + l, t));
+                    lora_target_key(b->lora_key, m->layer_start + l, t, rowp ? n_in * tp : n_in));
         x = b->lora_xd;
     }
     be->matmul(u, x, lo->A[l * LORA_TARGETS + t], NULL, DTYPE_F32, N, n_in, r, 1);

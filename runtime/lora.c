@@ -4,6 +4,7 @@
  * col0 + cols) of its input, so A keeps those columns and B is whole. */
 #include "runtime/lora.h"
 #include "runtime/adapter.h"
+#include "runtime/args.h"
 #include "runtime/safetensors.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
@@ -40,6 +41,71 @@ void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARG
         target[t] = 1;
     }
     free(s);
+    int any = 0;
+    for (int t = 0; t < LORA_TARGETS; t++) any |= target[t];
+    if (!any)
+        user_error("%s '%s': names no projection (all-linear, or a list of q_proj,k_proj,v_proj,o_proj,gate_proj,"
+                   "up_proj,down_proj)", flag, list);
+}
+
+/* the --lora-target text of a target set into buf: "all-linear" or the comma list */
+static const char *targets_text(const int target[LORA_TARGETS], char buf[96]) {
+    size_t n = 0;
+    int all = 1;
+    buf[0] = 0;
+    for (int t = 0; t < LORA_TARGETS; t++) {
+        all &= target[t];
+        if (target[t]) n += (size_t)snprintf(buf + n, 96 - n, "%s%s", n ? "," : "", NAMES[t]);
+    }
+    return all ? "all-linear" : buf;
+}
+
+void lora_options_check(int *r, float *alpha, const char **target, int *rslora, float *dropout, const char *resume,
+                        const char *role) {
+    char *dir = resume ? (role ? path_join(resume, role) : xstrdup(resume)) : NULL;
+    char *cpath = dir ? path_join(dir, "adapter_config.json") : NULL;
+    int ck = cpath && file_exists(cpath);
+    free(cpath);
+    if (ck) {   /* a LoRA checkpoint: its adapter_config.json, unless a flag disagrees */
+        AdapterConfig c;
+        adapter_config(dir, &c);
+        free(dir);
+        static char taken[96];   /* *target from here on */
+        int want[LORA_TARGETS];
+        if (args_given(target)) lora_targets_parse("--lora-target", *target, want);
+        if (args_given(r) && *r != c.r)
+            user_error("--lora-r %d: --resume %s is a LoRA checkpoint of rank %d (%s: \"r\"); leave the flag out to "
+                       "continue with it", *r, resume, c.r, c.path);
+        if (args_given(alpha) && *alpha != (float)c.alpha)
+            user_error("--lora-alpha %g: the checkpoint's %s has lora_alpha %g; leave the flag out to continue with it",
+                       *alpha, c.path, c.alpha);
+        if (args_given(target) && memcmp(want, c.target, sizeof want))
+            user_error("--lora-target %s: the checkpoint's %s has target_modules %s; leave the flag out to continue "
+                       "with them", *target, c.path, targets_text(c.target, taken));
+        if (args_given(rslora) && !c.rslora)
+            user_error("--lora-rslora: the checkpoint's %s has use_rslora false; leave the flag out to continue with it",
+                       c.path);
+        if (args_given(dropout) && *dropout != (float)c.dropout)
+            user_error("--lora-dropout %g: the checkpoint's %s has lora_dropout %g; leave the flag out to continue "
+                       "with it", *dropout, c.path, c.dropout);
+        *r = c.r, *alpha = (float)c.alpha, *rslora = c.rslora, *dropout = (float)c.dropout;
+        *target = targets_text(c.target, taken);
+        return;
+    }
+    free(dir);
+    if (!*r) {   /* full training: a LoRA setting alone would be ignored */
+        const void *set[] = {alpha, target, rslora, dropout};
+        const char *names[] = {"--lora-alpha", "--lora-target", "--lora-rslora", "--lora-dropout"};
+        for (int i = 0; i < 4; i++)
+            if (args_given(set[i]))
+                user_error("%s: a LoRA setting without --lora-r: the run would train every weight (give --lora-r N)",
+                           names[i]);
+        return;
+    }
+    int t[LORA_TARGETS];
+    lora_targets_parse("--lora-target", *target, t);
+    if (!(*alpha > 0 && *alpha <= ADAPTER_ALPHA_MAX))
+        user_error("--lora-alpha %g: must be > 0 and <= %g (the adapters' scale is alpha / r)", *alpha, ADAPTER_ALPHA_MAX);
 }
 
 /* the base weight of projection t: its ParamInfo name ends so */
@@ -162,8 +228,11 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
 uint64_t lora_micro_key(const Model *m, int micro) {
     const Lora *lo = m->lora;
     if (!lo || !(lo->dropout > 0)) return 0;
-    uint64_t k = splitmix64_mix(lo->seed ^ splitmix64_mix((uint64_t)lo->step * 0x100000001ull + (uint64_t)micro + 1));
-    return k ? k : 1;
+    uint64_t t0 = lo->token0 ? (uint64_t)lo->token0[micro] : 0, at = lo->token0 ? 0 : (uint64_t)micro;
+    if (t0 >> 24) rank_error("--lora-dropout: a step of more than 2^24 tokens (micro-batch %d starts at token %llu)",
+                             micro, (unsigned long long)t0);
+    uint64_t k = splitmix64_mix(lo->seed ^ splitmix64_mix((uint64_t)lo->step * 0x100000001ull + at + 1)) & ((1ull << 40) - 1);
+    return (k ? k : 1) | t0 << 40;
 }
 
 size_t lora_width(const Model *m) {
@@ -209,6 +278,18 @@ void lora_read_blocks(const Model *m, const char *path, float *host) {
 
 void lora_load(Model *m, const char *dir) {
     Lora *lo = m->lora;
+    AdapterConfig c;
+    adapter_config(dir, &c);   /* the adapters are trained on as they were: the same rank, scale and modules */
+    if (c.r != lo->r)
+        user_error("%s: \"r\" is %d, but --lora-r is %d: give --lora-r %d (the adapter's rank)", c.path, c.r, lo->r, c.r);
+    char a[96], b[96];
+    if (memcmp(c.target, lo->target, sizeof lo->target))
+        user_error("%s: \"target_modules\" is %s, but --lora-target is %s: give --lora-target %s", c.path,
+                   targets_text(c.target, a), targets_text(lo->target, b), a);
+    if ((float)c.alpha != (float)lo->alpha || c.rslora != lo->rslora)
+        user_error("%s: \"lora_alpha\" %g%s, but --lora-alpha %g%s: give --lora-alpha %g%s (the adapter's scale)", c.path,
+                   c.alpha, c.rslora ? " with use_rslora" : "", lo->alpha, lo->rslora ? " --lora-rslora" : "", c.alpha,
+                   c.rslora ? " --lora-rslora" : "");
     char *path = path_join(dir, "adapter_model.safetensors");
     float *host = xmalloc(sizeof(float) * (lo->n ? lo->n : 1));
     lora_read_blocks(m, path, host);

@@ -22,8 +22,12 @@ typedef struct Lora {
     float scale;                /* alpha / r (rslora: alpha / sqrt(r)), in fp32 as PEFT multiplies */
     int enabled;                /* 0: the forward is the base's alone (a reference model) */
     float dropout;              /* PEFT's lora_dropout on each adapter's input, training steps only */
-    uint64_t seed;              /* the run's: with the optimizer's step and the micro-batch, the masks' key */
+    uint64_t seed;              /* the run's: with the optimizer's step, the masks' key */
     int step;                   /* the optimizer step being taken (learner_step sets it) */
+    const long *token0;         /* (micro-batches) where each of the step's micro-batches starts among the
+                                   whole step's tokens (every dp rank's, in the data's order; train/trainer.c
+                                   Step.token0): the masks follow a token's place in the step, whatever the
+                                   split over micro-batches and dp ranks. NULL: the micro-batch's index */
     float **A, **B;             /* (L_local * LORA_TARGETS) this rank's blocks, NULL where not adapted:
                                    A (r, in_local), B (out_local, r); see the top for which is whole */
     float *arena;               /* every A and B, in the order of infos; the backend's memory */
@@ -39,6 +43,16 @@ typedef struct Lora {
 /* --lora-target: "all-linear" or a comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,
  * down_proj; anything else is a user_error naming flag */
 void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARGETS]);
+/* A training command's LoRA flags (--lora-r r, --lora-alpha, --lora-target, --lora-rslora,
+ * --lora-dropout; sft, rm, dpo, ppo), checked after args_parse. resume: the checkpoint a run resumes
+ * from (NULL: a new run), role: its adapter's subdirectory (ppo's "actor"; NULL: resume itself). A
+ * LoRA checkpoint (its adapter_config.json) is
+ * the truth: each flag not given takes its value (so --lora-r may be left out), and a given flag that
+ * disagrees is a user_error naming it and the file. Without --lora-r, any other LoRA flag is a
+ * user_error (the run would train every weight); --lora-target must name a projection; --lora-alpha
+ * must be in (0, ADAPTER_ALPHA_MAX]. */
+void lora_options_check(int *r, float *alpha, const char **target, int *rslora, float *dropout, const char *resume,
+                        const char *role);
 /* Adapters for m (this rank's layers and tp shard), initialised as PEFT does: A ~ U(-1/sqrt(in),
  * 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), drawn for the whole tensor from `seed`, the layer
  * and the projection (every layout the same values), B = 0. A user_error when the layout cannot
@@ -49,11 +63,18 @@ void lora_free(Model *m);
  * the adapter in DIR (a checkpoint's, with the trained score head) merged in as --adapter merges it */
 void lora_merge(Model *m, const char *dir);
 /* The dropout key of micro-batch `micro` of the current step (0: no dropout: without adapters, with
- * lora_dropout 0, and outside a training step). Masks (kernels.h dropout_keep) follow from it, the
- * layer and the projection: a resumed run draws the same ones. */
+ * lora_dropout 0, and outside a training step): bits 0-39 a key of (seed, step), bits 40-63 the
+ * micro-batch's first token's place in the step (token0; a rank_error past 2^24 tokens). Masks
+ * (kernels.h dropout_keep) follow from it, the layer and the projection: element (n, j) of a
+ * micro-batch's adapter input is element (token0 + n, j) of the step's, so every layout, and a
+ * resumed run at any layout, draws the same masks. */
 uint64_t lora_micro_key(const Model *m, int micro);
-/* one projection's mask key from the micro-batch's (every projection its own dropout, as PEFT's) */
-static inline uint64_t lora_target_key(uint64_t key, int layer, int t) { return key ^ ((uint64_t)(layer * LORA_TARGETS + t + 1) << 40); }
+/* one projection's mask key from the micro-batch's (every projection its own dropout, as PEFT's), its
+ * input cols_global wide: dropout_keep's index n * cols_global + j then counts from the step's token 0 */
+static inline uint64_t lora_target_key(uint64_t key, int layer, int t, int cols_global) {
+    uint64_t base = key & ((1ull << 40) - 1), token0 = key >> 40;
+    return (base ^ ((uint64_t)(layer * LORA_TARGETS + t + 1) << 40)) + token0 * (uint64_t)cols_global * 0x9E3779B97F4A7C15ull;
+}
 /* floats per row of an adapter's scratch: its widest output or input, max(D, F_local, H_local Dh) */
 size_t lora_width(const Model *m);
 /* the dtype the score head is read in: fp32 when the adapters train it, else the model's */

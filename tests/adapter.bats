@@ -156,6 +156,9 @@ lora_eval() { # ADAPTER [extra]
     bad_config rank '.r = 8'
     run_one_line "rank/adapter_model.safetensors: tensor base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight [4, 32]: rank 4, but adapter_config.json's field \"r\" is 8" \
         lora_eval "$BATS_TEST_TMPDIR/rank"
+    # a lora_alpha past the range surfaced only as non-finite merged weights (or logits)
+    bad_config alpha '.lora_alpha = 1e39'
+    run_one_line "alpha/$c: field \"lora_alpha\" must be a number > 0 and <= 1e+06" lora_eval "$BATS_TEST_TMPDIR/alpha"
     bad_config fewer '.target_modules = ["q_proj", "k_proj"]'
     run_one_line "fewer/adapter_model.safetensors: tensor base_model.model.model.layers.0.mlp.down_proj.lora_A.weight: adapter_config.json's field \"target_modules\" does not name down_proj" \
         lora_eval "$BATS_TEST_TMPDIR/fewer"

@@ -152,6 +152,31 @@ print(sum(math.prod(v["shape"]) * (4 if v["dtype"] == "F32" else 2) for k, v in 
     [[ "$output" == *"optimizer/optimizer.json: saved by a run with bf16 weights; this run has fp32 weights: resume with --dtype bf16"* ]]
 }
 
+@test "bf16 sft saved with --save-dtype fp32 resumes with its own command (--dtype auto: the optimizer state's bf16), bit for bit" {
+    need_m
+    # a bf16 model (config.json torch_dtype bfloat16): --dtype auto runs it in bf16
+    "$TANDEM" sft --model "$M" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --seq-len 32 --batch-size 16 --max-steps 1 --dtype bf16 \
+        --out "$BATS_TEST_TMPDIR/bm" 2>/dev/null
+    B="$BATS_TEST_TMPDIR/bm/checkpoint-1"
+    [ "$(jq -r .torch_dtype "$B/config.json")" = bfloat16 ]
+    A=(--model "$B" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --seq-len 32 --batch-size 16 --max-steps 6 --lr 3e-3 --save-dtype fp32)
+    "$TANDEM" sft "${A[@]}" --out "$BATS_TEST_TMPDIR/straight" 2>/dev/null
+    "$TANDEM" sft "${A[@]}" --out "$BATS_TEST_TMPDIR/split" --stop-after 3 2>/dev/null
+    [ "$(st_dtypes "$BATS_TEST_TMPDIR/split/checkpoint-3/model-00001-of-00001.safetensors")" = F32 ]
+    # (before: "saved by a run with bf16 weights; this run has fp32 weights: ... (or --dtype auto ...)")
+    run "$TANDEM" sft "${A[@]}" --out "$BATS_TEST_TMPDIR/split" --resume "$BATS_TEST_TMPDIR/split/checkpoint-3"
+    [ "$status" -eq 0 ]
+    diff <(losses "$BATS_TEST_TMPDIR/straight") <(losses "$BATS_TEST_TMPDIR/split")
+    [ "$(losses "$BATS_TEST_TMPDIR/split" | wc -l)" -eq 6 ]
+    for f in $(cd "$BATS_TEST_TMPDIR/straight/checkpoint-6" && ls *.safetensors optimizer/*/*.safetensors); do
+        cmp "$BATS_TEST_TMPDIR/straight/checkpoint-6/$f" "$BATS_TEST_TMPDIR/split/checkpoint-6/$f"
+    done
+    # an explicit other dtype is still refused, the advice now true
+    run timeout 60 "$TANDEM" sft "${A[@]}" --dtype fp32 --out "$BATS_TEST_TMPDIR/x" --resume "$BATS_TEST_TMPDIR/split/checkpoint-3"
+    [ "$status" -ne 0 ]
+    [[ "$output" == *"resume with --dtype bf16 (or --dtype auto, which takes this file's)"* ]]
+}
+
 @test "bf16 sft: tp 2, pp 2 (4 micro-batches), dp 2 plain and ZeRO-1 follow the 1x1 losses" {
     need_m
     A=(--model "$M" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --seq-len 32 --batch-size 8 --max-steps 4 --lr 3e-3 --dtype bf16)

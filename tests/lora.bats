@@ -13,8 +13,9 @@
 # - The base is frozen: no gradients and no moments for it in the memory plan.
 # - Layouts: every layout draws the same A (from --seed) and B = 0, so step 1 is the base model's
 #   loss bit for bit; later steps follow 1x1 within resume_layout.bats' 1e-5 (other summation orders).
-# - --lora-dropout: masks from the run's seed, the step and the micro-batch (kernels.h dropout_keep);
-#   gradients against autograd with the same masks, resume bit for bit.
+# - --lora-dropout: masks from the run's seed, the step and each token's place in the step (kernels.h
+#   dropout_keep; any micro-batch / dp split the same); gradients against autograd with the same masks,
+#   resume bit for bit.
 # - --resume: the checkpoint holds the adapter and its moments (optimizer/exp_avg, exp_avg_sq as
 #   adapter files): bit for bit at the same layout, within 1e-5 after tp / dp / ZeRO-1 changes.
 # - rm (the score head trained in full, PEFT's modules_to_save) and dpo (the reference is the base
@@ -76,7 +77,7 @@ lora_grad() {
     grep -q 'recompute: gradients and loss bit-identical' <<<"$output"
 }
 
-@test "sft --lora-dropout: masks from --seed, the step and the micro-batch: resume bit for bit, tp 2 draws 1x1's masks, eval without dropout; ppo refuses it" {
+@test "sft --lora-dropout: masks from --seed, the step and the token's place: resume bit for bit, tp 2 draws 1x1's masks, eval without dropout; ppo refuses it" {
     need_assets
     make_rev_data "$BATS_TEST_TMPDIR"
     t="$BATS_TEST_TMPDIR"
@@ -102,6 +103,75 @@ lora_grad() {
     run_one_line "--lora-dropout 1: must be in [0, 1)" "$TANDEM" "${A[@]}" --lora-dropout 1 --out "$t/x"
     run_one_line "--lora-dropout 0.1: ppo runs its adapters without dropout" "$TANDEM" ppo --actor "$STORIES" --reward-cmd "$RULE" \
         --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --out "$t/x" --lora-r 4 --lora-dropout 0.1
+}
+
+@test "sft --lora-dropout: the masks follow each token's place in the step, not the split: batch 8 == 2 micro-batches of 4 == dp 2 (within 1e-5), and a resume at dp 2 continues the 1x1 run within 1e-5" {
+    need_assets
+    make_rev_data "$BATS_TEST_TMPDIR"
+    t="$BATS_TEST_TMPDIR"
+    A=(sft --model "$STORIES" --data "$t/rev_train.jsonl" --seq-len 32 --max-steps 6 --lr 3e-3 --threads 1 --lora-r 4
+       --lora-dropout 0.1 --save-every 2)
+    "$TANDEM" "${A[@]}" --batch-size 8 --out "$t/one" 2>/dev/null
+    "$TANDEM" "${A[@]}" --batch-size 4 --micro-batches 2 --out "$t/two" 2>/dev/null
+    run timeout 200 $MPIRUN 2 "$TANDEM" "${A[@]}" --batch-size 4 --out "$t/dp"
+    [ "$status" -eq 0 ]
+    # (each rank drawing its own masks, these differed by 1e-2 from step 2 on)
+    within 1e-5 <(losses "$t/one") <(losses "$t/two")
+    within 1e-5 <(losses "$t/one") <(losses "$t/dp")
+    [ "$(losses "$t/dp" | wc -l)" -eq 6 ]
+    run timeout 200 $MPIRUN 2 "$TANDEM" "${A[@]}" --batch-size 4 --zero 1 --out "$t/one" --resume "$t/one/checkpoint-2" --overwrite
+    [ "$status" -eq 0 ]
+    within 1e-5 <(losses "$t/two") <(losses "$t/one")
+    [ "$(losses "$t/one" | wc -l)" -eq 6 ]
+}
+
+@test "sft --lora-r --resume: the checkpoint's adapter_config.json is the truth: every LoRA flag may be left out (bit for bit), a disagreeing one is one line naming it" {
+    need_assets
+    make_rev_data "$BATS_TEST_TMPDIR"
+    t="$BATS_TEST_TMPDIR"
+    A=(sft --model "$STORIES" --data "$t/rev_train.jsonl" --seq-len 32 --batch-size 8 --max-steps 4 --lr 3e-3 --threads 1 --save-every 2)
+    L=(--lora-r 4 --lora-alpha 32 --lora-rslora --lora-target q_proj,v_proj,down_proj --lora-dropout 0.1)
+    "$TANDEM" "${A[@]}" "${L[@]}" --out "$t/straight" 2>/dev/null
+    "$TANDEM" "${A[@]}" "${L[@]}" --out "$t/s" --stop-after 2 2>/dev/null
+    # no LoRA flag at all (before: "config.json: cannot read"), and --lora-r alone (before: alpha 16,
+    # all-linear, no rsLoRA, no dropout: another model, and 16 in the next adapter_config.json)
+    for given in "" "--lora-r 4"; do
+        rm -rf "$t/r" && cp -r "$t/s" "$t/r"
+        run "$TANDEM" "${A[@]}" $given --out "$t/r" --resume "$t/r/checkpoint-2"
+        [ "$status" -eq 0 ]
+        diff <(numbers "$t/straight/metrics.jsonl") <(numbers "$t/r/metrics.jsonl")
+        cmp "$t/straight/checkpoint-4/adapter_model.safetensors" "$t/r/checkpoint-4/adapter_model.safetensors"
+        cmp "$t/straight/checkpoint-4/adapter_config.json" "$t/r/checkpoint-4/adapter_config.json"
+    done
+    c="$t/s/checkpoint-2/adapter_config.json"
+    R=("$TANDEM" "${A[@]}" --out "$t/s" --resume "$t/s/checkpoint-2")
+    run_one_line "--lora-r 8: --resume $t/s/checkpoint-2 is a LoRA checkpoint of rank 4 ($c: \"r\")" "${R[@]}" --lora-r 8
+    run_one_line "--lora-r 0: --resume $t/s/checkpoint-2 is a LoRA checkpoint of rank 4" "${R[@]}" --lora-r 0
+    run_one_line "--lora-alpha 16: the checkpoint's $c has lora_alpha 32" "${R[@]}" --lora-alpha 16
+    run_one_line "--lora-target all-linear: the checkpoint's $c has target_modules q_proj,v_proj,down_proj" "${R[@]}" --lora-target all-linear
+    run_one_line "--lora-dropout 0.2: the checkpoint's $c has lora_dropout 0.1" "${R[@]}" --lora-dropout 0.2
+    "$TANDEM" "${A[@]}" --lora-r 4 --max-steps 2 --out "$t/plain" 2>/dev/null
+    run_one_line "--lora-rslora: the checkpoint's $t/plain/checkpoint-2/adapter_config.json has use_rslora false" \
+        "$TANDEM" "${A[@]}" --out "$t/plain" --resume "$t/plain/checkpoint-2" --lora-rslora
+    # a lora_alpha past the range in the checkpoint is named where it is read
+    jq '.lora_alpha = 1e39' "$c" > "$t/c.json" && mv "$t/c.json" "$c"
+    run_one_line "$c: field \"lora_alpha\" must be a number > 0 and <= 1e+06" "${R[@]}"
+}
+
+@test "ppo --lora-r --resume: a LoRA checkpoint resumes without the LoRA flags (its actor/adapter_config.json), the same metrics" {
+    need_story
+    t="$BATS_TEST_TMPDIR"
+    A=(ppo --actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2
+       --max-new-tokens 8 --steps 2 --threads 1 --actor-lr 3e-3)
+    run timeout 120 "$TANDEM" "${A[@]}" --lora-r 4 --lora-alpha 32 --out "$t/straight"
+    [ "$status" -eq 0 ]
+    run timeout 120 "$TANDEM" "${A[@]}" --lora-r 4 --lora-alpha 32 --out "$t/r" --save-every 1 --stop-after 1
+    [ "$status" -eq 0 ]
+    run timeout 120 "$TANDEM" "${A[@]}" --out "$t/r" --resume "$t/r/checkpoint-1"
+    [ "$status" -eq 0 ]
+    diff <(numbers "$t/straight/metrics.jsonl") <(numbers "$t/r/metrics.jsonl")
+    run_one_line "--lora-alpha 16: the checkpoint's $t/r/checkpoint-1/actor/adapter_config.json has lora_alpha 32" \
+        "$TANDEM" "${A[@]}" --out "$t/r" --resume "$t/r/checkpoint-1" --lora-alpha 16
 }
 
 stories_data() {
@@ -390,5 +460,29 @@ rule_rate() {
     run_one_line "--merge: merges LoRA adapters; give --lora-r" "$TANDEM" "${A[@]}" --merge
     run_one_line "--lora-target q_proj,x_proj: x_proj is not a projection" "$TANDEM" "${A[@]}" --lora-r 4 --lora-target q_proj,x_proj
     run_one_line "--lora-alpha 0: must be > 0" "$TANDEM" "${A[@]}" --lora-r 4 --lora-alpha 0
-
+    run_one_line "--lora-alpha 1e+07: must be > 0 and <= 1e+06" "$TANDEM" "${A[@]}" --lora-r 4 --lora-alpha 1e7
+    # an empty target list trained nothing (grad norm 0) and saved an adapter --adapter refuses
+    run_one_line "--lora-target '': names no projection" "$TANDEM" "${A[@]}" --lora-r 4 --lora-target ''
+    run_one_line "--lora-target ',': names no projection" "$TANDEM" "${A[@]}" --lora-r 4 --lora-target ,
+    # without --lora-r these were ignored and the run trained every weight (sft, rm, dpo, ppo)
+    for f in "--lora-alpha 32" "--lora-target q_proj" "--lora-rslora" "--lora-dropout 0.1"; do
+        run_one_line "${f%% *}: a LoRA setting without --lora-r: the run would train every weight" "$TANDEM" "${A[@]}" $f
+    done
+    for cmd in rm dpo; do
+        run_one_line "--lora-alpha: a LoRA setting without --lora-r" "$TANDEM" $cmd --model "$STORIES" --data "$PF/story_train.jsonl" \
+            --out "$BATS_TEST_TMPDIR/x" --lora-alpha 32
+    done
+    P=(ppo --actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --out "$BATS_TEST_TMPDIR/x")
+    run_one_line "--lora-target: a LoRA setting without --lora-r" "$TANDEM" "${P[@]}" --lora-target q_proj
+    run_one_line "--lora-target '': names no projection" "$TANDEM" "${P[@]}" --lora-r 4 --lora-target ''
+    # an adapter to train on is read at its own rank and scale: a disagreeing flag is named with the file
+    "$TANDEM" "${A[@]}" --lora-r 4 --lora-alpha 8 --out "$BATS_TEST_TMPDIR/a4" 2>/dev/null
+    c="$BATS_TEST_TMPDIR/a4/checkpoint-1/adapter_config.json"
+    # (after ppo's placement line; before: "expected [8, 64] from config.json")
+    for f in "--lora-r 8|\"r\" is 4, but --lora-r is 8: give --lora-r 4" "--lora-r 4|\"lora_alpha\" 8, but --lora-alpha 16: give --lora-alpha 8"; do
+        run "$TANDEM" "${P[@]}" --max-new-tokens 4 --steps 1 --actor-adapter "$BATS_TEST_TMPDIR/a4/checkpoint-1" ${f%%|*}
+        echo "$output"
+        [ "$status" -eq 1 ]
+        [[ "${lines[-1]}" == "tandem: $c: ${f#*|}"* ]]
+    done
 }

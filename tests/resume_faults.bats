@@ -159,3 +159,17 @@ check() {
     run find "$o" -name '*.tmp.*'
     [ -z "$output" ]
 }
+
+@test "a trainer_state.json whose data cursor has the wrong magic stops the resume with a line saying so (not \"56 bytes, expected 56\")" {
+    need_story
+    sft_cmd
+    run timeout 120 "${CMD[@]}" --out "$BATS_TEST_TMPDIR/o" --max-steps 2
+    [ "$status" -eq 0 ]
+    s="$BATS_TEST_TMPDIR/o/checkpoint-2/trainer_state.json"
+    sed -i 's/"data_cursor": "[0-9a-f]\{8\}/"data_cursor": "00000000/' "$s"
+    grep -q '"data_cursor": "00000000' "$s"
+    run "${CMD[@]}" --out "$BATS_TEST_TMPDIR/o" --resume "$BATS_TEST_TMPDIR/o/checkpoint-2"
+    echo "$output"
+    [ "$status" -eq 1 ]
+    [ "${lines[-1]}" = "tandem: $s: not a data cursor: its magic is 00000000, expected 52434454 (\"TDCR\")" ]
+}

@@ -172,9 +172,13 @@ void data_cursor_save(const Data *d, uint8_t buf[DATA_CURSOR_BYTES]) {
 }
 
 int data_cursor_restore(Data *d, const uint8_t *buf, size_t len, char *err, size_t errlen) {
-    if (len != DATA_CURSOR_BYTES || (uint32_t)get_u64(buf) != CURSOR_MAGIC) {
-        snprintf(err, errlen, "not a data cursor (%zu bytes, expected %d starting with \"TDCR\")", len,
-                 DATA_CURSOR_BYTES);
+    if (len != DATA_CURSOR_BYTES) {
+        snprintf(err, errlen, "not a data cursor (%zu bytes, expected %d)", len, DATA_CURSOR_BYTES);
+        return -1;
+    }
+    if ((uint32_t)get_u64(buf) != CURSOR_MAGIC) {
+        snprintf(err, errlen, "not a data cursor: its magic is %08x, expected %08x (\"TDCR\")", (unsigned)get_u64(buf),
+                 (unsigned)CURSOR_MAGIC);
         return -1;
     }
     uint32_t version = (uint32_t)(get_u64(buf) >> 32);

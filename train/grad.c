@@ -324,7 +324,7 @@ static void lora_backward(Model *m, TrainActs *a, GradSink *g, int l, int t, con
     if (!rowp) model_tp_sum(m, a->lora_du, (size_t)N * r);
     be->scale(a->lora_du, lo->scale, (size_t)N * r);
     int col0 = rowp ? m->mesh->tp_rank * n_in : 0, cg = rowp ? n_in * m->mesh->tp : n_in;
-    uint64_t key = a->lora_key ? lora_target_key(a->lora_key, m->layer_start + l, t) : 0;
+    uint64_t key = a->lora_key ? lora_target_key(a->lora_key, m->layer_start + l, t, cg) : 0;
     if (key) {   /* the forward's dropped-out input, again (the same mask) */
         be->dropout(a->lora_tmp, x, N, n_in, col0, cg, lo->dropout, key);
         x = a->lora_tmp;

@@ -136,6 +136,20 @@ int optim_state_present(const char *dir) {
     return file_exists(path);
 }
 
+DType optim_state_dtype(const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/" OPTIM_STATE_DIR "/" OPTIM_STATE_FILE, dir);
+    char *text = read_file(path, NULL);
+    cJSON *j = text ? cJSON_Parse(text) : NULL;
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "dtype");
+    DType d = DTYPE_AUTO;
+    if (cJSON_IsString(dt) && (!strcmp(dt->valuestring, "bf16") || !strcmp(dt->valuestring, "fp32")))
+        d = dtype_parse("--dtype", dt->valuestring);
+    cJSON_Delete(j);
+    free(text);
+    return d;
+}
+
 /* A section must hold exactly the checkpoint's own tensors (names and shapes of its weights, w):
  * checked on every rank for the whole model, so a bad file is one user_error whatever stage reads it. */
 static void check_section(const SafeTensors *w, const SafeTensors *st, const char *sdir) {
@@ -169,8 +183,7 @@ void optim_state_load(Optim *o, const Model *m, const char *dir) {
                    "saved it", jpath, v->valueint, STATE_VERSION);
     if (strcmp(dt->valuestring, dtype_name(o->dtype)))
         user_error("%s: saved by a run with %s weights; this run has %s weights: resume with --dtype %s (or --dtype "
-                   "auto, which reads the checkpoint's torch_dtype)", jpath, dt->valuestring, dtype_name(o->dtype),
-                   dt->valuestring);
+                   "auto, which takes this file's)", jpath, dt->valuestring, dtype_name(o->dtype), dt->valuestring);
     int step = s->valueint;
     cJSON_Delete(j);
     free(text);

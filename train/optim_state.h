@@ -38,9 +38,14 @@
 int optim_state_save(const Optim *o, const Model *m, const char *dir, char *err);
 /* Whether dir holds a complete layout-free optimizer state (dir/optimizer/optimizer.json). */
 int optim_state_present(const char *dir);
+/* The weights' dtype the state in dir/optimizer/ was saved with (optimizer.json's "dtype": BF16 state
+ * holds the fp32 master, and its run's weights were bf16 whatever --save-dtype wrote), DTYPE_AUTO when
+ * there is no readable one (optim_state_load reports it). A full-training --resume with --dtype auto
+ * runs at it: the checkpoint's saved weights may be another dtype (--save-dtype fp32). */
+DType optim_state_dtype(const char *dir);
 /* Reads dir/optimizer/ into o (a fresh optimizer of model m, any layout) and sets o->step.
  * Collective only in that every rank reads the same files. A missing or unreadable optimizer.json,
- * another format or version, another dtype (BF16 state needs BF16 weights), a section whose tensors
+ * another format or version, another dtype (BF16 state needs BF16 weights: --dtype bf16, or auto), a section whose tensors
  * are not the checkpoint's own (names, shapes), a truncated or corrupt file: one user_error line
  * naming the file. A non-finite value in this rank's block: rank_error naming file and tensor. */
 void optim_state_load(Optim *o, const Model *m, const char *dir);

@@ -5,6 +5,7 @@
 #include "runtime/util.h"
 #include "kernels/kernels.h"
 #include "train/checkpoint.h"
+#include "train/optim_state.h"
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
@@ -22,9 +23,10 @@ void step_alloc(Step *s, int M, int max_tokens) {
     s->targets = xmalloc(sizeof(int) * (size_t)M * max_tokens);
     s->weight = xmalloc(sizeof(float) * (size_t)M * max_tokens);
     s->margin = xmalloc(sizeof(float) * (size_t)M * max_tokens);
+    s->token0 = xmalloc(sizeof(long) * M);
 }
 void step_free(Step *s) {
-    free(s->mbs); free(s->tokens); free(s->seq_start); free(s->targets); free(s->weight); free(s->margin);
+    free(s->mbs); free(s->tokens); free(s->seq_start); free(s->targets); free(s->weight); free(s->margin); free(s->token0);
 }
 
 /* Reads the step's M * dp micro-batches; keeps this dp rank's. Returns 0 when the data has ended
@@ -35,11 +37,13 @@ int step_fill(Step *s, Data *d, const Mesh *mesh) {
     DataBatch b;
     for (int k = 0; k < s->M * mesh->dp; k++) {
         if (!data_next_batch(d, &b)) return 0;
+        long token0 = s->n_tokens;
         s->loss_tokens += b.n_loss;
         s->n_tokens += b.n_tokens;
         if (b.margin) s->n_pairs += b.n_seqs / 2;
         if (k % mesh->dp != mesh->dp_rank) continue;
         int i = s->n++;
+        s->token0[i] = token0;
         int *tok = s->tokens + (size_t)i * s->max_tokens, *st = s->seq_start + (size_t)i * (s->max_tokens + 1);
         int *tg = s->targets + (size_t)i * s->max_tokens;
         memcpy(tok, b.tokens, sizeof(int) * b.n_tokens);
@@ -255,6 +259,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
         user_error("--recompute %s: expected full or none", o->recompute_name);
     if (o->sp && o->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
     if (o->lora_r < 0) user_error("--lora-r %d: must be >= 0 (0 = full training)", o->lora_r);
+    lora_options_check(&o->lora_r, &o->lora_alpha, &o->lora_target, &o->lora_rslora, &o->lora_dropout, o->resume, NULL);
     if (o->merge && !o->lora_r) user_error("--merge: merges LoRA adapters; give --lora-r");
     if (!(o->lora_dropout >= 0 && o->lora_dropout < 1)) user_error("--lora-dropout %g: must be in [0, 1)", o->lora_dropout);
     if (o->merge && o->zero == 3) user_error("--merge with --zero 3: the merge needs the whole weights (merge from the checkpoint with --adapter)");
@@ -265,6 +270,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     }
     if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard);
     if (o->resume && !o->lora_r) trainer_check_same_model(o->model_dir, o->resume);
+    if (o->resume && !o->lora_r && o->dtype == DTYPE_AUTO) o->dtype = optim_state_dtype(o->resume);   /* the run's */
     if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
     o->threads = backend_set_threads(o->threads);
     o->be = device_open(o->device);
@@ -385,6 +391,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
     if (root) trainer_remove_stale_tmp(o->out);
     Step st;
     step_alloc(&st, o->M, max_tokens);
+    if (m->lora) m->lora->token0 = st.token0;   /* LoRA dropout: masks by the tokens' places in the step */
     if (t->setup) t->setup(t->ctx, max_tokens, o->seq_len, o->M);
 
     MemPlan plan = model_mem_plan(m);
@@ -448,6 +455,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
                 tokens_done, el, tokens_done / (el > 0 ? el : 1), peak_rss_mib());
     }
     metrics_close(&ml);
+    if (m->lora) m->lora->token0 = NULL;
     step_free(&st);
     learner_free(&L);
     data_free(&train);

@@ -27,6 +27,8 @@ typedef struct {
     int M, max_tokens, n;       /* n: how many were filled */
     long loss_tokens, n_tokens; /* over the whole step (all dp ranks) */
     long n_pairs;               /* preference data: pairs in the whole step (all dp ranks) */
+    long *token0;               /* (M) where each kept micro-batch starts among the step's tokens (all dp
+                                   ranks', in the data's order): LoRA dropout's masks (runtime/lora.h) */
 } Step;
 
 void step_alloc(Step *s, int M, int max_tokens);
