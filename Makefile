@@ -112,9 +112,10 @@ cuda: build
 build/%.o: %.cu $(wildcard kernels/*.h kernels/cuda/*.h kernels/cuda/*.cuh)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
-build/tests/cuda_vs_cpu: tests/cuda/cuda_vs_cpu.c $(CUDA_OBJ) build/libtandem.a
+# the oracle harness: tests/cuda/cuda_vs_cpu.c (main) and its files by entry family
+build/tests/cuda_vs_cpu: $(wildcard tests/cuda/*.c) $(CUDA_OBJ) build/libtandem.a tests/cuda/cuda_vs_cpu.h
 	@mkdir -p build/tests
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $(filter-out %.h,$^) -o $@ $(LDLIBS)
 
 clean:
 	rm -rf build bin

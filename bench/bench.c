@@ -4,6 +4,7 @@
  * encode speed. Reports the median of --iters timed runs after one warm-up. Random token ids: speed
  * does not depend on the text. */
 #include "bench/bench.h"
+#include "bench/probe.h"
 #include "runtime/lora.h"
 #include "rlhf/pref_loss.h"
 #include "generate/engine.h"
@@ -19,11 +20,6 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 /* --tokenizer A[,B...]: encode MB/s of each tokenizer on the same text (line by line, no BOS, as
  * spm_encode does; bench/tokenizer.sh times spm_encode on the same file for the ratio). */
@@ -71,26 +67,6 @@ static double copy_bandwidth_gbs(void) {
     return best;
 }
 
-/* A device backend's copy bandwidth, bytes read plus bytes written per second (the HBM roofline's
- * figure: nvidia-smi's and CUDA's bandwidthTest count both): be->copy of 512 MiB, timed between
- * syncs. Best of 5 after one warm-up. */
-double bench_device_copy_gbs(const Backend *be) {
-    size_t n = (size_t)128 << 20;   /* floats */
-    float *a = be->alloc(sizeof(float) * n), *b = be->alloc(sizeof(float) * n);
-    double best = 0;
-    for (int rep = -1; rep < 5; rep++) {
-        be->sync();
-        double t0 = now_seconds();
-        be->copy(b, a, n);
-        be->sync();
-        double gbs = 2.0 * sizeof(float) * n / (now_seconds() - t0) / 1e9;
-        if (rep >= 0 && gbs > best) best = gbs;
-    }
-    be->free(a);
-    be->free(b);
-    return best;
-}
-
 /* Adds B random prompts of P tokens asking for T greedy tokens (EOS ignored) and runs them. */
 static void decode_batch(Engine *e, const Model *m, Seq *seqs, int B, int P, int T, unsigned *rng) {
     for (int b = 0; b < B; b++) {
@@ -135,34 +111,6 @@ static EngineStats bench_decode(Model *m, int B, int P, int T) {
     return st;
 }
 
-/* Read bandwidth: a vectorised sum over a buffer far larger than the L3, with the run's threads.
- * Batch-1 decode only reads weights, so this (not copy) is its ceiling. Best of 5. */
-double bench_read_bandwidth_gbs(void) {
-    size_t n = (size_t)64 << 20;   /* floats: 256 MiB */
-    float *a = xmalloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) a[i] = (float)(i & 7);
-    double best = 0;
-    volatile float sink = 0;
-    for (int rep = 0; rep < 5; rep++) {
-        double t0 = now_seconds();
-        float total = 0;
-#pragma omp parallel for reduction(+ : total) schedule(static)
-        for (size_t blk = 0; blk < n / 1024; blk++) {
-            float s[16] = {0};
-            const float *p = a + blk * 1024;
-            for (int i = 0; i < 1024; i += 16)
-                for (int l = 0; l < 16; l++) s[l] += p[i + l];
-            for (int l = 0; l < 16; l++) total += s[l];
-        }
-        sink = total;
-        double gbs = sizeof(float) * n / (now_seconds() - t0) / 1e9;
-        if (gbs > best) best = gbs;
-    }
-    (void)sink;
-    free(a);
-    return best;
-}
-
 /* The matmul kernel's FLOP/s at batch N with its weights hot in L2 (n_out rows of K = dim, shared by
  * the threads): the most that batched decode can reach, so batch-B decode is also reported against
  * peak / (2 flops x matmul weight per token). Best of 5 sweeps of 64 calls. */
@@ -202,11 +150,6 @@ static double fma_peak_gflops(void) {
     return best;
 }
 
-double bench_median(double *v, int n) {
-    qsort(v, n, sizeof(double), cmp_double);
-    return v[n / 2];
-}
-
 /* Batch 1 and batch `big`, alternated for `rounds` rounds so that both see the same machine (this
  * one's memory bandwidth drifts between about 33 and 60 GB/s from minute to minute). Each round
  * measures the read bandwidth right before its batch-1 run, so batch 1 is compared with the bound
@@ -214,7 +157,7 @@ double bench_median(double *v, int n) {
 static int bench_generate(Model *m, int threads, int P, int T, int big, int rounds) {
     /* On a device the roofline is its copy bandwidth (read + write), and the hardware FMA peak is
      * not measured (fma_peak_gflops times host cores) */
-    int host = !strcmp(m->be->name, "cpu");
+    int host = !m->be->owns;   /* host memory */
     double copy = host ? copy_bandwidth_gbs() : bench_device_copy_gbs(m->be);
     /* bytes of weights streamed per decode token: every matrix and norm; an untied embedding table
      * is only looked up (one row), a tied one is read whole as the lm head */

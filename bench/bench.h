@@ -6,10 +6,7 @@
 #define TANDEM_BENCH_H
 int bench_main(int argc, char **argv);
 
-/* inside bench/: kernels.c's --kernels, and bench.c's probes it shares */
+/* inside bench/: kernels.c's --kernels (the probes both use: bench/probe.h) */
 #include "runtime/model.h"
 int bench_kernels(Model *m, int iters);
-double bench_median(double *v, int n);             /* sorts v */
-double bench_device_copy_gbs(const Backend *be);   /* a device's copy: bytes read + written per second */
-double bench_read_bandwidth_gbs(void);             /* the host's read bandwidth */
 #endif

@@ -1,6 +1,7 @@
 /* kernels.c — `tandem bench --kernels`: each forward kernel alone on the model's backend (below).
- * Owns the kernel cases and their report; the bandwidth probes and the median are bench.c's. */
+ * Owns the kernel cases and their report; the bandwidth probes and the median are probe.c's. */
 #include "bench/bench.h"
+#include "bench/probe.h"
 #include "runtime/mesh.h"
 #include "runtime/model.h"
 #include "runtime/util.h"
@@ -93,7 +94,7 @@ int bench_kernels(Model *m, int iters) {
     PagedBatch pb = {table, 0, 16, table + nt, table + nt + 32, 32, 32, 0, ht + nt + 64, ht + nt + 32};
     /* the CPU attention's scratch: a thread's scores for every head and key */
     float *scratch = be->alloc(sizeof(float) * omp_get_max_threads() * m->n_heads_local * (ctx > 512 ? ctx : 512));
-    double bw = strcmp(be->name, "cpu") ? bench_device_copy_gbs(be) : bench_read_bandwidth_gbs();
+    double bw = be->owns ? bench_device_copy_gbs(be) : bench_read_bandwidth_gbs();   /* owns NULL: host memory */
     KernelCase cases[] = {
         {"q_proj", K_MATMUL, w->wq, D, qd, 1}, {"k_proj", K_MATMUL, w->wk, D, kvd, 1}, {"o_proj", K_MATMUL, w->wo, qd, D, m->o_leaves},
         {"gate_proj", K_MATMUL, w->w_gate, D, F, 1}, {"down_proj", K_MATMUL, w->w_down, F, D, m->down_leaves},

@@ -1,6 +1,7 @@
 /* kernels.h — the seam between model code and the kernels: the Backend operation table that model,
  * engine and training code call, the two types its entries take (MatmulOut, KVLayout), the backend a
- * model gets (backend_default) and the kernels' thread count (backend_set_threads).
+ * model gets (backend_default, backend_named; backend_check), the kernels' error exit (backend_fatal,
+ * which the runtime sets: backend_set_fatal) and the kernels' thread count (backend_set_threads).
  * Kernels are pure math on pointers (STYLE.md 7): no communication, no allocation, no model
  * knowledge. Row-major everywhere.
  * Shape vocabulary: N tokens (packed over sequences), D model dim, F mlp dim, H / Hkv heads,
@@ -241,6 +242,19 @@ typedef struct DeviceLink {
     void (*broadcast)(void *h, void *buf, size_t bytes, int root);
     void (*max)(void *h, float *buf, size_t n);   /* in place, element-wise max: exact in any order */
 } DeviceLink;
+
+/* NULL when every entry of be is filled (all but owns and link, which may be NULL), else one line
+ * naming the table and its first missing entry. backend_named checks each table it hands out; an
+ * entry added to Backend without a line in backend.c's list fails to compile there. */
+const char *backend_check(const Backend *be);
+
+/* The kernels' fatal errors (out of memory, a failed CUDA call): one line, then the job stops.
+ * kernels/ includes nothing above it, so the runtime hands it its error exit at start-up
+ * (runtime/util.c registers rank_error's: "tandem: [rank r] ...", MPI_Abort with several ranks);
+ * until then, or without the runtime, the line is "tandem: MESSAGE" and exit(1). fatal gets the
+ * formatted message and must not return. */
+void backend_set_fatal(void (*fatal)(const char *msg));
+__attribute__((noreturn, format(printf, 1, 2))) void backend_fatal(const char *fmt, ...);
 
 /* Rows of attention scratch a caller gives be's entries: one per host thread that may call at once */
 int backend_scratch_rows(const Backend *be);

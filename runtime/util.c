@@ -1,5 +1,6 @@
 /* util.c — see util.h. Owns error exits and small system helpers; knows nothing of models. */
 #include "runtime/util.h"
+#include "kernels/kernels.h"   /* backend_set_fatal */
 #include <errno.h>
 #include <ftw.h>
 #include <math.h>
@@ -102,6 +103,11 @@ _Noreturn void rank_error(const char *fmt, ...) {
     report(world_size() > 1, msg);
     stop_job();
 }
+
+/* the kernels' fatal errors are rank_error lines (kernels/kernels.h backend_fatal): registered before
+ * main in every binary that links this file, so kernels/ need not call up into runtime/ */
+static void kernels_fatal(const char *msg) { rank_error("%s", msg); }
+__attribute__((constructor)) static void register_kernels_fatal(void) { backend_set_fatal(kernels_fatal); }
 
 _Noreturn void job_error(int speaker, const char *fmt, ...) {
     va_list ap;

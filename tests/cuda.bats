@@ -29,7 +29,7 @@ need_harness() {
     [ "$(grep -c '^FAIL' <<<"$output")" -eq 0 ]
     grep -q "^coverage: all 36 entries compared" <<<"$output"
     grep -q '^guard: [0-9]* dut allocations, every entry pointer in dut memory: yes$' <<<"$output"
-    grep -q '^PASS: [0-9]* cases, dut cpu (guarded) is exactly ref cpu$' <<<"$output"
+    grep -q '^PASS: [0-9]* cases, dut cpu-guarded is exactly ref cpu$' <<<"$output"
     # every entry has an ok line, each with max_abs 0
     for e in matmul matmuls rmsnorm round_to pack unpack rope_table rope kv_store attention swiglu add_to copy \
         gather_rows embedding mask_cols argmax_rows row_max row_sumexp pick_logits log_add row_entropy_part sub_at \

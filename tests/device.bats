@@ -13,13 +13,13 @@ load helpers
 
 G="--device cpu-guarded"
 
-@test "device: cpu-guarded computes the CPU's bits and catches host pointers (int arrays and block tables too), host reads and writes, freed buffers" {
+@test "device: cpu-guarded computes the CPU's bits and catches host pointers (int arrays and block tables too), host reads and writes, freed buffers, buffers too small" {
     ulimit -c 0
     run "$ROOT/build/tests/test_guarded" ok
     echo "$output"
     [ "$status" -eq 0 ] && [ "$output" = ok ]
     for c in "host-arg matmul: argument x" "host-ints embedding: argument ids" "host-table attention: argument kv->table" \
-             "freed matmul: argument x"; do
+             "freed matmul: argument x" "short matmul: argument out"; do
         set -- $c
         run "$ROOT/build/tests/test_guarded" $1
         echo "$1: $output"

@@ -16,3 +16,19 @@ load helpers
     # the one-pass vectorised argmax against a plain scan, ties, NaN and -inf included
     grep -q "^cpu_argmax: 54 rows (ties, NaN, -inf): the plain scan's index$" <<<"$output"
 }
+
+@test "backend_check refuses a table with a NULL entry, naming it; cpu-guarded's counting mode counts and goes on; backend_fatal is one line, exit 1" {
+    run "$ROOT/build/tests/test_backend"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ "$(grep -c '^FAIL' <<<"$output")" -eq 0 ]
+    grep -q '^ok   internal error: backend cpu: entry rope_backward is NULL in its table$' <<<"$output"
+    grep -q '^ok   cpu-guarded$' <<<"$output"
+    grep -q '^ok   counting: a host x is one fault, the call runs$' <<<"$output"
+    # the counted misuses still print their lines (stderr)
+    [ "$(grep -c "^tandem: internal error: --device cpu-guarded: " <<<"$output")" -eq 3 ]
+    [ "${lines[-1]}" = ok ]
+    run "$ROOT/build/tests/test_backend" fatal
+    [ "$status" -eq 1 ]
+    [ "$output" = "tandem: internal error: test" ]
+}

@@ -8,7 +8,9 @@
  *   host-table  attention with a host block table (KVLayout.table)
  *   host-read   the host reads guarded memory directly: a segfault, with its one line
  *   host-write  the host writes it directly: the same
- *   freed       a kernel handed a freed buffer */
+ *   freed       a kernel handed a freed buffer
+ *   short       matmul's out one float shorter than its (N, n_out): the line names out and the bytes
+ * The counting mode (cpu_guarded_count_faults) is tests/test_backend.c's. */
 #include "kernels/cpu/cpu.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +45,10 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(c, "host-read")) printf("%g\n", dx[3]);
     if (!strcmp(c, "host-write")) dx[3] = 1.0f;
+    if (!strcmp(c, "short")) {
+        float *dshort = G->alloc(sizeof out - sizeof(float));   /* (N, O) less one float */
+        G->matmul(dshort, dx, dw, NULL, DTYPE_F32, N, K, O, 1);
+    }
     if (!strcmp(c, "freed")) {
         G->free(dx);
         G->matmul(dout, dx, dw, NULL, DTYPE_F32, N, K, O, 1);

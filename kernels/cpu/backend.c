@@ -1,6 +1,7 @@
 /* backend.c — the CPU backend: kernels/kernels.h's operation table filled with the cpu_ kernels
  * (ops.c forward, backward.c backward, optim.c the optimizer), and the seam's functions that pick a
- * backend (backend_default, backend_named) and set the CPU threads (backend_set_threads). Host memory is the
+ * backend (backend_default, backend_named), check a table's completeness (backend_check), stop on a
+ * kernel's fatal error (backend_fatal) and set the CPU threads (backend_set_threads). Host memory is the
  * backend's memory, so the transfers are plain copies; buffers of 2 MiB and more (the weights, the
  * KV pool) are 2 MiB-aligned anonymous mappings with huge pages advised (THP in madvise mode): each
  * streams with 1/512 of the TLB misses, and is zero and not resident until written, so a large KV
@@ -8,6 +9,8 @@
 #include "kernels/cpu/cpu.h"
 #include <omp.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -15,8 +18,19 @@
 static void host_copy(void *dst, const void *src, size_t bytes) {
     if (dst != src) memcpy(dst, src, bytes);
 }
-/* runtime/util.c's: prints "tandem: [rank r] ..." and stops the job (kernels do not include runtime/) */
-_Noreturn void rank_error(const char *fmt, ...);
+/* ---- the kernels' error exit (kernels.h): the runtime's, once it registers it ---------------------- */
+static void (*fatal_hook)(const char *msg);
+void backend_set_fatal(void (*fatal)(const char *msg)) { fatal_hook = fatal; }
+void backend_fatal(const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (fatal_hook) fatal_hook(msg);
+    fprintf(stderr, "tandem: %s\n", msg);
+    exit(1);
+}
 
 /* the mappings handed out, for free(); a handful live at once */
 enum { HUGE_PAGE = 2 << 20 };
@@ -27,12 +41,12 @@ static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER;
 static void *host_alloc(size_t bytes) {
     if (bytes < HUGE_PAGE) {
         void *p = calloc(bytes ? bytes : 1, 1);
-        if (!p) rank_error("out of memory allocating %zu bytes", bytes);
+        if (!p) backend_fatal("out of memory allocating %zu bytes", bytes);
         return p;
     }
     size_t n = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
     char *raw = mmap(NULL, n + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) rank_error("out of memory allocating %zu bytes", bytes);
+    if (raw == MAP_FAILED) backend_fatal("out of memory allocating %zu bytes", bytes);
     char *p = raw + (HUGE_PAGE - (uintptr_t)raw % HUGE_PAGE) % HUGE_PAGE;   /* trim to a 2 MiB boundary */
     if (p > raw) munmap(raw, p - raw);
     munmap(p + n, raw + HUGE_PAGE - p);
@@ -41,7 +55,7 @@ static void *host_alloc(size_t bytes) {
     if (n_maps == cap_maps) {
         cap_maps = cap_maps ? 2 * cap_maps : 16;
         maps = realloc(maps, sizeof(*maps) * cap_maps);
-        if (!maps) rank_error("out of memory");
+        if (!maps) backend_fatal("out of memory");
     }
     maps[n_maps++] = (struct Map){p, n};
     pthread_mutex_unlock(&maps_lock);
@@ -123,9 +137,45 @@ int backend_scratch_rows(const Backend *be) { return be->parallel_calls ? omp_ge
 /* kernels/cuda/backend.cu defines it when the build has CUDA; weak: NULL otherwise */
 extern const Backend cuda_backend __attribute__((weak));
 const Backend *backend_named(const char *name) {
-    if (!strcmp(name, "cpu")) return &cpu_backend;
-    if (!strcmp(name, "cpu-guarded")) return &cpu_guarded_backend;   /* a testing aid (guarded.c) */
-    if (!strcmp(name, "cuda")) return &cuda_backend ? &cuda_backend : NULL;
+    const Backend *be = !strcmp(name, "cpu")           ? &cpu_backend
+                        : !strcmp(name, "cpu-guarded") ? &cpu_guarded_backend   /* a testing aid (guarded.c) */
+                        : !strcmp(name, "cuda")        ? (&cuda_backend ? &cuda_backend : NULL)
+                                                       : NULL;
+    const char *why = be ? backend_check(be) : NULL;
+    if (why) backend_fatal("%s", why);
+    return be;
+}
+
+/* ---- the contract's completeness: every entry of Backend, by offset -------------------------------
+ * owns and link may be NULL (host memory; no link of its own). The _Static_assert below counts the
+ * list against the struct, so an entry added to kernels.h without its line here does not compile. */
+#define ENTRY(e) {#e, offsetof(Backend, e), 0}
+#define MAY_BE_NULL(e) {#e, offsetof(Backend, e), 1}
+static const struct { const char *name; size_t off; int may_be_null; } entries[] = {
+    ENTRY(open), ENTRY(matmul), ENTRY(matmuls), ENTRY(rmsnorm), ENTRY(round_to), ENTRY(pack), ENTRY(unpack),
+    ENTRY(rope_table), ENTRY(rope), ENTRY(kv_store), ENTRY(attention), ENTRY(kv_store_batch), ENTRY(attention_batch),
+    ENTRY(swiglu), ENTRY(add_to), ENTRY(scale), ENTRY(dropout), ENTRY(copy), ENTRY(gather_rows), ENTRY(embedding),
+    ENTRY(mask_cols), ENTRY(argmax_rows), ENTRY(row_max), ENTRY(row_sumexp), ENTRY(pick_logits), ENTRY(log_add),
+    ENTRY(row_entropy_part), ENTRY(sub_at), ENTRY(matmul_backward), ENTRY(rmsnorm_backward), ENTRY(rope_backward),
+    ENTRY(attention_backward), ENTRY(swiglu_backward), ENTRY(embedding_backward), ENTRY(logprob_backward),
+    ENTRY(adamw), ENTRY(sum_squares), ENTRY(alloc), ENTRY(free), ENTRY(zero), ENTRY(to_host), ENTRY(to_device),
+    ENTRY(copy_bytes), ENTRY(sync), MAY_BE_NULL(owns), ENTRY(tree_sum), MAY_BE_NULL(link),
+};
+/* name and parallel_calls, then one pointer per entry */
+_Static_assert(offsetof(Backend, open) + sizeof entries / sizeof entries[0] * sizeof(void *) == sizeof(Backend),
+               "kernels/cpu/backend.c: the entries list misses a Backend entry");
+
+const char *backend_check(const Backend *be) {
+    static char why[160];
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++) {
+        void *p;   /* a function pointer or link: the same size as void * on every platform built for */
+        memcpy(&p, (const char *)be + entries[i].off, sizeof p);
+        if (!p && !entries[i].may_be_null) {
+            snprintf(why, sizeof why, "internal error: backend %s: entry %s is NULL in its table", be->name ? be->name : "?",
+                     entries[i].name);
+            return why;
+        }
+    }
     return NULL;
 }
 int backend_set_threads(int n) { return cpu_set_threads(n); }

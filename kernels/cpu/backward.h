@@ -72,7 +72,7 @@ void cpu_embedding_backward(float *dtable, const float *dout, const int *ids, in
  *      lp_n = that - lse_n (the same float subtraction in generation and in training)
  *   4. the loss hook turns lp (N) into the loss and dlogprob (N); cpu_logprob_backward gives each
  *      rank its own shard of dlogits, no communication (the one-hot term lands only on the owner).
- * Cross-entropy is the hook loss = -sum_n w_n lp_n, dlogprob_n = -w_n (train/loss.c).
+ * Cross-entropy is the hook loss = -sum_n w_n lp_n, dlogprob_n = -w_n (loss_xent, train/grad.c).
  * The gradient into the (vocab-parallel, column-split) lm_head then needs the usual tp all-reduce of
  * dx, as for any column-parallel matmul. */
 

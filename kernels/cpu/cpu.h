@@ -143,4 +143,13 @@ extern const Backend cpu_backend;
 /* The same kernels behind memory the host cannot touch (guarded.c, --device cpu-guarded): a testing
  * aid that makes the "every pointer is the backend's memory" contract checkable without a GPU. */
 extern const Backend cpu_guarded_backend;
+/* on: a misused argument is its one line on stderr and a count, and the call goes on (the oracle
+ * harness); off (the default): the line, then abort */
+void cpu_guarded_count_faults(int on);
+typedef struct {
+    long allocs;   /* allocations made since the process started */
+    long live;     /* not freed yet */
+    long faults;   /* misused arguments counted (cpu_guarded_count_faults) */
+} GuardedStats;
+GuardedStats cpu_guarded_stats(void);
 #endif

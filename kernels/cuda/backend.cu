@@ -42,7 +42,7 @@ static void *cuda_alloc(size_t bytes) {
         size_t free_b = 0, total_b = 0;
         (void)cudaGetLastError();
         cudaMemGetInfo(&free_b, &total_b);
-        rank_error("out of GPU memory: %zu bytes asked, %zu of %zu free (%s)", bytes, free_b, total_b,
+        backend_fatal("out of GPU memory: %zu bytes asked, %zu of %zu free (%s)", bytes, free_b, total_b,
                    cudaGetErrorString(err));
     }
     CUDA_CHECK(cudaMemset(p, 0, bytes ? bytes : 1));
@@ -68,7 +68,7 @@ void *cuda_scratch(int slot, size_t bytes) {
     enum { SLOTS = 2 };   /* 0: attention_backward's row statistics, 1: rmsnorm_backward's row scales */
     static void *buf[SLOTS];
     static size_t cap[SLOTS];
-    if (slot < 0 || slot >= SLOTS) rank_error("internal error: cuda_scratch slot %d", slot);
+    if (slot < 0 || slot >= SLOTS) backend_fatal("internal error: cuda_scratch slot %d", slot);
     if (bytes > cap[slot]) {
         cuda_free_mem(buf[slot]);   /* cudaFree waits for the work that may still read it */
         buf[slot] = cuda_alloc(bytes);

@@ -266,7 +266,7 @@ extern "C" void cuda_attention_backward(float *dq, float *dk, float *dv, const f
                                         float *scratch) {
     (void)scratch;
     if (T == 0 || H == 0) return;
-    if (Dh > ATT_MAX_DH) rank_error("internal error: cuda_attention_backward supports head_dim <= %d (got %d)", ATT_MAX_DH, Dh);
+    if (Dh > ATT_MAX_DH) backend_fatal("internal error: cuda_attention_backward supports head_dim <= %d (got %d)", ATT_MAX_DH, Dh);
     float scale = 1.0f / sqrtf((float)Dh);
     float *stats = (float *)cuda_scratch(0, sizeof(float) * 3 * (size_t)T * H);   /* (T, H, {m, l, D}) */
     unsigned bq = (unsigned)(((size_t)T * H + ATT_WARPS - 1) / ATT_WARPS);

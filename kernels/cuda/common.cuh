@@ -9,17 +9,13 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-/* From runtime/util.h, which C++ cannot include as is (_Noreturn). Prints "tandem: [rank r] ..." and
- * stops the whole job (MPI_Abort with several ranks). */
-extern "C" [[noreturn]] void rank_error(const char *fmt, ...);
-
 /* Every fallible CUDA call goes through this (STYLE.md 3): the message names the statement, file
- * and line; rank_error adds the rank and stops the job. */
+ * and line; backend_fatal (kernels.h: the runtime's rank_error) adds the rank and stops the job. */
 #define CUDA_CHECK(call)                                                                                  \
     do {                                                                                                  \
         cudaError_t err_ = (call);                                                                        \
         if (err_ != cudaSuccess)                                                                          \
-            rank_error("internal error %s:%d: %s failed: %s", __FILE__, __LINE__, #call,                  \
+            backend_fatal("internal error %s:%d: %s failed: %s", __FILE__, __LINE__, #call,                  \
                        cudaGetErrorString(err_));                                                         \
     } while (0)
 /* After every <<<...>>>: a bad launch configuration is reported at once, not at the next sync. */

@@ -13,17 +13,18 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
-#include "kernels/kernels.h"
 
 #ifdef __CUDACC__
 #define TANDEM_HD __host__ __device__
 #else
 #define TANDEM_HD
 #endif
-/* Defined in kernels/cuda/ (C++ .cu files), called from C: C linkage. */
+/* Defined in kernels/cuda/ (C++ .cu files), called from C: C linkage; kernels.h's functions
+ * (backend_fatal) are C's, called from the .cu files. */
 #ifdef __cplusplus
 extern "C" {
 #endif
+#include "kernels/kernels.h"
 extern const Backend cuda_backend;
 /* Waits for all queued work; a kernel's asynchronous fault is reported here (one line, job stops). */
 void cuda_sync(void);

@@ -75,12 +75,12 @@ static const char *nccl_load(void) {
     return nccl.why = NULL;
 }
 
-/* Every NCCL call: a failure names the call, file and line and stops the job (rank_error) */
+/* Every NCCL call: a failure names the call, file and line and stops the job (backend_fatal) */
 #define NCCL_CHECK(call)                                                                                  \
     do {                                                                                                  \
         ncclResult_t r_ = (call);                                                                         \
         if (r_ != ncclSuccess)                                                                            \
-            rank_error("internal error %s:%d: %s failed: %s", __FILE__, __LINE__, #call, nccl.error_string(r_)); \
+            backend_fatal("internal error %s:%d: %s failed: %s", __FILE__, __LINE__, #call, nccl.error_string(r_)); \
     } while (0)
 
 static void link_device_key(char *key, size_t cap) {

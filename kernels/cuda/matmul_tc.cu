@@ -585,6 +585,6 @@ void matmul_tc(float *out, const float *x, const uint16_t *w, const uint16_t *bi
     else if (g.mt == 2 && g.nt == 4 && g.unroll == 2 && g.share == 1)
         matmul_tc_kernel<2, 4, 2, 1><<<grid, block>>>(out, x, w, bias, N, K, n_out, leaves, g.runs, g.share, vec, tc_skip, gate);
     else   /* the prefill kernel has no shared memory for sharing a tile: share must be 1 there */
-        rank_error("internal error: matmul_tc has no kernel for tile %d x %d, unroll %d", g.mt, g.nt, g.unroll);
+        backend_fatal("internal error: matmul_tc has no kernel for tile %d x %d, unroll %d", g.mt, g.nt, g.unroll);
     CUDA_CHECK_LAUNCH();
 }

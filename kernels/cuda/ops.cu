@@ -365,7 +365,7 @@ extern "C" void cuda_attention(float *out, const float *q, const float *k, const
                                int q_pos0, int H, int Hkv, int Dh, int window, float *scratch) {
     (void)scratch;
     if (Tq == 0 || H == 0) return;
-    if (Dh > ATT_MAX_DH) rank_error("internal error: cuda_attention supports head_dim <= %d (got %d)", ATT_MAX_DH, Dh);
+    if (Dh > ATT_MAX_DH) backend_fatal("internal error: cuda_attention supports head_dim <= %d (got %d)", ATT_MAX_DH, Dh);
     int vec4 = Dh % 4 == 0 && (uintptr_t)k % 16 == 0 && kv->row % 4 == 0 && kv->head % 4 == 0;
     attention_kernel<<<(unsigned)Tq * H, ATT_SPLIT * WARP>>>(out, q, k, v, kv->table, kv->block, kv->row, kv->head,
                                                              q_pos0, H, Hkv, Dh, window, 1.0f / sqrtf((float)Dh), vec4,
@@ -379,7 +379,7 @@ extern "C" void cuda_attention_batch(float *out, const float *q, const float *kc
                                      int H, int Hkv, int Dh, int window, float *scratch, size_t scratch_stride) {
     (void)scratch, (void)scratch_stride;
     if (pb->N == 0 || H == 0) return;
-    if (Dh > ATT_MAX_DH) rank_error("internal error: cuda_attention supports head_dim <= %d (got %d)", ATT_MAX_DH, Dh);
+    if (Dh > ATT_MAX_DH) backend_fatal("internal error: cuda_attention supports head_dim <= %d (got %d)", ATT_MAX_DH, Dh);
     KVLayout kv = kv_paged(pb->tables, pb->block, Dh);
     int vec4 = Dh % 4 == 0 && (uintptr_t)kc % 16 == 0;
     attention_kernel<<<(unsigned)pb->N * H, ATT_SPLIT * WARP>>>(out, q, kc, vc, pb->tables, pb->block, kv.row, kv.head, 0,
