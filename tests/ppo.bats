@@ -278,7 +278,7 @@ serve() {
     rm -f "$BATS_TEST_TMPDIR/port"
     python3 "$FIX/ppo/reward_server.py" "$BATS_TEST_TMPDIR/port" "$1" 2>>"$BATS_TEST_TMPDIR/server.log" 3>&- &
     SERVERS="$SERVERS $!"
-    for _ in $(seq 50); do [ -s "$BATS_TEST_TMPDIR/port" ] && break; sleep 0.1; done
+    for _ in $(seq $(scaled 50)); do [ -s "$BATS_TEST_TMPDIR/port" ] && break; sleep 0.1; done
     URL="http://127.0.0.1:$(cat "$BATS_TEST_TMPDIR/port")/get_reward"
 }
 teardown() { [ -z "${SERVERS:-}" ] || kill $SERVERS 2>/dev/null || true; }
