@@ -29,6 +29,20 @@ timeout() {
     return $rc
 }
 
+# run_ranks GUARD NP CMD...: bats' run of `timeout GUARD $MPIRUN NP CMD...` (GUARD: timeout's
+# arguments, "120" or "-k 5 60"), but $output and $lines are the ranks' own outputs one after another
+# (rank 0's stdout and stderr, then rank 1's, ...), which mpirun --output-filename keeps apart. What
+# mpirun prints passes on each rank's output in the pieces it was written in, not in lines (a 4 KiB
+# stdout buffer ends mid-line; an error line is several writes), so under load one rank's line can
+# hold another rank's text: a test that reads what more than one rank prints reads it here.
+run_ranks() {
+    local d="$BATS_TEST_TMPDIR/ranks" k
+    rm -rf "$d"
+    run timeout $1 $MPIRUN "$2" --output-filename "$d" "${@:3}"
+    output=$(for ((k = 0; k < $2; k++)); do awk 1 "$d"/*/rank.$k/stdout "$d"/*/rank.$k/stderr 2>/dev/null; done)
+    IFS=$'\n' read -d '' -r -a lines <<<"$output" || true
+}
+
 # Python with torch + transformers for the reference checks: the project's .venv (`make pyenv`, which
 # `make test` runs first). Missing, the check fails: it is a setup bug, not a reason to skip.
 HFPY="$ROOT/.venv/bin/python"

@@ -22,6 +22,7 @@ hosts_up() {
     bash "$HOSTS/up.sh" "$NS"
 }
 # $ON_HOSTS "$NS" N COMMAND...: mpirun over both hosts (tests/hosts/mpirun.sh), ranks 0..N/2-1 on host a
+# (MPIRUN="$ON_HOSTS $NS" run_ranks ...: the same, each rank's output apart)
 ON_HOSTS="bash $HOSTS/mpirun.sh"
 
 losses() { jq -c '[.step, .loss, .grad_norm]' "$1/metrics.jsonl"; }
@@ -41,7 +42,7 @@ SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
     run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
     [ "$status" -eq 0 ]
     hosts_up
-    run timeout 60 $ON_HOSTS "$NS" 2 hostname   # one rank on each host
+    MPIRUN="$ON_HOSTS $NS" run_ranks 60 2 hostname   # one rank on each host
     [ "$status" -eq 0 ]; [ "$(sort <<<"$output" | tr '\n' ' ')" = "${NS}a ${NS}b " ]
     run timeout 120 $ON_HOSTS "$NS" 2 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/two"
     [ "$status" -eq 0 ]
@@ -61,7 +62,7 @@ SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
     run timeout 120 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
     [ "$status" -eq 0 ]
     hosts_up
-    run timeout 120 $ON_HOSTS "$NS" 2 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/two" --actor-ranks 1 --critic-ranks 1 --colocate critic,ref,reward
+    MPIRUN="$ON_HOSTS $NS" run_ranks 120 2 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/two" --actor-ranks 1 --critic-ranks 1 --colocate critic,ref,reward
     [ "$status" -eq 0 ]
     [[ "$output" == *"actor ranks 0-0 (group actor,"*"critic ranks 1-1 (group critic+ref+reward,"*"reward ranks 1-1 (group critic+ref+reward,"* ]]
     [ "$(jq -s length "$BATS_TEST_TMPDIR/two/metrics.jsonl")" -eq 3 ]

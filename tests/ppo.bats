@@ -95,7 +95,7 @@ print("ok: actor loads")' "$ck/actor"
     # default --threads: 2 in the one process, 1 per rank under mpirun; the numbers may not care (README)
     run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
     [ "$status" -eq 0 ]
-    run timeout 120 $MPIRUN 4 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/four" --actor-ranks 1 --critic-ranks 1 --ref-ranks 1 --reward-ranks 1
+    run_ranks 120 4 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/four" --actor-ranks 1 --critic-ranks 1 --ref-ranks 1 --reward-ranks 1
     echo "$output" | grep placement
     [ "$status" -eq 0 ]
     [[ "$output" == *"actor ranks 0-0 (group actor,"*"critic ranks 1-1 (group critic,"*"reward ranks 3-3"* ]]
