@@ -12,7 +12,7 @@ MPIRUN="mpirun -q --allow-run-as-root --oversubscribe -np"
 # something that could hang with N chosen on an idle 2-core machine; none is a timing assertion (the
 # few that are say so and call `command timeout`). TANDEM_TEST_SLOW multiplies them all, here only;
 # a slower machine sets it higher, no guard is raised on its own. Default 2: on 2 cores shared with
-# 8 other busy sessions (load average 14 to 19) the slowest guarded command took 0.23 of its N, so 2
+# 8 other busy sessions (load average 14 to 19) the slowest guarded command took 0.3 of its N, so 2
 # leaves a machine twice as slow as that room, and a hang costs at most twice its N.
 # TANDEM_TEST_GUARD_LOG=FILE appends each guarded command's seconds and its limit to FILE.
 TANDEM_TEST_SLOW="${TANDEM_TEST_SLOW:-2}"
