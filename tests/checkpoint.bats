@@ -18,7 +18,7 @@ save_run() {
     if [ "$n" -eq 1 ]; then
         run timeout 60 "$TC" save "$src" "$out" "$tp" "$pp" ${5:-}
     else
-        run timeout 120 $MPIRUN "$n" "$TC" save "$src" "$out" "$tp" "$pp" ${5:-}
+        run_ranks 120 "$n" "$TC" save "$src" "$out" "$tp" "$pp" ${5:-}
     fi
     echo "$output"
     [ "$status" -eq 0 ]
@@ -193,7 +193,7 @@ snapshot() { (cd "$1" && find . -type f | LC_ALL=C sort | xargs md5sum); }
     grep -q "^tandem: .*model-00001-of-00001.safetensors: cannot write: File too large" <<<"$output"
     [ "$(grep -c '^ok: failed save returned -1' <<<"$output")" -eq 1 ]
     compare "$FIX/models/llama_gqa" "$out-1"
-    run timeout 120 $MPIRUN 4 "$TC" save "$FIX/models/llama_gqa" "$out-4" 2 2 fail-last-stage
+    run_ranks 120 4 "$TC" save "$FIX/models/llama_gqa" "$out-4" 2 2 fail-last-stage
     echo "$output"
     [ "$status" -eq 0 ]
     grep -q "^tandem: \[rank 2\] .*model-00002-of-00002.safetensors: cannot write: File too large" <<<"$output"

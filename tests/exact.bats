@@ -20,7 +20,7 @@ setup_file() {
 # exact_run NP TP PP ALG: every last-stage rank prints its ok line
 exact_run() {
     local np=$1 tp=$2 pp=$3 alg=$4
-    run timeout 120 $MPIRUN "$np" --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm "$alg" \
+    run_ranks 120 "$np" --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm "$alg" \
         "$TE" "$RAND12" "$tp" "$pp"
     echo "$output"
     [ "$status" -eq 0 ]

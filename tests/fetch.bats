@@ -28,7 +28,7 @@ EOF
     touch "$HUBLOG"
     python3 "$FIX/hub/fake_hub.py" "$HUB" "$BATS_FILE_TMPDIR/port" "$HUBLOG" 3>&- &
     echo $! > "$BATS_FILE_TMPDIR/pid"
-    for _ in $(seq 100); do [ -f "$BATS_FILE_TMPDIR/port" ] && break; sleep 0.1; done
+    for _ in $(seq $(scaled 100)); do [ -f "$BATS_FILE_TMPDIR/port" ] && break; sleep 0.1; done
     export HF_ENDPOINT="http://127.0.0.1:$(cat "$BATS_FILE_TMPDIR/port")"
 }
 

@@ -34,7 +34,7 @@ load helpers
     "$TANDEM" generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --greedy --ignore-eos --max-batch 1 \
         --output "$BATS_TEST_TMPDIR/o.jsonl" 2>/dev/null &   # not through gen(): $! must be tandem itself
     pid=$!
-    for _ in $(seq 1 600); do   # up to 30 s for the first two lines
+    for _ in $(seq 1 $(scaled 600)); do   # up to 30 s (scaled) for the first two lines
         [ -f "$BATS_TEST_TMPDIR/o.jsonl" ] && [ "$(wc -l < "$BATS_TEST_TMPDIR/o.jsonl")" -ge 2 ] && break
         sleep 0.05
     done
@@ -62,7 +62,7 @@ load helpers
     [ ! -e "$BATS_TEST_TMPDIR/full.jsonl.pending" ]           # removed when the run ends
     "$TANDEM" generate --model "$BATS_TEST_TMPDIR/m" --input "$P" --greedy --ignore-eos --max-batch 2 --output "$O" 2>/dev/null &
     pid=$!
-    for _ in $(seq 1 600); do
+    for _ in $(seq 1 $(scaled 600)); do
         [ -f "$O.pending" ] && [ "$(wc -l < "$O.pending")" -ge 10 ] && break
         sleep 0.02
     done

@@ -16,7 +16,7 @@ grad_run() {
     if [ "$n" -eq 1 ]; then
         run timeout 60 "$TG" "$FIX/models/$model" "$FIX/grad/$model.json"
     else
-        run timeout 120 $MPIRUN "$n" "$TG" "$FIX/models/$model" "$FIX/grad/$model.json" "$tp" "$pp"
+        run_ranks 120 "$n" "$TG" "$FIX/models/$model" "$FIX/grad/$model.json" "$tp" "$pp"
     fi
     echo "$output"
     [ "$status" -eq 0 ]
@@ -89,7 +89,7 @@ grad_run() {
 # gradients accumulate per micro-batch, so only summation order differs (same 1e-5 tolerance).
 grad_1f1b() {
     local model=$1 tp=$2 pp=$3 n=$(($2 * $3))
-    run timeout 120 $MPIRUN "$n" "$TG" "$FIX/models/$model" "$FIX/grad/$model.json" "$tp" "$pp" 1f1b
+    run_ranks 120 "$n" "$TG" "$FIX/models/$model" "$FIX/grad/$model.json" "$tp" "$pp" 1f1b
     echo "$output"
     [ "$status" -eq 0 ]
     [ "$(grep -c '1f1b ok: grad' <<<"$output")" -eq "$n" ]

@@ -9,11 +9,12 @@ load helpers
 TG="$ROOT/build/tests/test_groups"
 M="$FIX/models"
 
-# groups_run NP ARGS...: runs test_groups under mpirun (or alone for NP=1) with a hang guard
+# groups_run NP ARGS...: runs test_groups under mpirun (or alone for NP=1) with a hang guard; $output
+# is each rank's own (helpers.bash run_ranks: one group's ok line cannot land inside another's error)
 groups_run() {
     local np=$1; shift
     if [ "$np" -eq 1 ]; then run timeout -k 5 60 "$TG" "$@"
-    else run timeout -k 5 60 $MPIRUN "$np" "$TG" "$@"; fi
+    else run_ranks "-k 5 60" "$np" "$TG" "$@"; fi
     echo "$output"
 }
 

@@ -8,6 +8,41 @@ FIX="$ROOT/tests/fixtures"
 # off, so an error under mpirun is the one "tandem: ..." line a user sees (README)
 MPIRUN="mpirun -q --allow-run-as-root --oversubscribe -np"
 
+# Hang guards. Every `timeout N` in the tests, and every wait loop of `seq $(scaled N)` polls, bounds
+# something that could hang with N chosen on an idle 2-core machine; none is a timing assertion (the
+# few that are say so and call `command timeout`). TANDEM_TEST_SLOW multiplies them all, here only;
+# a slower machine sets it higher, no guard is raised on its own. Default 2: on 2 cores shared with
+# 8 other busy sessions (load average 14 to 19) the slowest guarded command took 0.3 of its N, so 2
+# leaves a machine twice as slow as that room, and a hang costs at most twice its N.
+# TANDEM_TEST_GUARD_LOG=FILE appends each guarded command's seconds and its limit to FILE.
+TANDEM_TEST_SLOW="${TANDEM_TEST_SLOW:-2}"
+[[ "$TANDEM_TEST_SLOW" =~ ^[0-9]*\.?[0-9]+$ ]] && [[ ! "$TANDEM_TEST_SLOW" =~ ^[0.]*$ ]] ||
+    { echo "TANDEM_TEST_SLOW=$TANDEM_TEST_SLOW: expected a factor > 0" >&2; exit 1; }
+scaled() { awk -v n="$1" -v f="$TANDEM_TEST_SLOW" 'BEGIN { x = n * f; printf "%d\n", x == int(x) ? x : int(x) + 1 }'; }
+# timeout(1) with its limit and -k's scaled: what the tests' `timeout [-k K] N CMD...` calls
+timeout() {
+    local kill=() limit t0=$SECONDS rc=0
+    [ "$1" = -k ] && { kill=(-k "$(scaled "$2")"); shift 2; }
+    limit=$(scaled "$1"); shift
+    command timeout "${kill[@]}" "$limit" "$@" || rc=$?
+    [ -z "${TANDEM_TEST_GUARD_LOG:-}" ] || echo "$((SECONDS - t0)) s of $limit: ${BATS_TEST_DESCRIPTION:-} ($1)" >> "$TANDEM_TEST_GUARD_LOG"
+    return $rc
+}
+
+# run_ranks GUARD NP CMD...: bats' run of `timeout GUARD $MPIRUN NP CMD...` (GUARD: timeout's
+# arguments, "120" or "-k 5 60"), but $output and $lines are the ranks' own outputs one after another
+# (rank 0's stdout and stderr, then rank 1's, ...), which mpirun --output-filename keeps apart. What
+# mpirun prints passes on each rank's output in the pieces it was written in, not in lines (a 4 KiB
+# stdout buffer ends mid-line; an error line is several writes), so under load one rank's line can
+# hold another rank's text: a test that reads what more than one rank prints reads it here.
+run_ranks() {
+    local d="$BATS_TEST_TMPDIR/ranks" k
+    rm -rf "$d"
+    run timeout $1 $MPIRUN "$2" --output-filename "$d" "${@:3}"
+    output=$(for ((k = 0; k < $2; k++)); do awk 1 "$d"/*/rank.$k/stdout "$d"/*/rank.$k/stderr 2>/dev/null; done)
+    IFS=$'\n' read -d '' -r -a lines <<<"$output" || true
+}
+
 # Python with torch + transformers for the reference checks: the project's .venv (`make pyenv`, which
 # `make test` runs first). Missing, the check fails: it is a setup bug, not a reason to skip.
 HFPY="$ROOT/.venv/bin/python"

@@ -19,7 +19,7 @@ hook_run() {
     if [ "$np" -eq 1 ]; then
         run timeout 60 "$TG" "$FIX/models/$model" "$FIX/hook/$fx.json"
     else
-        run timeout 120 $MPIRUN "$np" "$TG" "$FIX/models/$model" "$FIX/hook/$fx.json" "$@"
+        run_ranks 120 "$np" "$TG" "$FIX/models/$model" "$FIX/hook/$fx.json" "$@"
     fi
     echo "$output"
     [ "$status" -eq 0 ]

@@ -22,6 +22,7 @@ hosts_up() {
     bash "$HOSTS/up.sh" "$NS"
 }
 # $ON_HOSTS "$NS" N COMMAND...: mpirun over both hosts (tests/hosts/mpirun.sh), ranks 0..N/2-1 on host a
+# (MPIRUN="$ON_HOSTS $NS" run_ranks ...: the same, each rank's output apart)
 ON_HOSTS="bash $HOSTS/mpirun.sh"
 
 losses() { jq -c '[.step, .loss, .grad_norm]' "$1/metrics.jsonl"; }
@@ -41,7 +42,7 @@ SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
     run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
     [ "$status" -eq 0 ]
     hosts_up
-    run timeout 60 $ON_HOSTS "$NS" 2 hostname   # one rank on each host
+    MPIRUN="$ON_HOSTS $NS" run_ranks 60 2 hostname   # one rank on each host
     [ "$status" -eq 0 ]; [ "$(sort <<<"$output" | tr '\n' ' ')" = "${NS}a ${NS}b " ]
     run timeout 120 $ON_HOSTS "$NS" 2 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/two"
     [ "$status" -eq 0 ]
@@ -61,7 +62,7 @@ SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
     run timeout 120 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
     [ "$status" -eq 0 ]
     hosts_up
-    run timeout 120 $ON_HOSTS "$NS" 2 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/two" --actor-ranks 1 --critic-ranks 1 --colocate critic,ref,reward
+    MPIRUN="$ON_HOSTS $NS" run_ranks 120 2 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/two" --actor-ranks 1 --critic-ranks 1 --colocate critic,ref,reward
     [ "$status" -eq 0 ]
     [[ "$output" == *"actor ranks 0-0 (group actor,"*"critic ranks 1-1 (group critic+ref+reward,"*"reward ranks 1-1 (group critic+ref+reward,"* ]]
     [ "$(jq -s length "$BATS_TEST_TMPDIR/two/metrics.jsonl")" -eq 3 ]
@@ -79,17 +80,17 @@ SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
     out="$BATS_TEST_TMPDIR/cut"
     $ON_HOSTS "$NS" 2 "$TANDEM" "${A[@]}" --out "$out" --comm-timeout 5 > "$BATS_TEST_TMPDIR/log" 2>&1 &
     job=$!
-    for _ in $(seq 600); do   # the cut comes in step 13 or so, past checkpoint-10
+    for _ in $(seq $(scaled 600)); do   # the cut comes in step 13 or so, past checkpoint-10
         [ "$(cat "$out/metrics.jsonl" 2>/dev/null | wc -l)" -ge 12 ] && break
         kill -0 $job 2>/dev/null || break
         sleep 0.1
     done
     ip -n "${NS}a" link set "${NS}a0" down
     cut=$(date +%s%N)
-    for _ in $(seq 300); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq $(scaled 300)); do kill -0 $job 2>/dev/null || break; sleep 0.1; done
     status=0; wait $job || status=$?
     ended=$(( ($(date +%s%N) - cut) / 1000000 ))
-    for _ in $(seq 50); do hosts_empty && break; sleep 0.1; done
+    for _ in $(seq $(scaled 50)); do hosts_empty && break; sleep 0.1; done
     empty=$(( ($(date +%s%N) - cut) / 1000000 ))
     echo "job ended ${ended} ms after the cut (status $status), both hosts empty after ${empty} ms" >&3
     hosts_ps; grep -v '^step\|^|\|^+' "$BATS_TEST_TMPDIR/log"
@@ -163,7 +164,7 @@ SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
     timeout 120 $MPIRUN 4 "$TANDEM" sft --model "$STORIES" --data "$BATS_TEST_TMPDIR/rev_train.jsonl" "${SFT[@]}" --max-steps 100000 \
         --tp 2 --out "$BATS_TEST_TMPDIR/o" --comm-timeout 5 > "$BATS_TEST_TMPDIR/log" 2>&1 &
     job=$!
-    for _ in $(seq 600); do
+    for _ in $(seq $(scaled 600)); do
         [ "$(cat "$BATS_TEST_TMPDIR/o/metrics.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break
         sleep 0.1
     done
@@ -186,7 +187,7 @@ SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
     # the line at 5 s, the exit 10 s later (the launcher's turn first: runtime/comm.c), then mpirun
     # ends the rest: measured 16.1 s; 30 s leaves room for a loaded machine
     [ "$ended" -ge 14000 ] && [ "$ended" -lt 30000 ]   # (a rank may have begun waiting just before the stop)
-    for _ in $(seq 50); do pgrep -f "$BATS_TEST_TMPDIR/o --comm-timeout 5" >/dev/null || break; sleep 0.1; done
+    for _ in $(seq $(scaled 50)); do pgrep -f "$BATS_TEST_TMPDIR/o --comm-timeout 5" >/dev/null || break; sleep 0.1; done
     ! pgrep -f "$BATS_TEST_TMPDIR/o --comm-timeout 5"
 }
 

@@ -30,7 +30,7 @@ TG="$ROOT/build/tests/test_grad"
 # lora_grad MODEL TP PP [1f1b]: test_grad with the fixture's adapter on TP*PP ranks; every rank ok
 lora_grad() {
     local model=$1 tp=$2 pp=$3 n=$(($2 * $3))
-    run timeout 120 env TANDEM_TEST_LORA="$FIX/lora/$model" $MPIRUN "$n" "$TG" "$FIX/models/$model" "$FIX/lora/$model.json" \
+    run_ranks 120 "$n" env TANDEM_TEST_LORA="$FIX/lora/$model" "$TG" "$FIX/models/$model" "$FIX/lora/$model.json" \
         "$tp" "$pp" ${4:-}
     echo "$output" | grep -E 'worst|loss|FAIL'
     [ "$status" -eq 0 ]
@@ -56,7 +56,7 @@ lora_grad() {
 
 @test "lora grad: 1F1B micro-batches and recompute (the same bits as keeping every activation)" {
     lora_grad llama_gqa 1 2 1f1b
-    run timeout 120 env TANDEM_TEST_RECOMPUTE=1 TANDEM_TEST_LORA="$FIX/lora/llama_gqa" $MPIRUN 4 "$TG" \
+    run_ranks 120 4 env TANDEM_TEST_RECOMPUTE=1 TANDEM_TEST_LORA="$FIX/lora/llama_gqa" "$TG" \
         "$FIX/models/llama_gqa" "$FIX/lora/llama_gqa.json" 2 2
     [ "$status" -eq 0 ]
     [ "$(grep -c 'recompute: gradients and loss bit-identical' <<<"$output")" -eq 4 ]
@@ -65,7 +65,7 @@ lora_grad() {
 @test "lora grad with --lora-dropout: PEFT's autograd with Tandem's masks (make_lora_dropout_fixture.py reimplements dropout_keep) at 1x1, tp 2, pp 2, tp 2 x pp 2; recompute draws the same masks" {
     for lay in "1 1 1" "2 2 1" "2 1 2" "4 2 2"; do
         set -- $lay
-        run timeout 120 env TANDEM_TEST_LORA_DROPOUT="0.25 19088743" TANDEM_TEST_LORA="$FIX/lora/llama_gqa" $MPIRUN "$1" "$TG" \
+        run_ranks 120 "$1" env TANDEM_TEST_LORA_DROPOUT="0.25 19088743" TANDEM_TEST_LORA="$FIX/lora/llama_gqa" "$TG" \
             "$FIX/models/llama_gqa" "$FIX/lora/llama_gqa_dropout.json" "$2" "$3"
         echo "$output" | grep -E 'worst|loss|FAIL'
         [ "$status" -eq 0 ]

@@ -149,7 +149,7 @@ EOF
     [ -z "$(ls -d "$out"/checkpoint-* 2>/dev/null)" ]
     # the critic in its own role group: the critic's group speaks
     out="$BATS_TEST_TMPDIR/critic"
-    run timeout 120 $MPIRUN 2 "$TANDEM" ppo --actor "$STORIES" --critic "$STORIES" --reward-cmd "$R" --prompts "$TRAIN" --out "$out" \
+    run_ranks 120 2 "$TANDEM" ppo --actor "$STORIES" --critic "$STORIES" --reward-cmd "$R" --prompts "$TRAIN" --out "$out" \
         --rollout-batch-size 2 --mini-batch-size 1 --max-new-tokens 8 --steps 2 --kl-coef 0 --critic-lr 1e30 --threads 1 \
         --actor-ranks 1 --critic-ranks 1
     echo "$output" | grep -E '^step|^tandem'

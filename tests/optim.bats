@@ -26,7 +26,7 @@ same_as_1x1() {
     local ref
     ref=$(summary "$output")
     [ "$(grep -c '^norm' <<<"$ref")" -eq 4 ]
-    run timeout 120 $MPIRUN "$np" "$TO" mesh "$M/$model" "$tp" "$pp" "$zero" 4
+    run_ranks 120 "$np" "$TO" mesh "$M/$model" "$tp" "$pp" "$zero" 4
     echo "$model np=$np tp=$tp pp=$pp zero=$zero:"
     echo "$output" | grep -v '^[|+]'
     [ "$status" -eq 0 ]
@@ -107,7 +107,7 @@ same_as_1x1() {
     [ "$(stat -c %s "$d/optim.rank0.bin")" -eq $((64 + 2 * 4 * 26784)) ]
     [ -z "$(ls "$d" | grep tmp)" ]   # the atomic write left no temp file
     d="$BATS_TEST_TMPDIR/resume4"; mkdir -p "$d"
-    run timeout 120 $MPIRUN 4 "$TO" resume "$M/llama_gqa" 2 1 1 "$d"
+    run_ranks 120 4 "$TO" resume "$M/llama_gqa" 2 1 1 "$d"
     echo "$output"
     [ "$status" -eq 0 ]
     [ "$(grep -c 'ok: optim resume' <<<"$output")" -eq 4 ]
@@ -124,7 +124,7 @@ reshard() {
     run timeout 120 $MPIRUN "$1" "$TO" reshard "$M/$model" "$2" "$3" "$4" "$d" save
     [ "$status" -eq 0 ]
     [ -e "$d/optimizer/optimizer.json" ]
-    run timeout 120 $MPIRUN "$5" "$TO" reshard "$M/$model" "$6" "$7" "$8" "$d" load
+    run_ranks 120 "$5" "$TO" reshard "$M/$model" "$6" "$7" "$8" "$d" load
     echo "$model np=$1 tp=$2 pp=$3 zero=$4 -> np=$5 tp=$6 pp=$7 zero=$8:"
     echo "$output" | grep -v '^[|+]'
     [ "$status" -eq 0 ]

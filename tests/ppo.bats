@@ -95,7 +95,7 @@ print("ok: actor loads")' "$ck/actor"
     # default --threads: 2 in the one process, 1 per rank under mpirun; the numbers may not care (README)
     run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
     [ "$status" -eq 0 ]
-    run timeout 120 $MPIRUN 4 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/four" --actor-ranks 1 --critic-ranks 1 --ref-ranks 1 --reward-ranks 1
+    run_ranks 120 4 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/four" --actor-ranks 1 --critic-ranks 1 --ref-ranks 1 --reward-ranks 1
     echo "$output" | grep placement
     [ "$status" -eq 0 ]
     [[ "$output" == *"actor ranks 0-0 (group actor,"*"critic ranks 1-1 (group critic,"*"reward ranks 3-3"* ]]
@@ -278,7 +278,7 @@ serve() {
     rm -f "$BATS_TEST_TMPDIR/port"
     python3 "$FIX/ppo/reward_server.py" "$BATS_TEST_TMPDIR/port" "$1" 2>>"$BATS_TEST_TMPDIR/server.log" 3>&- &
     SERVERS="$SERVERS $!"
-    for _ in $(seq 50); do [ -s "$BATS_TEST_TMPDIR/port" ] && break; sleep 0.1; done
+    for _ in $(seq $(scaled 50)); do [ -s "$BATS_TEST_TMPDIR/port" ] && break; sleep 0.1; done
     URL="http://127.0.0.1:$(cat "$BATS_TEST_TMPDIR/port")/get_reward"
 }
 teardown() { [ -z "${SERVERS:-}" ] || kill $SERVERS 2>/dev/null || true; }

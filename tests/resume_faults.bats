@@ -52,7 +52,7 @@ resume_from() {
 # line of step 3 or later is on disk (ppo: its reward program takes step 4's first request and
 # answers no more, so the kill lands in step 4 every time)
 killed() {
-    local out="$1" pid end=$((SECONDS + 120)) extra=()
+    local out="$1" pid end=$((SECONDS + $(scaled 120))) extra=()
     if [ "${CMD[1]}" = ppo ]; then
         cat > "$BATS_TEST_TMPDIR/stall.py" <<'EOF'
 import json, re, sys

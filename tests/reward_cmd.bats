@@ -183,7 +183,7 @@ score_error() {
     pids=$(cat "$BATS_TEST_TMPDIR/pids")
     [ "$(wc -w <<<"$pids")" -eq 2 ]
     # neither runs (a zombie only waits for a reaper: PID 1 is not always one); SIGKILL lands async
-    for _ in $(seq 20); do
+    for _ in $(seq $(scaled 20)); do
         left=$(ps -o pid=,stat=,args= -p "${pids// /,}" | awk '$2 !~ /^Z/') || true
         [ -z "$left" ] && break
         sleep 0.1

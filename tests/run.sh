@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every tests/*.bats file (bats-core, TAP output) and prints the closing line
 # "N passed, N failed, N skipped". A skipped test is never counted as a pass.
-# Usage: tests/run.sh [FILE.bats ...]
+# Usage: tests/run.sh [FILE.bats ...]; TANDEM_TEST_SLOW=F multiplies every hang guard (tests/helpers.bash).
 set -u
 cd "$(dirname "$0")/.."
 files=("$@")

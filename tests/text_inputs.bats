@@ -3,8 +3,9 @@
 # generate's --input and ppo's --prompts (runtime/jsonl.c) are UTF-8, and a record (a line) is at
 # most 64 bytes per position (--seq-len, or the model's max_position_embeddings), at least 1 MiB.
 # A record that breaks one stops the command with one line naming FILE:LINE, or, with
-# --skip-bad-lines (sft / rm / dpo), is counted as bad and skipped. The timeouts are the test: a
-# 100 MB line used to be tokenized for 70-90 s before it was dropped or truncated.
+# --skip-bad-lines (sft / rm / dpo), is counted as bad and skipped. The 100 MB record's timeouts are
+# the test, not hang guards (`command timeout`: not scaled, helpers.bash): such a line used to be
+# tokenized for 70-90 s before it was dropped or truncated.
 load helpers
 
 # one_line PATTERN: the command run last failed with exit 1, exactly one "tandem:" line, and it matches the glob
@@ -65,19 +66,19 @@ huge() {
     need_story
     d="$BATS_TEST_TMPDIR"
     huge "$d/sft.jsonl" '{"prompt": "Once", "response": " upon"}'
-    run timeout 60 "$TANDEM" sft --model "$STORIES" --data "$d/sft.jsonl" --out "$d/o1"
+    run command timeout 60 "$TANDEM" sft --model "$STORIES" --data "$d/sft.jsonl" --out "$d/o1"
     one_line "sft.jsonl:2: a record of 100000066 bytes, over the limit of 1048576 bytes for seq_len 512 (64 bytes per token, at least 1 MiB)"
-    run timeout 60 "$TANDEM" sft --model "$STORIES" --data "$d/sft.jsonl" --out "$d/o1" --seq-len 256 --drop-long
+    run command timeout 60 "$TANDEM" sft --model "$STORIES" --data "$d/sft.jsonl" --out "$d/o1" --seq-len 256 --drop-long
     one_line "sft.jsonl:2: a record of 100000066 bytes, over the limit of 1048576 bytes for seq_len 256"
-    run timeout 120 "$TANDEM" sft --model "$STORIES" --data "$d/sft.jsonl" --out "$d/o1" --skip-bad-lines --max-steps 1
+    run command timeout 120 "$TANDEM" sft --model "$STORIES" --data "$d/sft.jsonl" --out "$d/o1" --skip-bad-lines --max-steps 1
     echo "$output"
     [ "$status" -eq 0 ]
     [[ "$output" == *"1 bad records skipped"* ]]
 
     huge "$d/pref.jsonl" '{"prompt": "Once", "chosen": " happy", "rejected": " sad"}'
-    run timeout 60 "$TANDEM" dpo --model "$STORIES" --data "$d/pref.jsonl" --out "$d/o2"
+    run command timeout 60 "$TANDEM" dpo --model "$STORIES" --data "$d/pref.jsonl" --out "$d/o2"
     one_line "pref.jsonl:2: a record of 100000066 bytes, over the limit of"
-    run timeout 120 "$TANDEM" rm --model "$STORIES" --data "$d/pref.jsonl" --out "$d/o2" --skip-bad-lines --max-steps 1 --batch-size 1
+    run command timeout 120 "$TANDEM" rm --model "$STORIES" --data "$d/pref.jsonl" --out "$d/o2" --skip-bad-lines --max-steps 1 --batch-size 1
     echo "$output"
     [ "$status" -eq 0 ]
     [[ "$output" == *"1 bad records skipped"* ]]
@@ -85,10 +86,10 @@ huge() {
     # stories260K has 512 positions: the 1 MiB floor
     huge "$d/p.jsonl" '{"prompt": "Once"}'
     for t in "" --truncate; do
-        run timeout 60 "$TANDEM" generate --model "$STORIES" --input "$d/p.jsonl" --output "$d/o.jsonl" $t
+        run command timeout 60 "$TANDEM" generate --model "$STORIES" --input "$d/p.jsonl" --output "$d/o.jsonl" $t
         one_line "p.jsonl:2: a line of 100000066 bytes, over the limit of 1048576 bytes for 512 positions"
     done
-    run timeout 60 "$TANDEM" ppo --actor "$STORIES" --reward-cmd "$RULE" --prompts "$d/p.jsonl" --advantage grpo --n-samples-per-prompt 2 \
+    run command timeout 60 "$TANDEM" ppo --actor "$STORIES" --reward-cmd "$RULE" --prompts "$d/p.jsonl" --advantage grpo --n-samples-per-prompt 2 \
         --rollout-batch-size 1 --out "$d/o3" --truncate
     one_line "p.jsonl:2: a line of 100000066 bytes, over the limit of 1048576 bytes for 512 positions"
 }
