@@ -72,11 +72,18 @@ static char *one_line(const char *fmt, va_list ap) {
 /* "tandem: [group] [rank N] message": the one line every error exit prints (the group's name only
  * when the world has several role groups) */
 static void report(int with_rank, const char *msg) {
-    fputs("tandem: ", stderr);
-    if (s_group[0]) fprintf(stderr, "[%s] ", s_group);
-    if (with_rank) fprintf(stderr, "[rank %d] ", world_rank());
-    fputs(msg ? msg : "(out of memory formatting the message)", stderr);
-    fputc('\n', stderr);
+    /* formatted whole, then one write: a line split over several writes can be cut by another
+     * rank's output where mpirun merges the ranks' streams */
+    char head[96] = "tandem: ";
+    if (s_group[0]) snprintf(head + strlen(head), sizeof head - strlen(head), "[%.40s] ", s_group);
+    if (with_rank) snprintf(head + strlen(head), sizeof head - strlen(head), "[rank %d] ", world_rank());
+    const char *body = msg ? msg : "(out of memory formatting the message)";
+    size_t n = strlen(head) + strlen(body) + 2;
+    char *line = malloc(n);
+    if (!line) { fputs(head, stderr); fputs(body, stderr); fputc('\n', stderr); return; }
+    snprintf(line, n, "%s%s\n", head, body);
+    fwrite(line, 1, n - 1, stderr);
+    free(line);
 }
 
 void (*util_user_error_hook)(const char *msg);
