@@ -1,6 +1,6 @@
 /* pref.c — `tandem rm` (reward model: backbone + score head, Bradley–Terry) and `tandem dpo`
  * (policy against a frozen reference) on preference pairs. Both are the shared training loop
- * (train/trainer.h: steps of M micro-batches per dp rank, 1F1B, AdamW / ZeRO-1, checkpoints,
+ * (train/trainer.h: steps of M micro-batches per dp rank, 1F1B, AdamW / ZeRO, checkpoints,
  * resume) with another loss hook (rlhf/pref_loss.h) and per-pair metrics. A micro-batch holds whole pairs (chosen
  * 2i, rejected 2i + 1: train/data.c's preference mode), so both halves of a pair always meet in
  * one hook call. DPO's reference is a second model on its own mesh over the same ranks (the same
