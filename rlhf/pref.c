@@ -239,8 +239,9 @@ static int pref_main(int argc, char **argv, int dpo) {
     if (adapter && !score) user_error("--adapter: an inference option here (rm --score); training with adapters is not supported");
     if (score) {
         if (o.seq_len < 2 || o.batch_size < 1 || o.threads < 0) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
-        ModelOpen mo = {o.model_dir, adapter, o.dtype_name, o.device, o.tp, o.pp, o.threads, o.comm_timeout, 1};
-        return score_main(&mo, input, output, o.chat_template, o.seq_len, o.batch_size);
+        ModelOpen mo = {.dir = o.model_dir, .adapter = adapter, .dtype_name = o.dtype_name, .device = o.device, .tp = o.tp,
+                        .pp = o.pp, .threads = o.threads, .comm_timeout = o.comm_timeout, .score_head = 1};
+        return rm_score_main(&mo, input, output, o.chat_template, o.seq_len, o.batch_size);
     }
     train_options_check(&o, cmd);
     if (!(center >= 0) || !isfinite(center)) user_error("--center-rewards-coefficient %g: must be >= 0", center);

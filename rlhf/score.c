@@ -119,7 +119,7 @@ static void score_lines(Model *m, const Mesh *mesh, const TokIds *ids, int n, in
 }
 
 /* See score.h. */
-int score_main(ModelOpen *mo, const char *input, const char *output, const char *chat_template, int seq_len,
+int rm_score_main(ModelOpen *mo, const char *input, const char *output, const char *chat_template, int seq_len,
                int batch_size) {
     if (!input || !output) user_error("rm --score: --input and --output are required");
     const char *model_dir = mo->dir;

@@ -9,6 +9,6 @@
  * saved statistics). A line longer than --seq-len or the model's max_position_embeddings keeps its
  * last tokens (after BOS), and the run says how many were cut. batch_size lines per forward. After
  * comm_init; calls comm_finalize. Returns 0. */
-int score_main(ModelOpen *mo, const char *input, const char *output, const char *chat_template, int seq_len,
+int rm_score_main(ModelOpen *mo, const char *input, const char *output, const char *chat_template, int seq_len,
                int batch_size);
 #endif
