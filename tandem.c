@@ -21,13 +21,13 @@ typedef struct {
 static const Command commands[] = {
     {"generate", generate_main, "offline batch generation from jsonl (sampling, KV cache, continuous batching)"},
     {"eval", eval_main, "Hugging Face parity (--reference) or loss/perplexity (--data) of a model"},
-    {"sft", sft_main, "supervised fine-tuning (TP x PP x DP, 1F1B, AdamW / ZeRO-1, checkpoints, resume)"},
+    {"sft", sft_main, "supervised fine-tuning (TP x PP x DP, 1F1B, AdamW, ZeRO-1/2/3, LoRA, checkpoints, resume)"},
     {"rm", rm_main, "reward-model training on preference pairs (score head, Bradley-Terry)"},
     {"dpo", dpo_main, "direct preference optimization against a frozen reference (sigmoid, IPO)"},
     {"ppo", ppo_main, "PPO / GRPO / RLOO: actor, critic, reference and reward as role groups; rollouts from the training shards"},
     {"fetch", fetch_main, "download a model from the Hugging Face Hub into its cache (resume, retries, hash checks)"},
-    {"convert", convert_main, "import a llama2.c checkpoint into a Hugging Face directory"},
-    {"bench", bench_main, "prefill throughput and peak memory"},
+    {"convert", convert_main, "a Hugging Face directory from a llama2.c checkpoint, or random weights of a shape (for benchmarks)"},
+    {"bench", bench_main, "throughput and memory: prefill, decode (--generate), training steps (--train), kernels, tokenizers"},
     {"tokenize", tokenize_main, "text <-> token ids with a model's tokenizer"},
 };
 

@@ -15,6 +15,7 @@
 #include "runtime/comm.h"
 #include "runtime/mesh.h"
 #include "runtime/model.h"
+#include "runtime/session.h"
 #include "runtime/util.h"
 #include "tokenizer/tokenizer.h"
 #include <omp.h>
@@ -359,13 +360,12 @@ static int bench_prefill(Model *m, const Mesh *mesh, int batch, int seq, int ite
 }
 
 int bench_main(int argc, char **argv) {
-    const char *model_dir, *tok_list, *text_path;
-    int tp, pp, threads, batch, seq, iters, generate, new_tokens, big, train, score, kernels, sp, zero, plan_only, lora_r;
-    const char *dtype_flag, *device;
+    const char *tok_list, *text_path;
+    ModelOpen mo = {0};
+    int batch, seq, iters, generate, new_tokens, big, train, score, kernels, sp, zero, plan_only, lora_r;
     const char *recompute;
-    float comm_timeout;
     Option opts[] = {
-        {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
+        {"--model", OPT_MODEL, &mo.dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
         {"--tokenizer", OPT_STR, &tok_list, NULL, "tokenizer files/dirs, comma-separated: encode MB/s instead"},
         {"--text", OPT_STR, &text_path, "../shared/assets/data/pretrain/tinyshakespeare.txt", "text for --tokenizer"},
         {"--generate", OPT_FLAG, &generate, NULL, "decode tokens/s at batch 1 and --big-batch vs the bandwidth bound"},
@@ -382,43 +382,36 @@ int bench_main(int argc, char **argv) {
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
         {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
-        MESH_OPTIONS(&tp, &pp, &threads, &dtype_flag),
-        DEVICE_OPTION(&device),
-        COMM_TIMEOUT_OPTION(&comm_timeout),
+        MODEL_OPEN_OPTIONS(&mo),
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
     args_parse("usage: tandem bench --model DIR [--batch B --seq T --iters N --tp T --pp P --threads N]\n"
                "       tandem bench --tokenizer FILE[,FILE...] [--text FILE]", opts,
                n_opts, argc, argv);
-    comm_set_timeout(comm_timeout);
     if (tok_list) {
         int rc = bench_tokenizers(tok_list, text_path, iters);
         comm_finalize();
         return rc;
     }
-    if (!model_dir) user_error("bench: --model DIR or --tokenizer FILE is required");
-    if (batch < 1 || seq < 1 || iters < 1 || threads < 0) user_error("bench: --batch, --seq, --iters must be >= 1, --threads >= 0");
+    if (!mo.dir) user_error("bench: --model DIR or --tokenizer FILE is required");
+    if (batch < 1 || seq < 1 || iters < 1 || mo.threads < 0) user_error("bench: --batch, --seq, --iters must be >= 1, --threads >= 0");
     if ((score || plan_only) && !train) user_error("bench: --%s is a --train option", score ? "score" : "plan");
-    threads = backend_set_threads(threads);
-    DType dtype = dtype_parse("--dtype", dtype_flag);
-    const Backend *be = device_open(device);
-    Mesh mesh;
-    mesh_init_world(&mesh, tp, pp);
-    if ((kernels || generate) && !train && mesh.size != 1) user_error("bench --%s runs on one rank", kernels ? "kernels" : "generate");
     if (generate && !train && !kernels && (new_tokens < 1 || big < 1)) user_error("--new-tokens and --big-batch must be >= 1");
+    Mesh mesh;
     Model m;
-    if (score) model_load_score(&m, model_dir, &mesh, 1, dtype, be);   /* a directory's own score head is kept */
-    else model_load(&m, model_dir, &mesh, dtype, be);
+    mo.score_head = score;   /* a directory's own score head is kept */
+    model_open(&mo, &mesh, &m);
+    if ((kernels || generate) && !train && mesh.size != 1) user_error("bench --%s runs on one rank", kernels ? "kernels" : "generate");
     /* the load's peak memory, printed by print_load once the options are known good */
     double load_rss = peak_rss_mib();
     int rc;
     if (train) {
-        rc = bench_train(&m, &mesh, load_rss, batch, seq, iters, recompute, sp, zero, threads, plan_only, lora_r);
+        rc = bench_train(&m, &mesh, load_rss, batch, seq, iters, recompute, sp, zero, mo.threads, plan_only, lora_r);
     } else {
         print_load(&m, load_rss);
-        rc = kernels ? bench_kernels(&m, iters) : generate ? bench_generate(&m, threads, seq, new_tokens, big, iters)
-                                                            : bench_prefill(&m, &mesh, batch, seq, iters, threads, opts, n_opts);
+        rc = kernels ? bench_kernels(&m, iters) : generate ? bench_generate(&m, mo.threads, seq, new_tokens, big, iters)
+                                                            : bench_prefill(&m, &mesh, batch, seq, iters, mo.threads, opts, n_opts);
     }
     model_free(&m);
     mesh_free(&mesh);

@@ -7,12 +7,12 @@
 #include "eval/eval.h"
 #include "generate/engine.h"
 #include "kernels/kernels.h"
-#include "runtime/adapter.h"
 #include "runtime/args.h"
 #include "runtime/comm.h"
 #include "runtime/jsonl.h"
 #include "runtime/mesh.h"
 #include "runtime/model.h"
+#include "runtime/session.h"
 #include "runtime/util.h"
 #include "tokenizer/tokenizer.h"
 #include <cjson/cJSON.h>
@@ -93,7 +93,6 @@ static void json_top_lists(cJSON *a, const char *file, int line, const char *fie
     }
 }
 
-/* Parses REF.jsonl (reference mode) or FILE.jsonl (data mode: input_ids only). */
 /* --data lines may hold "text" instead of "input_ids": encoded with the model's tokenizer, BOS as
  * the tokenizer's config says. */
 static int *encode_text(Tokenizer *tok, const char *text, int *n) {
@@ -106,7 +105,9 @@ static int *encode_text(Tokenizer *tok, const char *text, int *n) {
     return ids;
 }
 
-static Record *read_records(const char *path, int vocab, int reference, Tokenizer *tok, int *n_out) {
+/* Parses REF.jsonl (reference mode) or FILE.jsonl (data mode: input_ids or text; a record longer
+ * than max_pos is refused, as generate and ppo refuse such a prompt). */
+static Record *read_records(const char *path, int vocab, int max_pos, int reference, Tokenizer *tok, int *n_out) {
     JsonlReader rd;
     jsonl_open(&rd, path);
     Record *recs = NULL;
@@ -129,6 +130,8 @@ static Record *read_records(const char *path, int vocab, int reference, Tokenize
             r->ids = json_int_array(in, &r->T, path, line, "input_ids", vocab);
         }
         if (r->T == 0) user_error("%s:%d: field \"input_ids\" is empty", path, line);
+        if (!reference && r->T > max_pos)   /* the model has no positions past max_pos: no loss there */
+            user_error("%s:%d: %d tokens exceed max_position_embeddings %d (split the text)", path, line, r->T, max_pos);
         if (reference) {
             cJSON *top = cJSON_GetObjectItemCaseSensitive(j, "top_logprobs");
             if (!top) user_error("%s:%d: field \"top_logprobs\" missing", path, line);
@@ -493,18 +496,16 @@ static double score_records(Model *m, Record *recs, int n, int reference, int re
 }
 
 int eval_main(int argc, char **argv) {
-    const char *model_dir = NULL, *adapter = NULL, *ref = NULL, *data = NULL, *write_ref = NULL;
-    int tp, pp, threads, batch_tokens, quiet, relative;
-    const char *dtype_name, *device;
-    float max_diff, tie_gap, comm_timeout;
+    const char *ref = NULL, *data = NULL, *write_ref = NULL;
+    ModelOpen mo = {0};
+    int batch_tokens, quiet, relative;
+    float max_diff, tie_gap;
     Option opts[] = {
-        {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
-        ADAPTER_OPTION(&adapter),
+        {"--model", OPT_MODEL, &mo.dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
+        ADAPTER_OPTION(&mo.adapter),
         {"--reference", OPT_STR, &ref, NULL, "reference jsonl written by eval/hf_reference.py"},
         {"--data", OPT_STR, &data, NULL, "jsonl of {\"input_ids\": [...]} or {\"text\": ...}: loss and perplexity"},
-        MESH_OPTIONS(&tp, &pp, &threads, &dtype_name),
-        DEVICE_OPTION(&device),
-        COMM_TIMEOUT_OPTION(&comm_timeout),
+        MODEL_OPEN_OPTIONS(&mo),
         {"--max-logprob-diff", OPT_FLOAT, &max_diff, "1e-4", "fail (exit 1) above this |logprob difference|"},
         {"--relative", OPT_FLAG, &relative, NULL, "measure |diff| / max(1, |reference logprob|) (fp32 rounding is relative)"},
         {"--tie-gap", OPT_FLOAT, &tie_gap, "1e-4", "greedy mismatch with a top-2 gap below this is a tie (a record's greedy_tie_gap overrides it)"},
@@ -516,25 +517,19 @@ int eval_main(int argc, char **argv) {
     comm_init(&argc, &argv);
     args_parse("usage: tandem eval --model DIR (--reference REF.jsonl | --data FILE.jsonl) [options]", opts, n_opts,
                argc, argv);
-    comm_set_timeout(comm_timeout);
-    if (!model_dir) user_error("eval: --model DIR is required");
+    if (!mo.dir) user_error("eval: --model DIR is required");
     if (!ref == !data) user_error("eval: give exactly one of --reference or --data");
-    if (threads < 0) user_error("--threads must be >= 0 (0 = the cores available)");
+    if (mo.threads < 0) user_error("--threads must be >= 0 (0 = the cores available)");
     if (batch_tokens < 1) user_error("--batch-tokens must be >= 1");
-    threads = backend_set_threads(threads);
-    DType dtype = dtype_parse("--dtype", dtype_name);
-    const Backend *be = device_open(device);
 
     Mesh mesh;
-    mesh_init_world(&mesh, tp, pp);
     Model m;
-    model_load(&m, model_dir, &mesh, dtype, be);
-    if (adapter) adapter_merge(&m, adapter);
+    model_open(&mo, &mesh, &m);
     int reference = ref != NULL, n;
     const char *path = reference ? ref : data;
     char terr[512];
-    Tokenizer *tok = reference ? NULL : tokenizer_open(model_dir, terr, sizeof terr);  /* optional */
-    Record *recs = read_records(path, m.cfg.vocab_size, reference, tok, &n);
+    Tokenizer *tok = reference ? NULL : tokenizer_open(mo.dir, terr, sizeof terr);  /* optional */
+    Record *recs = read_records(path, m.cfg.vocab_size, m.cfg.max_pos, reference, tok, &n);
     if (tok) tokenizer_free(tok);
     if (mesh_is_root(&mesh) && !quiet) {
         fprintf(stderr, "+------------------------+--------------------------------+\n");

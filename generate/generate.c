@@ -9,7 +9,7 @@
 #include "generate/output.h"
 #include "generate/request.h"
 #include "kernels/kernels.h"
-#include "runtime/adapter.h"
+#include "runtime/session.h"
 #include "runtime/args.h"
 #include "runtime/util.h"
 #include "tokenizer/tokenizer.h"
@@ -286,15 +286,15 @@ static void generate_all(Run *run, Model *m, const Option *opts, int n_opts, Eng
 }
 
 int generate_main(int argc, char **argv) {
-    const char *model_dir, *adapter, *in_path, *out_path;
+    const char *in_path, *out_path;
+    ModelOpen mo = {0};
     RequestDefaults d = {0};
     const char *stop = NULL, *stop_ids = NULL;
-    int tp, pp, threads, greedy, resume, show_progress, max_batch, max_batch_tokens, block, seed, micro;
-    const char *dtype_name, *device;
-    float kv_mib, comm_timeout;
+    int greedy, resume, show_progress, max_batch, max_batch_tokens, block, seed, micro;
+    float kv_mib;
     Option opts[] = {
-        {"--model", OPT_MODEL, &model_dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
-        ADAPTER_OPTION(&adapter),
+        {"--model", OPT_MODEL, &mo.dir, NULL, "Hugging Face model directory or Hub id ORG/NAME"},
+        ADAPTER_OPTION(&mo.adapter),
         {"--input", OPT_STR, &in_path, NULL, "prompts jsonl: \"prompt\" | \"messages\" | \"input_ids\" per line"},
         {"--output", OPT_STR, &out_path, NULL, "output jsonl (input order, one line per prompt)"},
         {"--input-key", OPT_STR, &d.key, "prompt", "field holding the prompt text"},
@@ -323,33 +323,25 @@ int generate_main(int argc, char **argv) {
         {"--max-batch", OPT_INT, &max_batch, "64", "running sequences at most"},
         {"--max-batch-tokens", OPT_INT, &max_batch_tokens, "2048", "tokens a step admits (a longer context runs alone)"},
         {"--micro-batches", OPT_INT, &micro, "0", "pp > 1: pipelined micro-batches per step (0 = pp)"},
-        MESH_OPTIONS(&tp, &pp, &threads, &dtype_name),
-        DEVICE_OPTION(&device),
-        COMM_TIMEOUT_OPTION(&comm_timeout),
+        MODEL_OPEN_OPTIONS(&mo),
     };
     int n_opts = sizeof(opts) / sizeof(opts[0]);
     comm_init(&argc, &argv);
     sampling_params_default(&d.sp);
     args_parse("usage: tandem generate --model DIR --input prompts.jsonl --output out.jsonl [options]", opts, n_opts, argc, argv);
-    comm_set_timeout(comm_timeout);
-    if (!model_dir || !in_path || !out_path) user_error("generate: --model, --input and --output are required");
+    if (!mo.dir || !in_path || !out_path) user_error("generate: --model, --input and --output are required");
     options_check(&d, greedy, seed, stop);
     same_file_check(in_path, out_path);
-    if (block < 1 || max_batch < 1 || max_batch_tokens < 1 || threads < 0 || !(kv_mib > 0))
+    if (block < 1 || max_batch < 1 || max_batch_tokens < 1 || mo.threads < 0 || !(kv_mib > 0))
         user_error("--block-size, --max-batch, --max-batch-tokens, --threads, --kv-cache-mem must be positive");
-    threads = backend_set_threads(threads);
-    DType dtype = dtype_parse("--dtype", dtype_name);
-    const Backend *be = device_open(device);
 
     Mesh mesh;
-    mesh_init_world(&mesh, tp, pp);
+    Model m;
+    model_open(&mo, &mesh, &m);
     Run run = {0};
     run.mesh = &mesh;
     run.leader = mesh.tp_rank == 0 && mesh.pp_rank == 0;
-    Model m;
-    model_load(&m, model_dir, &mesh, dtype, be);
-    if (adapter) adapter_merge(&m, adapter);
-    run_read(&run, &d, &m, model_dir, in_path, out_path, stop_ids, resume);
+    run_read(&run, &d, &m, mo.dir, in_path, out_path, stop_ids, resume);
     run.progress = show_progress || isatty(2);
     EngineConfig ec = {max_batch, max_batch_tokens, (size_t)(kv_mib * 1048576.0), block, m.cfg.max_pos,
                        micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run, on_step, 0, 0};

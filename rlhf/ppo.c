@@ -9,21 +9,21 @@
  *   4. update      actor and critic, each a Learner (train/learner.h) on its own mesh: --ppo-epochs
  *                  passes over shuffled mini-batches, one optimizer step each
  * then the adaptive KL controller, the metrics (verl's names) and checkpoints. --device puts every
- * role's model on one backend (rlhf/roles.c: a device needs each role on one rank); results move
- * between roles as host copies.
- * Owns: the options, setup, the step loop, the adaptive KL, --bench-alone; checkpoints and
- * ppo_state.json: rlhf/ppo_checkpoint.c; the metrics line: rlhf/ppo_log.c. */
+ * role's model on one backend (rlhf/roles.c, at any placement); results move between roles as host
+ * copies.
+ * Owns: setup, the step loop, the adaptive KL, --bench-alone; the options and the Ppo struct:
+ * rlhf/ppo_options.c; checkpoints and ppo_state.json: rlhf/ppo_checkpoint.c; the metrics line:
+ * rlhf/ppo_log.c. */
 #include "rlhf/ppo.h"
+#include "rlhf/ppo_options.h"
 #include "runtime/adapter.h"
 #include "runtime/lora.h"
 #include "rlhf/ppo_checkpoint.h"
 #include "rlhf/ppo_log.h"
 #include "kernels/kernels.h"
 #include "rlhf/experience.h"
-#include "rlhf/reward_http.h"
 #include "rlhf/roles.h"
 #include "runtime/args.h"
-#include "runtime/jsonl.h"
 #include "runtime/util.h"
 #include "train/learner.h"
 #include "train/metrics.h"
@@ -31,36 +31,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-
-/* The options that only setup reads (the rest go straight into Ppo). */
-typedef struct {
-    const char *stop_ids, *critic_sched_name, *stop_json, *reward_urls, *prompts_path, *out, *resume, *key, *tensorboard;
-    const char *chat_template, *colocate, *kl_est, *adv_name, *sched_name, *dtype_name, *save_dtype_name, *device;
-    int bench_alone, steps, threads, truncate, no_std_norm, top_k, seed, log_every, save_every, stop_after, overwrite;
-    int no_whiten, normalize_reward, sp, zero;
-    int lora_r, lora_rslora, merge;      /* LoRA on the actor and the critic (runtime/lora.h) */
-    const char *adapter[N_ROLES];        /* --ROLE-adapter: a PEFT adapter on that role's model */
-    float lora_alpha, lora_dropout;
-    const char *lora_target;
-    float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
-        clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, wd, clip, timeout, comm_timeout;
-    LrSchedule sched, critic_sched;
-    DType dtype, save_dtype;
-    PpoState state;        /* --resume's ppo_state.json */
-} PpoOptions;
-
-typedef struct {
-    Roles roles;
-    ExperienceMaker x;
-    Learner learner[2];                  /* [R_ACTOR], [R_CRITIC] on their members */
-    int ppo_epochs, mini, micro;         /* update: passes, sequences per optimizer step, per micro-batch */
-    PpoHook actor_hook, critic_hook;
-    double entropy_coef, entropy[2];     /* the actor's entropy bonus; the step's entropy sum and count */
-    double kl_coef, kl_target, kl_horizon;   /* the KL penalty and its adaptive controller */
-    const char *load_dir[N_ROLES];       /* where each role's weights were read (--resume: the checkpoint's) */
-    int save_limit;                      /* --save-total-limit */
-} Ppo;
 
 
 /* ---- 4. update ----------------------------------------------------------------------------- */
@@ -164,199 +134,51 @@ static void bench_phases_alone(Ppo *p, int step, const int *pidx, Experience *b,
     memset(&p->critic_hook.stats, 0, sizeof(PpoStats));
 }
 
-/* ---- options and setup ------------------------------------------------------------------------ */
+/* ---- setup ------------------------------------------------------------------------------------ */
 
-/* Parses and checks the options into o and p; returns the table (for the echo). */
-static Option *parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **argv) {
-    Role *R = p->roles.role;
-    Option opts[] = {
-        {"--actor", OPT_MODEL, &R[R_ACTOR].dir, NULL, "the policy to train (HF causal LM, e.g. an SFT checkpoint)"},
-        {"--critic", OPT_MODEL, &R[R_CRITIC].dir, NULL, "value model: a reward-model or causal-LM directory (gae only)"},
-        {"--reward", OPT_MODEL, &R[R_REWARD].dir, NULL, "reward model directory (*ForSequenceClassification)"},
-        {"--actor-adapter", OPT_STR, &o->adapter[R_ACTOR], NULL, "a PEFT adapter on --actor: merged, or with --lora-r the adapters to train on"},
-        {"--critic-adapter", OPT_STR, &o->adapter[R_CRITIC], NULL, "a PEFT adapter on --critic (as --actor-adapter)"},
-        {"--ref-adapter", OPT_STR, &o->adapter[R_REF], NULL, "a PEFT adapter merged into --ref (default: --actor-adapter without --ref)"},
-        {"--reward-adapter", OPT_STR, &o->adapter[R_REWARD], NULL, "a PEFT adapter merged into --reward (a sequence-classification adapter's score head too)"},
-        {"--reward-cmd", OPT_STR, &p->x.reward_cmd, NULL, "instead of --reward: a program speaking jsonl (rlhf/reward_cmd.h)"},
-        {"--reward-url", OPT_STR, &o->reward_urls, NULL, "instead: reward servers URL[,URL...] (OpenRLHF's remote RM protocol)"},
-        {"--reward-timeout", OPT_FLOAT, &o->timeout, "600", "--reward-cmd / --reward-url: seconds to wait for a batch's replies (0 = no limit)"},
-        {"--reward-retries", OPT_INT, &p->x.reward_retries, "3", "--reward-url: retries (with backoff) on connection errors, 429, 5xx"},
-        {"--ref", OPT_MODEL, &R[R_REF].dir, NULL, "reference for the KL (default: the actor's starting weights, frozen)"},
-        {"--prompts", OPT_STR, &o->prompts_path, NULL, "jsonl: \"prompt\" | \"messages\" | \"input_ids\", optional \"label\""},
-        {"--input-key", OPT_STR, &o->key, "prompt", "the text prompt's field"},
-        {"--chat-template", OPT_STR, &o->chat_template, NULL, "chat format for messages (default: the tokenizer's)"},
-        {"--truncate", OPT_FLAG, &o->truncate, NULL, "keep the last tokens of prompts too long for the positions"},
-        {"--out", OPT_STR, &o->out, NULL, "output directory: actor/ and critic/ at the end, metrics.jsonl"},
-        {"--overwrite", OPT_FLAG, &o->overwrite, NULL, "allow an existing --out"},
-        {"--resume", OPT_STR, &o->resume, NULL, "continue from out/checkpoint-STEP (at any placement; bit for bit at the same)"},
-        TENSORBOARD_OPTION(&o->tensorboard),
-        {"--steps", OPT_INT, &o->steps, "10", "PPO steps (each: rollout, experience, update)"},
-        {"--stop-after", OPT_INT, &o->stop_after, "0", "stop after this step (0 = off)"},
-        {"--save-every", OPT_INT, &o->save_every, "0", "steps between saved models (0 = only at the end)"},
-        {"--save-total-limit", OPT_INT, &p->save_limit, "0", "keep only the newest N complete checkpoints (0 = all)"},
-        {"--log-every", OPT_INT, &o->log_every, "1", "steps between progress lines"},
-        {"--rollout-batch-size", OPT_INT, &p->x.B, "8", "prompts per step"},
-        {"--n-samples-per-prompt", OPT_INT, &p->x.G, "1", "responses per prompt (the group of grpo / rloo)"},
-        {"--max-new-tokens", OPT_INT, &p->x.max_new, "32", "response length at most"},
-        {"--stop", OPT_STR, &o->stop_json, NULL, "stop string, or a JSON list of them: the response ends with the token completing one"},
-        {"--stop-token-ids", OPT_STR, &o->stop_ids, NULL, "comma-separated ids that also end a response (besides EOS)"},
-        {"--bench-alone", OPT_INT, &o->bench_alone, "0", "after the run: each phase alone this many times on the last step's shapes (a JSON line)"},
-        {"--temperature", OPT_FLOAT, &o->temperature, "1.0", "sampling temperature (> 0); the policy is softmax(logits / T)"},
-        {"--top-k", OPT_INT, &o->top_k, "0", "sampling top-k (0 = off)"},
-        {"--top-p", OPT_FLOAT, &o->top_p, "1.0", "sampling top-p"},
-        {"--seed", OPT_INT, &o->seed, "1234", "prompt order, sampling and mini-batch shuffles"},
-        {"--advantage", OPT_STR, &o->adv_name, "gae", "gae | grpo | rloo"},
-        {"--no-std-norm", OPT_FLAG, &o->no_std_norm, NULL, "grpo: do not divide by the group's std (Dr. GRPO)"},
-        {"--no-whiten", OPT_FLAG, &o->no_whiten, NULL, "gae: do not whiten the advantages over the batch"},
-        {"--kl-coef", OPT_FLOAT, &o->kl_coef, "0.001", "KL penalty in the reward (0 = off)"},
-        {"--kl-estimator", OPT_STR, &o->kl_est, "k1", "k1 | k2 | k3"},
-        {"--kl-target", OPT_FLOAT, &o->kl_target, "0", "adaptive KL controller's target (0 = fixed --kl-coef)"},
-        {"--kl-horizon", OPT_FLOAT, &o->kl_horizon, "10000", "adaptive KL controller's horizon"},
-        {"--kl-loss-coef", OPT_FLOAT, &o->kl_loss_coef, "0", "KL (k3) to the reference in the actor's loss (GRPO)"},
-        {"--reward-clip", OPT_FLOAT, &o->reward_clip, "0", "clip scores to [-x, x] (0 = off)"},
-        {"--missing-eos-penalty", OPT_FLOAT, &o->eos_penalty, "0", "subtracted from the score of a response cut off without EOS"},
-        {"--normalize-reward", OPT_FLAG, &o->normalize_reward, NULL, "(score - mean) / std by the reward model's saved stats"},
-        {"--gamma", OPT_FLOAT, &o->gamma, "1.0", "GAE discount"},
-        {"--lambda", OPT_FLOAT, &o->lambda, "0.95", "GAE lambda"},
-        {"--ppo-epochs", OPT_INT, &p->ppo_epochs, "1", "passes over each step's batch"},
-        {"--mini-batch-size", OPT_INT, &p->mini, "0", "sequences per optimizer step (0 = the whole batch)"},
-        {"--micro-batch-size", OPT_INT, &p->micro, "0", "sequences per micro-batch (0 = a dp rank's whole share)"},
-        {"--clip-eps", OPT_FLOAT, &o->clip_eps, "0.2", "policy ratio clip"},
-        {"--clip-eps-high", OPT_FLOAT, &o->clip_high, "0", "upper ratio clip (DAPO clip-higher; 0 = --clip-eps)"},
-        {"--dual-clip", OPT_FLOAT, &o->dual_clip, "0", "dual-clip constant c > 1 for negative advantages (0 = off)"},
-        {"--entropy-coef", OPT_FLOAT, &o->entropy_coef, "0", "entropy bonus in the actor's loss (token-mean, at the temperature)"},
-        {"--value-clip", OPT_FLOAT, &o->value_clip, "0.2", "value clip around the rollout's values"},
-        {"--actor-lr", OPT_FLOAT, &o->actor_lr, "1e-6", "actor learning rate"},
-        {"--critic-lr", OPT_FLOAT, &o->critic_lr, "1e-5", "critic learning rate"},
-        {"--lr-schedule", OPT_STR, &o->sched_name, "constant", "the actor's: cosine | linear | constant"},
-        {"--critic-lr-schedule", OPT_STR, &o->critic_sched_name, NULL, "the critic's (default: --lr-schedule)"},
-        {"--weight-decay", OPT_FLOAT, &o->wd, "0.0", "AdamW weight decay"},
-        {"--clip", OPT_FLOAT, &o->clip, "1.0", "gradient-norm clipping (0 = off)"},
-        {"--colocate", OPT_STR, &o->colocate, NULL, "roles sharing ranks: all, or sets like actor,ref:critic,reward"},
-        {"--actor-ranks", OPT_INT, &R[R_ACTOR].count, "0", "ranks of the actor's group"},
-        {"--critic-ranks", OPT_INT, &R[R_CRITIC].count, "0", "ranks of the critic's group"},
-        {"--ref-ranks", OPT_INT, &R[R_REF].count, "0", "ranks of the reference's group"},
-        {"--reward-ranks", OPT_INT, &R[R_REWARD].count, "0", "ranks of the reward model's group"},
-        {"--actor-tp", OPT_INT, &R[R_ACTOR].tp, "1", ""}, {"--actor-pp", OPT_INT, &R[R_ACTOR].pp, "1", ""},
-        SEQ_PARALLEL_OPTION(&o->sp), ZERO_OPTION(&o->zero), TRAIN_LORA_OPTIONS(o),
-        {"--critic-tp", OPT_INT, &R[R_CRITIC].tp, "1", ""}, {"--critic-pp", OPT_INT, &R[R_CRITIC].pp, "1", ""},
-        {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
-        {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
-        THREADS_OPTION(&o->threads), DTYPE_OPTION(&o->dtype_name), SAVE_DTYPE_OPTION(&o->save_dtype_name),
-        DEVICE_OPTION(&o->device), COMM_TIMEOUT_OPTION(&o->comm_timeout),
-    };
-    *n_opts = sizeof(opts) / sizeof(opts[0]);
-    comm_init(&argc, &argv);
-    args_parse("usage: tandem ppo --actor DIR [--critic DIR] (--reward DIR | --reward-cmd CMD) [--ref DIR] --prompts FILE --out DIR [options]",
-               opts, *n_opts, argc, argv);
-    comm_set_timeout(o->comm_timeout);
-    if (!R[R_ACTOR].dir || !o->prompts_path || !o->out) user_error("ppo: --actor, --prompts and --out are required");
-    if ((R[R_REWARD].dir != NULL) + (p->x.reward_cmd != NULL) + (o->reward_urls != NULL) != 1)
-        user_error("ppo: give exactly one of --reward DIR, --reward-cmd CMD and --reward-url URL[,URL...]");
-    if (p->save_limit < 0) user_error("--save-total-limit %d: must be >= 0", p->save_limit);
-    if (p->x.reward_retries < 0) user_error("--reward-retries %d: must be >= 0", p->x.reward_retries);
-    if (o->reward_urls) p->x.n_urls = reward_http_parse_urls(o->reward_urls, &p->x.urls);
-    p->x.adv_kind = advantage_kind_parse("--advantage", o->adv_name);
-    if (p->x.adv_kind == ADV_GAE && !R[R_CRITIC].dir) user_error("--advantage gae needs --critic (or use grpo / rloo)");
-    if (p->x.adv_kind != ADV_GAE && R[R_CRITIC].dir) user_error("--critic: --advantage %s uses no critic", o->adv_name);
-    if (p->x.adv_kind == ADV_RLOO && p->x.G < 2) user_error("--advantage rloo needs --n-samples-per-prompt >= 2");
-    /* a group of one sample is its own mean: advantage 0 for every token, so nothing would be trained */
-    if (p->x.adv_kind == ADV_GRPO && p->x.G < 2)
-        user_error("--advantage grpo needs --n-samples-per-prompt >= 2 (a group of 1 has advantage 0: nothing would be trained)");
-    p->x.kl_est = kl_estimator_parse("--kl-estimator", o->kl_est);
-    if (!(o->temperature > 0)) user_error("--temperature %g: must be > 0 (the policy is softmax(logits / T))", o->temperature);
-    if (p->x.B < 1 || p->x.G < 1 || p->x.max_new < 1 || o->steps < 1 || p->ppo_epochs < 1 || o->threads < 0)
-        user_error("ppo: --rollout-batch-size, --n-samples-per-prompt, --max-new-tokens, --steps, --ppo-epochs, --threads must be >= 1");
-    if (!(o->kl_coef >= 0) || !(o->kl_loss_coef >= 0) || !(o->reward_clip >= 0) || !(o->kl_target >= 0) || !(o->kl_horizon > 0))
-        user_error("ppo: --kl-coef, --kl-loss-coef, --reward-clip, --kl-target must be >= 0, --kl-horizon > 0");
-    if (!(o->gamma >= 0 && o->gamma <= 1) || !(o->lambda >= 0 && o->lambda <= 1)) user_error("ppo: --gamma and --lambda must be in [0, 1]");
-    if (!(o->clip_eps > 0 && o->clip_eps < 1) || o->clip_high < 0 || !(o->value_clip > 0)) user_error("ppo: --clip-eps in (0, 1), --clip-eps-high >= 0, --value-clip > 0");
-    if (o->dual_clip != 0 && !(o->dual_clip > 1)) user_error("--dual-clip %g: must be > 1 (or 0 = off)", o->dual_clip);
-    if (o->sp && R[R_ACTOR].tp < 2 && R[R_CRITIC].tp < 2)
-        user_error("--sequence-parallel: needs --actor-tp or --critic-tp > 1 (it shares a trained role's tp ranks' rows)");
-    if (!(o->actor_lr > 0) || !(o->critic_lr > 0)) user_error("ppo: --actor-lr and --critic-lr must be > 0");
-    if (o->zero < 0 || o->zero > 3) user_error("--zero %d: must be 0, 1, 2 or 3", o->zero);
-    lora_options_check(&o->lora_r, &o->lora_alpha, &o->lora_target, &o->lora_rslora, &o->lora_dropout, o->resume, "actor");
-    if (o->merge && !o->lora_r) user_error("--merge: merges LoRA adapters; give --lora-r");
-    if (o->merge && o->zero == 3) user_error("--merge with --zero 3: the merge needs the whole weights (merge from the checkpoint with --adapter)");
-    for (int r = 0; r < N_ROLES; r++)
-        if (o->adapter[r] && !dir_exists(o->adapter[r]))
-            user_error("--%s-adapter %s: not a directory (a PEFT adapter directory: adapter_config.json and "
-                       "adapter_model.safetensors)", ROLE_NAMES[r], o->adapter[r]);
-    if (o->lora_dropout != 0)
-        user_error("--lora-dropout %g: ppo runs its adapters without dropout (the rollout's logprobs must be the training "
-                   "forward's)", o->lora_dropout);
-    if (o->lora_r < 0) user_error("--lora-r %d: must be >= 0", o->lora_r);
-    o->sched = lr_schedule_parse("--lr-schedule", o->sched_name);
-    o->dtype = dtype_parse("--dtype", o->dtype_name), o->save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);
-    o->critic_sched = o->critic_sched_name ? lr_schedule_parse("--critic-lr-schedule", o->critic_sched_name) : o->sched;
-    int S = p->x.B * p->x.G;
-    if (p->mini == 0) p->mini = S;
-    if (p->mini < 1 || S % p->mini) user_error("--mini-batch-size %d: must divide the batch's %d sequences", p->mini, S);
-    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard);
-    if (o->resume) {
-        ppo_state_load(o->resume, &o->state);
-        char *ad = path_join(o->resume, "actor");
-        if (!o->lora_r) trainer_check_same_model(R[R_ACTOR].dir, ad);   /* LoRA: an adapter, on --actor */
-        free(ad);
-    }
-    if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
-    sampling_params_default(&p->x.sp);
-    p->x.sp.temperature = o->temperature; p->x.sp.top_k = o->top_k; p->x.sp.top_p = o->top_p;
-    const char *bad = sampling_params_check(&p->x.sp);
-    if (bad) user_error("ppo: %s", bad);
-    p->x.seed = (uint64_t)o->seed;
-    p->kl_coef = o->kl_coef; p->kl_target = o->kl_target; p->kl_horizon = o->kl_horizon; p->x.reward_clip = o->reward_clip;
-    p->x.eos_penalty = o->eos_penalty; p->x.gamma = o->gamma; p->x.lambda = o->lambda; p->x.std_norm = !o->no_std_norm;
-    p->x.reward_timeout = o->timeout;
-    if (!(o->entropy_coef >= 0)) user_error("--entropy-coef %g: must be >= 0", o->entropy_coef);
-    p->entropy_coef = o->entropy_coef;
-    p->actor_hook = (PpoHook){.clip_low = o->clip_eps, .clip_high = o->clip_high > 0 ? o->clip_high : o->clip_eps, .clip_c = o->dual_clip,
-                             .kl_loss_coef = o->kl_loss_coef};
-    p->critic_hook = (PpoHook){.value_clip = o->value_clip};
-    o->threads = backend_set_threads(o->threads);
-
-    return memcpy(xmalloc(sizeof opts), opts, sizeof opts);
-}
-
-/* Roles, placement, models, prompts, stops, the reward program, one Learner each for actor and
- * critic (resumed), the actor's engine; prints each role's memory plan. */
-static void setup(Ppo *p, PpoOptions *o) {
+/* Roles, placement and models: each role's weights (the trained roles' from --resume; with LoRA
+ * the base, the adapters come later), the adapters merged into them; resume_dir: the trained
+ * roles' checkpoint directories (NULL: none). */
+static void open_roles(Ppo *p, PpoOptions *o, const char **resume_dir) {
     Roles *rs = &p->roles;
     Role *R = rs->role;
-    ExperienceMaker *x = &p->x;
-    int S = x->B * x->G;
-    rs->device = o->device;
+    int lora = o->t.lora_r > 0, kl = o->kl_coef > 0 || o->kl_loss_coef > 0;
+    rs->device = o->t.device;
     /* LoRA without --ref: the reference is the actor's base with its adapters off (no second copy) */
-    x->lora_ref = o->lora_r && !R[R_REF].dir && !o->adapter[R_ACTOR] && (o->kl_coef > 0 || o->kl_loss_coef > 0);
+    p->x.lora_ref = lora && !R[R_REF].dir && !o->adapter[R_ACTOR] && kl;
     if (!R[R_REF].dir && !o->adapter[R_REF]) o->adapter[R_REF] = o->adapter[R_ACTOR];   /* the starting policy */
     rs->score_head[R_REWARD] = o->adapter[R_REWARD] && adapter_has_score(o->adapter[R_REWARD]);
-    roles_open(rs, (o->kl_coef > 0 || o->kl_loss_coef > 0) && !x->lora_ref, o->colocate);
-    const char *resume_dir[N_ROLES] = {0};   /* the trained roles' checkpoint directories */
+    roles_open(rs, kl && !p->x.lora_ref, o->colocate);
     for (int r = 0; r < N_ROLES; r++) {   /* the reference stays the starting weights on resume */
         p->load_dir[r] = R[r].dir;
-        if (o->resume && (r == R_ACTOR || r == R_CRITIC) && R[r].active) resume_dir[r] = path_join(o->resume, ROLE_NAMES[r]);
-        if (resume_dir[r] && !o->lora_r) p->load_dir[r] = resume_dir[r];   /* LoRA: the base, then the adapter */
+        if (o->t.resume && (r == R_ACTOR || r == R_CRITIC) && R[r].active) resume_dir[r] = path_join(o->t.resume, ROLE_NAMES[r]);
+        if (resume_dir[r] && !lora) p->load_dir[r] = resume_dir[r];   /* LoRA: the base, then the adapter */
     }
-    roles_load(rs, p->load_dir, o->dtype);
+    roles_load(rs, p->load_dir, o->t.dtype);
     const char *merged[N_ROLES];   /* adapters merged: the frozen roles', and a trained role's unless LoRA trains it */
     for (int r = 0; r < N_ROLES; r++)
-        merged[r] = (r == R_ACTOR || r == R_CRITIC) && (o->lora_r || resume_dir[r]) ? NULL : o->adapter[r];
+        merged[r] = (r == R_ACTOR || r == R_CRITIC) && (lora || resume_dir[r]) ? NULL : o->adapter[r];
     roles_merge_adapters(rs, merged);
+}
+
+/* The tokenizer, prompts, stops, the reward program, the sizes of a step and the reward
+ * normalisation; acfg: the actor's config. */
+static void read_inputs(Ppo *p, const PpoOptions *o, ModelConfig *acfg) {
+    ExperienceMaker *x = &p->x;
+    const Role *R = p->roles.role;
     char err[1024];
     x->tok = tokenizer_open(R[R_ACTOR].dir, err, sizeof err);
     if (!x->tok) user_error("%s", err);
-    ModelConfig acfg;
-    config_load(&acfg, R[R_ACTOR].dir);
-    experience_read_prompts(x, o->prompts_path, o->key, o->chat_template, o->truncate, acfg.vocab_size, acfg.max_pos);
-    experience_stops(x, R[R_ACTOR].dir, &acfg, o->stop_json, o->stop_ids);
+    config_load(acfg, R[R_ACTOR].dir);
+    experience_read_prompts(x, o->prompts_path, o->key, o->t.chat_template, o->truncate, acfg->vocab_size, acfg->max_pos);
+    experience_stops(x, R[R_ACTOR].dir, acfg, o->stop_json, o->stop_ids);
     x->max_len = 0;
     for (int i = 0; i < x->n_prompts; i++) if ((int)x->prompts[i].n + x->max_new > x->max_len) x->max_len = (int)x->prompts[i].n + x->max_new;
-    if (x->reward_cmd && rs->world_rank == 0) {
+    if (x->reward_cmd && p->roles.world_rank == 0) {
         x->rcmd = reward_cmd_start(x->reward_cmd, err, sizeof err);
         if (!x->rcmd) rank_error("%s", err);
     }
-    int maxN = S * x->max_len;
+    int maxN = x->B * x->G * x->max_len;
     x->fwd_tokens = 8 * x->max_len > 2048 ? 8 * x->max_len : 2048;
     if (x->fwd_tokens > maxN) x->fwd_tokens = maxN;
     x->whiten = !o->no_whiten;
@@ -370,17 +192,23 @@ static void setup(Ppo *p, PpoOptions *o) {
         if (o->adapter[R_REWARD] && adapter_reward_stats(o->adapter[R_REWARD], &mu, &sd))
             x->has_norm = 1, x->norm_mean = mu, x->norm_std = sd;   /* a LoRA reward model's */
     }
+}
 
-    /* per role: run state; actor and critic: a learner, resumed */
+/* Per role: LoRA adapters on the trained roles (seeded by --seed), a run state; the actor and the
+ * critic: a Learner each, resumed from resume_dir. */
+static void init_learners(Ppo *p, const PpoOptions *o, const char *const *resume_dir) {
+    Roles *rs = &p->roles;
+    Role *R = rs->role;
+    const ExperienceMaker *x = &p->x;
     OptimConfig oc = optim_config_default();
-    oc.weight_decay = o->wd; oc.clip = o->clip; oc.warmup = 0; oc.total_steps = o->steps; oc.zero = o->zero;
+    oc.weight_decay = o->t.wd; oc.clip = o->t.clip; oc.warmup = 0; oc.total_steps = o->steps; oc.zero = o->t.zero;
     for (int r = 0; r < N_ROLES; r++) {
         if (!R[r].member) continue;
         Model *m = &R[r].m;
-        if (o->lora_r && (r == R_ACTOR || r == R_CRITIC)) {   /* adapters on the trained roles, seeded by --seed */
+        if (o->t.lora_r && (r == R_ACTOR || r == R_CRITIC)) {
             int target[LORA_TARGETS];
-            lora_targets_parse("--lora-target", o->lora_target, target);
-            lora_new(m, o->lora_r, o->lora_alpha, o->lora_rslora, target, (uint64_t)o->seed + (uint64_t)r);
+            lora_targets_parse("--lora-target", o->t.lora_target, target);
+            lora_new(m, o->t.lora_r, o->t.lora_alpha, o->t.lora_rslora, target, (uint64_t)o->t.seed + (uint64_t)r);
             if (resume_dir[r]) lora_load(m, resume_dir[r]);
             else if (o->adapter[r]) lora_load(m, o->adapter[r]);   /* the adapters to continue training */
         }
@@ -390,20 +218,31 @@ static void setup(Ppo *p, PpoOptions *o) {
         oc.lr = r == R_ACTOR ? o->actor_lr : o->critic_lr;
         oc.schedule = r == R_ACTOR ? o->sched : o->critic_sched;
         int micro = micro_size(p, &R[r]), n_mb = (p->mini / R[r].mesh.dp + micro - 1) / micro;
-        learner_init(&p->learner[r], m, oc, micro * x->max_len, x->max_len, n_mb, o->sp ? TRAIN_SEQ_PARALLEL : 0);
-        p->learner[r].save_dtype = o->save_dtype;
+        learner_init(&p->learner[r], m, oc, micro * x->max_len, x->max_len, n_mb, o->t.sp ? TRAIN_SEQ_PARALLEL : 0);
+        p->learner[r].save_dtype = o->t.save_dtype;
     }
-    if (o->resume) {
-        p->kl_coef = o->state.kl_coef;
-        int same = !strcmp(o->state.placement, rs->placement);
-        for (int r = R_ACTOR; r <= R_CRITIC; r++)
-            if (R[r].member) learner_resume(&p->learner[r], resume_dir[r], same);
-        if (rs->world_rank == 0)
-            fprintf(stderr, "resuming at step %d from %s%s\n", o->state.step, o->resume,
-                    same ? "" : ": another placement, so the weights, the step and the optimizer states (resharded) continue");
-    }
+    if (!o->t.resume) return;
+    p->kl_coef = o->state.kl_coef;
+    int same = !strcmp(o->state.placement, rs->placement);
+    for (int r = R_ACTOR; r <= R_CRITIC; r++)
+        if (R[r].member) learner_resume(&p->learner[r], resume_dir[r], same);
+    if (rs->world_rank == 0)
+        fprintf(stderr, "resuming at step %d from %s%s\n", o->state.step, o->t.resume,
+                same ? "" : ": another placement, so the weights, the step and the optimizer states (resharded) continue");
+}
+
+/* Everything before the first step: roles and models, inputs, learners, the actor's engine; prints
+ * each role's memory plan. */
+static void setup(Ppo *p, PpoOptions *o) {
+    Role *R = p->roles.role;
+    ExperienceMaker *x = &p->x;
+    const char *resume_dir[N_ROLES] = {0};
+    ModelConfig acfg;
+    open_roles(p, o, resume_dir);
+    read_inputs(p, o, &acfg);
+    init_learners(p, o, resume_dir);
     if (R[R_ACTOR].member) {
-        int share = (S + R[R_ACTOR].mesh.dp - 1) / R[R_ACTOR].mesh.dp;
+        int share = (x->B * x->G + R[R_ACTOR].mesh.dp - 1) / R[R_ACTOR].mesh.dp;
         EngineConfig ec = {share, 4096, 0, 16, acfg.max_pos, R[R_ACTOR].pp, 1, x->n_stops ? experience_stop_on_token : NULL,
                            NULL, x, NULL, share * ((x->max_len + 15) / 16 + 1), o->temperature};
         x->engine = engine_new(&R[R_ACTOR].m, &ec, x->max_len);
@@ -503,7 +342,7 @@ int ppo_main(int argc, char **argv) {
     memset(&p, 0, sizeof p);
     memset(&o, 0, sizeof o);
     int n_opts;
-    Option *opts = parse_options(&p, &o, &n_opts, argc, argv);
+    Option *opts = ppo_parse_options(&p, &o, &n_opts, argc, argv);
     setup(&p, &o);
     ExperienceMaker *x = &p.x;
     int S = x->B * x->G, world0 = p.roles.world_rank == 0;
@@ -516,12 +355,12 @@ int ppo_main(int argc, char **argv) {
     experience_alloc(&b, S, x->max_len, p.roles.role[R_REF].active || x->lora_ref);
     int *pidx = xmalloc(sizeof(int) * x->B);
     if (world0) {
-        mkdir_p(o.out);
-        trainer_remove_stale_tmp(o.out);
+        mkdir_p(o.t.out);
+        trainer_remove_stale_tmp(o.t.out);
     }
     MetricsLog ml;
-    metrics_open(&ml, o.out, o.tensorboard, o.resume ? o.state.step : -1, world0);
-    int step0 = o.resume ? o.state.step : 0, last = o.stop_after > 0 && o.stop_after < o.steps ? o.stop_after : o.steps;
+    metrics_open(&ml, o.t.out, o.t.tensorboard, o.t.resume ? o.state.step : -1, world0);
+    int step0 = o.t.resume ? o.state.step : 0, last = o.t.stop_after > 0 && o.t.stop_after < o.steps ? o.t.stop_after : o.steps;
     double t_run = now_seconds();
     float *step_s = xcalloc(last + 1, sizeof(float));
     for (int step = step0; step < last; step++) {
@@ -529,17 +368,17 @@ int ppo_main(int argc, char **argv) {
         ppo_step(&p, step, pidx, &b, &so);
         step_s[step] = so.tm[T_STEP];
         double kl_used = p.kl_coef, seq_kl = kl_control(&p, &b);
-        if (world0) ppo_log_step(&ml, &p.roles, &p.x, p.entropy, step, o.steps, (step + 1) % o.log_every == 0 || step + 1 == last, &b, &so, seq_kl, kl_used);
-        if (o.save_every > 0 && (step + 1) % o.save_every == 0 && step + 1 != last)
-            ppo_checkpoint_save(&p.roles, p.learner, p.load_dir, o.out, step + 1, p.kl_coef, p.x.seed, p.save_limit);
+        if (world0) ppo_log_step(&ml, &p.roles, &p.x, p.entropy, step, o.steps, (step + 1) % o.t.log_every == 0 || step + 1 == last, &b, &so, seq_kl, kl_used);
+        if (o.t.save_every > 0 && (step + 1) % o.t.save_every == 0 && step + 1 != last)
+            ppo_checkpoint_save(&p.roles, p.learner, p.load_dir, o.t.out, step + 1, p.kl_coef, p.x.seed, o.t.save_limit);
     }
     if (o.bench_alone > 0 && last > step0) bench_phases_alone(&p, last - 1, pidx, &b, o.bench_alone, step_s + step0, last - step0);
-    ppo_checkpoint_save(&p.roles, p.learner, p.load_dir, o.out, last, p.kl_coef, p.x.seed, p.save_limit);
-    if (o.merge) ppo_checkpoint_merge(&p.roles, p.load_dir, o.out, last, o.save_dtype);
+    ppo_checkpoint_save(&p.roles, p.learner, p.load_dir, o.t.out, last, p.kl_coef, p.x.seed, o.t.save_limit);
+    if (o.t.merge) ppo_checkpoint_merge(&p.roles, p.load_dir, o.t.out, last, o.t.save_dtype);
     comm_barrier(&p.roles.world);
     if (world0)
         fprintf(stderr, "ppo: %d steps in %.1f s; actor%s in %s/checkpoint-%d; peak RSS %.1f MiB\n", last - step0,
-                now_seconds() - t_run, p.roles.role[R_CRITIC].active ? " and critic" : "", o.out, last, peak_rss_mib());
+                now_seconds() - t_run, p.roles.role[R_CRITIC].active ? " and critic" : "", o.t.out, last, peak_rss_mib());
     metrics_close(&ml);
     free(step_s); free(pidx); free(opts);
     experience_free(&b);

@@ -27,7 +27,7 @@ typedef struct {
 /* every model-running command's (const char **device, opened with device_open; ppo: each role on its
  * own rank, runtime/model.h device_open_local) */
 #define DEVICE_OPTION(device)                                                                           \
-    {"--device", OPT_STR, device, "cpu", "cpu | cuda (one rank: tp = pp = dp = 1) | cpu-guarded (a testing aid)"}
+    {"--device", OPT_STR, device, "cpu", "cpu | cuda (the GPU local_rank % devices, at any tp x pp x dp) | cpu-guarded (a testing aid)"}
 /* every command that starts ranks (float *seconds, handed to comm_set_timeout after parsing) */
 #define SEQ_PARALLEL_OPTION(flag)                                                                       \
     {"--sequence-parallel", OPT_FLAG, flag, NULL,                                                        \

@@ -221,3 +221,19 @@ layouts_match_1x1() { # FIXTURE
     run "$TANDEM" eval --dtype fp32 --model "$ASSETS/models/stories260K-hf" --data "$BATS_TEST_TMPDIR/bad.jsonl"
     [ "$status" -ne 0 ]; [[ "$output" == *'bad.jsonl:1: field "input_ids" missing (or give "text")'* ]]
 }
+
+@test "eval --data: a record longer than max_position_embeddings is refused with one line (as generate and ppo refuse the prompt); one that fits is scored" {
+    need_assets
+    m="$ASSETS/models/stories260K-hf"
+    [ "$(jq .max_position_embeddings "$m/config.json")" -eq 512 ]
+    jq -nc '{input_ids: [range(0; 512) | . % 400 + 1]}' > "$BATS_TEST_TMPDIR/fits.jsonl"
+    run "$TANDEM" eval --dtype fp32 --model "$m" --data "$BATS_TEST_TMPDIR/fits.jsonl" --quiet
+    [ "$status" -eq 0 ]; echo "$output" | tail -1 | jq -e '.records == 1 and .tokens == 511'
+    jq -nc '{input_ids: [range(0; 513) | . % 400 + 1]}' > "$BATS_TEST_TMPDIR/long.jsonl"
+    run_one_line "long.jsonl:1: 513 tokens exceed max_position_embeddings 512" "$TANDEM" eval --dtype fp32 --model "$m" \
+        --data "$BATS_TEST_TMPDIR/long.jsonl"
+    long=$(printf 'The cat sat on the mat and the dog ran to the park. %.0s' $(seq 1 60))
+    printf '{"text": "short"}\n{"text": "%s"}\n' "$long" > "$BATS_TEST_TMPDIR/t.jsonl"
+    run_one_line "t.jsonl:2: " "$TANDEM" eval --dtype fp32 --model "$m" --data "$BATS_TEST_TMPDIR/t.jsonl"
+    [[ "$output" == *"tokens exceed max_position_embeddings 512"* ]]
+}

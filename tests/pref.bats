@@ -305,3 +305,29 @@ first_metric() { jq -r "select(has(\"$2\")) | .\"$2\"" "$1" | head -1; }
     [ ! -e "$BATS_TEST_TMPDIR/x" ] && [ ! -e "$BATS_TEST_TMPDIR/x.jsonl" ]
     [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
 }
+
+@test "rm --score: a line longer than max_position_embeddings keeps its last tokens and is counted, as one longer than --seq-len is" {
+    need_pref_assets
+    run timeout 120 "$TANDEM" rm --model "$STORIES" --data "$PF/story_train.jsonl" --out "$BATS_TEST_TMPDIR/r" --seq-len 64 \
+        --batch-size 4 --max-steps 1
+    [ "$status" -eq 0 ]
+    ck="$BATS_TEST_TMPDIR/r/checkpoint-1"
+    [ "$(jq .max_position_embeddings "$ck/config.json")" -eq 512 ]
+    long=$(printf 'The cat sat on the mat and the dog ran to the park. %.0s' $(seq 1 60))   # ~800 tokens
+    printf '{"text": "%s"}\n{"text": "Once upon a time there was a cat."}\n' "$long" > "$BATS_TEST_TMPDIR/in.jsonl"
+    [ "$("$TANDEM" tokenize --model "$ck" --jsonl < "$BATS_TEST_TMPDIR/in.jsonl" | head -1 | jq '.input_ids | length')" -gt 600 ]
+    # --seq-len past the model's positions: cut to 512 (the end kept) and said, not scored at positions it has not got
+    run "$TANDEM" rm --score --model "$ck" --input "$BATS_TEST_TMPDIR/in.jsonl" --output "$BATS_TEST_TMPDIR/a.jsonl" --seq-len 2048
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"rm --score: 1 of 2 lines longer than 512 tokens (max_position_embeddings) scored on their last 512 tokens"* ]]
+    run "$TANDEM" rm --score --model "$ck" --input "$BATS_TEST_TMPDIR/in.jsonl" --output "$BATS_TEST_TMPDIR/b.jsonl" --seq-len 512
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"rm --score: 1 of 2 lines longer than 512 tokens (--seq-len) scored on their last 512 tokens"* ]]
+    cmp "$BATS_TEST_TMPDIR/a.jsonl" "$BATS_TEST_TMPDIR/b.jsonl"
+    # lines that fit say nothing
+    tail -1 "$BATS_TEST_TMPDIR/in.jsonl" > "$BATS_TEST_TMPDIR/short.jsonl"
+    run "$TANDEM" rm --score --model "$ck" --input "$BATS_TEST_TMPDIR/short.jsonl" --output "$BATS_TEST_TMPDIR/c.jsonl" --seq-len 2048
+    [ "$status" -eq 0 ]; [[ "$output" != *"longer than"* ]]
+}

@@ -169,7 +169,7 @@ static int holds_tensorboard(const char *out, const char *name, const char *tens
 }
 
 /* See trainer.h. */
-void trainer_check_new_out(const char *out, const char *tensorboard) {
+void trainer_check_new_out(const char *out, const char *tensorboard, const char *marker) {
     DIR *d = opendir(out);
     if (!d) return;   /* absent (or not a directory: mkdir_p says so) */
     const char *blocker = NULL;
@@ -183,10 +183,9 @@ void trainer_check_new_out(const char *out, const char *tensorboard) {
             blocker = name;   /* not a run's */
             continue;
         }
-        char a[4200], b[4200];
-        snprintf(a, sizeof a, "%s/%s/trainer_state.json", out, name);
-        snprintf(b, sizeof b, "%s/%s/ppo_state.json", out, name);
-        if (file_exists(a) || file_exists(b)) blocker = name;   /* a complete checkpoint */
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s/%s", out, name, marker);
+        if (file_exists(path)) blocker = name;   /* a complete checkpoint */
     }
     char name[256];
     snprintf(name, sizeof name, "%s", blocker ? blocker : "");
@@ -242,37 +241,45 @@ void trainer_check_same_model(const char *model_dir, const char *resume_dir) {
 
 /* ---- the loop ---------------------------------------------------------------------------- */
 
+void run_options_check(TrainOptions *o, const char *marker) {
+    o->dtype = dtype_parse("--dtype", o->dtype_name);
+    o->save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);
+    if (o->save_limit < 0) user_error("--save-total-limit %d: must be >= 0", o->save_limit);
+    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard, marker);
+    if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
+    o->threads = backend_set_threads(o->threads);
+}
+
+void optim_options_check(const TrainOptions *o, int tp, const char *sp_refusal) {
+    if (o->zero < 0 || o->zero > 3) user_error("--zero %d: must be 0, 1, 2 or 3", o->zero);
+    if (o->sp && tp < 2) user_error("--sequence-parallel: %s", sp_refusal);
+    if (o->lora_r < 0) user_error("--lora-r %d: must be >= 0 (0 = full training)", o->lora_r);
+    if (o->merge && !o->lora_r) user_error("--merge: merges LoRA adapters; give --lora-r");
+    if (!(o->lora_dropout >= 0 && o->lora_dropout < 1)) user_error("--lora-dropout %g: must be in [0, 1)", o->lora_dropout);
+    if (o->merge && o->zero == 3) user_error("--merge with --zero 3: the merge needs the whole weights (merge from the checkpoint with --adapter)");
+}
+
 void train_options_check(TrainOptions *o, const char *cmd) {
     comm_set_timeout(o->comm_timeout);
     if (!o->model_dir || !o->data_path || !o->out) user_error("%s: --model, --data and --out are required", cmd);
-    o->dtype = dtype_parse("--dtype", o->dtype_name);
-    o->save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);
     if (o->seq_len < 2 || o->batch_size < 1 || o->M < 1 || o->epochs < 1 || o->max_steps < 0 || o->threads < 0 || o->warmup < 0)
         user_error("%s: --seq-len >= 2, --batch-size, --micro-batches, --epochs >= 1, --threads >= 0 required", cmd);
     if (!(o->lr > 0) || o->min_lr < 0 || o->wd < 0 || o->clip < 0 || !(o->beta1 >= 0 && o->beta1 < 1) ||
         !(o->beta2 >= 0 && o->beta2 < 1) || !(o->eps > 0))
         user_error("%s: invalid optimizer setting (--lr > 0, --min-lr/--weight-decay/--clip >= 0, betas in [0, 1), --eps > 0)", cmd);
-    if (o->save_limit < 0) user_error("--save-total-limit %d: must be >= 0", o->save_limit);
     lr_schedule_parse("--lr-schedule", o->schedule_name);
-    if (o->zero < 0 || o->zero > 3) user_error("--zero %d: must be 0, 1, 2 or 3", o->zero);
     if (strcmp(o->recompute_name, "none") && strcmp(o->recompute_name, "full"))
         user_error("--recompute %s: expected full or none", o->recompute_name);
-    if (o->sp && o->tp < 2) user_error("--sequence-parallel: needs --tp > 1 (it shares the tp ranks' rows)");
-    if (o->lora_r < 0) user_error("--lora-r %d: must be >= 0 (0 = full training)", o->lora_r);
     lora_options_check(&o->lora_r, &o->lora_alpha, &o->lora_target, &o->lora_rslora, &o->lora_dropout, o->resume, NULL);
-    if (o->merge && !o->lora_r) user_error("--merge: merges LoRA adapters; give --lora-r");
-    if (!(o->lora_dropout >= 0 && o->lora_dropout < 1)) user_error("--lora-dropout %g: must be in [0, 1)", o->lora_dropout);
-    if (o->merge && o->zero == 3) user_error("--merge with --zero 3: the merge needs the whole weights (merge from the checkpoint with --adapter)");
+    optim_options_check(o, o->tp, "needs --tp > 1 (it shares the tp ranks' rows)");
     if (o->lora_r && o->resume) {   /* a LoRA checkpoint: the adapter (the base is --model) */
         char *p = path_join(o->resume, "adapter_config.json");
         if (!file_exists(p)) user_error("%s: missing: --lora-r resumes from a LoRA run's checkpoint (a PEFT adapter directory)", p);
         free(p);
     }
-    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard);
     if (o->resume && !o->lora_r) trainer_check_same_model(o->model_dir, o->resume);
+    run_options_check(o, "trainer_state.json");
     if (o->resume && !o->lora_r && o->dtype == DTYPE_AUTO) o->dtype = optim_state_dtype(o->resume);   /* the run's */
-    if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
-    o->threads = backend_set_threads(o->threads);
     o->be = device_open(o->device);
 }
 

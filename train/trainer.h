@@ -48,7 +48,7 @@ typedef struct {
  * incomplete. Collective over m's mesh. A failed model write is reported and the run goes on. */
 void trainer_save_checkpoint(Learner *L, Data *d, const char *model_dir, const char *out, int step, int keep);
 /* --save-total-limit: keeps the newest `keep` complete checkpoints of out (those holding the file
- * `marker`, the state file written last: "trainer_state.json", "ppo_state.json"), deleting the
+ * `marker`, the caller's state file written last, e.g. "trainer_state.json"), deleting the
  * older complete ones; incomplete ones are left alone, so the newest complete one, which a run
  * resumes from, is never deleted. keep <= 0: all. Call on one rank (the writer), after a checkpoint
  * is complete. */
@@ -60,17 +60,17 @@ void trainer_finish_checkpoint(const char *dir, const char *marker, const char *
 /* Reads DIR/trainer_state.json; user_error when it is missing or not ours. */
 void trainer_load_state(const char *dir, TrainerState *ts);
 /* A new run (no --resume, no --overwrite) may write into out unless it holds something a run would
- * lose: a complete checkpoint (checkpoint-N with trainer_state.json or ppo_state.json) or anything
- * no run writes (a name other than metrics.jsonl, metrics.jsonl.tmp.PID, checkpoint-N,
- * checkpoint-N.tmp.*, and the --tensorboard directory `tensorboard` (NULL: none) or the one of out's
- * directories that holds it). So a run that
+ * lose: a complete checkpoint (checkpoint-N holding `marker`, the caller's state file written last,
+ * as trainer_rotate_checkpoints takes it) or anything no run writes (a name other than
+ * metrics.jsonl, metrics.jsonl.tmp.PID, checkpoint-N, checkpoint-N.tmp.*, and the --tensorboard
+ * directory `tensorboard` (NULL: none) or the one of out's directories that holds it). So a run that
  * stopped before its first checkpoint (a failed step 1, a failed save, kill -9) leaves nothing that
  * blocks the same command; its metrics.jsonl is started afresh (and its event files purged from
  * step 0). user_error otherwise. */
-void trainer_check_new_out(const char *out, const char *tensorboard);
+void trainer_check_new_out(const char *out, const char *tensorboard, const char *marker);
 /* Removes what a killed run's unfinished writes left in out: its temporaries NAME.tmp.PID
- * (checkpoint-N.tmp.PID/, metrics.jsonl.tmp.PID) and those inside each checkpoint-N/ (ppo's
- * actor.tmp.PID/ and critic.tmp.PID/, the state files' temporaries), so none ends up inside a
+ * (checkpoint-N.tmp.PID/, metrics.jsonl.tmp.PID) and those inside each checkpoint-N/ (a command's
+ * model directories' NAME.tmp.PID/, the state files' temporaries), so none ends up inside a
  * checkpoint the run rewrites. Every such name is removed, whatever its PID: one run at a time
  * writes an OUT (a new run refuses one holding a checkpoint, and two runs would overwrite each
  * other's checkpoints and metrics anyway), and a PID proves nothing here: the writer may have run
@@ -83,11 +83,12 @@ void trainer_check_same_model(const char *model_dir, const char *resume_dir);
 
 /* ---- the loop ---------------------------------------------------------------------------- */
 
-/* The settings every sft / rm / dpo run shares (their rows: the TRAIN_*_OPTIONS macros). */
+/* The settings every sft / rm / dpo run shares (their rows: the TRAIN_*_OPTIONS macros); ppo keeps
+ * its run and optimizer settings in one too (the fields its rows name). */
 typedef struct {
     const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template, *recompute_name, *tensorboard;
     const char *dtype_name, *save_dtype_name, *device;
-    DType dtype, save_dtype;   /* parsed by train_options_check (DTYPE_AUTO: the checkpoint's / the model's) */
+    DType dtype, save_dtype;   /* parsed by run_options_check (DTYPE_AUTO: the checkpoint's / the model's) */
     const Backend *be;         /* --device, opened by train_options_check: load the models onto it */
     int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, stop_after, warmup, zero, skip_bad, overwrite, sp;
     int seed, eval_every, save_every, save_limit, log_every;
@@ -104,7 +105,7 @@ typedef struct {
     {"--eval-data", OPT_STR, &(o)->eval_path, NULL, eval_help},                                                 \
     {"--out", OPT_STR, &(o)->out, NULL, "output directory: checkpoint-STEP/ (HF model + state), metrics.jsonl"}, \
     {"--resume", OPT_STR, &(o)->resume, NULL, "continue from a checkpoint directory (out/checkpoint-STEP)"},     \
-    {"--overwrite", OPT_FLAG, &(o)->overwrite, NULL, "allow an existing --out"},                                 \
+    TRAIN_OVERWRITE_OPTION(o),                                                                                   \
     TENSORBOARD_OPTION(&(o)->tensorboard), SAVE_DTYPE_OPTION(&(o)->save_dtype_name)
 #define TRAIN_STEP_OPTIONS(o, seq_help, batch_help, lr_default)                                                    \
     {"--seq-len", OPT_INT, &(o)->seq_len, "512", seq_help},                                                       \
@@ -134,6 +135,13 @@ typedef struct {
     {"--lora-rslora", OPT_FLAG, &(o)->lora_rslora, NULL, "rank-stabilised LoRA: scale alpha / sqrt(r)"},            \
     {"--lora-dropout", OPT_FLOAT, &(o)->lora_dropout, "0", "LoRA: dropout on each adapter's input in training (masks from --seed)"}, \
     {"--merge", OPT_FLAG, &(o)->merge, NULL, "with --lora-r: also write OUT/merged, the model with the adapters merged"}
+/* single rows ppo shares too (rlhf/ppo.c: its TrainOptions) */
+#define TRAIN_OVERWRITE_OPTION(o)                                                                                  \
+    {"--overwrite", OPT_FLAG, &(o)->overwrite, NULL, "allow an existing --out"}
+#define TRAIN_SAVE_LIMIT_OPTION(o)                                                                                 \
+    {"--save-total-limit", OPT_INT, &(o)->save_limit, "0", "keep only the newest N complete checkpoints (0 = all)"}
+#define TRAIN_LOG_EVERY_OPTION(o)                                                                                  \
+    {"--log-every", OPT_INT, &(o)->log_every, "1", "steps between progress lines"}
 #define TRAIN_SKIP_OPTION(o)                                                                                       \
     {"--skip-bad-lines", OPT_FLAG, &(o)->skip_bad, NULL, "skip malformed records (counted) instead of stopping"}
 #define TRAIN_CHAT_OPTION(o)                                                                                       \
@@ -142,14 +150,25 @@ typedef struct {
     {"--seed", OPT_INT, &(o)->seed, "1234", "data shuffling seed"},                                                \
     {"--eval-every", OPT_INT, &(o)->eval_every, "0", "steps between evals (0 = only before and after)"},           \
     {"--save-every", OPT_INT, &(o)->save_every, "0", "steps between checkpoints (0 = only at the end)"},           \
-    {"--save-total-limit", OPT_INT, &(o)->save_limit, "0", "keep only the newest N complete checkpoints (0 = all)"}, \
-    {"--log-every", OPT_INT, &(o)->log_every, "1", "steps between progress lines"},                                \
+    TRAIN_SAVE_LIMIT_OPTION(o), TRAIN_LOG_EVERY_OPTION(o),                                                        \
     MESH_OPTIONS(&(o)->tp, &(o)->pp, &(o)->threads, &(o)->dtype_name),                                            \
     DEVICE_OPTION(&(o)->device), COMM_TIMEOUT_OPTION(&(o)->comm_timeout)
 
-/* The shared checks of the parsed options (user_error lines start with cmd), then the thread
- * count and the device (o->be; a device other than the CPU: one rank, no ZeRO). Call before loading
- * the model. */
+/* The checks every trainer shares (sft, rm, dpo and ppo, whose TrainOptions holds its run and
+ * optimizer settings), each a user_error line naming the flag:
+ * run_options_check: --dtype and --save-dtype (parsed into o->dtype, o->save_dtype),
+ *   --save-total-limit, a new --out (no --resume, no --overwrite: trainer_check_new_out with
+ *   `marker`, the command's checkpoint state file), --tensorboard's directory, then the thread count
+ *   (o->threads: the count in use). The device is the caller's to open: one mesh's
+ *   (train_options_check), or each role group's (ppo: rlhf/roles.h).
+ * optim_options_check: --zero, --sequence-parallel (tp: the largest tp of the trained meshes;
+ *   sp_refusal: the line's text after "--sequence-parallel: " when it is below 2), --lora-r,
+ *   --lora-dropout and --merge. */
+void run_options_check(TrainOptions *o, const char *marker);
+void optim_options_check(const TrainOptions *o, int tp, const char *sp_refusal);
+/* sft's, rm's and dpo's: the required flags, the step and optimizer settings, the two above, a
+ * --resume that fits --model (and --lora-r), then the device (o->be). Call before loading the model.
+ * user_error lines start with cmd. */
 void train_options_check(TrainOptions *o, const char *cmd);
 
 /* One metric of a step: "key" in metrics.jsonl (%.9g); line: the progress line's "label fmt" for
