@@ -148,7 +148,7 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
         if (!t->lora_r) trainer_check_same_model(R[R_ACTOR].dir, ad);   /* LoRA: an adapter, on --actor */
         free(ad);
     }
-    run_options_check(t, "ppo_state.json");
+    run_options_check(t);
     sampling_params_default(&p->x.sp);
     p->x.sp.temperature = o->temperature; p->x.sp.top_k = o->top_k; p->x.sp.top_p = o->top_p;
     const char *bad = sampling_params_check(&p->x.sp);

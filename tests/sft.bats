@@ -143,6 +143,10 @@ sft_vs_torch() {
     mkdir "$BATS_TEST_TMPDIR/exists"; touch "$BATS_TEST_TMPDIR/exists/notes.txt"   # not a run's: an OUT with only metrics.jsonl is fine (faults.bats)
     run "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --out "$BATS_TEST_TMPDIR/exists"
     [ "$status" -ne 0 ]; [[ "$output" == *"exists: already exists (use --resume DIR to continue a run, or --overwrite)"* ]]
+    # another command's complete checkpoint (ppo's state file) blocks a new sft run too
+    mkdir -p "$BATS_TEST_TMPDIR/ppo_out/checkpoint-2"; echo '{}' > "$BATS_TEST_TMPDIR/ppo_out/checkpoint-2/ppo_state.json"
+    run "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --out "$BATS_TEST_TMPDIR/ppo_out"
+    [ "$status" -ne 0 ]; [[ "$output" == *"ppo_out: already exists (use --resume DIR to continue a run, or --overwrite): it holds checkpoint-2"* ]]
     run "$TANDEM" sft --model "$BATS_TEST_TMPDIR/m" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --out "$BATS_TEST_TMPDIR/o" \
         --resume "$ASSETS/models/stories260K-hf"
     [ "$status" -ne 0 ]; [[ "$output" == *"a checkpoint of another model"* ]]

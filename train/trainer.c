@@ -169,7 +169,21 @@ static int holds_tensorboard(const char *out, const char *name, const char *tens
 }
 
 /* See trainer.h. */
-void trainer_check_new_out(const char *out, const char *tensorboard, const char *marker) {
+/* Whether dir holds a command's state file (NAME_state.json: trainer_state.json, ppo_state.json, ...,
+ * each command's written last), which makes a checkpoint complete. */
+static int holds_state(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int found = 0;
+    for (struct dirent *e; !found && (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        found = n > 11 && !strcmp(e->d_name + n - 11, "_state.json");
+    }
+    closedir(d);
+    return found;
+}
+
+void trainer_check_new_out(const char *out, const char *tensorboard) {
     DIR *d = opendir(out);
     if (!d) return;   /* absent (or not a directory: mkdir_p says so) */
     const char *blocker = NULL;
@@ -184,8 +198,8 @@ void trainer_check_new_out(const char *out, const char *tensorboard, const char 
             continue;
         }
         char path[4200];
-        snprintf(path, sizeof path, "%s/%s/%s", out, name, marker);
-        if (file_exists(path)) blocker = name;   /* a complete checkpoint */
+        snprintf(path, sizeof path, "%s/%s", out, name);
+        if (holds_state(path)) blocker = name;   /* a complete checkpoint, any command's */
     }
     char name[256];
     snprintf(name, sizeof name, "%s", blocker ? blocker : "");
@@ -241,11 +255,11 @@ void trainer_check_same_model(const char *model_dir, const char *resume_dir) {
 
 /* ---- the loop ---------------------------------------------------------------------------- */
 
-void run_options_check(TrainOptions *o, const char *marker) {
+void run_options_check(TrainOptions *o) {
     o->dtype = dtype_parse("--dtype", o->dtype_name);
     o->save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);
     if (o->save_limit < 0) user_error("--save-total-limit %d: must be >= 0", o->save_limit);
-    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard, marker);
+    if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard);
     if (o->tensorboard) tensorboard_check_dir(o->tensorboard);
     o->threads = backend_set_threads(o->threads);
 }
@@ -278,7 +292,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
         free(p);
     }
     if (o->resume && !o->lora_r) trainer_check_same_model(o->model_dir, o->resume);
-    run_options_check(o, "trainer_state.json");
+    run_options_check(o);
     if (o->resume && !o->lora_r && o->dtype == DTYPE_AUTO) o->dtype = optim_state_dtype(o->resume);   /* the run's */
     o->be = device_open(o->device);
 }

@@ -60,14 +60,14 @@ void trainer_finish_checkpoint(const char *dir, const char *marker, const char *
 /* Reads DIR/trainer_state.json; user_error when it is missing or not ours. */
 void trainer_load_state(const char *dir, TrainerState *ts);
 /* A new run (no --resume, no --overwrite) may write into out unless it holds something a run would
- * lose: a complete checkpoint (checkpoint-N holding `marker`, the caller's state file written last,
- * as trainer_rotate_checkpoints takes it) or anything no run writes (a name other than
+ * lose: a complete checkpoint of any command (checkpoint-N holding a NAME_state.json, the state
+ * file each command writes last: a new sft run does not overwrite a ppo run's) or anything no run writes (a name other than
  * metrics.jsonl, metrics.jsonl.tmp.PID, checkpoint-N, checkpoint-N.tmp.*, and the --tensorboard
  * directory `tensorboard` (NULL: none) or the one of out's directories that holds it). So a run that
  * stopped before its first checkpoint (a failed step 1, a failed save, kill -9) leaves nothing that
  * blocks the same command; its metrics.jsonl is started afresh (and its event files purged from
  * step 0). user_error otherwise. */
-void trainer_check_new_out(const char *out, const char *tensorboard, const char *marker);
+void trainer_check_new_out(const char *out, const char *tensorboard);
 /* Removes what a killed run's unfinished writes left in out: its temporaries NAME.tmp.PID
  * (checkpoint-N.tmp.PID/, metrics.jsonl.tmp.PID) and those inside each checkpoint-N/ (a command's
  * model directories' NAME.tmp.PID/, the state files' temporaries), so none ends up inside a
@@ -157,14 +157,13 @@ typedef struct {
 /* The checks every trainer shares (sft, rm, dpo and ppo, whose TrainOptions holds its run and
  * optimizer settings), each a user_error line naming the flag:
  * run_options_check: --dtype and --save-dtype (parsed into o->dtype, o->save_dtype),
- *   --save-total-limit, a new --out (no --resume, no --overwrite: trainer_check_new_out with
- *   `marker`, the command's checkpoint state file), --tensorboard's directory, then the thread count
+ *   --save-total-limit, a new --out (no --resume, no --overwrite: trainer_check_new_out), --tensorboard's directory, then the thread count
  *   (o->threads: the count in use). The device is the caller's to open: one mesh's
  *   (train_options_check), or each role group's (ppo: rlhf/roles.h).
  * optim_options_check: --zero, --sequence-parallel (tp: the largest tp of the trained meshes;
  *   sp_refusal: the line's text after "--sequence-parallel: " when it is below 2), --lora-r,
  *   --lora-dropout and --merge. */
-void run_options_check(TrainOptions *o, const char *marker);
+void run_options_check(TrainOptions *o);
 void optim_options_check(const TrainOptions *o, int tp, const char *sp_refusal);
 /* sft's, rm's and dpo's: the required flags, the step and optimizer settings, the two above, a
  * --resume that fits --model (and --lora-r), then the device (o->be). Call before loading the model.
