@@ -8,6 +8,7 @@
 #include "generate/engine.h"
 #include "kernels/kernels.h"
 #include "runtime/adapter.h"
+#include "runtime/device.h"
 #include "runtime/args.h"
 #include "runtime/comm.h"
 #include "runtime/jsonl.h"

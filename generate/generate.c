@@ -10,6 +10,7 @@
 #include "generate/request.h"
 #include "kernels/kernels.h"
 #include "runtime/adapter.h"
+#include "runtime/device.h"
 #include "runtime/args.h"
 #include "runtime/util.h"
 #include "tokenizer/tokenizer.h"

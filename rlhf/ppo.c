@@ -15,6 +15,7 @@
  * ppo_state.json: rlhf/ppo_checkpoint.c; the metrics line: rlhf/ppo_log.c. */
 #include "rlhf/ppo.h"
 #include "runtime/adapter.h"
+#include "runtime/device.h"
 #include "runtime/lora.h"
 #include "rlhf/ppo_checkpoint.h"
 #include "rlhf/ppo_log.h"

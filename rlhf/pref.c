@@ -13,6 +13,7 @@
 #include "kernels/kernels.h"
 #include "rlhf/pref_loss.h"
 #include "runtime/adapter.h"
+#include "runtime/device.h"
 #include "runtime/args.h"
 #include "runtime/jsonl.h"
 #include "tokenizer/tokenizer.h"

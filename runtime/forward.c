@@ -172,7 +172,7 @@ static LayerActs run_acts(const Model *m, const RunState *s, size_t g0) {
     size_t D = m->cfg.dim, qd = (size_t)m->n_heads_local * m->cfg.head_dim;
     size_t kvd = (size_t)m->n_heads_kv_local * m->cfg.head_dim, F = m->hidden_local;
     float *x = s->x + g0 * D, *xb = s->xb + g0 * D, *hb = s->hb + g0 * F;
-    size_t lr = m->lora ? (size_t)m->lora->r : 0;
+    size_t lr = (size_t)m->lora_r;
     return (LayerActs){x, xb, s->q + g0 * qd, s->k + g0 * kvd, s->v + g0 * kvd, s->att + g0 * qd, x, xb, hb,
                        s->hb2 + g0 * F, hb, s->lora_u + g0 * LORA_TARGETS * lr};
 }
@@ -189,7 +189,7 @@ static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, in
     size_t g0 = start[lo];                               /* the group's first token */
     int N = start[hi] - start[lo];
     LayerActs a = run_acts(m, s, g0);
-    size_t lw = lora_width(m);
+    size_t lw = m->lora_width;
     LayerBatch lb = {N, hi - lo, start + lo, pos + g0, s->rope + g0 * Dh, b->tables ? kv : NULL, {0}, s->xo + g0 * D,
                      s->scratch, (size_t)m->n_heads_local * s->max_seq, NULL, 0, 0, s->lora_tmp + g0 * lw, 0, NULL};
     if (b->tables)

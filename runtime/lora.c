@@ -3,7 +3,7 @@
  * rows and A is whole (the same on every tp rank); a row-parallel one's block is columns [col0,
  * col0 + cols) of its input, so A keeps those columns and B is whole. */
 #include "runtime/lora.h"
-#include "runtime/adapter.h"
+#include "runtime/peft.h"
 #include "runtime/safetensors.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
@@ -12,14 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const NAMES[LORA_TARGETS] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-static const char *const PATHS[LORA_TARGETS] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
 static int row_parallel(int t) { return t == LORA_O || t == LORA_DOWN; }
 /* an adapter tensor's projection (LORA_*) and whether it is lora_B, from its PEFT name */
 static int name_target(const ParamInfo *in, int *is_b) {
     int t = 0;
-    while (!strstr(in->name, PATHS[t])) t++;
+    while (!strstr(in->name, PEFT_TARGET_PATHS[t])) t++;
     *is_b = strstr(in->name, ".lora_B.") != NULL;
     return t;
 }
@@ -33,7 +30,7 @@ void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARG
     char *s = xstrdup(list), *save = NULL;
     for (char *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         int t = 0;
-        while (t < LORA_TARGETS && strcmp(tok, NAMES[t])) t++;
+        while (t < LORA_TARGETS && strcmp(tok, PEFT_TARGET_NAMES[t])) t++;
         if (t == LORA_TARGETS)
             user_error("%s %s: %s is not a projection: all-linear, or a list of q_proj,k_proj,v_proj,o_proj,gate_proj,"
                        "up_proj,down_proj", flag, list, tok);
@@ -46,7 +43,7 @@ void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARG
 static int base_target(const ParamInfo *in) {
     for (int t = 0; t < LORA_TARGETS; t++) {
         char tail[64];
-        snprintf(tail, sizeof tail, ".%s.weight", PATHS[t]);
+        snprintf(tail, sizeof tail, ".%s.weight", PEFT_TARGET_PATHS[t]);
         size_t n = strlen(in->name), k = strlen(tail);
         if (in->layer >= 0 && n > k && !strcmp(in->name + n - k, tail)) return t;
     }
@@ -58,6 +55,20 @@ static float init_a(uint64_t key, size_t idx, int in) {
     uint64_t z = key + (idx + 1) * 0x9E3779B97F4A7C15ull;
     float u = (float)((splitmix64_next(&z) >> 40) * 0x1.0p-24);   /* [0, 1) */
     return (2.0f * u - 1.0f) / sqrtf((float)in);
+}
+
+/* m's adapters gone (model_free calls it: lora_new registers it) */
+static void lora_free(Model *m) {
+    Lora *lo = m->lora;
+    m->be->free(lo->arena);
+    free(lo->A);
+    free(lo->B);
+    free(lo->infos);
+    free(lo);
+    m->lora = NULL;
+    m->free_lora = NULL;
+    m->lora_r = 0;
+    m->lora_width = 0;
 }
 
 Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_TARGETS], uint64_t seed) {
@@ -90,7 +101,7 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
             int gl = m->layer_start + l, tp = mesh->tp;
             for (int b = 0; b < 2; b++) {
                 ParamInfo *in = &lo->infos[lo->n_infos++];
-                snprintf(in->name, sizeof in->name, "base_model.model.model.layers.%d.%s.lora_%c.weight", gl, PATHS[t],
+                snprintf(in->name, sizeof in->name, PEFT_LAYERS "%d.%s.lora_%c.weight", gl, PEFT_TARGET_PATHS[t],
                          b ? 'B' : 'A');
                 in->layer = l;
                 in->decay = 1;
@@ -118,7 +129,7 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
     ParamInfo *sc = NULL;   /* a score head: trained in full (PEFT's modules_to_save), last in the arena */
     if (m->head == HEAD_SCORE && m->is_last) {
         sc = &lo->infos[lo->n_infos++];
-        snprintf(sc->name, sizeof sc->name, "base_model.model.score.weight");
+        snprintf(sc->name, sizeof sc->name, PEFT_SCORE);
         sc->layer = -1;
         sc->decay = 1;
         sc->tp_replicated = mesh->tp > 1;
@@ -156,6 +167,10 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
     free(host);
     if (lo->score) lo->score_base = m->w.score, m->w.score = lo->score;
     m->lora = lo;
+    m->free_lora = lora_free;
+    m->lora_r = r;
+    size_t D = m->cfg.dim, F = m->hidden_local, qd = (size_t)m->n_heads_local * m->cfg.head_dim, w = F > D ? F : D;
+    m->lora_width = qd > w ? qd : w;   /* an adapter's widest output or input */
     return lo;
 }
 
@@ -166,31 +181,7 @@ uint64_t lora_micro_key(const Model *m, int micro) {
     return k ? k : 1;
 }
 
-size_t lora_width(const Model *m) {
-    if (!m->lora) return 0;
-    size_t D = m->cfg.dim, F = m->hidden_local, qd = (size_t)m->n_heads_local * m->cfg.head_dim, w = F > D ? F : D;
-    return qd > w ? qd : w;
-}
-
 DType lora_score_dtype(const Model *m) { return m->lora && m->lora->score ? DTYPE_F32 : m->dtype; }
-
-void lora_merge(Model *m, const char *dir) {
-    Lora *lo = m->lora;
-    lo->enabled = 0;
-    if (lo->score) m->w.score = lo->score_base;   /* the checkpoint's trained head replaces it */
-    adapter_merge(m, dir);
-}
-
-void lora_free(Model *m) {
-    Lora *lo = m->lora;
-    if (!lo) return;
-    m->be->free(lo->arena);
-    free(lo->A);
-    free(lo->B);
-    free(lo->infos);
-    free(lo);
-    m->lora = NULL;
-}
 
 void lora_read_blocks(const Model *m, const char *path, float *host) {
     const Lora *lo = m->lora;
@@ -224,11 +215,10 @@ int lora_write_blocks(const Model *m, const float *host, const char *path, char 
     int r = lo->r, L = c->n_layers;
     /* every tensor whole on every rank: each element written by the one rank that holds it (dp rank
      * 0, the first of its tp replicas), zeros elsewhere, summed over the mesh (exact) */
-    int64_t QD = (int64_t)c->n_heads * c->head_dim, KVD = (int64_t)c->n_heads_kv * c->head_dim;
-    const int64_t outs[LORA_TARGETS] = {QD, KVD, KVD, c->dim, c->hidden_dim, c->hidden_dim, c->dim};
-    const int64_t ins[LORA_TARGETS] = {c->dim, c->dim, c->dim, QD, c->dim, c->dim, c->hidden_dim};
+    int64_t outs[LORA_TARGETS], ins[LORA_TARGETS];
     size_t per = 0, off[LORA_TARGETS];
     for (int t = 0; t < LORA_TARGETS; t++) {
+        peft_target_shape(c, t, &outs[t], &ins[t]);
         off[t] = per;
         if (lo->target[t]) per += (size_t)r * (ins[t] + outs[t]);
     }
@@ -258,7 +248,7 @@ int lora_write_blocks(const Model *m, const float *host, const char *path, char 
             for (int t = 0; t < LORA_TARGETS; t++) {
                 if (!lo->target[t]) continue;
                 for (int b = 0; b < 2; b++) {
-                    snprintf(names[n], sizeof names[n], "base_model.model.model.layers.%d.%s.lora_%c.weight", l, PATHS[t],
+                    snprintf(names[n], sizeof names[n], PEFT_LAYERS "%d.%s.lora_%c.weight", l, PEFT_TARGET_PATHS[t],
                              b ? 'B' : 'A');
                     ts[n] = (StWriteTensor){names[n], 2, {b ? outs[t] : r, b ? r : ins[t]},
                                             all + (size_t)l * per + off[t] + (b ? (size_t)r * ins[t] : 0)};
@@ -266,7 +256,7 @@ int lora_write_blocks(const Model *m, const float *host, const char *path, char 
                 }
             }
         if (score_n)
-            ts[n++] = (StWriteTensor){"base_model.model.score.weight", 2, {c->num_labels, c->dim}, all + (size_t)L * per};
+            ts[n++] = (StWriteTensor){PEFT_SCORE, 2, {c->num_labels, c->dim}, all + (size_t)L * per};
         if (st_write(path, ts, n, ST_F32) != 0) snprintf(err, cap, "%s: cannot write: %s", path, strerror(errno));
         free(ts);
         free(names);
@@ -301,7 +291,8 @@ int lora_save(const Model *m, const char *dir, const char *base, char *err, size
         cJSON_AddBoolToObject(j, "inference_mode", 1);
         cJSON_AddBoolToObject(j, "init_lora_weights", 1);
         cJSON *tm = cJSON_AddArrayToObject(j, "target_modules");
-        for (int t = 0; t < LORA_TARGETS; t++) if (lo->target[t]) cJSON_AddItemToArray(tm, cJSON_CreateString(NAMES[t]));
+        for (int t = 0; t < LORA_TARGETS; t++)
+            if (lo->target[t]) cJSON_AddItemToArray(tm, cJSON_CreateString(PEFT_TARGET_NAMES[t]));
         if (m->head == HEAD_SCORE) {   /* PEFT's sequence-classification adapters name both */
             cJSON *ms = cJSON_AddArrayToObject(j, "modules_to_save");
             cJSON_AddItemToArray(ms, cJSON_CreateString("classifier"));
@@ -316,7 +307,7 @@ int lora_save(const Model *m, const char *dir, const char *base, char *err, size
         free(text);
         free(cpath);
         if (!err[0] && m->cfg.has_reward_stats) {   /* a reward model's eval statistics (runtime/adapter.h) */
-            char *spath = path_join(dir, ADAPTER_REWARD_STATS), stats[128];
+            char *spath = path_join(dir, PEFT_REWARD_STATS), stats[128];
             int n = snprintf(stats, sizeof stats, "{\"mean\": %.9g, \"std\": %.9g}\n", m->cfg.reward_mean, m->cfg.reward_std);
             if (write_file_atomic(spath, stats, (size_t)n) != 0)
                 snprintf(err, cap, "%s: cannot write: %s", spath, strerror(errno));

@@ -7,12 +7,12 @@
  * directory. The forward's and backward's terms are in runtime/forward.c and train/grad.c.
  * Memory: one fp32 arena in the model's backend (the trained weights and their optimizer state are
  * the adapters' only: the base has no gradients and no moments).
- * Does not own: merging into the base for inference (runtime/adapter.c), the optimizer. */
+ * Does not own: merging into the base for inference and --merge (runtime/adapter.c lora_merge),
+ * PEFT's names (runtime/peft.h), the optimizer. */
 #ifndef TANDEM_LORA_H
 #define TANDEM_LORA_H
 #include "runtime/model.h"
-
-enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_TARGETS };
+#include "runtime/peft.h"
 
 typedef struct Lora {
     int r;
@@ -42,20 +42,15 @@ void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARG
 /* Adapters for m (this rank's layers and tp shard), initialised as PEFT does: A ~ U(-1/sqrt(in),
  * 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), drawn for the whole tensor from `seed`, the layer
  * and the projection (every layout the same values), B = 0. A user_error when the layout cannot
- * split them (k/v adapted while tp > num_key_value_heads). Sets m->lora. */
+ * split them (k/v adapted while tp > num_key_value_heads). Sets m->lora, m->lora_r and m->lora_width,
+ * and registers the adapters' destructor (m->free_lora: model_free frees them). */
 Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_TARGETS], uint64_t seed);
-void lora_free(Model *m);
-/* --merge: the model's own weights again (the adapters off, the score head back in the arena), then
- * the adapter in DIR (a checkpoint's, with the trained score head) merged in as --adapter merges it */
-void lora_merge(Model *m, const char *dir);
 /* The dropout key of micro-batch `micro` of the current step (0: no dropout: without adapters, with
  * lora_dropout 0, and outside a training step). Masks (kernels.h dropout_keep) follow from it, the
  * layer and the projection: a resumed run draws the same ones. */
 uint64_t lora_micro_key(const Model *m, int micro);
 /* one projection's mask key from the micro-batch's (every projection its own dropout, as PEFT's) */
 static inline uint64_t lora_target_key(uint64_t key, int layer, int t) { return key ^ ((uint64_t)(layer * LORA_TARGETS + t + 1) << 40); }
-/* floats per row of an adapter's scratch: its widest output or input, max(D, F_local, H_local Dh) */
-size_t lora_width(const Model *m);
 /* the dtype the score head is read in: fp32 when the adapters train it, else the model's */
 DType lora_score_dtype(const Model *m);
 /* Reads a PEFT adapter directory's adapter_model.safetensors into the adapters (this rank's blocks),

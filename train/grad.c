@@ -108,7 +108,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     a->dlogits = a->logits;   /* the cross-entropy backward overwrites the logits in place */
 
     if (m->lora) {   /* each layer's u, then the scratch */
-        size_t r = (size_t)m->lora->r, w = lora_width(m);
+        size_t r = (size_t)m->lora_r, w = m->lora_width;
         size_t n = Ll * LORA_TARGETS * N * r + N * w + N * r + N * w;
         a->lora_arena = m->be->alloc(sizeof(float) * n);
         a->n_arena += n;   /* the memory plan's activations */

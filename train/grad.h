@@ -119,7 +119,7 @@ typedef struct {
     Comm emb_comm;
     CommRequest send_req;      /* the pending pipeline send of this slot (x forward or dx backward) */
     /* with LoRA adapters (m->lora), one more arena: each layer's lora_u (LORA_TARGETS, N, r), and
-     * lora_tmp (N, lora_width), lora_du (N, r), lora_dx (N, lora_width) scratch */
+     * lora_tmp (N, m->lora_width), lora_du (N, r), lora_dx (N, m->lora_width) scratch */
     float *lora_arena, *lora_tmp, *lora_du, *lora_dx;
     uint64_t lora_key;         /* LoRA dropout's key of this slot's micro-batch (lora_micro_key; 0: none) */
 } TrainActs;
