@@ -296,26 +296,34 @@ void model_argmax(const Model *m, const float *logits, int N, int *ids, float *v
     comm_all_reduce_maxloc(&m->mesh->tp_comm, vals, ids, N);
 }
 
+void model_target_logprobs(const Model *m, const LogprobBufs *w, const float *logits, int N, int n_pairs,
+                           const int *row, const int *targets, float T, float *out) {
+    CHECK(N <= w->rows && (row || n_pairs == N));
+    model_logits_lse(m, logits, N, T, w->lse, w->pick);   /* pick: scratch until below */
+    for (int i0 = 0; i0 < n_pairs; i0 += w->rows) {       /* one round when row is NULL */
+        int k = n_pairs - i0 < w->rows ? n_pairs - i0 : w->rows;
+        m->be->to_device(w->targets, targets + i0, sizeof(int) * k);
+        model_pair_logprobs(m, logits, w->lse, k, row ? row + i0 : NULL, w->targets, T, w->pick, w->lp);
+        m->be->to_host(out + i0, w->lp, sizeof(float) * k);
+    }
+    for (int i = 0; i < n_pairs; i++)
+        if (targets[i] < 0) out[i] = 0.0f;
+}
+
 void model_score(Model *m, const int *tokens, const int *seq_start, int n_seqs, int n_pairs, const int *row,
                  const int *tok, Scores *out) {
     int N = seq_start[n_seqs];
     model_forward(m, tokens, seq_start, n_seqs);
     if (m->is_last) {
         const Backend *be = m->be;
-        /* the backend's: lse, sum, amax_val (N), pick, lp (n_pairs), then ints amax (N), tok (n_pairs) */
-        float *lse = be->alloc(sizeof(float) * (4 * (size_t)N + 3 * (size_t)n_pairs)), *sum = lse + N;
-        float *amax_val = sum + N, *pick = amax_val + N, *lp = pick + n_pairs;
-        int *amax = (int *)(lp + n_pairs), *tok_d = amax + N;
-        be->to_device(tok_d, tok, sizeof(int) * n_pairs);
-        model_logits_lse(m, m->s.logits, N, 1.0f, lse, sum);
-        model_argmax(m, m->s.logits, N, amax, amax_val);
-        be->sub_at(amax_val, amax_val, lse, NULL, N);   /* the max logit - lse */
-        model_pair_logprobs(m, m->s.logits, lse, n_pairs, row, tok_d, 1.0f, pick, lp);
-        be->to_host(out->lse, lse, sizeof(float) * N);
-        be->to_host(out->argmax, amax, sizeof(int) * N);
-        be->to_host(out->argmax_logprob, amax_val, sizeof(float) * N);
-        be->to_host(out->pair_logprob, lp, sizeof(float) * n_pairs);
-        be->free(lse);
+        const LogprobBufs *w = &m->s.lp;
+        model_target_logprobs(m, w, m->s.logits, N, n_pairs, row, tok, 1.0f, out->pair_logprob);
+        /* the greedy token and its logprob, the max logit - lse, in w's targets and lp (free again) */
+        model_argmax(m, m->s.logits, N, w->targets, w->lp);
+        be->sub_at(w->lp, w->lp, w->lse, NULL, N);
+        be->to_host(out->lse, w->lse, sizeof(float) * N);
+        be->to_host(out->argmax, w->targets, sizeof(int) * N);
+        be->to_host(out->argmax_logprob, w->lp, sizeof(float) * N);
     }
     const Comm *pp = &m->mesh->pp_comm;                  /* results from the last stage to all */
     comm_broadcast(pp, out->lse, sizeof(float) * N, pp->size - 1);

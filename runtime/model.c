@@ -440,10 +440,12 @@ void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq) {
     size_t V = !m->is_last ? 0 : m->head == HEAD_SCORE ? 1 : (size_t)m->vocab_local;
     /* one arena: sizes in the order of RunState's fields */
     size_t lr = (size_t)m->lora_r, lw = m->lora_width;   /* LoRA's buffers (0 without) */
+    size_t lp = m->is_last && m->head == HEAD_LM ? N : 0;   /* the targets' logprobs' buffers */
     size_t sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * F, N * F, N * V,
-                      (size_t)max_seq * m->n_heads_local * backend_scratch_rows(m->be), N * Dh, N * LORA_TARGETS * lr, N * lw};
+                      (size_t)max_seq * m->n_heads_local * backend_scratch_rows(m->be), N * Dh, N * LORA_TARGETS * lr, N * lw,
+                      lp, lp, lp};
     float **slots[] = {&s->x, &s->xb, &s->q, &s->k, &s->v, &s->att, &s->xo, &s->hb, &s->hb2, &s->logits, &s->scratch,
-                       &s->rope, &s->lora_u, &s->lora_tmp};
+                       &s->rope, &s->lora_u, &s->lora_tmp, &s->lp.lse, &s->lp.pick, &s->lp.lp};
     size_t total = 0;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) total += sizes[i];
     run_state_free(s);
@@ -452,7 +454,9 @@ void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq) {
     s->n_floats = total;
     float *p = s->arena;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) { *slots[i] = p; p += sizes[i]; }
-    s->ids = m->be->alloc(sizeof(int) * 4 * N);      /* positions, tokens, logit rows, sequences */
+    s->ids = m->be->alloc(sizeof(int) * (4 * N + lp));   /* positions, tokens, logit rows, sequences; targets */
+    s->lp.targets = s->ids + 4 * N;
+    s->lp.rows = (int)lp;
     s->ids_host = xmalloc(sizeof(int) * 4 * N);
     s->max_tokens = max_tokens;
     s->max_seq = max_seq;

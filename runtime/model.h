@@ -90,6 +90,16 @@ typedef struct {
     float *lora_xd;  /* with lora_key: (N, max(D, F_local, H_local Dh)) the dropped-out input */
 } LayerBatch;
 
+/* The buffers model_target_logprobs works in, the backend's memory, `rows` rows each: a run
+ * state's (the last stage of an LM: max_tokens rows) or training's (TrainActs). */
+typedef struct {
+    float *lse;    /* (rows) the log-sum-exp of each logits row, left there for the caller */
+    float *pick;   /* (rows) scratch: the targets' logits */
+    float *lp;     /* (rows) the logprobs on their way to the host */
+    int *targets;  /* (rows) the targets, uploaded */
+    int rows;
+} LogprobBufs;
+
 typedef struct {
     float *x;      /* (N, D) residual stream */
     float *xb;     /* (N, D) normed input of a block */
@@ -105,8 +115,9 @@ typedef struct {
     float *rope;   /* (N, Dh) cos then sin of each token's RoPE angles (the backend's rope_table) */
     float *lora_u; /* with LoRA (sized when the run state is): (N, LORA_TARGETS, r), else empty */
     float *lora_tmp;/* with LoRA: (N, max(D, F_local)), else empty */
+    LogprobBufs lp; /* the last stage of an LM: model_target_logprobs' (N rows each), else empty */
     int *ids;      /* (4 * max_tokens) a forward's positions (N), tokens (N), logit rows (R) and each row's
-                    * sequence (N), packed from the front: one upload per forward */
+                    * sequence (N), packed from the front: one upload per forward; then lp.targets */
     int *ids_host; /* (4 * max_tokens) host: the same, staged (its positions are the forward's control flow) */
     float *arena;  /* every float buffer above: the backend's memory, as ids */
     const Backend *be;
@@ -318,6 +329,13 @@ const void *model_tensor_data(const Model *m, const ParamInfo *in);
 /* ---- vocab-parallel log-softmax over a logits buffer (N, V_local) of the last stage; every rank of
  * the last stage calls them (collectives over tp). The full vocab is never gathered. Every array is
  * the backend's memory but `row`, a host array. --------------------------------------------------- */
+/* THE logprobs of targets, what training, the PPO reference, DPO's reference pass and eval read:
+ * out (host, n_pairs)[i] = logits[row[i], targets[i]] / T - lse[row[i]] (row NULL: row i, and
+ * n_pairs == N), 0 where targets[i] < 0. targets and row are host arrays; the lse of the N rows
+ * (model_logits_lse) is left in w->lse, and the pairs go w->rows at a time (model_pair_logprobs),
+ * through w's buffers only: nothing is allocated. */
+void model_target_logprobs(const Model *m, const LogprobBufs *w, const float *logits, int N, int n_pairs,
+                           const int *row, const int *targets, float T, float *out);
 /* lse (N): log-sum-exp of logits / T over the full vocab; sum (N) is scratch */
 void model_logits_lse(const Model *m, const float *logits, int N, float T, float *lse, float *sum);
 /* lp[i] = logits[row[i], tok[i]] / T - lse[row[i]] for i < n_pairs (tok -1: 0 - lse; row NULL:
@@ -329,12 +347,12 @@ void model_argmax(const Model *m, const float *logits, int N, int *ids, float *v
 
 /* What eval and scoring need from one forward, on EVERY rank (the last stage computes, then
  * broadcasts over the pp group). Arrays are caller-allocated, on the host, as model_score's inputs;
- * its temporaries are the backend's. */
+ * its temporaries are the run state's (m->s.lp). */
 typedef struct {
     float *lse;           /* (N) log-sum-exp of each position's logits */
     int *argmax;          /* (N) greedy next token after each position */
     float *argmax_logprob;/* (N) its logprob */
-    float *pair_logprob;  /* (n_pairs) logprob of tok[i] at position row[i] */
+    float *pair_logprob;  /* (n_pairs) logprob of tok[i] at position row[i] (row NULL: i), 0 where tok[i] < 0 */
 } Scores;
 void model_score(Model *m, const int *tokens, const int *seq_start, int n_seqs, int n_pairs, const int *row,
                  const int *tok, Scores *out);
