@@ -9,7 +9,7 @@
  *   4. update      actor and critic, each a Learner (train/learner.h) on its own mesh: --ppo-epochs
  *                  passes over shuffled mini-batches, one optimizer step each
  * then the adaptive KL controller, the metrics (verl's names) and checkpoints. --device puts every
- * role's model on one backend (rlhf/roles.c: a device needs each role on one rank); results move
+ * role's model on one backend, at any role layout (rlhf/roles.h roles_place); results move
  * between roles as host copies.
  * Owns: the options, setup, the step loop, the adaptive KL, --bench-alone; checkpoints and
  * ppo_state.json: rlhf/ppo_checkpoint.c; the metrics line: rlhf/ppo_log.c. */

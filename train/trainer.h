@@ -146,8 +146,8 @@ typedef struct {
     DEVICE_OPTION(&(o)->device), COMM_TIMEOUT_OPTION(&(o)->comm_timeout)
 
 /* The shared checks of the parsed options (user_error lines start with cmd), then the thread
- * count and the device (o->be; a device other than the CPU: one rank, no ZeRO). Call before loading
- * the model. */
+ * count and the device (o->be, runtime/device.h device_open: any layout and ZeRO stage). Call
+ * before loading the model. */
 void train_options_check(TrainOptions *o, const char *cmd);
 
 /* One metric of a step: "key" in metrics.jsonl (%.9g); line: the progress line's "label fmt" for
