@@ -13,6 +13,7 @@
 #include "kernels/cpu/cpu.h"   /* on purpose: times cpu_matmul and the FMA peak directly */
 #include "runtime/args.h"
 #include "runtime/comm.h"
+#include "runtime/device.h"
 #include "runtime/mesh.h"
 #include "runtime/model.h"
 #include "runtime/session.h"

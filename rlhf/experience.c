@@ -227,18 +227,8 @@ static void ref_chunk(ExperienceMaker *x, Roles *rs, Role *r, Experience *b, int
     Model *m = &r->m;
     int t0 = b->seq_start[s0], N = b->seq_start[s1] - t0;
     chunk_forward(m, b, s0, s1);
-    if (m->is_last) {
-        const Backend *be = m->be;
-        /* the backend's: lse, pick, lp (N) each, then the targets (N ints) */
-        float *lse = be->alloc(sizeof(float) * 4 * (size_t)N), *pick = lse + N, *lp = pick + N;
-        int *tg = (int *)(lp + N);
-        be->to_device(tg, b->targets + t0, sizeof(int) * N);
-        model_logits_lse(m, m->s.logits, N, x->sp.temperature, lse, pick);   /* pick: scratch until below */
-        model_pair_logprobs(m, m->s.logits, lse, N, NULL, tg, x->sp.temperature, pick, lp);
-        be->to_host(out + t0, lp, sizeof(float) * N);
-        be->free(lse);
-        for (int n = 0; n < N; n++) if (b->targets[t0 + n] < 0) out[t0 + n] = 0.0f;
-    }
+    if (m->is_last)
+        model_target_logprobs(m, &m->s.lp, m->s.logits, N, N, NULL, b->targets + t0, x->sp.temperature, out + t0);
     comm_broadcast(&m->mesh->pp_comm, out + t0, sizeof(float) * N, m->mesh->pp_comm.size - 1);
 }
 

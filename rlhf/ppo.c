@@ -17,6 +17,7 @@
 #include "rlhf/ppo.h"
 #include "rlhf/ppo_options.h"
 #include "runtime/adapter.h"
+#include "runtime/device.h"
 #include "runtime/lora.h"
 #include "rlhf/ppo_checkpoint.h"
 #include "rlhf/ppo_log.h"

@@ -3,6 +3,7 @@
  * the seed and the role placement), and reading that state back for --resume.
  * Owns: the checkpoint directory's layout and ppo_state.json's format. */
 #include "rlhf/ppo_checkpoint.h"
+#include "runtime/adapter.h"
 #include "runtime/lora.h"
 #include "runtime/util.h"
 #include "train/checkpoint.h"

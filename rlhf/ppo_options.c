@@ -4,7 +4,7 @@
  * optim_options_check; what is ppo's alone is checked here. */
 #include "rlhf/ppo_options.h"
 #include "rlhf/reward_http.h"
-#include "runtime/lora.h"
+#include "runtime/adapter.h"
 #include "runtime/util.h"
 #include <stdlib.h>
 #include <string.h>

@@ -1,6 +1,7 @@
 /* roles.c — see roles.h. */
 #include "rlhf/roles.h"
 #include "runtime/adapter.h"
+#include "runtime/device.h"
 #include "runtime/util.h"
 #include <stdio.h>
 #include <stdlib.h>

@@ -55,10 +55,10 @@ void roles_gather_weights(Roles *rs);
 void roles_free(Roles *rs);
 /* Splits the world into role groups from the counts and --colocate ("all", or sets like
  * "actor,ref:critic,reward") and builds each member role's mesh; prints the placement (world rank
- * 0); opens rs->device (runtime/model.h device_open_local): a device other than the CPU needs every
- * role on one rank of its own mesh (tp = pp = dp = 1; colocated roles share the process and its
- * device), else one user_error line. rs->role[*].active/count/tp/pp must be set. Collective over
- * the world. */
+ * 0); opens rs->device (runtime/device.h device_open_local) before the groups are cut, each rank
+ * on device local_rank % devices: a device trains and scores at any role layout (tp, pp, dp, ZeRO),
+ * colocated roles sharing the process and its device. rs->role[*].active/count/tp/pp must be set.
+ * Collective over the world. */
 void roles_place(Roles *rs, const char *colocate);
 /* Every other role must read the actor's token ids: the same vocabulary size and tokenizer files;
  * the reward is a score model, the reference a causal LM. user_error naming the role otherwise. */

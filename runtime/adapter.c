@@ -6,6 +6,9 @@
  * of B (and all of A), row-parallel o/down the block's columns of A (and all of B); a pp stage
  * merges its own layers only. */
 #include "runtime/adapter.h"
+#include "runtime/args.h"
+#include "runtime/lora.h"
+#include "runtime/peft.h"
 #include "runtime/safetensors.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
@@ -13,38 +16,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { T_Q, T_K, T_V, T_O, T_GATE, T_UP, T_DOWN, N_TARGETS } Target;
-static const char *const TARGET_NAMES[N_TARGETS] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                    "gate_proj", "up_proj", "down_proj"};
-/* the module's path inside a layer: HF's model.layers.N.<path>.weight, PEFT's <path>.lora_A.weight */
-static const char *const TARGET_PATHS[N_TARGETS] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                    "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
-#define PEFT_PREFIX "base_model.model."
-#define PEFT_LAYERS PEFT_PREFIX "model.layers."
-#define PEFT_SCORE PEFT_PREFIX "score.weight"
-
 typedef struct {
     char *config_path, *weights_path;
     int r;                    /* the rank: lora_A (r, in), lora_B (out, r) */
-    int target[N_TARGETS];    /* target_modules names it */
+    int target[LORA_TARGETS]; /* target_modules names it */
     int save_score;           /* modules_to_save names "score" */
     float scale;              /* lora_alpha / r, or lora_alpha / sqrt(r) with use_rslora */
     double alpha, dropout;    /* lora_alpha, lora_dropout (0 when absent) */
     int rslora;               /* use_rslora */
 } Adapter;
-
-/* the base weight's global (out, in) from config.json */
-static void target_shape(const ModelConfig *c, Target t, int64_t *out, int64_t *in) {
-    int64_t D = c->dim, F = c->hidden_dim, QD = (int64_t)c->n_heads * c->head_dim,
-            KVD = (int64_t)c->n_heads_kv * c->head_dim;
-    switch (t) {
-    case T_Q: *out = QD; *in = D; break;
-    case T_K: case T_V: *out = KVD; *in = D; break;
-    case T_O: *out = D; *in = QD; break;
-    case T_GATE: case T_UP: *out = F; *in = D; break;
-    default: *out = D; *in = F; break;
-    }
-}
 
 /* ---- adapter_config.json ------------------------------------------------------------------ */
 
@@ -65,8 +45,8 @@ static void refuse_set(const cJSON *j, const char *path, const char *name, const
 }
 
 static int target_named(const char *s) {
-    for (int t = 0; t < N_TARGETS; t++)
-        if (!strcmp(s, TARGET_NAMES[t]) || !strcmp(s, TARGET_PATHS[t])) return t;
+    for (int t = 0; t < LORA_TARGETS; t++)
+        if (!strcmp(s, PEFT_TARGET_NAMES[t]) || !strcmp(s, PEFT_TARGET_PATHS[t])) return t;
     return -1;
 }
 
@@ -119,7 +99,7 @@ static void config_read(Adapter *a) {
             user_error("%s: field \"target_modules\" is the pattern \"%s\": patterns are not supported; list the "
                        "modules (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj) or give \"all-linear\"",
                        cp, e->valuestring);
-        for (int t = 0; t < N_TARGETS; t++) a->target[t] = 1;   /* PEFT's all-linear: every Linear but lm_head */
+        for (int t = 0; t < LORA_TARGETS; t++) a->target[t] = 1;   /* PEFT's all-linear: every Linear but lm_head */
     } else if (cJSON_IsArray(e) && cJSON_GetArraySize(e) > 0) {
         const cJSON *s;
         cJSON_ArrayForEach(s, e) {
@@ -160,9 +140,9 @@ static int parse_lora_name(const char *name, int *layer, int *target, int *b) {
     long l = strtol(p, &end, 10);
     if (end == p || *end != '.' || l < 0 || l > 1 << 20) return 0;
     p = end + 1;
-    for (int t = 0; t < N_TARGETS; t++) {
-        size_t n = strlen(TARGET_PATHS[t]);
-        if (strncmp(p, TARGET_PATHS[t], n)) continue;
+    for (int t = 0; t < LORA_TARGETS; t++) {
+        size_t n = strlen(PEFT_TARGET_PATHS[t]);
+        if (strncmp(p, PEFT_TARGET_PATHS[t], n)) continue;
         if (!strcmp(p + n, ".lora_A.weight")) *b = 0;
         else if (!strcmp(p + n, ".lora_B.weight")) *b = 1;
         else return 0;
@@ -186,7 +166,7 @@ static void check_tensors(const Adapter *a, const Model *m, const SafeTensors *s
     const ModelConfig *c = &m->cfg;
     const char *wp = a->weights_path;
     int L = c->n_layers;
-    const StTensor **found = xcalloc((size_t)L * N_TARGETS * 2, sizeof(StTensor *));   /* (L, targets, A|B) */
+    const StTensor **found = xcalloc((size_t)L * LORA_TARGETS * 2, sizeof(StTensor *));   /* (L, targets, A|B) */
     for (int i = 0; i < st->n_tensors; i++) {
         const StTensor *t = &st->tensors[i];
         char shape[96];
@@ -209,19 +189,20 @@ static void check_tensors(const Adapter *a, const Model *m, const SafeTensors *s
                        PEFT_LAYERS "0.self_attn.q_proj.lora_A.weight)", wp, t->name);
         if (!a->target[target])
             user_error("%s: tensor %s: adapter_config.json's field \"target_modules\" does not name %s", wp, t->name,
-                       TARGET_NAMES[target]);
+                       PEFT_TARGET_NAMES[target]);
         if (layer >= L)
             user_error("%s: tensor %s: layer %d, but the base model has %d layers (num_hidden_layers)", wp, t->name,
                        layer, L);
-        found[((size_t)layer * N_TARGETS + target) * 2 + b] = t;
+        found[((size_t)layer * LORA_TARGETS + target) * 2 + b] = t;
     }
     for (int l = 0; l < L; l++)
-        for (int t = 0; t < N_TARGETS; t++) {
+        for (int t = 0; t < LORA_TARGETS; t++) {
             if (!a->target[t]) continue;
-            const StTensor *A = found[((size_t)l * N_TARGETS + t) * 2], *B = found[((size_t)l * N_TARGETS + t) * 2 + 1];
+            const StTensor *A = found[((size_t)l * LORA_TARGETS + t) * 2],
+                           *B = found[((size_t)l * LORA_TARGETS + t) * 2 + 1];
             if (!A || !B)
                 user_error("%s: tensor " PEFT_LAYERS "%d.%s.%s.weight missing (target_modules names %s)", wp, l,
-                           TARGET_PATHS[t], A ? "lora_B" : "lora_A", TARGET_NAMES[t]);
+                           PEFT_TARGET_PATHS[t], A ? "lora_B" : "lora_A", PEFT_TARGET_NAMES[t]);
             char sa[96], sb[96];
             shape_text(A, sa, sizeof sa);
             shape_text(B, sb, sizeof sb);
@@ -234,13 +215,13 @@ static void check_tensors(const Adapter *a, const Model *m, const SafeTensors *s
                 user_error("%s: tensor %s [%s]: rank %lld, but adapter_config.json's field \"r\" is %d", wp, A->name, sa,
                            (long long)A->shape[0], a->r);
             int64_t out, in;
-            target_shape(c, t, &out, &in);
+            peft_target_shape(c, t, &out, &in);
             if (A->shape[1] != in)
                 user_error("%s: tensor %s has shape [%s], expected [%d, %lld]: the base model's %s.weight is [%lld, %lld]",
-                           wp, A->name, sa, a->r, (long long)in, TARGET_NAMES[t], (long long)out, (long long)in);
+                           wp, A->name, sa, a->r, (long long)in, PEFT_TARGET_NAMES[t], (long long)out, (long long)in);
             if (B->shape[0] != out)
                 user_error("%s: tensor %s has shape [%s], expected [%lld, %d]: the base model's %s.weight is [%lld, %lld]",
-                           wp, B->name, sb, (long long)out, a->r, TARGET_NAMES[t], (long long)out, (long long)in);
+                           wp, B->name, sb, (long long)out, a->r, PEFT_TARGET_NAMES[t], (long long)out, (long long)in);
         }
     free(found);
 }
@@ -250,10 +231,10 @@ static void check_tensors(const Adapter *a, const Model *m, const SafeTensors *s
 /* W (rows, cols), this rank's block of a weight of the arena (in the backend's memory), += scale *
  * B[row0 : row0 + rows, :] A[:, col0 : col0 + cols] in fp32: each element's sum over the rank in
  * order k = 0 .. r-1, times scale, added to the weight's fp32 value, stored (bf16: rounded once). */
-static void merge_block(Model *m, const Adapter *a, const SafeTensors *st, const ParamInfo *in, int layer, Target t) {
+static void merge_block(Model *m, const Adapter *a, const SafeTensors *st, const ParamInfo *in, int layer, int t) {
     char name_a[160], name_b[160];
-    snprintf(name_a, sizeof name_a, PEFT_LAYERS "%d.%s.lora_A.weight", layer, TARGET_PATHS[t]);
-    snprintf(name_b, sizeof name_b, PEFT_LAYERS "%d.%s.lora_B.weight", layer, TARGET_PATHS[t]);
+    snprintf(name_a, sizeof name_a, PEFT_LAYERS "%d.%s.lora_A.weight", layer, PEFT_TARGET_PATHS[t]);
+    snprintf(name_b, sizeof name_b, PEFT_LAYERS "%d.%s.lora_B.weight", layer, PEFT_TARGET_PATHS[t]);
     int r = a->r, rows = in->rows, cols = in->cols;
     float *B = xmalloc(sizeof(float) * (size_t)rows * r);   /* (rows, r) the block's rows of lora_B */
     float *A = xmalloc(sizeof(float) * (size_t)r * cols);   /* (r, cols) the block's columns of lora_A */
@@ -322,7 +303,7 @@ static void adapter_paths(Adapter *a, const char *dir) {
 }
 
 int adapter_reward_stats(const char *dir, float *mean, float *std) {
-    char *path = path_join(dir, ADAPTER_REWARD_STATS), *text = read_file(path, NULL);
+    char *path = path_join(dir, PEFT_REWARD_STATS), *text = read_file(path, NULL);
     int ok = 0;
     if (text) {
         cJSON *j = cJSON_Parse(text);
@@ -364,8 +345,8 @@ void adapter_merge(Model *m, const char *dir) {
         size_t pl = strlen(path);
         if (pl < 7 || strcmp(path + pl - 7, ".weight")) continue;
         path[pl - 7] = 0;
-        for (int t = 0; t < N_TARGETS; t++)
-            if (a.target[t] && !strcmp(path, TARGET_PATHS[t])) merge_block(m, &a, st, &infos[i], layer, (Target)t);
+        for (int t = 0; t < LORA_TARGETS; t++)
+            if (a.target[t] && !strcmp(path, PEFT_TARGET_PATHS[t])) merge_block(m, &a, st, &infos[i], layer, t);
     }
     if (a.save_score && m->head == HEAD_SCORE && st_find(st, PEFT_SCORE)) replace_score(m, &a, st);
     if (m->head == HEAD_SCORE && adapter_reward_stats(dir, &m->cfg.reward_mean, &m->cfg.reward_std))
@@ -387,6 +368,13 @@ void adapter_config(const char *dir, AdapterConfig *c) {
     free(a.weights_path);
 }
 
+void lora_merge(Model *m, const char *dir) {
+    Lora *lo = m->lora;
+    lo->enabled = 0;
+    if (lo->score) m->w.score = lo->score_base;   /* the checkpoint's trained head replaces it */
+    adapter_merge(m, dir);
+}
+
 int adapter_has_score(const char *dir) {
     Adapter a = {0};
     adapter_paths(&a, dir);
@@ -400,4 +388,86 @@ int adapter_has_score(const char *dir) {
     }
     free(p);
     return has;
+}
+
+/* the --lora-target text of a target set into buf: "all-linear" or the comma list */
+static const char *targets_text(const int target[LORA_TARGETS], char buf[96]) {
+    size_t n = 0;
+    int all = 1;
+    buf[0] = 0;
+    for (int t = 0; t < LORA_TARGETS; t++) {
+        all &= target[t];
+        if (target[t]) n += (size_t)snprintf(buf + n, 96 - n, "%s%s", n ? "," : "", PEFT_TARGET_NAMES[t]);
+    }
+    return all ? "all-linear" : buf;
+}
+
+void lora_options_check(int *r, float *alpha, const char **target, int *rslora, float *dropout, const char *resume,
+                        const char *role) {
+    char *dir = resume ? (role ? path_join(resume, role) : xstrdup(resume)) : NULL;
+    char *cpath = dir ? path_join(dir, "adapter_config.json") : NULL;
+    int ck = cpath && file_exists(cpath);
+    free(cpath);
+    if (ck) {   /* a LoRA checkpoint: its adapter_config.json, unless a flag disagrees */
+        AdapterConfig c;
+        adapter_config(dir, &c);
+        free(dir);
+        static char taken[96];   /* *target from here on */
+        int want[LORA_TARGETS];
+        if (args_given(target)) lora_targets_parse("--lora-target", *target, want);
+        if (args_given(r) && *r != c.r)
+            user_error("--lora-r %d: --resume %s is a LoRA checkpoint of rank %d (%s: \"r\"); leave the flag out to "
+                       "continue with it", *r, resume, c.r, c.path);
+        if (args_given(alpha) && *alpha != (float)c.alpha)
+            user_error("--lora-alpha %g: the checkpoint's %s has lora_alpha %g; leave the flag out to continue with it",
+                       *alpha, c.path, c.alpha);
+        if (args_given(target) && memcmp(want, c.target, sizeof want))
+            user_error("--lora-target %s: the checkpoint's %s has target_modules %s; leave the flag out to continue "
+                       "with them", *target, c.path, targets_text(c.target, taken));
+        if (args_given(rslora) && !c.rslora)
+            user_error("--lora-rslora: the checkpoint's %s has use_rslora false; leave the flag out to continue with it",
+                       c.path);
+        if (args_given(dropout) && *dropout != (float)c.dropout)
+            user_error("--lora-dropout %g: the checkpoint's %s has lora_dropout %g; leave the flag out to continue "
+                       "with it", *dropout, c.path, c.dropout);
+        *r = c.r, *alpha = (float)c.alpha, *rslora = c.rslora, *dropout = (float)c.dropout;
+        *target = targets_text(c.target, taken);
+        return;
+    }
+    free(dir);
+    if (!*r) {   /* full training: a LoRA setting alone would be ignored */
+        const void *set[] = {alpha, target, rslora, dropout};
+        const char *names[] = {"--lora-alpha", "--lora-target", "--lora-rslora", "--lora-dropout"};
+        for (int i = 0; i < 4; i++)
+            if (args_given(set[i]))
+                user_error("%s: a LoRA setting without --lora-r: the run would train every weight (give --lora-r N)",
+                           names[i]);
+        return;
+    }
+    int t[LORA_TARGETS];
+    lora_targets_parse("--lora-target", *target, t);
+    if (!(*alpha > 0 && *alpha <= ADAPTER_ALPHA_MAX))
+        user_error("--lora-alpha %g: must be > 0 and <= %g (the adapters' scale is alpha / r)", *alpha, ADAPTER_ALPHA_MAX);
+}
+
+void lora_load(Model *m, const char *dir) {
+    Lora *lo = m->lora;
+    AdapterConfig c;
+    adapter_config(dir, &c);   /* the adapters are trained on as they were: the same rank, scale and modules */
+    if (c.r != lo->r)
+        user_error("%s: \"r\" is %d, but --lora-r is %d: give --lora-r %d (the adapter's rank)", c.path, c.r, lo->r, c.r);
+    char a[96], b[96];
+    if (memcmp(c.target, lo->target, sizeof lo->target))
+        user_error("%s: \"target_modules\" is %s, but --lora-target is %s: give --lora-target %s", c.path,
+                   targets_text(c.target, a), targets_text(lo->target, b), a);
+    if ((float)c.alpha != (float)lo->alpha || c.rslora != lo->rslora)
+        user_error("%s: \"lora_alpha\" %g%s, but --lora-alpha %g%s: give --lora-alpha %g%s (the adapter's scale)", c.path,
+                   c.alpha, c.rslora ? " with use_rslora" : "", lo->alpha, lo->rslora ? " --lora-rslora" : "", c.alpha,
+                   c.rslora ? " --lora-rslora" : "");
+    char *path = path_join(dir, "adapter_model.safetensors");
+    float *host = xmalloc(sizeof(float) * (lo->n ? lo->n : 1));
+    lora_read_blocks(m, path, host);
+    m->be->to_device(lo->arena, host, sizeof(float) * lo->n);
+    free(host);
+    free(path);
 }

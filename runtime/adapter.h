@@ -11,8 +11,9 @@
  *                              gate/up/down_proj; base_model.model.score.weight (1, D) with "score"
  * Anything else (DoRA, a bias, rank or alpha patterns, layers_to_transform, a regex target, a module
  * the LLaMA family does not have, a tensor the config does not explain) is refused by name.
- * Owns: reading and checking adapters, the merge's arithmetic and sharding. Does not own: training
- * adapters, unmerging, several adapters at once, adapter_model.bin (pickle). */
+ * Owns: reading and checking adapters, the merge's arithmetic and sharding, and merging a trained
+ * run's adapters (lora_merge). Does not own: training adapters (runtime/lora.c), unmerging, several
+ * adapters at once, adapter_model.bin (pickle). PEFT's names: runtime/peft.h. */
 #ifndef TANDEM_ADAPTER_H
 #define TANDEM_ADAPTER_H
 #include "runtime/model.h"
@@ -44,9 +45,28 @@ void adapter_merge(Model *m, const char *dir);
  * adapter_merge reports it. */
 int adapter_has_score(const char *dir);
 /* A reward model trained as adapters (tandem rm --lora-r) keeps its eval reward statistics beside
- * them, in DIR/reward_stats.json {"mean", "std"} (PEFT's adapter_config.json takes no other keys;
- * a full reward model has them in config.json: normalize_reward, mean, std). 1 and the values when
- * the file is there (a malformed one is a user_error naming it), else 0. adapter_merge applies them. */
-#define ADAPTER_REWARD_STATS "reward_stats.json"
+ * them, in DIR/reward_stats.json (runtime/peft.h PEFT_REWARD_STATS) {"mean", "std"} (a full reward
+ * model has them in config.json: normalize_reward, mean, std). 1 and the values when the file is
+ * there (a malformed one is a user_error naming it), else 0. adapter_merge applies them. */
 int adapter_reward_stats(const char *dir, float *mean, float *std);
+/* --merge of a run trained as adapters (runtime/lora.h): the model's own weights again (the
+ * adapters off, the score head back in the arena), then the adapter in DIR (a checkpoint's, with the
+ * trained score head) merged in as --adapter merges it */
+void lora_merge(Model *m, const char *dir);
+/* A training command's LoRA flags (--lora-r r, --lora-alpha, --lora-target, --lora-rslora,
+ * --lora-dropout; sft, rm, dpo, ppo), checked after args_parse. resume: the checkpoint a run resumes
+ * from (NULL: a new run), role: its adapter's subdirectory (ppo's "actor"; NULL: resume itself). A
+ * LoRA checkpoint (its adapter_config.json) is
+ * the truth: each flag not given takes its value (so --lora-r may be left out), and a given flag that
+ * disagrees is a user_error naming it and the file. Without --lora-r, any other LoRA flag is a
+ * user_error (the run would train every weight); --lora-target must name a projection; --lora-alpha
+ * must be in (0, ADAPTER_ALPHA_MAX]. */
+void lora_options_check(int *r, float *alpha, const char **target, int *rslora, float *dropout, const char *resume,
+                        const char *role);
+
+/* Reads a PEFT adapter directory's adapter_model.safetensors into the adapters (this rank's blocks),
+ * e.g. a run's checkpoint or an adapter to start from; shapes are checked (user_error naming the file
+ * and tensor). */
+void lora_load(Model *m, const char *dir);
+
 #endif

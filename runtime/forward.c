@@ -172,7 +172,7 @@ static LayerActs run_acts(const Model *m, const RunState *s, size_t g0) {
     size_t D = m->cfg.dim, qd = (size_t)m->n_heads_local * m->cfg.head_dim;
     size_t kvd = (size_t)m->n_heads_kv_local * m->cfg.head_dim, F = m->hidden_local;
     float *x = s->x + g0 * D, *xb = s->xb + g0 * D, *hb = s->hb + g0 * F;
-    size_t lr = m->lora ? (size_t)m->lora->r : 0;
+    size_t lr = (size_t)m->lora_r;
     return (LayerActs){x, xb, s->q + g0 * qd, s->k + g0 * kvd, s->v + g0 * kvd, s->att + g0 * qd, x, xb, hb,
                        s->hb2 + g0 * F, hb, s->lora_u + g0 * LORA_TARGETS * lr};
 }
@@ -189,7 +189,7 @@ static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, in
     size_t g0 = start[lo];                               /* the group's first token */
     int N = start[hi] - start[lo];
     LayerActs a = run_acts(m, s, g0);
-    size_t lw = lora_width(m);
+    size_t lw = m->lora_width;
     LayerBatch lb = {N, hi - lo, start + lo, pos + g0, s->rope + g0 * Dh, b->tables ? kv : NULL, {0}, s->xo + g0 * D,
                      s->scratch, (size_t)m->n_heads_local * s->max_seq, NULL, 0, 0, s->lora_tmp + g0 * lw, 0, NULL};
     if (b->tables)
@@ -296,26 +296,34 @@ void model_argmax(const Model *m, const float *logits, int N, int *ids, float *v
     comm_all_reduce_maxloc(&m->mesh->tp_comm, vals, ids, N);
 }
 
+void model_target_logprobs(const Model *m, const LogprobBufs *w, const float *logits, int N, int n_pairs,
+                           const int *row, const int *targets, float T, float *out) {
+    CHECK(N <= w->rows && (row || n_pairs == N));
+    model_logits_lse(m, logits, N, T, w->lse, w->pick);   /* pick: scratch until below */
+    for (int i0 = 0; i0 < n_pairs; i0 += w->rows) {       /* one round when row is NULL */
+        int k = n_pairs - i0 < w->rows ? n_pairs - i0 : w->rows;
+        m->be->to_device(w->targets, targets + i0, sizeof(int) * k);
+        model_pair_logprobs(m, logits, w->lse, k, row ? row + i0 : NULL, w->targets, T, w->pick, w->lp);
+        m->be->to_host(out + i0, w->lp, sizeof(float) * k);
+    }
+    for (int i = 0; i < n_pairs; i++)
+        if (targets[i] < 0) out[i] = 0.0f;
+}
+
 void model_score(Model *m, const int *tokens, const int *seq_start, int n_seqs, int n_pairs, const int *row,
                  const int *tok, Scores *out) {
     int N = seq_start[n_seqs];
     model_forward(m, tokens, seq_start, n_seqs);
     if (m->is_last) {
         const Backend *be = m->be;
-        /* the backend's: lse, sum, amax_val (N), pick, lp (n_pairs), then ints amax (N), tok (n_pairs) */
-        float *lse = be->alloc(sizeof(float) * (4 * (size_t)N + 3 * (size_t)n_pairs)), *sum = lse + N;
-        float *amax_val = sum + N, *pick = amax_val + N, *lp = pick + n_pairs;
-        int *amax = (int *)(lp + n_pairs), *tok_d = amax + N;
-        be->to_device(tok_d, tok, sizeof(int) * n_pairs);
-        model_logits_lse(m, m->s.logits, N, 1.0f, lse, sum);
-        model_argmax(m, m->s.logits, N, amax, amax_val);
-        be->sub_at(amax_val, amax_val, lse, NULL, N);   /* the max logit - lse */
-        model_pair_logprobs(m, m->s.logits, lse, n_pairs, row, tok_d, 1.0f, pick, lp);
-        be->to_host(out->lse, lse, sizeof(float) * N);
-        be->to_host(out->argmax, amax, sizeof(int) * N);
-        be->to_host(out->argmax_logprob, amax_val, sizeof(float) * N);
-        be->to_host(out->pair_logprob, lp, sizeof(float) * n_pairs);
-        be->free(lse);
+        const LogprobBufs *w = &m->s.lp;
+        model_target_logprobs(m, w, m->s.logits, N, n_pairs, row, tok, 1.0f, out->pair_logprob);
+        /* the greedy token and its logprob, the max logit - lse, in w's targets and lp (free again) */
+        model_argmax(m, m->s.logits, N, w->targets, w->lp);
+        be->sub_at(w->lp, w->lp, w->lse, NULL, N);
+        be->to_host(out->lse, w->lse, sizeof(float) * N);
+        be->to_host(out->argmax, w->targets, sizeof(int) * N);
+        be->to_host(out->argmax_logprob, w->lp, sizeof(float) * N);
     }
     const Comm *pp = &m->mesh->pp_comm;                  /* results from the last stage to all */
     comm_broadcast(pp, out->lse, sizeof(float) * N, pp->size - 1);

@@ -3,8 +3,7 @@
  * rows and A is whole (the same on every tp rank); a row-parallel one's block is columns [col0,
  * col0 + cols) of its input, so A keeps those columns and B is whole. */
 #include "runtime/lora.h"
-#include "runtime/adapter.h"
-#include "runtime/args.h"
+#include "runtime/peft.h"
 #include "runtime/safetensors.h"
 #include "runtime/util.h"
 #include <cjson/cJSON.h>
@@ -13,14 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const NAMES[LORA_TARGETS] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-static const char *const PATHS[LORA_TARGETS] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
 static int row_parallel(int t) { return t == LORA_O || t == LORA_DOWN; }
 /* an adapter tensor's projection (LORA_*) and whether it is lora_B, from its PEFT name */
 static int name_target(const ParamInfo *in, int *is_b) {
     int t = 0;
-    while (!strstr(in->name, PATHS[t])) t++;
+    while (!strstr(in->name, PEFT_TARGET_PATHS[t])) t++;
     *is_b = strstr(in->name, ".lora_B.") != NULL;
     return t;
 }
@@ -34,7 +30,7 @@ void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARG
     char *s = xstrdup(list), *save = NULL;
     for (char *tok = strtok_r(s, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         int t = 0;
-        while (t < LORA_TARGETS && strcmp(tok, NAMES[t])) t++;
+        while (t < LORA_TARGETS && strcmp(tok, PEFT_TARGET_NAMES[t])) t++;
         if (t == LORA_TARGETS)
             user_error("%s %s: %s is not a projection: all-linear, or a list of q_proj,k_proj,v_proj,o_proj,gate_proj,"
                        "up_proj,down_proj", flag, list, tok);
@@ -48,71 +44,11 @@ void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARG
                    "up_proj,down_proj)", flag, list);
 }
 
-/* the --lora-target text of a target set into buf: "all-linear" or the comma list */
-static const char *targets_text(const int target[LORA_TARGETS], char buf[96]) {
-    size_t n = 0;
-    int all = 1;
-    buf[0] = 0;
-    for (int t = 0; t < LORA_TARGETS; t++) {
-        all &= target[t];
-        if (target[t]) n += (size_t)snprintf(buf + n, 96 - n, "%s%s", n ? "," : "", NAMES[t]);
-    }
-    return all ? "all-linear" : buf;
-}
-
-void lora_options_check(int *r, float *alpha, const char **target, int *rslora, float *dropout, const char *resume,
-                        const char *role) {
-    char *dir = resume ? (role ? path_join(resume, role) : xstrdup(resume)) : NULL;
-    char *cpath = dir ? path_join(dir, "adapter_config.json") : NULL;
-    int ck = cpath && file_exists(cpath);
-    free(cpath);
-    if (ck) {   /* a LoRA checkpoint: its adapter_config.json, unless a flag disagrees */
-        AdapterConfig c;
-        adapter_config(dir, &c);
-        free(dir);
-        static char taken[96];   /* *target from here on */
-        int want[LORA_TARGETS];
-        if (args_given(target)) lora_targets_parse("--lora-target", *target, want);
-        if (args_given(r) && *r != c.r)
-            user_error("--lora-r %d: --resume %s is a LoRA checkpoint of rank %d (%s: \"r\"); leave the flag out to "
-                       "continue with it", *r, resume, c.r, c.path);
-        if (args_given(alpha) && *alpha != (float)c.alpha)
-            user_error("--lora-alpha %g: the checkpoint's %s has lora_alpha %g; leave the flag out to continue with it",
-                       *alpha, c.path, c.alpha);
-        if (args_given(target) && memcmp(want, c.target, sizeof want))
-            user_error("--lora-target %s: the checkpoint's %s has target_modules %s; leave the flag out to continue "
-                       "with them", *target, c.path, targets_text(c.target, taken));
-        if (args_given(rslora) && !c.rslora)
-            user_error("--lora-rslora: the checkpoint's %s has use_rslora false; leave the flag out to continue with it",
-                       c.path);
-        if (args_given(dropout) && *dropout != (float)c.dropout)
-            user_error("--lora-dropout %g: the checkpoint's %s has lora_dropout %g; leave the flag out to continue "
-                       "with it", *dropout, c.path, c.dropout);
-        *r = c.r, *alpha = (float)c.alpha, *rslora = c.rslora, *dropout = (float)c.dropout;
-        *target = targets_text(c.target, taken);
-        return;
-    }
-    free(dir);
-    if (!*r) {   /* full training: a LoRA setting alone would be ignored */
-        const void *set[] = {alpha, target, rslora, dropout};
-        const char *names[] = {"--lora-alpha", "--lora-target", "--lora-rslora", "--lora-dropout"};
-        for (int i = 0; i < 4; i++)
-            if (args_given(set[i]))
-                user_error("%s: a LoRA setting without --lora-r: the run would train every weight (give --lora-r N)",
-                           names[i]);
-        return;
-    }
-    int t[LORA_TARGETS];
-    lora_targets_parse("--lora-target", *target, t);
-    if (!(*alpha > 0 && *alpha <= ADAPTER_ALPHA_MAX))
-        user_error("--lora-alpha %g: must be > 0 and <= %g (the adapters' scale is alpha / r)", *alpha, ADAPTER_ALPHA_MAX);
-}
-
 /* the base weight of projection t: its ParamInfo name ends so */
 static int base_target(const ParamInfo *in) {
     for (int t = 0; t < LORA_TARGETS; t++) {
         char tail[64];
-        snprintf(tail, sizeof tail, ".%s.weight", PATHS[t]);
+        snprintf(tail, sizeof tail, ".%s.weight", PEFT_TARGET_PATHS[t]);
         size_t n = strlen(in->name), k = strlen(tail);
         if (in->layer >= 0 && n > k && !strcmp(in->name + n - k, tail)) return t;
     }
@@ -124,6 +60,20 @@ static float init_a(uint64_t key, size_t idx, int in) {
     uint64_t z = key + (idx + 1) * 0x9E3779B97F4A7C15ull;
     float u = (float)((splitmix64_next(&z) >> 40) * 0x1.0p-24);   /* [0, 1) */
     return (2.0f * u - 1.0f) / sqrtf((float)in);
+}
+
+/* m's adapters gone (model_free calls it: lora_new registers it) */
+static void lora_free(Model *m) {
+    Lora *lo = m->lora;
+    m->be->free(lo->arena);
+    free(lo->A);
+    free(lo->B);
+    free(lo->infos);
+    free(lo);
+    m->lora = NULL;
+    m->free_lora = NULL;
+    m->lora_r = 0;
+    m->lora_width = 0;
 }
 
 Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_TARGETS], uint64_t seed) {
@@ -156,7 +106,7 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
             int gl = m->layer_start + l, tp = mesh->tp;
             for (int b = 0; b < 2; b++) {
                 ParamInfo *in = &lo->infos[lo->n_infos++];
-                snprintf(in->name, sizeof in->name, "base_model.model.model.layers.%d.%s.lora_%c.weight", gl, PATHS[t],
+                snprintf(in->name, sizeof in->name, PEFT_LAYERS "%d.%s.lora_%c.weight", gl, PEFT_TARGET_PATHS[t],
                          b ? 'B' : 'A');
                 in->layer = l;
                 in->decay = 1;
@@ -184,7 +134,7 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
     ParamInfo *sc = NULL;   /* a score head: trained in full (PEFT's modules_to_save), last in the arena */
     if (m->head == HEAD_SCORE && m->is_last) {
         sc = &lo->infos[lo->n_infos++];
-        snprintf(sc->name, sizeof sc->name, "base_model.model.score.weight");
+        snprintf(sc->name, sizeof sc->name, PEFT_SCORE);
         sc->layer = -1;
         sc->decay = 1;
         sc->tp_replicated = mesh->tp > 1;
@@ -222,6 +172,10 @@ Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_
     free(host);
     if (lo->score) lo->score_base = m->w.score, m->w.score = lo->score;
     m->lora = lo;
+    m->free_lora = lora_free;
+    m->lora_r = r;
+    size_t D = m->cfg.dim, F = m->hidden_local, qd = (size_t)m->n_heads_local * m->cfg.head_dim, w = F > D ? F : D;
+    m->lora_width = qd > w ? qd : w;   /* an adapter's widest output or input */
     return lo;
 }
 
@@ -235,31 +189,7 @@ uint64_t lora_micro_key(const Model *m, int micro) {
     return (k ? k : 1) | t0 << 40;
 }
 
-size_t lora_width(const Model *m) {
-    if (!m->lora) return 0;
-    size_t D = m->cfg.dim, F = m->hidden_local, qd = (size_t)m->n_heads_local * m->cfg.head_dim, w = F > D ? F : D;
-    return qd > w ? qd : w;
-}
-
 DType lora_score_dtype(const Model *m) { return m->lora && m->lora->score ? DTYPE_F32 : m->dtype; }
-
-void lora_merge(Model *m, const char *dir) {
-    Lora *lo = m->lora;
-    lo->enabled = 0;
-    if (lo->score) m->w.score = lo->score_base;   /* the checkpoint's trained head replaces it */
-    adapter_merge(m, dir);
-}
-
-void lora_free(Model *m) {
-    Lora *lo = m->lora;
-    if (!lo) return;
-    m->be->free(lo->arena);
-    free(lo->A);
-    free(lo->B);
-    free(lo->infos);
-    free(lo);
-    m->lora = NULL;
-}
 
 void lora_read_blocks(const Model *m, const char *path, float *host) {
     const Lora *lo = m->lora;
@@ -276,28 +206,6 @@ void lora_read_blocks(const Model *m, const char *path, float *host) {
     st_close(st);
 }
 
-void lora_load(Model *m, const char *dir) {
-    Lora *lo = m->lora;
-    AdapterConfig c;
-    adapter_config(dir, &c);   /* the adapters are trained on as they were: the same rank, scale and modules */
-    if (c.r != lo->r)
-        user_error("%s: \"r\" is %d, but --lora-r is %d: give --lora-r %d (the adapter's rank)", c.path, c.r, lo->r, c.r);
-    char a[96], b[96];
-    if (memcmp(c.target, lo->target, sizeof lo->target))
-        user_error("%s: \"target_modules\" is %s, but --lora-target is %s: give --lora-target %s", c.path,
-                   targets_text(c.target, a), targets_text(lo->target, b), a);
-    if ((float)c.alpha != (float)lo->alpha || c.rslora != lo->rslora)
-        user_error("%s: \"lora_alpha\" %g%s, but --lora-alpha %g%s: give --lora-alpha %g%s (the adapter's scale)", c.path,
-                   c.alpha, c.rslora ? " with use_rslora" : "", lo->alpha, lo->rslora ? " --lora-rslora" : "", c.alpha,
-                   c.rslora ? " --lora-rslora" : "");
-    char *path = path_join(dir, "adapter_model.safetensors");
-    float *host = xmalloc(sizeof(float) * (lo->n ? lo->n : 1));
-    lora_read_blocks(m, path, host);
-    m->be->to_device(lo->arena, host, sizeof(float) * lo->n);
-    free(host);
-    free(path);
-}
-
 int lora_write_blocks(const Model *m, const float *host, const char *path, char *err, size_t cap) {
     const Lora *lo = m->lora;
     const Mesh *mesh = m->mesh;
@@ -305,11 +213,10 @@ int lora_write_blocks(const Model *m, const float *host, const char *path, char 
     int r = lo->r, L = c->n_layers;
     /* every tensor whole on every rank: each element written by the one rank that holds it (dp rank
      * 0, the first of its tp replicas), zeros elsewhere, summed over the mesh (exact) */
-    int64_t QD = (int64_t)c->n_heads * c->head_dim, KVD = (int64_t)c->n_heads_kv * c->head_dim;
-    const int64_t outs[LORA_TARGETS] = {QD, KVD, KVD, c->dim, c->hidden_dim, c->hidden_dim, c->dim};
-    const int64_t ins[LORA_TARGETS] = {c->dim, c->dim, c->dim, QD, c->dim, c->dim, c->hidden_dim};
+    int64_t outs[LORA_TARGETS], ins[LORA_TARGETS];
     size_t per = 0, off[LORA_TARGETS];
     for (int t = 0; t < LORA_TARGETS; t++) {
+        peft_target_shape(c, t, &outs[t], &ins[t]);
         off[t] = per;
         if (lo->target[t]) per += (size_t)r * (ins[t] + outs[t]);
     }
@@ -339,7 +246,7 @@ int lora_write_blocks(const Model *m, const float *host, const char *path, char 
             for (int t = 0; t < LORA_TARGETS; t++) {
                 if (!lo->target[t]) continue;
                 for (int b = 0; b < 2; b++) {
-                    snprintf(names[n], sizeof names[n], "base_model.model.model.layers.%d.%s.lora_%c.weight", l, PATHS[t],
+                    snprintf(names[n], sizeof names[n], PEFT_LAYERS "%d.%s.lora_%c.weight", l, PEFT_TARGET_PATHS[t],
                              b ? 'B' : 'A');
                     ts[n] = (StWriteTensor){names[n], 2, {b ? outs[t] : r, b ? r : ins[t]},
                                             all + (size_t)l * per + off[t] + (b ? (size_t)r * ins[t] : 0)};
@@ -347,7 +254,7 @@ int lora_write_blocks(const Model *m, const float *host, const char *path, char 
                 }
             }
         if (score_n)
-            ts[n++] = (StWriteTensor){"base_model.model.score.weight", 2, {c->num_labels, c->dim}, all + (size_t)L * per};
+            ts[n++] = (StWriteTensor){PEFT_SCORE, 2, {c->num_labels, c->dim}, all + (size_t)L * per};
         if (st_write(path, ts, n, ST_F32) != 0) snprintf(err, cap, "%s: cannot write: %s", path, strerror(errno));
         free(ts);
         free(names);
@@ -382,7 +289,8 @@ int lora_save(const Model *m, const char *dir, const char *base, char *err, size
         cJSON_AddBoolToObject(j, "inference_mode", 1);
         cJSON_AddBoolToObject(j, "init_lora_weights", 1);
         cJSON *tm = cJSON_AddArrayToObject(j, "target_modules");
-        for (int t = 0; t < LORA_TARGETS; t++) if (lo->target[t]) cJSON_AddItemToArray(tm, cJSON_CreateString(NAMES[t]));
+        for (int t = 0; t < LORA_TARGETS; t++)
+            if (lo->target[t]) cJSON_AddItemToArray(tm, cJSON_CreateString(PEFT_TARGET_NAMES[t]));
         if (m->head == HEAD_SCORE) {   /* PEFT's sequence-classification adapters name both */
             cJSON *ms = cJSON_AddArrayToObject(j, "modules_to_save");
             cJSON_AddItemToArray(ms, cJSON_CreateString("classifier"));
@@ -397,7 +305,7 @@ int lora_save(const Model *m, const char *dir, const char *base, char *err, size
         free(text);
         free(cpath);
         if (!err[0] && m->cfg.has_reward_stats) {   /* a reward model's eval statistics (runtime/adapter.h) */
-            char *spath = path_join(dir, ADAPTER_REWARD_STATS), stats[128];
+            char *spath = path_join(dir, PEFT_REWARD_STATS), stats[128];
             int n = snprintf(stats, sizeof stats, "{\"mean\": %.9g, \"std\": %.9g}\n", m->cfg.reward_mean, m->cfg.reward_std);
             if (write_file_atomic(spath, stats, (size_t)n) != 0)
                 snprintf(err, cap, "%s: cannot write: %s", spath, strerror(errno));

@@ -7,12 +7,12 @@
  * directory. The forward's and backward's terms are in runtime/forward.c and train/grad.c.
  * Memory: one fp32 arena in the model's backend (the trained weights and their optimizer state are
  * the adapters' only: the base has no gradients and no moments).
- * Does not own: merging into the base for inference (runtime/adapter.c), the optimizer. */
+ * Does not own: merging into the base for inference and --merge (runtime/adapter.c lora_merge),
+ * PEFT's names (runtime/peft.h), the optimizer. */
 #ifndef TANDEM_LORA_H
 #define TANDEM_LORA_H
 #include "runtime/model.h"
-
-enum { LORA_Q, LORA_K, LORA_V, LORA_O, LORA_GATE, LORA_UP, LORA_DOWN, LORA_TARGETS };
+#include "runtime/peft.h"
 
 typedef struct Lora {
     int r;
@@ -43,25 +43,12 @@ typedef struct Lora {
 /* --lora-target: "all-linear" or a comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,
  * down_proj; anything else is a user_error naming flag */
 void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARGETS]);
-/* A training command's LoRA flags (--lora-r r, --lora-alpha, --lora-target, --lora-rslora,
- * --lora-dropout; sft, rm, dpo, ppo), checked after args_parse. resume: the checkpoint a run resumes
- * from (NULL: a new run), role: its adapter's subdirectory (ppo's "actor"; NULL: resume itself). A
- * LoRA checkpoint (its adapter_config.json) is
- * the truth: each flag not given takes its value (so --lora-r may be left out), and a given flag that
- * disagrees is a user_error naming it and the file. Without --lora-r, any other LoRA flag is a
- * user_error (the run would train every weight); --lora-target must name a projection; --lora-alpha
- * must be in (0, ADAPTER_ALPHA_MAX]. */
-void lora_options_check(int *r, float *alpha, const char **target, int *rslora, float *dropout, const char *resume,
-                        const char *role);
 /* Adapters for m (this rank's layers and tp shard), initialised as PEFT does: A ~ U(-1/sqrt(in),
  * 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), drawn for the whole tensor from `seed`, the layer
  * and the projection (every layout the same values), B = 0. A user_error when the layout cannot
- * split them (k/v adapted while tp > num_key_value_heads). Sets m->lora. */
+ * split them (k/v adapted while tp > num_key_value_heads). Sets m->lora, m->lora_r and m->lora_width,
+ * and registers the adapters' destructor (m->free_lora: model_free frees them). */
 Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_TARGETS], uint64_t seed);
-void lora_free(Model *m);
-/* --merge: the model's own weights again (the adapters off, the score head back in the arena), then
- * the adapter in DIR (a checkpoint's, with the trained score head) merged in as --adapter merges it */
-void lora_merge(Model *m, const char *dir);
 /* The dropout key of micro-batch `micro` of the current step (0: no dropout: without adapters, with
  * lora_dropout 0, and outside a training step): bits 0-39 a key of (seed, step), bits 40-63 the
  * micro-batch's first token's place in the step (token0; a rank_error past 2^24 tokens). Masks
@@ -75,14 +62,8 @@ static inline uint64_t lora_target_key(uint64_t key, int layer, int t, int cols_
     uint64_t base = key & ((1ull << 40) - 1), token0 = key >> 40;
     return (base ^ ((uint64_t)(layer * LORA_TARGETS + t + 1) << 40)) + token0 * (uint64_t)cols_global * 0x9E3779B97F4A7C15ull;
 }
-/* floats per row of an adapter's scratch: its widest output or input, max(D, F_local, H_local Dh) */
-size_t lora_width(const Model *m);
 /* the dtype the score head is read in: fp32 when the adapters train it, else the model's */
 DType lora_score_dtype(const Model *m);
-/* Reads a PEFT adapter directory's adapter_model.safetensors into the adapters (this rank's blocks),
- * e.g. a run's checkpoint or an adapter to start from; shapes are checked (user_error naming the file
- * and tensor). */
-void lora_load(Model *m, const char *dir);
 /* Writes dir/adapter_config.json and dir/adapter_model.safetensors as PEFT's save_pretrained does
  * (base_model_name_or_path = base), world rank 0 writing what every tp / pp rank of dp rank 0 sends
  * it (one file, as PEFT reads it). Collective over m's mesh. 0, or -1 with err (CHECKPOINT_ERR_CAP-

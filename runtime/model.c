@@ -1,7 +1,8 @@
 /* model.c — see model.h. The parameter spec table below drives allocation, sharding and loading;
  * training (gradients, optimizer, saving) walks the same table. */
 #include "runtime/model.h"
-#include "runtime/lora.h"
+#include "runtime/device.h"
+#include "runtime/peft.h"
 #include "runtime/safetensors.h"
 #include "runtime/util.h"
 #include <math.h>
@@ -184,9 +185,9 @@ static void score_init(float *w, size_t n, float std, uint64_t seed) {
     }
 }
 
-/* Where load_param reads a tensor: with the CPU backend straight into the arena (host memory), else
- * into `stage`, one tensor's host buffer of the model's dtype, then to_device: never a second host
- * copy of the weights. */
+/* Where load_param reads a tensor: straight into the arena when it is host memory (a backend
+ * without `owns`: the CPU), else into `stage`, one tensor's host buffer of the model's dtype, then
+ * to_device: never a second host copy of the weights. */
 typedef struct {
     const SafeTensors *st;
     void *stage;
@@ -198,7 +199,7 @@ static void load_param(Model *m, const ParamSpec *p, int layer, void **slot, siz
     Loader *ld = ctx;
     size_t bytes = numel * dtype_size(m->dtype);
     void *dst = *slot;
-    if (m->be != backend_named("cpu")) {
+    if (m->be->owns) {   /* memory the host cannot touch */
         if (bytes > ld->cap) { free(ld->stage); ld->stage = xmalloc(bytes); ld->cap = bytes; }
         dst = ld->stage;
     }
@@ -369,52 +370,6 @@ static void rope_init(Model *m) {
     free(inv_freq);
 }
 
-DType model_dtype_auto(const ModelConfig *c) {
-    const char *t = c->torch_dtype;
-    return !strcmp(t, "bfloat16") || !strcmp(t, "float16") || !strcmp(t, "half") ? DTYPE_BF16 : DTYPE_F32;
-}
-
-DType dtype_parse(const char *flag, const char *value) {
-    if (!strcmp(value, "auto")) return DTYPE_AUTO;
-    if (!strcmp(value, "bf16") || !strcmp(value, "bfloat16")) return DTYPE_BF16;
-    if (!strcmp(value, "fp32") || !strcmp(value, "float32")) return DTYPE_F32;
-    user_error("%s %s: expected auto, bf16 or fp32 (fp16 checkpoints load as bf16 or fp32)", flag, value);
-}
-
-/* backend_named's, or one user_error line: unknown, not in this build */
-static const Backend *device_named(const char *name) {
-    const Backend *be = backend_named(name);
-    if (!be && strcmp(name, "cuda"))
-        user_error("--device %s: expected cpu or cuda (or cpu-guarded, the CPU kernels behind memory the host "
-                   "cannot touch: a testing aid)", name);
-    return be;
-}
-/* opens be for this process's local rank: one user_error line when it cannot run */
-static const Backend *device_ready(const char *name, const Backend *be, int local_rank) {
-    if (!be) user_error("--device cuda: this build has no CUDA backend (nvcc was not found when it was built)");
-    const char *why = be->open(local_rank);
-    if (why) user_error("--device %s: %s", name, why);
-    return be;
-}
-
-const Backend *device_open(const char *name) {
-    Comm world = comm_world();
-    const Backend *be = device_open_local(name, &world);
-    comm_free(&world);
-    return be;
-}
-
-const Backend *device_open_local(const char *name, const Comm *world) {
-    const Backend *be = device_named(name);
-    if (!strcmp(name, "cpu")) return device_ready(name, be, 0);
-    Comm node = comm_split_node(world);
-    int local_rank = node.rank;
-    comm_free(&node);
-    device_ready(name, be, local_rank);
-    comm_use_backend(be);   /* before any mesh or role group is cut: their links open with them */
-    return be;
-}
-
 static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_t seed, DType dtype,
                  const Backend *be) {
     memset(m, 0, sizeof(*m));
@@ -461,6 +416,7 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
     for_each_param(m, count_param, &n);
     m->n_params = n;
     m->params = be->alloc(dtype_size(m->dtype) * n);
+    m->weight_bytes = (double)n * dtype_size(m->dtype);
     for_each_param(m, place_param, &off);
     CHECK(off == n);
     Loader ld = {st, NULL, 0};
@@ -483,11 +439,13 @@ void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq) {
     size_t qd = (size_t)m->n_heads_local * Dh, kvd = (size_t)m->n_heads_kv_local * Dh, F = m->hidden_local;
     size_t V = !m->is_last ? 0 : m->head == HEAD_SCORE ? 1 : (size_t)m->vocab_local;
     /* one arena: sizes in the order of RunState's fields */
-    size_t lr = m->lora ? (size_t)m->lora->r : 0, lw = lora_width(m);   /* LoRA's buffers */
+    size_t lr = (size_t)m->lora_r, lw = m->lora_width;   /* LoRA's buffers (0 without) */
+    size_t lp = m->is_last && m->head == HEAD_LM ? N : 0;   /* the targets' logprobs' buffers */
     size_t sizes[] = {N * D, N * D, N * qd, N * kvd, N * kvd, N * qd, N * D, N * F, N * F, N * V,
-                      (size_t)max_seq * m->n_heads_local * backend_scratch_rows(m->be), N * Dh, N * LORA_TARGETS * lr, N * lw};
+                      (size_t)max_seq * m->n_heads_local * backend_scratch_rows(m->be), N * Dh, N * LORA_TARGETS * lr, N * lw,
+                      lp, lp, lp};
     float **slots[] = {&s->x, &s->xb, &s->q, &s->k, &s->v, &s->att, &s->xo, &s->hb, &s->hb2, &s->logits, &s->scratch,
-                       &s->rope, &s->lora_u, &s->lora_tmp};
+                       &s->rope, &s->lora_u, &s->lora_tmp, &s->lp.lse, &s->lp.pick, &s->lp.lp};
     size_t total = 0;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) total += sizes[i];
     run_state_free(s);
@@ -496,7 +454,9 @@ void run_state_init(RunState *s, const Model *m, int max_tokens, int max_seq) {
     s->n_floats = total;
     float *p = s->arena;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) { *slots[i] = p; p += sizes[i]; }
-    s->ids = m->be->alloc(sizeof(int) * 4 * N);      /* positions, tokens, logit rows, sequences */
+    s->ids = m->be->alloc(sizeof(int) * (4 * N + lp));   /* positions, tokens, logit rows, sequences; targets */
+    s->lp.targets = s->ids + 4 * N;
+    s->lp.rows = (int)lp;
     s->ids_host = xmalloc(sizeof(int) * 4 * N);
     s->max_tokens = max_tokens;
     s->max_seq = max_seq;
@@ -514,10 +474,9 @@ void run_state_free(RunState *s) {
 void model_alloc_state(Model *m, int max_tokens, int max_seq) { run_state_init(&m->s, m, max_tokens, max_seq); }
 
 void model_free(Model *m) {
-    int arena_gone = m->z3 && m->z3->arena_freed;
-    model_shards_free(m);
-    lora_free(m);
-    if (!arena_gone) m->be->free(m->params);
+    if (m->free_z3) m->free_z3(m);       /* NULLs m->params where the slicing freed the arena */
+    if (m->free_lora) m->free_lora(m);
+    m->be->free(m->params);
     run_state_free(&m->s);
     free(m->w.layers);
     m->be->free(m->inv_freq);
@@ -547,18 +506,7 @@ void model_print_summary(const Model *m) {
 }
 
 MemPlan model_mem_plan(const Model *m) {
-    double weights = (double)m->n_params * dtype_size(m->dtype);
-    const ModelShards *z = m->z3;
-    if (z) {   /* ZeRO-3: the slices, the step's two layer buffers and the larger of the embedding's and the head's */
-        double slices = (double)z->L * z->S, emb = 0, head = 0;
-        for (int i = 0; i < z->n_t; i++) {
-            slices += z->t[i].S;
-            if (z->t[i].head || z->t[i].tied) head += (double)z->t[i].S * z->dp->size;
-            else emb += (double)z->t[i].S * z->dp->size;
-        }
-        weights = (slices + 2.0 * z->S * z->dp->size + (emb > head ? emb : head)) * dtype_size(m->dtype);
-    }
-    return (MemPlan){weights, 0, 0, 0, m->s.n_floats * sizeof(float), 0};
+    return (MemPlan){m->weight_bytes, 0, 0, 0, m->s.n_floats * sizeof(float), 0};
 }
 
 void model_print_memory_plan(const Model *m, const MemPlan *p) {

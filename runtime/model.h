@@ -4,8 +4,9 @@
  * training (keys/values in the batch's own rows, every layer's activations kept for the backward),
  * with the heads (LM logits -> logprobs, or a scalar score) at the end of the last stage.
  * Owns: sharding rules (ARCHITECTURE.md table), loading from an HF directory, the forward, the
- * vocab-parallel log-softmax helpers, the paged KV cache's struct (its pool: generate/kv_cache.c),
- * the choice of backend (--device).
+ * vocab-parallel log-softmax helpers, the paged KV cache's struct (its pool: generate/kv_cache.c).
+ * The choice of backend and dtype (--device, --dtype) is runtime/device.h's; the optional parts
+ * (LoRA's adapters, ZeRO-3's slices) are their own files', which register their destructors here.
  * Kernels only through m->be, and memory placement too: the weights, inv_freq, the run state and the
  * KV pool are the backend's memory (m->be->alloc), which host code reads and writes only through
  * to_host / to_device (on the CPU those are copies; on a GPU, transfers). What a function takes on
@@ -89,6 +90,16 @@ typedef struct {
     float *lora_xd;  /* with lora_key: (N, max(D, F_local, H_local Dh)) the dropped-out input */
 } LayerBatch;
 
+/* The buffers model_target_logprobs works in, the backend's memory, `rows` rows each: a run
+ * state's (the last stage of an LM: max_tokens rows) or training's (TrainActs). */
+typedef struct {
+    float *lse;    /* (rows) the log-sum-exp of each logits row, left there for the caller */
+    float *pick;   /* (rows) scratch: the targets' logits */
+    float *lp;     /* (rows) the logprobs on their way to the host */
+    int *targets;  /* (rows) the targets, uploaded */
+    int rows;
+} LogprobBufs;
+
 typedef struct {
     float *x;      /* (N, D) residual stream */
     float *xb;     /* (N, D) normed input of a block */
@@ -104,8 +115,9 @@ typedef struct {
     float *rope;   /* (N, Dh) cos then sin of each token's RoPE angles (the backend's rope_table) */
     float *lora_u; /* with LoRA (sized when the run state is): (N, LORA_TARGETS, r), else empty */
     float *lora_tmp;/* with LoRA: (N, max(D, F_local)), else empty */
+    LogprobBufs lp; /* the last stage of an LM: model_target_logprobs' (N rows each), else empty */
     int *ids;      /* (4 * max_tokens) a forward's positions (N), tokens (N), logit rows (R) and each row's
-                    * sequence (N), packed from the front: one upload per forward */
+                    * sequence (N), packed from the front: one upload per forward; then lp.targets */
     int *ids_host; /* (4 * max_tokens) host: the same, staged (its positions are the forward's control flow) */
     float *arena;  /* every float buffer above: the backend's memory, as ids */
     const Backend *be;
@@ -115,7 +127,7 @@ typedef struct {
 
 typedef enum { HEAD_LM = 0, HEAD_SCORE } HeadKind;
 
-typedef struct {
+typedef struct Model {
     ModelConfig cfg;
     const Mesh *mesh;
     const Backend *be;                                   /* every kernel call goes through it */
@@ -136,8 +148,15 @@ typedef struct {
     float *inv_freq;      /* (Dh/2) RoPE inverse frequencies, scaling applied (the backend's memory) */
     RunState s;           /* the run state of model_forward / model_score (model_alloc_state); a
                            * generation engine owns its own */
+    double weight_bytes;  /* what this rank's weights take: the arena, or ZeRO-3's slices and buffers */
+    /* the optional parts, each added by its own file, which registers its destructor for model_free */
     struct ModelShards *z3; /* ZeRO-3 (runtime/shards.c): the weights sliced over dp; NULL */
+    void (*free_z3)(struct Model *m);    /* model_shard_weights' */
     struct Lora *lora;      /* trainable LoRA adapters beside the frozen weights (runtime/lora.h); NULL */
+    void (*free_lora)(struct Model *m);  /* lora_new's */
+    int lora_r;             /* their rank r, 0 without (lora_new sets it; the run state's LoRA buffers) */
+    size_t lora_width;      /* floats per row of an adapter's scratch: its widest output or input,
+                             * max(D, F_local, H_local Dh) with adapters, else 0 (lora_new sets it) */
 } Model;
 
 /* One parameter tensor of this rank, as the spec table describes it (for gradients, the optimizer,
@@ -170,30 +189,15 @@ void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWei
 void model_layer_place(const Model *m, void *buf, DType dt, LayerWeights *lw, size_t *n);
 
 /* Loads this rank's shard from an HF directory onto backend `be`, tensor by tensor, converted to
- * `dtype` as it is read (DTYPE_AUTO: model_dtype_auto of the directory's config.json): on the CPU
- * straight into the arena, elsewhere through one tensor's host buffer and to_device. Checks the
- * layout against the config first (tp must divide heads, pp <= layers, ...): a violation is one
- * user_error on rank 0. The head is the directory's: a *ForSequenceClassification directory has the
- * score head, else the LM head. */
+ * `dtype` as it is read (DTYPE_AUTO: model_dtype_auto, runtime/device.h, of the directory's
+ * config.json): into the arena when it is host memory (the CPU), elsewhere through one tensor's
+ * host buffer and to_device. Checks the layout against the config first (tp must divide heads,
+ * pp <= layers, ...): a violation is one user_error on rank 0. The head is the directory's: a
+ * *ForSequenceClassification directory has the score head, else the LM head. */
 void model_load(Model *m, const char *dir, const Mesh *mesh, DType dtype, const Backend *be);
 /* model_load with a score head whatever the directory: a causal-LM directory's lm_head is not read
  * and score.weight starts as normal(0, initializer_range) from `seed` (model.c score_init). */
 void model_load_score(Model *m, const char *dir, const Mesh *mesh, uint64_t seed, DType dtype, const Backend *be);
-/* --dtype auto (transformers' torch_dtype="auto", vLLM's --dtype auto): a config's torch_dtype
- * "bfloat16" -> BF16; "float16" -> BF16 too (no fp16 kernels: bf16 keeps fp16's 2 bytes and every
- * fp16 value's range, rounding its 11-bit significand to 8 bits, as vLLM's CPU backend does; pass
- * --dtype fp32 to keep fp16 weights exactly); "float32", absent or anything else -> F32. */
-DType model_dtype_auto(const ModelConfig *c);
-/* "auto", "bf16" (or "bfloat16"), "fp32" (or "float32"); anything else is a user_error naming flag */
-DType dtype_parse(const char *flag, const char *value);
-/* --device NAME (cpu | cuda | cpu-guarded), opened for this process: one user_error line when the
- * name is unknown, when the build lacks it, or when it cannot run (open's reason). A device other
- * than the CPU opens device local_rank % devices (local_rank: this process's rank among the job's
- * ranks on its node) and becomes the backend runtime/comm.c moves device buffers for
- * (comm_use_backend), so call it before cutting meshes. Collective over the world when NAME is not
- * cpu. device_open_local: the same over the ranks of world. */
-const Backend *device_open(const char *name);
-const Backend *device_open_local(const char *name, const Comm *world);
 /* Sizes a run state (inference activations, in m's backend memory) for batches of up to max_tokens
  * tokens, max_seq per sequence; run_state_free releases it. model_alloc_state sizes the model's own,
  * m->s. */
@@ -306,7 +310,6 @@ typedef struct ModelShards {
  * m->params then only names where tensors were), and every weight pointer is NULL until gathered. Call after the
  * optimizer has read what it needs of the weights (its fp32 master). */
 void model_shard_weights(Model *m, const Comm *dp);
-void model_shards_free(Model *m);
 /* Layer l's weights whole in m->w.layers[l] (a no-op without ZeRO-3 or while gathered): inside a
  * step, gathers it unless a buffer holds it, then starts gathering `next` (-1: none) into the other. */
 void model_layer_weights(Model *m, int l, int next);
@@ -326,6 +329,13 @@ const void *model_tensor_data(const Model *m, const ParamInfo *in);
 /* ---- vocab-parallel log-softmax over a logits buffer (N, V_local) of the last stage; every rank of
  * the last stage calls them (collectives over tp). The full vocab is never gathered. Every array is
  * the backend's memory but `row`, a host array. --------------------------------------------------- */
+/* THE logprobs of targets, what training, the PPO reference, DPO's reference pass and eval read:
+ * out (host, n_pairs)[i] = logits[row[i], targets[i]] / T - lse[row[i]] (row NULL: row i, and
+ * n_pairs == N), 0 where targets[i] < 0. targets and row are host arrays; the lse of the N rows
+ * (model_logits_lse) is left in w->lse, and the pairs go w->rows at a time (model_pair_logprobs),
+ * through w's buffers only: nothing is allocated. */
+void model_target_logprobs(const Model *m, const LogprobBufs *w, const float *logits, int N, int n_pairs,
+                           const int *row, const int *targets, float T, float *out);
 /* lse (N): log-sum-exp of logits / T over the full vocab; sum (N) is scratch */
 void model_logits_lse(const Model *m, const float *logits, int N, float T, float *lse, float *sum);
 /* lp[i] = logits[row[i], tok[i]] / T - lse[row[i]] for i < n_pairs (tok -1: 0 - lse; row NULL:
@@ -337,12 +347,12 @@ void model_argmax(const Model *m, const float *logits, int N, int *ids, float *v
 
 /* What eval and scoring need from one forward, on EVERY rank (the last stage computes, then
  * broadcasts over the pp group). Arrays are caller-allocated, on the host, as model_score's inputs;
- * its temporaries are the backend's. */
+ * its temporaries are the run state's (m->s.lp). */
 typedef struct {
     float *lse;           /* (N) log-sum-exp of each position's logits */
     int *argmax;          /* (N) greedy next token after each position */
     float *argmax_logprob;/* (N) its logprob */
-    float *pair_logprob;  /* (n_pairs) logprob of tok[i] at position row[i] */
+    float *pair_logprob;  /* (n_pairs) logprob of tok[i] at position row[i] (row NULL: i), 0 where tok[i] < 0 */
 } Scores;
 void model_score(Model *m, const int *tokens, const int *seq_start, int n_seqs, int n_pairs, const int *row,
                  const int *tok, Scores *out);

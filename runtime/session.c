@@ -3,6 +3,7 @@
 #include "kernels/kernels.h"
 #include "runtime/adapter.h"
 #include "runtime/comm.h"
+#include "runtime/device.h"
 
 void model_open(ModelOpen *s, Mesh *mesh, Model *m) {
     comm_set_timeout(s->comm_timeout);

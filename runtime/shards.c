@@ -24,6 +24,27 @@ static char *slice_of(const ModelShards *z, int l) { return (char *)z->shard + (
 static size_t floats(const ModelShards *z, size_t elems) { return elems * es_of(z) / sizeof(float); }
 static void **field_of(Model *m, const ShardTensor *t) { return (void **)((char *)&m->w + t->field); }
 
+/* the slices and buffers gone (model_free calls it: model_shard_weights registers it); a parameter
+ * arena freed by the slicing is NULL, so that model_free does not free it again */
+static void shards_free(Model *m) {
+    ModelShards *z = m->z3;
+    comm_wait(&z->pending);
+    const Backend *be = m->be;
+    for (int i = 0; i < z->n_t; i++) {
+        be->free(z->t[i].shard);
+        be->free(z->t[i].buf);
+    }
+    free(z->t);
+    be->free(z->shard);
+    be->free(z->slot[0]);
+    be->free(z->slot[1]);
+    be->free(z->full);
+    if (z->arena_freed) m->params = NULL;
+    free(z);
+    m->z3 = NULL;
+    m->free_z3 = NULL;
+}
+
 void model_shard_weights(Model *m, const Comm *dp) {
     CHECK(!m->z3);
     const Backend *be = m->be;
@@ -90,6 +111,16 @@ void model_shard_weights(Model *m, const Comm *dp) {
     for (int l = 0; l < z->L; l++) memset(&m->w.layers[l], 0, sizeof(LayerWeights));
     m->w = none;
     m->z3 = z;
+    m->free_z3 = shards_free;
+    /* what the weights take now: the slices, the step's two layer buffers and the larger of the
+     * embedding's and the head's gathers */
+    double slices = (double)z->L * z->S, emb = 0, head = 0;
+    for (int i = 0; i < z->n_t; i++) {
+        slices += z->t[i].S;
+        if (z->t[i].head || z->t[i].tied) head += (double)z->t[i].S * dp->size;
+        else emb += (double)z->t[i].S * dp->size;
+    }
+    m->weight_bytes = (slices + 2.0 * z->S * dp->size + (emb > head ? emb : head)) * es;
 }
 
 static void release_tensor(Model *m, ShardTensor *t) {
@@ -97,24 +128,6 @@ static void release_tensor(Model *m, ShardTensor *t) {
     t->buf = NULL;
     *field_of(m, t) = NULL;
     if (t->tied) m->w.lm_head = NULL;
-}
-
-void model_shards_free(Model *m) {
-    ModelShards *z = m->z3;
-    if (!z) return;
-    comm_wait(&z->pending);
-    const Backend *be = m->be;
-    for (int i = 0; i < z->n_t; i++) {
-        be->free(z->t[i].shard);
-        be->free(z->t[i].buf);
-    }
-    free(z->t);
-    be->free(z->shard);
-    be->free(z->slot[0]);
-    be->free(z->slot[1]);
-    be->free(z->full);
-    free(z);
-    m->z3 = NULL;
 }
 
 /* the gather started ahead has landed: its slot holds its layer */

@@ -19,6 +19,7 @@
  * 0, or names what failed and exits 1. */
 #include "runtime/mesh.h"
 #include "runtime/model.h"
+#include "runtime/adapter.h"
 #include "runtime/lora.h"
 #include "runtime/util.h"
 #include "train/grad.h"

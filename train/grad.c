@@ -108,7 +108,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     a->dlogits = a->logits;   /* the cross-entropy backward overwrites the logits in place */
 
     if (m->lora) {   /* each layer's u, then the scratch */
-        size_t r = (size_t)m->lora->r, w = lora_width(m);
+        size_t r = (size_t)m->lora_r, w = m->lora_width;
         size_t n = Ll * LORA_TARGETS * N * r + N * w + N * r + N * w;
         a->lora_arena = m->be->alloc(sizeof(float) * n);
         a->n_arena += n;   /* the memory plan's activations */
@@ -241,16 +241,11 @@ const float *train_outputs(Model *m, TrainActs *a, const int *targets, float tem
     int N = a->N;
     if (m->head == HEAD_SCORE) {              /* the values are the head's output, (N, 1) */
         m->be->copy(a->out, a->logits, N);
-    } else {
-        /* the logprob of generation (model_pair_logprobs): vocab-parallel lse, then the target's logit */
-        m->be->to_device(a->targets, targets, sizeof(int) * N);
-        model_logits_lse(m, a->logits, N, temperature, a->lse, a->pick);   /* pick: free until below */
-        model_pair_logprobs(m, a->logits, a->lse, N, NULL, a->targets, temperature, a->pick, a->out);
+        m->be->to_host(a->host_out, a->out, sizeof(float) * N);
+    } else {   /* the logprob of generation; a->lse and a->targets stay for the backward */
+        LogprobBufs w = {a->lse, a->pick, a->out, a->targets, N};
+        model_target_logprobs(m, &w, a->logits, N, N, NULL, targets, temperature, a->host_out);
     }
-    m->be->to_host(a->host_out, a->out, sizeof(float) * N);
-    if (m->head != HEAD_SCORE)
-        for (int n = 0; n < N; n++)
-            if (targets[n] < 0) a->host_out[n] = 0.0f;
     return a->host_out;
 }
 

@@ -12,8 +12,9 @@
  * Memory: TrainActs' buffers and the gradients are the model's backend's (Model.be); a MicroBatch
  * and the hook's arguments are host memory. Per micro-batch the ids go up in two copies (tokens +
  * positions; targets), the hook's N outputs come down and its N gradients go up. The tp / pp
- * collectives (runtime/comm.c) move host memory, so a device other than the CPU trains at
- * tp = pp = 1. */
+ * collectives (runtime/comm.c) take the backend's buffers as they are: over the device's own link
+ * (NCCL) or staged through host memory (runtime/comm_device.c), so a device trains at any tp, pp
+ * and dp (tests/device_train.bats). */
 #ifndef TANDEM_GRAD_H
 #define TANDEM_GRAD_H
 #include <stddef.h>
@@ -119,7 +120,7 @@ typedef struct {
     Comm emb_comm;
     CommRequest send_req;      /* the pending pipeline send of this slot (x forward or dx backward) */
     /* with LoRA adapters (m->lora), one more arena: each layer's lora_u (LORA_TARGETS, N, r), and
-     * lora_tmp (N, lora_width), lora_du (N, r), lora_dx (N, lora_width) scratch */
+     * lora_tmp (N, m->lora_width), lora_du (N, r), lora_dx (N, m->lora_width) scratch */
     float *lora_arena, *lora_tmp, *lora_du, *lora_dx;
     uint64_t lora_key;         /* LoRA dropout's key of this slot's micro-batch (lora_micro_key; 0: none) */
 } TrainActs;

@@ -50,9 +50,9 @@
  * AdamW, the norm's sums of squares and the master's rounding run as its entries (adamw,
  * sum_squares, pack: kernels/cpu/cpu.h's contracts, torch's arithmetic), and a step moves one
  * double per piece to the host (the norm is summed there, in held order). The dp reduction and
- * ZeRO work on host memory (runtime/comm.c): with a device other than the CPU, dp = 1 and no ZeRO
- * (the commands refuse the rest). optim_save / optim_load copy the state through a bounded host
- * buffer.
+ * ZeRO's gathers and scatters take the backend's buffers as they are (runtime/comm.c: a device's
+ * over its link or staged through host memory), so every ZeRO stage runs on a device too.
+ * optim_save / optim_load copy the state through a bounded host buffer.
  *
  * Arena layout: plain and ZeRO-1's grads use the parameter arena's layout (model_param_infos
  * offsets). The gradient arena passed to optim_step must hold optim_grad_floats(o) floats: the
@@ -129,7 +129,7 @@ typedef struct {
                                  laid out as the file optim_save writes after its header: m, v[, master] */
     float *master;            /* (n_state) BF16 weights: the fp32 master of the held floats (0 in the
                                  padding); NULL for F32 weights (the params are the master) */
-    float *slice;             /* (n_state) ZeRO-1/2 (CPU only): the dp-reduced gradient of the held
+    float *slice;             /* (n_state) ZeRO-1/2: the dp-reduced gradient of the held
                                  floats (ZeRO-2: accumulated over the step's micro-batches); NULL plain */
     OptimRange *ranges;       /* (n_ranges) the parameter tensors in arena order */
     int n_ranges;

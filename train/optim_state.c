@@ -1,6 +1,7 @@
 /* optim_state.c — see optim_state.h. The sections are Optim's one state block in order (m, v,
  * master: optim.h), each written as its own HF directory of tensors. */
 #include "train/optim_state.h"
+#include "runtime/device.h"
 #include "runtime/lora.h"
 #include "runtime/comm.h"
 #include "runtime/safetensors.h"

@@ -1,6 +1,7 @@
 /* trainer.c — see trainer.h. */
 #include "train/trainer.h"
 #include "runtime/adapter.h"
+#include "runtime/device.h"
 #include "runtime/lora.h"
 #include "runtime/util.h"
 #include "kernels/kernels.h"

@@ -166,7 +166,8 @@ typedef struct {
 void run_options_check(TrainOptions *o);
 void optim_options_check(const TrainOptions *o, int tp, const char *sp_refusal);
 /* sft's, rm's and dpo's: the required flags, the step and optimizer settings, the two above, a
- * --resume that fits --model (and --lora-r), then the device (o->be). Call before loading the model.
+ * --resume that fits --model (and --lora-r), then the device (o->be, runtime/device.h device_open: any
+ * layout and ZeRO stage). Call before loading the model.
  * user_error lines start with cmd. */
 void train_options_check(TrainOptions *o, const char *cmd);
 
