@@ -2,8 +2,9 @@
  * Owns: the options, the engine run (its callbacks: stop strings on decoded text, finished lines),
  * moving finished lines of other data-parallel groups to rank 0, progress and the final report.
  * Does not own: what a line asks for (request.c), the output file and --resume (output.c),
- * scheduling and the KV cache (engine.c, kv_cache.c). Every rank reads the same input; the ranks
- * of one dp group run the same schedule over that group's prompts; rank 0 alone writes. */
+ * scheduling and the KV cache (engine.c, kv_cache.c). Every rank reads (and checks) the same
+ * input, a line at a time as its group's engine has room; the ranks of one dp group run the same
+ * schedule over that group's prompts; rank 0 alone writes. */
 #include "generate/generate.h"
 #include "generate/engine.h"
 #include "generate/output.h"
