@@ -2,8 +2,9 @@
  * Owns: the options, the engine run (its callbacks: stop strings on decoded text, finished lines),
  * moving finished lines of other data-parallel groups to rank 0, progress and the final report.
  * Does not own: what a line asks for (request.c), the output file and --resume (output.c),
- * scheduling and the KV cache (engine.c, kv_cache.c). Every rank reads the same input; the ranks
- * of one dp group run the same schedule over that group's prompts; rank 0 alone writes. */
+ * scheduling and the KV cache (engine.c, kv_cache.c). Every rank reads (and checks) the same
+ * input, a line at a time as its group's engine has room; the ranks of one dp group run the same
+ * schedule over that group's prompts; rank 0 alone writes. */
 #include "generate/generate.h"
 #include "generate/engine.h"
 #include "generate/output.h"
@@ -13,23 +14,45 @@
 #include "runtime/args.h"
 #include "runtime/util.h"
 #include "tokenizer/tokenizer.h"
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* A line's completion as it is decoded. */
+/* An input line this rank runs: its request and its completion as it is decoded. Allocated one by
+ * one (the engine keeps &req.seq), freed when it finishes: memory holds the lines in flight only. */
 typedef struct {
+    Request req;
     char *text;           /* decoded completion so far (special tokens skipped) */
     size_t len, cap;
     TokStream ts;
     int stopped;          /* finished by a stop string (the text is already cut) */
-} Gen;
+} Line;
+
+static Line *line_of(Seq *s) { return (Line *)((char *)s - offsetof(Line, req.seq)); }
+static void line_free(Line *l) {
+    request_free(&l->req);
+    free(l->text);
+    free(l);
+}
 
 typedef struct {
-    Request *reqs;        /* (n) the input lines */
-    Gen *gens;            /* (n) their completions */
-    int n;
+    /* the input, read as the engine has room: this group keeps read_ahead of its lines in the
+     * engine; a line longer than the engine was sized for waits in `held` (and the reading with
+     * it) until the engine has drained, then the engine is made anew for it */
+    RequestReader rd;
+    Line **held;          /* (n_held) this group's lines read and not yet in the engine, in input order */
+    int n_held, cap_held;
+    int inflight;         /* this group's lines in the engine */
+    int read_ahead;       /* 2 x --max-batch, at least READ_AHEAD_MIN */
+    int eos[EOS_IDS_CAP]; /* the reader's EOS ids */
+    EngineStats past;     /* the counters of the engines made anew (run_all) */
+    Engine *e;
+    int max_len;          /* the engine's size: prompt + max_new of its longest line */
+    Model *m;
+    EngineConfig *ec;
+    const char *in_path;
     Tokenizer *tok;
     Output out;
     int n_done, n_total, progress;
@@ -48,10 +71,14 @@ typedef struct {
 } Run;
 
 enum { TAG_LINE = 7 };  /* message: 4-byte input index, then the line */
+/* Lines a group keeps in flight at least: a small --max-batch still reads the input (and finds its
+ * errors) a few hundred lines at a time */
+enum { READ_AHEAD_MIN = 256 };
 
 /* The progress line: when a prompt finishes (PROGRESS_DONE), at most twice a second between
  * (PROGRESS_TICK, every engine step), and once at the end. Tokens/s counts every token generated so
- * far by rank 0's group, and other groups' finished prompts. */
+ * far by rank 0's group, and other groups' finished prompts; the prompt count is of those read so
+ * far until the input's end. */
 enum { PROGRESS_TICK, PROGRESS_DONE, PROGRESS_FINAL };
 static void progress(Run *run, int why) {
     if (!run->progress || !mesh_is_root(run->mesh)) return;
@@ -59,19 +86,82 @@ static void progress(Run *run, int why) {
     if (why == PROGRESS_TICK && t - run->shown < 0.5) return;
     run->shown = t;
     double rate = run->n_done / dt;   /* prompts per second */
-    fprintf(stderr, "\r[%d/%d prompts] %.1f tokens/s, ", run->n_done, run->n_total, (run->live_tokens + run->remote_tokens) / dt);
-    if (rate > 0) fprintf(stderr, "ETA %.0f s   ", (run->n_total - run->n_done) / rate);
+    fprintf(stderr, "\r[%d/%d%s prompts] %.1f tokens/s, ", run->n_done, run->n_total, run->rd.eof ? "" : "+",
+            (run->live_tokens + run->remote_tokens) / dt);
+    if (rate > 0 && run->rd.eof) fprintf(stderr, "ETA %.0f s   ", (run->n_total - run->n_done) / rate);
     else fprintf(stderr, "ETA -   ");
     if (why == PROGRESS_FINAL) fputc('\n', stderr);
     fflush(stderr);
+}
+
+/* ---- reading the input ------------------------------------------------------------------ */
+
+static int line_len(const Line *l) { return l->req.seq.n_prompt + l->req.seq.max_new; }
+
+/* Every line is checked against the KV cache, whichever group runs it (the error then comes from
+ * every rank). */
+static void check_fit(Run *run, const Line *l) {
+    char err[256];
+    if (engine_check(run->e, &l->req.seq, err, sizeof err)) user_error("%s:%d: %s", run->in_path, l->req.in_line, err);
+}
+
+/* Reads the next input line: its output slot; this group's line goes to `held`, another group's
+ * or one --resume skips is dropped. keep (the first lines, read before the engine exists):
+ * every line read is appended to *keep (n_keep) instead, unchecked. 0 at the end of the input. */
+static int read_one(Run *run, Line ***keep, int *n_keep) {
+    Line *l = xcalloc(1, sizeof(Line));
+    if (!requests_next(&run->rd, &l->req)) {
+        free(l);
+        return 0;
+    }
+    int i = l->req.seq.index;
+    if (output_add(&run->out, l->req.id_json)) {
+        line_free(l);
+        return 1;
+    }
+    run->n_total++;
+    if (run->tok) {
+        tok_stream_init(&l->ts, run->tok, 1);
+        l->ts.n_seen = 1;  /* the completion continues the prompt: keep its first token's leading space */
+    }
+    if (keep) {
+        *keep = xrealloc(*keep, sizeof(Line *) * (*n_keep + 1));
+        (*keep)[(*n_keep)++] = l;
+        return 1;
+    }
+    check_fit(run, l);
+    if (i % run->mesh->dp != run->mesh->dp_rank) {   /* another data-parallel group's prompt */
+        run->n_remote++;
+        line_free(l);
+        return 1;
+    }
+    if (run->n_held == run->cap_held) run->held = xrealloc(run->held, sizeof(Line *) * (run->cap_held = 2 * run->cap_held + 16));
+    run->held[run->n_held++] = l;
+    return 1;
+}
+
+/* Keeps read_ahead of this group's lines in the engine, reading as they are needed; stops at a line
+ * longer than the engine's size. What enters the engine when depends only on the group's lines and
+ * their finishing, so the ranks of a group (rank 0 also reads ahead for other groups' lines) agree. */
+static void refill(Run *run) {
+    while (run->inflight < run->read_ahead) {
+        if (!run->n_held && !read_one(run, NULL, NULL)) return;
+        if (!run->n_held) continue;
+        Line *l = run->held[0];
+        if (line_len(l) > run->max_len) return;
+        char err[256];
+        CHECK(engine_add(run->e, &l->req.seq, err, sizeof err) == 0);
+        run->inflight++;
+        memmove(run->held, run->held + 1, sizeof(Line *) * --run->n_held);
+    }
 }
 
 /* ---- engine callbacks ------------------------------------------------------------------- */
 
 static int on_token(void *ctx, Seq *s) {
     Run *run = ctx;
-    Gen *g = &run->gens[s->index];
-    const Request *r = &run->reqs[s->index];
+    Line *g = line_of(s);
+    const Request *r = &g->req;
     run->live_tokens++;
     if (!run->tok) return 0;
     size_t before = g->len;
@@ -88,24 +178,25 @@ static int on_token(void *ctx, Seq *s) {
 
 static void on_finish(void *ctx, Seq *s) {
     Run *run = ctx;
-    Gen *g = &run->gens[s->index];
+    Line *g = line_of(s);
     if (run->tok && !g->stopped) tok_stream_flush(&g->ts, &g->text, &g->len, &g->cap);
     if (!run->tok) { g->text = xstrdup(""); }
-    run->out.slots[s->index].done = 1;
+    int idx = s->index, n_out = s->n_out;
+    run->inflight--;
     run->n_done++;
-    run->gen_tokens += s->n_out;
+    run->gen_tokens += n_out;
+    char *line = run->leader ? format_line(&g->req, g->text) : NULL;
+    line_free(g);   /* s with it: the engine drops it after this call */
     if (!run->leader) return;
-    char *line = format_line(&run->reqs[s->index], g->text);
     if (mesh_is_root(run->mesh)) {
-        run->out.slots[s->index].line = line;
-        output_ready(&run->out, s->index);
+        output_ready(&run->out, idx, line);
         progress(run, PROGRESS_DONE);
         return;
     }
     /* another group's leader: to rank 0, [index][tokens][line] */
     size_t n = strlen(line);
     char *msg = xmalloc(8 + n);
-    int32_t head[2] = {s->index, s->n_out};
+    int32_t head[2] = {idx, n_out};
     memcpy(msg, head, 8);
     memcpy(msg + 8, line, n);
     free(line);
@@ -117,7 +208,8 @@ static void on_finish(void *ctx, Seq *s) {
     run->n_out++;
 }
 
-/* Rank 0: take in other groups' finished lines (blocking until `want` more have come). */
+/* Rank 0: take in other groups' finished lines (blocking until `want` more have come). A line of
+ * another group may come before rank 0 has read that far: it reads on to its slot. */
 static void collect_lines(Run *run, int want) {
     int src;
     size_t bytes;
@@ -127,18 +219,17 @@ static void collect_lines(Run *run, int want) {
         int32_t head[2];   /* index, tokens */
         memcpy(head, msg, 8);
         int idx = head[0];
-        CHECK(bytes >= 8 && idx >= 0 && idx < run->n && !run->out.slots[idx].done);
-        OutSlot *g = &run->out.slots[idx];
-        g->line = xmalloc(bytes - 8 + 1);
-        memcpy(g->line, msg + 8, bytes - 8);
-        g->line[bytes - 8] = 0;
+        while (idx >= run->out.n) CHECK(read_one(run, NULL, NULL));
+        CHECK(bytes >= 8 && idx >= 0);
+        char *line = xmalloc(bytes - 8 + 1);
+        memcpy(line, msg + 8, bytes - 8);
+        line[bytes - 8] = 0;
         run->remote_tokens += head[1];
-        g->done = 1;
         free(msg);
         run->n_remote--;
         run->n_done++;
         want--;
-        output_ready(&run->out, idx);
+        output_ready(&run->out, idx, line);
         progress(run, PROGRESS_DONE);
     }
 }
@@ -146,6 +237,7 @@ static void collect_lines(Run *run, int want) {
 static void on_step(void *ctx) {
     Run *run = ctx;
     if (mesh_is_root(run->mesh) && run->n_remote) collect_lines(run, 0);
+    refill(run);
     progress(run, PROGRESS_TICK);
 }
 
@@ -170,64 +262,94 @@ static void options_check(RequestDefaults *d, int greedy, int seed, const char *
     if (stop) d->n_stops = stops_parse_flag(stop, d->stops);
 }
 
-/* The engine, sized for the longest line, with this group's lines queued (every line is checked
- * against the KV cache, whichever group runs it). */
-static Engine *engine_start(Run *run, Model *m, EngineConfig *ec, const char *in_path) {
-    int max_len = 1;
-    for (int i = 0; i < run->n; i++) {
-        Seq *s = &run->reqs[i].seq;
-        if (s->n_prompt + s->max_new > max_len) max_len = s->n_prompt + s->max_new;
-    }
-    Engine *e = engine_new(m, ec, max_len);
-    MemPlan plan = model_mem_plan(m);
-    plan.kv = engine_stats(e).kv_bytes;
-    plan.acts += engine_stats(e).act_bytes;
-    model_print_memory_plan(m, &plan);
-    for (int i = 0; i < run->n; i++) {
-        Gen *g = &run->gens[i];
-        if (run->out.slots[i].skip) continue;
-        if (run->tok) {
-            tok_stream_init(&g->ts, run->tok, 1);
-            g->ts.n_seen = 1;  /* the completion continues the prompt: keep its first token's leading space */
-        }
-        run->n_total++;
-        char err[256];
-        if (engine_check(e, &run->reqs[i].seq, err, sizeof err)) user_error("%s:%d: %s", in_path, run->reqs[i].in_line, err);
-        if (i % run->mesh->dp != run->mesh->dp_rank) {   /* another data-parallel group's prompt */
+/* The engine, sized for the longest of the first lines (read before it: their errors come first,
+ * as every input error did when generate read all of its input first), and a memory plan with it. */
+static void engine_start(Run *run, Line **first, int n_first) {
+    run->max_len = 1;
+    for (int i = 0; i < n_first; i++)
+        if (line_len(first[i]) > run->max_len) run->max_len = line_len(first[i]);
+    run->e = engine_new(run->m, run->ec, run->max_len);
+    MemPlan plan = model_mem_plan(run->m);
+    plan.kv = engine_stats(run->e).kv_bytes;
+    plan.acts += engine_stats(run->e).act_bytes;
+    model_print_memory_plan(run->m, &plan);
+    for (int i = 0; i < n_first; i++) {
+        Line *l = first[i];
+        check_fit(run, l);
+        if (l->req.seq.index % run->mesh->dp != run->mesh->dp_rank) {   /* another data-parallel group's prompt */
             run->n_remote++;
+            line_free(l);
             continue;
         }
-        CHECK(engine_add(e, &run->reqs[i].seq, err, sizeof err) == 0);
+        if (run->n_held == run->cap_held) run->held = xrealloc(run->held, sizeof(Line *) * (run->cap_held = 2 * run->cap_held + 16));
+        run->held[run->n_held++] = l;
     }
-    return e;
+    free(first);
 }
 
-/* Generates every line; rank 0 writes them in input order as they finish. */
-static void run_all(Run *run, Engine *e) {
+/* The first lines: until read_ahead of this group's (or the end). */
+static int read_first(Run *run, Line ***first) {
+    int n = 0, own = 0;
+    *first = NULL;
+    while (own < run->read_ahead) {
+        int before = n;
+        if (!read_one(run, first, &n)) break;
+        if (n > before && (*first)[n - 1]->req.seq.index % run->mesh->dp == run->mesh->dp_rank) own++;
+    }
+    return n;
+}
+
+/* The engine's counters of a run that made it anew: the earlier engines' added in. */
+static void stats_add(EngineStats *sum, const EngineStats *a) {
+    sum->prefill_tokens += a->prefill_tokens; sum->decode_tokens += a->decode_tokens;
+    sum->steps += a->steps; sum->preemptions += a->preemptions;
+    sum->prefill_s += a->prefill_s; sum->decode_s += a->decode_s;
+    if (a->peak_blocks_used > sum->peak_blocks_used) sum->peak_blocks_used = a->peak_blocks_used;
+    sum->kv_blocks = a->kv_blocks; sum->kv_block_tokens = a->kv_block_tokens;
+}
+
+/* Generates every line; rank 0 writes them in input order as they finish. A line longer than the
+ * engine's size waits for the engine to drain, which is then made anew for it (tokens do not
+ * depend on the batch: the same bytes). */
+static void run_all(Run *run, int resume) {
     comm_barrier(&run->mesh->group);
     run->t0 = now_seconds();
-    output_ready(&run->out, -1);
-    engine_run(e);
+    output_ready(&run->out, -1, NULL);
+    for (;;) {
+        refill(run);
+        engine_run(run->e);
+        if (!run->n_held) break;
+        /* twice the size, or the line's if more (a few drains at most); the line alone decides,
+         * so every rank of the group (rank 0 may have read further) sizes it the same */
+        int need = 2 * run->max_len < run->ec->max_ctx ? 2 * run->max_len : run->ec->max_ctx;
+        if (line_len(run->held[0]) > need) need = line_len(run->held[0]);
+        EngineStats st = engine_stats(run->e);
+        stats_add(&run->past, &st);
+        engine_free(run->e);
+        run->max_len = need;
+        run->e = engine_new(run->m, run->ec, need);
+    }
+    CHECK(run->rd.eof && run->inflight == 0);
     if (mesh_is_root(run->mesh)) collect_lines(run, run->n_remote);   /* the other groups' last lines */
     else run->n_remote = 0;
     for (int i = 0; i < run->n_out; i++) { comm_wait(&run->sends[i]); free(run->outbox[i]); }
     free(run->sends);
     free(run->outbox);
-    output_ready(&run->out, -1);
-    output_close(&run->out);
+    output_ready(&run->out, -1, NULL);
+    output_close(&run->out, resume);
 }
 
 static void run_free(Run *run) {
-    for (int i = 0; i < run->n; i++) { request_free(&run->reqs[i]); free(run->gens[i].text); }
-    free(run->reqs);
-    free(run->gens);
+    free(run->held);
+    requests_close(&run->rd);
     if (run->tok) tokenizer_free(run->tok);
 }
 
 /* The last line: the data-parallel groups summed (each group's ranks hold the same numbers). */
-static void report(Run *run, Engine *e) {
+static void report(Run *run) {
     const Mesh *mesh = run->mesh;
-    EngineStats st = engine_stats(e);
+    EngineStats st = run->past, last = engine_stats(run->e);
+    stats_add(&st, &last);
     double agg[6] = {(double)run->gen_tokens, (double)st.prefill_tokens, st.prefill_s, (double)st.decode_tokens,
                      st.decode_s, (double)st.preemptions};
     if (!run->leader) memset(agg, 0, sizeof agg);
@@ -250,8 +372,8 @@ static void report(Run *run, Engine *e) {
 
 /* ---- main ------------------------------------------------------------------------------- */
 
-/* The requests: the tokenizer (optional: input_ids work without one), --stop-token-ids and the EOS
- * ids (generate/request.h eos_ids_load), every input line, and the output (resume scan). */
+/* The input's reader: the tokenizer (optional: input_ids work without one), --stop-token-ids and
+ * the EOS ids (generate/request.h eos_ids_load); and the output (resume scan). */
 static void run_read(Run *run, RequestDefaults *d, const Model *m, const char *model_dir, const char *in_path,
                      const char *out_path, const char *stop_ids, int resume) {
     char err[1024];
@@ -259,29 +381,35 @@ static void run_read(Run *run, RequestDefaults *d, const Model *m, const char *m
     if (d->chat_template && run->tok && chat_format_resolve(run->tok, d->chat_template, err, sizeof err) < 0)
         user_error("--chat-template: %s", err);        /* checked even when no line has "messages" */
     if (stop_ids) stop_ids_parse_flag(stop_ids, m->cfg.vocab_size, &d->stop_ids, &d->n_stop_ids);
-    int eos[EOS_IDS_CAP], n_eos = eos_ids_load(model_dir, &m->cfg, run->tok, eos);
-    run->n = requests_read(in_path, d, run->tok, &m->cfg, eos, n_eos, &run->reqs);
-    run->gens = xcalloc(run->n, sizeof(Gen));
-    output_init(&run->out, out_path, run->reqs, run->n, mesh_is_root(m->mesh));
+    int n_eos = eos_ids_load(model_dir, &m->cfg, run->tok, run->eos);
+    output_init(&run->out, out_path, mesh_is_root(m->mesh));
     if (resume) output_resume_scan(&run->out);
+    requests_open(&run->rd, in_path, d, run->tok, &m->cfg, run->eos, n_eos);
+    run->in_path = in_path;
 }
 
-/* Everything after loading: the summary table, the engine over every prompt, the ordered output
- * (opened only now that every input check is done), the final progress line and report; then the
- * run's memory. */
+/* Everything after loading: the first lines, the summary table, the engine, the output (opened
+ * once the first lines are checked; an error in a later line removes it again: output.h), every
+ * line as the engine has room, the final progress line and report; then the run's memory. */
 static void generate_all(Run *run, Model *m, const Option *opts, int n_opts, EngineConfig *ec, const char *in_path,
                          int resume) {
+    (void)in_path;
+    run->m = m;
+    run->ec = ec;
+    run->read_ahead = 2 * ec->max_batch > READ_AHEAD_MIN ? 2 * ec->max_batch : READ_AHEAD_MIN;
+    Line **first;
+    int n_first = read_first(run, &first);
     if (mesh_is_root(m->mesh)) {
         fprintf(stderr, "+------------------------+--------------------------------+\n");
         args_print(opts, n_opts);
         model_print_summary(m);
     }
-    Engine *e = engine_start(run, m, ec, in_path);
+    engine_start(run, first, n_first);
     if (mesh_is_root(m->mesh)) output_open(&run->out, resume);
-    run_all(run, e);
+    run_all(run, resume);
     progress(run, PROGRESS_FINAL);
-    report(run, e);
-    engine_free(e);
+    report(run);
+    engine_free(run->e);
     run_free(run);
 }
 

@@ -8,11 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-void output_init(Output *o, const char *path, const Request *reqs, int n, int is_root) {
+void output_init(Output *o, const char *path, int is_root) {
     memset(o, 0, sizeof(*o));
-    o->slots = xcalloc(n, sizeof(OutSlot));
-    for (int i = 0; i < n; i++) o->slots[i].id_json = reqs[i].id_json;
-    o->n = n;
     o->is_root = is_root;
     o->path = path;
     o->resume_keep = -1;   /* keep the whole file (--resume may say less); 0 would truncate a pipe */
@@ -21,88 +18,135 @@ void output_init(Output *o, const char *path, const Request *reqs, int n, int is
     o->pending_fd = -1;
 }
 
+static OutSlot *slot(Output *o, int i) { return &o->ring[i % o->cap]; }
+
 /* ---- --resume ---------------------------------------------------------------------------- */
 
-static int cmp_by_id(const void *a, const void *b, void *slots) {
-    const OutSlot *g = slots;
-    int i = *(const int *)a, j = *(const int *)b, c = strcmp(g[i].id_json, g[j].id_json);
-    return c ? c : (i > j) - (i < j);
+static int cmp_written(const void *a, const void *b) {
+    return strcmp(((const ResumeId *)a)->id, ((const ResumeId *)b)->id);
+}
+static int cmp_pend(const void *a, const void *b) {
+    const ResumeLine *x = a, *y = b;
+    int c = strcmp(x->id, y->id);
+    return c ? c : (x->order > y->order) - (x->order < y->order);
 }
 
-/* --resume, one file: each complete line marks the first input line with its id not yet marked
- * (ids sorted once: n log n, not n x m) with `mark`; SKIP_PENDING keeps the line to be written in
- * its place. A last line cut off by a kill (no newline) is ignored, and its start returned in *keep
- * unless keep is NULL (-1: the file ends with a whole line); blank lines are passed over; any other malformed line is
- * an error. Returns the number of input lines marked. */
-static int resume_scan_file(Output *o, const int *order, const char *path, int mark, long *keep) {
-    size_t len;
+/* --resume, one file, a line at a time: each complete line's id (with the line itself, newline
+ * included, for the side file: pend). A last line cut off by a kill (no newline) is ignored, and
+ * its start returned in *keep unless keep is NULL (-1: the file ends with a whole line); blank
+ * lines are passed over; any other malformed line is an error. */
+static void resume_scan_file(Output *o, const char *path, int pend, long *keep) {
     if (keep) *keep = -1;
-    char *data = read_file(path, &len);
-    if (!data) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
         if (errno != ENOENT) user_error("%s: cannot read for --resume: %s", path, strerror(errno));
-        return 0;                                    /* nothing yet */
+        return;                                      /* nothing yet */
     }
-    size_t good = 0, pos = 0;
-    int line = 0, skipped = 0;
-    while (pos < len) {
-        char *nl = memchr(data + pos, '\n', len - pos);
+    char *buf = NULL;
+    size_t cap = 0;
+    long good = 0;
+    int line = 0;
+    for (ssize_t len; (len = getline(&buf, &cap, f)) > 0;) {
         line++;
-        if (!nl) break;                              /* partial tail */
-        *nl = 0;
-        if (strspn(data + pos, " \t\r") == (size_t)(nl - data - pos)) {   /* blank */
-            pos = good = (size_t)(nl - data) + 1;
-            continue;
-        }
-        cJSON *j = cJSON_ParseWithOpts(data + pos, NULL, 1);
+        if (buf[len - 1] != '\n') break;             /* partial tail */
+        buf[len - 1] = 0;
+        if (strspn(buf, " \t\r") == (size_t)len - 1) { good += len; continue; }   /* blank */
+        cJSON *j = cJSON_ParseWithOpts(buf, NULL, 1);
         cJSON *id = j ? cJSON_GetObjectItemCaseSensitive(j, "id") : NULL;
         if (!j || !id || !cJSON_GetObjectItemCaseSensitive(j, "completion_ids"))
             user_error("%s:%d: not a complete output line; cannot --resume from this file", path, line);
         char where[600];
         snprintf(where, sizeof where, "%s:%d", path, line);
         char *key = id_text(id, where);
-        int lo = 0, hi = o->n;                     /* first sorted position with id >= key */
-        while (lo < hi) {
-            int mid = (lo + hi) / 2;
-            if (strcmp(o->slots[order[mid]].id_json, key) < 0) lo = mid + 1; else hi = mid;
-        }
-        for (; lo < o->n && !strcmp(o->slots[order[lo]].id_json, key); lo++) {
-            OutSlot *g = &o->slots[order[lo]];
-            if (g->skip) continue;
-            g->skip = mark;
-            if (mark == SKIP_PENDING) {   /* the line, newline included, to be written in its turn */
-                size_t n = (size_t)(nl - data - pos);
-                g->line = xmalloc(n + 2);
-                memcpy(g->line, data + pos, n);
-                memcpy(g->line + n, "\n", 2);
-            }
-            skipped++;
-            break;
-        }
-        free(key);
         cJSON_Delete(j);
-        pos = (size_t)(nl - data) + 1;
-        good = pos;
+        if (pend) {
+            o->pend = xrealloc(o->pend, sizeof(ResumeLine) * (o->n_pend + 1));
+            buf[len - 1] = '\n';
+            o->pend[o->n_pend] = (ResumeLine){key, xstrdup(buf), o->n_pend, 0};
+            o->n_pend++;
+        } else {
+            o->written = xrealloc(o->written, sizeof(ResumeId) * (o->n_written + 1));
+            o->written[o->n_written++] = (ResumeId){key, 1};
+        }
+        good += len;
     }
-    if (keep && good < len) *keep = (long)good;
-    free(data);
-    return skipped;
+    long end = ftell(f);
+    if (keep && good < end) *keep = good;
+    free(buf);
+    fclose(f);
 }
 
 /* See output.h. The output's partial tail is dropped when it is opened (o->resume_keep), after
- * every check. */
+ * the checks. Ids of the output file are counted (one entry per id); side-file lines keep their
+ * file order within an id. */
 void output_resume_scan(Output *o) {
-    int *order = xmalloc(sizeof(int) * o->n);
-    for (int i = 0; i < o->n; i++) order[i] = i;
-    qsort_r(order, o->n, sizeof(int), cmp_by_id, o->slots);
-    int written = resume_scan_file(o, order, o->path, SKIP_WRITTEN, &o->resume_keep);
-    int pending = resume_scan_file(o, order, o->pending_path, SKIP_PENDING, NULL);   /* its tail: ignored */
-    if (o->is_root)
-        fprintf(stderr, "resume: %d of %d prompts already in %s, %d more in %s\n", written, o->n, o->path, pending,
-                o->pending_path);
-    free(order);
+    resume_scan_file(o, o->path, 0, &o->resume_keep);
+    resume_scan_file(o, o->pending_path, 1, NULL);   /* its tail: ignored */
+    qsort(o->written, o->n_written, sizeof(ResumeId), cmp_written);
+    int k = 0;
+    for (int i = 0; i < o->n_written; i++) {
+        if (k > 0 && !strcmp(o->written[k - 1].id, o->written[i].id)) { o->written[k - 1].n++; free(o->written[i].id); }
+        else o->written[k++] = o->written[i];
+    }
+    o->n_written = k;
+    qsort(o->pend, o->n_pend, sizeof(ResumeLine), cmp_pend);
+}
+
+/* --resume: takes one of id's lines of the output file (SKIP_WRITTEN), else of its side file
+ * (SKIP_PENDING, the line into *line), else 0. */
+static int resume_take(Output *o, const char *id, char **line) {
+    ResumeId key = {(char *)id, 0};
+    ResumeId *w = o->n_written ? bsearch(&key, o->written, o->n_written, sizeof(ResumeId), cmp_written) : NULL;
+    if (w && w->n > 0) {
+        w->n--;
+        return SKIP_WRITTEN;
+    }
+    int lo = 0, hi = o->n_pend;                      /* first side-file line with id >= id */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (strcmp(o->pend[mid].id, id) < 0) lo = mid + 1; else hi = mid;
+    }
+    for (; lo < o->n_pend && !strcmp(o->pend[lo].id, id); lo++) {
+        if (o->pend[lo].taken) continue;
+        o->pend[lo].taken = 1;
+        *line = o->pend[lo].line;
+        o->pend[lo].line = NULL;
+        return SKIP_PENDING;
+    }
+    return 0;
+}
+
+/* See output.h. */
+int output_add(Output *o, const char *id_json) {
+    char *line = NULL;
+    int skip = resume_take(o, id_json, &line);
+    o->skipped_written += skip == SKIP_WRITTEN;
+    o->skipped_pending += skip == SKIP_PENDING;
+    if (o->is_root) {
+        if (o->n - o->next_write == o->cap) {        /* full: twice the room, the same slots */
+            int cap = o->cap ? 2 * o->cap : 256;
+            OutSlot *ring = xcalloc(cap, sizeof(OutSlot));
+            for (int i = o->next_write; i < o->n; i++) ring[i % cap] = *slot(o, i);
+            free(o->ring);
+            o->ring = ring;
+            o->cap = cap;
+        }
+        *slot(o, o->n) = (OutSlot){skip, 0, line};
+    } else {
+        free(line);
+    }
+    o->n++;
+    return skip;
 }
 
 /* ---- writing ----------------------------------------------------------------------------- */
+
+/* An error exit removes the output this run created, and the side file (output_open). */
+static char *s_remove[2];
+static void remove_output(void) {
+    for (int i = 0; i < 2; i++)
+        if (s_remove[i]) unlink(s_remove[i]);
+}
 
 /* Appends a whole line or nothing: a failed or short write (disk full) is cut back off the file. */
 static void write_line(int fd, const char *path, const char *line) {
@@ -121,20 +165,25 @@ static void write_line(int fd, const char *path, const char *line) {
 }
 
 /* See output.h. */
-void output_ready(Output *o, int idx) {
-    while (o->next_write < o->n && (o->slots[o->next_write].done || o->slots[o->next_write].skip)) {
-        OutSlot *g = &o->slots[o->next_write++];
-        if (g->skip == SKIP_WRITTEN || !o->is_root) continue;
-        write_line(o->fd, o->path, g->line);
+void output_ready(Output *o, int idx, char *line) {
+    if (!o->is_root) return;
+    if (idx >= 0) {
+        CHECK(idx >= o->next_write && idx < o->n && !slot(o, idx)->done);
+        slot(o, idx)->done = 1;
+        slot(o, idx)->line = line;
+    }
+    while (o->next_write < o->n && (slot(o, o->next_write)->done || slot(o, o->next_write)->skip)) {
+        OutSlot *g = slot(o, o->next_write++);
+        if (g->skip != SKIP_WRITTEN) write_line(o->fd, o->path, g->line);
         free(g->line);
         g->line = NULL;
     }
-    if (!o->is_root || idx < o->next_write || !o->pending_path) return;
+    if (idx < o->next_write || !o->pending_path) return;
     if (o->pending_fd < 0) {
         o->pending_fd = open(o->pending_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (o->pending_fd < 0) user_error("%s: cannot open for writing: %s", o->pending_path, strerror(errno));
     }
-    write_line(o->pending_fd, o->pending_path, o->slots[idx].line);
+    write_line(o->pending_fd, o->pending_path, slot(o, idx)->line);
 }
 
 /* See output.h. */
@@ -147,23 +196,39 @@ void output_open(Output *o, int resume) {
     if (fstat(o->fd, &st) != 0 || !S_ISREG(st.st_mode)) {   /* a pipe or device: nothing to resume */
         free(o->pending_path);
         o->pending_path = NULL;
-    } else if (!resume && unlink(o->pending_path) != 0 && errno != ENOENT) {   /* a stale one: not this output's */
-        user_error("%s: cannot remove: %s", o->pending_path, strerror(errno));
+        return;
     }
+    if (!resume && unlink(o->pending_path) != 0 && errno != ENOENT)   /* a stale one: not this output's */
+        user_error("%s: cannot remove: %s", o->pending_path, strerror(errno));
+    if (resume) return;
+    s_remove[0] = (char *)o->path;
+    s_remove[1] = o->pending_path;
+    static int hooked;
+    if (!hooked) util_on_error(remove_output);
+    hooked = 1;
 }
 
 /* See output.h. */
-void output_close(Output *o) {
-    CHECK(!o->is_root || o->next_write == o->n);
-    /* a deferred write error (NFS, quota) surfaces at close: the pending file then stays for --resume */
-    if (o->is_root && close(o->fd) != 0) user_error("%s: write failed at close: %s", o->path, strerror(errno));
-    if (o->is_root && o->pending_path) {   /* every line is in the output now */
-        if (o->pending_fd >= 0) close(o->pending_fd);
-        if (unlink(o->pending_path) != 0 && errno != ENOENT) user_error("%s: cannot remove: %s", o->pending_path, strerror(errno));
+void output_close(Output *o, int resume) {
+    if (o->is_root) {
+        CHECK(o->next_write == o->n);
+        s_remove[0] = s_remove[1] = NULL;
+        /* a deferred write error (NFS, quota) surfaces at close: the pending file then stays for --resume */
+        if (close(o->fd) != 0) user_error("%s: write failed at close: %s", o->path, strerror(errno));
+        if (o->pending_path) {   /* every line is in the output now */
+            if (o->pending_fd >= 0) close(o->pending_fd);
+            if (unlink(o->pending_path) != 0 && errno != ENOENT) user_error("%s: cannot remove: %s", o->pending_path, strerror(errno));
+        }
+        if (resume)
+            fprintf(stderr, "resume: %d of %d prompts already in %s, %d more in %s.pending\n", o->skipped_written, o->n,
+                    o->path, o->skipped_pending, o->path);
     }
     free(o->pending_path);
-    for (int i = 0; i < o->n; i++) free(o->slots[i].line);
-    free(o->slots);
+    free(o->ring);
+    for (int i = 0; i < o->n_written; i++) free(o->written[i].id);
+    for (int i = 0; i < o->n_pend; i++) { free(o->pend[i].id); free(o->pend[i].line); }
+    free(o->written);
+    free(o->pend);
     memset(o, 0, sizeof(*o));
 }
 

@@ -275,21 +275,48 @@ static void request_parse(Request *r, int index, cJSON *j, const char *path, int
 }
 
 /* See request.h. */
+void requests_open(RequestReader *rr, const char *path, const RequestDefaults *d, Tokenizer *tok,
+                   const ModelConfig *cfg, const int *eos, int n_eos) {
+    memset(rr, 0, sizeof(*rr));
+    jsonl_open(&rr->rd, path);
+    rr->rd.max_positions = cfg->max_pos;
+    rr->path = path;
+    rr->d = d;
+    rr->tok = tok;
+    rr->cfg = cfg;
+    rr->eos = eos;
+    rr->n_eos = n_eos;
+}
+
+/* See request.h. */
+int requests_next(RequestReader *rr, Request *r) {
+    if (rr->eof) return 0;
+    cJSON *j = jsonl_next(&rr->rd);
+    if (!j) {
+        rr->eof = 1;
+        if (rr->n == 0) user_error("%s: no prompts", rr->path);
+        return 0;
+    }
+    request_parse(r, rr->n, j, rr->path, rr->rd.line, rr->d, rr->tok, rr->cfg, rr->eos, rr->n_eos);
+    cJSON_Delete(j);
+    rr->n++;
+    return 1;
+}
+
+void requests_close(RequestReader *rr) { jsonl_close(&rr->rd); }
+
+/* See request.h. */
 int requests_read(const char *path, const RequestDefaults *d, Tokenizer *tok, const ModelConfig *cfg, const int *eos,
                   int n_eos, Request **reqs) {
-    JsonlReader rd;
-    jsonl_open(&rd, path);
-    rd.max_positions = cfg->max_pos;
-    int n = 0;
+    RequestReader rr;
+    requests_open(&rr, path, d, tok, cfg, eos, n_eos);
     *reqs = NULL;
-    for (cJSON *j; (j = jsonl_next(&rd)); cJSON_Delete(j)) {
-        *reqs = xrealloc(*reqs, sizeof(Request) * (n + 1));
-        request_parse(&(*reqs)[n], n, j, path, rd.line, d, tok, cfg, eos, n_eos);
-        n++;
+    for (Request r; requests_next(&rr, &r);) {
+        *reqs = xrealloc(*reqs, sizeof(Request) * rr.n);
+        (*reqs)[rr.n - 1] = r;
     }
-    jsonl_close(&rd);
-    if (n == 0) user_error("%s: no prompts", path);
-    return n;
+    requests_close(&rr);
+    return rr.n;
 }
 
 void request_free(Request *r) {

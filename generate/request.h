@@ -10,6 +10,7 @@
 #define TANDEM_REQUEST_H
 #include "generate/engine.h"
 #include "runtime/config.h"
+#include "runtime/jsonl.h"
 #include "tokenizer/tokenizer.h"
 #include <cjson/cJSON.h>
 
@@ -51,6 +52,25 @@ char *prompt_tokens(Tokenizer *tok, const cJSON *j, const char *key, const char 
  * or an empty file. tok may be NULL. */
 int requests_read(const char *path, const RequestDefaults *d, Tokenizer *tok, const ModelConfig *cfg, const int *eos,
                   int n_eos, Request **reqs);
+/* The same a line at a time (`tandem generate` streams its input: memory for the lines in flight
+ * only): requests_next fills r with the next line (index rr->n before the call) and returns 1, or
+ * returns 0 at the end (user_error for a file with no prompt); a bad line is a user_error naming
+ * FILE:LINE when it is read. */
+typedef struct {
+    JsonlReader rd;
+    const char *path;
+    const RequestDefaults *d;
+    Tokenizer *tok;
+    const ModelConfig *cfg;
+    const int *eos;
+    int n_eos;
+    int n;                /* lines read */
+    int eof;
+} RequestReader;
+void requests_open(RequestReader *rr, const char *path, const RequestDefaults *d, Tokenizer *tok,
+                   const ModelConfig *cfg, const int *eos, int n_eos);
+int requests_next(RequestReader *rr, Request *r);
+void requests_close(RequestReader *rr);
 void request_free(Request *r);
 
 /* An "id" as JSON text, the key --resume matches on. Numbers are printed exactly; a numeric id

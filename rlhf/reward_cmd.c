@@ -1,8 +1,9 @@
-/* reward_cmd.c — see reward_cmd.h. One child (`sh -c CMD`) in its own process group, two pipes, and
- * a poll loop that writes a batch's request lines while reading the replies as they come, so
- * neither side can block the other on a full pipe.
- * Owns: the child's life (start, reap, kill), the request/reply framing, and the one-line error
- * messages. Does not own what a reward means, nor retrying: after any error the RewardCmd is dead.
+/* reward_cmd.c — see reward_cmd.h. One child (`sh -c CMD`, under a keeper) in its own session,
+ * two pipes, and a poll loop that writes a batch's request lines while reading the replies as they
+ * come, so neither side can block the other on a full pipe.
+ * Owns: the child's life (start, reap, kill: the program and all it started end with us, on every
+ * way out), the request/reply framing, and the one-line error messages. Does not own what a reward
+ * means, nor retrying: after any error the RewardCmd is dead.
  * The strings it is given are written as they are: callers pass UTF-8 (the tokenizer's decode
  * always gives valid UTF-8). */
 #include "rlhf/reward_cmd.h"
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,7 +30,7 @@
 
 struct RewardCmd {
     char *name;            /* the command for messages: one line (control bytes escaped), cut */
-    pid_t pid;             /* also its process group; -1 once reaped */
+    pid_t pid;             /* the keeper (KEEPER); -1 once reaped */
     int to, from;          /* its stdin (we write), its stdout (we read); non-blocking */
     char *rbuf;            /* bytes read and not yet consumed as lines, NUL-terminated */
     size_t rlen, rcap;
@@ -62,6 +64,26 @@ static double mono(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The keeper, our child `sh -c KEEPER sh CMD`: it starts the program (`sh -c CMD`, a background job:
+ * SIGINT and SIGQUIT ignored, as in any) in a session and process group of its own, and kills that
+ * whole group when the program exits (what it started and left behind) or when the keeper gets
+ * SIGTERM: reward_cmd_stop's, or PR_SET_PDEATHSIG's when this process is gone, however it went (an
+ * error exit, mpirun's SIGTERM, the SIGKILL Open MPI 4.1's mpirun may send a rank with no SIGTERM
+ * first (seen), _exit as the comm deadline's stop). No code of ours runs on most of those ways
+ * out: hence a process of its own, which outlives us. It keeps neither pipe open (the program's
+ * closing either is seen) and exits as the program did (its status, or the same signal). */
+static const char KEEPER[] =
+    "exec 3<&0 4>&1 </dev/null >/dev/null\n"
+    "setsid /bin/sh -c \"$1\" <&3 >&4 3<&- 4>&- &\n"
+    "p=$!\n"
+    "trap 'kill -KILL -$p 2>/dev/null; exit 143' TERM\n"
+    "exec 3<&- 4>&-\n"
+    "wait $p\n"
+    "s=$?\n"
+    "kill -KILL -$p 2>/dev/null\n"
+    "if [ $s -gt 128 ]; then trap - TERM; ulimit -c 0; kill -$((s - 128)) $$; fi\n"
+    "exit $s\n";
+
 /* In the child between fork and exec: only async-signal-safe calls. fd becomes target, open across
  * exec (pipe2's O_CLOEXEC is on the originals; dup2 onto itself would not clear it). */
 static void child_fd(int fd, int target) {
@@ -85,26 +107,31 @@ RewardCmd *reward_cmd_start(const char *cmd, char *err, size_t errlen) {
     struct sigaction dfl = {.sa_handler = SIG_DFL};
     long open_max = sysconf(_SC_OPEN_MAX);   /* for the child, should close_range be missing */
     if (open_max < 0 || open_max > 65536) open_max = 65536;
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         snprintf(err, errlen, "reward command `%s`: fork: %s", name, strerror(errno));
         goto close_pipes;
     }
     if (pid == 0) {
-        /* its own process group: reward_cmd_stop kills everything it started, and a terminal's ^C
-         * goes to us, not to it (it sees its stdin close when we exit). stderr stays ours. */
+        /* the keeper: a process group of its own (a terminal's ^C goes to us, not to it); stderr
+         * stays ours. It hears of our end by SIGTERM, when the thread that started it ends (every
+         * caller starts it from the main thread); a parent gone before that is set is seen here. */
         setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(127);
         sigaction(SIGPIPE, &dfl, NULL);
+        sigaction(SIGTERM, &dfl, NULL);   /* a signal ignored at its start, sh could not trap */
         sigprocmask(SIG_SETMASK, &none, NULL);
         child_fd(in[0], 0);    /* in[0] is the lowest of the four fds: nothing else can be 0 */
         child_fd(out[1], 1);
         /* nothing else of ours: not MPI's sockets, nor a test harness's pipes */
         if (close_range(3, ~0u, 0))
             for (int fd = 3; fd < open_max; fd++) close(fd);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        execl("/bin/sh", "sh", "-c", KEEPER, "sh", cmd, (char *)NULL);
         _exit(127);
     }
-    setpgid(pid, pid);         /* also here, so it holds before we ever kill(-pid) (EACCES after exec is fine) */
+    setpgid(pid, pid);         /* also here, so it holds before any ^C (EACCES after exec is fine) */
     close(in[0]);
     close(out[1]);
     RewardCmd *rc = xcalloc(1, sizeof(RewardCmd));
@@ -370,8 +397,7 @@ void reward_cmd_stop(RewardCmd *rc) {
         pid_t w = waitpid(rc->pid, &status, WNOHANG);
         if (w == rc->pid || (w < 0 && errno != EINTR)) break;
         if (mono() > t_end) {
-            kill(-rc->pid, SIGKILL);   /* the whole group: sh and anything it started */
-            kill(rc->pid, SIGKILL);    /* in case setpgid did not happen */
+            kill(rc->pid, SIGTERM);    /* the keeper kills the program's group, then itself */
             while (waitpid(rc->pid, &status, 0) < 0 && errno == EINTR) {}
             break;
         }

@@ -22,7 +22,10 @@
 
 typedef struct RewardCmd RewardCmd;
 
-/* Starts `sh -c cmd`. NULL and a message in err when it cannot be started. */
+/* Starts `sh -c cmd` (the program), in a session of its own, under a keeper (reward_cmd.c KEEPER)
+ * that kills it and all it started when it exits, when reward_cmd_stop says so, or when this
+ * process ends, however it ends. Call from the main thread. NULL and a message in err when it
+ * cannot be started. */
 RewardCmd *reward_cmd_start(const char *cmd, char *err, size_t errlen);
 /* Scores n responses: rewards (n). labels[i] is a JSON text or NULL (no "label" field); labels may
  * be NULL. Returns 0, or -1 with a one-line message in err naming the command and what went wrong:

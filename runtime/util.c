@@ -44,7 +44,17 @@ static int world_size(void) {
     return n;
 }
 
+/* util_on_error's cleanups (a fixed few) */
+static void (*s_on_error[4])(void);
+void util_on_error(void (*fn)(void)) {
+    size_t i = 0;
+    while (i < sizeof s_on_error / sizeof s_on_error[0] && s_on_error[i]) i++;
+    CHECK(i < sizeof s_on_error / sizeof s_on_error[0]);
+    s_on_error[i] = fn;
+}
+
 _Noreturn static void stop_job(void) {
+    for (size_t i = 0; i < sizeof s_on_error / sizeof s_on_error[0] && s_on_error[i]; i++) s_on_error[i]();
     fflush(stdout);
     fflush(stderr);
     if (world_size() > 1 && mpi_up()) {

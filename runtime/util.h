@@ -37,6 +37,10 @@ _Noreturn void rank_error(const char *fmt, ...) __attribute__((format(printf, 1,
 _Noreturn void job_error(int speaker, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 _Noreturn void check_failed(const char *expr, const char *file, int line);
 #define CHECK(cond) do { if (!(cond)) check_failed(#cond, __FILE__, __LINE__); } while (0)
+/* fn runs when this process stops on one of the errors above (before the exit or MPI_Abort), not
+ * on a normal exit nor a signal: e.g. removing an output file a failed run would leave half written
+ * (generate/output.c). It must not fail; at most 4. */
+void util_on_error(void (*fn)(void));
 
 void *xmalloc(size_t n);            /* malloc or die */
 void *xcalloc(size_t n, size_t sz); /* calloc or die */

@@ -211,3 +211,92 @@ load helpers
         --output "$BATS_TEST_TMPDIR/f.jsonl" --greedy --ignore-eos --presence-penalty 0.5 --frequency-penalty 1.5 2>/dev/null
     [ "$(jq -c .completion_ids "$BATS_TEST_TMPDIR/o.jsonl")" = "$(jq -c .completion_ids "$BATS_TEST_TMPDIR/f.jsonl")" ]
 }
+
+@test "generate streams its input: the first line is written while the input is still open (a fifo), the bytes those of a file" {
+    need_assets
+    # 400 lines; --max-batch 2 keeps 256 (READ_AHEAD_MIN) in flight, so the first lines finish long
+    # before the 400th is read; the writer holds the fifo open until the output has a line
+    for i in $(seq 1 400); do echo "{\"id\": $i, \"prompt\": \"Once upon a time $i\"}"; done > "$BATS_TEST_TMPDIR/p.jsonl"
+    gen() { "$TANDEM" generate --model "$STORIES" --greedy --max-new-tokens 2 --max-batch 2 "$@"; }
+    gen --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/file.jsonl" 2>/dev/null
+    mkfifo "$BATS_TEST_TMPDIR/in"
+    timeout 120 "$TANDEM" generate --model "$STORIES" --greedy --max-new-tokens 2 --max-batch 2 \
+        --input "$BATS_TEST_TMPDIR/in" --output "$BATS_TEST_TMPDIR/fifo.jsonl" 2>/dev/null &
+    job=$!
+    exec 5>"$BATS_TEST_TMPDIR/in"
+    head -n 300 "$BATS_TEST_TMPDIR/p.jsonl" >&5
+    for _ in $(seq 600); do [ -s "$BATS_TEST_TMPDIR/fifo.jsonl" ] && break; sleep 0.1; done
+    written=$(wc -l < "$BATS_TEST_TMPDIR/fifo.jsonl" 2>/dev/null || echo 0)
+    tail -n +301 "$BATS_TEST_TMPDIR/p.jsonl" >&5
+    exec 5>&-
+    wait $job
+    echo "lines written before the input's end: $written"
+    [ "$written" -ge 1 ]
+    cmp "$BATS_TEST_TMPDIR/file.jsonl" "$BATS_TEST_TMPDIR/fifo.jsonl"
+}
+
+@test "generate streams its input: 20000 lines of 1 KiB peak at the memory of 2000 (what is in flight, not the file)" {
+    need_assets
+    # a 1 KiB id per line (echoed in the output, held with its line), a short prompt, one token each
+    mk() { awk -v n="$1" 'BEGIN { pad = sprintf("%1000s", ""); gsub(/ /, "x", pad)
+        for (i = 1; i <= n; i++) printf "{\"id\": \"%s%d\", \"prompt\": \"Once\"}\n", pad, i }' > "$2"; }
+    mk 2000 "$BATS_TEST_TMPDIR/small.jsonl"
+    mk 20000 "$BATS_TEST_TMPDIR/big.jsonl"
+    peak() {
+        run timeout 300 "$TANDEM" generate --model "$STORIES" --greedy --max-new-tokens 1 --input "$1" --output "$BATS_TEST_TMPDIR/o.jsonl"
+        [ "$status" -eq 0 ]
+        [ "$(wc -l < "$BATS_TEST_TMPDIR/o.jsonl")" -eq "$(wc -l < "$1")" ]
+        sed -n 's/.*peak RSS \([0-9.]*\) MiB.*/\1/p' <<<"$output"
+    }
+    small=$(peak "$BATS_TEST_TMPDIR/small.jsonl")
+    big=$(peak "$BATS_TEST_TMPDIR/big.jsonl")
+    echo "peak RSS: $small MiB for 2000 lines, $big MiB for 20000 (the input is $(( $(wc -c < "$BATS_TEST_TMPDIR/big.jsonl") >> 20 )) MiB)"
+    # read whole, the 18000 more lines hold 18+ MiB more
+    awk -v a="$small" -v b="$big" 'BEGIN { exit !(b - a < 6) }'
+}
+
+@test "generate: an error leaves no output file behind (a bad line read after lines were written, a write error); --resume's file stays" {
+    need_assets
+    for i in $(seq 1 400); do echo "{\"id\": $i, \"prompt\": \"Once upon a time $i\"}"; done > "$BATS_TEST_TMPDIR/good.jsonl"
+    cp "$BATS_TEST_TMPDIR/good.jsonl" "$BATS_TEST_TMPDIR/p.jsonl"
+    echo '{"id": 401, "promt": "Once"}' >> "$BATS_TEST_TMPDIR/p.jsonl"
+    O="$BATS_TEST_TMPDIR/o.jsonl"
+    # line 401 is read once the first lines are written (--max-batch 2: 256 in flight)
+    run timeout 120 "$TANDEM" generate --model "$STORIES" --greedy --max-new-tokens 2 --max-batch 2 --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$O"
+    [ "$status" -eq 1 ]
+    [ "${lines[-1]}" = "tandem: $BATS_TEST_TMPDIR/p.jsonl:401: field \"prompt\" missing (or give \"messages\" or \"input_ids\")" ]
+    [ ! -e "$O" ]
+    [ ! -e "$O.pending" ]
+    # an error in the middle of generating, after lines were written: the file size limit (a full disk)
+    run bash -c "trap '' XFSZ; ulimit -f 1; exec '$TANDEM' generate --model '$STORIES' --greedy --max-new-tokens 4 \
+        --input '$BATS_TEST_TMPDIR/good.jsonl' --output '$O'"
+    [ "$status" -eq 1 ]
+    [ "${lines[-1]}" = "tandem: $O: write failed: File too large" ]
+    [ ! -e "$O" ]
+    [ ! -e "$O.pending" ]
+    # with --resume the output holds an earlier run's lines: it stays
+    head -n 3 "$BATS_TEST_TMPDIR/p.jsonl" > "$BATS_TEST_TMPDIR/p3.jsonl"
+    "$TANDEM" generate --model "$STORIES" --greedy --max-new-tokens 2 --input "$BATS_TEST_TMPDIR/p3.jsonl" --output "$O" 2>/dev/null
+    cp "$O" "$BATS_TEST_TMPDIR/before.jsonl"
+    run timeout 120 "$TANDEM" generate --model "$STORIES" --greedy --max-new-tokens 2 --max-batch 2 --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$O" --resume
+    [ "$status" -eq 1 ]
+    [ -e "$O" ]
+    cmp "$BATS_TEST_TMPDIR/before.jsonl" <(head -n 3 "$O")
+}
+
+@test "generate streams its input: a line longer than every one before it, read late, drains and resizes the engine; the same bytes at 1x1 and dp 2, and as the whole input read first" {
+    need_assets
+    for i in $(seq 1 300); do echo "{\"id\": $i, \"prompt\": \"Once upon a time $i\", \"max_new_tokens\": $((1 + i % 5))}"; done > "$BATS_TEST_TMPDIR/p.jsonl"
+    echo "{\"id\": \"long\", \"prompt\": \"$(printf 'Lily and Tom went to the park. %.0s' $(seq 1 20))\", \"max_new_tokens\": 40}" >> "$BATS_TEST_TMPDIR/p.jsonl"
+    for i in $(seq 301 320); do echo "{\"id\": $i, \"prompt\": \"Once upon a time $i\"}"; done >> "$BATS_TEST_TMPDIR/p.jsonl"
+    A=(generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --max-new-tokens 3 --max-batch 2 --temperature 0.8 --seed 3 --logprobs 1)
+    timeout 300 "$TANDEM" "${A[@]}" --output "$BATS_TEST_TMPDIR/one.jsonl" 2>/dev/null
+    timeout 300 $MPIRUN 2 "$TANDEM" "${A[@]}" --output "$BATS_TEST_TMPDIR/dp.jsonl" 2>/dev/null
+    [ "$(wc -l < "$BATS_TEST_TMPDIR/one.jsonl")" -eq 321 ]
+    [ "$(jq -r 'select(.id == "long") | .completion_tokens' "$BATS_TEST_TMPDIR/one.jsonl")" -eq 40 ]
+    cmp "$BATS_TEST_TMPDIR/one.jsonl" "$BATS_TEST_TMPDIR/dp.jsonl"
+    # --max-batch 200: 400 lines in flight, the whole input read first and the engine sized for the
+    # long line from the start (tokens do not depend on the batch): the same bytes
+    timeout 300 "$TANDEM" "${A[@]}" --max-batch 200 --output "$BATS_TEST_TMPDIR/wide.jsonl" 2>/dev/null
+    cmp "$BATS_TEST_TMPDIR/one.jsonl" "$BATS_TEST_TMPDIR/wide.jsonl"
+}

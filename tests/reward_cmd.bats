@@ -192,6 +192,89 @@ score_error() {
     [ -z "$left" ]
 }
 
+# gone FILE: no pid of FILE runs within 2 s (a zombie only waits for a reaper: PID 1 is not always one)
+gone() {
+    local pids left=""
+    pids=$(cat "$1")
+    [ -n "$pids" ]
+    for _ in $(seq 20); do
+        left=$(ps -o pid=,stat=,args= -p "$(tr ' ' , <<<"$pids")" | awk '$2 !~ /^Z/') || true
+        [ -z "$left" ] && break
+        sleep 0.1
+    done
+    echo "left: $left"
+    if [ -n "$left" ]; then kill -9 $pids 2>/dev/null || true; return 1; fi
+}
+
+@test "reward command: the program and all it started end with us, on every way out (stop, exit, an error, SIGTERM/INT/HUP, SIGKILL, _exit)" {
+    # stop: it exits at the end of its input, its second process must not stay behind
+    run timeout 20 "$T" end stop "$BATS_TEST_TMPDIR"
+    echo "$output"; [ "$status" -eq 0 ]
+    gone "$BATS_TEST_TMPDIR/pids"
+    run timeout 20 "$T" end exit "$BATS_TEST_TMPDIR"
+    [ "$status" -eq 0 ]; gone "$BATS_TEST_TMPDIR/pids"
+    run timeout 20 "$T" end error "$BATS_TEST_TMPDIR"
+    [ "$status" -eq 1 ]; [ "${lines[-1]}" = "tandem: an error while the reward command runs" ]
+    gone "$BATS_TEST_TMPDIR/pids"
+    # a signal still ends the process as it did (status 128 + the signal)
+    run timeout 20 "$T" end term "$BATS_TEST_TMPDIR"
+    [ "$status" -eq 143 ]; gone "$BATS_TEST_TMPDIR/pids"
+    run timeout 20 env --default-signal=INT "$T" end int "$BATS_TEST_TMPDIR"
+    [ "$status" -eq 130 ]; gone "$BATS_TEST_TMPDIR/pids"
+    run timeout 20 "$T" end hup "$BATS_TEST_TMPDIR"
+    [ "$status" -eq 129 ]; gone "$BATS_TEST_TMPDIR/pids"
+    # no code of ours runs: its keeper's PR_SET_PDEATHSIG
+    run timeout 20 "$T" end kill "$BATS_TEST_TMPDIR"
+    [ "$status" -eq 137 ]; gone "$BATS_TEST_TMPDIR/pids"
+    run timeout 20 "$T" end _exit "$BATS_TEST_TMPDIR"
+    [ "$status" -eq 1 ]; gone "$BATS_TEST_TMPDIR/pids"
+}
+
+@test "reward command: a program ppo started ends with the job: SIGTERM or SIGINT to mpirun, SIGTERM to one rank, kill -9 of the one process" {
+    need_story
+    local prog="exec 2>/dev/null; sleep 300 & echo \$\$ \$! > $BATS_TEST_TMPDIR/pids; while read l; do echo '{\"reward\": 1}'; done"
+    local A=(--actor "$STORIES" --prompts "$FIX/ppo/story_prompts_train.jsonl" --advantage grpo --n-samples-per-prompt 2
+             --rollout-batch-size 2 --steps 100000 --out "$BATS_TEST_TMPDIR/o")
+    # start CMD...: runs the job in the background until its program runs; $launcher: CMD's process
+    # (job control on: SIGINT is not ignored in a background job then)
+    start() {
+        rm -f "$BATS_TEST_TMPDIR/pids"
+        set -m
+        timeout 120 "$@" > "$BATS_TEST_TMPDIR/log" 2>&1 &
+        job=$!
+        set +m
+        for _ in $(seq 600); do [ -s "$BATS_TEST_TMPDIR/pids" ] && break; sleep 0.1; done
+        [ -s "$BATS_TEST_TMPDIR/pids" ]
+        launcher=$(pgrep -P "$job")
+    }
+    # the job's rank pids, world rank 0 first
+    ranks() {
+        for p in $(pgrep -f "$BATS_TEST_TMPDIR/o"); do
+            r=$(tr '\0' '\n' < /proc/$p/environ | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+            [ -n "$r" ] && echo "$r $p"
+        done | sort -n | awk '{ print $2 }'
+    }
+    for sig in TERM INT; do
+        start $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --reward-cmd "$prog"
+        kill -$sig "$launcher"
+        wait $job || true
+        gone "$BATS_TEST_TMPDIR/pids"
+    done
+    for rank in 0 1; do
+        start $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --reward-cmd "$prog"
+        pids=($(ranks)); echo "ranks ${pids[*]}"
+        [ "${#pids[@]}" -eq 2 ]
+        kill -TERM "${pids[$rank]}"
+        wait $job || true
+        gone "$BATS_TEST_TMPDIR/pids"
+    done
+    # one process, SIGKILL
+    start "$TANDEM" ppo "${A[@]}" --reward-cmd "$prog"
+    kill -KILL "$launcher"
+    wait $job || true
+    gone "$BATS_TEST_TMPDIR/pids"
+}
+
 @test "reward command: a label that is not JSON is the caller's bug: a CHECK, not an error line" {
     run timeout 60 "$T" badlabel
     [ "$status" -ne 0 ]

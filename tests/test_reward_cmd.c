@@ -17,13 +17,22 @@
  *                        returns after the 5 s grace; the two pids are written to DIR/pids for the
  *                        bats test to check that neither is left
  *   badlabel             a label that is not JSON: a CHECK (a caller's bug), not an error line
+ *   end HOW DIR          a program that answers and has started a second process that outlives
+ *                        its own exit; the two pids to DIR/pids; then this process ends
+ *                        by HOW: stop (reward_cmd_stop: the program exits, its second process stays
+ *                        behind), exit (no stop), error (rank_error), term / int / hup (that signal),
+ *                        kill (SIGKILL), _exit (from a second thread, as the comm deadline stops).
+ *                        The bats test checks that no pid of DIR/pids is left.
  * Each prints what failed and exits 1, or prints one "ok" line (score: its rewards). */
 #include "rlhf/reward_cmd.h"
 #include "runtime/util.h"
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static double mono(void) {
     struct timespec ts;
@@ -254,6 +263,37 @@ static int case_stop(const char *dir) {
     return 0;
 }
 
+static void *exit_from_thread(void *arg) {
+    (void)arg;
+    _exit(1);
+}
+
+static int case_end(const char *how, const char *dir) {
+    char cmd[1024];
+    /* off our stderr, so that a survivor cannot hold bats' output open */
+    snprintf(cmd, sizeof cmd, "exec 2>/dev/null; sleep 300 & echo $$ $! > '%s/pids'; while read l; do echo '{\"reward\": 1}'; done",
+             dir);
+    const char *p[1] = {"p"}, *r[1] = {"r"};
+    double rw[1];
+    RewardCmd *rc = start(cmd);
+    score(rc, 1, p, r, NULL, rw, 10);   /* it runs: its pids are written */
+    fflush(stdout);
+    if (!strcmp(how, "stop")) reward_cmd_stop(rc);
+    else if (!strcmp(how, "exit")) exit(0);
+    else if (!strcmp(how, "error")) rank_error("an error while the reward command runs");
+    else if (!strcmp(how, "term")) raise(SIGTERM);
+    else if (!strcmp(how, "int")) raise(SIGINT);
+    else if (!strcmp(how, "hup")) raise(SIGHUP);
+    else if (!strcmp(how, "kill")) raise(SIGKILL);
+    else if (!strcmp(how, "_exit")) {
+        pthread_t t;
+        pthread_create(&t, NULL, exit_from_thread, NULL);
+        pause();
+    }
+    printf("ended by %s\n", how);
+    return 0;
+}
+
 static int case_badlabel(void) {
     const char *p[1] = {"p"}, *r[1] = {"r"}, *l[1] = {"{not json"};
     double rw[1];
@@ -273,7 +313,8 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "timeout")) return case_timeout();
     if (!strcmp(c, "stop") && argc > 2) return case_stop(argv[2]);
     if (!strcmp(c, "badlabel")) return case_badlabel();
+    if (!strcmp(c, "end") && argc > 3) return case_end(argv[2], argv[3]);
     fprintf(stderr, "usage: test_reward_cmd score CMD N [TIMEOUT_S [BYTES]] | python | labels | many | counter | "
-                    "timeout | stop DIR | badlabel\n");
+                    "timeout | stop DIR | badlabel | end HOW DIR\n");
     return 2;
 }
