@@ -24,8 +24,8 @@ typedef struct {
 /* the trainers' (const char **save_dtype) */
 #define SAVE_DTYPE_OPTION(save_dtype)                                                                   \
     {"--save-dtype", OPT_STR, save_dtype, "auto", "saved weights: auto (the model's dtype) | bf16 | fp32"}
-/* every model-running command's (const char **device, opened with device_open; ppo: each role on its
- * own rank, runtime/model.h device_open_local) */
+/* every model-running command's (const char **device, opened with runtime/device.h device_open; ppo:
+ * per role group, device_open_local) */
 #define DEVICE_OPTION(device)                                                                           \
     {"--device", OPT_STR, device, "cpu", "cpu | cuda (the GPU local_rank % devices, at any tp x pp x dp) | cpu-guarded (a testing aid)"}
 /* every command that starts ranks (float *seconds, handed to comm_set_timeout after parsing) */
