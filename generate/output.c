@@ -141,9 +141,16 @@ int output_add(Output *o, const char *id_json) {
 
 /* ---- writing ----------------------------------------------------------------------------- */
 
-/* An error exit removes the output this run created, and the side file (output_open). */
+/* An error exit removes the output this run created, and the side file (output_open), when neither
+ * holds a line: whole lines written before the error stay, for --resume (a full disk after hours of
+ * generation must not cost the lines already made). */
 static char *s_remove[2];
+static int holds_bytes(const char *path) {
+    struct stat st;
+    return path && stat(path, &st) == 0 && st.st_size > 0;
+}
 static void remove_output(void) {
+    if (holds_bytes(s_remove[0]) || holds_bytes(s_remove[1])) return;
     for (int i = 0; i < 2; i++)
         if (s_remove[i]) unlink(s_remove[i]);
 }

@@ -255,7 +255,7 @@ load helpers
     awk -v a="$small" -v b="$big" 'BEGIN { exit !(b - a < 6) }'
 }
 
-@test "generate: an error leaves no output file behind (a bad line read after lines were written, a write error); --resume's file stays" {
+@test "generate: an error leaves no empty output behind; whole lines written before it stay for --resume (a bad line read late, a write error); --resume's file stays" {
     need_assets
     for i in $(seq 1 400); do echo "{\"id\": $i, \"prompt\": \"Once upon a time $i\"}"; done > "$BATS_TEST_TMPDIR/good.jsonl"
     cp "$BATS_TEST_TMPDIR/good.jsonl" "$BATS_TEST_TMPDIR/p.jsonl"
@@ -265,6 +265,18 @@ load helpers
     run timeout 120 "$TANDEM" generate --model "$STORIES" --greedy --max-new-tokens 2 --max-batch 2 --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$O"
     [ "$status" -eq 1 ]
     [ "${lines[-1]}" = "tandem: $BATS_TEST_TMPDIR/p.jsonl:401: field \"prompt\" missing (or give \"messages\" or \"input_ids\")" ]
+    [ "$(wc -l < "$O")" -ge 1 ]; [ "$(tail -c 1 "$O" | od -An -c | tr -d ' ')" = '\n' ]; jq -e . "$O" > /dev/null
+    # ... and --resume over the fixed input completes them to the straight run's bytes
+    run timeout 120 "$TANDEM" generate --model "$STORIES" --greedy --max-new-tokens 2 --max-batch 2 --input "$BATS_TEST_TMPDIR/good.jsonl" --output "$O" --resume
+    [ "$status" -eq 0 ]
+    timeout 120 "$TANDEM" generate --model "$STORIES" --greedy --max-new-tokens 2 --max-batch 2 --input "$BATS_TEST_TMPDIR/good.jsonl" --output "$BATS_TEST_TMPDIR/straight.jsonl" 2>/dev/null
+    cmp "$O" "$BATS_TEST_TMPDIR/straight.jsonl"
+    rm -f "$O"
+    # an error before any line is written (the first write fails): nothing is left, not an empty file
+    run bash -c "trap '' XFSZ; ulimit -f 0; exec '$TANDEM' generate --model '$STORIES' --greedy --max-new-tokens 2 \
+        --input '$BATS_TEST_TMPDIR/good.jsonl' --output '$O'"
+    [ "$status" -eq 1 ]
+    [ "${lines[-1]}" = "tandem: $O: write failed: File too large" ]
     [ ! -e "$O" ]
     [ ! -e "$O.pending" ]
     # an error in the middle of generating, after lines were written: the file size limit (a full disk)
@@ -272,8 +284,8 @@ load helpers
         --input '$BATS_TEST_TMPDIR/good.jsonl' --output '$O'"
     [ "$status" -eq 1 ]
     [ "${lines[-1]}" = "tandem: $O: write failed: File too large" ]
-    [ ! -e "$O" ]
-    [ ! -e "$O.pending" ]
+    [ "$(tail -c 1 "$O" | od -An -c | tr -d ' ')" = '\n' ]; jq -e . "$O" > /dev/null   # whole lines only
+    rm -f "$O" "$O.pending"
     # with --resume the output holds an earlier run's lines: it stays
     head -n 3 "$BATS_TEST_TMPDIR/p.jsonl" > "$BATS_TEST_TMPDIR/p3.jsonl"
     "$TANDEM" generate --model "$STORIES" --greedy --max-new-tokens 2 --input "$BATS_TEST_TMPDIR/p3.jsonl" --output "$O" 2>/dev/null
