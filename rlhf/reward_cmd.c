@@ -70,13 +70,16 @@ static double mono(void) {
  * SIGTERM: reward_cmd_stop's, or PR_SET_PDEATHSIG's when this process is gone, however it went (an
  * error exit, mpirun's SIGTERM, the SIGKILL Open MPI 4.1's mpirun may send a rank with no SIGTERM
  * first (seen), _exit as the comm deadline's stop). No code of ours runs on most of those ways
- * out: hence a process of its own, which outlives us. It keeps neither pipe open (the program's
- * closing either is seen) and exits as the program did (its status, or the same signal). */
+ * out: hence a process of its own, which outlives us. Its SIGTERM is caught from its first line,
+ * so one that comes while the program starts is not lost. It keeps neither pipe open (the
+ * program's closing either is seen) and exits as the program did (its status, or the same signal). */
 static const char KEEPER[] =
+    "trap 't=1' TERM\n"   /* a SIGTERM before the program's group is known: acted on below */
     "exec 3<&0 4>&1 </dev/null >/dev/null\n"
     "setsid /bin/sh -c \"$1\" <&3 >&4 3<&- 4>&- &\n"
     "p=$!\n"
-    "trap 'kill -KILL -$p 2>/dev/null; exit 143' TERM\n"
+    "trap 'kill -KILL -$p 2>/dev/null; kill -KILL $p 2>/dev/null; exit 143' TERM\n"   /* $p: before its setsid */
+    "[ -z \"$t\" ] || { kill -KILL -$p 2>/dev/null; kill -KILL $p 2>/dev/null; exit 143; }\n"
     "exec 3<&- 4>&-\n"
     "wait $p\n"
     "s=$?\n"

@@ -245,7 +245,8 @@ gone() {
         set +m
         for _ in $(seq 600); do [ -s "$BATS_TEST_TMPDIR/pids" ] && break; sleep 0.1; done
         [ -s "$BATS_TEST_TMPDIR/pids" ]
-        launcher=$(pgrep -P "$job")
+        local t; t=$(pgrep -x -P "$job" timeout) || t=$job   # helpers.bash's timeout() is a shell function
+        launcher=$(pgrep -P "$t")
     }
     # the job's rank pids, world rank 0 first
     ranks() {
