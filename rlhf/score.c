@@ -22,18 +22,13 @@ static void score_tokens(Tokenizer *t, int chat_format, JsonlReader *r, const cJ
     ids->n = 0;
     if (ms) {
         if (!cJSON_IsArray(ms) || !cJSON_GetArraySize(ms)) user_error("%s:%d: field \"messages\" is not a non-empty list", r->path, r->line);
-        int n = cJSON_GetArraySize(ms), i = 0;
+        int n = cJSON_GetArraySize(ms);
         ChatMessage *m = xcalloc((size_t)n, sizeof(ChatMessage));
-        const cJSON *e;
-        cJSON_ArrayForEach(e, ms) {
-            const cJSON *role = cJSON_GetObjectItemCaseSensitive(e, "role"), *c = cJSON_GetObjectItemCaseSensitive(e, "content");
-            if (!cJSON_IsString(role) || !cJSON_IsString(c))
-                user_error("%s:%d: messages[%d]: \"role\" and \"content\" must be strings", r->path, r->line, i);
-            m[i++] = (ChatMessage){role->valuestring, c->valuestring};
-        }
+        char err[512];
+        if (chat_messages_parse(ms, "messages", "role", "content", m, err, sizeof err) < 0)
+            user_error("%s:%d: %s", r->path, r->line, err);
         if (chat_format < 0) user_error("%s:%d: messages need a chat template (--chat-template)", r->path, r->line);
         TokIds mask = {0};
-        char err[512];
         if (chat_render(t, (ChatFormat)chat_format, m, n, 0, ids, &mask, err, sizeof err))
             user_error("%s:%d: %s", r->path, r->line, err);
         while (ids->n > 0 && !mask.ids[ids->n - 1]) ids->n--;   /* ends with the answer's end-of-turn */
