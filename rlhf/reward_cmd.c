@@ -72,7 +72,9 @@ static double mono(void) {
  * first (seen), _exit as the comm deadline's stop). No code of ours runs on most of those ways
  * out: hence a process of its own, which outlives us. Its SIGTERM is caught from its first line,
  * so one that comes while the program starts is not lost. It keeps neither pipe open (the
- * program's closing either is seen) and exits as the program did (its status, or the same signal). */
+ * program's closing either is seen) and exits as the program did (its status, or the same
+ * terminating signal: HUP INT QUIT ILL ABRT FPE KILL SEGV PIPE ALRM TERM; a status of 128 + a stop
+ * signal is an exit status, not a signal to raise). */
 static const char KEEPER[] =
     "trap 't=1' TERM\n"   /* a SIGTERM before the program's group is known: acted on below */
     "exec 3<&0 4>&1 </dev/null >/dev/null\n"
@@ -84,7 +86,7 @@ static const char KEEPER[] =
     "wait $p\n"
     "s=$?\n"
     "kill -KILL -$p 2>/dev/null\n"
-    "if [ $s -gt 128 ]; then trap - TERM; ulimit -c 0; kill -$((s - 128)) $$; fi\n"
+    "case $s in 129|130|131|132|134|136|137|139|141|142|143) trap - TERM; ulimit -c 0; kill -$((s - 128)) $$;; esac\n"
     "exit $s\n";
 
 /* In the child between fork and exec: only async-signal-safe calls. fd becomes target, open across
@@ -401,7 +403,11 @@ void reward_cmd_stop(RewardCmd *rc) {
         if (w == rc->pid || (w < 0 && errno != EINTR)) break;
         if (mono() > t_end) {
             kill(rc->pid, SIGTERM);    /* the keeper kills the program's group, then itself */
-            while (waitpid(rc->pid, &status, 0) < 0 && errno == EINTR) {}
+            for (int i = 0; i < 200 && waitpid(rc->pid, &status, WNOHANG) == 0; i++) usleep(10000);
+            if (waitpid(rc->pid, &status, WNOHANG) == 0) {   /* a keeper that cannot act (stopped): 2 s */
+                kill(rc->pid, SIGKILL);
+                while (waitpid(rc->pid, &status, 0) < 0 && errno == EINTR) {}
+            }
             break;
         }
         /* keep reading (and dropping) what it writes on its way out, so it never blocks on a full

@@ -281,3 +281,12 @@ gone() {
     [ "$status" -ne 0 ]
     [[ "$output" == *"CHECK(l != NULL) failed"* ]]
 }
+
+@test "reward command: a program that exits 147 (128 + SIGSTOP's number) at the end of its input is an exit status: ppo ends, no stopped keeper" {
+    need_story
+    run timeout 60 "$TANDEM" ppo --actor "$STORIES" --prompts "$FIX/ppo/story_prompts_train.jsonl" --advantage grpo --n-samples-per-prompt 2 \
+        --rollout-batch-size 2 --steps 2 --out "$BATS_TEST_TMPDIR/o" --reward-cmd 'while read l; do echo "{\"reward\": 1}"; done; exit 147'
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ -e "$BATS_TEST_TMPDIR/o/checkpoint-2/ppo_state.json" ]
+}
