@@ -65,12 +65,15 @@ typedef struct {
     const Mesh *mesh;
     int leader;           /* this rank formats its group's lines */
     int n_remote;         /* rank 0: lines still to receive from other groups */
-    CommRequest *sends;   /* a leader's pending sends, one per line (their buffers in outbox) */
+    CommRequest *sends;   /* a leader's sends, a ring of OUTBOX slots (their buffers in outbox) */
     char **outbox;
-    int n_out;
+    int n_out;            /* lines sent so far: line k in slot k % OUTBOX */
 } Run;
 
 enum { TAG_LINE = 7 };  /* message: 4-byte input index, then the line */
+/* A leader's sends in flight at most: rank 0 takes lines in at every step (on_step), so the oldest
+ * has long arrived when its slot comes round; memory stays that of the lines in flight */
+enum { OUTBOX = 256 };
 /* Lines a group keeps in flight at least: a small --max-batch still reads the input (and finds its
  * errors) a few hundred lines at a time */
 enum { READ_AHEAD_MIN = 256 };
@@ -200,11 +203,16 @@ static void on_finish(void *ctx, Seq *s) {
     memcpy(msg, head, 8);
     memcpy(msg + 8, line, n);
     free(line);
-    run->outbox = xrealloc(run->outbox, sizeof(char *) * (run->n_out + 1));
-    run->sends = xrealloc(run->sends, sizeof(CommRequest) * (run->n_out + 1));
-    run->outbox[run->n_out] = msg;
-    run->sends[run->n_out] = (CommRequest){NULL, NULL};
-    comm_isend_tag(&run->mesh->group, msg, 8 + n, 0, TAG_LINE, &run->sends[run->n_out]);
+    if (!run->outbox) {
+        run->outbox = xcalloc(OUTBOX, sizeof(char *));
+        run->sends = xcalloc(OUTBOX, sizeof(CommRequest));
+    }
+    int k = run->n_out % OUTBOX;
+    comm_wait(&run->sends[k]);   /* the line OUTBOX before this one */
+    free(run->outbox[k]);
+    run->outbox[k] = msg;
+    run->sends[k] = (CommRequest){NULL, NULL};
+    comm_isend_tag(&run->mesh->group, msg, 8 + n, 0, TAG_LINE, &run->sends[k]);
     run->n_out++;
 }
 
@@ -332,7 +340,7 @@ static void run_all(Run *run, int resume) {
     CHECK(run->rd.eof && run->inflight == 0);
     if (mesh_is_root(run->mesh)) collect_lines(run, run->n_remote);   /* the other groups' last lines */
     else run->n_remote = 0;
-    for (int i = 0; i < run->n_out; i++) { comm_wait(&run->sends[i]); free(run->outbox[i]); }
+    for (int i = 0; i < run->n_out && i < OUTBOX; i++) { comm_wait(&run->sends[i]); free(run->outbox[i]); }
     free(run->sends);
     free(run->outbox);
     output_ready(&run->out, -1, NULL);
