@@ -206,7 +206,8 @@ static void leave_watcher(void) {
     if (daemon != parent_at_start || !is_daemon(daemon) || fork() != 0) return;   /* the rank, or no watcher */
     int null = open("/dev/null", O_RDWR);
     for (int fd = 0; fd < 3; fd++) dup2(null, fd);
-    for (int fd = 3; fd < 65536; fd++) close(fd);   /* the rank's sockets and pipes: the daemon's to see end */
+    if (close_range(3, ~0u, 0) != 0)   /* the rank's sockets and pipes: the daemon's to see end */
+        for (int fd = 3; fd < 65536; fd++) close(fd);
     for (int i = 0; i < WATCH_S * 5 && !gone(daemon); i++) {
         sleep_s(0.2);
         if (stuck(daemon)) {
