@@ -16,6 +16,7 @@
  * rlhf/ppo_log.c. */
 #include "rlhf/ppo.h"
 #include "rlhf/ppo_options.h"
+#include "train/optim_state.h"
 #include "runtime/adapter.h"
 #include "runtime/device.h"
 #include "runtime/lora.h"
@@ -150,12 +151,17 @@ static void open_roles(Ppo *p, PpoOptions *o, const char **resume_dir) {
     if (!R[R_REF].dir && !o->adapter[R_REF]) o->adapter[R_REF] = o->adapter[R_ACTOR];   /* the starting policy */
     rs->score_head[R_REWARD] = o->adapter[R_REWARD] && adapter_has_score(o->adapter[R_REWARD]);
     roles_open(rs, kl && !p->x.lora_ref, o->colocate);
+    DType dtype[N_ROLES];
     for (int r = 0; r < N_ROLES; r++) {   /* the reference stays the starting weights on resume */
         p->load_dir[r] = R[r].dir;
+        dtype[r] = o->t.dtype;
         if (o->t.resume && (r == R_ACTOR || r == R_CRITIC) && R[r].active) resume_dir[r] = path_join(o->t.resume, ROLE_NAMES[r]);
         if (resume_dir[r] && !lora) p->load_dir[r] = resume_dir[r];   /* LoRA: the base, then the adapter */
+        /* --dtype auto on resume: a trained role runs at its optimizer state's dtype (weights saved
+         * with --save-dtype fp32 are a bf16 run's exact upcast) */
+        if (resume_dir[r] && !lora && dtype[r] == DTYPE_AUTO && R[r].member) dtype[r] = optim_state_dtype(resume_dir[r]);
     }
-    roles_load(rs, p->load_dir, o->t.dtype);
+    roles_load(rs, p->load_dir, dtype);
     const char *merged[N_ROLES];   /* adapters merged: the frozen roles', and a trained role's unless LoRA trains it */
     for (int r = 0; r < N_ROLES; r++)
         merged[r] = (r == R_ACTOR || r == R_CRITIC) && (lora || resume_dir[r]) ? NULL : o->adapter[r];

@@ -147,13 +147,13 @@ void roles_open(Roles *rs, int has_ref, const char *colocate) {
     roles_place(rs, colocate);
 }
 
-void roles_load(Roles *rs, const char *const *load_dir, DType dtype) {
+void roles_load(Roles *rs, const char *const *load_dir, const DType dtype[N_ROLES]) {
     Role *R = rs->role;
     for (int r = 0; r < N_ROLES; r++) {
         if (!R[r].member) continue;
         util_set_reporter(R[r].mesh.rank == 0, ROLE_NAMES[r]);   /* a role's model errors name the role */
-        if (r == R_CRITIC || rs->score_head[r]) model_load_score(&R[r].m, load_dir[r], &R[r].mesh, 42, dtype, rs->be);
-        else model_load(&R[r].m, load_dir[r], &R[r].mesh, dtype, rs->be);
+        if (r == R_CRITIC || rs->score_head[r]) model_load_score(&R[r].m, load_dir[r], &R[r].mesh, 42, dtype[r], rs->be);
+        else model_load(&R[r].m, load_dir[r], &R[r].mesh, dtype[r], rs->be);
         if (r == R_ACTOR && R[r].m.head != HEAD_LM) user_error("--actor %s: a score-head model; the actor is a causal LM", R[r].dir);
     }
     util_set_reporter(rs->group_root, rs->group_name[0] ? rs->group_name : NULL);

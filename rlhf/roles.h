@@ -42,9 +42,9 @@ typedef struct {
  * has_ref (default: the actor's directory); checks the directories, the rank counts and the
  * vocabularies (roles_check_vocab), then places them (roles_place) over the job's world. */
 void roles_open(Roles *rs, int has_ref, const char *colocate);
-/* Each member role's model from load_dir[role] on its mesh (the critic with a score head, a new
- * one seeded 42 on a causal LM); a role's model errors name the role. */
-void roles_load(Roles *rs, const char *const *load_dir, DType dtype);
+/* Each member role's model from load_dir[role] at dtype[role] on its mesh (the critic with a score
+ * head, a new one seeded 42 on a causal LM); a role's model errors name the role. */
+void roles_load(Roles *rs, const char *const *load_dir, const DType dtype[N_ROLES]);
 /* adapter[role] (NULL: none): a PEFT adapter merged into that role's model (runtime/adapter.h). */
 void roles_merge_adapters(Roles *rs, const char *const *adapter);
 /* ZeRO-3: every member role's weights whole (model_shards_gather_all; a no-op for the others), for

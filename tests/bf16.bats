@@ -177,6 +177,24 @@ print(sum(math.prod(v["shape"]) * (4 if v["dtype"] == "F32" else 2) for k, v in 
     [[ "$output" == *"resume with --dtype bf16 (or --dtype auto, which takes this file's)"* ]]
 }
 
+@test "bf16 ppo saved with --save-dtype fp32 resumes with its own command (the actor at its optimizer state's bf16), the same metrics as the straight run" {
+    need_m
+    "$TANDEM" sft --model "$M" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --seq-len 32 --batch-size 16 --max-steps 1 --dtype bf16 \
+        --out "$BATS_TEST_TMPDIR/bm" 2>/dev/null
+    B="$BATS_TEST_TMPDIR/bm/checkpoint-1"
+    A=(ppo --actor "$B" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2
+       --max-new-tokens 8 --steps 4 --actor-lr 3e-3 --save-dtype fp32 --save-every 2)
+    "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/straight" 2>/dev/null
+    "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/split" --stop-after 2 2>/dev/null
+    [ "$(st_dtypes "$BATS_TEST_TMPDIR/split/checkpoint-2/actor/model-00001-of-00001.safetensors")" = F32 ]
+    run timeout 120 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/split" --resume "$BATS_TEST_TMPDIR/split/checkpoint-2"
+    echo "$output" | grep '^tandem:' || true
+    [ "$status" -eq 0 ]
+    diff <(numbers "$BATS_TEST_TMPDIR/straight/metrics.jsonl") <(numbers "$BATS_TEST_TMPDIR/split/metrics.jsonl")
+    cmp "$BATS_TEST_TMPDIR/straight/checkpoint-4/actor/model-00001-of-00001.safetensors" \
+        "$BATS_TEST_TMPDIR/split/checkpoint-4/actor/model-00001-of-00001.safetensors"
+}
+
 @test "bf16 sft: tp 2, pp 2 (4 micro-batches), dp 2 plain and ZeRO-1 follow the 1x1 losses" {
     need_m
     A=(--model "$M" --data "$BATS_FILE_TMPDIR/rev_train.jsonl" --seq-len 32 --batch-size 8 --max-steps 4 --lr 3e-3 --dtype bf16)
