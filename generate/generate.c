@@ -52,7 +52,6 @@ typedef struct {
     int max_len;          /* the engine's size: prompt + max_new of its longest line */
     Model *m;
     EngineConfig *ec;
-    const char *in_path;
     Tokenizer *tok;
     Output out;
     int n_done, n_total, progress;
@@ -105,7 +104,23 @@ static int line_len(const Line *l) { return l->req.seq.n_prompt + l->req.seq.max
  * every rank). */
 static void check_fit(Run *run, const Line *l) {
     char err[256];
-    if (engine_check(run->e, &l->req.seq, err, sizeof err)) user_error("%s:%d: %s", run->in_path, l->req.in_line, err);
+    if (engine_check(run->e, &l->req.seq, err, sizeof err)) user_error("%s:%d: %s", run->rd.path, l->req.in_line, err);
+}
+
+/* whether line l is this data-parallel group's (group g runs the prompts i with i % dp == g) */
+static int owns(const Run *run, const Line *l) { return l->req.seq.index % run->mesh->dp == run->mesh->dp_rank; }
+
+/* A line read once the engine exists: checked, then held for the engine, or dropped as another
+ * group's (counted: rank 0 receives its output) */
+static void route(Run *run, Line *l) {
+    check_fit(run, l);
+    if (!owns(run, l)) {
+        run->n_remote++;
+        line_free(l);
+        return;
+    }
+    if (run->n_held == run->cap_held) run->held = xrealloc(run->held, sizeof(Line *) * (run->cap_held = 2 * run->cap_held + 16));
+    run->held[run->n_held++] = l;
 }
 
 /* Reads the next input line: its output slot; this group's line goes to `held`, another group's
@@ -117,7 +132,6 @@ static int read_one(Run *run, Line ***keep, int *n_keep) {
         free(l);
         return 0;
     }
-    int i = l->req.seq.index;
     if (output_add(&run->out, l->req.id_json)) {
         line_free(l);
         return 1;
@@ -132,14 +146,7 @@ static int read_one(Run *run, Line ***keep, int *n_keep) {
         (*keep)[(*n_keep)++] = l;
         return 1;
     }
-    check_fit(run, l);
-    if (i % run->mesh->dp != run->mesh->dp_rank) {   /* another data-parallel group's prompt */
-        run->n_remote++;
-        line_free(l);
-        return 1;
-    }
-    if (run->n_held == run->cap_held) run->held = xrealloc(run->held, sizeof(Line *) * (run->cap_held = 2 * run->cap_held + 16));
-    run->held[run->n_held++] = l;
+    route(run, l);
     return 1;
 }
 
@@ -281,17 +288,7 @@ static void engine_start(Run *run, Line **first, int n_first) {
     plan.kv = engine_stats(run->e).kv_bytes;
     plan.acts += engine_stats(run->e).act_bytes;
     model_print_memory_plan(run->m, &plan);
-    for (int i = 0; i < n_first; i++) {
-        Line *l = first[i];
-        check_fit(run, l);
-        if (l->req.seq.index % run->mesh->dp != run->mesh->dp_rank) {   /* another data-parallel group's prompt */
-            run->n_remote++;
-            line_free(l);
-            continue;
-        }
-        if (run->n_held == run->cap_held) run->held = xrealloc(run->held, sizeof(Line *) * (run->cap_held = 2 * run->cap_held + 16));
-        run->held[run->n_held++] = l;
-    }
+    for (int i = 0; i < n_first; i++) route(run, first[i]);
     free(first);
 }
 
@@ -302,7 +299,7 @@ static int read_first(Run *run, Line ***first) {
     while (own < run->read_ahead) {
         int before = n;
         if (!read_one(run, first, &n)) break;
-        if (n > before && (*first)[n - 1]->req.seq.index % run->mesh->dp == run->mesh->dp_rank) own++;
+        if (n > before && owns(run, (*first)[n - 1])) own++;
     }
     return n;
 }
@@ -393,15 +390,12 @@ static void run_read(Run *run, RequestDefaults *d, const Model *m, const char *m
     output_init(&run->out, out_path, mesh_is_root(m->mesh));
     if (resume) output_resume_scan(&run->out);
     requests_open(&run->rd, in_path, d, run->tok, &m->cfg, run->eos, n_eos);
-    run->in_path = in_path;
 }
 
 /* Everything after loading: the first lines, the summary table, the engine, the output (opened
  * once the first lines are checked; an error in a later line removes it again: output.h), every
  * line as the engine has room, the final progress line and report; then the run's memory. */
-static void generate_all(Run *run, Model *m, const Option *opts, int n_opts, EngineConfig *ec, const char *in_path,
-                         int resume) {
-    (void)in_path;
+static void generate_all(Run *run, Model *m, const Option *opts, int n_opts, EngineConfig *ec, int resume) {
     run->m = m;
     run->ec = ec;
     run->read_ahead = 2 * ec->max_batch > READ_AHEAD_MIN ? 2 * ec->max_batch : READ_AHEAD_MIN;
@@ -481,7 +475,7 @@ int generate_main(int argc, char **argv) {
     run.progress = show_progress || isatty(2);
     EngineConfig ec = {max_batch, max_batch_tokens, (size_t)(kv_mib * 1048576.0), block, m.cfg.max_pos,
                        micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run, on_step, 0, 0};
-    generate_all(&run, &m, opts, n_opts, &ec, in_path, resume);
+    generate_all(&run, &m, opts, n_opts, &ec, resume);
     for (int k = 0; k < d.n_stops; k++) free(d.stops[k]);
     free(d.stop_ids);
     model_free(&m);

@@ -305,20 +305,6 @@ int requests_next(RequestReader *rr, Request *r) {
 
 void requests_close(RequestReader *rr) { jsonl_close(&rr->rd); }
 
-/* See request.h. */
-int requests_read(const char *path, const RequestDefaults *d, Tokenizer *tok, const ModelConfig *cfg, const int *eos,
-                  int n_eos, Request **reqs) {
-    RequestReader rr;
-    requests_open(&rr, path, d, tok, cfg, eos, n_eos);
-    *reqs = NULL;
-    for (Request r; requests_next(&rr, &r);) {
-        *reqs = xrealloc(*reqs, sizeof(Request) * rr.n);
-        (*reqs)[rr.n - 1] = r;
-    }
-    requests_close(&rr);
-    return rr.n;
-}
-
 void request_free(Request *r) {
     free(r->seq.prompt); free(r->seq.stop_ids); seq_free(&r->seq);
     free(r->id_json); free(r->prompt_json);

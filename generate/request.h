@@ -45,17 +45,13 @@ typedef struct {
 char *prompt_tokens(Tokenizer *tok, const cJSON *j, const char *key, const char *chat_template, int no_bos, int vocab,
                     const char *file, int line, TokIds *t);
 
-/* Every line of the jsonl file `path` as a Request (*reqs, malloc'd; returns how many). Each line's
- * stop ids are the EOS ids eos[n_eos] (none with d->ignore_eos), then its "stop_token_ids" or
- * --stop-token-ids. A prompt too long for cfg->max_pos: see prompt_fit; a line longer than
- * jsonl_max_bytes(cfg->max_pos) is refused before it is tokenized. user_error on a bad line
- * or an empty file. tok may be NULL. */
-int requests_read(const char *path, const RequestDefaults *d, Tokenizer *tok, const ModelConfig *cfg, const int *eos,
-                  int n_eos, Request **reqs);
-/* The same a line at a time (`tandem generate` streams its input: memory for the lines in flight
- * only): requests_next fills r with the next line (index rr->n before the call) and returns 1, or
- * returns 0 at the end (user_error for a file with no prompt); a bad line is a user_error naming
- * FILE:LINE when it is read. */
+/* The jsonl file `path` a line at a time (`tandem generate` streams its input: memory for the lines
+ * in flight only): requests_next fills r with the next line (index rr->n before the call) and
+ * returns 1, or returns 0 at the end (user_error for a file with no prompt); a bad line is a
+ * user_error naming FILE:LINE when it is read. Each line's stop ids are the EOS ids eos[n_eos]
+ * (none with d->ignore_eos), then its "stop_token_ids" or --stop-token-ids. A prompt too long for
+ * cfg->max_pos: see prompt_fit; a line longer than jsonl_max_bytes(cfg->max_pos) is refused before
+ * it is tokenized. tok may be NULL. */
 typedef struct {
     JsonlReader rd;
     const char *path;

@@ -159,7 +159,7 @@ static void open_roles(Ppo *p, PpoOptions *o, const char **resume_dir) {
         if (resume_dir[r] && !lora) p->load_dir[r] = resume_dir[r];   /* LoRA: the base, then the adapter */
         /* --dtype auto on resume: a trained role runs at its optimizer state's dtype (weights saved
          * with --save-dtype fp32 are a bf16 run's exact upcast) */
-        if (resume_dir[r] && !lora && dtype[r] == DTYPE_AUTO && R[r].member) dtype[r] = optim_state_dtype(resume_dir[r]);
+        if (resume_dir[r] && !lora && R[r].member) dtype[r] = optim_state_dtype(resume_dir[r], dtype[r]);
     }
     roles_load(rs, p->load_dir, dtype);
     const char *merged[N_ROLES];   /* adapters merged: the frozen roles', and a trained role's unless LoRA trains it */

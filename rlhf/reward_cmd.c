@@ -80,8 +80,9 @@ static const char KEEPER[] =
     "exec 3<&0 4>&1 </dev/null >/dev/null\n"
     "setsid /bin/sh -c \"$1\" <&3 >&4 3<&- 4>&- &\n"
     "p=$!\n"
-    "trap 'kill -KILL -$p 2>/dev/null; kill -KILL $p 2>/dev/null; exit 143' TERM\n"   /* $p: before its setsid */
-    "[ -z \"$t\" ] || { kill -KILL -$p 2>/dev/null; kill -KILL $p 2>/dev/null; exit 143; }\n"
+    "k() { kill -KILL -$p 2>/dev/null; kill -KILL $p 2>/dev/null; exit 143; }\n"   /* $p: before its setsid */
+    "trap k TERM\n"
+    "[ -z \"$t\" ] || k\n"
     "exec 3<&- 4>&-\n"
     "wait $p\n"
     "s=$?\n"

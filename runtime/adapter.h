@@ -17,6 +17,7 @@
 #ifndef TANDEM_ADAPTER_H
 #define TANDEM_ADAPTER_H
 #include "runtime/model.h"
+#include "runtime/peft.h"
 
 /* lora_alpha's range, from a flag or an adapter_config.json: the adapters' scale alpha / r multiplies
  * their term in fp32, and an alpha past this is a typo (it overflows the forward long before it
@@ -26,7 +27,7 @@
  * the file and the field): what a LoRA checkpoint was trained with. target: the LLaMA projections
  * q k v o gate up down (runtime/lora.h's order), 1 where target_modules names one. */
 typedef struct {
-    int r, rslora, target[7];
+    int r, rslora, target[LORA_TARGETS];
     double alpha, dropout;
     char path[4096];   /* the file, for error lines */
 } AdapterConfig;

@@ -13,7 +13,7 @@
 typedef struct {
     const char *dir;               /* --model (a directory once parsed) */
     const char *adapter;           /* --adapter: merged into the weights after the load (NULL: none) */
-    const char *dtype_name, *device;   /* --dtype (runtime/model.h dtype_parse), --device */
+    const char *dtype_name, *device;   /* --dtype (runtime/device.h dtype_parse), --device */
     int tp, pp, threads;           /* threads: 0 = the cores available; model_open sets the count in use */
     float comm_timeout;            /* --comm-timeout */
     int score_head;                /* a reward model: the directory's score head, else a new one (seed 1) */

@@ -242,14 +242,17 @@ load helpers
         for (i = 1; i <= n; i++) printf "{\"id\": \"%s%d\", \"prompt\": \"Once\"}\n", pad, i }' > "$2"; }
     mk 2000 "$BATS_TEST_TMPDIR/small.jsonl"
     mk 20000 "$BATS_TEST_TMPDIR/big.jsonl"
+    # peak FILE: the run's peak RSS in $rss (called directly, not in $(...), where a failed check
+    # would not stop the test)
     peak() {
         run timeout 300 "$TANDEM" generate --model "$STORIES" --greedy --max-new-tokens 1 --input "$1" --output "$BATS_TEST_TMPDIR/o.jsonl"
         [ "$status" -eq 0 ]
         [ "$(wc -l < "$BATS_TEST_TMPDIR/o.jsonl")" -eq "$(wc -l < "$1")" ]
-        sed -n 's/.*peak RSS \([0-9.]*\) MiB.*/\1/p' <<<"$output"
+        rss=$(sed -n 's/.*peak RSS \([0-9.]*\) MiB.*/\1/p' <<<"$output")
+        [[ "$rss" =~ ^[0-9.]+$ ]]
     }
-    small=$(peak "$BATS_TEST_TMPDIR/small.jsonl")
-    big=$(peak "$BATS_TEST_TMPDIR/big.jsonl")
+    peak "$BATS_TEST_TMPDIR/small.jsonl"; small=$rss
+    peak "$BATS_TEST_TMPDIR/big.jsonl"; big=$rss
     echo "peak RSS: $small MiB for 2000 lines, $big MiB for 20000 (the input is $(( $(wc -c < "$BATS_TEST_TMPDIR/big.jsonl") >> 20 )) MiB)"
     # read whole, the 18000 more lines hold 18+ MiB more
     awk -v a="$small" -v b="$big" 'BEGIN { exit !(b - a < 6) }'

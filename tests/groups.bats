@@ -52,7 +52,8 @@ groups_run() {
 
 @test "groups: a missing model directory in group b stops every rank with one [b] line" {
     groups_run 5 "$BATS_TEST_TMPDIR/x" "a:3:$M/qwen2_swa:1:3" "b:2:/nonexistent:1:1"
-    [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+    [ "$status" -ne 0 ]
+    [ "$status" -ne 124 ]
     [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
     [[ "$output" == *"tandem: [b] /nonexistent: model directory not found"* ]]
     [ ! -e "$BATS_TEST_TMPDIR/x.a.0.txt" ] || [ ! -e "$BATS_TEST_TMPDIR/x.b.0.txt" ]
@@ -60,14 +61,16 @@ groups_run() {
 
 @test "groups: an impossible layout inside group b is named with the group" {
     groups_run 5 "$BATS_TEST_TMPDIR/x" "a:3:$M/qwen2_swa:1:3" "b:2:$M/llama_gqa:3:1"
-    [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+    [ "$status" -ne 0 ]
+    [ "$status" -ne 124 ]
     [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
     [[ "$output" == *"tandem: [b] 2 ranks are not divisible by tp*pp = 3*1"* ]]
 }
 
 @test "groups: group sizes that do not add up to the job's ranks are one error" {
     groups_run 5 "$BATS_TEST_TMPDIR/x" "a:2:$M/qwen2_swa:1:1" "b:2:$M/llama_gqa:1:1"
-    [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+    [ "$status" -ne 0 ]
+    [ "$status" -ne 124 ]
     [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
     [[ "$output" == *"group ranks"* ]]
     [[ "$output" == *"5"* ]]

@@ -186,7 +186,8 @@ SFT=(--seq-len 32 --batch-size 8 --lr 1e-3 --threads 1)
     [[ "$(grep '^tandem:' "$BATS_TEST_TMPDIR/log")" =~ ^"tandem: rank 0 on host $(hostname): no progress in MPI_"[A-Za-z]+" for 5 s (a peer or the network is gone; --comm-timeout sets the deadline); stopping"$ ]]
     # the line at 5 s, the exit 10 s later (the launcher's turn first: runtime/comm.c), then mpirun
     # ends the rest: measured 16.1 s; 30 s leaves room for a loaded machine
-    [ "$ended" -ge 14000 ] && [ "$ended" -lt 30000 ]   # (a rank may have begun waiting just before the stop)
+    [ "$ended" -ge 14000 ]   # (a rank may have begun waiting just before the stop)
+    [ "$ended" -lt 30000 ]
     for _ in $(seq $(scaled 50)); do pgrep -f "$BATS_TEST_TMPDIR/o --comm-timeout 5" >/dev/null || break; sleep 0.1; done
     ! pgrep -f "$BATS_TEST_TMPDIR/o --comm-timeout 5"
 }

@@ -137,7 +137,8 @@ int optim_state_present(const char *dir) {
     return file_exists(path);
 }
 
-DType optim_state_dtype(const char *dir) {
+DType optim_state_dtype(const char *dir, DType given) {
+    if (given != DTYPE_AUTO) return given;
     char path[4200];
     snprintf(path, sizeof path, "%s/" OPTIM_STATE_DIR "/" OPTIM_STATE_FILE, dir);
     char *text = read_file(path, NULL);

@@ -38,11 +38,11 @@
 int optim_state_save(const Optim *o, const Model *m, const char *dir, char *err);
 /* Whether dir holds a complete layout-free optimizer state (dir/optimizer/optimizer.json). */
 int optim_state_present(const char *dir);
-/* The weights' dtype the state in dir/optimizer/ was saved with (optimizer.json's "dtype": BF16 state
- * holds the fp32 master, and its run's weights were bf16 whatever --save-dtype wrote), DTYPE_AUTO when
- * there is no readable one (optim_state_load reports it). A full-training --resume with --dtype auto
- * runs at it: the checkpoint's saved weights may be another dtype (--save-dtype fp32). */
-DType optim_state_dtype(const char *dir);
+/* The dtype a full-training --resume from dir runs at: `given` (--dtype) unless it is DTYPE_AUTO, then
+ * the weights' dtype the state in dir/optimizer/ was saved with (optimizer.json's "dtype": BF16 state
+ * holds the fp32 master, and its run's weights were bf16 whatever --save-dtype wrote: the saved
+ * weights may be another dtype), DTYPE_AUTO when there is no readable one (optim_state_load reports it). */
+DType optim_state_dtype(const char *dir, DType given);
 /* Reads dir/optimizer/ into o (a fresh optimizer of model m, any layout) and sets o->step.
  * Collective only in that every rank reads the same files. A missing or unreadable optimizer.json,
  * another format or version, another dtype (BF16 state needs BF16 weights: --dtype bf16, or auto), a section whose tensors

@@ -169,7 +169,6 @@ static int holds_tensorboard(const char *out, const char *name, const char *tens
     return holds;
 }
 
-/* See trainer.h. */
 /* Whether dir holds a command's state file (NAME_state.json: trainer_state.json, ppo_state.json, ...,
  * each command's written last), which makes a checkpoint complete. */
 static int holds_state(const char *dir) {
@@ -184,6 +183,7 @@ static int holds_state(const char *dir) {
     return found;
 }
 
+/* See trainer.h. */
 void trainer_check_new_out(const char *out, const char *tensorboard) {
     DIR *d = opendir(out);
     if (!d) return;   /* absent (or not a directory: mkdir_p says so) */
@@ -294,7 +294,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
     }
     if (o->resume && !o->lora_r) trainer_check_same_model(o->model_dir, o->resume);
     run_options_check(o);
-    if (o->resume && !o->lora_r && o->dtype == DTYPE_AUTO) o->dtype = optim_state_dtype(o->resume);   /* the run's */
+    if (o->resume && !o->lora_r) o->dtype = optim_state_dtype(o->resume, o->dtype);   /* auto: the run's */
     o->be = device_open(o->device);
 }
 

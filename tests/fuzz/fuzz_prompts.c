@@ -1,4 +1,4 @@
-/* fuzz_prompts.c — libFuzzer harness: prompt lines, as `tandem generate` reads them (requests_read:
+/* fuzz_prompts.c — libFuzzer harness: prompt lines, as `tandem generate` reads them (requests_open / requests_next:
  * generate/request.c, every per-line field) and as `tandem ppo` reads its prompts
  * (experience_read_prompts: rlhf/experience.c, with prompt_tokens, prompt_fit and labels).
  * Input: byte 0 chooses the settings, the rest is the jsonl file.
@@ -46,13 +46,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t n) {
     RequestDefaults d = {.max_new = MAX_NEW, .key = "prompt", .chat_template = chat, .truncate = truncate};
     sampling_params_default(&d.sp);
     int eos[1] = {t ? tokenizer_eos_id(t) : 2};
-    Request *reqs;
-    int nr = requests_read(path, &d, t, &cfg, eos, eos[0] >= 0, &reqs);
-    for (int i = 0; i < nr; i++) {
-        check_prompt(reqs[i].seq.prompt, (size_t)reqs[i].seq.n_prompt, reqs[i].seq.max_new, vocab);
-        FUZZ_ASSERT(reqs[i].seq.max_new >= 1 && reqs[i].seq.min_new <= reqs[i].seq.max_new);
-        request_free(&reqs[i]);
+    RequestReader rr;
+    requests_open(&rr, path, &d, t, &cfg, eos, eos[0] >= 0);
+    for (Request r; requests_next(&rr, &r);) {
+        check_prompt(r.seq.prompt, (size_t)r.seq.n_prompt, r.seq.max_new, vocab);
+        FUZZ_ASSERT(r.seq.max_new >= 1 && r.seq.min_new <= r.seq.max_new);
+        request_free(&r);
     }
-    free(reqs);
+    requests_close(&rr);
     return 0;
 }

@@ -2,7 +2,7 @@
 # In-process fuzzing of the input parsers with libFuzzer under ASan/UBSan (clang): one harness per
 # input kind, tests/fuzz/fuzz_*.c (each says what it feeds where and which invariants it checks):
 #   records  SFT records and preference pairs through data_open (train/records.c, train/data.c)
-#   prompts  prompt lines: generate's requests_read and ppo's experience_read_prompts
+#   prompts  prompt lines: generate's requests_open / requests_next and ppo's experience_read_prompts
 #   reward   a reward program's reply lines (rlhf/reward_cmd.c) and a reward server's answer (reward_http.c)
 #   hub      the Hub API's file-list answer (runtime/hub.c)
 # Builds libtandem and the harnesses with clang in a scratch copy of the tree (the Makefile's rules,
