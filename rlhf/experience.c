@@ -334,18 +334,20 @@ double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_
         if (x->reward_clip > 0) v = v < -x->reward_clip ? -x->reward_clip : v > x->reward_clip ? x->reward_clip : v;
         b->score[s] = v;
     }
-    double kl_pen = x->adv_kind == ADV_GAE ? kl_coef : 0.0;   /* grpo / rloo: outcome rewards, KL in the loss */
+    /* grpo / rloo / reinforce++-baseline: outcome rewards, KL in the loss */
+    double kl_pen = advantage_kl_in_reward(x->adv_kind) ? kl_coef : 0.0;
     ppo_token_rewards(b->seq_start, S, b->mask, b->old_lp, b->ref_lp ? b->ref_lp : b->old_lp, b->score, x->kl_est,
                       b->ref_lp ? kl_pen : 0.0, b->rewards, b->kl);
     if (x->adv_kind == ADV_GAE) {
         ppo_gae(b->seq_start, S, b->mask, b->rewards, b->values, x->gamma, x->lambda, b->adv, b->ret);
         if (x->whiten) ppo_whiten(b->adv, b->mask, N);
+    } else if (x->adv_kind == ADV_RPP) {   /* discounted returns of the token rewards, whitened */
+        ppo_discounted_returns(b->seq_start, S, b->mask, b->rewards, x->gamma, b->ret);
+        memcpy(b->adv, b->ret, sizeof(double) * N);
+        ppo_whiten(b->adv, b->mask, N);
     } else {
-        double *gadv = xmalloc(sizeof(double) * S);
-        group_advantages(x->adv_kind, b->score, S, x->G, x->std_norm, 1e-6, gadv);
-        for (int s = 0; s < S; s++)
-            for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++) b->adv[n] = b->mask[n] > 0 ? gadv[s] : 0.0, b->ret[n] = 0.0;
-        free(gadv);
+        outcome_advantages(x->adv_kind, b->seq_start, S, b->mask, b->score, x->G, x->std_norm, 1e-6, b->adv);
+        memset(b->ret, 0, sizeof(double) * N);
     }
     for (int n = 0; n < N; n++) { b->adv_f[n] = (float)b->adv[n]; b->ret_f[n] = (float)b->ret[n]; }
     /* bounded rewards give finite advantages, but shaping (--normalize-reward's std,
@@ -365,6 +367,8 @@ double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_
 void minibatch_alloc(Minibatch *mb, int max_mb, int micro, int max_len) {
     mb->micro = micro;
     mb->cap = micro * max_len;
+    mb->agg = AGG_TOKEN_MEAN;
+    mb->agg_norm = 0;
     mb->mbs = xcalloc(max_mb, sizeof(MicroBatch));
     mb->ctx = xcalloc(max_mb, sizeof(PpoCtx));
     mb->tok = xmalloc(sizeof(int) * max_mb * mb->cap);
@@ -381,8 +385,8 @@ int experience_minibatch(const Experience *b, const int *perm, int k0, int mini,
                          int check_logprobs, Minibatch *mb) {
     int micro = mb->micro, cap = mb->cap;
     long actions = 0;
-    for (int k = k0; k < k0 + mini; k++) actions += b->resp_len[perm[k]];
-    float w = actions ? (float)dp / (float)actions : 0.0f;
+    int n_seqs = 0;   /* those with an action (verl's seq-mean leaves out the fully masked) */
+    for (int k = k0; k < k0 + mini; k++) actions += b->resp_len[perm[k]], n_seqs += b->resp_len[perm[k]] > 0;
     int n_mb = 0, fill = 0;
     for (int k = k0 + dp_rank; k < k0 + mini; k += dp) {
         int s = perm[k], i = n_mb - (fill ? 1 : 0);
@@ -398,7 +402,7 @@ int experience_minibatch(const Experience *b, const int *perm, int k0, int mini,
         MicroBatch *m = &mb->mbs[i];
         int *sst = (int *)m->seq_start, n0 = sst[m->n_seqs], t0 = b->seq_start[s];
         int L = b->seq_start[s + 1] - t0;
-        float *f = (float *)m->weight;
+        float *f = (float *)m->weight, w = (float)loss_agg_weight(mb->agg, b->resp_len[s], n_seqs, actions, mb->agg_norm, dp);
         memcpy((int *)m->tokens + n0, b->tokens + t0, sizeof(int) * L);
         memcpy((int *)m->targets + n0, b->targets + t0, sizeof(int) * L);
         for (int n = 0; n < L; n++) {

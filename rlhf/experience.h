@@ -111,12 +111,14 @@ void experience_values(ExperienceMaker *x, Roles *rs, Experience *b);
 double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_coef, int step, const int *pidx);
 
 /* 4. Mini-batch sequences perm[k0 .. k0 + mini) of b, this dp replica's share (every dp-th), as
- * micro-batches of at most `micro` sequences, each position weighted by w (token-mean over the
- * mini-batch, times dp): the actor's (old logprobs, ref logprobs, advantages; check_logprobs on the
+ * micro-batches of at most `micro` sequences, each action weighted by loss_agg_weight (mb->agg over
+ * the whole mini-batch, times dp; so the loss is the same at any dp and micro-batch size): the actor's (old logprobs, ref logprobs, advantages; check_logprobs on the
  * first mini-batch of a step) or the critic's (old values, returns) hook contexts. The buffers are
  * Minibatch's, sized by minibatch_alloc. Returns the number of micro-batches. */
 typedef struct {
     int micro, cap;              /* sequences and tokens per micro-batch at most */
+    LossAgg agg;                 /* the aggregation (0: token-mean) and seq-mean-token-sum-norm's constant */
+    int agg_norm;
     MicroBatch *mbs;             /* (max_mb) */
     PpoCtx *ctx;                 /* (max_mb) */
     int *tok, *tgt, *st;         /* (max_mb, cap), (max_mb, cap), (max_mb, micro + 1) */

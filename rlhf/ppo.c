@@ -59,8 +59,8 @@ static _Noreturn void stop_non_finite(const Ppo *p, int ri, int step, const int 
 
 /* One role's update: --ppo-epochs passes over shuffled mini-batches of the batch's sequences, each
  * an optimizer step; a dp replica takes every dp-th sequence of a mini-batch, in micro-batches of
- * --micro-batch-size sequences through 1F1B. Each action weighs dp / (actions in the mini-batch)
- * (token-mean; optim_step averages over dp). Returns the mean gradient norm. */
+ * --micro-batch-size sequences through 1F1B. Each action weighs as the actor's --loss-agg says
+ * (the critic's: token-mean), times dp (optim_step averages over dp). Returns the mean gradient norm. */
 static double update(Ppo *p, int ri, int step, const int *pidx, Experience *b) {
     Role *r = &p->roles.role[ri];
     int dp = r->mesh.dp, S = b->S, actor = ri == R_ACTOR;
@@ -70,6 +70,7 @@ static double update(Ppo *p, int ri, int step, const int *pidx, Experience *b) {
     int micro = micro_size(p, r);
     Minibatch mb;
     minibatch_alloc(&mb, (p->mini / dp + micro - 1) / micro, micro, p->x.max_len);
+    if (actor) mb.agg = p->loss_agg, mb.agg_norm = p->x.max_new;   /* the critic: token-mean (verl's default) */
     int *perm = xmalloc(sizeof(int) * S);
     double gsum = 0;
     int n_steps = 0;

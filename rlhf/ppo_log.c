@@ -12,7 +12,7 @@ void ppo_log_step(MetricsLog *ml, const Roles *rs, const ExperienceMaker *x, con
     for (int s = 0; s < S; s++) {
         double r = 0;
         for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++) if (b->mask[n] > 0) r += b->rewards[n];
-        rew_sum += x->adv_kind == ADV_GAE ? r : b->score[s];
+        rew_sum += advantage_kl_in_reward(x->adv_kind) ? r : b->score[s];
         resp_len += b->resp_len[s];
         clipped += b->finish[s] == FINISH_LENGTH;
     }

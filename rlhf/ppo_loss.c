@@ -2,6 +2,7 @@
 #include "rlhf/ppo_loss.h"
 #include "runtime/util.h"
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 KlEstimator kl_estimator_parse(const char *flag, const char *name) {
@@ -15,7 +16,34 @@ AdvantageKind advantage_kind_parse(const char *flag, const char *name) {
     if (!strcmp(name, "gae")) return ADV_GAE;
     if (!strcmp(name, "grpo")) return ADV_GRPO;
     if (!strcmp(name, "rloo")) return ADV_RLOO;
-    user_error("%s %s: expected gae, grpo or rloo", flag, name);
+    if (!strcmp(name, "reinforce++") || !strcmp(name, "reinforce_plus_plus")) return ADV_RPP;
+    if (!strcmp(name, "reinforce++-baseline") || !strcmp(name, "reinforce_plus_plus_baseline")) return ADV_RPP_BASELINE;
+    user_error("%s %s: expected gae, grpo, rloo, reinforce++ or reinforce++-baseline", flag, name);
+}
+
+int advantage_kl_in_reward(AdvantageKind kind) { return kind == ADV_GAE || kind == ADV_RPP; }
+
+LossAgg loss_agg_parse(const char *flag, const char *name) {
+    if (!strcmp(name, "token-mean")) return AGG_TOKEN_MEAN;
+    if (!strcmp(name, "seq-mean-token-mean")) return AGG_SEQ_MEAN_TOKEN_MEAN;
+    if (!strcmp(name, "seq-mean-token-sum")) return AGG_SEQ_MEAN_TOKEN_SUM;
+    if (!strcmp(name, "seq-mean-token-sum-norm")) return AGG_SEQ_MEAN_TOKEN_SUM_NORM;
+    user_error("%s %s: expected token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm", flag, name);
+}
+
+PolicyLoss policy_loss_parse(const char *flag, const char *name) {
+    if (!strcmp(name, "ppo") || !strcmp(name, "vanilla")) return PL_PPO;
+    if (!strcmp(name, "gspo")) return PL_GSPO;
+    if (!strcmp(name, "cispo")) return PL_CISPO;
+    user_error("%s %s: expected ppo, gspo or cispo", flag, name);
+}
+
+double loss_agg_weight(LossAgg agg, int len, int n_seqs, long actions, int norm, int dp) {
+    if (len <= 0) return 0.0;
+    double den = agg == AGG_TOKEN_MEAN ? (double)actions
+               : agg == AGG_SEQ_MEAN_TOKEN_MEAN ? (double)n_seqs * len
+               : agg == AGG_SEQ_MEAN_TOKEN_SUM ? (double)n_seqs : (double)n_seqs * norm;
+    return (double)dp / den;
 }
 
 /* k3 as verl's "low_var_kl": kl = clamp(ref - lp, -20, 20), clamp(e^kl - kl - 1, -10, 10). The inner
@@ -72,6 +100,18 @@ void ppo_gae(const int *seq_start, int S, const float *mask, const double *rewar
     }
 }
 
+void ppo_discounted_returns(const int *seq_start, int S, const float *mask, const double *rewards, double gamma,
+                            double *returns) {
+    for (int s = 0; s < S; s++) {
+        double g = 0.0;
+        for (int n = seq_start[s + 1] - 1; n >= seq_start[s]; n--) {
+            if (!(mask[n] > 0)) { returns[n] = 0.0; continue; }
+            g = rewards[n] + gamma * g;
+            returns[n] = g;
+        }
+    }
+}
+
 void ppo_whiten(double *x, const float *mask, int N) {
     double sum = 0.0, n = 0.0;
     for (int i = 0; i < N; i++) if (mask[i] > 0) { sum += x[i]; n += 1.0; }
@@ -94,9 +134,20 @@ void group_advantages(AdvantageKind kind, const double *score, int S, int G, int
         }
         for (int i = g; i < g + G; i++) {
             if (kind == ADV_RLOO) adv[i] = (score[i] - mean) * G / (G - 1.0);
+            else if (kind == ADV_RPP_BASELINE) adv[i] = score[i] - mean;
             else adv[i] = std_norm ? (score[i] - mean) / (sd + eps) : score[i] - mean;
         }
     }
+}
+
+void outcome_advantages(AdvantageKind kind, const int *seq_start, int S, const float *mask, const double *score, int G,
+                        int std_norm, double eps, double *adv) {
+    double *gadv = xmalloc(sizeof(double) * S);
+    group_advantages(kind, score, S, G, std_norm, eps, gadv);
+    for (int s = 0; s < S; s++)
+        for (int n = seq_start[s]; n < seq_start[s + 1]; n++) adv[n] = mask[n] > 0 ? gadv[s] : 0.0;
+    if (kind == ADV_RPP_BASELINE) ppo_whiten(adv, mask, seq_start[S]);
+    free(gadv);
 }
 
 /* max / min as torch.maximum / torch.minimum: a NaN propagates (fmax would drop it, hiding a broken
@@ -109,45 +160,80 @@ static double min_grad(double a, double b, double da, double db) { return a < b 
 static double clamp(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
 static double clamp_grad(double x, double lo, double hi, double dx) { return x >= lo && x <= hi ? dx : 0.0; }
 
+/* One action's policy loss l (returned) and d l / d lp (*g) for ppo and cispo; d = lp - old_lp. */
+static double token_policy_loss(const PpoHook *h, double lp, double d, double A, double *g, PpoStats *st) {
+    /* the loss of verl's compute_policy_loss, each value with its d / d lp beside it */
+    double dc = clamp(d, -20.0, 20.0);
+    double ratio = exp(dc), dratio = clamp_grad(d, -20.0, 20.0, ratio);
+    double lo = 1.0 - h->clip_low, hi = 1.0 + h->clip_high;
+    double rc = clamp(ratio, lo, hi), drc = clamp_grad(ratio, lo, hi, dratio);
+    st->ppo_kl += -dc;
+    if (h->policy == PL_CISPO) {                       /* -sg(clip(ratio)) A lp */
+        st->pg_clipfrac += ratio != rc;
+        *g = -rc * A;
+        return -rc * A * lp;
+    }
+    double l1 = -A * ratio, l2 = -A * rc;
+    double l = max_nan(l1, l2);
+    *g = max_grad(l1, l2, -A * dratio, -A * drc);
+    st->pg_clipfrac += l2 > l1;
+    if (h->clip_c > 0 && A < 0) {                      /* dual clip: at most -A c (no gradient) */
+        double l3 = -A * h->clip_c;
+        st->pg_clipfrac_lower += l > l3;
+        *g = min_grad(l3, l, 0.0, *g);
+        l = min_nan(l3, l);
+    }
+    return l;
+}
+
+/* GSPO's token loss given its sequence's log s_i (seq_lr): the ratio's value is the sequence's, its
+ * gradient the token's own. */
+static double token_gspo_loss(const PpoHook *h, double seq_lr, double d, double A, double *g, PpoStats *st) {
+    double ratio = exp(seq_lr < 10.0 ? seq_lr : 10.0), dratio = seq_lr <= 10.0 ? ratio : 0.0;
+    double lo = 1.0 - h->clip_low, hi = 1.0 + h->clip_high;
+    double rc = clamp(ratio, lo, hi), drc = clamp_grad(ratio, lo, hi, dratio);
+    double l1 = -A * ratio, l2 = -A * rc;
+    *g = max_grad(l1, l2, -A * dratio, -A * drc);
+    st->pg_clipfrac += l2 > l1;
+    st->ppo_kl += -d;                                  /* verl's GSPO: the unclamped log-ratio */
+    return max_nan(l1, l2);
+}
+
 double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout, void *user) {
     PpoHook *h = user;
     const PpoCtx *c = mb->ctx;
     PpoStats *st = &h->stats;
     double loss = 0.0;
-    for (int n = 0; n < N; n++) {
-        dout[n] = 0.0f;
-        if (mb->targets[n] < 0) continue;
-        double lp = out[n], A = c->adv[n], w = mb->weight[n], d = lp - (double)c->old_lp[n];
-        if (c->check) {
-            double ad = fabs(d);
-            if (!(ad <= st->logprob_diff_max)) st->logprob_diff_max = isnan(ad) ? INFINITY : ad;
-            st->n_checked += 1;
+    CHECK(mb->seq_start[mb->n_seqs] == N);
+    for (int s = 0; s < mb->n_seqs; s++) {
+        int n0 = mb->seq_start[s], n1 = mb->seq_start[s + 1];
+        double seq_lr = 0.0, len = 0.0;                /* GSPO: the mean log-ratio over the sequence's actions */
+        if (h->policy == PL_GSPO) {
+            for (int n = n0; n < n1; n++)
+                if (mb->targets[n] >= 0) { seq_lr += (double)out[n] - (double)c->old_lp[n]; len += 1.0; }
+            seq_lr /= len > 1.0 ? len : 1.0;
         }
-        /* the loss of verl's compute_policy_loss, each value with its d / d lp beside it */
-        double dc = clamp(d, -20.0, 20.0);
-        double ratio = exp(dc), dratio = clamp_grad(d, -20.0, 20.0, ratio);
-        double lo = 1.0 - h->clip_low, hi = 1.0 + h->clip_high;
-        double rc = clamp(ratio, lo, hi), drc = clamp_grad(ratio, lo, hi, dratio);
-        double l1 = -A * ratio, l2 = -A * rc;
-        double l = max_nan(l1, l2), g = max_grad(l1, l2, -A * dratio, -A * drc);
-        st->pg_clipfrac += l2 > l1;
-        if (h->clip_c > 0 && A < 0) {                  /* dual clip: at most -A c (no gradient) */
-            double l3 = -A * h->clip_c;
-            st->pg_clipfrac_lower += l > l3;
-            g = min_grad(l3, l, 0.0, g);
-            l = min_nan(l3, l);
+        for (int n = n0; n < n1; n++) {
+            dout[n] = 0.0f;
+            if (mb->targets[n] < 0) continue;
+            double lp = out[n], A = c->adv[n], w = mb->weight[n], d = lp - (double)c->old_lp[n], g;
+            if (c->check) {
+                double ad = fabs(d);
+                if (!(ad <= st->logprob_diff_max)) st->logprob_diff_max = isnan(ad) ? INFINITY : ad;
+                st->n_checked += 1;
+            }
+            double l = h->policy == PL_GSPO ? token_gspo_loss(h, seq_lr, d, A, &g, st) : token_policy_loss(h, lp, d, A, &g, st);
+            double kl = 0.0, dkl = 0.0;
+            if (h->kl_loss_coef > 0) {
+                kl = kl_estimate(KL_K3, lp, c->ref_lp[n]);
+                dkl = kl_estimate_grad(KL_K3, lp, c->ref_lp[n]);
+            }
+            loss += w * (l + h->kl_loss_coef * kl);
+            dout[n] = (float)(w * (g + h->kl_loss_coef * dkl));
+            st->n_tokens += 1;
+            st->pg_loss += l;
+            st->kl_loss += kl;
         }
-        double kl = 0.0, dkl = 0.0;
-        if (h->kl_loss_coef > 0) {
-            kl = kl_estimate(KL_K3, lp, c->ref_lp[n]);
-            dkl = kl_estimate_grad(KL_K3, lp, c->ref_lp[n]);
-        }
-        loss += w * (l + h->kl_loss_coef * kl);
-        dout[n] = (float)(w * (g + h->kl_loss_coef * dkl));
-        st->n_tokens += 1;
-        st->pg_loss += l;
-        st->ppo_kl += -dc;
-        st->kl_loss += kl;
     }
     return loss;
 }

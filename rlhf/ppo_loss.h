@@ -1,8 +1,9 @@
-/* ppo_loss.h — the math of PPO / GRPO / RLOO over per-token arrays, and the loss hooks of the actor
- * and the critic. Pure host code, double accumulation; no model, no communication.
- * Owns: KL estimators, token-level rewards, GAE, masked whitening, group advantages (GRPO, RLOO),
- * the clipped policy loss (clip-higher, dual clip) and the clipped value loss with their gradients
- * and verl-named statistics. Formulas follow verl's trainer/ppo/core_algos.py (the reference the
+/* ppo_loss.h — the math of PPO / GRPO / RLOO / REINFORCE++ over per-token arrays, and the loss hooks
+ * of the actor and the critic. Pure host code, double accumulation; no model, no communication.
+ * Owns: KL estimators, token-level rewards, GAE, discounted returns, masked whitening, group
+ * advantages (GRPO, RLOO, REINFORCE++-baseline), the loss aggregations (the per-token weights), the
+ * policy losses (PPO's clipped one with clip-higher and dual clip, GSPO, CISPO) and the clipped
+ * value loss with their gradients and verl-named statistics. Formulas follow verl's trainer/ppo/core_algos.py (the reference the
  * tests' torch implementation is written from).
  *
  * Layout: a batch of S sequences packed back to back (seq_start (S + 1), N tokens). An "action" is
@@ -54,10 +55,45 @@ double masked_mean(const double *x, const float *mask, int N);
  * variances); 0 when Var(ret) is 0. */
 double explained_variance(const double *ret, const float *values, const float *mask, int N);
 
-typedef enum { ADV_GAE, ADV_GRPO, ADV_RLOO } AdvantageKind;
-/* "gae" | "grpo" | "rloo"; anything else is a user_error naming flag and name */
+typedef enum { ADV_GAE, ADV_GRPO, ADV_RLOO, ADV_RPP, ADV_RPP_BASELINE } AdvantageKind;
+/* "gae" | "grpo" | "rloo" | "reinforce++" | "reinforce++-baseline" (verl's names reinforce_plus_plus
+ * and reinforce_plus_plus_baseline too); anything else is a user_error naming flag and name */
 AdvantageKind advantage_kind_parse(const char *flag, const char *name);
+/* Whether the estimator's token rewards carry the KL penalty (--kl-coef): gae and reinforce++ (token
+ * rewards); grpo, rloo and reinforce++-baseline are outcome estimators (KL in the loss instead). */
+int advantage_kl_in_reward(AdvantageKind kind);
+/* REINFORCE++-baseline's is GRPO's without the std: s - mean_g */
 void group_advantages(AdvantageKind kind, const double *score, int S, int G, int std_norm, double eps, double *adv);
+/* An outcome estimator's token advantages adv (N): group_advantages broadcast over each sequence's
+ * actions (0 elsewhere); reinforce++-baseline then whitened over the batch (verl
+ * compute_reinforce_plus_plus_baseline_outcome_advantage). */
+void outcome_advantages(AdvantageKind kind, const int *seq_start, int S, const float *mask, const double *score, int G,
+                        int std_norm, double eps, double *adv);
+
+/* REINFORCE++ (verl compute_reinforce_plus_plus_outcome_advantage): per sequence, backwards over its
+ * actions, G_t = r_t + gamma G_{t+1} (G after the last action = 0); a non-action inside the
+ * response carries G through unchanged (verl: "rewards propagate past observation spans").
+ * returns (N): G_t at actions, 0 elsewhere. The caller whitens them into advantages. */
+void ppo_discounted_returns(const int *seq_start, int S, const float *mask, const double *rewards, double gamma,
+                            double *returns);
+
+/* Loss aggregation (verl agg_loss), as the weight of each action of a mini-batch of n_seqs sequences
+ * (those with at least one action) and `actions` actions in all, for a sequence of len actions:
+ *     token-mean               loss = sum_t l_t / actions                        w = 1 / actions
+ *     seq-mean-token-mean      loss = 1/n_seqs sum_i (sum_t l_it / len_i)        w = 1 / (n_seqs len_i)
+ *     seq-mean-token-sum       loss = 1/n_seqs sum_i sum_t l_it                  w = 1 / n_seqs
+ *     seq-mean-token-sum-norm  loss = 1/n_seqs sum_i sum_t l_it / norm           w = 1 / (n_seqs norm)
+ * (Dr. GRPO; norm is a constant: verl's loss_scale_factor, by default the padded response length,
+ * which is --max-new-tokens.) Returned times dp (optim_step averages the dp replicas' gradients), as
+ * one division of dp by an exact integer; 0 when len is 0. */
+typedef enum { AGG_TOKEN_MEAN, AGG_SEQ_MEAN_TOKEN_MEAN, AGG_SEQ_MEAN_TOKEN_SUM, AGG_SEQ_MEAN_TOKEN_SUM_NORM } LossAgg;
+/* "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum" | "seq-mean-token-sum-norm" */
+LossAgg loss_agg_parse(const char *flag, const char *name);
+double loss_agg_weight(LossAgg agg, int len, int n_seqs, long actions, int norm, int dp);
+
+typedef enum { PL_PPO, PL_GSPO, PL_CISPO } PolicyLoss;
+/* "ppo" (verl's "vanilla") | "gspo" | "cispo" */
+PolicyLoss policy_loss_parse(const char *flag, const char *name);
 
 /* Statistics a hook accumulates over its calls (sums; the caller divides and reduces over ranks). */
 typedef struct {
@@ -88,20 +124,29 @@ typedef struct {
     double clip_low, clip_high;  /* ratio clipped to [1 - clip_low, 1 + clip_high] (DAPO clip-higher) */
     double clip_c;               /* dual clip: for A < 0 the loss is at most -A c (c > 1); 0 = off */
     double kl_loss_coef;         /* + coef * k3(lp, ref_lp) per action (GRPO's KL in loss); 0 = off */
+    PolicyLoss policy;           /* ppo | gspo | cispo (clip_low / clip_high are each one's clip range) */
     double value_clip;           /* critic: values clipped to old +- value_clip */
     PpoStats stats;
 } PpoHook;
 
-/* Actor hook (LM head at the sampling temperature): token-mean aggregation, each action weighted by
- * mb->weight[n] (1 / actions of the whole mini-batch, times dp for optim_step's dp mean):
+/* Actor hook (LM head at the sampling temperature), each action weighted by mb->weight[n] (the
+ * aggregation: loss_agg_weight), loss = sum_n w_n (l_n + kl_loss_coef k3(lp_n, ref_n)) with l_n:
+ *   ppo (verl compute_policy_loss_vanilla):
  *     ratio = exp(clamp(lp - old_lp, -20, 20))          (verl clamps the log-ratio "for stability")
  *     l1 = -A ratio, l2 = -A clip(ratio, 1 - clip_low, 1 + clip_high), l = max(l1, l2)
  *     dual clip (A < 0): l = min(l, -A clip_c)
- *     loss = sum_n w_n (l_n + kl_loss_coef k3(lp_n, ref_n))
- * dout is torch autograd's gradient of that formula: -A ratio w through the unclipped term (also
- * when l1 == l2 inside the clip range), 0 through a clipped ratio, a dual clip or a clamped log-ratio;
- * on an exact tie of max / min between terms of different gradients torch splits it evenly, and so
- * does the hook. With ctx->check, lp must equal old_lp bit for bit; the max |diff| goes into stats. */
+ *   gspo (Zheng et al. 2025; verl compute_policy_loss_gspo): per sequence i of the micro-batch,
+ *     log s_i = mean over its actions of (lp - old_lp); each token's ratio s_it = sg(s_i) e^(lp - sg(lp)),
+ *     valued exp(min(log s_i, 10)) with d s_it / d lp_t = s_it (0 past verl's clamp at 10); l as ppo's
+ *     l1 / l2 with s_it for ratio (no dual clip); stats: ppo_kl unclamped as verl's
+ *   cispo (MiniMax-M1; verl compute_policy_loss_cispo): l = -sg(clip(ratio, 1 - clip_low,
+ *     1 + clip_high)) A lp (ratio as ppo's), d l / d lp = -clip(ratio) A; pg_clipfrac counts ratios
+ *     outside the range
+ * dout is torch autograd's gradient of that formula: for ppo -A ratio w through the unclipped term
+ * (also when l1 == l2 inside the clip range), 0 through a clipped ratio, a dual clip or a clamped
+ * log-ratio; on an exact tie of max / min between terms of different gradients torch splits it
+ * evenly, and so does the hook. With ctx->check, lp must equal old_lp bit for bit; the max |diff|
+ * goes into stats. */
 double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout, void *user);
 /* Critic hook (score head values at every position):
  *     v_c = clip(v, old - value_clip, old + value_clip)   (verl clip_by_value: max(min(v, hi), lo))

@@ -51,7 +51,10 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--top-k", OPT_INT, &o->top_k, "0", "sampling top-k (0 = off)"},
         {"--top-p", OPT_FLOAT, &o->top_p, "1.0", "sampling top-p"},
         {"--seed", OPT_INT, &t->seed, "1234", "prompt order, sampling and mini-batch shuffles"},
-        {"--advantage", OPT_STR, &o->adv_name, "gae", "gae | grpo | rloo"},
+        {"--advantage", OPT_STR, &o->adv_name, "gae", "gae | grpo | rloo | reinforce++ | reinforce++-baseline"},
+        {"--policy-loss", OPT_STR, &o->policy_name, "ppo", "ppo | gspo (sequence ratio; --clip-eps 3e-4, --clip-eps-high 4e-4 unless given) | cispo"},
+        {"--loss-agg", OPT_STR, &o->loss_agg_name, "token-mean", "the actor's: token-mean | seq-mean-token-mean | seq-mean-token-sum | "
+                                                                 "seq-mean-token-sum-norm (/ --max-new-tokens; gspo: seq-mean-token-mean)"},
         {"--no-std-norm", OPT_FLAG, &o->no_std_norm, NULL, "grpo: do not divide by the group's std (Dr. GRPO)"},
         {"--no-whiten", OPT_FLAG, &o->no_whiten, NULL, "gae: do not whiten the advantages over the batch"},
         {"--kl-coef", OPT_FLOAT, &o->kl_coef, "0.001", "KL penalty in the reward (0 = off)"},
@@ -62,7 +65,7 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--reward-clip", OPT_FLOAT, &o->reward_clip, "0", "clip scores to [-x, x] (0 = off)"},
         {"--missing-eos-penalty", OPT_FLOAT, &o->eos_penalty, "0", "subtracted from the score of a response cut off without EOS"},
         {"--normalize-reward", OPT_FLAG, &o->normalize_reward, NULL, "(score - mean) / std by the reward model's saved stats"},
-        {"--gamma", OPT_FLOAT, &o->gamma, "1.0", "GAE discount"},
+        {"--gamma", OPT_FLOAT, &o->gamma, "1.0", "GAE and reinforce++ discount"},
         {"--lambda", OPT_FLOAT, &o->lambda, "0.95", "GAE lambda"},
         {"--ppo-epochs", OPT_INT, &p->ppo_epochs, "1", "passes over each step's batch"},
         {"--mini-batch-size", OPT_INT, &p->mini, "0", "sequences per optimizer step (0 = the whole batch)"},
@@ -95,6 +98,30 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
     return memcpy(xmalloc(sizeof opts), opts, sizeof opts);
 }
 
+/* --policy-loss, --loss-agg and what they do not go with; GSPO's own clip range (the paper's 3e-4 /
+ * 4e-4) unless --clip-eps / --clip-eps-high are given. */
+static void policy_options_check(Ppo *p, PpoOptions *o) {
+    AdvantageKind a = p->x.adv_kind;
+    PolicyLoss pl = policy_loss_parse("--policy-loss", o->policy_name);
+    p->loss_agg = loss_agg_parse("--loss-agg", o->loss_agg_name);
+    if (a == ADV_RPP_BASELINE && p->x.G < 2)
+        user_error("--advantage reinforce++-baseline needs --n-samples-per-prompt >= 2 (the baseline is the group's mean)");
+    if (pl == PL_PPO) return;
+    if (o->dual_clip != 0) user_error("--dual-clip: --policy-loss %s has no dual clip (only ppo)", o->policy_name);
+    if (pl != PL_GSPO) return;
+    if (a == ADV_GAE || a == ADV_RPP)
+        user_error("--policy-loss gspo: --advantage %s gives token-level advantages; GSPO's ratio is a sequence's (use grpo, "
+                   "rloo or reinforce++-baseline)", o->adv_name);
+    if (args_given(&o->loss_agg_name) && p->loss_agg != AGG_SEQ_MEAN_TOKEN_MEAN)
+        user_error("--loss-agg %s: --policy-loss gspo aggregates as seq-mean-token-mean (GSPO's objective, verl's "
+                   "compute_policy_loss_gspo)", o->loss_agg_name);
+    p->loss_agg = AGG_SEQ_MEAN_TOKEN_MEAN;
+    if (!args_given(&o->clip_eps)) {
+        o->clip_eps = 3e-4f;
+        if (!args_given(&o->clip_high)) o->clip_high = 4e-4f;
+    }
+}
+
 /* See ppo_options.h. */
 Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **argv) {
     Role *R = p->roles.role;
@@ -116,6 +143,7 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
     /* a group of one sample is its own mean: advantage 0 for every token, so nothing would be trained */
     if (p->x.adv_kind == ADV_GRPO && p->x.G < 2)
         user_error("--advantage grpo needs --n-samples-per-prompt >= 2 (a group of 1 has advantage 0: nothing would be trained)");
+    policy_options_check(p, o);
     p->x.kl_est = kl_estimator_parse("--kl-estimator", o->kl_est);
     if (!(o->temperature > 0)) user_error("--temperature %g: must be > 0 (the policy is softmax(logits / T))", o->temperature);
     if (p->x.B < 1 || p->x.G < 1 || p->x.max_new < 1 || o->steps < 1 || p->ppo_epochs < 1 || t->threads < 0)
@@ -159,7 +187,7 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
     p->x.reward_timeout = o->timeout;
     p->entropy_coef = o->entropy_coef;
     p->actor_hook = (PpoHook){.clip_low = o->clip_eps, .clip_high = o->clip_high > 0 ? o->clip_high : o->clip_eps, .clip_c = o->dual_clip,
-                             .kl_loss_coef = o->kl_loss_coef};
+                             .kl_loss_coef = o->kl_loss_coef, .policy = policy_loss_parse("--policy-loss", o->policy_name)};
     p->critic_hook = (PpoHook){.value_clip = o->value_clip};
     return opts;
 }

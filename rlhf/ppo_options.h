@@ -19,6 +19,7 @@ typedef struct {
     TrainOptions t;
     const char *stop_ids, *critic_sched_name, *stop_json, *reward_urls, *prompts_path, *key;
     const char *colocate, *kl_est, *adv_name;
+    const char *loss_agg_name, *policy_name;   /* --loss-agg, --policy-loss */
     int bench_alone, steps, truncate, no_std_norm, top_k, no_whiten, normalize_reward;
     const char *adapter[N_ROLES];        /* --ROLE-adapter: a PEFT adapter on that role's model */
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
@@ -34,6 +35,7 @@ typedef struct {
     Learner learner[2];                  /* [R_ACTOR], [R_CRITIC] on their members */
     int ppo_epochs, mini, micro;         /* update: passes, sequences per optimizer step, per micro-batch */
     PpoHook actor_hook, critic_hook;
+    LossAgg loss_agg;                    /* the actor's --loss-agg (the critic's is token-mean) */
     double entropy_coef, entropy[2];     /* the actor's entropy bonus; the step's entropy sum and count */
     double kl_coef, kl_target, kl_horizon;   /* the KL penalty and its adaptive controller */
     const char *load_dir[N_ROLES];       /* where each role's weights were read (--resume: the checkpoint's) */

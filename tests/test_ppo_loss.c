@@ -1,10 +1,15 @@
-/* test_ppo_loss.c — rlhf/ppo_loss.c against torch (tests/fixtures/ppo/ppo_cases.json, written from
- * verl's core_algos.py by make_ppo_fixtures.py): KL estimators k1 / k2 / k3 (the clamp) and their
+/* test_ppo_loss.c — rlhf/ppo_loss.c against torch (tests/fixtures/ppo/ppo_cases.json and
+ * ppo_variants.json, written from verl's core_algos.py by make_ppo_fixtures.py and
+ * make_ppo_variants.py). ppo_cases.json: KL estimators k1 / k2 / k3 (the clamp) and their
  * gradients, token rewards, GAE at three (gamma, lambda), masked whitening, GRPO (std-norm on / off,
  * G = 1, 2, 4), RLOO (G = 2, 4), the clipped policy loss (clip-higher, dual clip, KL in loss, the
  * log-ratio clamp, on-policy) and the clipped value loss (ties included) through their hooks: loss,
  * d loss / d output and every PpoStats field; then each hook again over the batch split in two
  * micro-batches, whose stats must accumulate to the same totals and whose dout must not change.
+ * ppo_variants.json: REINFORCE++ returns (three gammas) and their whitening, REINFORCE++-baseline's
+ * token advantages (G 2, 4), and the actor hook under each loss aggregation (its weights from
+ * loss_agg_weight, as experience_minibatch sets them) with the ppo, gspo and cispo policy losses,
+ * checked as above (whole and in two micro-batches of whole sequences: GSPO's sequence mean).
  * Usage: test_ppo_loss FIXTURE.json   (one line per comparison; "ok: N ppo cases match torch"; exit 1
  * on any mismatch)
  * Tolerances:
@@ -147,27 +152,62 @@ static double run_hook(LossFn fn, const PpoBatch *b, const PpoCtx *ctx, CtxAt at
     return loss;
 }
 
-static void check_actor(const PpoBatch *b, const cJSON *c) {
+/* An aggregated case's loss (one with "loss_abs"): its weights are the fp32 roundings of verl's
+ * exact 1 / denominators (relative error <= 2^-24 each), and verl's seq-mean-token-mean divides by
+ * len + 1e-8 (relative 1e-8 / len), so the loss may move by (2^-24 + 1e-8) times the aggregation of
+ * |each term| (loss_abs, torch's), plus the 1e-12 of the other cases; else 1e-12 relative as those. */
+static void cmp_loss(const char *what, double got, const cJSON *c) {
+    const cJSON *la = cJSON_GetObjectItemCaseSensitive(c, "loss_abs");
+    double want = num(c, "loss");
+    if (!la) { cmp1(what, got, want, 1e-12); return; }
+    double d = fabs(got - want), bound = (0x1p-24 + 1e-8) * la->valuedouble + 1e-12 * fmax(1.0, fabs(want));
+    int ok = d <= bound;
+    printf("%-62s ( 1) abs diff %-9.3g bound %.2g%s\n", what, d, bound, ok ? "" : "  FAIL");
+    if (!ok) printf("  FAIL: %.17g vs torch %.17g\n", got, want);
+    g_fail |= !ok;
+    g_cases++;
+}
+
+/* A case with "agg": the batch's weights as experience_minibatch gives them for that aggregation
+ * (the whole batch one mini-batch at dp 1; len: a sequence's actions), else the fixture's weights. */
+static const float *case_weights(const PpoBatch *b, const cJSON *c, int norm, float *w) {
+    const cJSON *agg = cJSON_GetObjectItemCaseSensitive(c, "agg");
+    if (!agg) return b->weight;
+    LossAgg a = loss_agg_parse("agg", agg->valuestring);
+    for (int s = 0; s < b->S; s++) {
+        int len = 0;
+        for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++) len += b->mask[n] > 0;
+        for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++)
+            w[n] = b->mask[n] > 0 ? (float)loss_agg_weight(a, len, b->S, b->n_act, norm, 1) : 0.0f;
+    }
+    return w;
+}
+
+static void check_actor(const PpoBatch *b, const cJSON *c, int norm) {
     const char *name = get(c, "name")->valuestring;
+    const cJSON *pl = cJSON_GetObjectItemCaseSensitive(c, "policy");
     float *old = flt(c, "old_lp", b->N), *dout = xmalloc(sizeof(float) * b->N), *dout2 = xmalloc(sizeof(float) * b->N);
+    float *w = xmalloc(sizeof(float) * b->N);
     double *want = dbl(c, "dlp", b->N);
     PpoCtx ctx = {old, b->ref, b->adv, NULL, NULL, 1};
+    PpoBatch bw = *b;
+    bw.weight = (float *)case_weights(b, c, norm, w);
     char what[160];
     for (int split = 0; split < 2; split++) {
         PpoHook h = {.clip_low = num(c, "clip_low"), .clip_high = num(c, "clip_high"), .clip_c = num(c, "clip_c"),
-                     .kl_loss_coef = num(c, "kl_loss_coef")};
-        double loss = run_hook(loss_ppo_actor, b, &ctx, actor_at, b->lp, &h, split ? dout2 : dout, split);
+                     .kl_loss_coef = num(c, "kl_loss_coef"), .policy = pl ? policy_loss_parse("policy", pl->valuestring) : PL_PPO};
+        double loss = run_hook(loss_ppo_actor, &bw, &ctx, actor_at, b->lp, &h, split ? dout2 : dout, split);
         if (!split) {
             snprintf(what, sizeof what, "actor %s: loss", name);
-            cmp1(what, loss, num(c, "loss"), 1e-12);
+            cmp_loss(what, loss, c);
             cmp_dout("  d loss / d logprob (fp32)", dout, want, b->N);
         } else {
-            cmp1("  in 2 micro-batches: loss", loss, num(c, "loss"), 1e-12);
+            cmp_loss("  in 2 micro-batches: loss", loss, c);
             cmp1("  in 2 micro-batches: dout bit for bit", !memcmp(dout, dout2, sizeof(float) * b->N), 1, 0);
         }
         cmp_stats(split ? "  in 2 micro-batches: " : "  ", c, &h.stats, 1);
     }
-    free(old); free(dout); free(dout2); free(want);
+    free(old); free(dout); free(dout2); free(want); free(w);
 }
 
 static void check_critic(const PpoBatch *b, const cJSON *c) {
@@ -228,7 +268,10 @@ int main(int argc, char **argv) {
     printf("%d tokens, %d actions, %d sequences\n", N, b.n_act, S);
 
     const cJSON *c;
-    cJSON_ArrayForEach(c, get(fx, "kl")) {
+    /* sections: each may be absent (ppo_cases.json: kl .. critic; ppo_variants.json: returns,
+     * rpp_baseline, actor) */
+#define SECTION(k) cJSON_GetObjectItemCaseSensitive(fx, k)
+    cJSON_ArrayForEach(c, SECTION("kl")) {
         const char *est = get(c, "estimator")->valuestring;
         KlEstimator k = kl_kind(est);
         double coef = num(c, "kl_coef");
@@ -244,8 +287,8 @@ int main(int argc, char **argv) {
         if (k == KL_K3 && coef == 0.05) { gae_rewards = xmalloc(sizeof(double) * N); memcpy(gae_rewards, x, sizeof(double) * N); }
         free(wk); free(wd); free(wr);
     }
-    if (!gae_rewards) { fprintf(stderr, "fixture: no k3 / 0.05 rewards for GAE\n"); return 1; }
-    cJSON_ArrayForEach(c, get(fx, "gae")) {
+    if (SECTION("gae") && !gae_rewards) { fprintf(stderr, "fixture: no k3 / 0.05 rewards for GAE\n"); return 1; }
+    cJSON_ArrayForEach(c, SECTION("gae")) {
         double g = num(c, "gamma"), l = num(c, "lambda");
         double *wa = dbl(c, "adv", N), *wr = dbl(c, "ret", N), *ww = dbl(c, "whitened", N);
         ppo_gae(b.seq_start, S, b.mask, gae_rewards, values, g, l, x, y);
@@ -256,7 +299,7 @@ int main(int argc, char **argv) {
         cmp("  whitened advantages", x, ww, N, 1e-12);
         free(wa); free(wr); free(ww);
     }
-    cJSON_ArrayForEach(c, get(fx, "group")) {
+    cJSON_ArrayForEach(c, SECTION("group")) {
         int G = get(c, "G")->valueint, sn = get(c, "std_norm")->valueint;
         int rloo = !strcmp(get(c, "kind")->valuestring, "rloo");
         double *wa = dbl(c, "adv", S);
@@ -265,8 +308,27 @@ int main(int argc, char **argv) {
         cmp(what, x, wa, S, 1e-12);
         free(wa);
     }
-    cJSON_ArrayForEach(c, get(fx, "actor")) check_actor(&b, c);
-    cJSON_ArrayForEach(c, get(fx, "critic")) check_critic(&b, c);
+    cJSON_ArrayForEach(c, SECTION("returns")) {   /* reinforce++: discounted returns of given token rewards, whitened */
+        double g = num(c, "gamma"), *r = dbl(c, "rewards", N), *wr = dbl(c, "ret", N), *wa = dbl(c, "adv", N);
+        ppo_discounted_returns(b.seq_start, S, b.mask, r, g, x);
+        snprintf(what, sizeof what, "reinforce++ returns (gamma %g)", g);
+        cmp(what, x, wr, N, 1e-12);
+        ppo_whiten(x, b.mask, N);
+        cmp("  whitened: advantages", x, wa, N, 1e-12);
+        free(r); free(wr); free(wa);
+    }
+    cJSON_ArrayForEach(c, SECTION("rpp_baseline")) {
+        int G = get(c, "G")->valueint;
+        double *wa = dbl(c, "adv", N);
+        outcome_advantages(ADV_RPP_BASELINE, b.seq_start, S, b.mask, score, G, 1, 1e-6, x);
+        snprintf(what, sizeof what, "reinforce++-baseline token advantages (G %d)", G);
+        cmp(what, x, wa, N, 1e-12);
+        free(wa);
+    }
+    const cJSON *norm = SECTION("norm");
+    cJSON_ArrayForEach(c, SECTION("actor")) check_actor(&b, c, norm ? norm->valueint : 0);
+    cJSON_ArrayForEach(c, SECTION("critic")) check_critic(&b, c);
+#undef SECTION
 
     if (!g_fail) printf("ok: %d ppo cases match torch\n", g_cases);
     else printf("FAIL: rlhf/ppo_loss.c does not match %s\n", argv[1]);
