@@ -82,3 +82,86 @@ VARFIX="$FIX/ppo/ppo_variants.json"
     [ "$status" -eq 0 ]
     cmp "$BATS_TEST_TMPDIR/ppo_variants.json" "$VARFIX"
 }
+
+# tandem ppo with the new options on stories260K: responses of varying length (they stop at "."), a
+# reward of the response's length / 100 (tests/ppo.bats's rule scores 0 in 24 tokens)
+ppo_args() {
+    A=(--actor "$STORIES" --prompts "$TRAIN" --reward-cmd "jq --unbuffered -c '{reward: (.response | length / 100)}'"
+       --n-samples-per-prompt 4 --rollout-batch-size 2 --max-new-tokens 24 --stop . --actor-lr 3e-4 --kl-loss-coef 0.01)
+}
+
+@test "ppo --loss-agg: each aggregation gives the same step-1 gradient norm at dp 1, at dp 2 and in micro-batches of 1; the four differ" {
+    need_story
+    ppo_args
+    for agg in token-mean seq-mean-token-mean seq-mean-token-sum seq-mean-token-sum-norm; do
+        run timeout 60 "$TANDEM" ppo "${A[@]}" --advantage grpo --steps 1 --loss-agg $agg --out "$BATS_TEST_TMPDIR/$agg"
+        [ "$status" -eq 0 ]
+        run timeout 60 "$TANDEM" ppo "${A[@]}" --advantage grpo --steps 1 --loss-agg $agg --micro-batch-size 1 --out "$BATS_TEST_TMPDIR/$agg-micro"
+        [ "$status" -eq 0 ]
+        run timeout 120 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --advantage grpo --steps 1 --loss-agg $agg --out "$BATS_TEST_TMPDIR/$agg-dp"
+        [ "$status" -eq 0 ]
+        # the same samples (scores equal), the same gradient up to fp32 summation order (1e-5
+        # relative: a weight off by the dp factor or by a dp share's count would be off by 2x)
+        for d in micro dp; do
+            paste <(jq '[.["critic/score/mean"], .["actor/grad_norm"]] | .[]' "$BATS_TEST_TMPDIR/$agg/metrics.jsonl") \
+                  <(jq '[.["critic/score/mean"], .["actor/grad_norm"]] | .[]' "$BATS_TEST_TMPDIR/$agg-$d/metrics.jsonl") |
+                awk -v w="$agg $d" '{ d = $1 - $2; if (d < 0) d = -d; a = $1 < 0 ? -$1 : $1; if (d > 1e-5 * (a > 1 ? a : 1)) { print w, "differ", $0; bad = 1 } } END { exit bad }'
+        done
+        jq -e '.["actor/grad_norm"] > 0' "$BATS_TEST_TMPDIR/$agg/metrics.jsonl"
+    done
+    # responses of different lengths: every aggregation weighs them differently
+    [ "$(jq -s 'map(.["actor/grad_norm"]) | unique | length' "$BATS_TEST_TMPDIR"/{token-mean,seq-mean-token-mean,seq-mean-token-sum,seq-mean-token-sum-norm}/metrics.jsonl)" -eq 4 ]
+}
+
+@test "ppo with each new option: trains with a finite loss, and 4 steps straight == 2 steps + --resume 2 (metrics and weights bit for bit)" {
+    need_story
+    ppo_args
+    A+=(--steps 4 --mini-batch-size 4)
+    for cfg in "--advantage grpo --no-std-norm --loss-agg seq-mean-token-sum-norm" "--advantage rloo --loss-agg seq-mean-token-mean" \
+               "--advantage reinforce++ --kl-coef 0.01 --gamma 0.99 --policy-loss cispo --loss-agg seq-mean-token-sum" \
+               "--advantage reinforce++-baseline --policy-loss gspo"; do
+        d="$BATS_TEST_TMPDIR/$(tr -c 'a-z0-9\n' _ <<<"$cfg")"
+        run timeout 60 "$TANDEM" ppo "${A[@]}" $cfg --out "$d/straight"
+        [ "$status" -eq 0 ] || { echo "$cfg: $output"; false; }
+        run timeout 60 "$TANDEM" ppo "${A[@]}" $cfg --out "$d/split" --save-every 2 --stop-after 2
+        [ "$status" -eq 0 ]
+        run timeout 60 "$TANDEM" ppo "${A[@]}" $cfg --out "$d/split" --resume "$d/split/checkpoint-2"
+        [ "$status" -eq 0 ]
+        diff <(numbers "$d/straight/metrics.jsonl") <(numbers "$d/split/metrics.jsonl")
+        cmp <(cat "$d"/straight/checkpoint-4/actor/*.safetensors) <(cat "$d"/split/checkpoint-4/actor/*.safetensors)
+        # 4 steps, each with a finite (JSON number) loss and gradient, the rollout logprobs exact
+        [ "$(jq -s 'map(select((.["actor/pg_loss"] | type) == "number" and .["actor/grad_norm"] > 0 and .rollout_logprob_diff_max == 0)) | length' "$d/straight/metrics.jsonl")" -eq 4 ]
+        echo "$cfg: $(jq -s -c 'map(.["actor/pg_loss"])' "$d/straight/metrics.jsonl")" >&3
+    done
+}
+
+@test "ppo: --policy-loss / --loss-agg / --advantage that make no sense are one line each; gspo's own clip range unless given" {
+    need_story
+    ppo_args
+    A+=(--steps 1 --out "$BATS_TEST_TMPDIR/x")
+    run "$TANDEM" ppo "${A[@]}" --critic "$STORIES" --advantage gae --policy-loss gspo
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --policy-loss gspo: --advantage gae gives token-level advantages; GSPO's ratio is a sequence's (use grpo, rloo or reinforce++-baseline)" ]
+    run "$TANDEM" ppo "${A[@]}" --advantage reinforce++ --policy-loss gspo
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --policy-loss gspo: --advantage reinforce++ gives token-level advantages; GSPO's ratio is a sequence's (use grpo, rloo or reinforce++-baseline)" ]
+    run "$TANDEM" ppo "${A[@]}" --advantage grpo --policy-loss gspo --loss-agg token-mean
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --loss-agg token-mean: --policy-loss gspo aggregates as seq-mean-token-mean (GSPO's objective, verl's compute_policy_loss_gspo)" ]
+    run "$TANDEM" ppo "${A[@]}" --advantage grpo --policy-loss cispo --dual-clip 3
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --dual-clip: --policy-loss cispo has no dual clip (only ppo)" ]
+    run "$TANDEM" ppo "${A[@]}" --advantage reinforce++-baseline --n-samples-per-prompt 1
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --advantage reinforce++-baseline needs --n-samples-per-prompt >= 2 (the baseline is the group's mean)" ]
+    run "$TANDEM" ppo "${A[@]}" --advantage reinforce++ --critic "$STORIES"
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --critic: --advantage reinforce++ uses no critic" ]
+    run "$TANDEM" ppo "${A[@]}" --advantage grpo --loss-agg seq-sum
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --loss-agg seq-sum: expected token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm" ]
+    run "$TANDEM" ppo "${A[@]}" --advantage grpo --policy-loss dapo
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --policy-loss dapo: expected ppo, gspo or cispo" ]
+    run "$TANDEM" ppo "${A[@]}" --advantage reinforce
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --advantage reinforce: expected gae, grpo, rloo, reinforce++ or reinforce++-baseline" ]
+    # gspo: --clip-eps 3e-4 / --clip-eps-high 4e-4 (the paper's) unless given; --clip-eps alone sets both, as for ppo
+    run "$TANDEM" ppo "${A[@]}" --advantage grpo --policy-loss gspo --overwrite
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"| --clip-eps             | 0.0003 "*"| --clip-eps-high        | 0.0004 "* ]]
+    run "$TANDEM" ppo "${A[@]}" --advantage grpo --policy-loss gspo --clip-eps 0.001 --overwrite
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"| --clip-eps             | 0.001 "*"| --clip-eps-high        | 0 "* ]]
+}
