@@ -6,7 +6,8 @@
  *                  (reward model) or the reward program (world rank 0); critic: values. Each
  *                  role's root broadcasts its results over the world (rlhf/roles.h)
  *   3. advantages  every rank, identically (rlhf/ppo_loss.c): KL-penalised token rewards + GAE and
- *                  whitening, or GRPO / RLOO group advantages
+ *                  whitening, or their discounted returns whitened (REINFORCE++), or GRPO / RLOO /
+ *                  REINFORCE++-baseline group advantages
  * and, for step 4 (the updates, rlhf/ppo.c), the repacking of chosen sequences into micro-batches
  * with their hook contexts. Every rank runs the same control flow (the same collectives in the
  * same order).

@@ -57,7 +57,7 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
                                                                  "seq-mean-token-sum-norm (/ --max-new-tokens; gspo: seq-mean-token-mean)"},
         {"--no-std-norm", OPT_FLAG, &o->no_std_norm, NULL, "grpo: do not divide by the group's std (Dr. GRPO)"},
         {"--no-whiten", OPT_FLAG, &o->no_whiten, NULL, "gae: do not whiten the advantages over the batch"},
-        {"--kl-coef", OPT_FLOAT, &o->kl_coef, "0.001", "KL penalty in the reward (0 = off)"},
+        {"--kl-coef", OPT_FLOAT, &o->kl_coef, "0.001", "KL penalty in the reward of gae and reinforce++ (0 = off)"},
         {"--kl-estimator", OPT_STR, &o->kl_est, "k1", "k1 | k2 | k3"},
         {"--kl-target", OPT_FLOAT, &o->kl_target, "0", "adaptive KL controller's target (0 = fixed --kl-coef)"},
         {"--kl-horizon", OPT_FLOAT, &o->kl_horizon, "10000", "adaptive KL controller's horizon"},
