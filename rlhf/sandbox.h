@@ -1,0 +1,58 @@
+/* sandbox.h — runs an untrusted python3 program on one input, confined (Linux, as root or with
+ * unprivileged user namespaces).
+ *
+ * Each run is one process tree made by clone() with namespaces of its own:
+ *   pid     the program is pid 1 of a fresh PID namespace: when it ends, or when the wall-clock
+ *           kill SIGKILLs it, the kernel kills every process it started (no escape by double fork
+ *           or setsid), and it sees and signals no process outside;
+ *   net     a fresh network namespace: no interface but a loopback that is down (not the host's);
+ *   mount   every mount read-only (mount_setattr, recursive), a fresh /proc, empty read-only tmpfs
+ *           over /tmp, /var/tmp and /dev/shm, and the working directory /tmp/sandbox a fresh tmpfs
+ *           (SANDBOX_DIR_BYTES) owned by the program's uid holding main.py: the only place it can
+ *           write, and it vanishes with the namespace (nothing reaches the host's disk);
+ *   ipc, uts.
+ * Then: every descriptor but stdin/stdout/stderr closed (close_range), signals reset, rlimits
+ * (CPU seconds, address space, processes, file size, open files, no core), no_new_privs, and as root
+ * a uid/gid of its own (SANDBOX_UID_BASE + a slot: RLIMIT_NPROC counts per uid and is not enforced
+ * for root, so each concurrent slot gets an unprivileged uid of its own), then exec of python3.
+ * The child runs only system calls between clone and exec (safe from a threaded or MPI process).
+ * Owns: that process and its pipes. Not: what a test case is or how outputs compare (rlhf/verify.c). */
+#ifndef TANDEM_SANDBOX_H
+#define TANDEM_SANDBOX_H
+#include <stddef.h>
+
+#define SANDBOX_UID_BASE 1000000000u   /* uids BASE .. BASE + 64 * 100000: no passwd entry uses them */
+#define SANDBOX_DIR_BYTES (16u << 20)  /* the working directory's tmpfs */
+
+typedef struct {
+    double cpu_s;        /* RLIMIT_CPU (rounded up to whole seconds) */
+    size_t mem_bytes;    /* RLIMIT_AS */
+    int nproc;           /* RLIMIT_NPROC (processes and threads of the run's uid) */
+    size_t fsize_bytes;  /* RLIMIT_FSIZE */
+    size_t out_bytes;    /* stdout kept; more is SANDBOX_OUTPUT_LIMIT */
+} SandboxLimits;
+/* cpu 10 s, 1 GiB, 32 processes, 16 MiB files, 1 MiB of output */
+SandboxLimits sandbox_default_limits(void);
+
+typedef enum {
+    SANDBOX_EXITED,        /* status: the exit code */
+    SANDBOX_SIGNALED,      /* status: the signal (SIGXCPU: the CPU limit; SIGXFSZ: the file size limit) */
+    SANDBOX_TIMEOUT,       /* killed at the wall-clock deadline */
+    SANDBOX_OUTPUT_LIMIT,  /* killed for writing more than out_bytes to stdout */
+} SandboxStatus;
+
+typedef struct {
+    SandboxStatus status;
+    int code;
+    char *out;            /* stdout (malloc'd, NUL-terminated; at most out_bytes), free it */
+    size_t out_len;
+    char err_last[160];   /* the last non-blank line of stderr (cut), "" if none */
+} SandboxResult;
+
+/* Runs `python3 main.py` (main.py = program) with stdin = input[0..input_len), killed at
+ * `deadline` (now_seconds() clock). slot (0..63) picks the uid: concurrent runs use distinct slots.
+ * Returns 0 with res filled (whatever the program did), or -1 with err set when the sandbox
+ * itself could not be set up (no python3, no namespaces: not the program's fault). */
+int sandbox_run(const char *program, const char *input, size_t input_len, double deadline, int slot,
+                const SandboxLimits *lim, SandboxResult *res, char *err, size_t errlen);
+#endif
