@@ -267,8 +267,19 @@ int sandbox_run(const char *program, const char *input, size_t input_len, double
         return -1;
     }
     res->status = pump(pid, in[1], out[0], er[0], input, input_len, deadline, lim->out_bytes, res);
+    /* Its pipes are closed, but it may run on (a program that closed stdout and stderr): the
+     * deadline still holds. Polled every ms at first, every 10 ms after the first 10. */
     int ws = 0;
-    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {}
+    for (int tries = 0;; tries++) {
+        pid_t w = waitpid(pid, &ws, res->status == SANDBOX_EXITED ? WNOHANG : 0);
+        if (w == pid || (w < 0 && errno != EINTR)) break;
+        if (w == 0 && now_seconds() >= deadline) {
+            kill(pid, SIGKILL);
+            res->status = SANDBOX_TIMEOUT;
+            continue;
+        }
+        if (w == 0) usleep(tries < 10 ? 1000 : 10000);
+    }
     if (res->status == SANDBOX_EXITED) {
         if (WIFSIGNALED(ws)) res->status = SANDBOX_SIGNALED, res->code = WTERMSIG(ws);
         else res->code = WEXITSTATUS(ws);

@@ -22,7 +22,7 @@
 #include <stddef.h>
 
 #define SANDBOX_UID_BASE 1000000000u   /* uids BASE .. BASE + 64 * 100000: no passwd entry uses them */
-#define SANDBOX_DIR_BYTES (16u << 20)  /* the working directory's tmpfs */
+#define SANDBOX_DIR_BYTES (32u << 20)  /* the working directory's tmpfs (over RLIMIT_FSIZE: a big file is SIGXFSZ) */
 
 typedef struct {
     double cpu_s;        /* RLIMIT_CPU (rounded up to whole seconds) */
