@@ -43,15 +43,16 @@ int verify_ref_check(VerifyKind kind, const cJSON *ref, char *err, size_t errlen
     if (kind == VERIFY_MATH) {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(ref, "answer");
         if (cJSON_IsNumber(a) || (cJSON_IsString(a) && strlen(a->valuestring) <= VERIFY_ANSWER_MAX)) return 0;
-        snprintf(err, errlen, "field \"answer\" %s", !a ? "missing" : cJSON_IsString(a) ? "longer than 1024 bytes"
-                                                                    : "is not a string or a number");
+        snprintf(err, errlen, "field \"answer\" %s",
+                 !a ? "missing" : cJSON_IsString(a) ? "longer than 1024 bytes" : "is not a string or a number");
         return -1;
     }
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(ref, "tests");
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(t, "inputs"), *out = cJSON_GetObjectItemCaseSensitive(t, "outputs");
     int ni = string_array(in), no = string_array(out);
     if (!cJSON_IsObject(t)) snprintf(err, errlen, "field \"tests\" %s", t ? "is not an object" : "missing");
-    else if (ni < 0 || no < 0) snprintf(err, errlen, "field \"tests\": \"%s\" is not an array of strings", ni < 0 ? "inputs" : "outputs");
+    else if (ni < 0 || no < 0)
+        snprintf(err, errlen, "field \"tests\": \"%s\" is not an array of strings", ni < 0 ? "inputs" : "outputs");
     else if (ni != no) snprintf(err, errlen, "field \"tests\": %d inputs but %d outputs", ni, no);
     else if (ni == 0) snprintf(err, errlen, "field \"tests\": empty test list");
     else return 0;
@@ -119,7 +120,8 @@ static int code_sample(const char *response, const cJSON *ref, double timeout_s,
         }
         char got[48], exp[48];
         pass = 0;
-        if (res.status == SANDBOX_TIMEOUT || (res.status == SANDBOX_SIGNALED && (res.code == SIGXCPU || res.code == SIGKILL))) {
+        int cpu = res.status == SANDBOX_SIGNALED && (res.code == SIGXCPU || res.code == SIGKILL);   /* RLIMIT_CPU */
+        if (res.status == SANDBOX_TIMEOUT || cpu) {
             r->timed_out = 1;
             snprintf(r->reason, sizeof r->reason, "test %d: timeout (over %.3g s %s)", i, timeout_s,
                      res.status == SANDBOX_TIMEOUT ? "of wall clock" : "of CPU");
@@ -156,7 +158,8 @@ static int code_sample(const char *response, const cJSON *ref, double timeout_s,
 int verify_batch(VerifyKind kind, int n, const char *const *responses, const cJSON *const *refs, int workers,
                  double timeout_s, VerifyResult *out, char *err, size_t errlen) {
     if (workers < 1 || workers > VERIFY_MAX_WORKERS || !(timeout_s > 0)) {
-        snprintf(err, errlen, "verify: workers must be 1..%d and the timeout > 0 (got %d, %g)", VERIFY_MAX_WORKERS, workers, timeout_s);
+        snprintf(err, errlen, "verify: workers must be 1..%d and the timeout > 0 (got %d, %g)", VERIFY_MAX_WORKERS,
+                 workers, timeout_s);
         return -1;
     }
     for (int i = 0; i < n; i++) {
@@ -205,7 +208,7 @@ int verify_main(int argc, char **argv) {
     const char *usage = "usage: tandem verify math|code|format --input F.jsonl --output O.jsonl [--workers N] [--timeout S]";
     if (argc < 2 || argv[1][0] == '-') {
         if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { printf("%s\n", usage); return 0; }
-        user_error("verify: which verifier? (%s)", usage + 7);
+        user_error("verify: name a verifier: math | code | format (%s)", usage + 7);
     }
     VerifyKind kind = verify_kind_parse("verify", argv[1]);
     const char *in_path = NULL, *out_path = NULL;

@@ -38,9 +38,10 @@ void verify_quote(char *dst, size_t cap, const char *s, size_t len) {
         int ok = k > 0 && i + k <= len;
         for (size_t j = 1; ok && j < k; j++) ok = ((unsigned char)s[i + j] & 0xC0) == 0x80;
         if (!ok) k = 1;
-        if (o + k + 4 > cap) {                      /* room for "..." and the NUL */
-            memcpy(dst + o, "...", cap - o - 1 < 3 ? cap - o - 1 : 3);
-            o += cap - o - 1 < 3 ? cap - o - 1 : 3;
+        if (o + k + 4 > cap) {                      /* no room for it, "..." and the NUL */
+            size_t dots = cap - 1 - o < 3 ? cap - 1 - o : 3;
+            memcpy(dst + o, "...", dots);
+            o += dots;
             break;
         }
         if (!ok) dst[o++] = '?';

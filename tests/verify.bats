@@ -316,3 +316,24 @@ while True: os.fork()' '' '1' \
     rm -rf "$D"
     nothing_left
 }
+
+@test "verify code: tandem killed mid-run takes its sandboxes with it" {
+    code_cases "$BATS_TEST_TMPDIR/in.jsonl" a 'while True: pass' '' 1 b 'import os, time
+os.fork(); time.sleep(100)' '' 1
+    "$TANDEM" verify code --input "$BATS_TEST_TMPDIR/in.jsonl" --output "$OUT" --workers 2 --timeout 60 3>&- &
+    pid=$!
+    for i in $(seq $(scaled 100)); do   # until both sandboxes run (3 processes of sandbox uids)
+        [ "$(ps -eo uid= | awk '$1 >= 1000000000 && $1 < 1006400000' | wc -l)" -ge 3 ] && break
+        sleep 0.1
+    done
+    [ "$(ps -eo uid= | awk '$1 >= 1000000000 && $1 < 1006400000' | wc -l)" -ge 3 ]
+    kill -9 "$pid"
+    wait "$pid" || true
+    # the parent-death signal kills each sandbox's pid 1, and with it its namespace
+    for i in $(seq $(scaled 50)); do
+        [ -z "$(ps -eo uid= | awk '$1 >= 1000000000 && $1 < 1006400000')" ] && break
+        sleep 0.1
+    done
+    [ ! -e "$OUT" ]
+    nothing_left
+}
