@@ -1,5 +1,6 @@
-/* sandbox.c — see sandbox.h. The child's setup (between clone and exec: system calls only), then
- * the parent's side: feeding stdin, reading stdout / stderr under the caps, the wall-clock kill.
+/* sandbox.c — see sandbox.h. The clone's side (the namespace's init: setup, fork of the program,
+ * reaping; system calls only), then the parent's: feeding stdin, reading stdout / stderr under the
+ * caps, the wall-clock kill, the init's report of the program's status.
  * Why namespaces and not Landlock: Landlock cannot deny the network (only TCP bind / connect
  * ports, and not in every kernel's ABI) nor contain a process tree; a PID namespace kills the whole
  * tree at once, a network namespace has no route anywhere, and a mount namespace gives the read-only
@@ -41,11 +42,11 @@ SandboxLimits sandbox_default_limits(void) {
 
 /* The setup steps, for the message when one fails. */
 enum { ST_FDS, ST_USERNS, ST_PRIVATE, ST_READONLY, ST_PROC, ST_TMP, ST_WORKDIR, ST_TMP_RO, ST_HIDE,
-       ST_PROGRAM, ST_RLIMIT, ST_CREDS, ST_EXEC };
+       ST_PROGRAM, ST_RLIMIT, ST_CREDS, ST_EXEC, ST_FORK, ST_DONE };
 static const char *const step_names[] = {
     "descriptors", "user namespace maps", "private mounts", "read-only remount of /", "mount /proc",
     "tmpfs on /tmp", "tmpfs working directory", "read-only /tmp", "tmpfs over /var/tmp or /dev/shm",
-    "writing main.py", "rlimits", "dropping to the sandbox uid", "exec python3"};
+    "writing main.py", "rlimits", "dropping to the sandbox uid", "exec python3", "fork / wait in the init"};
 
 typedef struct {
     int in_r, out_w, err_w, report_w;   /* the pipes' child ends */
@@ -84,20 +85,20 @@ static int mount_attr(const char *path, unsigned flags, uint64_t set) {
     return (int)syscall(SYS_mount_setattr, AT_FDCWD, path, flags, &a, sizeof a);
 }
 
-/* Runs in the clone: pid 1 of its namespaces. Only system calls until execve. */
-static int child_main(void *arg) {
-    const Child *c = arg;
-    int fd[4] = {c->in_r, c->out_w, c->err_w, c->report_w};
-    for (int i = 0; i < 4; i++)
-        if ((fd[i] = fcntl(fd[i], F_DUPFD_CLOEXEC, 10)) < 0) _exit(126);
-    if (dup2(fd[0], 0) < 0 || dup2(fd[1], 1) < 0 || dup2(fd[2], 2) < 0 || dup3(fd[3], 3, O_CLOEXEC) < 0) _exit(126);
-    if (close_range(4, ~0u, 0) != 0) child_fail(ST_FDS);
-    struct sigaction dfl = {.sa_handler = SIG_DFL};
-    for (int s = 1; s < NSIG; s++) sigaction(s, &dfl, NULL);   /* SIGXFSZ, SIGPIPE: tandem ignores them */
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    setsid();
+/* The program's process: limits, an unprivileged uid, exec. System calls only. */
+static _Noreturn void program_exec(const Child *c) {
+    for (int i = 0; i < 6; i++)
+        if (setrlimit(c->rl_which[i], &c->rl[i])) child_fail(ST_RLIMIT);
+    if (c->as_root && (setgroups(0, NULL) || setresgid(c->uid, c->uid, c->uid) || setresuid(c->uid, c->uid, c->uid)))
+        child_fail(ST_CREDS);
+    /* after the uid change, which clears it: dies with the namespace's init */
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)) child_fail(ST_CREDS);
+    execve(c->argv[0], c->argv, c->envp);
+    child_fail(ST_EXEC);
+}
+
+/* The namespaces and the mounts (see sandbox.h), main.py written, the working directory entered. */
+static void child_setup(const Child *c) {
     if (!c->as_root) {
         int fdg = open("/proc/self/setgroups", O_WRONLY | O_CLOEXEC);
         if (fdg < 0 || write(fdg, "deny", 4) != 4) child_fail(ST_USERNS);
@@ -125,13 +126,39 @@ static int child_main(void *arg) {
     }
     close(p);
     if (chdir("/tmp/sandbox")) child_fail(ST_WORKDIR);
-    for (int i = 0; i < 6; i++)
-        if (setrlimit(c->rl_which[i], &c->rl[i])) child_fail(ST_RLIMIT);
-    if (c->as_root && (setgroups(0, NULL) || setresgid(c->uid, c->uid, c->uid) || setresuid(c->uid, c->uid, c->uid)))
-        child_fail(ST_CREDS);
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)) child_fail(ST_CREDS);
-    execve(c->argv[0], c->argv, c->envp);
-    child_fail(ST_EXEC);
+}
+
+/* Runs in the clone: pid 1 of its namespaces, a minimal init. It sets up, forks the program (an
+ * init ignores the signals its namespace sends it, so the program must not be pid 1: a program
+ * that raises SIGSEGV or SIGTERM on itself dies of it), reaps every orphan, and when the program
+ * ends reports its wait status on fd 3 and exits, which kills whatever the program left running.
+ * System calls only (the fork is the raw clone: no glibc fork handlers in a copy of a threaded
+ * process). */
+static int child_main(void *arg) {
+    const Child *c = arg;
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);   /* dies with the thread that made it */
+    int fd[4] = {c->in_r, c->out_w, c->err_w, c->report_w};
+    for (int i = 0; i < 4; i++)
+        if ((fd[i] = fcntl(fd[i], F_DUPFD_CLOEXEC, 10)) < 0) _exit(126);
+    if (dup2(fd[0], 0) < 0 || dup2(fd[1], 1) < 0 || dup2(fd[2], 2) < 0 || dup3(fd[3], 3, O_CLOEXEC) < 0) _exit(126);
+    if (close_range(4, ~0u, 0) != 0) child_fail(ST_FDS);
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    for (int s = 1; s < NSIG; s++) sigaction(s, &dfl, NULL);   /* SIGXFSZ, SIGPIPE: tandem ignores them */
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setsid();
+    child_setup(c);
+    pid_t prog = (pid_t)syscall(SYS_clone, SIGCHLD, NULL, NULL, NULL, NULL);
+    if (prog < 0) child_fail(ST_FORK);
+    if (prog == 0) program_exec(c);
+    close(0), close(1), close(2);   /* the program's alone: EOF when it and its children are done */
+    int ws = 0;
+    for (pid_t w; (w = waitpid(-1, &ws, 0)) != prog;)
+        if (w < 0 && errno != EINTR) child_fail(ST_FORK);
+    int msg[2] = {ST_DONE, ws};
+    ssize_t n = write(3, msg, sizeof msg);
+    _exit(n == (ssize_t)sizeof msg ? 0 : 127);
 }
 
 /* The first python3 of the usual places (the sandbox's PATH is not the caller's). */
@@ -255,23 +282,11 @@ int sandbox_run(const char *program, const char *input, size_t input_len, double
                  c.as_root ? "" : " (not root: unprivileged user namespaces must be enabled)");
         return -1;
     }
-    int msg[2];
-    ssize_t got;
-    while ((got = read(rep[0], msg, sizeof msg)) < 0 && errno == EINTR) {}
-    close(rep[0]);
-    if (got == (ssize_t)sizeof msg || got < 0) {   /* the setup failed: not the program's fault */
-        close(in[1]), close(out[0]), close(er[0]);
-        waitpid(pid, NULL, 0);
-        snprintf(err, errlen, "code sandbox: %s: %s", got < 0 ? "reading the setup report" : step_names[msg[0]],
-                 strerror(got < 0 ? errno : msg[1]));
-        return -1;
-    }
     res->status = pump(pid, in[1], out[0], er[0], input, input_len, deadline, lim->out_bytes, res);
     /* Its pipes are closed, but it may run on (a program that closed stdout and stderr): the
      * deadline still holds. Polled every ms at first, every 10 ms after the first 10. */
-    int ws = 0;
     for (int tries = 0;; tries++) {
-        pid_t w = waitpid(pid, &ws, res->status == SANDBOX_EXITED ? WNOHANG : 0);
+        pid_t w = waitpid(pid, NULL, res->status == SANDBOX_EXITED ? WNOHANG : 0);
         if (w == pid || (w < 0 && errno != EINTR)) break;
         if (w == 0 && now_seconds() >= deadline) {
             kill(pid, SIGKILL);
@@ -280,9 +295,23 @@ int sandbox_run(const char *program, const char *input, size_t input_len, double
         }
         if (w == 0) usleep(tries < 10 ? 1000 : 10000);
     }
-    if (res->status == SANDBOX_EXITED) {
-        if (WIFSIGNALED(ws)) res->status = SANDBOX_SIGNALED, res->code = WTERMSIG(ws);
-        else res->code = WEXITSTATUS(ws);
+    /* The init has ended: its report is there, or it was killed (timeout, output cap) */
+    int msg[2];
+    ssize_t got;
+    while ((got = read(rep[0], msg, sizeof msg)) < 0 && errno == EINTR) {}
+    close(rep[0]);
+    if (got == (ssize_t)sizeof msg && msg[0] != ST_DONE) {   /* the setup failed: not the program's fault */
+        free(res->out), res->out = NULL;
+        snprintf(err, errlen, "code sandbox: %s: %s", step_names[msg[0]], strerror(msg[1]));
+        return -1;
     }
+    if (res->status != SANDBOX_EXITED) return 0;
+    if (got != (ssize_t)sizeof msg) {
+        free(res->out), res->out = NULL;
+        snprintf(err, errlen, "code sandbox: its init ended without a report");
+        return -1;
+    }
+    if (WIFSIGNALED(msg[1])) res->status = SANDBOX_SIGNALED, res->code = WTERMSIG(msg[1]);
+    else res->code = WEXITSTATUS(msg[1]);
     return 0;
 }

@@ -2,9 +2,10 @@
  * unprivileged user namespaces).
  *
  * Each run is one process tree made by clone() with namespaces of its own:
- *   pid     the program is pid 1 of a fresh PID namespace: when it ends, or when the wall-clock
- *           kill SIGKILLs it, the kernel kills every process it started (no escape by double fork
- *           or setsid), and it sees and signals no process outside;
+ *   pid     a fresh PID namespace whose pid 1 is a minimal init (sandbox.c child_main) and the
+ *           program its child: when the program ends the init exits, and when the wall-clock kill
+ *           SIGKILLs the init, the kernel kills every process in the namespace (no escape by double
+ *           fork or setsid); the program sees and signals no process outside;
  *   net     a fresh network namespace: no interface but a loopback that is down (not the host's);
  *   mount   every mount read-only (mount_setattr, recursive), a fresh /proc, empty read-only tmpfs
  *           over /tmp, /var/tmp and /dev/shm, and the working directory /tmp/sandbox a fresh tmpfs
@@ -15,7 +16,7 @@
  * (CPU seconds, address space, processes, file size, open files, no core), no_new_privs, and as root
  * a uid/gid of its own (SANDBOX_UID_BASE + a slot: RLIMIT_NPROC counts per uid and is not enforced
  * for root, so each concurrent slot gets an unprivileged uid of its own), then exec of python3.
- * The child runs only system calls between clone and exec (safe from a threaded or MPI process).
+ * The children run only system calls between clone and exec (safe from a threaded or MPI process).
  * Owns: that process and its pipes. Not: what a test case is or how outputs compare (rlhf/verify.c). */
 #ifndef TANDEM_SANDBOX_H
 #define TANDEM_SANDBOX_H

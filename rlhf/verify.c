@@ -120,7 +120,7 @@ static int code_sample(const char *response, const cJSON *ref, double timeout_s,
         }
         char got[48], exp[48];
         pass = 0;
-        int cpu = res.status == SANDBOX_SIGNALED && (res.code == SIGXCPU || res.code == SIGKILL);   /* RLIMIT_CPU */
+        int cpu = res.status == SANDBOX_SIGNALED && res.code == SIGXCPU;   /* RLIMIT_CPU's soft limit */
         if (res.status == SANDBOX_TIMEOUT || cpu) {
             r->timed_out = 1;
             snprintf(r->reason, sizeof r->reason, "test %d: timeout (over %.3g s %s)", i, timeout_s,
@@ -128,7 +128,8 @@ static int code_sample(const char *response, const cJSON *ref, double timeout_s,
         } else if (res.status == SANDBOX_OUTPUT_LIMIT)
             snprintf(r->reason, sizeof r->reason, "test %d: output limit (over %zu bytes)", i, lim.out_bytes);
         else if (res.status == SANDBOX_SIGNALED)
-            snprintf(r->reason, sizeof r->reason, "test %d: killed by signal %d (%s)%s", i, res.code, strsignal(res.code),
+            snprintf(r->reason, sizeof r->reason, "test %d: killed by signal %d (%s)%s", i, res.code,
+                     sigdescr_np(res.code) ? sigdescr_np(res.code) : "?",   /* strsignal is not thread-safe */
                      res.code == SIGXFSZ ? ": file size limit" : "");
         else if (res.code != 0) {
             char line[100];

@@ -13,7 +13,10 @@ setup() {
     export TMPDIR="$BATS_TEST_TMPDIR/tmp"
     mkdir -p "$TMPDIR"
     OUT="$BATS_TEST_TMPDIR/out.jsonl"
+    D=
 }
+
+teardown() { [ -z "$D" ] || rm -rf "$D"; }
 
 # verify KIND IN.jsonl [options]: runs tandem verify into $OUT
 verify() {
@@ -159,6 +162,7 @@ print(a + b)' '2 3' '5' \
         wrong 'print(6)' '2 3' '5' \
         crash 'raise ValueError("no luck")' '' '5' \
         exit3 'import sys; print(5); sys.exit(3)' '' '5' \
+        selfkill 'import os, signal; print(5, flush=True); os.kill(os.getpid(), signal.SIGTERM)' '' '5' \
         cwd 'open("f.txt", "w").write("7"); print(open("f.txt").read())' '' '7  '
     {   # the last block counts; other languages and unclosed blocks are a 0
         echo '{"id": "last", "response": "```python\nprint(1)\n```\nthen\n```py\nprint(2)\n```", "tests": {"inputs": [""], "outputs": ["2"]}}'
@@ -175,6 +179,8 @@ print(a + b)' '2 3' '5' \
     [ "$(reason_of '"wrong"')" = 'test 1: wrong answer: got "6", expected "5"' ]
     [ "$(reason_of '"crash"')" = "test 1: runtime error (exit 1): ValueError: no luck" ]
     [ "$(reason_of '"exit3"')" = "test 1: runtime error (exit 3): " ]
+    # the program is not the namespace's pid 1, so a signal it sends itself kills it as anywhere
+    [ "$(reason_of '"selfkill"')" = "test 1: killed by signal 15 (Terminated)" ]
     [ "$(reward_of '"cwd"')" = 1 ]
     [ "$(reward_of '"last"')" = 1 ]
     [ "$(reward_of '"bare"')" = 1 ]
@@ -211,7 +217,9 @@ print(1)' '' '1'
     [ "$status" -eq 0 ]
     [[ "$(reason_of '"loop"')" == "test 1: timeout (over 4 s of "*")" ]]
     [ "$(jq -r 'select(.id == "loop") | .timed_out' "$OUT")" = true ]
-    [ "$(reason_of '"bomb"')" = "test 1: runtime error (exit 1): BlockingIOError: [Errno 11] Resource temporarily unavailable" ]
+    # fork fails (EAGAIN) at the process limit; the last stderr line is one of the tracebacks the
+    # processes print at once, so only its start is fixed
+    [[ "$(reason_of '"bomb"')" == "test 1: runtime error (exit 1): "* ]]
     [[ "$(reason_of '"bomb_quiet"')" == "test 1: timeout (over 4 s of "*")" ]]
     [ "$(reason_of '"mem"')" = "test 1: runtime error (exit 1): MemoryError" ]
     [ "$(reason_of '"output"')" = "test 1: output limit (over 1048576 bytes)" ]
@@ -236,12 +244,12 @@ for d in ['/tmp', '/var/tmp', '/dev/shm', '$ROOT', '$BATS_TEST_TMPDIR', '/root',
         print('denied')   # EROFS, or EACCES where the uid may not enter (/root)
 print(sorted(os.listdir('/tmp')), len([p for p in os.listdir('/proc') if p.isdigit()]))" '' \
         "$(printf 'denied\n%.0s' 1 2 3 4 5 6 7)
-['sandbox'] 1"
+['sandbox'] 2"
     verify code "$BATS_TEST_TMPDIR/in.jsonl" --timeout 20
     [ "$status" -eq 0 ]
     [ "$(reason_of '"write"')" = "test 1: runtime error (exit 1): OSError: [Errno 30] Read-only file system: '/tmp/tandem-escape-$MARK'" ]
-    # every write outside fails; /tmp is empty but for the working directory; the
-    # program is the only process it sees
+    # every write outside fails; /tmp is empty but for the working directory; the program sees
+    # two processes: the namespace's init and itself
     [ "$(reward_of '"probe"')" = 1 ]
     nothing_left
 }
@@ -298,7 +306,7 @@ print(s.recv(5).decode())"
 @test "verify code: as a user without root (setpriv to nobody), through a user namespace" {
     command -v setpriv || skip "setpriv (util-linux) missing"
     [ "$(id -u)" = 0 ] || skip "needs root to become nobody"
-    D=$(mktemp -d /tmp/tandem-verify-nobody.XXXXXX)   # a path nobody can reach
+    D=$(mktemp -d /tmp/tandem-verify-nobody.XXXXXX)   # a path nobody can reach (teardown removes it)
     chmod 777 "$D"
     code_cases "$D/in.jsonl" ok 'print(int(input()) + 1)' '41' '42' \
         bomb 'import os
@@ -311,9 +319,10 @@ while True: os.fork()' '' '1' \
     [ "$status" -eq 0 ]
     OUT="$D/out.jsonl"
     [ "$(reward_of '"ok"')" = 1 ]
-    [ "$(reason_of '"bomb"')" = "test 1: runtime error (exit 1): BlockingIOError: [Errno 11] Resource temporarily unavailable" ]
+    # fork fails (EAGAIN) at the process limit; the last stderr line is one of the tracebacks the
+    # processes print at once, so only its start is fixed
+    [[ "$(reason_of '"bomb"')" == "test 1: runtime error (exit 1): "* ]]
     [[ "$(reason_of '"write"')" == *"Read-only file system"* ]]
-    rm -rf "$D"
     nothing_left
 }
 
