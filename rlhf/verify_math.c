@@ -317,7 +317,10 @@ static int split_tuple(char *s, char *open, char *close, char **elem) {
     return count > 1 || *open ? count : 0;
 }
 
-static int tuple_equal(char *a, char *b) {
+static int tuple_equal(const char *a0, const char *b0) {
+    char a[NORM_CAP + 1], b[NORM_CAP + 1];   /* split in copies: the callers quote the originals */
+    snprintf(a, sizeof a, "%s", a0);
+    snprintf(b, sizeof b, "%s", b0);
     char *ea[MAX_ELEMS], *eb[MAX_ELEMS], oa, ca, ob, cb;
     int na = split_tuple(a, &oa, &ca, ea), nb = split_tuple(b, &ob, &cb, eb);
     if (!na || na != nb || oa != ob || ca != cb) return 0;

@@ -346,3 +346,12 @@ os.fork(); time.sleep(100)' '' 1
     [ ! -e "$OUT" ]
     nothing_left
 }
+
+@test "verify: the C API as tandem ppo calls it (build/tests/test_verify)" {
+    run timeout 60 "$ROOT/build/tests/test_verify"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ "${lines[-1]}" = ok ]
+    ! grep -q FAIL <<<"$output"
+    nothing_left
+}
