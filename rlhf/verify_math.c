@@ -11,7 +11,8 @@
  *     `\,` `\;` `\:` `\displaystyle`, `$`, `\$`, `%`, `\%`, `^\circ`, `°`, `{,}` and math delimiters
  *     dropped; `\dfrac` `\tfrac` -> `\frac`; `\mbox` `\textbf` `\mathrm` `\mathbf` -> `\text`; the
  *     part after the last `=` kept (verl math_dapo's split("=")[-1]); a trailing `\text{unit}`
- *     after a value dropped, then `\text{X}` -> X; a trailing `.` and one pair of outer braces
+ *     after a value dropped, then `\text{X}` -> X; trailing unit words of math_dapo's list
+ *     ("5 square feet") dropped; a trailing `.` and one pair of outer braces
  *     dropped; `\sqrtX` -> `\sqrt{X}`; U+2212 is a minus; NBSP and thin spaces are spaces.
  *  3. Compare: equal strings; else, when the reference is one capital letter (`B`, `(B)`), the
  *     answer must be that letter; else as exact rationals when both parse as one (sign, digits with
@@ -158,9 +159,32 @@ static void strip_text(char *s) {
 static void sqrt_braces(char *s) {
     for (char *p = s; (p = strstr(p, "\\sqrt"));) {
         p += 5;
-        if (!*p || *p == '{' || *p == '\\' || strlen(s) + 3 > NORM_CAP) continue;
+        if (!*p || *p == '{' || *p == '\\' || (unsigned char)*p >= 0x80 || strlen(s) + 3 > NORM_CAP) continue;
         memmove(p + 3, p + 1, strlen(p + 1) + 1);
         p[1] = p[0], p[0] = '{', p[2] = '}';
+    }
+}
+
+/* Trailing unit words after a value ("5 square feet", "12 inches."): verl math_dapo's list of
+ * REMOVED_EXPRESSIONS words, taken off the end only and only as whole words (math_dapo deletes
+ * them anywhere, "sue" out of "issue" too); before the whitespace goes. */
+static void strip_unit_words(char *s) {
+    static const char *const units[] = {
+        "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "points", "feet",
+        "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals", "edges", "students",
+        "multiples",
+    };
+    for (int changed = 1; changed;) {
+        changed = 0;
+        size_t n = strlen(s);
+        while (n && strchr(" \t\n\r.", s[n - 1])) s[--n] = 0;
+        for (size_t i = 0; i < sizeof units / sizeof units[0] && !changed; i++) {
+            size_t k = strlen(units[i]);
+            if (n > k && !strcmp(s + n - k, units[i]) && strchr(" \t\n\r}~0123456789", s[n - k - 1])) {
+                s[n - k] = 0;
+                changed = 1;
+            }
+        }
     }
 }
 
@@ -176,6 +200,7 @@ static void normalize(char *s) {
         {"\\textbf", "\\text"}, {"\\mathrm", "\\text"}, {"\\mathbf", "\\text"},
     };
     for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++) replace_all(s, drop[i], "");
+    strip_unit_words(s);
     char *w = s;                                     /* whitespace out */
     for (const char *r = s; *r; r++)
         if (*r != ' ' && *r != '\t' && *r != '\n' && *r != '\r') *w++ = *r;
