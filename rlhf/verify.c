@@ -62,7 +62,8 @@ int verify_ref_check(VerifyKind kind, const cJSON *ref, char *err, size_t errlen
 /* ---- code ---------------------------------------------------------------------------------------- */
 
 /* The body of the response's last fenced block (``` lines), malloc'd in *program; 0 with why in
- * reason if there is none, it is not closed, or its language is not python. */
+ * reason if there is none, it is not closed, its language is not python, or it is over
+ * VERIFY_SCAN_MAX bytes. */
 static int code_program(const char *s, char **program, char *reason, size_t rlen) {
     const char *open = NULL, *body = NULL, *last_body = NULL, *last_end = NULL, *info = NULL, *last_info = NULL;
     for (const char *line = s; line && *line;) {
@@ -88,6 +89,10 @@ static int code_program(const char *s, char **program, char *reason, size_t rlen
         return 0;
     }
     size_t n = last_body <= last_end ? (size_t)(last_end - last_body) : 0;
+    if (n > VERIFY_SCAN_MAX) {   /* it must fit the sandbox's working directory (sandbox.h) */
+        snprintf(reason, rlen, "the program is longer than %d bytes", VERIFY_SCAN_MAX);
+        return 0;
+    }
     *program = xmalloc(n + 1);
     memcpy(*program, last_body, n);
     (*program)[n] = 0;

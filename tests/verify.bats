@@ -171,6 +171,7 @@ print(a + b)' '2 3' '5' \
         echo '{"id": "c", "response": "```c\nint main() { return 0; }\n```", "tests": {"inputs": [""], "outputs": [""]}}'
         echo '{"id": "open", "response": "```python\nprint(1)\n", "tests": {"inputs": [""], "outputs": ["1"]}}'
         echo '{"id": "none", "response": "print(1)", "tests": {"inputs": [""], "outputs": ["1"]}}'
+        "$PY" -c 'import json; print(json.dumps({"id": "huge", "response": "```python\n" + "#" * (2 << 20) + "\nprint(1)\n```", "tests": {"inputs": [""], "outputs": ["1"]}}))'
     } >> "$BATS_TEST_TMPDIR/in.jsonl"
     verify code "$BATS_TEST_TMPDIR/in.jsonl" --workers 2 --timeout 20
     [ "$status" -eq 0 ]
@@ -188,6 +189,7 @@ print(a + b)' '2 3' '5' \
     [ "$(reason_of '"c"')" = "the last code block is c, not python" ]
     [ "$(reason_of '"open"')" = "the last fenced code block is not closed" ]
     [ "$(reason_of '"none"')" = "no fenced code block" ]
+    [ "$(reason_of '"huge"')" = "the program is longer than 1048576 bytes" ]
     [ "$(jq -s 'map(.reward) | add' "$OUT")" = 4 ]
     nothing_left
 }
