@@ -173,7 +173,7 @@ static void child_init(Child *c, const char *program, int slot, const SandboxLim
     memset(c, 0, sizeof *c);
     c->as_root = geteuid() == 0;
     c->outer_uid = (unsigned)geteuid(), c->outer_gid = (unsigned)getegid();
-    c->uid = c->as_root ? SANDBOX_UID_BASE + (unsigned)(getpid() % 100000) * 64u + (unsigned)(slot & 63) : 0;
+    c->uid = c->as_root ? SANDBOX_UID_BASE + (unsigned)getpid() % SANDBOX_PID_LIMIT * 64u + (unsigned)(slot & 63) : 0;
     c->program = program, c->program_len = strlen(program);
     snprintf(c->tmpfs_opts, sizeof c->tmpfs_opts, "size=%u,nr_inodes=4096,mode=0700,uid=%u,gid=%u", SANDBOX_DIR_BYTES,
              c->uid, c->uid);

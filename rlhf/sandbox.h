@@ -14,15 +14,19 @@
  *   ipc, uts.
  * Then: every descriptor but stdin/stdout/stderr closed (close_range), signals reset, rlimits
  * (CPU seconds, address space, processes, file size, open files, no core), no_new_privs, and as root
- * a uid/gid of its own (SANDBOX_UID_BASE + a slot: RLIMIT_NPROC counts per uid and is not enforced
- * for root, so each concurrent slot gets an unprivileged uid of its own), then exec of python3.
+ * a uid/gid of its own (SANDBOX_UID_BASE + 64 x pid + slot: RLIMIT_NPROC counts per uid and is
+ * not enforced for root, so each concurrent slot gets an unprivileged uid of its own; without root,
+ * the user namespace's uid 0, the caller's uid outside), then exec of python3 in the init's child.
  * The children run only system calls between clone and exec (safe from a threaded or MPI process).
  * Owns: that process and its pipes. Not: what a test case is or how outputs compare (rlhf/verify.c). */
 #ifndef TANDEM_SANDBOX_H
 #define TANDEM_SANDBOX_H
 #include <stddef.h>
 
-#define SANDBOX_UID_BASE 1000000000u   /* uids BASE .. BASE + 64 * 100000: no passwd entry uses them */
+/* uids BASE .. BASE + 64 x PID_LIMIT (2^28): no passwd entry uses them, and no two processes' slots
+ * share one (Linux's pid_max is at most 2^22 = PID_MAX_LIMIT on 64-bit) */
+#define SANDBOX_UID_BASE 1000000000u
+#define SANDBOX_PID_LIMIT (1u << 22)
 #define SANDBOX_DIR_BYTES (32u << 20)  /* the working directory's tmpfs (over RLIMIT_FSIZE: a big file is SIGXFSZ) */
 
 typedef struct {

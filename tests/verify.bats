@@ -148,7 +148,7 @@ EOF
 # no process of a sandbox uid (sandbox.h SANDBOX_UID_BASE) is left, and none of the program's
 # marker files exists outside
 nothing_left() {
-    run bash -c "ps -eo uid=,pid=,args= | awk '\$1 >= 1000000000 && \$1 < 1006400000'"
+    run bash -c "ps -eo uid=,pid=,args= | awk '\$1 >= 1000000000 && \$1 < 1268435456'"
     echo "left: $output"
     [ -z "$output" ]
     for d in /tmp /var/tmp /dev/shm "$ROOT" "$BATS_TEST_TMPDIR"; do [ ! -e "$d/tandem-escape-$MARK" ]; done
@@ -334,15 +334,15 @@ os.fork(); time.sleep(100)' '' 1
     "$TANDEM" verify code --input "$BATS_TEST_TMPDIR/in.jsonl" --output "$OUT" --workers 2 --timeout 60 3>&- &
     pid=$!
     for i in $(seq $(scaled 100)); do   # until both sandboxes run (3 processes of sandbox uids)
-        [ "$(ps -eo uid= | awk '$1 >= 1000000000 && $1 < 1006400000' | wc -l)" -ge 3 ] && break
+        [ "$(ps -eo uid= | awk '$1 >= 1000000000 && $1 < 1268435456' | wc -l)" -ge 3 ] && break
         sleep 0.1
     done
-    [ "$(ps -eo uid= | awk '$1 >= 1000000000 && $1 < 1006400000' | wc -l)" -ge 3 ]
+    [ "$(ps -eo uid= | awk '$1 >= 1000000000 && $1 < 1268435456' | wc -l)" -ge 3 ]
     kill -9 "$pid"
     wait "$pid" || true
     # the parent-death signal kills each sandbox's pid 1, and with it its namespace
     for i in $(seq $(scaled 50)); do
-        [ -z "$(ps -eo uid= | awk '$1 >= 1000000000 && $1 < 1006400000')" ] && break
+        [ -z "$(ps -eo uid= | awk '$1 >= 1000000000 && $1 < 1268435456')" ] && break
         sleep 0.1
     done
     [ ! -e "$OUT" ]
