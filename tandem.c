@@ -10,6 +10,7 @@
 #include "tokenizer/tokenize_cli.h"
 #include "rlhf/pref.h"
 #include "rlhf/ppo.h"
+#include "rlhf/verify.h"
 #include "train/sft.h"
 
 typedef struct {
@@ -29,6 +30,7 @@ static const Command commands[] = {
     {"convert", convert_main, "a Hugging Face directory from a llama2.c checkpoint, or random weights of a shape (for benchmarks)"},
     {"bench", bench_main, "throughput and memory: prefill, decode (--generate), training steps (--train), kernels, tokenizers"},
     {"tokenize", tokenize_main, "text <-> token ids with a model's tokenizer"},
+    {"verify", verify_main, "verifiable rewards of responses: math answers, code run on tests in a sandbox, answer format"},
 };
 
 static void usage(FILE *f) {
