@@ -56,6 +56,13 @@ void experience_read_prompts(ExperienceMaker *x, const char *path, const char *k
         snprintf(where, sizeof where, "%s:%d", path, r.line);
         prompt_fit(t, x->max_new, max_pos, truncate, where);
         x->prompt_text[x->n_prompts] = x->tok ? tokenizer_decode(x->tok, t->ids, t->n, 1, NULL) : xstrdup("");
+        if (x->reward_fn) {   /* the verifier's reference: the line itself ("answer" / "tests") */
+            char err[300];
+            if (verify_ref_check(x->verify_kind, o, err, sizeof err))
+                user_error("%s:%d: --reward-fn %s: %s", path, r.line, verify_kind_name(x->verify_kind), err);
+            x->refs = xrealloc(x->refs, sizeof(cJSON *) * cap);
+            x->refs[x->n_prompts] = cJSON_Duplicate(o, 1);
+        }
         const cJSON *label = cJSON_GetObjectItemCaseSensitive(o, "label");
         x->labels[x->n_prompts] = label ? cJSON_PrintUnformatted(label) : NULL;
         x->n_prompts++;
@@ -109,6 +116,8 @@ void experience_maker_free(ExperienceMaker *x) {
     reward_cmd_stop(x->rcmd);
     if (x->engine) engine_free(x->engine);
     for (int i = 0; i < x->n_prompts; i++) { tok_ids_free(&x->prompts[i]); free(x->prompt_text[i]); free(x->labels[i]); }
+    for (int i = 0; x->refs && i < x->n_prompts; i++) cJSON_Delete(x->refs[i]);
+    free(x->refs);
     free(x->prompts); free(x->prompt_text); free(x->labels); free(x->prompt_line);
     tokenizer_free(x->tok);
     free(x->stop_ids);
@@ -264,7 +273,16 @@ static void reward_from_program(ExperienceMaker *x, Roles *rs, Experience *b, co
             rs[s] = tokenizer_decode(x->tok, (const int32_t *)resp, (size_t)b->resp_len[s], 1, NULL);
         }
         char err[1024];
-        if (x->n_urls) {   /* OpenRLHF's "query": the prompt and response as one text */
+        b->n_timed_out = 0;
+        if (x->reward_fn) {   /* a built-in verifier: response against the prompt line's reference */
+            const cJSON **refs = xmalloc(sizeof(cJSON *) * b->S);
+            VerifyResult *vr = xmalloc(sizeof(VerifyResult) * b->S);
+            for (int s = 0; s < b->S; s++) refs[s] = x->refs[pidx[s / x->G]];
+            if (verify_batch(x->verify_kind, b->S, rs, refs, x->reward_workers, x->fn_timeout, vr, err, sizeof err))
+                rank_error("--reward-fn %s: %s", verify_kind_name(x->verify_kind), err);
+            for (int s = 0; s < b->S; s++) { b->score[s] = vr[s].reward; b->n_timed_out += vr[s].timed_out; }
+            free(refs); free(vr);
+        } else if (x->n_urls) {   /* OpenRLHF's "query": the prompt and response as one text */
             char **qs = xmalloc(sizeof(char *) * b->S);
             for (int s = 0; s < b->S; s++) {
                 size_t a = strlen(pr[s]), c = strlen(rs[s]);
@@ -286,6 +304,7 @@ static void reward_from_program(ExperienceMaker *x, Roles *rs, Experience *b, co
         free(pr); free(rs); free(lb);
     }
     comm_broadcast(&rs->world, b->score, sizeof(double) * b->S, 0);
+    comm_broadcast(&rs->world, &b->n_timed_out, sizeof(int), 0);
 }
 
 /* The three experience passes, each leaving its result on every rank (a role's dp replicas fill
@@ -302,7 +321,7 @@ void experience_ref(ExperienceMaker *x, Roles *rs, Experience *b) {
 void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx) {
     Role *r = &rs->role[R_REWARD];
     memset(b->score, 0, sizeof(double) * b->S);
-    if (x->reward_cmd || x->n_urls) { reward_from_program(x, rs, b, pidx); return; }
+    if (x->reward_cmd || x->n_urls || x->reward_fn) { reward_from_program(x, rs, b, pidx); return; }
     if (r->member) chunks(x, rs, r, b, value_chunk, b->score);
     roles_share_d(rs, r, b->score, b->S);
     /* the bound of a program's rewards (reward_cmd.h) holds for the model's scores too; every rank

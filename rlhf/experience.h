@@ -21,6 +21,7 @@
 #include "rlhf/ppo_loss.h"
 #include "rlhf/reward_cmd.h"
 #include "rlhf/roles.h"
+#include "rlhf/verify.h"
 #include "tokenizer/tokenizer.h"
 #include "train/grad.h"
 
@@ -33,6 +34,7 @@ typedef struct {
     float *mask;                         /* (N) 1 at actions */
     float *old_lp, *ref_lp, *values;     /* (N) at actions; ref_lp NULL without a reference */
     double *score;                       /* (S) the reward (after normalising / penalty / clipping) */
+    int n_timed_out;                     /* --reward-fn: samples whose verification ran past its timeout */
     double *rewards, *kl, *adv, *ret;    /* (N) */
     float *adv_f, *ret_f;                /* (N) float copies for the hooks */
 } Experience;
@@ -44,6 +46,7 @@ typedef struct {
     int *prompt_line;                    /* (n_prompts) each prompt's line in it */
     TokIds *prompts;
     char **prompt_text, **labels;        /* decoded prompt; label JSON text or NULL */
+    cJSON **refs;                        /* --reward-fn: each prompt line (its "answer" / "tests"), else NULL */
     Tokenizer *tok;
     /* rollout */
     int B, G, max_new, max_len;          /* prompts per step, samples per prompt, response and sequence length at most */
@@ -65,6 +68,9 @@ typedef struct {
     char **urls;                         /* --reward-url: OpenRLHF-style reward servers */
     int n_urls, reward_retries;
     double reward_timeout;
+    int reward_fn, reward_workers;       /* --reward-fn: a built-in verifier (rlhf/verify.h) of kind verify_kind */
+    VerifyKind verify_kind;
+    double fn_timeout;                   /* its seconds per sample */
     /* advantages */
     KlEstimator kl_est;
     AdvantageKind adv_kind;

@@ -42,6 +42,7 @@ void ppo_log_step(MetricsLog *ml, const Roles *rs, const ExperienceMaker *x, con
     metrics_num(ml, "response_length/mean", resp_len / S);
     metrics_num(ml, "response_length/clip_ratio", clipped / S);
     metrics_num(ml, "rollout_logprob_diff_max", as->logprob_diff_max);
+    if (x->reward_fn) metrics_num(ml, "reward/timeouts", b->n_timed_out);
     char key[64];
     for (int k = 0; k < N_T; k++) {
         snprintf(key, sizeof key, "timing_s/%s", PPO_TIMING_NAMES[k]);

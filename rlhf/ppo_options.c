@@ -25,6 +25,9 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--reward-adapter", OPT_STR, &o->adapter[R_REWARD], NULL, "a PEFT adapter merged into --reward (a sequence-classification adapter's score head too)"},
         {"--reward-cmd", OPT_STR, &p->x.reward_cmd, NULL, "instead of --reward: a program speaking jsonl (rlhf/reward_cmd.h)"},
         {"--reward-url", OPT_STR, &o->reward_urls, NULL, "instead: reward servers URL[,URL...] (OpenRLHF's remote RM protocol)"},
+        {"--reward-fn", OPT_STR, &o->reward_fn, NULL, "instead: a built-in verifier, math | code | format (rlhf/verify.h; the prompt line's \"answer\" / \"tests\")"},
+        {"--reward-workers", OPT_INT, &p->x.reward_workers, "4", "--reward-fn: samples verified at once"},
+        {"--reward-fn-timeout", OPT_FLOAT, &o->fn_timeout, "10", "--reward-fn: seconds per sample (over it: reward 0, counted in reward/timeouts)"},
         {"--reward-timeout", OPT_FLOAT, &o->timeout, "600", "--reward-cmd / --reward-url: seconds to wait for a batch's replies (0 = no limit)"},
         {"--reward-retries", OPT_INT, &p->x.reward_retries, "3", "--reward-url: retries (with backoff) on connection errors, 429, 5xx"},
         {"--ref", OPT_MODEL, &R[R_REF].dir, NULL, "reference for the KL (default: the actor's starting weights, frozen)"},
@@ -132,8 +135,13 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
                opts, *n_opts, argc, argv);
     comm_set_timeout(t->comm_timeout);
     if (!R[R_ACTOR].dir || !o->prompts_path || !t->out) user_error("ppo: --actor, --prompts and --out are required");
-    if ((R[R_REWARD].dir != NULL) + (p->x.reward_cmd != NULL) + (o->reward_urls != NULL) != 1)
-        user_error("ppo: give exactly one of --reward DIR, --reward-cmd CMD and --reward-url URL[,URL...]");
+    if ((R[R_REWARD].dir != NULL) + (p->x.reward_cmd != NULL) + (o->reward_urls != NULL) + (o->reward_fn != NULL) != 1)
+        user_error("ppo: give exactly one of --reward DIR, --reward-cmd CMD, --reward-url URL[,URL...] and --reward-fn NAME");
+    p->x.reward_fn = o->reward_fn != NULL;
+    if (o->reward_fn) p->x.verify_kind = verify_kind_parse("--reward-fn", o->reward_fn);
+    if (p->x.reward_workers < 1) user_error("--reward-workers %d: must be >= 1", p->x.reward_workers);
+    if (!(o->fn_timeout > 0)) user_error("--reward-fn-timeout %g: must be > 0", o->fn_timeout);
+    p->x.fn_timeout = o->fn_timeout;
     if (p->x.reward_retries < 0) user_error("--reward-retries %d: must be >= 0", p->x.reward_retries);
     if (o->reward_urls) p->x.n_urls = reward_http_parse_urls(o->reward_urls, &p->x.urls);
     p->x.adv_kind = advantage_kind_parse("--advantage", o->adv_name);

@@ -18,12 +18,12 @@
 typedef struct {
     TrainOptions t;
     const char *stop_ids, *critic_sched_name, *stop_json, *reward_urls, *prompts_path, *key;
-    const char *colocate, *kl_est, *adv_name;
+    const char *colocate, *kl_est, *adv_name, *reward_fn;
     const char *loss_agg_name, *policy_name;   /* --loss-agg, --policy-loss */
     int bench_alone, steps, truncate, no_std_norm, top_k, no_whiten, normalize_reward;
     const char *adapter[N_ROLES];        /* --ROLE-adapter: a PEFT adapter on that role's model */
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
-        clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, timeout;
+        clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, timeout, fn_timeout;
     LrSchedule sched, critic_sched;
     PpoState state;        /* --resume's ppo_state.json */
 } PpoOptions;

@@ -357,3 +357,42 @@ os.fork(); time.sleep(100)' '' 1
     ! grep -q FAIL <<<"$output"
     nothing_left
 }
+
+# ---- ppo --reward-fn: the verifiers as the reward ----------------------------------------------------
+
+@test "ppo --reward-fn: a prompt line without its reference is refused naming file:line; a bad name, two reward sources, bad workers / timeout, one line each" {
+    STORIES="$ROOT/../shared/assets/models/stories260K-hf"
+    [ -e "$STORIES/config.json" ] || skip "../shared/assets/models/stories260K-hf is absent"
+    printf '{"prompt": "Once upon", "answer": "5"}\n{"prompt": "A cat"}\n' > "$BATS_TEST_TMPDIR/p.jsonl"
+    A=(ppo --actor "$STORIES" --prompts "$BATS_TEST_TMPDIR/p.jsonl" --out "$BATS_TEST_TMPDIR/o" --advantage grpo
+       --n-samples-per-prompt 2 --rollout-batch-size 2 --max-new-tokens 4 --steps 1)
+    run timeout 60 "$TANDEM" "${A[@]}" --reward-fn math
+    [ "$status" -ne 0 ]
+    [[ "$output" == *"p.jsonl:2: --reward-fn math: "*"answer"* ]]
+    [ "$(grep -c 'tandem:' <<< "$output")" -eq 1 ]
+    printf '{"prompt": "Once upon", "tests": {"inputs": [], "outputs": []}}\n{"prompt": "A cat", "tests": {"inputs": ["1"], "outputs": ["1"]}}\n' > "$BATS_TEST_TMPDIR/c.jsonl"
+    run timeout 60 "$TANDEM" "${A[@]/p.jsonl/c.jsonl}" --reward-fn code
+    [ "$status" -ne 0 ]
+    [[ "$output" == *"c.jsonl:1: --reward-fn code: "* ]]
+    run timeout 60 "$TANDEM" "${A[@]}" --reward-fn maths
+    [ "$status" -ne 0 ] && [[ "$output" == *"--reward-fn"*"maths"* ]]
+    run timeout 60 "$TANDEM" "${A[@]}" --reward-fn math --reward-cmd true
+    [ "$status" -ne 0 ] && [[ "$output" == *"exactly one of"* ]]
+    run timeout 60 "$TANDEM" "${A[@]}" --reward-fn format --reward-workers 0
+    [ "$status" -ne 0 ] && [[ "$output" == *"--reward-workers 0"* ]]
+    run timeout 60 "$TANDEM" "${A[@]}" --reward-fn format --reward-fn-timeout 0
+    [ "$status" -ne 0 ] && [[ "$output" == *"--reward-fn-timeout 0"* ]]
+}
+
+@test "ppo --reward-fn math: the rewards are the verifier's (a response scored as tandem verify scores it), timeouts in the metrics" {
+    STORIES="$ROOT/../shared/assets/models/stories260K-hf"
+    [ -e "$STORIES/config.json" ] || skip "../shared/assets/models/stories260K-hf is absent"
+    # the story model writes no \boxed{} and no "#### N": every sample is 0, and tandem verify says why
+    printf '{"prompt": "Once upon a time", "answer": "5"}\n{"prompt": "The cat", "answer": "\\\\frac{1}{2}"}\n' > "$BATS_TEST_TMPDIR/p.jsonl"
+    run timeout 120 "$TANDEM" ppo --actor "$STORIES" --prompts "$BATS_TEST_TMPDIR/p.jsonl" --out "$BATS_TEST_TMPDIR/o" \
+        --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2 --max-new-tokens 8 --steps 2 --reward-fn math
+    echo "$output"
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.["reward/timeouts"]) | add' "$BATS_TEST_TMPDIR/o/metrics.jsonl")" = 0 ]
+    [ "$(jq -s 'map(.["critic/score/mean"]) | add' "$BATS_TEST_TMPDIR/o/metrics.jsonl")" = 0 ]
+}
