@@ -118,6 +118,13 @@ static void dapo_options_check(Ppo *p, PpoOptions *o) {
     if (args_given(&o->overlong_penalty) && !x->overlong_buffer) user_error("--overlong-penalty: only with --overlong-buffer");
     if (o->dump_path && (!o->dump_path[0] || dir_exists(o->dump_path)))
         user_error("--dump-rollouts %s: not a file name", o->dump_path);
+    if (o->dump_path) {   /* before any work: a dump that cannot be written is known now */
+        char *dir = xstrdup(o->dump_path), *slash = strrchr(dir, '/');
+        if (!slash) strcpy(dir, ".");
+        else slash[slash == dir] = 0;   /* "/f": "/" */
+        if (!dir_exists(dir)) user_error("--dump-rollouts %s: its directory %s does not exist", o->dump_path, dir);
+        free(dir);
+    }
     x->overlong_factor = o->overlong_penalty;
 }
 
