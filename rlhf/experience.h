@@ -29,7 +29,7 @@ typedef struct {
     int S, N;
     int *tokens, *seq_start, *targets;   /* (N), (S + 1), (N): targets[n] = tokens[n + 1] at actions, else -1 */
     int *prompt_len, *resp_len, *finish; /* (S) */
-    float *mask;                         /* (N) 1 at actions */
+    float *mask;                         /* (N) 1 at actions (0 at --mask-truncated's, after the advantages) */
     float *old_lp, *ref_lp, *values;     /* (N) at actions; ref_lp NULL without a reference */
     double *score;                       /* (S) the reward (after normalising / penalty / clipping) */
     double *raw;                         /* (S) the reward model's or program's score, before shaping */

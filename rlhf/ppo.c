@@ -3,7 +3,8 @@
  * the live weights: no copy, no second model), so its rollout logprobs ARE its training logprobs:
  * the first mini-batch of every step asserts it bit for bit (rollout_logprob_diff_max, always 0).
  * One step, every rank running the same control flow (the same collectives in the same order):
- *   1. rollout     experience_rollout                       (rlhf/experience.h)
+ *   1. rollout     experience_rollout                       (rlhf/experience.h); with --dynamic-sampling
+ *                  rollouts and rewards until B groups of unequal rewards (rlhf/dynamic_sampling.h)
  *   2. experience  experience_ref / _reward / _values
  *   3. advantages  experience_advantages
  *   4. update      actor and critic, each a Learner (train/learner.h) on its own mesh: --ppo-epochs
@@ -13,7 +14,7 @@
  * copies.
  * Owns: setup, the step loop, the adaptive KL, --bench-alone; the options and the Ppo struct:
  * rlhf/ppo_options.c; checkpoints and ppo_state.json: rlhf/ppo_checkpoint.c; the metrics line:
- * rlhf/ppo_log.c. */
+ * rlhf/ppo_log.c; --dump-rollouts' records: rlhf/ppo_dump.c. */
 #include "rlhf/ppo.h"
 #include "rlhf/ppo_options.h"
 #include "train/optim_state.h"
