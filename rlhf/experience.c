@@ -20,7 +20,7 @@ void experience_alloc(Experience *b, int S, int max_len, int with_ref) {
     b->mask = xmalloc(sizeof(float) * maxN); b->old_lp = xmalloc(sizeof(float) * maxN);
     b->ref_lp = with_ref ? xmalloc(sizeof(float) * maxN) : NULL;
     b->values = xmalloc(sizeof(float) * maxN);
-    b->score = xmalloc(sizeof(double) * S);
+    b->score = xmalloc(sizeof(double) * S); b->raw = xcalloc(S, sizeof(double)); b->draw = xcalloc(S, sizeof(int));
     b->rewards = xmalloc(sizeof(double) * maxN); b->kl = xmalloc(sizeof(double) * maxN);
     b->adv = xmalloc(sizeof(double) * maxN); b->ret = xmalloc(sizeof(double) * maxN);
     b->adv_f = xmalloc(sizeof(float) * maxN); b->ret_f = xmalloc(sizeof(float) * maxN);
@@ -28,8 +28,21 @@ void experience_alloc(Experience *b, int S, int max_len, int with_ref) {
 
 void experience_free(Experience *b) {
     free(b->tokens); free(b->targets); free(b->seq_start); free(b->prompt_len); free(b->resp_len); free(b->finish);
-    free(b->mask); free(b->old_lp); free(b->ref_lp); free(b->values); free(b->score); free(b->rewards); free(b->kl);
+    free(b->mask); free(b->old_lp); free(b->ref_lp); free(b->values); free(b->score); free(b->raw); free(b->draw); free(b->rewards); free(b->kl);
     free(b->adv); free(b->ret); free(b->adv_f); free(b->ret_f);
+}
+
+void experience_append(Experience *dst, const Experience *src, int s) {
+    int t0 = src->seq_start[s], L = src->seq_start[s + 1] - t0, d = dst->S, n0 = dst->N;
+    if (d == 0) dst->seq_start[0] = 0;
+    memcpy(dst->tokens + n0, src->tokens + t0, sizeof(int) * L);
+    memcpy(dst->targets + n0, src->targets + t0, sizeof(int) * L);
+    memcpy(dst->mask + n0, src->mask + t0, sizeof(float) * L);
+    memcpy(dst->old_lp + n0, src->old_lp + t0, sizeof(float) * L);
+    dst->prompt_len[d] = src->prompt_len[s]; dst->resp_len[d] = src->resp_len[s]; dst->finish[d] = src->finish[s];
+    dst->score[d] = src->score[s]; dst->draw[d] = src->draw[s];
+    dst->N += L;
+    dst->seq_start[++dst->S] = dst->N;
 }
 
 /* ---- prompts ---------------------------------------------------------------------------------- */
@@ -47,6 +60,7 @@ void experience_read_prompts(ExperienceMaker *x, const char *path, const char *k
             x->prompt_text = xrealloc(x->prompt_text, sizeof(char *) * cap);
             x->labels = xrealloc(x->labels, sizeof(char *) * cap);
             x->prompt_line = xrealloc(x->prompt_line, sizeof(int) * cap);
+            x->prompt_id = xrealloc(x->prompt_id, sizeof(char *) * cap);
         }
         x->prompt_line[x->n_prompts] = r.line;
         TokIds *t = &x->prompts[x->n_prompts];
@@ -65,6 +79,8 @@ void experience_read_prompts(ExperienceMaker *x, const char *path, const char *k
         }
         const cJSON *label = cJSON_GetObjectItemCaseSensitive(o, "label");
         x->labels[x->n_prompts] = label ? cJSON_PrintUnformatted(label) : NULL;
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
+        x->prompt_id[x->n_prompts] = id ? cJSON_PrintUnformatted(id) : NULL;
         x->n_prompts++;
     }
     jsonl_close(&r);
@@ -115,10 +131,10 @@ void experience_stops(ExperienceMaker *x, const char *model_dir, const ModelConf
 void experience_maker_free(ExperienceMaker *x) {
     reward_cmd_stop(x->rcmd);
     if (x->engine) engine_free(x->engine);
-    for (int i = 0; i < x->n_prompts; i++) { tok_ids_free(&x->prompts[i]); free(x->prompt_text[i]); free(x->labels[i]); }
+    for (int i = 0; i < x->n_prompts; i++) { tok_ids_free(&x->prompts[i]); free(x->prompt_text[i]); free(x->labels[i]); free(x->prompt_id[i]); }
     for (int i = 0; x->refs && i < x->n_prompts; i++) cJSON_Delete(x->refs[i]);
     free(x->refs);
-    free(x->prompts); free(x->prompt_text); free(x->labels); free(x->prompt_line);
+    free(x->prompts); free(x->prompt_text); free(x->labels); free(x->prompt_line); free(x->prompt_id);
     tokenizer_free(x->tok);
     free(x->stop_ids);
     for (int i = 0; i < x->n_stops; i++) free(x->stops[i]);
@@ -156,7 +172,7 @@ void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int
             for (size_t i = 0; i < t->n; i++) q->prompt[i] = t->ids[i];
             q->n_prompt = (int)t->n;
             q->sp = x->sp;
-            q->sp.seed = splitmix64_mix(x->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(step + 1) + (uint64_t)s);
+            q->sp.seed = splitmix64_mix(x->seed + 0x9E3779B97F4A7C15ull * (uint64_t)(step + 1) + (uint64_t)s + (uint64_t)x->draw * S);
             q->max_new = M;
             q->stop_ids = xmalloc(sizeof(int) * (x->n_stop_ids + 1));
             for (int k = 0; k < x->n_stop_ids; k++) q->stop_ids[q->n_stop_ids++] = x->stop_ids[k];
@@ -201,6 +217,7 @@ void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int
         b->prompt_len[s] = P;
         b->resp_len[s] = n_out[s];
         b->finish[s] = fin[s];
+        b->draw[s] = x->draw;
         b->N += L;
         b->seq_start[s + 1] = b->N;
     }
@@ -341,17 +358,35 @@ void experience_values(ExperienceMaker *x, Roles *rs, Experience *b) {
 
 /* ---- 3. advantages ---------------------------------------------------------------------------- */
 
+double experience_shape_score(const ExperienceMaker *x, const Experience *b, int s, double raw, double *overlong, double *eos) {
+    double v = raw, ol = 0.0, ep = 0.0;
+    if (x->has_norm) v = (v - x->norm_mean) / x->norm_std;
+    if (x->overlong_buffer > 0) {   /* verl's DAPORewardManager: expected_len = Lmax - L; exceed_len = n - expected_len */
+        double exceed = (double)b->resp_len[s] - (double)(x->max_new - x->overlong_buffer);
+        ol = -exceed / x->overlong_buffer * x->overlong_factor;
+        if (!(ol < 0.0)) ol = 0.0;
+        v += ol;
+    }
+    if (x->eos_penalty != 0 && b->finish[s] != FINISH_STOP) ep = -x->eos_penalty, v -= x->eos_penalty;
+    if (x->reward_clip > 0) v = v < -x->reward_clip ? -x->reward_clip : v > x->reward_clip ? x->reward_clip : v;
+    if (overlong) *overlong = ol;
+    if (eos) *eos = ep;
+    return v;
+}
+
+void experience_mask_truncated(Experience *b) {
+    for (int s = 0; s < b->S; s++)
+        if (b->finish[s] != FINISH_STOP)
+            for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++) b->mask[n] = 0.0f;
+}
+
 double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_coef, int step, const int *pidx) {
     int S = b->S, N = b->N;
     double score_raw = 0, *raw = xmalloc(sizeof(double) * S);
-    for (int s = 0; s < S; s++) {   /* the score: normalised, missing-EOS penalty, clipped */
-        double v = b->score[s];
-        raw[s] = v;
-        score_raw += v;
-        if (x->has_norm) v = (v - x->norm_mean) / x->norm_std;
-        if (x->eos_penalty != 0 && b->finish[s] != FINISH_STOP) v -= x->eos_penalty;
-        if (x->reward_clip > 0) v = v < -x->reward_clip ? -x->reward_clip : v > x->reward_clip ? x->reward_clip : v;
-        b->score[s] = v;
+    for (int s = 0; s < S; s++) {   /* the score: normalised, overlong and missing-EOS penalties, clipped */
+        raw[s] = b->score[s];
+        score_raw += raw[s];
+        b->score[s] = experience_shape_score(x, b, s, raw[s], NULL, NULL);
     }
     /* grpo / rloo / reinforce++-baseline: outcome rewards, KL in the loss */
     double kl_pen = advantage_kl_in_reward(x->adv_kind) ? kl_coef : 0.0;
@@ -400,12 +435,23 @@ void minibatch_free(Minibatch *mb) {
     free(mb->mbs); free(mb->ctx); free(mb->tok); free(mb->tgt); free(mb->st); free(mb->fl);
 }
 
+/* sequence s's actions in the loss */
+static int loss_actions(const Experience *b, int s) {
+    int a = 0;
+    for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++) a += b->mask[n] > 0;
+    return a;
+}
+
 int experience_minibatch(const Experience *b, const int *perm, int k0, int mini, int dp, int dp_rank, int actor,
                          int check_logprobs, Minibatch *mb) {
     int micro = mb->micro, cap = mb->cap;
-    long actions = 0;
-    int n_seqs = 0;   /* those with an action (verl's seq-mean leaves out the fully masked) */
-    for (int k = k0; k < k0 + mini; k++) actions += b->resp_len[perm[k]], n_seqs += b->resp_len[perm[k]] > 0;
+    long actions = 0;   /* the actions in the loss (--mask-truncated leaves some out) */
+    int n_seqs = 0;     /* the sequences with one (verl's seq-mean leaves out the fully masked) */
+    for (int k = k0; k < k0 + mini; k++) {
+        int a = loss_actions(b, perm[k]);
+        actions += a;
+        n_seqs += a > 0;
+    }
     int n_mb = 0, fill = 0;
     for (int k = k0 + dp_rank; k < k0 + mini; k += dp) {
         int s = perm[k], i = n_mb - (fill ? 1 : 0);
@@ -421,7 +467,7 @@ int experience_minibatch(const Experience *b, const int *perm, int k0, int mini,
         MicroBatch *m = &mb->mbs[i];
         int *sst = (int *)m->seq_start, n0 = sst[m->n_seqs], t0 = b->seq_start[s];
         int L = b->seq_start[s + 1] - t0;
-        float *f = (float *)m->weight, w = (float)loss_agg_weight(mb->agg, b->resp_len[s], n_seqs, actions, mb->agg_norm, dp);
+        float *f = (float *)m->weight, w = (float)loss_agg_weight(mb->agg, loss_actions(b, s), n_seqs, actions, mb->agg_norm, dp);
         memcpy((int *)m->tokens + n0, b->tokens + t0, sizeof(int) * L);
         memcpy((int *)m->targets + n0, b->targets + t0, sizeof(int) * L);
         for (int n = 0; n < L; n++) {

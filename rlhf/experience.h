@@ -31,9 +31,11 @@ typedef struct {
     int S, N;
     int *tokens, *seq_start, *targets;   /* (N), (S + 1), (N): targets[n] = tokens[n + 1] at actions, else -1 */
     int *prompt_len, *resp_len, *finish; /* (S) */
-    float *mask;                         /* (N) 1 at actions */
+    float *mask;                         /* (N) 1 at actions (0 at --mask-truncated's, after the advantages) */
     float *old_lp, *ref_lp, *values;     /* (N) at actions; ref_lp NULL without a reference */
     double *score;                       /* (S) the reward (after normalising / penalty / clipping) */
+    double *raw;                         /* (S) the reward model's or program's score, before shaping */
+    int *draw;                           /* (S) --dynamic-sampling: the draw that sampled it (0: the step's own) */
     int n_timed_out;                     /* --reward-fn: samples whose verification ran past its timeout */
     double *rewards, *kl, *adv, *ret;    /* (N) */
     float *adv_f, *ret_f;                /* (N) float copies for the hooks */
@@ -47,6 +49,7 @@ typedef struct {
     TokIds *prompts;
     char **prompt_text, **labels;        /* decoded prompt; label JSON text or NULL */
     cJSON **refs;                        /* --reward-fn: each prompt line (its "answer" / "tests"), else NULL */
+    char **prompt_id;                    /* the line's "id" as JSON text, or NULL */
     Tokenizer *tok;
     /* rollout */
     int B, G, max_new, max_len;          /* prompts per step, samples per prompt, response and sequence length at most */
@@ -59,6 +62,12 @@ typedef struct {
     size_t *tlen, *tcap;
     SamplingParams sp;
     uint64_t seed;
+    int draw;                            /* the step's draw being sampled (--dynamic-sampling; 0 otherwise):
+                                            sample s of draw d has seed index s + d S */
+    int dynamic_sampling, max_draws;     /* DAPO: drop groups of equal rewards, draw again, at most max_draws */
+    int overlong_buffer;                 /* DAPO's overlong shaping: the buffer L (0 = off) and factor F */
+    double overlong_factor;
+    int mask_truncated;                  /* responses cut at --max-new-tokens weigh 0 in the loss */
     Engine *engine;                      /* the actor's, on its training shards (actor ranks) */
     /* forward-only passes */
     int fwd_tokens;                      /* tokens per forward-only chunk */
@@ -103,6 +112,9 @@ int experience_stop_on_token(void *ctx, Seq *q);
 
 void experience_alloc(Experience *b, int S, int max_len, int with_ref);
 void experience_free(Experience *b);
+/* Appends sequence s of src to dst (dst->S = 0, N = 0: empty): what the rollout and the reward
+ * fill (tokens, targets, mask, old logprobs, lengths, finish, score, draw). */
+void experience_append(Experience *dst, const Experience *src, int s);
 
 /* 1. rollout of the B prompts pidx x G samples at `step` (seeds are functions of seed and step) */
 void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b);
@@ -112,6 +124,15 @@ void experience_ref(ExperienceMaker *x, Roles *rs, Experience *b);
  * held to the same bound (REWARD_ABS_MAX) or stops the run naming the sample and its prompt. */
 void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx);
 void experience_values(ExperienceMaker *x, Roles *rs, Experience *b);
+/* The shaped score of sample s of b from its raw score: normalised (--normalize-reward), plus the
+ * overlong penalty (DAPO, verl's overlong_buffer: with Lmax = max_new and n = resp_len[s],
+ * min(-(n - (Lmax - L)) / L * F, 0)), minus the missing-EOS penalty, clipped (--reward-clip).
+ * overlong, eos (may be NULL): the two penalties as added (<= 0). */
+double experience_shape_score(const ExperienceMaker *x, const Experience *b, int s, double raw, double *overlong, double *eos);
+/* --mask-truncated: the actions of responses that did not end at a stop (EOS, stop id or string)
+ * get mask 0: out of the loss (weight 0, and not in the token-mean's count), after the advantages
+ * (their scores still count in their group's statistics, as TRL's mask_truncated_completions). */
+void experience_mask_truncated(Experience *b);
 /* 3. score shaping, token rewards (KL penalty kl_coef for gae), advantages and returns; returns
  * the sum of the raw scores. An advantage or return that is not finite (as a float) stops the run
  * (user_error naming step, 0-based, and the sample and its prompt pidx). */

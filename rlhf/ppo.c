@@ -3,7 +3,8 @@
  * the live weights: no copy, no second model), so its rollout logprobs ARE its training logprobs:
  * the first mini-batch of every step asserts it bit for bit (rollout_logprob_diff_max, always 0).
  * One step, every rank running the same control flow (the same collectives in the same order):
- *   1. rollout     experience_rollout                       (rlhf/experience.h)
+ *   1. rollout     experience_rollout                       (rlhf/experience.h); with --dynamic-sampling
+ *                  rollouts and rewards until B groups of unequal rewards (rlhf/dynamic_sampling.h)
  *   2. experience  experience_ref / _reward / _values
  *   3. advantages  experience_advantages
  *   4. update      actor and critic, each a Learner (train/learner.h) on its own mesh: --ppo-epochs
@@ -13,7 +14,7 @@
  * copies.
  * Owns: setup, the step loop, the adaptive KL, --bench-alone; the options and the Ppo struct:
  * rlhf/ppo_options.c; checkpoints and ppo_state.json: rlhf/ppo_checkpoint.c; the metrics line:
- * rlhf/ppo_log.c. */
+ * rlhf/ppo_log.c; --dump-rollouts' records: rlhf/ppo_dump.c. */
 #include "rlhf/ppo.h"
 #include "rlhf/ppo_options.h"
 #include "train/optim_state.h"
@@ -23,7 +24,9 @@
 #include "rlhf/ppo_checkpoint.h"
 #include "rlhf/ppo_log.h"
 #include "kernels/kernels.h"
+#include "rlhf/dynamic_sampling.h"
 #include "rlhf/experience.h"
+#include "rlhf/ppo_dump.h"
 #include "rlhf/roles.h"
 #include "runtime/args.h"
 #include "runtime/util.h"
@@ -60,8 +63,10 @@ static _Noreturn void stop_non_finite(const Ppo *p, int ri, int step, const int 
 /* One role's update: --ppo-epochs passes over shuffled mini-batches of the batch's sequences, each
  * an optimizer step; a dp replica takes every dp-th sequence of a mini-batch, in micro-batches of
  * --micro-batch-size sequences through 1F1B. Each action weighs as the actor's --loss-agg says
- * (the critic's: token-mean), times dp (optim_step averages over dp). Returns the mean gradient norm. */
-static double update(Ppo *p, int ri, int step, const int *pidx, Experience *b) {
+ * (the critic's: token-mean), times dp (optim_step averages over dp). dump (may be NULL): the
+ * actor's first epoch keeps its training logprobs there (--dump-rollouts). Returns the mean
+ * gradient norm. */
+static double update(Ppo *p, int ri, int step, const int *pidx, Experience *b, RolloutDump *dump) {
     Role *r = &p->roles.role[ri];
     int dp = r->mesh.dp, S = b->S, actor = ri == R_ACTOR;
     PpoHook *h = actor ? &p->actor_hook : &p->critic_hook;
@@ -80,7 +85,13 @@ static double update(Ppo *p, int ri, int step, const int *pidx, Experience *b) {
         shuffle_ints(perm, S, &rs);
         for (int k0 = 0; k0 < S; k0 += p->mini) {
             int n_mb = experience_minibatch(b, perm, k0, p->mini, dp, r->mesh.dp_rank, actor, e == 0 && k0 == 0, &mb);
-            LearnerStep ls = learner_step(&p->learner[ri], mb.mbs, n_mb, &lh);
+            LossHook dh = lh;   /* --dump-rollouts: the first epoch's logprobs caught on their way to the loss */
+            if (actor && dump && e == 0) {
+                rollout_dump_map(dump, b, perm, k0, p->mini, dp, r->mesh.dp_rank, &mb, n_mb);
+                dh.fn = rollout_dump_hook;
+                dh.user = dump;
+            }
+            LearnerStep ls = learner_step(&p->learner[ri], mb.mbs, n_mb, &dh);
             if (ls.non_finite) stop_non_finite(p, ri, step, pidx, e, k0, &ls);
             gsum += ls.grad_norm;
             n_steps++;
@@ -113,8 +124,8 @@ static void bench_phases_alone(Ppo *p, int step, const int *pidx, Experience *b,
             else if (ph == 1) experience_ref(&p->x, &p->roles, b);
             else if (ph == 2) experience_reward(&p->x, &p->roles, b, pidx);
             else if (ph == 3) experience_values(&p->x, &p->roles, b);
-            else if (ph == 4 && R[R_ACTOR].member) update(p, R_ACTOR, step, pidx, b);
-            else if (ph == 5 && R[R_CRITIC].member) update(p, R_CRITIC, step, pidx, b);
+            else if (ph == 4 && R[R_ACTOR].member) update(p, R_ACTOR, step, pidx, b, NULL);
+            else if (ph == 5 && R[R_CRITIC].member) update(p, R_CRITIC, step, pidx, b, NULL);
             comm_barrier(&p->roles.world);
             t[(size_t)ph * rounds + k] = (float)(now_seconds() - t0);
         }
@@ -276,32 +287,42 @@ static void teardown(Ppo *p) {
 
 /* ---- one step ------------------------------------------------------------------------------------ */
 
-/* 1-4 of one step, every rank. */
-static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so) {
+/* 1-4 of one step, every rank. dyn: --dynamic-sampling's (NULL: off); dump: --dump-rollouts' (NULL: off). */
+static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so, DynamicSampler *dyn, RolloutDump *dump) {
     Roles *rs = &p->roles;
     Role *R = rs->role;
     float *tm = so->tm;
     memset(so, 0, sizeof *so);
     double t0 = now_seconds(), t = t0;
 #define LAP(k) do { double t_ = now_seconds(); tm[k] = (float)(t_ - t); t = t_; } while (0)
-    experience_step_prompts(&p->x, step, pidx);
     roles_gather_weights(rs);   /* ZeRO-3: the trained roles whole for the experience phases */
-    experience_rollout(&p->x, rs, step, pidx, b);
-    LAP(T_GEN);
-    experience_ref(&p->x, rs, b);
-    LAP(T_REF);
-    experience_reward(&p->x, rs, b, pidx);
-    LAP(T_REWARD);
+    if (dyn) {   /* rollouts and rewards until B groups of unequal rewards (rlhf/dynamic_sampling.h) */
+        dynamic_sample(dyn, &p->x, rs, step, pidx, b, &so->ds, &tm[T_GEN], &tm[T_REWARD]);
+        t = now_seconds();
+        experience_ref(&p->x, rs, b);
+        LAP(T_REF);
+    } else {
+        experience_step_prompts(&p->x, step, pidx);
+        experience_rollout(&p->x, rs, step, pidx, b);
+        LAP(T_GEN);
+        experience_ref(&p->x, rs, b);
+        LAP(T_REF);
+        experience_reward(&p->x, rs, b, pidx);
+        LAP(T_REWARD);
+    }
     experience_values(&p->x, rs, b);
     LAP(T_VALUES);
+    memcpy(b->raw, b->score, sizeof(double) * b->S);
     so->score_raw = experience_advantages(&p->x, b, p->kl_coef, step, pidx);
+    if (p->x.mask_truncated) experience_mask_truncated(b);
     LAP(T_ADV);
     memset(&p->actor_hook.stats, 0, sizeof(PpoStats));
     p->entropy[0] = p->entropy[1] = 0;
     memset(&p->critic_hook.stats, 0, sizeof(PpoStats));
-    if (R[R_ACTOR].member) so->gn[0] = update(p, R_ACTOR, step, pidx, b);
+    if (dump) memset(dump->train_lp, 0, sizeof(float) * b->N);
+    if (R[R_ACTOR].member) so->gn[0] = update(p, R_ACTOR, step, pidx, b, dump);
     LAP(T_ACTOR);
-    if (R[R_CRITIC].member) so->gn[1] = update(p, R_CRITIC, step, pidx, b);
+    if (R[R_CRITIC].member) so->gn[1] = update(p, R_CRITIC, step, pidx, b, NULL);
     LAP(T_CRITIC);
 #undef LAP
     so->as = p->actor_hook.stats;
@@ -312,6 +333,7 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so) {
     }
     comm_broadcast(&rs->world, p->entropy, sizeof p->entropy, R[R_ACTOR].root);
     roles_share_stats(rs, &R[R_ACTOR], &so->as);
+    if (dump) rollout_dump_share(dump, rs, b);
     comm_broadcast(&rs->world, &so->gn[0], sizeof(double), R[R_ACTOR].root);
     if (R[R_CRITIC].active) {
         roles_share_stats(rs, &R[R_CRITIC], &so->cs);
@@ -325,15 +347,18 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so) {
 }
 
 /* The adaptive KL controller (Ziegler et al.): the batch's mean per-sequence KL against the
- * target. Returns that KL. */
+ * target, over the sequences in the loss (--mask-truncated leaves some out). Returns that KL. */
 static double kl_control(Ppo *p, const Experience *b) {
     double seq_kl = 0;
+    int n_seq = 0;
     for (int s = 0; s < b->S; s++) {
         double k = 0;
-        for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++) if (b->mask[n] > 0) k += b->kl[n];
-        seq_kl += b->resp_len[s] ? k / b->resp_len[s] : 0;
+        int c = 0;
+        for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++) if (b->mask[n] > 0) k += b->kl[n], c++;
+        seq_kl += c ? k / c : 0;
+        n_seq += c > 0 || b->resp_len[s] == 0;
     }
-    seq_kl /= b->S;
+    seq_kl /= n_seq ? n_seq : 1;
     if (p->kl_target > 0 && (p->roles.role[R_REF].active || p->x.lora_ref)) {
         double e = seq_kl / p->kl_target - 1;
         e = e < -0.2 ? -0.2 : e > 0.2 ? 0.2 : e;
@@ -368,12 +393,17 @@ int ppo_main(int argc, char **argv) {
     }
     MetricsLog ml;
     metrics_open(&ml, o.t.out, o.t.tensorboard, o.t.resume ? o.state.step : -1, world0);
+    DynamicSampler dyn;
+    if (x->dynamic_sampling) dynamic_sampler_alloc(&dyn, x);
+    RolloutDump dump;
+    if (o.dump_path) rollout_dump_open(&dump, o.dump_path, o.t.resume ? o.state.step : -1, world0, &p.actor_hook, S, x->max_len);
     int step0 = o.t.resume ? o.state.step : 0, last = o.t.stop_after > 0 && o.t.stop_after < o.steps ? o.t.stop_after : o.steps;
     double t_run = now_seconds();
     float *step_s = xcalloc(last + 1, sizeof(float));
     for (int step = step0; step < last; step++) {
         StepOut so;
-        ppo_step(&p, step, pidx, &b, &so);
+        ppo_step(&p, step, pidx, &b, &so, x->dynamic_sampling ? &dyn : NULL, o.dump_path ? &dump : NULL);
+        if (o.dump_path) rollout_dump_write(&dump, x, &b, step, pidx);
         step_s[step] = so.tm[T_STEP];
         double kl_used = p.kl_coef, seq_kl = kl_control(&p, &b);
         if (world0) ppo_log_step(&ml, &p.roles, &p.x, p.entropy, step, o.steps, (step + 1) % o.t.log_every == 0 || step + 1 == last, &b, &so, seq_kl, kl_used);
@@ -388,6 +418,8 @@ int ppo_main(int argc, char **argv) {
         fprintf(stderr, "ppo: %d steps in %.1f s; actor%s in %s/checkpoint-%d; peak RSS %.1f MiB\n", last - step0,
                 now_seconds() - t_run, p.roles.role[R_CRITIC].active ? " and critic" : "", o.t.out, last, peak_rss_mib());
     metrics_close(&ml);
+    if (o.dump_path) rollout_dump_close(&dump);
+    if (x->dynamic_sampling) dynamic_sampler_free(&dyn);
     free(step_s); free(pidx); free(opts);
     experience_free(&b);
     teardown(&p);

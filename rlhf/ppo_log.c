@@ -43,6 +43,18 @@ void ppo_log_step(MetricsLog *ml, const Roles *rs, const ExperienceMaker *x, con
     metrics_num(ml, "response_length/clip_ratio", clipped / S);
     metrics_num(ml, "rollout_logprob_diff_max", as->logprob_diff_max);
     if (x->reward_fn) metrics_num(ml, "reward/timeouts", b->n_timed_out);
+    const DrawStats *ds = &so->ds;
+    if (x->dynamic_sampling) {   /* verl's num_gen_batches; the groups of equal rewards dropped, and refilled at the cap */
+        metrics_num(ml, "dynamic_sampling/num_gen_batches", ds->draws);
+        metrics_num(ml, "dynamic_sampling/drop_fraction", ds->drawn ? (double)ds->dropped / ds->drawn : 0.0);
+        metrics_num(ml, "dynamic_sampling/filled_groups", ds->filled);
+    }
+    if (x->overlong_buffer > 0) {   /* the mean overlong penalty, and the fraction of the batch it hit */
+        double ol, sum = 0, hit = 0;
+        for (int s = 0; s < S; s++) experience_shape_score(x, b, s, b->raw[s], &ol, NULL), sum += ol, hit += ol < 0;
+        metrics_num(ml, "critic/overlong_penalty/mean", sum / S);
+        metrics_num(ml, "response_length/overlong_ratio", hit / S);
+    }
     char key[64];
     for (int k = 0; k < N_T; k++) {
         snprintf(key, sizeof key, "timing_s/%s", PPO_TIMING_NAMES[k]);
@@ -52,7 +64,10 @@ void ppo_log_step(MetricsLog *ml, const Roles *rs, const ExperienceMaker *x, con
     metrics_end(ml);
     if (print)
         fprintf(stderr, "step %d/%d | score %.4f | pg_loss %.4f | clipfrac %.3f | kl %.4f | vf_loss %.4f | len %.1f | "
-                        "logprob diff %g | %.2f s (gen %.2f, update %.2f)\n",
+                        "logprob diff %g | %.2f s (gen %.2f, update %.2f)",
                 step + 1, steps, so->score_raw / S, as->pg_loss / na, as->pg_clipfrac / na, seq_kl, cs->vf_loss / nc,
                 resp_len / S, as->logprob_diff_max, so->tm[T_STEP], so->tm[T_GEN], so->tm[T_ACTOR] + so->tm[T_CRITIC]);
+    if (print && x->dynamic_sampling)
+        fprintf(stderr, " | %d draw(s), %d of %d groups dropped, %d refilled", ds->draws, ds->dropped, ds->drawn, ds->filled);
+    if (print) fputc('\n', stderr);
 }

@@ -2,6 +2,7 @@
  * names) and progress line (rlhf/ppo_log.c). */
 #ifndef TANDEM_PPO_LOG_H
 #define TANDEM_PPO_LOG_H
+#include "rlhf/dynamic_sampling.h"
 #include "rlhf/experience.h"
 #include "rlhf/roles.h"
 #include "train/metrics.h"
@@ -16,6 +17,7 @@ typedef struct {
     PpoStats as, cs;           /* the actor's and the critic's hook sums */
     double gn[2];              /* their mean gradient norms */
     float tm[N_T];             /* seconds per phase (the slowest rank's) */
+    DrawStats ds;              /* --dynamic-sampling's draws */
 } StepOut;
 
 /* On world rank 0: the step's metrics line, and with print its progress line. entropy: the actor's

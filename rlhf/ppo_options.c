@@ -68,6 +68,12 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--reward-clip", OPT_FLOAT, &o->reward_clip, "0", "clip scores to [-x, x] (0 = off)"},
         {"--missing-eos-penalty", OPT_FLOAT, &o->eos_penalty, "0", "subtracted from the score of a response cut off without EOS"},
         {"--normalize-reward", OPT_FLAG, &o->normalize_reward, NULL, "(score - mean) / std by the reward model's saved stats"},
+        {"--overlong-buffer", OPT_INT, &p->x.overlong_buffer, "0", "DAPO's overlong shaping: the last L of --max-new-tokens tokens cost up to --overlong-penalty (0 = off)"},
+        {"--overlong-penalty", OPT_FLOAT, &o->overlong_penalty, "1.0", "--overlong-buffer: the penalty F at --max-new-tokens (verl's penalty_factor)"},
+        {"--mask-truncated", OPT_FLAG, &p->x.mask_truncated, NULL, "responses cut at --max-new-tokens (no stop) weigh 0 in the loss (still in their group's statistics)"},
+        {"--dynamic-sampling", OPT_FLAG, &p->x.dynamic_sampling, NULL, "DAPO: drop groups of equal rewards and draw more prompts until the batch is full (grpo / rloo)"},
+        {"--max-sample-draws", OPT_INT, &p->x.max_draws, "10", "--dynamic-sampling: rollouts per step at most (then the batch is filled with dropped groups)"},
+        {"--dump-rollouts", OPT_STR, &o->dump_path, NULL, "FILE: a jsonl line per sample and step: tokens, logprobs, loss mask, reward parts, advantages"},
         {"--gamma", OPT_FLOAT, &o->gamma, "1.0", "GAE and reinforce++ discount"},
         {"--lambda", OPT_FLOAT, &o->lambda, "0.95", "GAE lambda"},
         {"--ppo-epochs", OPT_INT, &p->ppo_epochs, "1", "passes over each step's batch"},
@@ -125,6 +131,33 @@ static void policy_options_check(Ppo *p, PpoOptions *o) {
     }
 }
 
+/* DAPO's sampling and shaping (rlhf/dynamic_sampling.h, experience_shape_score) and --dump-rollouts */
+static void dapo_options_check(Ppo *p, PpoOptions *o) {
+    ExperienceMaker *x = &p->x;
+    if (x->dynamic_sampling && x->G < 2)
+        user_error("--dynamic-sampling needs --n-samples-per-prompt >= 2 (a group of one sample always has equal rewards)");
+    if (x->dynamic_sampling && x->adv_kind == ADV_GAE)
+        user_error("--dynamic-sampling needs --advantage grpo or rloo (it drops groups whose equal rewards give them no group "
+                   "advantage; gae's come from a critic)");
+    if (args_given(&x->max_draws) && !x->dynamic_sampling) user_error("--max-sample-draws: only with --dynamic-sampling");
+    if (x->max_draws < 1) user_error("--max-sample-draws %d: must be >= 1", x->max_draws);
+    if (args_given(&x->overlong_buffer) && (x->overlong_buffer <= 0 || x->overlong_buffer >= x->max_new))
+        user_error("--overlong-buffer %d: must be in [1, --max-new-tokens %d) (the penalty grows over the last L tokens)",
+                   x->overlong_buffer, x->max_new);
+    if (!(o->overlong_penalty >= 0)) user_error("--overlong-penalty %g: must be >= 0", o->overlong_penalty);
+    if (args_given(&o->overlong_penalty) && !x->overlong_buffer) user_error("--overlong-penalty: only with --overlong-buffer");
+    if (o->dump_path && (!o->dump_path[0] || dir_exists(o->dump_path)))
+        user_error("--dump-rollouts %s: not a file name", o->dump_path);
+    if (o->dump_path) {   /* before any work: a dump that cannot be written is known now */
+        char *dir = xstrdup(o->dump_path), *slash = strrchr(dir, '/');
+        if (!slash) strcpy(dir, ".");
+        else slash[slash == dir] = 0;   /* "/f": "/" */
+        if (!dir_exists(dir)) user_error("--dump-rollouts %s: its directory %s does not exist", o->dump_path, dir);
+        free(dir);
+    }
+    x->overlong_factor = o->overlong_penalty;
+}
+
 /* See ppo_options.h. */
 Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **argv) {
     Role *R = p->roles.role;
@@ -145,6 +178,7 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
     if (p->x.reward_retries < 0) user_error("--reward-retries %d: must be >= 0", p->x.reward_retries);
     if (o->reward_urls) p->x.n_urls = reward_http_parse_urls(o->reward_urls, &p->x.urls);
     p->x.adv_kind = advantage_kind_parse("--advantage", o->adv_name);
+    dapo_options_check(p, o);
     if (p->x.adv_kind == ADV_GAE && !R[R_CRITIC].dir) user_error("--advantage gae needs --critic (or use grpo / rloo)");
     if (p->x.adv_kind != ADV_GAE && R[R_CRITIC].dir) user_error("--critic: --advantage %s uses no critic", o->adv_name);
     if (p->x.adv_kind == ADV_RLOO && p->x.G < 2) user_error("--advantage rloo needs --n-samples-per-prompt >= 2");

@@ -20,6 +20,8 @@ typedef struct {
     const char *stop_ids, *critic_sched_name, *stop_json, *reward_urls, *prompts_path, *key;
     const char *colocate, *kl_est, *adv_name, *reward_fn;
     const char *loss_agg_name, *policy_name;   /* --loss-agg, --policy-loss */
+    const char *dump_path;               /* --dump-rollouts (rlhf/ppo_dump.h) */
+    float overlong_penalty;              /* --overlong-penalty: DAPO's factor F */
     int bench_alone, steps, truncate, no_std_norm, top_k, no_whiten, normalize_reward;
     const char *adapter[N_ROLES];        /* --ROLE-adapter: a PEFT adapter on that role's model */
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
