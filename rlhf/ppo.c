@@ -109,7 +109,7 @@ static void bench_phases_alone(Ppo *p, int step, const int *pidx, Experience *b,
             comm_barrier(&p->roles.world);
             double t0 = now_seconds();
             if (ph == 0) roles_gather_weights(&p->roles), experience_rollout(&p->x, &p->roles, step, pidx, b);
-            else if (ph == 1) experience_ref(&p->x, &p->roles, b);
+            else if (ph == 1) experience_ref(&p->x, &p->roles, b), experience_teacher(&p->x, &p->roles, b);
             else if (ph == 2) experience_reward(&p->x, &p->roles, b, pidx);
             else if (ph == 3) experience_values(&p->x, &p->roles, b);
             else if (ph == 4 && R[R_ACTOR].member) update(p, R_ACTOR, step, pidx, b);
@@ -288,6 +288,7 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so) {
     experience_rollout(&p->x, rs, step, pidx, b);
     LAP(T_GEN);
     experience_ref(&p->x, rs, b);
+    experience_teacher(&p->x, rs, b);   /* timed with the reference's pass */
     LAP(T_REF);
     experience_reward(&p->x, rs, b, pidx);
     LAP(T_REWARD);
@@ -360,6 +361,7 @@ int ppo_main(int argc, char **argv) {
     }
     Experience b;
     experience_alloc(&b, S, x->max_len, p.roles.role[R_REF].active || x->lora_ref);
+    if (p.roles.role[R_TEACHER].active) b.teacher_lp = xmalloc(sizeof(float) * (size_t)S * x->max_len);
     int *pidx = xmalloc(sizeof(int) * x->B);
     if (world0) {
         mkdir_p(o.t.out);
