@@ -19,8 +19,8 @@ static void distill_options_check(Ppo *p, const PpoOptions *o, int alone) {
         if (args_given(&o->distill_coef)) user_error("--distill-coef %g: without --teacher there is no distillation term", o->distill_coef);
         return;
     }
-    if (!(o->distill_coef > 0 && o->distill_coef < 1e6))
-        user_error("--distill-coef %g: must be > 0 (and finite): the weight of the teacher's per-token term", o->distill_coef);
+    if (!(o->distill_coef > 0 && o->distill_coef <= 1e6))   /* 1e6: the bound of a reward (reward_cmd.h) */
+        user_error("--distill-coef %g: must be in (0, 1e6]: the weight of the teacher's per-token term", o->distill_coef);
     p->x.distill_coef = o->distill_coef;
     if (!alone) return;
     const char *why = "with --teacher and no reward the advantage is the distillation term alone (give --reward, "
