@@ -89,7 +89,8 @@ reverse_kl() {
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' -c "$BATS_TEST_TMPDIR/one/metrics.jsonl")" = "[0]" ]
     before=$(reverse_kl "$STORIES" "$BATS_TEST_TMPDIR/m0"); after=$(reverse_kl "$BATS_TEST_TMPDIR/one/checkpoint-10/actor" "$BATS_TEST_TMPDIR/m1")
     echo "held-out reverse KL to the teacher: $before -> $after; per step: $(jq -r '.["actor/teacher_kl"]' "$BATS_TEST_TMPDIR/one/metrics.jsonl" | tr '\n' ' ')" >&3
-    # measured 0.457 -> 0.332 (--seed 1234), ... (seeds 1, 2); the test asks a fall by a sixth
+    # measured 0.457 -> 0.332 (--seed 1234), 0.267 and 0.286 (--seed 1, 2): a fall by 27-42%; the test asks
+    # a sixth. At --actor-lr 1e-3 the noise of 32 samples a step wins and the KL rises (0.45 -> 0.62)
     awk -v b="$before" -v a="$after" 'BEGIN { exit !(b > 0.3 && a < b * 5 / 6) }'
     # actor on rank 0, the teacher's group on rank 1: its logprobs reach the actor's rank by the
     # world broadcast, the same bits
