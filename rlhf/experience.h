@@ -2,7 +2,7 @@
  * reference / reward / critic passes and the advantages, and its mini-batches for the updates.
  *   1. rollout     actor: each dp replica samples its share of the batch on the live training
  *                  shards (generate/engine.c); results to every rank
- *   2. passes      ref: logprobs at the temperature; reward: the score at each sequence's last token
+ *   2. passes      ref and teacher: logprobs at the temperature; reward: the score at each sequence's last token
  *                  (reward model) or the reward program (world rank 0); critic: values. Each
  *                  role's root broadcasts its results over the world (rlhf/roles.h)
  *   3. advantages  every rank, identically (rlhf/ppo_loss.c): KL-penalised token rewards + GAE and

@@ -1,10 +1,10 @@
 /* ppo.c — `tandem ppo`: PPO / GRPO / RLOO with actor, critic, reference and reward as role groups of
- * one job (rlhf/roles.h). The actor generates with its own training shards (generate/engine.c on
+ * one job (rlhf/roles.h), and on-policy distillation from a teacher role (rlhf/distill.h). The actor generates with its own training shards (generate/engine.c on
  * the live weights: no copy, no second model), so its rollout logprobs ARE its training logprobs:
  * the first mini-batch of every step asserts it bit for bit (rollout_logprob_diff_max, always 0).
  * One step, every rank running the same control flow (the same collectives in the same order):
  *   1. rollout     experience_rollout                       (rlhf/experience.h)
- *   2. experience  experience_ref / _reward / _values
+ *   2. experience  experience_ref / _teacher / _reward / _values
  *   3. advantages  experience_advantages
  *   4. update      actor and critic, each a Learner (train/learner.h) on its own mesh: --ppo-epochs
  *                  passes over shuffled mini-batches, one optimizer step each

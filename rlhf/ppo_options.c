@@ -125,7 +125,7 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
     TrainOptions *t = &o->t;
     Option *opts = option_table(p, o, n_opts);
     comm_init(&argc, &argv);
-    args_parse("usage: tandem ppo --actor DIR [--critic DIR] (--reward DIR | --reward-cmd CMD) [--ref DIR] --prompts FILE --out DIR [options]",
+    args_parse("usage: tandem ppo --actor DIR [--critic DIR] (--reward DIR | --reward-cmd CMD) [--ref DIR] [--teacher DIR] --prompts FILE --out DIR [options]",
                opts, *n_opts, argc, argv);
     comm_set_timeout(t->comm_timeout);
     if (!R[R_ACTOR].dir || !o->prompts_path || !t->out) user_error("ppo: --actor, --prompts and --out are required");
