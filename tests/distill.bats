@@ -179,3 +179,22 @@ reverse_kl() {
     [ "$status" -ne 0 ]; [ "$output" = "tandem: ppo: give exactly one of --reward DIR, --reward-cmd CMD and --reward-url URL[,URL...]" ]
     [ ! -e "$BATS_TEST_TMPDIR/x" ]
 }
+
+@test "the teacher's logprobs against transformers: one-token responses, so actor/teacher_kl is a Monte Carlo estimate of the exact reverse KL at the prompts' next token (T 0.8)" {
+    need_story
+    need_hfpy
+    head -8 "$TRAIN" | jq -c '{text: .prompt}' | "$TANDEM" tokenize --tokenizer "$STORIES" --jsonl | jq -c '{input_ids}' > "$BATS_TEST_TMPDIR/p.jsonl"
+    # all 8 prompts x 256 samples of one token each, before any update
+    run timeout 120 "$TANDEM" ppo --actor "$STORIES" --teacher "$SHARP" --prompts "$BATS_TEST_TMPDIR/p.jsonl" --out "$BATS_TEST_TMPDIR/o" \
+        --rollout-batch-size 8 --n-samples-per-prompt 256 --max-new-tokens 1 --temperature 0.8 --steps 1 --kl-coef 0
+    [ "$status" -eq 0 ]
+    est=$(metric actor/teacher_kl "$BATS_TEST_TMPDIR/o/metrics.jsonl" 1)
+    run timeout 120 "$HFPY" "$FIX/ppo/teacher_kl.py" "$STORIES" "$SHARP" 0.8 "$BATS_TEST_TMPDIR/p.jsonl"
+    [ "$status" -eq 0 ]
+    kl=$(jq .kl <<<"$output"); var=$(jq .var <<<"$output")
+    echo "teacher_kl $est; exact $kl, one-sample variance $var" >&3
+    # the estimate's standard error: sqrt(var / 2048) = 0.030 (8 prompts x 256 samples, each prompt
+    # weighing 1/8); the test allows 4 of them (0.12). The teacher at temperature 1 instead of 0.8 would
+    # give 0.197 (exact, same script), its logprobs one position early 21.5, the sign flipped -0.42
+    awk -v e="$est" -v k="$kl" -v v="$var" 'BEGIN { d = e - k; if (d < 0) d = -d; exit !(k > 0.1 && d <= 4 * sqrt(v / 2048)) }'
+}
