@@ -3,7 +3,9 @@
  * estimate (k1) of the student against the teacher on the student's own sample,
  *     A_t += coef (teacher_lp_t - old_lp_t) = -coef (log pi_student(x_t) - log pi_teacher(x_t)),
  * both logprobs at the sampling temperature, undiscounted, added to the advantage the estimator
- * gave (0 with no reward: the distillation term alone). Pure host code, no model, no communication.
+ * gave as Tandem trains it (after GRPO's std normalisation, after GAE's whitening), 0 with no
+ * reward: the distillation term alone. Not centred by the batch mean (tinker-cookbook's
+ * incorporate_kl_penalty centres it; slime's and the blog's formula do not). Pure host code, no model, no communication.
  * Owns: that term and its metric. Does not own: the teacher's logprobs (rlhf/experience.c
  * experience_teacher), the estimators (rlhf/ppo_loss.h), the loss (the PPO hook's). */
 #ifndef TANDEM_DISTILL_H

@@ -124,8 +124,12 @@ void roles_check_vocab(const Roles *p) {
             char *pa = path_join(p->role[R_ACTOR].dir, *f), *pc = path_join(p->role[r].dir, *f);
             size_t la = 0, lc = 0;
             char *ta = read_file(pa, &la), *tc = read_file(pc, &lc);
-            int differ = ta && tc && (la != lc || memcmp(ta, tc, la));
+            int differ = ta && tc && (la != lc || memcmp(ta, tc, la)), missing = ta && !tc;
             free(ta); free(tc); free(pa); free(pc);
+            /* a teacher's logprobs of ids it reads otherwise would be silently wrong: it must show its tokenizer */
+            if (missing && r == R_TEACHER)
+                user_error("--teacher %s: no %s beside the actor's: cannot check that it reads the actor's token ids",
+                           p->role[r].dir, *f);
             if (differ) user_error("--%s %s: its %s differs from the actor's: the roles must share the actor's tokenizer",
                                    ROLE_NAMES[r], p->role[r].dir, *f);
         }

@@ -62,8 +62,8 @@ void roles_free(Roles *rs);
  * Collective over the world. */
 void roles_place(Roles *rs, const char *colocate);
 /* Every other role must read the actor's token ids: the same vocabulary size and tokenizer files;
- * the reward is a score model, the reference and the teacher causal LMs. user_error naming the role
- * otherwise. */
+ * the reward is a score model, the reference and the teacher causal LMs, and the teacher has each
+ * tokenizer file the actor has. user_error naming the role otherwise. */
 void roles_check_vocab(const Roles *rs);
 /* A role's per-item results, computed by its dp replicas (each filled its own items, zeros
  * elsewhere) and its pp stages (the last computes; its broadcast done already): summed over the

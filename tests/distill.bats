@@ -143,6 +143,9 @@ reverse_kl() {
     { cat "$SHARP/tokenizer.model"; printf x; } > "$BATS_TEST_TMPDIR/tok/tokenizer.model"
     run timeout 60 "$TANDEM" ppo "${A[@]}" --teacher "$BATS_TEST_TMPDIR/tok"
     [ "$status" -ne 0 ]; [ "$output" = "tandem: --teacher $BATS_TEST_TMPDIR/tok: its tokenizer.model differs from the actor's: the roles must share the actor's tokenizer" ]
+    # aidreams260K: 512 tokens too, but its own tokenizer, which its directory does not hold
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --teacher "$ASSETS/models/aidreams260K-hf"
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --teacher $ASSETS/models/aidreams260K-hf: no tokenizer.model beside the actor's: cannot check that it reads the actor's token ids" ]
     # under mpirun, the teacher on a rank of its own: every rank exits, one line
     run timeout 60 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --teacher "$BATS_TEST_TMPDIR/tok" --actor-ranks 1 --teacher-ranks 1
     [ "$status" -ne 0 ]; [ "${lines[-1]}" = "tandem: --teacher $BATS_TEST_TMPDIR/tok: its tokenizer.model differs from the actor's: the roles must share the actor's tokenizer" ]
