@@ -1,5 +1,6 @@
 /* experience.c — see experience.h. */
 #include "rlhf/experience.h"
+#include "rlhf/distill.h"
 #include "runtime/lora.h"
 #include "generate/request.h"
 #include "rlhf/reward_http.h"
@@ -29,7 +30,7 @@ void experience_alloc(Experience *b, int S, int max_len, int with_ref) {
 void experience_free(Experience *b) {
     free(b->tokens); free(b->targets); free(b->seq_start); free(b->prompt_len); free(b->resp_len); free(b->finish);
     free(b->mask); free(b->old_lp); free(b->ref_lp); free(b->values); free(b->score); free(b->raw); free(b->draw); free(b->rewards); free(b->kl);
-    free(b->adv); free(b->ret); free(b->adv_f); free(b->ret_f);
+    free(b->adv); free(b->ret); free(b->adv_f); free(b->ret_f); free(b->teacher_lp);
 }
 
 void experience_append(Experience *dst, const Experience *src, int s) {
@@ -335,10 +336,18 @@ void experience_ref(ExperienceMaker *x, Roles *rs, Experience *b) {
     if (r->member && x->lora_ref) r->m.lora->enabled = 1;
     roles_share_f(rs, r, b->ref_lp, b->N);
 }
+void experience_teacher(ExperienceMaker *x, Roles *rs, Experience *b) {
+    Role *r = &rs->role[R_TEACHER];
+    if (!r->active) return;
+    memset(b->teacher_lp, 0, sizeof(float) * b->N);
+    if (r->member) chunks(x, rs, r, b, ref_chunk, b->teacher_lp);
+    roles_share_f(rs, r, b->teacher_lp, b->N);
+}
 void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx) {
     Role *r = &rs->role[R_REWARD];
     memset(b->score, 0, sizeof(double) * b->S);
     if (x->reward_cmd || x->n_urls || x->reward_fn) { reward_from_program(x, rs, b, pidx); return; }
+    if (!r->active) return;   /* --teacher alone: no reward, the scores stay 0 */
     if (r->member) chunks(x, rs, r, b, value_chunk, b->score);
     roles_share_d(rs, r, b->score, b->S);
     /* the bound of a program's rewards (reward_cmd.h) holds for the model's scores too; every rank
@@ -403,6 +412,7 @@ double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_
         outcome_advantages(x->adv_kind, b->seq_start, S, b->mask, b->score, x->G, x->std_norm, 1e-6, b->adv);
         memset(b->ret, 0, sizeof(double) * N);
     }
+    if (b->teacher_lp) b->teacher_kl = distill_advantages(b->mask, b->old_lp, b->teacher_lp, N, x->distill_coef, b->adv);
     for (int n = 0; n < N; n++) { b->adv_f[n] = (float)b->adv[n]; b->ret_f[n] = (float)b->ret[n]; }
     /* bounded rewards give finite advantages, but shaping (--normalize-reward's std,
      * --missing-eos-penalty) and the critic's values can still overflow: an update on them would

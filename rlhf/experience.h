@@ -2,7 +2,7 @@
  * reference / reward / critic passes and the advantages, and its mini-batches for the updates.
  *   1. rollout     actor: each dp replica samples its share of the batch on the live training
  *                  shards (generate/engine.c); results to every rank
- *   2. passes      ref: logprobs at the temperature; reward: the score at each sequence's last token
+ *   2. passes      ref and teacher: logprobs at the temperature; reward: the score at each sequence's last token
  *                  (reward model) or the reward program (world rank 0); critic: values. Each
  *                  role's root broadcasts its results over the world (rlhf/roles.h)
  *   3. advantages  every rank, identically (rlhf/ppo_loss.c): KL-penalised token rewards + GAE and
@@ -33,6 +33,8 @@ typedef struct {
     int *prompt_len, *resp_len, *finish; /* (S) */
     float *mask;                         /* (N) 1 at actions (0 at --mask-truncated's, after the advantages) */
     float *old_lp, *ref_lp, *values;     /* (N) at actions; ref_lp NULL without a reference */
+    float *teacher_lp;                   /* (N) at actions: the teacher's logprobs (--teacher); NULL without */
+    double teacher_kl;                   /* the step's mean reverse KL estimate to the teacher (rlhf/distill.h) */
     double *score;                       /* (S) the reward (after normalising / penalty / clipping) */
     double *raw;                         /* (S) the reward model's or program's score, before shaping */
     int *draw;                           /* (S) --dynamic-sampling: the draw that sampled it (0: the step's own) */
@@ -86,6 +88,7 @@ typedef struct {
     double reward_clip, eos_penalty, gamma, lambda;
     int std_norm, whiten;
     int lora_ref;             /* the reference is the actor's base with its LoRA adapters off (no --ref model) */
+    double distill_coef;                 /* --teacher: the distillation term's weight in the advantage (rlhf/distill.h) */
     int has_norm;                        /* --normalize-reward with the reward model's saved stats */
     double norm_mean, norm_std;
 } ExperienceMaker;
@@ -120,6 +123,9 @@ void experience_append(Experience *dst, const Experience *src, int s);
 void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b);
 /* 2. the passes; each leaves its result on every rank */
 void experience_ref(ExperienceMaker *x, Roles *rs, Experience *b);
+/* The teacher's logprobs at the temperature, as the reference's (same chunks, same sharing), into
+ * b->teacher_lp (allocated by the caller); nothing without a teacher. */
+void experience_teacher(ExperienceMaker *x, Roles *rs, Experience *b);
 /* The reward: the program's (reward_cmd.h, reward_http.h) or the reward model's score, which is
  * held to the same bound (REWARD_ABS_MAX) or stops the run naming the sample and its prompt. */
 void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx);
@@ -133,7 +139,8 @@ double experience_shape_score(const ExperienceMaker *x, const Experience *b, int
  * get mask 0: out of the loss (weight 0, and not in the token-mean's count), after the advantages
  * (their scores still count in their group's statistics, as TRL's mask_truncated_completions). */
 void experience_mask_truncated(Experience *b);
-/* 3. score shaping, token rewards (KL penalty kl_coef for gae), advantages and returns; returns
+/* 3. score shaping, token rewards (KL penalty kl_coef for gae), advantages and returns, and with a
+ * teacher the distillation term added to the advantages (rlhf/distill.h; b->teacher_kl); returns
  * the sum of the raw scores. An advantage or return that is not finite (as a float) stops the run
  * (user_error naming step, 0-based, and the sample and its prompt pidx). */
 double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_coef, int step, const int *pidx);

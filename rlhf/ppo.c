@@ -1,11 +1,11 @@
 /* ppo.c — `tandem ppo`: PPO / GRPO / RLOO with actor, critic, reference and reward as role groups of
- * one job (rlhf/roles.h). The actor generates with its own training shards (generate/engine.c on
+ * one job (rlhf/roles.h), and on-policy distillation from a teacher role (rlhf/distill.h). The actor generates with its own training shards (generate/engine.c on
  * the live weights: no copy, no second model), so its rollout logprobs ARE its training logprobs:
  * the first mini-batch of every step asserts it bit for bit (rollout_logprob_diff_max, always 0).
  * One step, every rank running the same control flow (the same collectives in the same order):
  *   1. rollout     experience_rollout                       (rlhf/experience.h); with --dynamic-sampling
  *                  rollouts and rewards until B groups of unequal rewards (rlhf/dynamic_sampling.h)
- *   2. experience  experience_ref / _reward / _values
+ *   2. experience  experience_ref / _teacher / _reward / _values
  *   3. advantages  experience_advantages
  *   4. update      actor and critic, each a Learner (train/learner.h) on its own mesh: --ppo-epochs
  *                  passes over shuffled mini-batches, one optimizer step each
@@ -121,7 +121,7 @@ static void bench_phases_alone(Ppo *p, int step, const int *pidx, Experience *b,
             comm_barrier(&p->roles.world);
             double t0 = now_seconds();
             if (ph == 0) roles_gather_weights(&p->roles), experience_rollout(&p->x, &p->roles, step, pidx, b);
-            else if (ph == 1) experience_ref(&p->x, &p->roles, b);
+            else if (ph == 1) experience_ref(&p->x, &p->roles, b), experience_teacher(&p->x, &p->roles, b);
             else if (ph == 2) experience_reward(&p->x, &p->roles, b, pidx);
             else if (ph == 3) experience_values(&p->x, &p->roles, b);
             else if (ph == 4 && R[R_ACTOR].member) update(p, R_ACTOR, step, pidx, b, NULL);
@@ -300,12 +300,14 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so, Dy
         dynamic_sample(dyn, &p->x, rs, step, pidx, b, &so->ds, &tm[T_GEN], &tm[T_REWARD]);
         t = now_seconds();
         experience_ref(&p->x, rs, b);
+        experience_teacher(&p->x, rs, b);   /* timed with the reference's pass */
         LAP(T_REF);
     } else {
         experience_step_prompts(&p->x, step, pidx);
         experience_rollout(&p->x, rs, step, pidx, b);
         LAP(T_GEN);
         experience_ref(&p->x, rs, b);
+        experience_teacher(&p->x, rs, b);   /* timed with the reference's pass */
         LAP(T_REF);
         experience_reward(&p->x, rs, b, pidx);
         LAP(T_REWARD);
@@ -386,6 +388,7 @@ int ppo_main(int argc, char **argv) {
     }
     Experience b;
     experience_alloc(&b, S, x->max_len, p.roles.role[R_REF].active || x->lora_ref);
+    if (p.roles.role[R_TEACHER].active) b.teacher_lp = xmalloc(sizeof(float) * (size_t)S * x->max_len);
     int *pidx = xmalloc(sizeof(int) * x->B);
     if (world0) {
         mkdir_p(o.t.out);

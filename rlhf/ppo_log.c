@@ -34,6 +34,7 @@ void ppo_log_step(MetricsLog *ml, const Roles *rs, const ExperienceMaker *x, con
     metrics_num(ml, "actor/kl", R[R_REF].active || x->lora_ref ? seq_kl : 0.0);
     metrics_num(ml, "actor/kl_loss", as->kl_loss / na);
     metrics_num(ml, "actor/kl_coef", kl_used);
+    if (R[R_TEACHER].active) metrics_num(ml, "actor/teacher_kl", b->teacher_kl);   /* --teacher: mean reverse KL per token */
     metrics_num(ml, "actor/grad_norm", so->gn[0]);
     metrics_num(ml, "critic/vf_loss", cs->vf_loss / nc);
     metrics_num(ml, "critic/vf_clipfrac", cs->vf_clipfrac / nc);

@@ -11,6 +11,26 @@
 
 /* ---- options -------------------------------------------------------------------------------- */
 
+/* --teacher and --distill-coef (rlhf/distill.h). alone: no reward given, so the distillation term is
+ * the whole advantage: no critic, no estimator, no reward shaping. */
+static void distill_options_check(Ppo *p, const PpoOptions *o, int alone) {
+    const Role *R = p->roles.role;
+    if (!R[R_TEACHER].dir) {
+        if (args_given(&o->distill_coef)) user_error("--distill-coef %g: without --teacher there is no distillation term", o->distill_coef);
+        return;
+    }
+    if (!(o->distill_coef > 0 && o->distill_coef <= 1e6))   /* 1e6: the bound of a reward (reward_cmd.h) */
+        user_error("--distill-coef %g: must be in (0, 1e6]: the weight of the teacher's per-token term", o->distill_coef);
+    p->x.distill_coef = o->distill_coef;
+    if (!alone) return;
+    const char *why = "with --teacher and no reward the advantage is the distillation term alone (give --reward, "
+                      "--reward-cmd or --reward-url to add one)";
+    if (R[R_CRITIC].dir) user_error("--critic %s: no reward for it to learn values of: %s", R[R_CRITIC].dir, why);
+    if (args_given(&o->adv_name)) user_error("--advantage %s: no reward to estimate an advantage of: %s", o->adv_name, why);
+    if (o->normalize_reward || o->reward_clip != 0 || o->eos_penalty != 0)
+        user_error("ppo: --normalize-reward, --reward-clip and --missing-eos-penalty shape a reward: %s", why);
+}
+
 /* ppo's option table (its order is --help's and the echo's), pointing into p and o. */
 static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
     Role *R = p->roles.role;
@@ -31,6 +51,8 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--reward-timeout", OPT_FLOAT, &o->timeout, "600", "--reward-cmd / --reward-url: seconds to wait for a batch's replies (0 = no limit)"},
         {"--reward-retries", OPT_INT, &p->x.reward_retries, "3", "--reward-url: retries (with backoff) on connection errors, 429, 5xx"},
         {"--ref", OPT_MODEL, &R[R_REF].dir, NULL, "reference for the KL (default: the actor's starting weights, frozen)"},
+        {"--teacher", OPT_MODEL, &R[R_TEACHER].dir, NULL, "on-policy distillation: a frozen causal LM of the actor's tokenizer; its reverse KL per token in the advantage (alone without a reward)"},
+        {"--distill-coef", OPT_FLOAT, &o->distill_coef, "1.0", "--teacher: advantage += coef (teacher_lp - old_lp) per token"},
         {"--prompts", OPT_STR, &o->prompts_path, NULL, "jsonl: \"prompt\" | \"messages\" | \"input_ids\", optional \"label\""},
         {"--input-key", OPT_STR, &o->key, "prompt", "the text prompt's field"},
         TRAIN_CHAT_OPTION(t),
@@ -95,11 +117,13 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--critic-ranks", OPT_INT, &R[R_CRITIC].count, "0", "ranks of the critic's group"},
         {"--ref-ranks", OPT_INT, &R[R_REF].count, "0", "ranks of the reference's group"},
         {"--reward-ranks", OPT_INT, &R[R_REWARD].count, "0", "ranks of the reward model's group"},
+        {"--teacher-ranks", OPT_INT, &R[R_TEACHER].count, "0", "ranks of the teacher's group"},
         {"--actor-tp", OPT_INT, &R[R_ACTOR].tp, "1", ""}, {"--actor-pp", OPT_INT, &R[R_ACTOR].pp, "1", ""},
         SEQ_PARALLEL_OPTION(&t->sp), ZERO_OPTION(&t->zero), TRAIN_LORA_OPTIONS(t),
         {"--critic-tp", OPT_INT, &R[R_CRITIC].tp, "1", ""}, {"--critic-pp", OPT_INT, &R[R_CRITIC].pp, "1", ""},
         {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
         {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
+        {"--teacher-tp", OPT_INT, &R[R_TEACHER].tp, "1", ""}, {"--teacher-pp", OPT_INT, &R[R_TEACHER].pp, "1", ""},
         THREADS_OPTION(&t->threads), DTYPE_OPTION(&t->dtype_name), SAVE_DTYPE_OPTION(&t->save_dtype_name),
         DEVICE_OPTION(&t->device), COMM_TIMEOUT_OPTION(&t->comm_timeout),
     };
@@ -164,12 +188,14 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
     TrainOptions *t = &o->t;
     Option *opts = option_table(p, o, n_opts);
     comm_init(&argc, &argv);
-    args_parse("usage: tandem ppo --actor DIR [--critic DIR] (--reward DIR | --reward-cmd CMD) [--ref DIR] --prompts FILE --out DIR [options]",
+    args_parse("usage: tandem ppo --actor DIR [--critic DIR] (--reward DIR | --reward-cmd CMD) [--ref DIR] [--teacher DIR] --prompts FILE --out DIR [options]",
                opts, *n_opts, argc, argv);
     comm_set_timeout(t->comm_timeout);
     if (!R[R_ACTOR].dir || !o->prompts_path || !t->out) user_error("ppo: --actor, --prompts and --out are required");
-    if ((R[R_REWARD].dir != NULL) + (p->x.reward_cmd != NULL) + (o->reward_urls != NULL) + (o->reward_fn != NULL) != 1)
-        user_error("ppo: give exactly one of --reward DIR, --reward-cmd CMD, --reward-url URL[,URL...] and --reward-fn NAME");
+    int n_rewards = (R[R_REWARD].dir != NULL) + (p->x.reward_cmd != NULL) + (o->reward_urls != NULL) + (o->reward_fn != NULL);
+    if (n_rewards > 1 || (n_rewards == 0 && !R[R_TEACHER].dir))
+        user_error("ppo: give exactly one of --reward DIR, --reward-cmd CMD, --reward-url URL[,URL...] and --reward-fn NAME "
+                   "(or none with --teacher)");
     p->x.reward_fn = o->reward_fn != NULL;
     if (o->reward_fn) p->x.verify_kind = verify_kind_parse("--reward-fn", o->reward_fn);
     if (p->x.reward_workers < 1) user_error("--reward-workers %d: must be >= 1", p->x.reward_workers);
@@ -177,14 +203,20 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
     p->x.fn_timeout = o->fn_timeout;
     if (p->x.reward_retries < 0) user_error("--reward-retries %d: must be >= 0", p->x.reward_retries);
     if (o->reward_urls) p->x.n_urls = reward_http_parse_urls(o->reward_urls, &p->x.urls);
+    distill_options_check(p, o, n_rewards == 0);
     p->x.adv_kind = advantage_kind_parse("--advantage", o->adv_name);
+    if (p->x.dynamic_sampling && n_rewards == 0)
+        user_error("--dynamic-sampling: --teacher alone scores every sample 0, so every group would be dropped (give a reward)");
     dapo_options_check(p, o);
-    if (p->x.adv_kind == ADV_GAE && !R[R_CRITIC].dir) user_error("--advantage gae needs --critic (or use grpo / rloo)");
+    if (p->x.adv_kind == ADV_GAE && !R[R_CRITIC].dir && n_rewards) user_error("--advantage gae needs --critic (or use grpo / rloo)");
     if (p->x.adv_kind != ADV_GAE && R[R_CRITIC].dir) user_error("--critic: --advantage %s uses no critic", o->adv_name);
     if (p->x.adv_kind == ADV_RLOO && p->x.G < 2) user_error("--advantage rloo needs --n-samples-per-prompt >= 2");
     /* a group of one sample is its own mean: advantage 0 for every token, so nothing would be trained */
     if (p->x.adv_kind == ADV_GRPO && p->x.G < 2)
         user_error("--advantage grpo needs --n-samples-per-prompt >= 2 (a group of 1 has advantage 0: nothing would be trained)");
+    /* --teacher alone: every score is 0 and grpo's group advantage of zeros is exactly 0, so the
+     * advantage is the distillation term alone (the checks above refused any other estimator) */
+    if (n_rewards == 0) p->x.adv_kind = ADV_GRPO;
     policy_options_check(p, o);
     p->x.kl_est = kl_estimator_parse("--kl-estimator", o->kl_est);
     if (!(o->temperature > 0)) user_error("--temperature %g: must be > 0 (the policy is softmax(logits / T))", o->temperature);

@@ -26,6 +26,7 @@ typedef struct {
     const char *adapter[N_ROLES];        /* --ROLE-adapter: a PEFT adapter on that role's model */
     float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
         clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, timeout, fn_timeout;
+    float distill_coef;                  /* --distill-coef (--teacher) */
     LrSchedule sched, critic_sched;
     PpoState state;        /* --resume's ppo_state.json */
 } PpoOptions;

@@ -7,13 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const ROLE_NAMES[N_ROLES] = {"actor", "critic", "ref", "reward"};
+const char *const ROLE_NAMES[N_ROLES] = {"actor", "critic", "ref", "reward", "teacher"};
 
 /* ---- placement ------------------------------------------------------------------------------ */
 
 static int role_of(const char *name, const char *spec) {
     for (int r = 0; r < N_ROLES; r++) if (!strcmp(name, ROLE_NAMES[r])) return r;
-    user_error("--colocate %s: unknown role \"%s\" (actor, critic, ref, reward)", spec, name);
+    user_error("--colocate %s: unknown role \"%s\" (actor, critic, ref, reward, teacher)", spec, name);
 }
 
 /* Role groups from the counts and --colocate ("all", or sets like "actor,ref:critic,reward"). */
@@ -76,7 +76,8 @@ void roles_place(Roles *p, const char *colocate) {
     /* the device, while world rank 0 still reports alone, and before the groups are cut (their links) */
     p->be = device_open_local(p->device, &p->world);
     RoleGroup mine;
-    group_split(&p->world, n_groups, names, counts, "--actor-ranks/--critic-ranks/--ref-ranks/--reward-ranks", &mine);
+    group_split(&p->world, n_groups, names, counts, R[R_TEACHER].active ? "--actor-ranks/--critic-ranks/--ref-ranks/"
+                "--reward-ranks/--teacher-ranks" : "--actor-ranks/--critic-ranks/--ref-ranks/--reward-ranks", &mine);
     int first = 0;
     for (int g = 0; g < n_groups; g++) {
         for (int r = 0; r < N_ROLES; r++)
@@ -118,12 +119,17 @@ void roles_check_vocab(const Roles *p) {
             user_error("--reward %s: a causal LM, not a reward model (*ForSequenceClassification, e.g. from `tandem rm`)",
                        p->role[r].dir);
         if (r == R_REF && c.score_head) user_error("--ref %s: a score-head model; the reference is a causal LM", p->role[r].dir);
+        if (r == R_TEACHER && c.score_head) user_error("--teacher %s: a score-head model; the teacher is a causal LM", p->role[r].dir);
         for (const char *const *f = (const char *const[]){"tokenizer.model", "tokenizer.json", NULL}; *f; f++) {
             char *pa = path_join(p->role[R_ACTOR].dir, *f), *pc = path_join(p->role[r].dir, *f);
             size_t la = 0, lc = 0;
             char *ta = read_file(pa, &la), *tc = read_file(pc, &lc);
-            int differ = ta && tc && (la != lc || memcmp(ta, tc, la));
+            int differ = ta && tc && (la != lc || memcmp(ta, tc, la)), missing = ta && !tc;
             free(ta); free(tc); free(pa); free(pc);
+            /* a teacher's logprobs of ids it reads otherwise would be silently wrong: it must show its tokenizer */
+            if (missing && r == R_TEACHER)
+                user_error("--teacher %s: no %s beside the actor's: cannot check that it reads the actor's token ids",
+                           p->role[r].dir, *f);
             if (differ) user_error("--%s %s: its %s differs from the actor's: the roles must share the actor's tokenizer",
                                    ROLE_NAMES[r], p->role[r].dir, *f);
         }
@@ -135,6 +141,7 @@ void roles_open(Roles *rs, int has_ref, const char *colocate) {
     R[R_ACTOR].active = 1;
     R[R_CRITIC].active = R[R_CRITIC].dir != NULL;
     R[R_REWARD].active = R[R_REWARD].dir != NULL;
+    R[R_TEACHER].active = R[R_TEACHER].dir != NULL;
     R[R_REF].active = has_ref;
     if (R[R_REF].active && !R[R_REF].dir) R[R_REF].dir = R[R_ACTOR].dir;
     for (int r = 0; r < N_ROLES; r++) {

@@ -1,7 +1,7 @@
 /* roles.h — which ranks run which RLHF role, and moving a role's results to every rank.
- * The four roles of a ppo run (actor, critic, reference, reward) are placed on role groups of one
- * job (runtime/mesh.h group_split): --ROLE-ranks consecutive ranks in the order actor, critic, ref,
- * reward; --colocate puts roles in one group, where they take turns; a role given no count shares
+ * The five roles of a ppo run (actor, critic, reference, reward, teacher) are placed on role groups
+ * of one job (runtime/mesh.h group_split): --ROLE-ranks consecutive ranks in the order actor, critic,
+ * ref, reward, teacher; --colocate puts roles in one group, where they take turns; a role given no count shares
  * the actor's; with no counts every role shares every rank (one process works without mpirun).
  * Each role has its own tp x pp x dp mesh over its group and its own Model.
  * Owns: placement, each role's mesh, model and device, the vocabulary check between roles, and
@@ -13,8 +13,9 @@
 #include "rlhf/ppo_loss.h"
 #include "runtime/model.h"
 
-enum { R_ACTOR, R_CRITIC, R_REF, R_REWARD, N_ROLES };
-extern const char *const ROLE_NAMES[N_ROLES];   /* "actor", "critic", "ref", "reward" */
+/* R_TEACHER: on-policy distillation's frozen teacher (--teacher), forward-only like the reference */
+enum { R_ACTOR, R_CRITIC, R_REF, R_REWARD, R_TEACHER, N_ROLES };
+extern const char *const ROLE_NAMES[N_ROLES];   /* "actor", "critic", "ref", "reward", "teacher" */
 
 typedef struct {
     int active, member;        /* in this run; held by this rank */
@@ -38,7 +39,7 @@ typedef struct {
     const Backend *be;         /* its backend, opened by roles_place: every role's model is on it */
 } Roles;
 
-/* The run's roles: the actor always, critic and reward when given a directory, the reference when
+/* The run's roles: the actor always, critic, reward and teacher when given a directory, the reference when
  * has_ref (default: the actor's directory); checks the directories, the rank counts and the
  * vocabularies (roles_check_vocab), then places them (roles_place) over the job's world. */
 void roles_open(Roles *rs, int has_ref, const char *colocate);
@@ -61,7 +62,8 @@ void roles_free(Roles *rs);
  * Collective over the world. */
 void roles_place(Roles *rs, const char *colocate);
 /* Every other role must read the actor's token ids: the same vocabulary size and tokenizer files;
- * the reward is a score model, the reference a causal LM. user_error naming the role otherwise. */
+ * the reward is a score model, the reference and the teacher causal LMs, and the teacher has each
+ * tokenizer file the actor has. user_error naming the role otherwise. */
 void roles_check_vocab(const Roles *rs);
 /* A role's per-item results, computed by its dp replicas (each filled its own items, zeros
  * elsewhere) and its pp stages (the last computes; its broadcast done already): summed over the

@@ -195,7 +195,7 @@ print("ok: actor loads")' "$ck/actor"
     [ "$status" -ne 0 ]; [ "${lines[-1]}" = "tandem: [critic] --tp 3 does not divide num_attention_heads 8" ]
     [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
     run timeout 60 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/x" --colocate actor,judge
-    [ "$status" -ne 0 ]; [ "$output" = 'tandem: --colocate actor,judge: unknown role "judge" (actor, critic, ref, reward)' ]
+    [ "$status" -ne 0 ]; [ "$output" = 'tandem: --colocate actor,judge: unknown role "judge" (actor, critic, ref, reward, teacher)' ]
     run timeout 60 "$TANDEM" ppo --actor "$STORIES" --reward "$STORIES" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --out "$BATS_TEST_TMPDIR/x"
     [ "$status" -ne 0 ]; [[ "$output" == "tandem: --reward $STORIES: a causal LM, not a reward model"* ]]
     run timeout 60 "$TANDEM" ppo --actor "$STORIES" --critic "$FIX/models/llama_gqa" --reward "$RM" --prompts "$TRAIN" --out "$BATS_TEST_TMPDIR/x"
