@@ -234,7 +234,7 @@ int main(int argc, char **argv) {
         ha = json_floats(item(fx, "advantages"), N);
         want_out = json_floats(item(fx, "logprobs"), N);
     } else if (value_mse) {
-        hook = (LossHook){hook_value_mse, NULL, 1.0f, 0.0f, NULL};
+        hook = (LossHook){hook_value_mse, NULL, 1.0f, 0.0f, NULL, NULL};
         ha = json_floats(item(fx, "value_targets"), N);
         hb = json_floats(item(fx, "value_weights"), N);
         want_out = json_floats(item(fx, "values"), N);
@@ -242,7 +242,7 @@ int main(int argc, char **argv) {
         CHECK(n_seqs % 2 == 0);
         ph.pair_weight = 1.0 / (n_seqs / 2);
         if (bt) {
-            hook = (LossHook){loss_bt, &ph, 1.0f, 0.0f, NULL};
+            hook = (LossHook){loss_bt, &ph, 1.0f, 0.0f, NULL, NULL};
             ph.center = item(fx, "center")->valuedouble;
             margin = json_floats(item(fx, "margin"), n_seqs / 2);
             want_out = xmalloc(sizeof(float) * N);   /* torch's reward at each sequence's last token */
@@ -251,7 +251,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < n_seqs; i++) want_out[seq_start[i + 1] - 1] = r[i];
             free((void *)r);
         } else {
-            hook = (LossHook){loss_dpo, &ph, 1.0f, 0.0f, NULL};
+            hook = (LossHook){loss_dpo, &ph, 1.0f, 0.0f, NULL, NULL};
             ph.type = !strcmp(item(fx, "loss_type")->valuestring, "ipo") ? DPO_IPO : DPO_SIGMOID;
             ph.beta = item(fx, "beta")->valuedouble;
             ph.label_smoothing = item(fx, "label_smoothing")->valuedouble;
