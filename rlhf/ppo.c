@@ -276,6 +276,26 @@ static void teardown(Ppo *p) {
 
 /* ---- one step ------------------------------------------------------------------------------------ */
 
+/* Test-only (tests/ppo_sampling.bats): with TANDEM_DUMP_LOGPROBS=FILE, world rank 0 appends one JSON
+ * line per sequence of the step: its tokens (prompt ++ response), the prompt's length and the rollout
+ * (behaviour) logprob of each response token, as the engine gave it. */
+static void dump_logprobs(const Roles *rs, int step, const Experience *b) {
+    const char *path = getenv("TANDEM_DUMP_LOGPROBS");
+    if (!path || !*path || rs->world_rank != 0) return;
+    FILE *f = fopen(path, "a");
+    if (!f) user_error("TANDEM_DUMP_LOGPROBS=%s: cannot open it for appending", path);
+    for (int s = 0; s < b->S; s++) {
+        int n0 = b->seq_start[s], n1 = b->seq_start[s + 1];
+        fprintf(f, "{\"step\": %d, \"seq\": %d, \"prompt_len\": %d, \"tokens\": [", step + 1, s, b->prompt_len[s]);
+        for (int n = n0; n < n1; n++) fprintf(f, "%s%d", n > n0 ? ", " : "", b->tokens[n]);
+        fprintf(f, "], \"logprobs\": [");
+        for (int n = n0, k = 0; n < n1; n++)
+            if (b->mask[n] > 0) fprintf(f, "%s%.9g", k++ ? ", " : "", b->old_lp[n]);
+        fprintf(f, "]}\n");
+    }
+    fclose(f);
+}
+
 /* 1-4 of one step, every rank. */
 static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so) {
     Roles *rs = &p->roles;
@@ -287,6 +307,7 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so) {
     experience_step_prompts(&p->x, step, pidx);
     roles_gather_weights(rs);   /* ZeRO-3: the trained roles whole for the experience phases */
     experience_rollout(&p->x, rs, step, pidx, b);
+    dump_logprobs(rs, step, b);
     LAP(T_GEN);
     experience_ref(&p->x, rs, b);
     LAP(T_REF);
