@@ -84,7 +84,7 @@ CHECK_TRUNC="$FIX/ppo/check_truncated_logprobs.py"
 # transformers' truncated ones
 ratio_one() {
     local A=(--actor "$STORIES" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2
-             --rollout-batch-size 4 --max-new-tokens 16 --steps 2 --kl-coef 0.01 --kl-loss-coef 0.01 --entropy-coef 0.01
+             --rollout-batch-size 4 --max-new-tokens 16 --steps 1 --kl-coef 0.01 --kl-loss-coef 0.01 --entropy-coef 0.01
              --actor-lr 0 --temperature 0.8 --mini-batch-size 4 --ppo-epochs 2 "$@")
     local o="$BATS_TEST_TMPDIR/r1" t="$BATS_TEST_TMPDIR/r2"
     rm -rf "$o" "$t" "$o.dump" "$t.dump"
