@@ -97,7 +97,7 @@ static void decode_batch(Engine *e, const Model *m, Seq *seqs, int B, int P, int
  * timers, warm-up subtracted. */
 static EngineStats bench_decode(Model *m, int B, int P, int T) {
     size_t blocks = (size_t)B * ((P + T + 15) / 16 + 1);
-    EngineConfig ec = {B, 4096, 0, 16, m->cfg.max_pos, 1, 0, NULL, NULL, NULL, NULL, (int)blocks, 0};
+    EngineConfig ec = {B, 4096, 0, 16, m->cfg.max_pos, 1, 0, NULL, NULL, NULL, NULL, (int)blocks, 0, 0};
     Engine *e = engine_new(m, &ec, P + T);
     Seq *seqs = xcalloc(B, sizeof(Seq));
     unsigned rng = 777;
@@ -239,7 +239,7 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
     /* each pair weighs 1 / (B / 2): the step's loss is the mean over this rank's pairs, as
      * LOSS_XENT's weights give the mean over its tokens (optim_step averages over dp) */
     PrefHook ph = {.pair_weight = 2.0 / B};
-    LossHook bt = {loss_bt, &ph, 1.0f, 0.0f, NULL};
+    LossHook bt = {loss_bt, &ph, 1.0f, 0.0f, NULL, NULL};
     const LossHook *hook = m->head == HEAD_SCORE ? &bt : &LOSS_XENT;
     print_load(m, load_rss);
     int N = B * T;

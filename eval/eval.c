@@ -276,7 +276,7 @@ static void greedy_check(Model *m, Record *recs, int n, const int *own, int n_ow
     for (int k = 0; k < n_own; k++) n_seqs += recs[own[k]].G > 0;
     if (n_any == 0) return;                               /* the same on every rank */
     size_t blocks = most * (size_t)(n_any < MAX_RUN ? n_any : MAX_RUN);
-    EngineConfig ec = {MAX_RUN, MAX_STEP_TOKENS, 0, 16, max_len + 1, m->mesh->pp, 1, NULL, NULL, NULL, NULL, (int)blocks, 0};
+    EngineConfig ec = {MAX_RUN, MAX_STEP_TOKENS, 0, 16, max_len + 1, m->mesh->pp, 1, NULL, NULL, NULL, NULL, (int)blocks, 0, 0};
     Engine *e = engine_new(m, &ec, max_len);
     Seq *seqs = xcalloc(n_seqs + 1, sizeof(Seq));
     int *who = xmalloc(sizeof(int) * (n_seqs + 1)), s = 0;

@@ -36,6 +36,7 @@ struct Engine {
     int *tokens, *start, *pos0, *rows;
     int *table_host;        /* (B, max_table) this step's tables, staged for the upload */
     float *lse, *full;      /* (B) log-sum-exps; (V) one sampled row's logits */
+    float *proc;            /* (V) truncated_lp: the processed row sampler_truncate makes (the draw's) */
     int *amax;              /* (B) each row's argmax */
     int *res_i;             /* (max_batch, 1 + K) per sequence: chosen id, top-K ids */
     float *res_f;           /* (max_batch, 2 + K) per sequence: chosen lp, appended lp, top-K lps */
@@ -90,6 +91,7 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
     e->lse = xmalloc(sizeof(float) * B);
     e->amax = xmalloc(sizeof(int) * B);
     e->full = xmalloc(sizeof(float) * m->vocab_padded);
+    e->proc = cfg->truncated_lp ? xmalloc(sizeof(float) * m->vocab_padded) : NULL;
     e->lp_rows = xmalloc(sizeof(int) * 2 * B);
     e->lp_toks = xmalloc(sizeof(int) * 2 * B);
     e->lp_vals = xmalloc(sizeof(float) * 2 * B);
@@ -116,7 +118,7 @@ void engine_free(Engine *e) {
     run_state_free(&e->rs);
     free(e->waiting); free(e->running); free(e->tokens); free(e->start); free(e->pos0); free(e->rows);
     free(e->table_host); free(e->lse); free(e->amax);
-    free(e->full); free(e->scratch); free(e->res_f); free(e->res_i);
+    free(e->full); free(e->proc); free(e->scratch); free(e->res_f); free(e->res_i);
     free(e->lp_rows); free(e->lp_toks); free(e->lp_vals);
     e->m->be->free(e->dev_tables);
     e->m->be->free(e->dev_lse);
@@ -156,6 +158,9 @@ int engine_check(const Engine *e, const Seq *s, char *err, size_t errlen) {
 int engine_add(Engine *e, Seq *s, char *err, size_t errlen) {
     if (engine_check(e, s, err, errlen)) return -1;
     CHECK(!(s->logprobs_n > 0 && e->cfg.lp_temperature > 0 && e->cfg.lp_temperature != 1.0f));
+    CHECK(!e->cfg.truncated_lp || (s->logprobs_n == 0 && s->min_new == 0 && !s->forced && !sampler_is_greedy(&s->sp) &&
+                                   s->sp.repetition_penalty == 1.0f && s->sp.presence_penalty == 0.0f &&
+                                   s->sp.frequency_penalty == 0.0f));
     s->table = xmalloc(sizeof(int) * e->max_table);
     for (int i = 0; i < e->max_table; i++) s->table[i] = -1;
     s->n_table = 0;
@@ -245,7 +250,9 @@ static int held_back(const Seq *s) { return s->n_out < s->min_new && s->n_stop_i
 static int feeds_part(const Seq *s) { return s->n_cached + s->n_step < ctx_len(s); }
 
 /* Chooses the next token of every running sequence (last pp stage; collectives over tp in the same
- * order on every tp rank). Results go to res_i / res_f for the pp broadcast. */
+ * order on every tp rank). Results go to res_i / res_f for the pp broadcast. With truncated_lp the
+ * log-sum-exp comes after the draws, over rows whose dropped entries are then -inf: each sampled
+ * row's masked shard goes back to the device (one upload per row). */
 static void choose_tokens(Engine *e, int R) {
     Model *m = e->m;
     int Vl = m->vocab_local, V = m->cfg.vocab_size, K = e->K;
@@ -254,7 +261,8 @@ static void choose_tokens(Engine *e, int R) {
     int want_lp = e->cfg.want_logprobs;
     for (int r = 0; r < R && !want_lp; r++) want_lp = e->running[r]->logprobs_n > 0 || e->running[r]->forced;
     float T = e->cfg.lp_temperature > 0 ? e->cfg.lp_temperature : 1.0f;
-    if (want_lp) {
+    int trunc = e->cfg.truncated_lp;
+    if (want_lp && !trunc) {
         model_logits_lse(m, e->rs.logits, R, T, e->dev_lse, e->dev_sum);
         m->be->to_host(e->lse, e->dev_lse, sizeof(float) * R);
     } else {
@@ -289,11 +297,21 @@ static void choose_tokens(Engine *e, int R) {
         }
         for (int k = 0; k < s->n_stop_ids && held_back(s); k++)   /* after the top-N: logprobs stay raw */
             if (s->stop_ids[k] >= 0 && s->stop_ids[k] < V) e->full[s->stop_ids[k]] = -INFINITY;
-        sampler_process(e->full, V, p, s->prompt, s->n_prompt, s->out, s->n_out, e->scratch);
-        ri[0] = sampler_draw(e->full, V, p, s->n_out);
+        if (trunc) {   /* the kept set, then this rank's shard of the masked raw row back to the device */
+            sampler_truncate(e->full, V, p, e->proc, e->scratch);
+            m->be->to_device(e->rs.logits + (size_t)r * Vl, e->full + (size_t)m->mesh->tp_rank * Vl, sizeof(float) * Vl);
+            ri[0] = sampler_draw(e->proc, V, p, s->n_out);
+        } else {
+            sampler_process(e->full, V, p, s->prompt, s->n_prompt, s->out, s->n_out, e->scratch);
+            ri[0] = sampler_draw(e->full, V, p, s->n_out);
+        }
         if (ri[0] < 0) rank_error("prompt %d of the input: the model's logits are not finite (NaN or inf) at output token %d", s->index + 1, s->n_out + 1);
     }
-    /* logprobs (raw distribution) of each chosen token and each appended (chosen or forced) one */
+    if (want_lp && trunc) {   /* the kept sets' log-normalisers */
+        model_logits_lse(m, e->rs.logits, R, T, e->dev_lse, e->dev_sum);
+        m->be->to_host(e->lse, e->dev_lse, sizeof(float) * R);
+    }
+    /* logprobs (raw or truncated distribution) of each chosen token and each appended (chosen or forced) one */
     int *rows = e->lp_rows, *toks = e->lp_toks;
     float *lp = e->lp_vals;
     for (int r = 0; r < R; r++) {

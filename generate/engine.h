@@ -28,7 +28,8 @@ typedef struct {
     int *out;              /* (max_new) generated ids */
     int n_out;
     float *lp;             /* (max_new) logprob of each appended token under the model's raw distribution
-                            * (NaN unless logprobs_n > 0, forced, or EngineConfig.want_logprobs) */
+                            * (or the truncated one: EngineConfig.truncated_lp; NaN unless logprobs_n > 0,
+                            * forced, or EngineConfig.want_logprobs) */
     int *top_ids;          /* (max_new, logprobs_n) */
     float *top_lp;         /* (max_new, logprobs_n) */
     int *chosen;           /* (max_new) what the engine chose (differs from out only when forced) */
@@ -68,6 +69,12 @@ typedef struct {
     float lp_temperature;  /* > 0: lp and chosen_lp are logprobs of logits / lp_temperature (PPO's policy
                             * at its sampling temperature: the formula training uses); 0: of the raw
                             * logits. Top-N alternatives (logprobs_n) need the raw ones. */
+    int truncated_lp;      /* 1 (PPO with top-k / top-p / min-p): lp and chosen_lp are logprobs under the
+                            * truncated, renormalised distribution each token was drawn from: a sampled
+                            * row's entries outside sampler_truncate's kept set become -inf in the
+                            * logits before the log-sum-exp (train/grad.c recomputes the same set).
+                            * Sequences then have no penalties, min_new, forcing or top-N logprobs, and
+                            * sample (not greedy). 0: the raw distribution (generate --logprobs). */
 } EngineConfig;
 
 /* Sizes the KV cache and the engine's own run state (activations) for `max_len`, the longest prompt +

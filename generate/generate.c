@@ -474,7 +474,7 @@ int generate_main(int argc, char **argv) {
     run_read(&run, &d, &m, mo.dir, in_path, out_path, stop_ids, resume);
     run.progress = show_progress || isatty(2);
     EngineConfig ec = {max_batch, max_batch_tokens, (size_t)(kv_mib * 1048576.0), block, m.cfg.max_pos,
-                       micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run, on_step, 0, 0};
+                       micro < 1 ? m.mesh->pp : micro, 0, on_token, on_finish, &run, on_step, 0, 0, 0};
     generate_all(&run, &m, opts, n_opts, &ec, resume);
     for (int k = 0; k < d.n_stops; k++) free(d.stops[k]);
     free(d.stop_ids);

@@ -219,6 +219,18 @@ done:
     free(owned);
 }
 
+int sampler_truncate(float *row, int V, const SamplingParams *p, float *processed, void *scratch) {
+    CHECK(p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f);
+    memcpy(processed, row, sizeof(float) * V);
+    sampler_process(processed, V, p, NULL, 0, NULL, 0, scratch);
+    int kept = 0;
+    for (int i = 0; i < V; i++) {
+        if (processed[i] == -INFINITY) row[i] = -INFINITY;
+        else kept++;
+    }
+    return kept;
+}
+
 /* ---------------------------------------------------------------- draw */
 
 double sampler_uniform(uint64_t seed, uint64_t step) {

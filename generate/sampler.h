@@ -1,8 +1,9 @@
 /* sampler.h — next-token sampling: logits processors in Hugging Face's order and a counter-based draw.
  *
  * Owns: SamplingParams (defaults, validation), sampler_process (penalties and warpers applied in place
- * to one row of logits), sampler_draw (one token from softmax of a processed row), sampler_uniform
- * (the random number behind a draw).
+ * to one row of logits), sampler_truncate (the kept set of the warpers on a raw row: PPO's truncated
+ * policy), sampler_draw (one token from softmax of a processed row), sampler_uniform (the random
+ * number behind a draw).
  * Does not own: the model, logprobs reported to the user (model_logsumexp over the raw logits),
  * batching, stop strings, communication. Everything here is pure math on one row of V floats.
  *
@@ -64,6 +65,24 @@ size_t sampler_scratch_bytes(int V);
  * after top-k). */
 void sampler_process(float *logits, int V, const SamplingParams *p, const int *prompt, int n_prompt,
                      const int *output, int n_output, void *scratch);
+
+/* The warpers truncate the distribution (top-k, top-p or min-p on, not greedy): the policy that
+ * samples is then softmax over a kept set, not the full softmax. */
+static inline int sampler_truncates(const SamplingParams *p) {
+    return !sampler_is_greedy(p) && (p->top_k > 0 || p->top_p < 1.0f || p->min_p > 0.0f);
+}
+
+/* The kept set of the truncated policy on one raw row (PPO: the rollout and the training forward
+ * call it on the same gathered row, so they keep the same set). p must pass sampling_params_check
+ * and have no penalties (repetition 1, presence 0, frequency 0: they depend on the history).
+ *   row        (V)  raw logits; entries that sampler_process leaves -INFINITY become -INFINITY,
+ *                   every other entry keeps its bits (raw: NOT divided by the temperature), so the
+ *                   log-softmax of row / temperature is the kept set's renormalised logprob
+ *   processed  (V)  out: sampler_process's row (what sampler_draw draws from)
+ *   scratch         as sampler_process's
+ * Returns the number of entries kept (>= 1 when the row has a finite maximum). Greedy p: nothing is
+ * dropped. Work: sampler_process's plus one pass. */
+int sampler_truncate(float *row, int V, const SamplingParams *p, float *processed, void *scratch);
 
 /* One token drawn from softmax(logits) (V) by inverse CDF with u = sampler_uniform(p->seed, step).
  * -INFINITY entries are never drawn; returns -1 when there is nothing to draw from: a NaN or +inf

@@ -71,7 +71,8 @@ static double update(Ppo *p, int ri, int step, const int *pidx, Experience *b, R
     int dp = r->mesh.dp, S = b->S, actor = ri == R_ACTOR;
     PpoHook *h = actor ? &p->actor_hook : &p->critic_hook;
     LossHook lh = {actor ? loss_ppo_actor : loss_ppo_critic, h, actor ? p->x.sp.temperature : 1.0f,
-                   actor ? (float)p->entropy_coef : 0.0f, actor ? p->entropy : NULL};
+                   actor ? (float)p->entropy_coef : 0.0f, actor ? p->entropy : NULL,
+                   actor && sampler_truncates(&p->x.sp) ? &p->x.sp : NULL};   /* the rollout's kept sets */
     int micro = micro_size(p, r);
     Minibatch mb;
     minibatch_alloc(&mb, (p->mini / dp + micro - 1) / micro, micro, p->x.max_len);
@@ -263,7 +264,7 @@ static void setup(Ppo *p, PpoOptions *o) {
     if (R[R_ACTOR].member) {
         int share = (x->B * x->G + R[R_ACTOR].mesh.dp - 1) / R[R_ACTOR].mesh.dp;
         EngineConfig ec = {share, 4096, 0, 16, acfg.max_pos, R[R_ACTOR].pp, 1, x->n_stops ? experience_stop_on_token : NULL,
-                           NULL, x, NULL, share * ((x->max_len + 15) / 16 + 1), o->temperature};
+                           NULL, x, NULL, share * ((x->max_len + 15) / 16 + 1), o->temperature, sampler_truncates(&x->sp)};
         x->engine = engine_new(&R[R_ACTOR].m, &ec, x->max_len);
     }
     for (int r = 0; r < N_ROLES; r++) {   /* memory plan per role */

@@ -103,6 +103,8 @@ void rollout_dump_write(RolloutDump *d, const ExperienceMaker *x, const Experien
         fprintf(f, ", \"finish\": \"%s\"", b->finish[s] == FINISH_STOP ? "stop" : "length");
         put_array(f, "behaviour_logprobs", b, s, 'f', b->old_lp);
         put_array(f, "training_logprobs", b, s, 'f', d->train_lp);
+        if (b->ref_lp) put_array(f, "ref_logprobs", b, s, 'f', b->ref_lp);
+        if (b->teacher_lp) put_array(f, "teacher_logprobs", b, s, 'f', b->teacher_lp);
         put_array(f, "loss_mask", b, s, 'f', b->mask);
         put_array(f, "advantages", b, s, 'd', b->adv);
         fprintf(f, ", \"score_raw\": %.17g, \"overlong_penalty\": %.17g, \"missing_eos_penalty\": %.17g, \"reward\": %.17g}\n",

@@ -4,7 +4,8 @@
  *    (--dynamic-sampling's draw that sampled it, else 0), "prompt_line": its --prompts line,
  *    "prompt_id": the line's "id" or null, "prompt_ids": [...], "response_ids": [...],
  *    "finish": "stop" | "length", "behaviour_logprobs": [...] (the rollout's), "training_logprobs":
- *    [...] (the actor's in the first epoch's forward of that sequence), "loss_mask": [...],
+ *    [...] (the actor's in the first epoch's forward of that sequence), "ref_logprobs": [...] and
+ *    "teacher_logprobs": [...] (with a reference, a teacher), "loss_mask": [...],
  *    "advantages": [...] (per response token), "score_raw": the reward model's or program's score,
  *    "overlong_penalty": ..., "missing_eos_penalty": ..., "reward": the shaped score}
  * Per-token arrays run over the response tokens (an action's value under the token it chose).

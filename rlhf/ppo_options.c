@@ -75,6 +75,7 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--temperature", OPT_FLOAT, &o->temperature, "1.0", "sampling temperature (> 0); the policy is softmax(logits / T)"},
         {"--top-k", OPT_INT, &o->top_k, "0", "sampling top-k (0 = off)"},
         {"--top-p", OPT_FLOAT, &o->top_p, "1.0", "sampling top-p"},
+        {"--min-p", OPT_FLOAT, &o->min_p, "0", "sampling min-p (0 = off); with top-k / top-p / min-p the policy is the truncated one"},
         {"--seed", OPT_INT, &t->seed, "1234", "prompt order, sampling and mini-batch shuffles"},
         {"--advantage", OPT_STR, &o->adv_name, "gae", "gae | grpo | rloo | reinforce++ | reinforce++-baseline"},
         {"--policy-loss", OPT_STR, &o->policy_name, "ppo", "ppo | gspo (sequence ratio; --clip-eps 3e-4, --clip-eps-high 4e-4 unless given) | cispo"},
@@ -227,7 +228,8 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
     if (!(o->gamma >= 0 && o->gamma <= 1) || !(o->lambda >= 0 && o->lambda <= 1)) user_error("ppo: --gamma and --lambda must be in [0, 1]");
     if (!(o->clip_eps > 0 && o->clip_eps < 1) || o->clip_high < 0 || !(o->value_clip > 0)) user_error("ppo: --clip-eps in (0, 1), --clip-eps-high >= 0, --value-clip > 0");
     if (o->dual_clip != 0 && !(o->dual_clip > 1)) user_error("--dual-clip %g: must be > 1 (or 0 = off)", o->dual_clip);
-    if (!(o->actor_lr > 0) || !(o->critic_lr > 0)) user_error("ppo: --actor-lr and --critic-lr must be > 0");
+    /* --actor-lr 0: the actor's weights stay (a check that the ratio is 1 on every mini-batch) */
+    if (!(o->actor_lr >= 0) || !(o->critic_lr > 0)) user_error("ppo: --actor-lr must be >= 0 and --critic-lr > 0");
     if (!(o->entropy_coef >= 0)) user_error("--entropy-coef %g: must be >= 0", o->entropy_coef);
     int tp = R[R_ACTOR].tp > R[R_CRITIC].tp ? R[R_ACTOR].tp : R[R_CRITIC].tp;
     lora_options_check(&t->lora_r, &t->lora_alpha, &t->lora_target, &t->lora_rslora, &t->lora_dropout, t->resume, "actor");
@@ -252,9 +254,14 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
     }
     run_options_check(t);
     sampling_params_default(&p->x.sp);
-    p->x.sp.temperature = o->temperature; p->x.sp.top_k = o->top_k; p->x.sp.top_p = o->top_p;
+    p->x.sp.temperature = o->temperature; p->x.sp.top_k = o->top_k; p->x.sp.top_p = o->top_p; p->x.sp.min_p = o->min_p;
+    if (!(o->min_p >= 0 && o->min_p <= 1)) user_error("--min-p %g: must be in [0, 1] (0 = off)", o->min_p);
     const char *bad = sampling_params_check(&p->x.sp);
     if (bad) user_error("ppo: %s", bad);
+    /* below 1e-5 the sampler is an argmax and truncates nothing: no truncated policy to train */
+    if ((o->top_k > 0 || o->top_p < 1 || o->min_p > 0) && sampler_is_greedy(&p->x.sp))
+        user_error("--temperature %g: below 1e-5 sampling is greedy (argmax), so --top-k / --top-p / --min-p define no "
+                   "truncated policy; raise it", o->temperature);
     p->x.seed = (uint64_t)t->seed;
     p->kl_coef = o->kl_coef; p->kl_target = o->kl_target; p->kl_horizon = o->kl_horizon; p->x.reward_clip = o->reward_clip;
     p->x.eos_penalty = o->eos_penalty; p->x.gamma = o->gamma; p->x.lambda = o->lambda; p->x.std_norm = !o->no_std_norm;

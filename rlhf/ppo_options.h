@@ -24,7 +24,7 @@ typedef struct {
     float overlong_penalty;              /* --overlong-penalty: DAPO's factor F */
     int bench_alone, steps, truncate, no_std_norm, top_k, no_whiten, normalize_reward;
     const char *adapter[N_ROLES];        /* --ROLE-adapter: a PEFT adapter on that role's model */
-    float temperature, top_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
+    float temperature, top_p, min_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
         clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, timeout, fn_timeout;
     float distill_coef;                  /* --distill-coef (--teacher) */
     LrSchedule sched, critic_sched;

@@ -257,7 +257,7 @@ static int pref_main(int argc, char **argv, int dpo) {
     Pref p = {.dpo = dpo, .m = &m, .ref = !dpo ? NULL : own_ref ? &m : &ref, .mesh = &mesh};
     p.hook = (PrefHook){.center = center, .type = !strcmp(loss_name, "ipo") ? DPO_IPO : DPO_SIGMOID, .beta = beta,
                         .label_smoothing = label_smoothing};
-    p.lh = (LossHook){dpo ? loss_dpo : loss_bt, &p.hook, 1.0f, 0.0f, NULL};
+    p.lh = (LossHook){dpo ? loss_dpo : loss_bt, &p.hook, 1.0f, 0.0f, NULL, NULL};
     TrainTask t = {.hook = &p.lh, .ctx = &p, .pairs = 1, .setup = pref_setup, .mem_plan = pref_mem_plan,
                    .prepare_step = pref_prepare_step, .step_metrics = pref_step_metrics, .evaluate = pref_evaluate};
     data_config_default(&t.data);

@@ -179,7 +179,7 @@ reverse_kl() {
     [ "$status" -ne 0 ]; [ "$output" = "tandem: --teacher-ranks 1: this run has no teacher" ]
     # neither a reward nor a teacher: the message of old
     run timeout 60 "$TANDEM" ppo "${A[@]}"
-    [ "$status" -ne 0 ]; [ "$output" = "tandem: ppo: give exactly one of --reward DIR, --reward-cmd CMD and --reward-url URL[,URL...]" ]
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: ppo: give exactly one of --reward DIR, --reward-cmd CMD, --reward-url URL[,URL...] and --reward-fn NAME (or none with --teacher)" ]
     [ ! -e "$BATS_TEST_TMPDIR/x" ]
 }
 

@@ -3,7 +3,10 @@
  * Each dp group generates from its share of 8 random prompts on the generation engine (paged KV
  * cache, continuous batching of at most 3 sequences with prefill and decode mixed, sampling at
  * temperature 1 (or TANDEM_TEST_TEMPERATURE: then every logprob on both sides is of logits / T, PPO's
- * policy) from per-prompt seeds), keeping every sampled token's logprob. Then the training
+ * policy) from per-prompt seeds), keeping every sampled token's logprob. TANDEM_TEST_TRUNCATE="K,P,M"
+ * samples with top-k K, top-p P, min-p M and makes every logprob on both sides the truncated policy's
+ * (EngineConfig.truncated_lp, LossHook.truncate: PPO's with those options); the ok line then counts the
+ * tokens whose logprob is exactly 0 (all of them with K = 1). Then the training
  * step runs the same sequences (prompt + completion) through schedule_1f1b in another batch
  * composition (two sequences per micro-batch, in reverse order, M micro-batches in 1F1B order),
  * with a loss hook that records the per-token logprobs it is given: the forward the optimizer's
@@ -29,6 +32,8 @@
 
 enum { N_PROMPTS = 8, MAX_NEW = 10 };
 static float g_T = 1.0f;   /* the sampling temperature, and the logprobs' on both sides */
+static SamplingParams g_sp; /* temperature g_T and TANDEM_TEST_TRUNCATE's top-k, top-p, min-p */
+static int g_trunc;         /* TANDEM_TEST_TRUNCATE given */
 
 /* The hook: copy the logprobs into the micro-batch's slot (ctx); no loss, no gradient. */
 static double record(const MicroBatch *mb, int N, const float *out, float *dout, void *user) {
@@ -79,8 +84,7 @@ static void seqs_reset(Run *r, const Mesh *mesh) {
         s->index = i;
         s->prompt = prompt;
         s->n_prompt = len;
-        sampling_params_default(&s->sp);
-        s->sp.temperature = g_T;
+        s->sp = g_sp;
         s->sp.seed = 1000 + (uint64_t)i;
         s->max_new = MAX_NEW;
         seq_alloc_results(s);
@@ -162,6 +166,14 @@ int main(int argc, char **argv) {
     int tp = argc > 3 ? atoi(argv[2]) : 1, pp = argc > 3 ? atoi(argv[3]) : 1;
     backend_set_threads(1);
     if (getenv("TANDEM_TEST_TEMPERATURE")) g_T = (float)atof(getenv("TANDEM_TEST_TEMPERATURE"));
+    sampling_params_default(&g_sp);
+    g_sp.temperature = g_T;
+    const char *tr = getenv("TANDEM_TEST_TRUNCATE");
+    if (tr && *tr) {
+        CHECK(sscanf(tr, "%d,%f,%f", &g_sp.top_k, &g_sp.top_p, &g_sp.min_p) == 3 && !sampling_params_check(&g_sp));
+        g_trunc = sampler_truncates(&g_sp);
+        CHECK(g_trunc);
+    }
     Mesh mesh;
     Comm world = comm_world();   /* this command's meshes span the job */
     mesh_init(&mesh, &world, tp, pp);
@@ -191,10 +203,11 @@ int main(int argc, char **argv) {
     model_weights_place(&m, r.grads, &r.gs.w, r.gl);
 
     /* round 1: generate, then the training step's logprobs */
-    EngineConfig ec = {3, 64, 0, 4, m.cfg.max_pos, pp, 1, NULL, NULL, NULL, NULL, 64, g_T};
+    EngineConfig ec = {3, 64, 0, 4, m.cfg.max_pos, pp, 1, NULL, NULL, NULL, NULL, 64, g_T, g_trunc};
+    const SamplingParams *trunc = g_trunc ? &g_sp : NULL;
     Engine *e = engine_new(&m, &ec, r.max_len);
     generate(&r, e);
-    LossHook rec = {record, NULL, g_T, 0.0f, NULL};
+    LossHook rec = {record, NULL, g_T, 0.0f, NULL, trunc};
     train_batches(&r);
     train_step(&r, &rec);
     int c1, c2, fail = compare(&r, &mesh, "round 1", &c1);
@@ -203,7 +216,7 @@ int main(int argc, char **argv) {
 
     /* one optimizer step: the weights change in place under the engine */
     comm_all_reduce_sum_int(&mesh.dp_comm, &r.n_targets, 1);   /* the step's token mean over dp */
-    LossHook rl = {reinforce, &r.n_targets, g_T, 0.0f, NULL};
+    LossHook rl = {reinforce, &r.n_targets, g_T, 0.0f, NULL, trunc};
     train_step(&r, &rl);
     optim_step(o, &m, r.grads);
 
@@ -228,12 +241,20 @@ int main(int argc, char **argv) {
                 !memcmp(lp2 + i * MAX_NEW, r.seqs[i].lp, sizeof(float) * n_out2[i]);
     if (m.is_last)
         printf("round 2 after an optimizer step (%d of %d first-token logprobs moved): the reused engine's tokens and "
-               "logprobs %s a fresh engine's%s\n", moved, r.n, same ? "equal" : "DIFFER from", same && moved ? "" : "  FAIL");
-    fail += !same || !moved;
+               "logprobs %s a fresh engine's%s\n", moved, r.n, same ? "equal" : "DIFFER from",
+               same && (moved || g_sp.top_k == 1) ? "" : "  FAIL");
+    fail += !same || (!moved && g_sp.top_k != 1);   /* top-k 1: every logprob is 0, and so its gradient */
     train_batches(&r);
     train_step(&r, &rec);
     fail += compare(&r, &mesh, "round 2", &c2);
-    if (m.is_last && !fail && c1 && c2) printf("ok: exact tp=%d pp=%d dp=%d T=%g\n", tp, pp, mesh.dp, g_T);
+    int zeros = 0, n_gen = 0;   /* logprobs exactly 0 (a kept set of one token) */
+    for (int i = 0; i < r.n; i++)
+        for (int g = 0; g < r.seqs[i].n_out; g++) zeros += r.seqs[i].lp[g] == 0.0f, n_gen++;
+    if (m.is_last && !fail && c1 && c2) {
+        printf("ok: exact tp=%d pp=%d dp=%d T=%g", tp, pp, mesh.dp, g_T);
+        if (g_trunc) printf(" truncated (top-k %d top-p %g min-p %g): %d of %d logprobs exactly 0", g_sp.top_k, g_sp.top_p, g_sp.min_p, zeros, n_gen);
+        printf("\n");
+    }
     fflush(stdout);
 
     int any = fail || (m.is_last && (c1 == 0 || c2 == 0));

@@ -5,7 +5,9 @@
  * "value_mse": w 0.5 (value - R)^2 on a score head) or make_pref_fixtures.py ("bt": Bradley–Terry
  * on a score model, "dpo": DPO sigmoid / IPO on a causal LM, through rlhf/pref_loss.c's hooks; two
  * pairs, and with 1f1b each pair its own micro-batch): a packed batch of sequences, the loss's inputs, and PyTorch autograd's loss and every parameter gradient (HF names) of HF transformers'
- * model in fp32. Each loss runs through the training step's loss hook.
+ * model in fp32. Each loss runs through the training step's loss hook. A reinforce fixture with
+ * "truncate": {"top_k", "top_p", "min_p"} (make_truncated_fixture.py) runs it under PPO's truncated
+ * policy (LossHook.truncate): logprobs, entropy and gradients of the kept sets' renormalised softmax.
  * Every rank:
  *   1. on the last pp stage: train_forward's logits are bit-identical (memcmp) to model_forward's;
  *   2. the loss (train_loss_backward, shared by train_loss_share) matches torch's on every rank, and
@@ -226,15 +228,26 @@ int main(int argc, char **argv) {
     PrefHook ph = {0};
     const cJSON *ec = cJSON_GetObjectItemCaseSensitive(fx, "entropy_coef");   /* reinforce: an entropy bonus */
     float entropy_coef = cJSON_IsNumber(ec) ? (float)ec->valuedouble : 0.0f;
+    const cJSON *tr = cJSON_GetObjectItemCaseSensitive(fx, "truncate");   /* reinforce: a truncated policy */
+    SamplingParams trunc;
+    sampling_params_default(&trunc);
+    if (tr) {
+        trunc.top_k = item(tr, "top_k")->valueint;
+        trunc.top_p = (float)item(tr, "top_p")->valuedouble;
+        trunc.min_p = (float)item(tr, "min_p")->valuedouble;
+    }
     if (!value_mse && !pref)
         for (int n = 0; n < N; n++) weight[n] = (float)item(fx, "weight")->valuedouble;
     LossHook hook = LOSS_XENT;
     if (reinforce) {
-        hook = (LossHook){hook_reinforce, NULL, (float)item(fx, "temperature")->valuedouble, entropy_coef, NULL};
+        hook = (LossHook){hook_reinforce, NULL, (float)item(fx, "temperature")->valuedouble, entropy_coef, NULL,
+                          tr ? &trunc : NULL};
+        trunc.temperature = hook.temperature;
+        CHECK(!tr || (!sampling_params_check(&trunc) && sampler_truncates(&trunc)));
         ha = json_floats(item(fx, "advantages"), N);
         want_out = json_floats(item(fx, "logprobs"), N);
     } else if (value_mse) {
-        hook = (LossHook){hook_value_mse, NULL, 1.0f, 0.0f, NULL};
+        hook = (LossHook){hook_value_mse, NULL, 1.0f, 0.0f, NULL, NULL};
         ha = json_floats(item(fx, "value_targets"), N);
         hb = json_floats(item(fx, "value_weights"), N);
         want_out = json_floats(item(fx, "values"), N);
@@ -242,7 +255,7 @@ int main(int argc, char **argv) {
         CHECK(n_seqs % 2 == 0);
         ph.pair_weight = 1.0 / (n_seqs / 2);
         if (bt) {
-            hook = (LossHook){loss_bt, &ph, 1.0f, 0.0f, NULL};
+            hook = (LossHook){loss_bt, &ph, 1.0f, 0.0f, NULL, NULL};
             ph.center = item(fx, "center")->valuedouble;
             margin = json_floats(item(fx, "margin"), n_seqs / 2);
             want_out = xmalloc(sizeof(float) * N);   /* torch's reward at each sequence's last token */
@@ -251,7 +264,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < n_seqs; i++) want_out[seq_start[i + 1] - 1] = r[i];
             free((void *)r);
         } else {
-            hook = (LossHook){loss_dpo, &ph, 1.0f, 0.0f, NULL};
+            hook = (LossHook){loss_dpo, &ph, 1.0f, 0.0f, NULL, NULL};
             ph.type = !strcmp(item(fx, "loss_type")->valuestring, "ipo") ? DPO_IPO : DPO_SIGMOID;
             ph.beta = item(fx, "beta")->valuedouble;
             ph.label_smoothing = item(fx, "label_smoothing")->valuedouble;

@@ -1,7 +1,10 @@
 /* test_sampler.c — checks behind tests/sampler.bats, one subcommand per check:
  *   fixtures CASES.json  sampler_process against transformers 4.47's processors (cases written by
  *                        tests/fixtures/sampler/make_sampler_fixtures.py): every finite entry within
- *                        1e-6, every -inf at the same place; with caller scratch and with NULL
+ *                        1e-6, every -inf at the same place; with caller scratch and with NULL;
+ *                        on the cases without penalties, sampler_truncate keeps exactly HF's kept
+ *                        set (the finite entries) with the raw logits' bits, and its processed
+ *                        row is sampler_process's bit for bit
  *   topp_ties            top-p's partial sort (V > 1024) removes exactly what a full stable sort
  *                        removes, on rows with many tied logits
  *   chisq                sampler_draw frequencies vs the processed softmax (chi-square, 0.999 quantile)
@@ -80,7 +83,7 @@ static int cmd_fixtures(const char *path) {
     cJSON *doc = cJSON_Parse(text);
     if (!doc) { fprintf(stderr, "%s: not JSON\n", path); return 1; }
     const cJSON *cases = cJSON_GetObjectItemCaseSensitive(doc, "cases"), *c;
-    int n_cases = 0, n_bad = 0;
+    int n_cases = 0, n_bad = 0, n_trunc = 0;
     double worst = 0.0;
     cJSON_ArrayForEach(c, cases) {
         const char *name = cJSON_GetObjectItemCaseSensitive(c, "name")->valuestring;
@@ -119,9 +122,21 @@ static int cmd_fixtures(const char *path) {
         SamplingParams g = p;
         g.temperature = 0.0f;
         int greedy = sampler_draw(want, V, &g, 0);
-        int ok = d <= 1e-6 && inf_bad == 0 && same_null && greedy == first_max;
-        printf("%-34s V=%3d kept=%3d max_diff=%.3g inf_mismatch=%d%s%s\n", name, V, kept, d, inf_bad,
-               same_null ? "" : " NULL-scratch-differs", greedy == first_max ? "" : " greedy-wrong");
+        int trunc_ok = 1;   /* sampler_truncate: HF's kept set on the raw row, processed row = got */
+        if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) {
+            float *row = xmalloc((size_t)V * sizeof(float)), *proc = xmalloc((size_t)V * sizeof(float));
+            memcpy(row, logits, (size_t)V * sizeof(float));
+            int n = sampler_truncate(row, V, &p, proc, scratch);
+            trunc_ok = n == kept && !memcmp(proc, got, (size_t)V * sizeof(float));
+            for (int i = 0; i < V; i++)
+                trunc_ok &= want[i] == -INFINITY ? row[i] == -INFINITY : !memcmp(&row[i], &logits[i], sizeof(float));
+            n_trunc++;
+            free(row); free(proc);
+        }
+        int ok = d <= 1e-6 && inf_bad == 0 && same_null && greedy == first_max && trunc_ok;
+        printf("%-34s V=%3d kept=%3d max_diff=%.3g inf_mismatch=%d%s%s%s\n", name, V, kept, d, inf_bad,
+               same_null ? "" : " NULL-scratch-differs", greedy == first_max ? "" : " greedy-wrong",
+               trunc_ok ? "" : " truncate-differs");
         if (!ok) n_bad++;
         if (d > worst) worst = d;
         n_cases++;
@@ -131,6 +146,7 @@ static int cmd_fixtures(const char *path) {
     free(text);
     if (n_cases == 0 || n_bad) { fprintf(stderr, "%d of %d cases failed\n", n_bad, n_cases); return 1; }
     printf("ok: %d/%d cases match transformers, max diff %.3g\n", n_cases, n_cases, worst);
+    printf("ok: sampler_truncate keeps transformers' kept set with the raw bits on %d cases\n", n_trunc);
     return 0;
 }
 

@@ -259,7 +259,27 @@ double loss_xent(const MicroBatch *mb, int N, const float *out, float *dout, voi
     }
     return loss;
 }
-const LossHook LOSS_XENT = {loss_xent, NULL, 1.0f, 0.0f, NULL};
+const LossHook LOSS_XENT = {loss_xent, NULL, 1.0f, 0.0f, NULL, NULL};
+
+/* hook->truncate (see LossHook), before train_outputs: every row with a target is gathered over tp to
+ * the host (as generate/engine.c gathers a row to sample from it), sampler_truncate drops what the
+ * sampler dropped, and this rank's shard of the masked row goes back into a->logits: -inf outside
+ * the kept set, the logits' own bits inside, so the log-sum-exp is the rollout's, bit for bit.
+ * Every tp rank of the last stage calls it, for the same rows in the same order. */
+static void truncate_rows(Model *m, TrainActs *a, const int *targets, const SamplingParams *sp) {
+    int Vl = m->vocab_local, r0 = m->mesh->tp_rank * Vl;
+    float *full = xmalloc(sizeof(float) * m->vocab_padded), *proc = xmalloc(sizeof(float) * m->vocab_padded);   /* (V) each */
+    void *scratch = xmalloc(sampler_scratch_bytes(m->vocab_padded));
+    for (int n = 0; n < a->N; n++) {
+        if (targets[n] < 0) continue;
+        float *row = a->logits + (size_t)n * Vl;   /* (V_local) */
+        m->be->to_host(full + r0, row, sizeof(float) * Vl);
+        comm_all_gather(&m->mesh->tp_comm, full + r0, full, Vl);
+        sampler_truncate(full, m->cfg.vocab_size, sp, proc, scratch);
+        m->be->to_device(row, full + r0, sizeof(float) * Vl);
+    }
+    free(full); free(proc); free(scratch);
+}
 
 /* The entropy bonus of hook (see LossHook), after train_outputs: a->ent (N) = each row's entropy
  * at the temperature (lse minus the tp sum of the shards' expected logits), a->dent (N) = d loss /
@@ -347,6 +367,7 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
 
     if (m->is_last) {
         CHECK(mb->seq_start[mb->n_seqs] == N);
+        if (hook->truncate && m->head != HEAD_SCORE) truncate_rows(m, a, mb->targets, hook->truncate);
         const float *out = train_outputs(m, a, mb->targets, hook->temperature);
         double l = hook->fn(mb, N, out, a->host_dout, hook->user);                      /* the loss hook */
         int ent = m->head != HEAD_SCORE && (hook->entropy_coef != 0.0f || hook->entropy);

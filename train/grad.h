@@ -18,6 +18,7 @@
 #ifndef TANDEM_GRAD_H
 #define TANDEM_GRAD_H
 #include <stddef.h>
+#include "generate/sampler.h"
 #include "runtime/comm.h"
 #include "runtime/model.h"
 
@@ -53,6 +54,13 @@ typedef struct {
      * when entropy_coef is 0). */
     float entropy_coef;
     double *entropy;
+    /* LM head, optional (NULL: the full softmax): PPO's truncated policy. Before the log-softmax, each
+     * row with a target keeps only sampler_truncate's kept set under these params (the rest -inf),
+     * the set the rollout sampled from, recomputed from the same logits (a constant of the
+     * gradient): out is then the kept set's renormalised logprob, the backward's softmax is the
+     * truncated one, and so is the entropy above. Costs one gather of each such row over tp to the
+     * host and one upload of its shard: O(N V) host work per micro-batch. */
+    const SamplingParams *truncate;
 } LossHook;
 /* SFT's cross-entropy as a hook: loss = -sum_n weight[n] * out[n] over targets >= 0, temperature 1 */
 double loss_xent(const MicroBatch *mb, int N, const float *out, float *dout, void *user);
