@@ -396,3 +396,21 @@ os.fork(); time.sleep(100)' '' 1
     [ "$(jq -s 'map(.["reward/timeouts"]) | add' "$BATS_TEST_TMPDIR/o/metrics.jsonl")" = 0 ]
     [ "$(jq -s 'map(.["critic/score/mean"]) | add' "$BATS_TEST_TMPDIR/o/metrics.jsonl")" = 0 ]
 }
+
+@test "ppo --reward-fn math: --resume is bit for bit (4 steps straight == 2, stop, 2 more), with an entropy bonus so the weights move" {
+    STORIES="$ROOT/../shared/assets/models/stories260K-hf"
+    [ -e "$STORIES/config.json" ] || skip "../shared/assets/models/stories260K-hf is absent"
+    printf '{"prompt": "Once upon a time", "answer": "5"}\n{"prompt": "The cat", "answer": "7"}\n' > "$BATS_TEST_TMPDIR/p.jsonl"
+    A=(--actor "$STORIES" --prompts "$BATS_TEST_TMPDIR/p.jsonl" --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2
+       --max-new-tokens 8 --steps 4 --reward-fn math --entropy-coef 0.1 --actor-lr 1e-3)
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/straight"
+    [ "$status" -eq 0 ]
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/split" --save-every 2 --stop-after 2
+    [ "$status" -eq 0 ]
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/split" --resume "$BATS_TEST_TMPDIR/split/checkpoint-2"
+    [ "$status" -eq 0 ]
+    diff <(numbers "$BATS_TEST_TMPDIR/straight/metrics.jsonl") <(numbers "$BATS_TEST_TMPDIR/split/metrics.jsonl")
+    cmp <(cat "$BATS_TEST_TMPDIR"/straight/checkpoint-4/actor/*.safetensors) <(cat "$BATS_TEST_TMPDIR"/split/checkpoint-4/actor/*.safetensors)
+    # the weights moved (the entropy bonus), so the comparison could fail
+    ! cmp -s <(cat "$STORIES"/*.safetensors) <(cat "$BATS_TEST_TMPDIR"/straight/checkpoint-4/actor/*.safetensors)
+}
