@@ -11,6 +11,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/capability.h>
+#include <linux/securebits.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -85,12 +87,28 @@ static int mount_attr(const char *path, unsigned flags, uint64_t set) {
     return (int)syscall(SYS_mount_setattr, AT_FDCWD, path, flags, &a, sizeof a);
 }
 
-/* The program's process: limits, an unprivileged uid, exec. System calls only. */
+/* Without root the program is uid 0 of its own user namespace, where it holds every capability
+ * (and could remount / read-write or unmount the tmpfs over /tmp): all of them go, for good: the
+ * bounding set emptied, securebits so that uid 0 gains none at exec (locked), then none held. */
+static int drop_capabilities(void) {
+    for (int cap = 0; cap <= 63; cap++)
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) && errno != EINVAL) return -1;   /* EINVAL: past the last */
+    if (prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP |
+              SECBIT_NO_SETUID_FIXUP_LOCKED | SECBIT_KEEP_CAPS_LOCKED, 0, 0, 0))
+        return -1;
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2] = {{0, 0, 0}, {0, 0, 0}};
+    return (int)syscall(SYS_capset, &h, d);
+}
+
+/* The program's process: limits, an unprivileged uid (or no capability in the user namespace),
+ * exec. System calls only. */
 static _Noreturn void program_exec(const Child *c) {
     for (int i = 0; i < 6; i++)
         if (setrlimit(c->rl_which[i], &c->rl[i])) child_fail(ST_RLIMIT);
     if (c->as_root && (setgroups(0, NULL) || setresgid(c->uid, c->uid, c->uid) || setresuid(c->uid, c->uid, c->uid)))
         child_fail(ST_CREDS);
+    if (!c->as_root && drop_capabilities()) child_fail(ST_CREDS);
     /* after the uid change, which clears it: dies with the namespace's init */
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)) child_fail(ST_CREDS);
     execve(c->argv[0], c->argv, c->envp);

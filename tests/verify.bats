@@ -313,7 +313,11 @@ print(s.recv(5).decode())"
     code_cases "$D/in.jsonl" ok 'print(int(input()) + 1)' '41' '42' \
         bomb 'import os
 while True: os.fork()' '' '1' \
-        write "open('/tmp/tandem-escape-$MARK', 'w')" '' ''
+        write "open('/tmp/tandem-escape-$MARK', 'w')" '' '' \
+        umount "import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.umount2(b'/tmp', 2), libc.mount(b'none', b'/', None, ctypes.c_ulong(0x5020), None))   # the uid 0 of a user namespace could
+open('/tmp/tandem-escape2-$MARK', 'w')" '' ''
     chmod 644 "$D/in.jsonl"
     run timeout 60 setpriv --reuid 65534 --regid 65534 --clear-groups env TMPDIR="$D" \
         "$TANDEM" verify code --input "$D/in.jsonl" --output "$D/out.jsonl" --timeout 10
@@ -325,6 +329,10 @@ while True: os.fork()' '' '1' \
     # processes print at once, so only its start is fixed
     [[ "$(reason_of '"bomb"')" == "test 1: runtime error (exit 1): "* ]]
     [[ "$(reason_of '"write"')" == *"Read-only file system"* ]]
+    # with every capability gone, the tmpfs over /tmp cannot be unmounted nor / remounted writable
+    # (the host's /tmp would be reached), so the write fails
+    [ ! -e "/tmp/tandem-escape2-$MARK" ] || { rm -f "/tmp/tandem-escape2-$MARK"; false; }
+    [[ "$(reason_of '"umount"')" == *"Read-only file system"* ]]
     nothing_left
 }
 
