@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# RL with a verifiable reward, shown learning on CPU in under 10 minutes: a random-initialised tiny
+# Llama learns sums of two integers 0..99 by SFT to a partial accuracy, then GRPO with a math reward
+# (1 when the last \boxed{} equals the answer) takes it further. Neither stage ever sees a pair with
+# (a + 2b) mod 7 == 0: those are the held-out problems, scored greedily before and after RL.
+#   bash examples/rlvr.sh [HELDOUT.jsonl [grpo|drgrpo|distill]]      (run from anywhere)
+# HELDOUT lines: {"prompt": "What is 37 + 58?", "answer": "95"}, every pair from the held-out class
+# (checked); without it (or with "-") the script writes OUT/heldout.jsonl, all 1429 such pairs.
+# The last line printed is JSON: {"heldout_accuracy_before": .., "heldout_accuracy_after": .., ...}.
+# Environment (defaults are the demonstration's recipe; tests/rlvr.bats shrinks them):
+#   OUT=runs/rlvr SEED=1 THREADS=1 (1 thread per process: on a loaded machine 2 spin-wait)
+#   SFT_MAX=1500 SFT_CHUNK=100 SFT_TARGET=0.45   SFT's cosine schedule length, the steps between
+#       accuracy checks, and the greedy accuracy on 296 *training* problems at which SFT stops
+#   RL_STEPS RL_PROMPTS RL_G RL_LR RL_TEMP        GRPO's steps, prompts per step, group size, lr, temperature
+set -euo pipefail
+cd "$(dirname "$0")/.."
+HELD_IN=${1:--}
+MODE=${2:-grpo}
+OUT=${OUT:-runs/rlvr}
+SEED=${SEED:-1}
+THREADS=${THREADS:-1}
+SHAPE=${SHAPE:-64,192,2,4,4,512,64}          # dim, hidden, layers, heads, kv heads, vocab, positions
+STUDENT_SHAPE=${STUDENT_SHAPE:-48,128,2,4,4,512,64}
+SFT_MAX=${SFT_MAX:-1500} SFT_CHUNK=${SFT_CHUNK:-100} SFT_TARGET=${SFT_TARGET:-0.45} SFT_LR=${SFT_LR:-3e-3}
+RL_STEPS=${RL_STEPS:-60} RL_PROMPTS=${RL_PROMPTS:-64} RL_G=${RL_G:-8} RL_LR=${RL_LR:-3e-4} RL_TEMP=${RL_TEMP:-1.0}
+T=bin/tandem
+TOK=../shared/assets/models/stories260K/tok512.model
+TH=(--threads "$THREADS")
+die() { echo "rlvr.sh: $*" >&2; exit 1; }
+case $MODE in grpo | drgrpo | distill) ;; *) die "mode '$MODE': expected grpo, drgrpo or distill" ;; esac
+[ -x "$T" ] || die "$T missing: run make"
+rm -rf "$OUT"; mkdir -p "$OUT"
+t0=$SECONDS; times=()
+lap() { times+=("\"$1\": $((SECONDS - t0))"); t0=$SECONDS; }
+
+# ---- the verifier: one line each to swap for the built-in one --------------------------------------
+# math_verify IN OUT: {"response", "answer"} lines -> {"reward", "reason"} lines
+math_verify() {
+    python3 examples/rlvr_verify.py < "$1" > "$2"          # stand-in
+    # $T verify math --input "$1" --output "$2"              # the built-in verifier
+}
+REWARD=(--reward-cmd "python3 examples/rlvr_verify.py")    # stand-in: the prompt's "label" is the answer
+# REWARD=(--reward-fn math)                                 # the built-in verifier
+
+# ---- data ---------------------------------------------------------------------------------------
+bash examples/rlvr_data.sh "$OUT"                          # OUT/sft.jsonl, OUT/rl.jsonl, OUT/val.jsonl, OUT/heldout_all.jsonl
+if [ "$HELD_IN" = - ]; then
+    HELD=$OUT/heldout.jsonl; cp "$OUT/heldout_all.jsonl" "$HELD"
+else
+    HELD=$HELD_IN
+    [ -s "$HELD" ] || die "$HELD: missing or empty"
+    # every line a held-out pair with its right answer, or the demonstration proves nothing
+    jq -r '[input_line_number, .prompt, .answer] | @tsv' "$HELD" | awk -F'\t' '{
+        if (match($2, /^What is [0-9]+ \+ [0-9]+\?$/) == 0) { print FILENAME ": line " $1 ": prompt \"" $2 "\" is not \"What is A + B?\""; exit 1 }
+        split(substr($2, 9), x, /[ +?]+/); a = x[1] + 0; b = x[2] + 0
+        if ((a + 2 * b) % 7 != 0) { print "line " $1 ": " a " + " b " is not held out ((a + 2b) mod 7 != 0)"; exit 1 }
+        if ($3 != a + b "") { print "line " $1 ": answer \"" $3 "\" is not " a + b; exit 1 } }' >&2 ||
+        die "$HELD: not a held-out file"
+fi
+lap data
+
+# accuracy MODEL TAG: greedy answers to HELD, scored by the verifier; prints the mean reward
+accuracy() { score "$1" "$HELD" "$OUT/eval_$2"; }
+score() {   # MODEL PROMPTS(prompt, answer) PREFIX
+    jq -c '{id: input_line_number, prompt}' "$2" > "$3.in"
+    $T generate --model "$1" --input "$3.in" --output "$3.gen" --temperature 0 --max-new-tokens 16 "${TH[@]}" \
+        2>"$3.log" || { cat "$3.log" >&2; exit 1; }
+    jq -c --slurpfile h "$2" '{id, response: .completion, answer: $h[.id - 1].answer}' "$3.gen" > "$3.verify_in"
+    math_verify "$3.verify_in" "$3.verify_out"
+    jq -s 'map(.reward) | add / length * 10000 | round / 10000' "$3.verify_out"
+}
+
+# ---- 1. a random model with the 512-piece SentencePiece vocabulary (digits are single pieces) -------
+$T convert --from random --shape "$SHAPE" --seed "$SEED" --tokenizer "$TOK" --out "$OUT/init" > /dev/null
+lap init
+
+# ---- 2. SFT in chunks of SFT_CHUNK steps of one cosine schedule, until the greedy accuracy on 296
+# training problems reaches SFT_TARGET (a partial accuracy, so that RL has room) ----------------------
+SFT_ARGS=(--data "$OUT/sft.jsonl" --out "$OUT/sft" --seq-len 32 --batch-size 64 --max-steps "$SFT_MAX"
+          --lr "$SFT_LR" --warmup 20 --seed "$SEED" --log-every "$SFT_CHUNK" "${TH[@]}")
+step=0; from=(--model "$OUT/init"); val=0
+while [ "$step" -lt "$SFT_MAX" ]; do
+    step=$((step + SFT_CHUNK)); [ "$step" -gt "$SFT_MAX" ] && step=$SFT_MAX
+    $T sft "${from[@]}" "${SFT_ARGS[@]}" --stop-after "$step" > "$OUT/sft_$step.log" 2>&1 ||
+        { cat "$OUT/sft_$step.log" >&2; exit 1; }
+    [ "$step" -gt "$SFT_CHUNK" ] && rm -rf "$OUT/sft/checkpoint-$((step - SFT_CHUNK))"
+    from=(--model "$OUT/init" --resume "$OUT/sft/checkpoint-$step")
+    val=$(score "$OUT/sft/checkpoint-$step" "$OUT/val.jsonl" "$OUT/val")
+    echo "sft step $step: training-problem accuracy $val"
+    awk -v v="$val" -v t="$SFT_TARGET" 'BEGIN { exit !(v >= t) }' && break
+done
+SFT=$OUT/sft/checkpoint-$step
+lap sft
+before=$(accuracy "$SFT" sft)
+echo "held-out accuracy after SFT ($step steps): $before"
+lap eval_before
+
+# ---- 3. RL on the training prompts ---------------------------------------------------------------------
+RL=(--prompts "$OUT/rl.jsonl" --out "$OUT/rl" --steps "$RL_STEPS" --rollout-batch-size "$RL_PROMPTS"
+    --n-samples-per-prompt "$RL_G" --actor-lr "$RL_LR" --temperature "$RL_TEMP" --max-new-tokens 12
+    --kl-coef 0 --seed "$SEED" --log-every 10 "${TH[@]}")
+actor=$SFT
+case $MODE in
+grpo)    RL+=(--advantage grpo "${REWARD[@]}") ;;
+drgrpo)  RL+=(--advantage grpo --no-std-norm "${REWARD[@]}")
+         # RL+=(--loss-agg seq-mean-token-sum-norm --dynamic-sampling)   # when these land
+         ;;
+distill) # a fresh smaller student, the SFT model as the teacher; before = the fresh student's accuracy
+         $T convert --from random --shape "$STUDENT_SHAPE" --seed "$((SEED + 1))" --tokenizer "$TOK" --out "$OUT/student" > /dev/null
+         actor=$OUT/student; before=$(accuracy "$actor" student)
+         echo "held-out accuracy of the fresh student: $before"
+         RL+=(--advantage grpo "${REWARD[@]}")
+         # RL+=(--teacher "$SFT")                                 # when --teacher lands (and drop the reward)
+         ;;
+esac
+$T ppo --actor "$actor" "${RL[@]}" 2>&1 | grep -E "^step|^ppo:" || { echo "rlvr.sh: ppo failed (see above)" >&2; exit 1; }
+lap rl
+after=$(accuracy "$OUT/rl/checkpoint-$RL_STEPS/actor" rl)
+lap eval_after
+echo "held-out accuracy: before $before, after $after"
+n=$(wc -l < "$HELD")
+echo "{\"mode\": \"$MODE\", \"seed\": $SEED, \"heldout_problems\": $n, \"sft_steps\": $step, \"heldout_accuracy_before\": $before, \"heldout_accuracy_after\": $after, \"seconds\": {$(IFS=,; echo "${times[*]}" | sed 's/,/, /g')}}"
