@@ -9,7 +9,7 @@
 # The last line printed is JSON: {"heldout_accuracy_before": .., "heldout_accuracy_after": .., ...}.
 # Environment (defaults are the demonstration's recipe; tests/rlvr.bats shrinks them):
 #   OUT=runs/rlvr SEED=1 THREADS=1 (1 thread per process: on a loaded machine 2 spin-wait)
-#   SFT_MAX=1500 SFT_CHUNK=100 SFT_TARGET=0.45   SFT's cosine schedule length, the steps between
+#   SFT_MAX=1500 SFT_CHUNK=25 SFT_TARGET=0.45  SFT's cosine schedule length, the steps between
 #       accuracy checks, and the greedy accuracy on 296 *training* problems at which SFT stops
 #   RL_STEPS RL_PROMPTS RL_G RL_LR RL_TEMP        GRPO's steps, prompts per step, group size, lr, temperature
 set -euo pipefail
@@ -21,14 +21,22 @@ SEED=${SEED:-1}
 THREADS=${THREADS:-1}
 SHAPE=${SHAPE:-64,192,2,4,4,512,64}          # dim, hidden, layers, heads, kv heads, vocab, positions
 STUDENT_SHAPE=${STUDENT_SHAPE:-48,128,2,4,4,512,64}
-SFT_MAX=${SFT_MAX:-1500} SFT_CHUNK=${SFT_CHUNK:-100} SFT_TARGET=${SFT_TARGET:-0.45} SFT_LR=${SFT_LR:-3e-3}
-RL_STEPS=${RL_STEPS:-60} RL_PROMPTS=${RL_PROMPTS:-64} RL_G=${RL_G:-8} RL_LR=${RL_LR:-3e-4} RL_TEMP=${RL_TEMP:-1.0}
+SFT_MAX=${SFT_MAX:-1500} SFT_CHUNK=${SFT_CHUNK:-25} SFT_TARGET=${SFT_TARGET:-0.45} SFT_LR=${SFT_LR:-3e-3}
+RL_STEPS=${RL_STEPS:-40} RL_PROMPTS=${RL_PROMPTS:-32} RL_G=${RL_G:-8} RL_LR=${RL_LR:-1e-4} RL_TEMP=${RL_TEMP:-1.0}
 T=bin/tandem
 TOK=../shared/assets/models/stories260K/tok512.model
 TH=(--threads "$THREADS")
 die() { echo "rlvr.sh: $*" >&2; exit 1; }
-case $MODE in grpo | drgrpo | distill) ;; *) die "mode '$MODE': expected grpo, drgrpo or distill" ;; esac
 [ -x "$T" ] || die "$T missing: run make"
+# ppo_has FLAG: this build's ppo has FLAG (drgrpo and distill need flags that land with issue #40)
+PPO_HELP=$($T ppo --help 2>&1 || true)
+ppo_has() { grep -q -- "^  $1 " <<<"$PPO_HELP"; }
+case $MODE in
+grpo)    ;;
+drgrpo)  for f in --loss-agg --dynamic-sampling; do ppo_has $f || die "mode drgrpo: this tandem's ppo has no $f"; done ;;
+distill) ppo_has --teacher || die "mode distill: this tandem's ppo has no --teacher" ;;
+*)       die "mode '$MODE': expected grpo, drgrpo or distill" ;;
+esac
 rm -rf "$OUT"; mkdir -p "$OUT"
 t0=$SECONDS; times=()
 lap() { times+=("\"$1\": $((SECONDS - t0))"); t0=$SECONDS; }
@@ -63,7 +71,7 @@ lap data
 accuracy() { score "$1" "$HELD" "$OUT/eval_$2"; }
 score() {   # MODEL PROMPTS(prompt, answer) PREFIX
     jq -c '{id: input_line_number, prompt}' "$2" > "$3.in"
-    $T generate --model "$1" --input "$3.in" --output "$3.gen" --temperature 0 --max-new-tokens 16 "${TH[@]}" \
+    $T generate --model "$1" --input "$3.in" --output "$3.gen" --temperature 0 --max-new-tokens 48 "${TH[@]}" \
         2>"$3.log" || { cat "$3.log" >&2; exit 1; }
     jq -c --slurpfile h "$2" '{id, response: .completion, answer: $h[.id - 1].answer}' "$3.gen" > "$3.verify_in"
     math_verify "$3.verify_in" "$3.verify_out"
@@ -71,12 +79,13 @@ score() {   # MODEL PROMPTS(prompt, answer) PREFIX
 }
 
 # ---- 1. a random model with the 512-piece SentencePiece vocabulary (digits are single pieces) -------
-$T convert --from random --shape "$SHAPE" --seed "$SEED" --tokenizer "$TOK" --out "$OUT/init" > /dev/null
+$T convert --from random --shape "$SHAPE" --seed "$SEED" --tokenizer "$TOK" --out "$OUT/init" > "$OUT/init.log" 2>&1 ||
+    { cat "$OUT/init.log" >&2; exit 1; }
 lap init
 
 # ---- 2. SFT in chunks of SFT_CHUNK steps of one cosine schedule, until the greedy accuracy on 296
 # training problems reaches SFT_TARGET (a partial accuracy, so that RL has room) ----------------------
-SFT_ARGS=(--data "$OUT/sft.jsonl" --out "$OUT/sft" --seq-len 32 --batch-size 64 --max-steps "$SFT_MAX"
+SFT_ARGS=(--data "$OUT/sft.jsonl" --out "$OUT/sft" --seq-len 64 --batch-size 64 --max-steps "$SFT_MAX"
           --lr "$SFT_LR" --warmup 20 --seed "$SEED" --log-every "$SFT_CHUNK" "${TH[@]}")
 step=0; from=(--model "$OUT/init"); val=0
 while [ "$step" -lt "$SFT_MAX" ]; do
@@ -97,23 +106,22 @@ lap eval_before
 
 # ---- 3. RL on the training prompts ---------------------------------------------------------------------
 RL=(--prompts "$OUT/rl.jsonl" --out "$OUT/rl" --steps "$RL_STEPS" --rollout-batch-size "$RL_PROMPTS"
-    --n-samples-per-prompt "$RL_G" --actor-lr "$RL_LR" --temperature "$RL_TEMP" --max-new-tokens 12
+    --n-samples-per-prompt "$RL_G" --actor-lr "$RL_LR" --temperature "$RL_TEMP" --max-new-tokens 48
     --kl-coef 0 --seed "$SEED" --log-every 10 "${TH[@]}")
 actor=$SFT
 case $MODE in
 grpo)    RL+=(--advantage grpo "${REWARD[@]}") ;;
-drgrpo)  RL+=(--advantage grpo --no-std-norm "${REWARD[@]}")
-         # RL+=(--loss-agg seq-mean-token-sum-norm --dynamic-sampling)   # when these land
-         ;;
-distill) # a fresh smaller student, the SFT model as the teacher; before = the fresh student's accuracy
-         $T convert --from random --shape "$STUDENT_SHAPE" --seed "$((SEED + 1))" --tokenizer "$TOK" --out "$OUT/student" > /dev/null
+drgrpo)  # DAPO's dynamic sampling with Dr. GRPO's loss: no std normalisation, a constant normaliser
+         RL+=(--advantage grpo --no-std-norm --loss-agg seq-mean-token-sum-norm --dynamic-sampling "${REWARD[@]}") ;;
+distill) # on-policy distillation: a fresh smaller student on its own samples, the SFT model the teacher
+         # (the per-token reverse KL to the teacher as the advantage; no reward); before = the fresh student's
+         $T convert --from random --shape "$STUDENT_SHAPE" --seed "$((SEED + 1))" --tokenizer "$TOK" --out "$OUT/student" > /dev/null 2>&1
          actor=$OUT/student; before=$(accuracy "$actor" student)
          echo "held-out accuracy of the fresh student: $before"
-         RL+=(--advantage grpo "${REWARD[@]}")
-         # RL+=(--teacher "$SFT")                                 # when --teacher lands (and drop the reward)
-         ;;
+         RL+=(--teacher "$SFT") ;;
 esac
-$T ppo --actor "$actor" "${RL[@]}" 2>&1 | grep -E "^step|^ppo:" || { echo "rlvr.sh: ppo failed (see above)" >&2; exit 1; }
+$T ppo --actor "$actor" "${RL[@]}" > "$OUT/rl.log" 2>&1 || { cat "$OUT/rl.log" >&2; exit 1; }
+grep -E "^step|^ppo:" "$OUT/rl.log"
 lap rl
 after=$(accuracy "$OUT/rl/checkpoint-$RL_STEPS/actor" rl)
 lap eval_after

@@ -9,7 +9,7 @@ load helpers
     bash "$ROOT/examples/rlvr_data.sh" "$d"
     # a, b, answer of each line; held = (a + 2b) mod 7 == 0; the answer is a + b in every file
     check() {   # FILE FIELD WANT_HELD: prints the number of lines, fails on any line out of its class
-        jq -r --arg f "$2" '[.prompt, (.[$f] | if $f == "response" then (capture("^ \\\\boxed\\{(?<n>[0-9]+)\\}$").n // "?") else . end)] | @tsv' "$1" |
+        jq -r --arg f "$2" '[.prompt, (.[$f] | if $f == "response" then (capture("\\\\boxed\\{(?<n>[0-9]+)\\}$").n // "?") else . end)] | @tsv' "$1" |
             awk -F'\t' -v want="$3" '
             { if (!match($1, /^What is [0-9]+ \+ [0-9]+\?$/)) { print "bad prompt " $1; bad = 1; exit 1 }
               split(substr($1, 9), x, /[ +?]+/); a = x[1] + 0; b = x[2] + 0
