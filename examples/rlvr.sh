@@ -22,7 +22,7 @@ THREADS=${THREADS:-1}
 SHAPE=${SHAPE:-64,192,2,4,4,512,64}          # dim, hidden, layers, heads, kv heads, vocab, positions
 STUDENT_SHAPE=${STUDENT_SHAPE:-48,128,2,4,4,512,64}
 SFT_MAX=${SFT_MAX:-1500} SFT_CHUNK=${SFT_CHUNK:-25} SFT_TARGET=${SFT_TARGET:-0.45} SFT_LR=${SFT_LR:-3e-3}
-RL_STEPS=${RL_STEPS:-40} RL_PROMPTS=${RL_PROMPTS:-32} RL_G=${RL_G:-8} RL_LR=${RL_LR:-1e-4} RL_TEMP=${RL_TEMP:-1.0}
+RL_STEPS=${RL_STEPS:-60} RL_PROMPTS=${RL_PROMPTS:-32} RL_G=${RL_G:-8} RL_LR=${RL_LR:-1e-4} RL_TEMP=${RL_TEMP:-0.7}
 T=bin/tandem
 TOK=../shared/assets/models/stories260K/tok512.model
 TH=(--threads "$THREADS")
