@@ -7,6 +7,15 @@
 # HELDOUT lines: {"prompt": "What is 37 + 58?", "answer": "95"}, every pair from the held-out class
 # (checked); without it (or with "-") the script writes OUT/heldout.jsonl, all 1429 such pairs.
 # The last line printed is JSON: {"heldout_accuracy_before": .., "heldout_accuracy_after": .., ...}.
+# The recipe: a Llama of dim 64, 2 layers, 4 heads, the 512-piece stories260K vocabulary (every digit
+# its own piece); responses that add the units first, then the tens with the carry, then box the sum:
+# " 7 + 8 = 15, 3 + 5 + 1 = 9. \boxed{95}". With the bare " \boxed{95}" the model has to emit the
+# carried tens digit first; it learns that only after ~1100 SFT steps, in one sudden jump, and GRPO
+# from a half-trained model of that kind did not move in 60 steps at lr 1e-4 and broke it at >= 3e-4.
+# With the chain every token is a one-digit sum or a copy: SFT (lr 3e-3, batch 64) passes 0.45 at
+# ~300-400 steps, where it stops; GRPO (G 8 x 32 prompts, lr 1e-4, temperature 0.7, 60 steps, no KL)
+# then takes held-out greedy accuracy from 0.46-0.54 to 0.86-0.93 (seeds 1-4), in ~100 s on 2 idle
+# cores (~5 min with three runs at once). The same GRPO with a random 0/1 reward loses accuracy.
 # Environment (defaults are the demonstration's recipe; tests/rlvr.bats shrinks them):
 #   OUT=runs/rlvr SEED=1 THREADS=1 (1 thread per process: on a loaded machine 2 spin-wait)
 #   SFT_MAX=1500 SFT_CHUNK=25 SFT_TARGET=0.45  SFT's cosine schedule length, the steps between
