@@ -15,7 +15,8 @@
 # With the chain every token is a one-digit sum or a copy: SFT (lr 3e-3, batch 64) passes 0.45 at
 # ~300-400 steps, where it stops; GRPO (G 8 x 32 prompts, lr 1e-4, temperature 0.7, 60 steps, no KL)
 # then takes held-out greedy accuracy from 0.46-0.54 to 0.86-0.93 (seeds 1-4), in ~100 s on 2 idle
-# cores (~5 min with three runs at once). The same GRPO with a random 0/1 reward loses accuracy.
+# cores (~5 min with three runs at once). The same GRPO with a random 0/1 reward instead of the
+# verifier takes seed 1 from 0.54 to 0.01: the gain is the verifier's.
 # Environment (defaults are the demonstration's recipe; tests/rlvr.bats shrinks them):
 #   OUT=runs/rlvr SEED=1 THREADS=1 (1 thread per process: on a loaded machine 2 spin-wait)
 #   SFT_MAX=1500 SFT_CHUNK=25 SFT_TARGET=0.45  SFT's cosine schedule length, the steps between
