@@ -18,13 +18,14 @@
 # cores (~5 min with three runs at once). The same GRPO with a random 0/1 reward instead of the
 # verifier takes seed 1 from 0.54 to 0.01: the gain is the verifier's.
 # Environment (defaults are the demonstration's recipe; tests/rlvr.bats shrinks them):
-#   OUT=runs/rlvr SEED=1 THREADS=1 (1 thread per process: on a loaded machine 2 spin-wait)
+#   OUT=runs/rlvr (under the repository) SEED=1 THREADS=1 (1 thread per process: on a loaded machine 2 spin-wait)
 #   SFT_MAX=1500 SFT_CHUNK=25 SFT_TARGET=0.45  SFT's cosine schedule length, the steps between
 #       accuracy checks, and the greedy accuracy on 296 *training* problems at which SFT stops
 #   RL_STEPS RL_PROMPTS RL_G RL_LR RL_TEMP        GRPO's steps, prompts per step, group size, lr, temperature
 set -euo pipefail
-cd "$(dirname "$0")/.."
 HELD_IN=${1:--}
+[ "$HELD_IN" = - ] || HELD_IN=$(realpath -- "$HELD_IN")   # the user's path, before the cd
+cd "$(dirname "$0")/.."
 MODE=${2:-grpo}
 OUT=${OUT:-runs/rlvr}
 SEED=${SEED:-1}
@@ -96,7 +97,7 @@ lap init
 # ---- 2. SFT in chunks of SFT_CHUNK steps of one cosine schedule, until the greedy accuracy on 296
 # training problems reaches SFT_TARGET (a partial accuracy, so that RL has room) ----------------------
 SFT_ARGS=(--data "$OUT/sft.jsonl" --out "$OUT/sft" --seq-len 64 --batch-size 64 --max-steps "$SFT_MAX"
-          --lr "$SFT_LR" --warmup 20 --seed "$SEED" --log-every "$SFT_CHUNK" "${TH[@]}")
+          --lr "$SFT_LR" --warmup $((SFT_MAX > 40 ? 20 : SFT_MAX / 2)) --seed "$SEED" --log-every "$SFT_CHUNK" "${TH[@]}")
 step=0; from=(--model "$OUT/init"); val=0
 while [ "$step" -lt "$SFT_MAX" ]; do
     step=$((step + SFT_CHUNK)); [ "$step" -gt "$SFT_MAX" ] && step=$SFT_MAX
