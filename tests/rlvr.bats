@@ -1,0 +1,71 @@
+#!/usr/bin/env bats
+# examples/rlvr.sh's mechanics, cheaply: its data never trains on a held-out pair, its stand-in
+# verifier's rule, and the whole pipeline (random model -> chunked SFT -> GRPO -> greedy held-out
+# accuracy) end to end on a tiny budget. That it learns is the full example's to show (README).
+load helpers
+
+@test "rlvr data: every held-out pair and only those are left out of the training files" {
+    d="$BATS_TEST_TMPDIR/data"
+    bash "$ROOT/examples/rlvr_data.sh" "$d"
+    # a, b, answer of each line; held = (a + 2b) mod 7 == 0; the answer is a + b in every file
+    check() {   # FILE FIELD WANT_HELD: prints the number of lines, fails on any line out of its class
+        jq -r --arg f "$2" '[.prompt, (.[$f] | if $f == "response" then (capture("\\\\boxed\\{(?<n>[0-9]+)\\}$").n // "?") else . end)] | @tsv' "$1" |
+            awk -F'\t' -v want="$3" '
+            { if (!match($1, /^What is [0-9]+ \+ [0-9]+\?$/)) { print "bad prompt " $1; bad = 1; exit 1 }
+              split(substr($1, 9), x, /[ +?]+/); a = x[1] + 0; b = x[2] + 0
+              if (a > 99 || b > 99 || ((a + 2 * b) % 7 == 0) != want || $2 != a + b "") { print "line " NR ": " $0; bad = 1; exit 1 }
+              n++ }
+            END { if (!bad) print n }'
+    }
+    [ "$(check "$d/sft.jsonl" response 0)" = 8571 ]
+    [ "$(check "$d/rl.jsonl" label 0)" = 8571 ]
+    [ "$(check "$d/val.jsonl" answer 0)" = 296 ]
+    [ "$(check "$d/heldout_all.jsonl" answer 1)" = 1429 ]
+    # together the training pairs and the held-out pairs are all 10000 sums, each once
+    [ "$(jq -r .prompt "$d/sft.jsonl" "$d/heldout_all.jsonl" | sort -u | wc -l)" = 10000 ]
+    # the held-out fixture of the pipeline test is from the class too
+    [ "$(check "$FIX/rlvr/heldout16.jsonl" answer 1)" = 16 ]
+}
+
+@test "rlvr verifier stand-in: the last \\boxed{} against the answer as integers" {
+    run python3 "$ROOT/examples/rlvr_verify.py" <<'EOF'
+{"response": " \\boxed{95}", "answer": "95", "id": 7}
+{"response": " \\boxed{9} then \\boxed{95}", "label": "95"}
+{"response": " \\boxed{95} then \\boxed{9}", "label": "95"}
+{"response": " 95", "answer": "95"}
+{"response": " \\boxed{ 095 }", "answer": "95"}
+{"response": " \\boxed{9x}", "answer": "95"}
+{"response": " \\boxed{95", "answer": "95"}
+EOF
+    [ "$status" -eq 0 ]
+    echo "$output" | jq -se 'map(.reward) == [1, 1, 0, 0, 1, 0, 0] and .[0].id == 7 and (.[1] | has("id") | not)'
+}
+
+@test "rlvr.sh end to end on a tiny budget: the JSON line, accuracies in [0, 1], refusals" {
+    need_assets
+    o="$BATS_TEST_TMPDIR/run"
+    OUT="$o" SFT_MAX=20 SFT_CHUNK=10 SFT_TARGET=2 RL_STEPS=2 RL_PROMPTS=4 RL_G=2 \
+        run timeout 300 bash "$ROOT/examples/rlvr.sh" "$FIX/rlvr/heldout16.jsonl"
+    echo "$output"
+    [ "$status" -eq 0 ]
+    last=${lines[${#lines[@]} - 1]}
+    echo "$last" | jq -e '.mode == "grpo" and .heldout_problems == 16 and .sft_steps == 20
+        and (.heldout_accuracy_before | type == "number" and . >= 0 and . <= 1)
+        and (.heldout_accuracy_after | type == "number" and . >= 0 and . <= 1)
+        and (.seconds | has("sft") and has("rl"))'
+    # SFT ran its two chunks (checked after each), RL its 2 steps on training prompts only
+    [ "$(grep -c '^sft step' <<<"$output")" = 2 ]
+    [ "$(jq -s 'length' "$o/rl/metrics.jsonl")" = 2 ]
+    [ -d "$o/rl/checkpoint-2/actor" ]
+    # the held-out answers were scored by the verifier: one verdict per held-out line
+    [ "$(wc -l < "$o/eval_rl.verify_out")" = 16 ]
+    # a held-out file with a training pair (1 + 1: 1 + 2 = 3) is refused, before any training
+    echo '{"prompt": "What is 1 + 1?", "answer": "2"}' > "$BATS_TEST_TMPDIR/bad.jsonl"
+    OUT="$o" run timeout 60 bash "$ROOT/examples/rlvr.sh" "$BATS_TEST_TMPDIR/bad.jsonl"
+    [ "$status" -ne 0 ]
+    [[ "$output" == *"1 + 1 is not held out"* ]]
+    [ ! -d "$o/sft" ]
+    OUT="$o" run timeout 60 bash "$ROOT/examples/rlvr.sh" - ppo
+    [ "$status" -ne 0 ]
+    [[ "$output" == *"mode 'ppo'"* ]]
+}
