@@ -52,17 +52,13 @@ rm -rf "$OUT"; mkdir -p "$OUT"
 t0=$SECONDS; times=()
 lap() { times+=("\"$1\": $((SECONDS - t0))"); t0=$SECONDS; }
 
-# ---- the verifier: one line each to swap for the built-in one --------------------------------------
+# ---- the verifier: tandem verify math, the same grader as ppo --reward-fn math --------------------------
 # math_verify IN OUT: {"response", "answer"} lines -> {"reward", "reason"} lines
-math_verify() {
-    python3 examples/rlvr_verify.py < "$1" > "$2"          # stand-in
-    # $T verify math --input "$1" --output "$2"              # the built-in verifier
-}
-REWARD=(--reward-cmd "python3 examples/rlvr_verify.py")    # stand-in: the prompt's "label" is the answer
-# REWARD=(--reward-fn math)                                 # the built-in verifier
+math_verify() { $T verify math --input "$1" --output "$2" --workers 2 2>/dev/null; }
+REWARD=(--reward-fn math)                                  # against the prompt line's "answer"
 
 # ---- data ---------------------------------------------------------------------------------------
-bash examples/rlvr_data.sh "$OUT"                          # OUT/sft.jsonl, OUT/rl.jsonl, OUT/val.jsonl, OUT/heldout_all.jsonl
+bash examples/rlvr_data.sh "$OUT"   # OUT/sft.jsonl, OUT/rl.jsonl, OUT/val.jsonl, OUT/heldout_all.jsonl
 if [ "$HELD_IN" = - ]; then
     HELD=$OUT/heldout.jsonl; cp "$OUT/heldout_all.jsonl" "$HELD"
 else

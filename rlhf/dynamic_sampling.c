@@ -50,6 +50,7 @@ void dynamic_sample(DynamicSampler *d, ExperienceMaker *x, Roles *rs, int step, 
     memset(ds, 0, sizeof *ds);
     memset(d->used, 0, (size_t)x->n_prompts);
     b->S = b->N = 0;
+    b->n_timed_out = 0;   /* --reward-fn's timeouts of every draw */
     d->spare.S = d->spare.N = 0;
     for (int k = 0; k < x->max_draws && b->S < B * G; k++) {
         double t0 = now_seconds();
@@ -61,6 +62,7 @@ void dynamic_sample(DynamicSampler *d, ExperienceMaker *x, Roles *rs, int step, 
         x->draw = 0;
         double t1 = now_seconds();
         experience_reward(x, rs, &d->draw, d->draw_pidx);
+        b->n_timed_out += d->draw.n_timed_out;
         *t_gen += (float)(t1 - t0);
         *t_reward += (float)(now_seconds() - t1);
         ds->draws++;

@@ -19,7 +19,7 @@ static void trim_after(const char *path, int step) {
         memcpy(kept + n, line, (size_t)(nl + 1 - line));
         n += (size_t)(nl + 1 - line);
     }
-    if (n != len && write_file_atomic(path, kept, n)) user_error("--dump-rollouts %s: cannot write: %s", path, strerror(errno));
+    if (n != len && write_file_atomic(path, kept, n)) rank_error("--dump-rollouts %s: cannot write: %s", path, strerror(errno));
     free(kept);
     free(text);
 }
@@ -32,11 +32,11 @@ void rollout_dump_open(RolloutDump *d, const char *path, int resume_step, int wr
     if (!writer) return;
     if (resume_step >= 0) trim_after(path, resume_step);
     d->f = fopen(path, resume_step >= 0 ? "a" : "w");
-    if (!d->f) user_error("--dump-rollouts %s: cannot open: %s", path, strerror(errno));
+    if (!d->f) rank_error("--dump-rollouts %s: cannot open: %s", path, strerror(errno));
 }
 
 void rollout_dump_close(RolloutDump *d) {
-    if (d->f && fclose(d->f)) user_error("--dump-rollouts %s: cannot write: %s", d->path, strerror(errno));
+    if (d->f && fclose(d->f)) rank_error("--dump-rollouts %s: cannot write: %s", d->path, strerror(errno));
     free(d->pos);
     free(d->train_lp);
 }
@@ -110,5 +110,5 @@ void rollout_dump_write(RolloutDump *d, const ExperienceMaker *x, const Experien
         fprintf(f, ", \"score_raw\": %.17g, \"overlong_penalty\": %.17g, \"missing_eos_penalty\": %.17g, \"reward\": %.17g}\n",
                 b->raw[s], ol, eos, b->score[s]);
     }
-    if (fflush(f)) user_error("--dump-rollouts %s: cannot write: %s", d->path, strerror(errno));
+    if (fflush(f)) rank_error("--dump-rollouts %s: cannot write: %s", d->path, strerror(errno));
 }

@@ -215,7 +215,7 @@ double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout
         }
         for (int n = n0; n < n1; n++) {
             dout[n] = 0.0f;
-            if (mb->targets[n] < 0) continue;
+            if (mb->targets[n] < 0 || mb->weight[n] == 0) continue;   /* weight 0: out of the loss (--mask-truncated) */
             double lp = out[n], A = c->adv[n], w = mb->weight[n], d = lp - (double)c->old_lp[n], g;
             if (c->check) {
                 double ad = fabs(d);
@@ -245,7 +245,7 @@ double loss_ppo_critic(const MicroBatch *mb, int N, const float *out, float *dou
     double loss = 0.0;
     for (int n = 0; n < N; n++) {
         dout[n] = 0.0f;
-        if (mb->targets[n] < 0) continue;
+        if (mb->targets[n] < 0 || mb->weight[n] == 0) continue;   /* weight 0: out of the loss (--mask-truncated) */
         double v = out[n], old = c->old_values[n], R = c->returns[n], w = mb->weight[n];
         /* verl clip_by_value: max(min(v, hi), lo), with d / d v */
         double hi = old + h->value_clip, lo = old - h->value_clip;

@@ -27,8 +27,8 @@ static void distill_options_check(Ppo *p, const PpoOptions *o, int alone) {
                       "--reward-cmd or --reward-url to add one)";
     if (R[R_CRITIC].dir) user_error("--critic %s: no reward for it to learn values of: %s", R[R_CRITIC].dir, why);
     if (args_given(&o->adv_name)) user_error("--advantage %s: no reward to estimate an advantage of: %s", o->adv_name, why);
-    if (o->normalize_reward || o->reward_clip != 0 || o->eos_penalty != 0)
-        user_error("ppo: --normalize-reward, --reward-clip and --missing-eos-penalty shape a reward: %s", why);
+    if (o->normalize_reward || o->reward_clip != 0 || o->eos_penalty != 0 || p->x.overlong_buffer != 0)
+        user_error("ppo: --normalize-reward, --reward-clip, --missing-eos-penalty and --overlong-buffer shape a reward: %s", why);
 }
 
 /* ppo's option table (its order is --help's and the echo's), pointing into p and o. */
@@ -94,7 +94,7 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--overlong-buffer", OPT_INT, &p->x.overlong_buffer, "0", "DAPO's overlong shaping: the last L of --max-new-tokens tokens cost up to --overlong-penalty (0 = off)"},
         {"--overlong-penalty", OPT_FLOAT, &o->overlong_penalty, "1.0", "--overlong-buffer: the penalty F at --max-new-tokens (verl's penalty_factor)"},
         {"--mask-truncated", OPT_FLAG, &p->x.mask_truncated, NULL, "responses cut at --max-new-tokens (no stop) weigh 0 in the loss (still in their group's statistics)"},
-        {"--dynamic-sampling", OPT_FLAG, &p->x.dynamic_sampling, NULL, "DAPO: drop groups of equal rewards and draw more prompts until the batch is full (grpo / rloo)"},
+        {"--dynamic-sampling", OPT_FLAG, &p->x.dynamic_sampling, NULL, "DAPO: drop groups of equal rewards and draw more prompts until the batch is full (grpo / rloo / reinforce++-baseline)"},
         {"--max-sample-draws", OPT_INT, &p->x.max_draws, "10", "--dynamic-sampling: rollouts per step at most (then the batch is filled with dropped groups)"},
         {"--dump-rollouts", OPT_STR, &o->dump_path, NULL, "FILE: a jsonl line per sample and step: tokens, logprobs, loss mask, reward parts, advantages"},
         {"--gamma", OPT_FLOAT, &o->gamma, "1.0", "GAE and reinforce++ discount"},
@@ -146,6 +146,9 @@ static void policy_options_check(Ppo *p, PpoOptions *o) {
     if (a == ADV_GAE || a == ADV_RPP)
         user_error("--policy-loss gspo: --advantage %s gives token-level advantages; GSPO's ratio is a sequence's (use grpo, "
                    "rloo or reinforce++-baseline)", o->adv_name);
+    if (p->roles.role[R_TEACHER].dir)
+        user_error("--policy-loss gspo: --teacher adds a per-token advantage (the distillation term); GSPO's ratio is a "
+                   "sequence's");
     if (args_given(&o->loss_agg_name) && p->loss_agg != AGG_SEQ_MEAN_TOKEN_MEAN)
         user_error("--loss-agg %s: --policy-loss gspo aggregates as seq-mean-token-mean (GSPO's objective, verl's "
                    "compute_policy_loss_gspo)", o->loss_agg_name);
@@ -161,9 +164,9 @@ static void dapo_options_check(Ppo *p, PpoOptions *o) {
     ExperienceMaker *x = &p->x;
     if (x->dynamic_sampling && x->G < 2)
         user_error("--dynamic-sampling needs --n-samples-per-prompt >= 2 (a group of one sample always has equal rewards)");
-    if (x->dynamic_sampling && x->adv_kind == ADV_GAE)
-        user_error("--dynamic-sampling needs --advantage grpo or rloo (it drops groups whose equal rewards give them no group "
-                   "advantage; gae's come from a critic)");
+    if (x->dynamic_sampling && (x->adv_kind == ADV_GAE || x->adv_kind == ADV_RPP))
+        user_error("--dynamic-sampling needs --advantage grpo, rloo or reinforce++-baseline (it drops groups whose equal "
+                   "rewards give them no group advantage; gae's come from a critic, reinforce++'s from returns)");
     if (args_given(&x->max_draws) && !x->dynamic_sampling) user_error("--max-sample-draws: only with --dynamic-sampling");
     if (x->max_draws < 1) user_error("--max-sample-draws %d: must be >= 1", x->max_draws);
     if (args_given(&x->overlong_buffer) && (x->overlong_buffer <= 0 || x->overlong_buffer >= x->max_new))
@@ -199,7 +202,10 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
                    "(or none with --teacher)");
     p->x.reward_fn = o->reward_fn != NULL;
     if (o->reward_fn) p->x.verify_kind = verify_kind_parse("--reward-fn", o->reward_fn);
-    if (p->x.reward_workers < 1) user_error("--reward-workers %d: must be >= 1", p->x.reward_workers);
+    if (!o->reward_fn && (args_given(&p->x.reward_workers) || args_given(&o->fn_timeout)))
+        user_error("ppo: --reward-workers and --reward-fn-timeout: only with --reward-fn");
+    if (p->x.reward_workers < 1 || p->x.reward_workers > VERIFY_MAX_WORKERS)
+        user_error("--reward-workers %d: must be in [1, %d]", p->x.reward_workers, VERIFY_MAX_WORKERS);
     if (!(o->fn_timeout > 0)) user_error("--reward-fn-timeout %g: must be > 0", o->fn_timeout);
     p->x.fn_timeout = o->fn_timeout;
     if (p->x.reward_retries < 0) user_error("--reward-retries %d: must be >= 0", p->x.reward_retries);

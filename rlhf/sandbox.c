@@ -38,7 +38,7 @@ typedef struct { uint64_t attr_set, attr_clr, propagation, userns_fd; } MountAtt
 #define MOUNT_RECURSIVE 0x8000   /* AT_RECURSIVE */
 
 SandboxLimits sandbox_default_limits(void) {
-    return (SandboxLimits){.cpu_s = 10, .mem_bytes = (size_t)1 << 30, .nproc = 32,
+    return (SandboxLimits){.cpu_s = 10, .mem_bytes = (size_t)1 << 30, .nproc = 8,
                            .fsize_bytes = 16u << 20, .out_bytes = 1u << 20};
 }
 

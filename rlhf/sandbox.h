@@ -36,7 +36,8 @@ typedef struct {
     size_t fsize_bytes;  /* RLIMIT_FSIZE */
     size_t out_bytes;    /* stdout kept; more is SANDBOX_OUTPUT_LIMIT */
 } SandboxLimits;
-/* cpu 10 s, 1 GiB, 32 processes, 16 MiB files, 1 MiB of output */
+/* cpu 10 s, 1 GiB, 8 processes, 16 MiB files, 1 MiB of output. RLIMIT_AS is per process: a run may
+ * hold up to 8 GiB of address space, and --workers runs at once that times as much (no cgroup here) */
 SandboxLimits sandbox_default_limits(void);
 
 typedef enum {

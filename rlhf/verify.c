@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define VERIFY_MAX_WORKERS 64   /* a sandbox slot (uid) per worker: sandbox.h */
 
 static const char *const kind_names[] = {"math", "code", "format"};
 

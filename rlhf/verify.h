@@ -19,6 +19,7 @@
 #include <stddef.h>
 
 typedef enum { VERIFY_MATH, VERIFY_CODE, VERIFY_FORMAT } VerifyKind;
+#define VERIFY_MAX_WORKERS 64   /* samples verified at once at most: a sandbox slot (uid) per worker (sandbox.h) */
 
 /* "math" | "code" | "format"; anything else is a user_error naming flag (e.g. "--reward-fn"). */
 VerifyKind verify_kind_parse(const char *flag, const char *name);

@@ -23,6 +23,7 @@
 #include "rlhf/verify.h"
 #include <stdio.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef __int128 i128;
@@ -365,8 +366,11 @@ static int answer_text(const cJSON *answer, char *buf, size_t cap) {
     }
     if (!cJSON_IsNumber(answer)) return 0;
     double v = answer->valuedouble;
-    if (v == (double)(long long)v && v > -1e15 && v < 1e15) snprintf(buf, cap, "%lld", (long long)v);
-    else snprintf(buf, cap, "%.17g", v);
+    if (v > -9e18 && v < 9e18 && v == (double)(long long)v) { snprintf(buf, cap, "%lld", (long long)v); return 1; }
+    for (int prec = 15; prec <= 17; prec++) {   /* the shortest text that reads back as v: 0.1, not 0.10000000000000001 */
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
     return 1;
 }
 

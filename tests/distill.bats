@@ -201,3 +201,16 @@ reverse_kl() {
     # give 0.197 (exact, same script), its logprobs one position early 21.5, the sign flipped -0.42
     awk -v e="$est" -v k="$kl" -v v="$var" 'BEGIN { d = e - k; if (d < 0) d = -d; exit !(k > 0.1 && d <= 4 * sqrt(v / 2048)) }'
 }
+
+@test "--teacher: GSPO (a sequence ratio) with the per-token distillation term, and --overlong-buffer with no reward, are one line each" {
+    need_story
+    A=(--actor "$STORIES" --teacher "$SHARP" --prompts "$TRAIN" --n-samples-per-prompt 2 --rollout-batch-size 2 --steps 1
+       --out "$BATS_TEST_TMPDIR/x")
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --policy-loss gspo
+    [ "$status" -ne 0 ]; [ "$output" = "tandem: --policy-loss gspo: --teacher adds a per-token advantage (the distillation term); GSPO's ratio is a sequence's" ]
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --policy-loss gspo --advantage grpo --reward-cmd "$RULE"
+    [ "$status" -ne 0 ]; [[ "$output" == "tandem: --policy-loss gspo: --teacher adds a per-token advantage"* ]]
+    run timeout 60 "$TANDEM" ppo "${A[@]}" --overlong-buffer 4
+    [ "$status" -ne 0 ]; [[ "$output" == "tandem: ppo: --normalize-reward, --reward-clip, --missing-eos-penalty and --overlong-buffer shape a reward: "* ]]
+    [ ! -e "$BATS_TEST_TMPDIR/x/checkpoint-1" ]
+}

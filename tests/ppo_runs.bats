@@ -177,8 +177,10 @@ dot() { jq -cn '{text: "He."}' | "$TANDEM" tokenize --tokenizer "$STORIES" --jso
         [ "$status" -ne 0 ] && [ "${lines[-1]}" = "tandem: $1" ] && [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ] || { echo "$output"; false; }
     }
     check "--dynamic-sampling needs --n-samples-per-prompt >= 2 (a group of one sample always has equal rewards)" --dynamic-sampling --n-samples-per-prompt 1
-    check "--dynamic-sampling needs --advantage grpo or rloo (it drops groups whose equal rewards give them no group advantage; gae's come from a critic)" \
+    check "--dynamic-sampling needs --advantage grpo, rloo or reinforce++-baseline (it drops groups whose equal rewards give them no group advantage; gae's come from a critic, reinforce++'s from returns)" \
         --dynamic-sampling --advantage gae --critic "$STORIES"
+    check "--dynamic-sampling needs --advantage grpo, rloo or reinforce++-baseline (it drops groups whose equal rewards give them no group advantage; gae's come from a critic, reinforce++'s from returns)" \
+        --dynamic-sampling --advantage reinforce++
     check "--max-sample-draws: only with --dynamic-sampling" --max-sample-draws 3
     check "--max-sample-draws 0: must be >= 1" --dynamic-sampling --max-sample-draws 0
     check "--overlong-buffer 0: must be in [1, --max-new-tokens 16) (the penalty grows over the last L tokens)" --overlong-buffer 0

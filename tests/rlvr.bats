@@ -1,6 +1,5 @@
 #!/usr/bin/env bats
-# examples/rlvr.sh's mechanics, cheaply: its data never trains on a held-out pair, its stand-in
-# verifier's rule, and the whole pipeline (random model -> chunked SFT -> GRPO -> greedy held-out
+# examples/rlvr.sh's mechanics, cheaply: its data never trains on a held-out pair, and the whole pipeline (random model -> chunked SFT -> GRPO -> greedy held-out
 # accuracy) end to end on a tiny budget. That it learns is the full example's to show (README).
 load helpers
 
@@ -18,27 +17,13 @@ load helpers
             END { if (!bad) print n }'
     }
     [ "$(check "$d/sft.jsonl" response 0)" = 8571 ]
-    [ "$(check "$d/rl.jsonl" label 0)" = 8571 ]
+    [ "$(check "$d/rl.jsonl" answer 0)" = 8571 ]
     [ "$(check "$d/val.jsonl" answer 0)" = 296 ]
     [ "$(check "$d/heldout_all.jsonl" answer 1)" = 1429 ]
     # together the training pairs and the held-out pairs are all 10000 sums, each once
     [ "$(jq -r .prompt "$d/sft.jsonl" "$d/heldout_all.jsonl" | sort -u | wc -l)" = 10000 ]
     # the held-out fixture of the pipeline test is from the class too
     [ "$(check "$FIX/rlvr/heldout16.jsonl" answer 1)" = 16 ]
-}
-
-@test "rlvr verifier stand-in: the last \\boxed{} against the answer as integers" {
-    run python3 "$ROOT/examples/rlvr_verify.py" <<'EOF'
-{"response": " \\boxed{95}", "answer": "95", "id": 7}
-{"response": " \\boxed{9} then \\boxed{95}", "label": "95"}
-{"response": " \\boxed{95} then \\boxed{9}", "label": "95"}
-{"response": " 95", "answer": "95"}
-{"response": " \\boxed{ 095 }", "answer": "95"}
-{"response": " \\boxed{9x}", "answer": "95"}
-{"response": " \\boxed{95", "answer": "95"}
-EOF
-    [ "$status" -eq 0 ]
-    echo "$output" | jq -se 'map(.reward) == [1, 1, 0, 0, 1, 0, 0] and .[0].id == 7 and (.[1] | has("id") | not)'
 }
 
 @test "rlvr.sh end to end on a tiny budget: the JSON line, accuracies in [0, 1], refusals" {
@@ -56,6 +41,8 @@ EOF
     # SFT ran its two chunks (checked after each), RL its 2 steps on training prompts only
     [ "$(grep -c '^sft step' <<<"$output")" = 2 ]
     [ "$(jq -s 'length' "$o/rl/metrics.jsonl")" = 2 ]
+    # the rewards came from the built-in verifier (--reward-fn math: its metric)
+    [ "$(jq -s 'map(.["reward/timeouts"]) | length' "$o/rl/metrics.jsonl")" = 2 ]
     [ -d "$o/rl/checkpoint-2/actor" ]
     # the held-out answers were scored by the verifier: one verdict per held-out line
     [ "$(wc -l < "$o/eval_rl.verify_out")" = 16 ]

@@ -390,6 +390,10 @@ os.fork(); time.sleep(100)' '' 1
     [ "$status" -ne 0 ] && [[ "$output" == *"--reward-workers 0"* ]]
     run timeout 60 "$TANDEM" "${A[@]}" --reward-fn format --reward-fn-timeout 0
     [ "$status" -ne 0 ] && [[ "$output" == *"--reward-fn-timeout 0"* ]]
+    run timeout 60 "$TANDEM" "${A[@]}" --reward-fn format --reward-workers 65
+    [ "$status" -ne 0 ] && [[ "$output" == *"--reward-workers 65: must be in [1, 64]"* ]]
+    run timeout 60 "$TANDEM" "${A[@]}" --reward-cmd true --reward-workers 2
+    [ "$status" -ne 0 ] && [[ "$output" == *"--reward-workers and --reward-fn-timeout: only with --reward-fn"* ]]
 }
 
 @test "ppo --reward-fn math: the rewards are the verifier's (a response scored as tandem verify scores it), timeouts in the metrics" {

@@ -294,8 +294,8 @@ static double entropy_term(Model *m, TrainActs *a, const MicroBatch *mb, const L
     double loss = 0.0, sum = 0.0, cnt = 0.0;
     for (int n = 0; n < N; n++) {
         dH[n] = 0.0f;
-        if (mb->targets[n] < 0) continue;
         float w = mb->weight ? mb->weight[n] : 1.0f;
+        if (mb->targets[n] < 0 || w == 0) continue;   /* weight 0: out of the loss, and of actor/entropy */
         dH[n] = -hook->entropy_coef * w;
         loss += (double)dH[n] * H[n];
         sum += H[n];
