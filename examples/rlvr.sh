@@ -31,7 +31,7 @@ OUT=${OUT:-runs/rlvr}
 SEED=${SEED:-1}
 THREADS=${THREADS:-1}
 SHAPE=${SHAPE:-64,192,2,4,4,512,64}          # dim, hidden, layers, heads, kv heads, vocab, positions
-STUDENT_SHAPE=${STUDENT_SHAPE:-48,128,2,4,4,512,64}
+STUDENT_SHAPE=${STUDENT_SHAPE:-48,128,2,4,4,512,64} STUDENT_TARGET=${STUDENT_TARGET:-0.1}
 SFT_MAX=${SFT_MAX:-1500} SFT_CHUNK=${SFT_CHUNK:-25} SFT_TARGET=${SFT_TARGET:-0.45} SFT_LR=${SFT_LR:-3e-3}
 RL_STEPS=${RL_STEPS:-60} RL_PROMPTS=${RL_PROMPTS:-32} RL_G=${RL_G:-8} RL_LR=${RL_LR:-1e-4} RL_TEMP=${RL_TEMP:-0.7}
 T=bin/tandem
@@ -92,19 +92,24 @@ lap init
 
 # ---- 2. SFT in chunks of SFT_CHUNK steps of one cosine schedule, until the greedy accuracy on 296
 # training problems reaches SFT_TARGET (a partial accuracy, so that RL has room) ----------------------
-SFT_ARGS=(--data "$OUT/sft.jsonl" --out "$OUT/sft" --seq-len 64 --batch-size 64 --max-steps "$SFT_MAX"
-          --lr "$SFT_LR" --warmup $((SFT_MAX > 40 ? 20 : SFT_MAX / 2)) --seed "$SEED" --log-every "$SFT_CHUNK" "${TH[@]}")
-step=0; from=(--model "$OUT/init"); val=0
-while [ "$step" -lt "$SFT_MAX" ]; do
-    step=$((step + SFT_CHUNK)); [ "$step" -gt "$SFT_MAX" ] && step=$SFT_MAX
-    $T sft "${from[@]}" "${SFT_ARGS[@]}" --stop-after "$step" > "$OUT/sft_$step.log" 2>&1 ||
-        { cat "$OUT/sft_$step.log" >&2; exit 1; }
-    [ "$step" -gt "$SFT_CHUNK" ] && rm -rf "$OUT/sft/checkpoint-$((step - SFT_CHUNK))"
-    from=(--model "$OUT/init" --resume "$OUT/sft/checkpoint-$step")
-    val=$(score "$OUT/sft/checkpoint-$step" "$OUT/val.jsonl" "$OUT/val")
-    echo "sft step $step: training-problem accuracy $val"
-    awk -v v="$val" -v t="$SFT_TARGET" 'BEGIN { exit !(v >= t) }' && break
-done
+# sft_until INIT DIR TARGET: SFT of INIT into DIR until that accuracy (or SFT_MAX steps); sets step
+sft_until() {
+    local args=(--data "$OUT/sft.jsonl" --out "$2" --seq-len 64 --batch-size 64 --max-steps "$SFT_MAX"
+                --lr "$SFT_LR" --warmup $((SFT_MAX > 40 ? 20 : SFT_MAX / 2)) --seed "$SEED" --log-every "$SFT_CHUNK" "${TH[@]}")
+    local from=(--model "$1") val
+    step=0
+    while [ "$step" -lt "$SFT_MAX" ]; do
+        step=$((step + SFT_CHUNK)); [ "$step" -gt "$SFT_MAX" ] && step=$SFT_MAX
+        $T sft "${from[@]}" "${args[@]}" --stop-after "$step" > "$2_$step.log" 2>&1 || { cat "$2_$step.log" >&2; exit 1; }
+        [ "$step" -gt "$SFT_CHUNK" ] && rm -rf "$2/checkpoint-$((step - SFT_CHUNK))"
+        from=(--model "$1" --resume "$2/checkpoint-$step")
+        val=$(score "$2/checkpoint-$step" "$OUT/val.jsonl" "$OUT/val")
+        echo "sft step $step ($(basename "$2")): training-problem accuracy $val"
+        awk -v v="$val" -v t="$3" 'BEGIN { exit !(v >= t) }' && break
+    done
+    return 0
+}
+sft_until "$OUT/init" "$OUT/sft" "$SFT_TARGET"
 SFT=$OUT/sft/checkpoint-$step
 lap sft
 before=$(accuracy "$SFT" sft)
@@ -120,11 +125,16 @@ case $MODE in
 grpo)    RL+=(--advantage grpo "${REWARD[@]}") ;;
 drgrpo)  # DAPO's dynamic sampling with Dr. GRPO's loss: no std normalisation, a constant normaliser
          RL+=(--advantage grpo --no-std-norm --loss-agg seq-mean-token-sum-norm --dynamic-sampling "${REWARD[@]}") ;;
-distill) # on-policy distillation: a fresh smaller student on its own samples, the SFT model the teacher
-         # (the per-token reverse KL to the teacher as the advantage; no reward); before = the fresh student's
-         $T convert --from random --shape "$STUDENT_SHAPE" --seed "$((SEED + 1))" --tokenizer "$TOK" --out "$OUT/student" > /dev/null 2>&1
-         actor=$OUT/student; before=$(accuracy "$actor" student)
-         echo "held-out accuracy of the fresh student: $before"
+distill) # on-policy distillation: a smaller student on its own samples, the SFT model the teacher (the
+         # per-token reverse KL to the teacher as the advantage; no reward). A random-init student does not
+         # learn the task this way within minutes (reverse KL from a uniform policy collapses onto repeated
+         # tokens first), so the student gets a short SFT of its own to STUDENT_TARGET; before = its accuracy
+         $T convert --from random --shape "$STUDENT_SHAPE" --seed "$((SEED + 1))" --tokenizer "$TOK" --out "$OUT/student_init" > /dev/null 2>&1
+         teacher_steps=$step
+         sft_until "$OUT/student_init" "$OUT/student" "$STUDENT_TARGET"
+         actor=$OUT/student/checkpoint-$step; step=$teacher_steps
+         before=$(accuracy "$actor" student)
+         echo "held-out accuracy of the student: $before"
          RL+=(--teacher "$SFT") ;;
 esac
 $T ppo --actor "$actor" "${RL[@]}" > "$OUT/rl.log" 2>&1 || { cat "$OUT/rl.log" >&2; exit 1; }
