@@ -167,7 +167,7 @@ reverse_kl() {
     done
     for f in "--missing-eos-penalty 1" "--reward-clip 2" --normalize-reward; do
         run timeout 60 "$TANDEM" ppo "${A[@]}" --teacher "$SHARP" $f
-        [ "$status" -ne 0 ]; [ "$output" = "tandem: ppo: --normalize-reward, --reward-clip and --missing-eos-penalty shape a reward: $why" ]
+        [ "$status" -ne 0 ]; [ "$output" = "tandem: ppo: --normalize-reward, --reward-clip, --missing-eos-penalty and --overlong-buffer shape a reward: $why" ]
     done
     for c in 0 -1 1e+07; do
         run timeout 60 "$TANDEM" ppo "${A[@]}" --teacher "$SHARP" --distill-coef $c
