@@ -215,13 +215,14 @@ double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout
         }
         for (int n = n0; n < n1; n++) {
             dout[n] = 0.0f;
-            if (mb->targets[n] < 0 || mb->weight[n] == 0) continue;   /* weight 0: out of the loss (--mask-truncated) */
+            if (mb->targets[n] < 0) continue;
             double lp = out[n], A = c->adv[n], w = mb->weight[n], d = lp - (double)c->old_lp[n], g;
-            if (c->check) {
+            if (c->check) {   /* every action, also those out of the loss */
                 double ad = fabs(d);
                 if (!(ad <= st->logprob_diff_max)) st->logprob_diff_max = isnan(ad) ? INFINITY : ad;
                 st->n_checked += 1;
             }
+            if (w == 0) continue;   /* weight 0: out of the loss (--mask-truncated), and of the statistics */
             double l = h->policy == PL_GSPO ? token_gspo_loss(h, seq_lr, d, A, &g, st) : token_policy_loss(h, lp, d, A, &g, st);
             double kl = 0.0, dkl = 0.0;
             if (h->kl_loss_coef > 0) {
