@@ -1,6 +1,7 @@
 #!/usr/bin/env bats
-# examples/rlvr.sh's mechanics, cheaply: its data never trains on a held-out pair, and the whole pipeline (random model -> chunked SFT -> GRPO -> greedy held-out
-# accuracy) end to end on a tiny budget. That it learns is the full example's to show (README).
+# examples/rlvr.sh: its data never trains on a held-out pair; the whole pipeline (random model ->
+# chunked SFT -> GRPO -> greedy held-out accuracy) end to end on a tiny budget, with its refusals; and
+# that it learns: the example's recipe with 20 GRPO steps (the full 60-step figures: README).
 load helpers
 
 @test "rlvr data: every held-out pair and only those are left out of the training files" {
@@ -55,4 +56,21 @@ load helpers
     OUT="$o" run timeout 60 bash "$ROOT/examples/rlvr.sh" - ppo
     [ "$status" -ne 0 ]
     [[ "$output" == *"mode 'ppo'"* ]]
+}
+
+@test "rlvr.sh learns: GRPO with --reward-fn math raises the greedy held-out accuracy (1429 pairs never trained on) by >= 0.2 in 20 steps, to >= 0.7" {
+    need_assets
+    # the example's recipe with 20 GRPO steps instead of 60 (about 1 min on 2 idle cores). Seed 1 on an
+    # AVX-512 EPYC: 0.538 -> 0.820 (60 steps: 0.857; seeds 1-4: 0.46-0.54 -> 0.86-0.93). The bars
+    # leave room for another CPU's float rounding, which changes the trajectory, not the learning.
+    o="$BATS_TEST_TMPDIR/learn"
+    OUT="$o" RL_STEPS=20 run timeout 900 bash "$ROOT/examples/rlvr.sh" -
+    echo "$output"
+    [ "$status" -eq 0 ]
+    last=${lines[${#lines[@]} - 1]}
+    echo "$last" | jq -e '.heldout_problems == 1429 and .heldout_accuracy_after - .heldout_accuracy_before >= 0.2
+                          and .heldout_accuracy_after >= 0.7'
+    # every step's rollout logprobs were the training logprobs, and the reward came from the verifier
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' -c "$o/rl/metrics.jsonl")" = "[0]" ]
+    [ "$(jq -s 'map(.["reward/timeouts"]) | add' "$o/rl/metrics.jsonl")" = 0 ]
 }
