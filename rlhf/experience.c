@@ -391,7 +391,7 @@ void experience_mask_truncated(Experience *b) {
 
 double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_coef, int step, const int *pidx) {
     int S = b->S, N = b->N;
-    double score_raw = 0, *raw = xmalloc(sizeof(double) * S);
+    double score_raw = 0, *raw = b->raw;   /* kept: the dump and the metrics take the shaping's parts from it */
     for (int s = 0; s < S; s++) {   /* the score: normalised, overlong and missing-EOS penalties, clipped */
         raw[s] = b->score[s];
         score_raw += raw[s];
@@ -422,7 +422,6 @@ double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_
             if (!isfinite(b->adv_f[n]) || !isfinite(b->ret_f[n]))
                 user_error("step %d: sample %d (prompt %d, reward %.9g, %.9g after shaping) gives a non-finite advantage or "
                            "return; the step is not applied", step + 1, s + 1, pidx[s / x->G] + 1, raw[s], b->score[s]);
-    free(raw);
     return score_raw;
 }
 

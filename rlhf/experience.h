@@ -141,7 +141,7 @@ double experience_shape_score(const ExperienceMaker *x, const Experience *b, int
 void experience_mask_truncated(Experience *b);
 /* 3. score shaping, token rewards (KL penalty kl_coef for gae), advantages and returns, and with a
  * teacher the distillation term added to the advantages (rlhf/distill.h; b->teacher_kl); returns
- * the sum of the raw scores. An advantage or return that is not finite (as a float) stops the run
+ * the sum of the raw scores (kept in b->raw; b->score becomes the shaped ones). An advantage or return that is not finite (as a float) stops the run
  * (user_error naming step, 0-based, and the sample and its prompt pidx). */
 double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_coef, int step, const int *pidx);
 

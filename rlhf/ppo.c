@@ -315,7 +315,6 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so, Dy
     }
     experience_values(&p->x, rs, b);
     LAP(T_VALUES);
-    memcpy(b->raw, b->score, sizeof(double) * b->S);
     so->score_raw = experience_advantages(&p->x, b, p->kl_coef, step, pidx);
     if (p->x.mask_truncated) experience_mask_truncated(b);
     LAP(T_ADV);

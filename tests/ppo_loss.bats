@@ -11,13 +11,18 @@ load helpers
 PPOFIX="$FIX/ppo/ppo_cases.json"
 VARFIX="$FIX/ppo/ppo_variants.json"
 
-@test "ppo math vs torch: KL k1/k2/k3, rewards, GAE, whitening, GRPO/RLOO, policy and value losses with gradients and stats" {
-    [ -f "$FIX/ppo/make_ppo_fixtures.py" ]
-    run "$ROOT/build/tests/test_ppo_loss" "$PPOFIX"
+# matches_torch GENERATOR FIXTURE N: test_ppo_loss finds all N cases of FIXTURE (written by GENERATOR) equal to torch's
+matches_torch() {
+    [ -f "$FIX/ppo/$1" ]
+    run "$ROOT/build/tests/test_ppo_loss" "$2"
     echo "$output"
     [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: 108 ppo cases match torch"* ]]
+    [[ "$output" == *"ok: $3 ppo cases match torch"* ]]
     ! grep -q FAIL <<<"$output"
+}
+
+@test "ppo math vs torch: KL k1/k2/k3, rewards, GAE, whitening, GRPO/RLOO, policy and value losses with gradients and stats" {
+    matches_torch make_ppo_fixtures.py "$PPOFIX" 108
 }
 
 @test "ppo fixture reaches every branch: clipped ratios, the dual clip, clipped values, the k3 clamp, ratio 1" {
@@ -47,12 +52,7 @@ VARFIX="$FIX/ppo/ppo_variants.json"
 }
 
 @test "ppo math vs torch: loss aggregations, GSPO, CISPO, REINFORCE++ and its baseline, with gradients and stats" {
-    [ -f "$FIX/ppo/make_ppo_variants.py" ]
-    run "$ROOT/build/tests/test_ppo_loss" "$VARFIX"
-    echo "$output"
-    [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: 96 ppo cases match torch"* ]]
-    ! grep -q FAIL <<<"$output"
+    matches_torch make_ppo_variants.py "$VARFIX" 96
 }
 
 @test "ppo variants fixture reaches its branches: GSPO clipped and past its clamp, CISPO clipped, ratio 1" {
