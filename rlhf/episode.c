@@ -74,11 +74,13 @@ static void env_ids(ExperienceMaker *x, const char *text, int chat, TokIds *out)
 }
 
 /* The replies of the live episodes (reset: all) as the actor's ranks need them, from the root over
- * mesh.group: per episode its ids' count, done, fault and reward, then the ids. On the root, reply
- * (S) and chat say what to send. ids: (S, E) each episode's ids (first cnt[s]). */
-static void share_replies(ExperienceMaker *x, const Role *a, const Episodes *ep, const EnvReply *reply, int chat,
-                          int *hdr, double *rew, int *ids) {
-    int S = ep->S, E = ep->E;
+ * mesh.group: per episode its ids' count, done, fault and reward (hdr (S, 3), rew (S)), then the
+ * live episodes' ids back to back (ids, returned; the caller frees). On the root, reply (S) and
+ * chat say what to send. */
+static int *share_replies(ExperienceMaker *x, const Role *a, const Episodes *ep, const EnvReply *reply, int chat,
+                          int *hdr, double *rew) {
+    int S = ep->S, total = 0;
+    TokIds all = {0};
     if (reply) {
         TokIds t = {0};
         for (int s = 0; s < S; s++) {
@@ -86,8 +88,8 @@ static void share_replies(ExperienceMaker *x, const Role *a, const Episodes *ep,
             rew[s] = 0;
             if (!ep->live[s]) continue;
             env_ids(x, reply[s].text ? reply[s].text : "", chat, &t);
-            hdr[3 * s] = t.n < (size_t)E ? (int)t.n : E;   /* more than E ends the episode anyway */
-            memcpy(ids + (size_t)s * E, t.ids, sizeof(int) * hdr[3 * s]);
+            hdr[3 * s] = t.n < (size_t)ep->E ? (int)t.n : ep->E;   /* more than E ends the episode anyway */
+            for (int i = 0; i < hdr[3 * s]; i++) tok_ids_push(&all, t.ids[i]);
             hdr[3 * s + 1] = reply[s].done;
             hdr[3 * s + 2] = (int)reply[s].fault;
             rew[s] = reply[s].reward;
@@ -96,7 +98,12 @@ static void share_replies(ExperienceMaker *x, const Role *a, const Episodes *ep,
     }
     comm_broadcast(&a->mesh.group, hdr, sizeof(int) * 3 * S, 0);
     comm_broadcast(&a->mesh.group, rew, sizeof(double) * S, 0);
-    comm_broadcast(&a->mesh.group, ids, sizeof(int) * (size_t)S * E, 0);
+    for (int s = 0; s < S; s++) total += hdr[3 * s];
+    int *ids = xmalloc(sizeof(int) * (total > 0 ? total : 1));
+    if (reply) memcpy(ids, all.ids, sizeof(int) * total);
+    comm_broadcast(&a->mesh.group, ids, sizeof(int) * total, 0);
+    tok_ids_free(&all);
+    return ids;
 }
 
 /* ---- the loop (the actor's ranks) ----------------------------------------------------------------- */
@@ -189,10 +196,11 @@ static void reset_env(ExperienceMaker *x, int S, int step, const int *pidx, EnvR
     free(id); free(line); free(own);
 }
 
-/* Applies the shared replies: an episode's end (done, a fault, --max-turns, no room left), the
- * reward of turn t at its last token (t > 0), the ids appended otherwise. */
-static void apply_replies(const ExperienceMaker *x, Episodes *ep, int t, const int *hdr, const double *rew, const int *ids) {
-    for (int s = 0; s < ep->S; s++) {
+/* Applies the shared replies (and frees ids): an episode's end (done, a fault, --max-turns, no room
+ * left), the reward of turn t at its last token (t > 0), the ids appended otherwise. */
+static void apply_replies(const ExperienceMaker *x, Episodes *ep, int t, const int *hdr, const double *rew, int *ids) {
+    const int *id = ids;
+    for (int s = 0; s < ep->S; id += hdr[3 * s], s++) {   /* an episode not live has no ids */
         if (!ep->live[s]) continue;
         int cnt = hdr[3 * s], done = hdr[3 * s + 1], fault = hdr[3 * s + 2];
         if (fault) {   /* the episode ends, scoring 0 at every turn */
@@ -205,21 +213,22 @@ static void apply_replies(const ExperienceMaker *x, Episodes *ep, int t, const i
         if (t > 0) ep->rw[(size_t)s * ep->E + ep->n[s] - 1] = rew[s];
         if (done) { ep->live[s] = 0; ep->fin[s] = FINISH_STOP; continue; }
         if (t == x->max_turns || ep->n[s] + cnt >= ep->E) { ep->live[s] = 0; ep->fin[s] = FINISH_LENGTH; continue; }
-        for (int i = 0; i < cnt; i++) ep_push(ep, s, ids[(size_t)s * ep->E + i], 0, t, 0.0f);
+        for (int i = 0; i < cnt; i++) ep_push(ep, s, id[i], 0, t, 0.0f);
     }
+    free(ids);
 }
 
 /* every turn of every episode, on the actor's ranks */
 static void run_episodes(ExperienceMaker *x, const Role *a, Episodes *ep, int step, const int *pidx) {
     int S = ep->S, M = ep->M, root = mesh_is_root(&a->mesh);
-    int *hdr = xmalloc(sizeof(int) * 3 * S), *ids = xmalloc(sizeof(int) * (size_t)S * ep->E);
+    int *hdr = xmalloc(sizeof(int) * 3 * S);
     int *out = xmalloc(sizeof(int) * (size_t)S * M), *n_out = xmalloc(sizeof(int) * S);
     float *lp = xmalloc(sizeof(float) * (size_t)S * M);
     double *rew = xmalloc(sizeof(double) * S);
     EnvReply *reply = root ? xcalloc(S, sizeof(EnvReply)) : NULL;
     for (int s = 0; s < S; s++) ep->live[s] = 1;
     if (root) reset_env(x, S, step, pidx, reply);
-    share_replies(x, a, ep, reply, 0, hdr, rew, ids);   /* the observations: a done at reset is ignored */
+    int *ids = share_replies(x, a, ep, reply, 0, hdr, rew);   /* the observations: a done at reset is ignored */
     for (int s = 0; s < S; s++) hdr[3 * s + 1] = 0;
     apply_replies(x, ep, 0, hdr, rew, ids);
     for (int t = 1; t <= x->max_turns; t++) {
@@ -234,11 +243,11 @@ static void run_episodes(ExperienceMaker *x, const Role *a, Episodes *ep, int st
         }
         for (int s = 0; root && s < S; s++) free(reply[s].text), reply[s].text = NULL;
         if (root) step_env(x, ep, step, t, out, n_out, reply);
-        share_replies(x, a, ep, reply, 1, hdr, rew, ids);
+        ids = share_replies(x, a, ep, reply, 1, hdr, rew);
         apply_replies(x, ep, t, hdr, rew, ids);
     }
     for (int s = 0; root && s < S; s++) free(reply[s].text);
-    free(hdr); free(ids); free(out); free(n_out); free(lp); free(rew); free(reply);
+    free(hdr); free(out); free(n_out); free(lp); free(rew); free(reply);
 }
 
 /* ---- packing ------------------------------------------------------------------------------------ */

@@ -70,6 +70,21 @@ zero_diff() {
     jq -s -e 'map([.advantages, .env_token] | transpose | map(select(.[1] == 0) | .[0] != 0) | any) | all' "$o.jsonl"
 }
 
+@test "per-turn rewards reach the returns at each turn's last token: reinforce++ (gamma 0.5) against verl's formula on the rebuilt episodes" {
+    need_story
+    need_hfpy
+    base
+    o="$BATS_TEST_TMPDIR/o"
+    run timeout 120 "$TANDEM" "${A[@]}" --advantage reinforce++ --kl-coef 0 --gamma 0.5 --env-cmd "$ENV ok $BATS_TEST_TMPDIR/log.jsonl" \
+        --out "$o" --dump-rollouts "$o.jsonl"
+    [ "$status" -eq 0 ]
+    zero_diff "$o/metrics.jsonl"
+    check "$o.jsonl" "$BATS_TEST_TMPDIR/log.jsonl" 3 72 --rpp 0.5
+    # gamma 0.5 is exact in the float option; the same double operations (sums in another order) over
+    # ~250 returns of size < 10: 1e-12. The rewards all at the episode's end would be off by ~0.1-1
+    jq -e '.rpp_max_err < 1e-12' <<<"$ref"
+}
+
 @test "episodes at tp 2, pp 2, dp 2, with the actor and the reference on their own ranks, and in bf16: rollout logprobs == training logprobs; the episodes rebuilt from the log" {
     need_story
     need_hfpy
