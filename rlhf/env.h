@@ -53,6 +53,13 @@ int env_reset(Env *e, int n, const int *episode, const char *const *prompt_line,
  * with n_ids (n) its token ids. Writes reply (n); returns as env_reset. */
 int env_step(Env *e, int n, const int *episode, const int *turn, const char *const *action,
              const int *const *action_ids, const int *n_ids, EnvReply *reply, char *err, size_t errlen);
+/* Replies dropped so far (a program's): lines naming an episode asked about earlier that is not
+ * waiting now (a late reply after a timeout, a second reply), echoing another "turn" than the one
+ * asked, or read when no episode of a call was waiting. For a metric; 0 for a server. */
+long env_dropped(const Env *e);
+/* The last call's first fault, one line: "episode E: <fault name>: <the line or the HTTP failure,
+ * cut to 200 bytes>"; "" when the call had none. For a log line; valid until the next call. */
+const char *env_fault_detail(const Env *e);
 /* Stops the program (closes its stdin, waits, kills it after 5 s) or the client; frees. NULL: no-op. */
 void env_close(Env *e);
 #endif
