@@ -111,9 +111,8 @@ static char **requests(int n, const int *episode, const char *const *prompt_line
 /* An integer in [0, INT_MAX] or -1 */
 static int int_field(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= INT_MAX) || v->valuedouble != floor(v->valuedouble))
-        return -1;
-    return (int)v->valuedouble;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    return d >= 0 && d <= INT_MAX && d == floor(d) ? (int)d : -1;
 }
 
 /* One reply (NUL-terminated): *episode the id it names (-1: none: not a JSON object, or no integer
@@ -300,6 +299,31 @@ static size_t on_data(char *d, size_t size, size_t nmemb, void *user) {
     return k;
 }
 
+/* Episode i's reply from its POST's outcome: curl's failure (a timeout: ENV_TIMEOUT; any other:
+ * ENV_BAD_REPLY), an HTTP status other than 200 (ENV_BAD_REPLY), or the body: a reply naming
+ * another episode (ENV_WRONG_EPISODE), echoing another turn or no episode, or bad (ENV_BAD_REPLY). */
+static void take_answer(Env *e, Call *c, int i, const Post *q, long status) {
+    char why[160];
+    const char *ans = q->ans ? q->ans : "";
+    int ep = -1, turn = -1;
+    if (q->rc != CURLE_OK) {
+        snprintf(why, sizeof why, "%s", curl_easy_strerror(q->rc));
+        fault(e, &c->reply[i], q->rc == CURLE_OPERATION_TIMEDOUT ? ENV_TIMEOUT : ENV_BAD_REPLY, c->episode[i], why,
+              strlen(why));
+        return;
+    }
+    if (status != 200) {
+        snprintf(why, sizeof why, "HTTP %ld: %.100s", status, ans);
+        fault(e, &c->reply[i], ENV_BAD_REPLY, c->episode[i], why, strlen(why));
+        return;
+    }
+    parse_reply(ans, c->step, &ep, &turn, &c->reply[i]);
+    EnvFault f = c->reply[i].fault;
+    if (!f && ep != c->episode[i]) f = ep >= 0 ? ENV_WRONG_EPISODE : ENV_BAD_REPLY;
+    if (!f && c->step && turn >= 0 && turn != c->turn[i]) f = ENV_BAD_REPLY;
+    if (f) fault(e, &c->reply[i], f, c->episode[i], ans, q->len);
+}
+
 /* One POST per episode to URL/reset or URL/step, all at once; each reply checked by itself. */
 static int url_call(Env *e, Call *c, char **bodies, char *err, size_t errlen) {
     char *url = xmalloc(strlen(e->url) + 8);
@@ -333,26 +357,10 @@ static int url_call(Env *e, Call *c, char **bodies, char *err, size_t errlen) {
         curl_easy_getinfo(q[i].h, CURLINFO_RESPONSE_CODE, &status);
         curl_multi_remove_handle(e->multi, q[i].h);
         curl_easy_cleanup(q[i].h);
-        int ep = -1, turn = -1;
-        if (q[i].rc == CURLE_OK && status == 200) parse_reply(q[i].ans ? q[i].ans : "", c->step, &ep, &turn, &c->reply[i]);
-        char why[160];
-        if (q[i].rc != CURLE_OK) {
-            snprintf(why, sizeof why, "%s", curl_easy_strerror(q[i].rc));
-            int conn = q[i].rc == CURLE_COULDNT_CONNECT || q[i].rc == CURLE_COULDNT_RESOLVE_HOST ||
-                       q[i].rc == CURLE_COULDNT_RESOLVE_PROXY;
-            unreachable += conn;
-            if (first == CURLE_OK) first = q[i].rc;
-            fault(e, &c->reply[i], q[i].rc == CURLE_OPERATION_TIMEDOUT ? ENV_TIMEOUT : ENV_BAD_REPLY, c->episode[i], why,
-                  strlen(why));
-        } else if (status != 200) {
-            snprintf(why, sizeof why, "HTTP %ld: %.100s", status, q[i].ans ? q[i].ans : "");
-            fault(e, &c->reply[i], ENV_BAD_REPLY, c->episode[i], why, strlen(why));
-        } else if (c->reply[i].fault == ENV_OK && (ep != c->episode[i] || (c->step && turn >= 0 && turn != c->turn[i]))) {
-            fault(e, &c->reply[i], ep >= 0 && ep != c->episode[i] ? ENV_WRONG_EPISODE : ENV_BAD_REPLY, c->episode[i],
-                  q[i].ans, q[i].len);
-        } else if (c->reply[i].fault) {
-            fault(e, &c->reply[i], c->reply[i].fault, c->episode[i], q[i].ans, q[i].len);
-        }
+        if (q[i].rc == CURLE_COULDNT_CONNECT || q[i].rc == CURLE_COULDNT_RESOLVE_HOST ||
+            q[i].rc == CURLE_COULDNT_RESOLVE_PROXY) unreachable++;
+        if (q[i].rc != CURLE_OK && first == CURLE_OK) first = q[i].rc;
+        take_answer(e, c, i, &q[i], status);
         free(q[i].ans);
     }
     free(q);

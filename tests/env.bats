@@ -104,3 +104,60 @@ EOF
     [ "$status" -eq 1 ]
     [ "${lines[-1]}" = "environment command \`kill -9 \$\$\`: was killed by signal 9 (Killed) with 1 of 1 replies of a reset call outstanding" ]
 }
+
+# serve [MAX_TURNS] [KIND:EPISODE ...]: tests/fixtures/env/env_server.py on 127.0.0.1; sets URL
+serve() {
+    rm -f "$BATS_TEST_TMPDIR/port"
+    python3 "$FIX/env/env_server.py" "$BATS_TEST_TMPDIR/port" "$@" 2>>"$BATS_TEST_TMPDIR/server.log" 3>&- &
+    SERVERS="${SERVERS:-} $!"
+    for _ in $(seq $(scaled 50)); do [ -s "$BATS_TEST_TMPDIR/port" ] && break; sleep 0.1; done
+    URL="http://127.0.0.1:$(cat "$BATS_TEST_TMPDIR/port")"
+}
+teardown() { [ -z "${SERVERS:-}" ] || kill $SERVERS 2>/dev/null || true; }
+
+@test "env server: POST URL/reset and URL/step, one request per episode, the same replies as the program" {
+    serve 2
+    drive url "$URL/" 5 reset:0,1,2 step:0,1,2 step:2,0
+    [ "$status" -eq 0 ]
+    local http; http=$(replies)
+    drive cmd "$ECHO 2" 5 reset:0,1,2 step:0,1,2 step:2,0
+    [ "$status" -eq 0 ]
+    [ "$http" = "$(replies)" ]
+    [[ "$http" == *"step 0 ok done=1 reward=0.5 text= [fb 0.2 a0.2|0,2]"* ]]
+    # what the server got: each request on its own path, the same bodies as the program's lines
+    grep -qxF 'env_server: /reset {"type":"reset","episode":1,"prompt":{"prompt":"p1"}}' "$BATS_TEST_TMPDIR/server.log"
+    grep -qxF 'env_server: /step {"type":"step","episode":2,"turn":2,"action":"a2.2","action_ids":[2,2]}' "$BATS_TEST_TMPDIR/server.log"
+    [ "$(grep -c '^env_server: ' "$BATS_TEST_TMPDIR/server.log")" -eq 8 ]
+}
+
+@test "env server: an HTTP 500, a body that is not JSON, another episode, bad fields, too slow: that episode only ends, reward 0; the call takes the timeout" {
+    serve 2 500:1 nonjson:2 wrong:3 slow:4 bad:5
+    drive url "$URL" 1 reset:0,1,2,3,4 step:0 reset:5 step:5
+    [ "$status" -eq 0 ]
+    diff <(replies) - <<'EOF'
+reset 0 ok done=0 reward=0 text= [obs p0]
+reset 1 bad_reply done=1 reward=0 text=
+reset 2 bad_reply done=1 reward=0 text=
+reset 3 wrong_episode done=1 reward=0 text=
+reset 4 timeout done=1 reward=0 text=
+detail: episode 1: bad_reply: HTTP 500: overloaded
+step 0 ok done=0 reward=0.25 text= [fb 0.1 a0.1|0,1]
+reset 5 ok done=0 reward=0 text= [obs p5]
+step 5 bad_reply done=1 reward=0 text=
+detail: episode 5: bad_reply: {"episode": 5, "turn": 1, "environment_feedback": " [fb 5.1 a5.1|5,1]", "reward": 0.25, "done": "yes"}
+dropped 0
+EOF
+    # the slow one is given up at 1 s, not waited for (5 s); margin for this machine's load
+    [ "$(tenths)" -ge 10 ] && [ "$(tenths)" -le 15 ]
+}
+
+@test "env server: no server at all is one error line naming the URL (credentials hidden); a URL that is not http(s) is refused" {
+    local port
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    drive url "http://user:secret@127.0.0.1:$port/env" 5 reset:0,1
+    [ "$status" -eq 1 ]
+    [ "${lines[-1]}" = "environment server http://127.0.0.1:$port/env: Couldn't connect to server (all 2 reset requests)" ]
+    drive url "ftp://127.0.0.1/env" 5 reset:0
+    [ "$status" -eq 1 ]
+    [ "${lines[-1]}" = "--env-url ftp://127.0.0.1/env: not an http(s) URL" ]
+}
