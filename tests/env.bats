@@ -2,10 +2,11 @@
 # rlhf/env.c, the environment protocol (driver tests/test_env.c; the program
 # tests/fixtures/env/echo_env.py answers a batch in reverse order): a program's replies matched to
 # their episodes out of order, per-turn rewards, the exact request lines; each per-episode fault (a
-# line that is not JSON, a reply naming another episode, bad fields, no reply within the timeout, a
-# late reply dropped on the next call) ends that episode only; a program that exits is one error
-# line naming it with its status. Over HTTP (a loopback server written here): the same, plus an
-# HTTP 500, a body that is not JSON, a server too slow for the timeout, and no server at all.
+# line that is not JSON, a reply naming another episode, bad fields, no reply within the timeout)
+# ends that episode only; a late or second reply is dropped and counted; requests cut by a timeout
+# are finished by the next call; a program that exits is one error line naming it with its status.
+# Over HTTP (tests/fixtures/env/env_server.py on 127.0.0.1): the same replies, plus an HTTP 500, a
+# body that is not JSON, a server too slow for the timeout, and no server at all.
 load helpers
 
 T="$ROOT/build/tests/test_env"
@@ -68,8 +69,9 @@ dropped 0
 EOF
 }
 
-@test "env command: no reply within the timeout ends those episodes (the call takes the timeout, not more); the late reply is dropped on the next call" {
-    drive cmd "$ECHO 3 late:1 silent:2" 1 reset:0,1,2,3 step:0,3
+@test "env command: no reply within the timeout ends those episodes (the call takes the timeout, not more); the late reply and a second reply are dropped" {
+    # dropped: episode 1's late reset reply, and the second copies of episode 3's two replies
+    drive cmd "$ECHO 3 late:1 silent:2 twice:3" 1 reset:0,1,2,3 step:0,3
     [ "$status" -eq 0 ]
     diff <(replies) - <<'EOF'
 reset 0 ok done=0 reward=0 text= [obs p0]
@@ -79,10 +81,26 @@ reset 3 ok done=0 reward=0 text= [obs p3]
 detail: episode 1: timeout
 step 0 ok done=0 reward=0.25 text= [fb 0.1 a0.1|0,1]
 step 3 ok done=0 reward=0.25 text= [fb 3.1 a3.1|3,1]
-dropped 1
+dropped 3
 EOF
     # 1 s of timeout, plus at most 0.5 s of this machine's load (a timing check, hence the margin)
     [ "$(tenths)" -ge 10 ] && [ "$(tenths)" -le 15 ]
+}
+
+@test "env command: requests past the pipe's buffer to a program not reading yet: after the timeout, the next call writes the rest first; the program sees whole lines" {
+    # it reads nothing until $go exists: the first call's 200 kB cannot all be written in its 1 s
+    local go="$BATS_TEST_TMPDIR/go"
+    ECHO_ENV_WAIT=$go drive cmd "$ECHO" 1 bigstep:0,1 touch:"$go" reset:2 sleep:0.3 step:2 bigstep:2
+    [ "$status" -eq 0 ]
+    diff <(replies) - <<'EOF'
+step 0 timeout done=1 reward=0 text=
+step 1 timeout done=1 reward=0 text=
+detail: episode 0: timeout
+reset 2 ok done=0 reward=0 text= [obs p2]
+step 2 ok done=0 reward=0.25 text= [fb 2.1 a2.1|2,1]
+step 2 ok done=0 reward=0.5 text= [fb 2.2 100004 bytes]
+dropped 2
+EOF
 }
 
 @test "env command: a program that never answers: every episode times out, the run is not hung, and closing it is prompt" {

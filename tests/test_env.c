@@ -5,7 +5,9 @@
  * WORD: reset:E,E,...  resets of those episodes (prompt line {"prompt": "p<E>"});
  *       step:E,E,...   a step of each (turn: that episode's count of steps so far + 1; action
  *                      "a<E>.<T>", action_ids [E, T]);
- *       sleep:S        sleeps S seconds.
+ *       bigstep:E,...  a step whose action is "a<E>.<T>" and 100000 letters 'x' (past a pipe's buffer);
+ *       sleep:S        sleeps S seconds;
+ *       touch:PATH     creates the file PATH.
  * Prints one line per reply, in the call's order:
  *   <reset|step> <E> <fault name> done=<0|1> reward=<%g> text=<the text>
  * then "detail: <env_fault_detail>" after a call that had a fault, and at the end
@@ -35,8 +37,9 @@ int main(int argc, char **argv) {
         char *word = argv[a], *colon = strchr(word, ':');
         if (!colon) { fprintf(stderr, "bad word %s\n", word); return 2; }
         if (!strncmp(word, "sleep:", 6)) { usleep((useconds_t)(atof(colon + 1) * 1e6)); continue; }
-        int step = !strncmp(word, "step:", 5), n = 0, ep[MAX_EP], turn[MAX_EP], ids[MAX_EP][2], n_ids[MAX_EP];
-        char prompt[MAX_EP][64], action[MAX_EP][64];
+        if (!strncmp(word, "touch:", 6)) { fclose(fopen(colon + 1, "w")); continue; }
+        int big = !strncmp(word, "bigstep:", 8), step = big || !strncmp(word, "step:", 5), n = 0, ep[MAX_EP], turn[MAX_EP], ids[MAX_EP][2], n_ids[MAX_EP];
+        char prompt[MAX_EP][64], *action[MAX_EP];
         const char *pl[MAX_EP], *act[MAX_EP];
         const int *idp[MAX_EP];
         for (char *s = colon + 1; *s && n < MAX_EP; n++) {
@@ -45,7 +48,10 @@ int main(int argc, char **argv) {
             CHECK(ep[n] >= 0 && ep[n] < 1024);
             turn[n] = turns[ep[n]] + 1;
             snprintf(prompt[n], sizeof prompt[n], "{\"prompt\": \"p%d\"}", ep[n]);
-            snprintf(action[n], sizeof action[n], "a%d.%d", ep[n], turn[n]);
+            size_t alen = big ? 100064 : 64;
+            action[n] = xmalloc(alen);
+            int k = snprintf(action[n], alen, "a%d.%d", ep[n], turn[n]);
+            if (big) { memset(action[n] + k, 'x', 100000); action[n][k + 100000] = 0; }
             ids[n][0] = ep[n];
             ids[n][1] = turn[n];
             n_ids[n] = 2;
@@ -63,6 +69,7 @@ int main(int argc, char **argv) {
             printf("%s\n", err);
             return 1;
         }
+        for (int i = 0; i < n; i++) free(action[i]);
         for (int i = 0; i < n; i++) {
             if (step) turns[ep[i]]++;
             printf("%s %d %s done=%d reward=%g text=%s\n", step ? "step" : "reset", ep[i], ENV_FAULT_NAMES[r[i].fault],
