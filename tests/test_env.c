@@ -64,12 +64,13 @@ int main(int argc, char **argv) {
         int rv = step ? env_step(e, n, ep, turn, act, idp, n_ids, r, err, sizeof err)
                       : env_reset(e, n, ep, pl, r, err, sizeof err);
         if (now_seconds() - t0 > longest) longest = now_seconds() - t0;
+        for (int i = 0; i < n; i++) free(action[i]);
         if (rv) {
+            for (int i = 0; i < n; i++) free(r[i].text);
             env_close(e);
             printf("%s\n", err);
             return 1;
         }
-        for (int i = 0; i < n; i++) free(action[i]);
         for (int i = 0; i < n; i++) {
             if (step) turns[ep[i]]++;
             printf("%s %d %s done=%d reward=%g text=%s\n", step ? "step" : "reset", ep[i], ENV_FAULT_NAMES[r[i].fault],
