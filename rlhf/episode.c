@@ -1,6 +1,7 @@
 /* episode.c — see episode.h. */
 #include "rlhf/episode.h"
 #include "runtime/util.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -176,6 +177,7 @@ static void step_env(ExperienceMaker *x, const Episodes *ep, int step, int t, co
     EnvReply *r = xcalloc(n > 0 ? n : 1, sizeof(EnvReply));
     char err[1024];
     if (n && env_step(x->env, n, id, turn, act, aid, nid, r, err, sizeof err)) rank_error("%s", err);
+    if (n && env_fault_detail(x->env)[0]) fprintf(stderr, "env: step %d, turn %d: %s\n", step + 1, t, env_fault_detail(x->env));
     for (int i = 0; i < n; i++) { reply[who[i]] = r[i]; free((char *)act[i]); }
     free(r); free(id); free(turn); free(nid); free(who); free(act); free(aid);
 }
@@ -192,6 +194,7 @@ static void reset_env(ExperienceMaker *x, int S, int step, const int *pidx, EnvR
     }
     char err[1024];
     if (env_reset(x->env, S, id, line, reply, err, sizeof err)) rank_error("%s", err);
+    if (env_fault_detail(x->env)[0]) fprintf(stderr, "env: step %d, reset: %s\n", step + 1, env_fault_detail(x->env));
     for (int s = 0; s < S; s++) free(own[s]);
     free(id); free(line); free(own);
 }

@@ -1,7 +1,8 @@
 /* experience.h — one PPO step's experience: the prompts of the step, the actor's rollout, the
  * reference / reward / critic passes and the advantages, and its mini-batches for the updates.
  *   1. rollout     actor: each dp replica samples its share of the batch on the live training
- *                  shards (generate/engine.c); results to every rank
+ *                  shards (generate/engine.c); results to every rank. With an environment
+ *                  (--env-cmd / --env-url) each sample is a multi-turn episode (rlhf/episode.h)
  *   2. passes      ref and teacher: logprobs at the temperature; reward: the score at each sequence's last token
  *                  (reward model) or the reward program (world rank 0); critic: values. Each
  *                  role's root broadcasts its results over the world (rlhf/roles.h)
@@ -27,7 +28,12 @@
 #include "train/grad.h"
 
 /* The batch of one step, the same on every rank: S sequences (prompt ++ response) packed back to
- * back. Actions are the positions before each response token. */
+ * back. Actions are the positions before each response token. With an environment the "response"
+ * is the whole episode after the prompt (observation, the model's turns, the feedback between
+ * them): actions are the positions before the MODEL's tokens only (the environment's have target
+ * -1, mask 0: out of the policy and value losses, the KL, the entropy and their means), resp_len
+ * counts every token after the prompt, and finish is FINISH_STOP when the environment ended the
+ * episode (done, or a fault), FINISH_LENGTH when --max-turns or --max-episode-tokens did. */
 typedef struct {
     int S, N;
     int *tokens, *seq_start, *targets;   /* (N), (S + 1), (N): targets[n] = tokens[n + 1] at actions, else -1 */
@@ -36,7 +42,8 @@ typedef struct {
     float *old_lp, *ref_lp, *values;     /* (N) at actions; ref_lp NULL without a reference */
     float *teacher_lp;                   /* (N) at actions: the teacher's logprobs (--teacher); NULL without */
     double teacher_kl;                   /* the step's mean reverse KL estimate to the teacher (rlhf/distill.h) */
-    double *score;                       /* (S) the reward (after normalising / penalty / clipping) */
+    double *score;                       /* (S) the reward (after normalising / penalty / clipping); an episode's:
+                                            the sum of its turns' rewards (experience_reward) */
     double *raw;                         /* (S) the reward model's or program's score, before shaping */
     int *draw;                           /* (S) --dynamic-sampling: the draw that sampled it (0: the step's own) */
     int n_timed_out;                     /* --reward-fn: samples whose verification ran past its timeout */
