@@ -162,6 +162,38 @@ fault() {
     echo "hang: $((SECONDS - t0)) s" >&3
 }
 
+# serve MODE LOG: mt_env.py over HTTP on 127.0.0.1 (killed by teardown); sets URL
+serve() {
+    python3 "$FIX/env/mt_env.py" --http "$BATS_TEST_TMPDIR/port" "$@" 3>&- &
+    echo $! >> "$BATS_TEST_TMPDIR/pids"
+    for _ in $(seq "$(scaled 100)"); do [ -s "$BATS_TEST_TMPDIR/port" ] && break; sleep 0.1; done
+    URL="http://127.0.0.1:$(cat "$BATS_TEST_TMPDIR/port")"
+    rm "$BATS_TEST_TMPDIR/port"
+}
+teardown() {
+    [ -f "$BATS_TEST_TMPDIR/pids" ] || return 0
+    while read -r p; do kill "$p" 2>/dev/null || true; done < "$BATS_TEST_TMPDIR/pids"
+}
+
+@test "--env-url: the same episodes over HTTP, rebuilt from the server's log; a reply that never comes ends its episode at --env-timeout" {
+    need_story
+    need_hfpy
+    base
+    serve ok "$BATS_TEST_TMPDIR/log.jsonl"
+    o="$BATS_TEST_TMPDIR/o"
+    run timeout 120 "$TANDEM" "${A[@]}" --env-url "$URL" --out "$o" --dump-rollouts "$o.jsonl"
+    [ "$status" -eq 0 ]
+    zero_diff "$o/metrics.jsonl"
+    check "$o.jsonl" "$BATS_TEST_TMPDIR/log.jsonl"
+    serve hang
+    o="$BATS_TEST_TMPDIR/h"
+    run timeout 120 "$TANDEM" "${A[@]}" --env-url "$URL" --env-timeout 2 --out "$o" --dump-rollouts "$o.jsonl"
+    [ "$status" -eq 0 ]
+    jq -s -e 'map(if ((.step - 1) * 8 + .sample) % 4 == 3 then .env_fault == "timeout" and .score_raw == 0
+        else .env_fault == "ok" end) | all' "$o.jsonl"
+    [ "$(jq -s -c 'map(.["env/timeouts"])' "$o/metrics.jsonl")" = "[2,2]" ]
+}
+
 @test "an environment program that exits: one error line naming it, every rank exits" {
     need_story
     base
