@@ -346,7 +346,9 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so, Dy
     }
     tm[T_STEP] = (float)(now_seconds() - t0);
     comm_all_reduce_max(&rs->world, tm, N_T);   /* a role's phase as long as its slowest rank */
-    if (so->as.logprob_diff_max != 0 || so->as.n_checked == 0)
+    int actions = 0;   /* episodes all ended at reset (faults) have none: nothing to check */
+    for (int n = 0; n < b->N && !actions; n++) actions = b->targets[n] >= 0;
+    if (so->as.logprob_diff_max != 0 || (so->as.n_checked == 0 && actions))
         user_error("step %d: the actor's training logprobs differ from its rollout logprobs (max |diff| %.3g over %.0f "
                    "tokens): the one-engine guarantee is broken", step + 1, so->as.logprob_diff_max, so->as.n_checked);
 }

@@ -160,6 +160,12 @@ fault() {
     [ "$(jq -s -c 'map(.["env/timeouts"])' "$BATS_TEST_TMPDIR/hang/metrics.jsonl")" = "[2,2]" ]
     # two steps, one 2 s timeout each (hang guard, not a timing assertion: without --env-timeout it would never end)
     echo "hang: $((SECONDS - t0)) s" >&3
+    # every episode ends at its reset: no action in the batch, nothing trained, the run goes on
+    o="$BATS_TEST_TMPDIR/rb"
+    run timeout 120 "$TANDEM" "${A[@]}" --env-cmd "$ENV resetbad" --out "$o" --dump-rollouts "$o.jsonl"
+    [ "$status" -eq 0 ]
+    [ "$(jq -s -c 'map([.["env/faults"], .["actor/grad_norm"], .["response_length/mean"]])' "$o/metrics.jsonl")" = "[[8,0,0],[8,0,0]]" ]
+    jq -s -e 'map(.env_fault == "bad_reply" and .response_ids == []) | all' "$o.jsonl"
 }
 
 # serve MODE LOG: mt_env.py over HTTP on 127.0.0.1 (killed by teardown); sets URL
