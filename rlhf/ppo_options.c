@@ -211,14 +211,19 @@ static void env_options_check(Ppo *p, const PpoOptions *o, int n_rewards) {
     if (!(o->env_timeout > 0 && o->env_timeout <= 86400))
         user_error("--env-timeout %g: must be in (0, 86400] seconds (a call that never answers must end)", o->env_timeout);
     if (x->max_turns < 1 || x->max_turns > 1000) user_error("--max-turns %d: must be in [1, 1000]", x->max_turns);
-    if (!args_given(&x->max_ep_tokens)) x->max_ep_tokens = (int)((long)2 * x->max_turns * x->max_new < 1 << 20 ? 2 * x->max_turns * x->max_new : 1 << 20);
+    if (x->max_new < 1) return;   /* refused below */
+    long dflt = 2L * x->max_turns * x->max_new;   /* room for feedback as long as the model's turns */
+    if (!args_given(&x->max_ep_tokens)) x->max_ep_tokens = (int)(dflt < 1 << 20 ? dflt : 1 << 20);
     if (x->max_ep_tokens < 1 || x->max_ep_tokens > 1 << 20)
         user_error("--max-episode-tokens %d: must be in [1, %d] (and leave each prompt room: it counts in the model's positions)",
                    x->max_ep_tokens, 1 << 20);
     if (x->overlong_buffer)
         user_error("--overlong-buffer: DAPO's overlong shaping measures one response against --max-new-tokens; an "
                    "episode is several turns and the environment's tokens");
-    if (x->dynamic_sampling && x->max_draws > 1000) user_error("--max-sample-draws %d: at most 1000 with --env-*", x->max_draws);
+    long draws = x->dynamic_sampling ? x->max_draws : 1, ids = (long)o->steps * draws * x->B * x->G;
+    if (ids > 2147483647L)   /* an episode's id is (step x draws + draw) x S + sample (rlhf/episode.h) */
+        user_error("ppo: --steps %d x --rollout-batch-size %d x --n-samples-per-prompt %d (x --max-sample-draws %ld) "
+                   "episodes: more than 2^31 - 1 ids", o->steps, x->B, x->G, draws);
     x->env_timeout = o->env_timeout;
 }
 

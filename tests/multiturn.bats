@@ -232,6 +232,7 @@ teardown() {
     # a prompt and the episode must fit the model's positions
     refuse "${E[@]}" --max-episode-tokens 600 | grep -q "max_position_embeddings"
     refuse --env-cmd "" | grep -q "empty"
+    refuse "${E[@]}" --steps 300000000 | grep -q "2^31 - 1 ids"
 }
 
 @test "--resume with episodes: 4 steps straight == 2 steps, then --resume 2 more (metrics and weights bit for bit: seeds and episode ids are functions of the step)" {
