@@ -244,7 +244,7 @@ static int gone(Env *e, Call *c, const char *closed, char *err, size_t errlen) {
 
 static int cmd_call(Env *e, Call *c, char **bodies, char *err, size_t errlen) {
     /* the requests after what is left of earlier calls' */
-    memmove(e->w, e->w + e->woff, e->wlen - e->woff);
+    if (e->woff) memmove(e->w, e->w + e->woff, e->wlen - e->woff);
     e->wlen -= e->woff;
     e->woff = 0;
     for (int i = 0; i < c->n; i++) {
