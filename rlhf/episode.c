@@ -186,17 +186,14 @@ static void step_env(ExperienceMaker *x, const Episodes *ep, int step, int t, co
 static void reset_env(ExperienceMaker *x, int S, int step, const int *pidx, EnvReply *reply) {
     int *id = xmalloc(sizeof(int) * S);
     const char **line = xmalloc(sizeof(char *) * S);
-    char **own = xcalloc(S, sizeof(char *));
     for (int s = 0; s < S; s++) {
-        int p = pidx[s / x->G];
         id[s] = episode_id(x, step, s);
-        line[s] = x->lines ? x->lines[p] : (own[s] = xstrdup("{}"));
+        line[s] = x->lines[pidx[s / x->G]];
     }
     char err[1024];
     if (env_reset(x->env, S, id, line, reply, err, sizeof err)) rank_error("%s", err);
     if (env_fault_detail(x->env)[0]) fprintf(stderr, "env: step %d, reset: %s\n", step + 1, env_fault_detail(x->env));
-    for (int s = 0; s < S; s++) free(own[s]);
-    free(id); free(line); free(own);
+    free(id); free(line);
 }
 
 /* Applies the shared replies (and frees ids): an episode's end (done, a fault, --max-turns, no room
