@@ -1,7 +1,8 @@
 /* experience.h — one PPO step's experience: the prompts of the step, the actor's rollout, the
  * reference / reward / critic passes and the advantages, and its mini-batches for the updates.
  *   1. rollout     actor: each dp replica samples its share of the batch on the live training
- *                  shards (generate/engine.c); results to every rank
+ *                  shards (generate/engine.c); results to every rank. With an environment
+ *                  (--env-cmd / --env-url) each sample is a multi-turn episode (rlhf/episode.h)
  *   2. passes      ref and teacher: logprobs at the temperature; reward: the score at each sequence's last token
  *                  (reward model) or the reward program (world rank 0); critic: values. Each
  *                  role's root broadcasts its results over the world (rlhf/roles.h)
@@ -18,6 +19,7 @@
 #ifndef TANDEM_EXPERIENCE_H
 #define TANDEM_EXPERIENCE_H
 #include "generate/engine.h"
+#include "rlhf/env.h"
 #include "rlhf/ppo_loss.h"
 #include "rlhf/reward_cmd.h"
 #include "rlhf/roles.h"
@@ -26,7 +28,12 @@
 #include "train/grad.h"
 
 /* The batch of one step, the same on every rank: S sequences (prompt ++ response) packed back to
- * back. Actions are the positions before each response token. */
+ * back. Actions are the positions before each response token. With an environment the "response"
+ * is the whole episode after the prompt (observation, the model's turns, the feedback between
+ * them): actions are the positions before the MODEL's tokens only (the environment's have target
+ * -1, mask 0: out of the policy and value losses, the KL, the entropy and their means), resp_len
+ * counts every token after the prompt, and finish is FINISH_STOP when the environment ended the
+ * episode (done, or a fault), FINISH_LENGTH when --max-turns or --max-episode-tokens did. */
 typedef struct {
     int S, N;
     int *tokens, *seq_start, *targets;   /* (N), (S + 1), (N): targets[n] = tokens[n + 1] at actions, else -1 */
@@ -35,10 +42,17 @@ typedef struct {
     float *old_lp, *ref_lp, *values;     /* (N) at actions; ref_lp NULL without a reference */
     float *teacher_lp;                   /* (N) at actions: the teacher's logprobs (--teacher); NULL without */
     double teacher_kl;                   /* the step's mean reverse KL estimate to the teacher (rlhf/distill.h) */
-    double *score;                       /* (S) the reward (after normalising / penalty / clipping) */
+    double *score;                       /* (S) the reward (after normalising / penalty / clipping); an episode's:
+                                            the sum of its turns' rewards (experience_reward) */
     double *raw;                         /* (S) the reward model's or program's score, before shaping */
     int *draw;                           /* (S) --dynamic-sampling: the draw that sampled it (0: the step's own) */
     int n_timed_out;                     /* --reward-fn: samples whose verification ran past its timeout */
+    /* --env-cmd / --env-url (rlhf/episode.h): the sequence after the prompt is an episode, the model's
+     * turns and the environment's tokens (observation, feedback) in order. Filled by the rollout. */
+    int *turn;                           /* (N) the turn of each token after the prompt: the model's of turn t, or
+                                            the environment's answering turn t (0: the observation); 0 at the prompt */
+    double *turn_r;                      /* (N) the environment's reward of turn t at turn t's last action, else 0 */
+    int *turns, *fault;                  /* (S) the model's turns; the EnvFault that ended the episode (0: none) */
     double *rewards, *kl, *adv, *ret;    /* (N) */
     float *adv_f, *ret_f;                /* (N) float copies for the hooks */
 } Experience;
@@ -52,6 +66,8 @@ typedef struct {
     char **prompt_text, **labels;        /* decoded prompt; label JSON text or NULL */
     cJSON **refs;                        /* --reward-fn: each prompt line (its "answer" / "tests"), else NULL */
     char **prompt_id;                    /* the line's "id" as JSON text, or NULL */
+    char **lines;                        /* with an environment: each prompt line as JSON text (its reset's
+                                            "prompt"); else NULL */
     Tokenizer *tok;
     /* rollout */
     int B, G, max_new, max_len;          /* prompts per step, samples per prompt, response and sequence length at most */
@@ -70,6 +86,12 @@ typedef struct {
     int overlong_buffer;                 /* DAPO's overlong shaping: the buffer L (0 = off) and factor F */
     double overlong_factor;
     int mask_truncated;                  /* responses cut at --max-new-tokens weigh 0 in the loss */
+    /* multi-turn episodes (rlhf/episode.h): on when env_cmd or env_url is set */
+    const char *env_cmd, *env_url;       /* --env-cmd / --env-url */
+    Env *env;                            /* open on the actor's root only (NULL elsewhere) */
+    double env_timeout;                  /* --env-timeout: seconds per call */
+    int max_turns, max_ep_tokens;        /* --max-turns, --max-episode-tokens (tokens after the prompt) */
+    int env_chat;                        /* --env-chat-template: the ChatFormat feedback is rendered in, else -1 */
     Engine *engine;                      /* the actor's, on its training shards (actor ranks) */
     /* forward-only passes */
     int fwd_tokens;                      /* tokens per forward-only chunk */
@@ -92,6 +114,11 @@ typedef struct {
     int has_norm;                        /* --normalize-reward with the reward model's saved stats */
     double norm_mean, norm_std;
 } ExperienceMaker;
+
+/* The tokens after a prompt at most: --max-episode-tokens with an environment, else --max-new-tokens. */
+static inline int experience_resp_max(const ExperienceMaker *x) {
+    return x->env_cmd || x->env_url ? x->max_ep_tokens : x->max_new;
+}
 
 /* Reads the prompts (jsonl: "prompt" | "messages" | "input_ids", optional "label") on every rank;
  * a prompt longer than max_pos - max_new is an error, or keeps its last tokens with truncate; a
