@@ -94,7 +94,7 @@ lap init
 # training problems reaches SFT_TARGET (a partial accuracy, so that RL has room) ----------------------
 # sft_until INIT DIR TARGET: SFT of INIT into DIR until that accuracy (or SFT_MAX steps); sets step
 sft_until() {
-    local args=(--data "$OUT/sft.jsonl" --out "$2" --seq-len 64 --batch-size 64 --max-steps "$SFT_MAX"
+    local args=(--data "${SFT_DATA:-$OUT/sft.jsonl}" --out "$2" --seq-len 64 --batch-size 64 --max-steps "$SFT_MAX"
                 --lr "$SFT_LR" --warmup $((SFT_MAX > 40 ? 20 : SFT_MAX / 2)) --seed "$SEED" --log-every "$SFT_CHUNK" "${TH[@]}")
     local from=(--model "$1") val
     step=0
@@ -125,16 +125,23 @@ case $MODE in
 grpo)    RL+=(--advantage grpo "${REWARD[@]}") ;;
 drgrpo)  # DAPO's dynamic sampling with Dr. GRPO's loss: no std normalisation, a constant normaliser
          RL+=(--advantage grpo --no-std-norm --loss-agg seq-mean-token-sum-norm --dynamic-sampling "${REWARD[@]}") ;;
-distill) # on-policy distillation: a smaller student on its own samples, the SFT model the teacher (the
-         # per-token reverse KL to the teacher as the advantage; no reward). A random-init student does not
-         # learn the task this way within minutes (reverse KL from a uniform policy collapses onto repeated
-         # tokens first), so the student gets a short SFT of its own to STUDENT_TARGET; before = its accuracy
+distill) # on-policy distillation into a fresh (random-initialised), smaller student whose every lesson is
+         # the teacher's (the SFT model's): first off-policy, SFT on the teacher's own greedy answers to the
+         # training prompts (right or wrong; the ground-truth responses are never shown to it) until
+         # STUDENT_TARGET, then on-policy: the per-token reverse KL to the teacher on the student's own
+         # samples as the advantage (no reward). On-policy alone from a random student does not learn the
+         # task within minutes (reverse KL from a uniform policy collapses onto repeated tokens first).
+         # before = the student after the off-policy stage (a fresh one scores 0)
          $T convert --from random --shape "$STUDENT_SHAPE" --seed "$((SEED + 1))" --tokenizer "$TOK" --out "$OUT/student_init" > /dev/null 2>&1
+         jq -c '{id: input_line_number, prompt}' "$OUT/sft.jsonl" > "$OUT/teacher.in"
+         $T generate --model "$SFT" --input "$OUT/teacher.in" --output "$OUT/teacher.gen" --temperature 0 \
+             --max-new-tokens 48 "${TH[@]}" 2>"$OUT/teacher.log" || { cat "$OUT/teacher.log" >&2; exit 1; }
+         jq -c '{prompt, response: .completion}' "$OUT/teacher.gen" > "$OUT/student_sft.jsonl"
          teacher_steps=$step
-         sft_until "$OUT/student_init" "$OUT/student" "$STUDENT_TARGET"
+         SFT_DATA=$OUT/student_sft.jsonl sft_until "$OUT/student_init" "$OUT/student" "$STUDENT_TARGET"
          actor=$OUT/student/checkpoint-$step; step=$teacher_steps
          before=$(accuracy "$actor" student)
-         echo "held-out accuracy of the student: $before"
+         echo "held-out accuracy of the student after the off-policy stage: $before"
          RL+=(--teacher "$SFT") ;;
 esac
 $T ppo --actor "$actor" "${RL[@]}" > "$OUT/rl.log" 2>&1 || { cat "$OUT/rl.log" >&2; exit 1; }
