@@ -74,3 +74,23 @@ load helpers
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' -c "$o/rl/metrics.jsonl")" = "[0]" ]
     [ "$(jq -s 'map(.["reward/timeouts"]) | add' "$o/rl/metrics.jsonl")" = 0 ]
 }
+
+@test "rlvr.sh distill on a tiny budget: a fresh student whose SFT data are the teacher's own greedy answers, then on-policy distillation; the JSON line" {
+    need_assets
+    o="$BATS_TEST_TMPDIR/run"
+    OUT="$o" SFT_MAX=10 SFT_CHUNK=10 SFT_TARGET=2 STUDENT_TARGET=2 RL_STEPS=2 RL_PROMPTS=4 RL_G=2 \
+        run timeout 300 bash "$ROOT/examples/rlvr.sh" "$FIX/rlvr/heldout16.jsonl" distill
+    echo "$output"
+    [ "$status" -eq 0 ]
+    last=${lines[${#lines[@]} - 1]}
+    echo "$last" | jq -e '.mode == "distill" and (.heldout_accuracy_before | type == "number")
+        and (.heldout_accuracy_after | type == "number")'
+    # the student's SFT data: every training prompt with the teacher's greedy completion, nothing else
+    [ "$(wc -l < "$o/student_sft.jsonl")" = "$(wc -l < "$o/sft.jsonl")" ]
+    cmp <(jq -c '{prompt, response: .completion}' "$o/teacher.gen") "$o/student_sft.jsonl"
+    ! cmp -s <(jq -c .response "$o/sft.jsonl") <(jq -c .response "$o/student_sft.jsonl")
+    # the student is its own, smaller model (48-dim), trained by ppo with the teacher and no reward
+    [ "$(jq .hidden_size "$o/student_init/config.json")" = 48 ]
+    [ "$(jq -s 'map(has("actor/teacher_kl")) | all' "$o/rl/metrics.jsonl")" = true ]
+    [ "$(jq -s 'length' "$o/rl/metrics.jsonl")" = 2 ]
+}
