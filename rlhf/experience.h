@@ -38,6 +38,10 @@ typedef struct {
     double *score;                       /* (S) the reward (after normalising / penalty / clipping) */
     double *raw;                         /* (S) the reward model's or program's score, before shaping */
     int *draw;                           /* (S) --dynamic-sampling: the draw that sampled it (0: the step's own) */
+    int *version;                        /* (S) the weights version (the step whose weights, 0-based) that
+                                            sampled every token of it: the step itself unless --async-lag */
+    float *prox_lp;                      /* (N) at actions: --async-lag's proximal logprobs (the weights before
+                                            the update: rlhf/async.h); NULL: the rollout's are the proximal ones */
     int n_timed_out;                     /* --reward-fn: samples whose verification ran past its timeout */
     double *rewards, *kl, *adv, *ret;    /* (N) */
     float *adv_f, *ret_f;                /* (N) float copies for the hooks */
@@ -119,7 +123,8 @@ void experience_free(Experience *b);
  * fill (tokens, targets, mask, old logprobs, lengths, finish, score, draw). */
 void experience_append(Experience *dst, const Experience *src, int s);
 
-/* 1. rollout of the B prompts pidx x G samples at `step` (seeds are functions of seed and step) */
+/* 1. rollout of the B prompts pidx x G samples at `step` (seeds are functions of seed and step), by
+ * rollout_role(rs) (roles.h): its results to every rank of rs->world */
 void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b);
 /* 2. the passes; each leaves its result on every rank */
 void experience_ref(ExperienceMaker *x, Roles *rs, Experience *b);
@@ -130,6 +135,9 @@ void experience_teacher(ExperienceMaker *x, Roles *rs, Experience *b);
  * held to the same bound (REWARD_ABS_MAX) or stops the run naming the sample and its prompt. */
 void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx);
 void experience_values(ExperienceMaker *x, Roles *rs, Experience *b);
+/* --async-lag: the actor's own logprobs of b at the temperature, as the reference's pass, into
+ * b->prox_lp (allocated by the caller): the proximal policy of decoupled PPO (rlhf/async.h). */
+void experience_prox(ExperienceMaker *x, Roles *rs, Experience *b);
 /* The shaped score of sample s of b from its raw score: normalised (--normalize-reward), plus the
  * overlong penalty (DAPO, verl's overlong_buffer: with Lmax = max_new and n = resp_len[s],
  * min(-(n - (Lmax - L)) / L * F, 0)), minus the missing-EOS penalty, clipped (--reward-clip).

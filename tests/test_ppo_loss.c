@@ -127,10 +127,10 @@ typedef struct {
  * halves' stats accumulate in one PpoHook. ctx_at(ctx, off) gives the context shifted by off tokens. */
 typedef PpoCtx (*CtxAt)(const PpoCtx *c, int off);
 static PpoCtx actor_at(const PpoCtx *c, int off) {
-    return (PpoCtx){c->old_lp + off, c->ref_lp + off, c->adv + off, NULL, NULL, c->check};
+    return (PpoCtx){c->old_lp + off, c->ref_lp + off, c->adv + off, NULL, NULL, NULL, c->check};
 }
 static PpoCtx critic_at(const PpoCtx *c, int off) {
-    return (PpoCtx){NULL, NULL, NULL, c->old_values + off, c->returns + off, c->check};
+    return (PpoCtx){NULL, NULL, NULL, c->old_values + off, c->returns + off, NULL, c->check};
 }
 static double run_hook(LossFn fn, const PpoBatch *b, const PpoCtx *ctx, CtxAt at, const float *out, PpoHook *h,
                        float *dout, int split) {
@@ -189,7 +189,7 @@ static void check_actor(const PpoBatch *b, const cJSON *c, int norm) {
     float *old = flt(c, "old_lp", b->N), *dout = xmalloc(sizeof(float) * b->N), *dout2 = xmalloc(sizeof(float) * b->N);
     float *w = xmalloc(sizeof(float) * b->N);
     double *want = dbl(c, "dlp", b->N);
-    PpoCtx ctx = {old, b->ref, b->adv, NULL, NULL, 1};
+    PpoCtx ctx = {old, b->ref, b->adv, NULL, NULL, NULL, 1};
     PpoBatch bw = *b;
     bw.weight = (float *)case_weights(b, c, norm, w);
     char what[160];
@@ -215,7 +215,7 @@ static void check_critic(const PpoBatch *b, const cJSON *c) {
     float *v = flt(c, "values", b->N), *ov = flt(c, "old_values", b->N), *R = flt(c, "returns", b->N);
     float *dout = xmalloc(sizeof(float) * b->N), *dout2 = xmalloc(sizeof(float) * b->N);
     double *want = dbl(c, "dv", b->N);
-    PpoCtx ctx = {NULL, NULL, NULL, ov, R, 0};
+    PpoCtx ctx = {NULL, NULL, NULL, ov, R, NULL, 0};
     char what[160];
     for (int split = 0; split < 2; split++) {
         PpoHook h = {.value_clip = num(c, "value_clip")};
