@@ -137,3 +137,18 @@ dump_core() { jq -c 'del(.version, .staleness)' "$1"; }
     refuse 3 "--rollout-ranks 1: must be a multiple of the actor's tp x pp = 2" --actor-ranks 2 --actor-tp 2 --rollout-ranks 1
     refuse 2 "the rollout ranks are a group of their own" --colocate actor,rollout --rollout-ranks 1 --actor-ranks 1
 }
+
+@test "--rollout-ranks at tp 2 (shards one to one): lag 0 is the colocated tp-2 run bit for bit; lag 1 runs exact on both shards" {
+    need_story
+    base
+    run timeout 180 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --steps 3 --actor-tp 2 --out "$BATS_TEST_TMPDIR/colo"
+    [ "$status" -eq 0 ]
+    for L in 0 1; do
+        run timeout 240 $MPIRUN 4 "$TANDEM" ppo "${A[@]}" --steps 3 --actor-tp 2 --actor-ranks 2 --rollout-ranks 2 --async-lag $L \
+            --out "$BATS_TEST_TMPDIR/l$L"
+        [ "$status" -eq 0 ]
+        [ "$(jq -s -c 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/l$L/metrics.jsonl")" = "[0]" ]
+    done
+    cmp "$BATS_TEST_TMPDIR/colo/checkpoint-3/actor/model-00001-of-00001.safetensors" "$BATS_TEST_TMPDIR/l0/checkpoint-3/actor/model-00001-of-00001.safetensors"
+    [ "$(jq -s -c 'map([.["async/fresh_sequences"], .["async/behav_prox_diff_max"]])[0]' "$BATS_TEST_TMPDIR/l1/metrics.jsonl")" = "[8,0]" ]
+}
