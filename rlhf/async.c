@@ -99,10 +99,7 @@ void async_open(AsyncPipe *a, const Roles *rs, int lag, int S, int max_len, int 
     a->blob_bytes = blob_size(S, max_len);
     a->next = step0;
     const Model *m = rs->role[R_ACTOR].member ? &rs->role[R_ACTOR].m : rs->role[R_ROLLOUT].member ? &rs->role[R_ROLLOUT].m : NULL;
-    if (m) {
-        a->wbytes = m->n_params * dtype_size(m->dtype);
-        a->wbuf = xmalloc(a->wbytes);
-    }
+    if (m) a->wbytes = m->n_params * dtype_size(m->dtype);
     int rollout = rs->role[R_ROLLOUT].member;
     if (!rollout) {
         a->q = xmalloc(sizeof(char *) * (lag + 1));
@@ -115,7 +112,6 @@ void async_open(AsyncPipe *a, const Roles *rs, int lag, int S, int max_len, int 
 void async_close(AsyncPipe *a) {
     for (int i = 0; a->q && i <= a->lag; i++) free(a->q[i]);
     free(a->q);
-    free(a->wbuf);
 }
 
 char *async_inflight(const AsyncPipe *a, int step, int *n, size_t *bytes) {
@@ -134,36 +130,47 @@ char *async_inflight(const AsyncPipe *a, int step, int *n, size_t *bytes) {
 
 /* ---- weights ------------------------------------------------------------------------------------ */
 
-static uint64_t checksum(const void *p, size_t n) {   /* FNV-1a over 8-byte words, then the tail */
-    const unsigned char *c = p;
+/* FNV-1a over 8-byte words (then the tail) of an arena in the backend's memory, read in 64 MiB pieces */
+static uint64_t checksum(const Model *m, size_t n) {
+    size_t piece = (size_t)64 << 20;
+    unsigned char *c = xmalloc(n < piece ? n + 1 : piece);
     uint64_t h = 0xcbf29ce484222325ull, w;
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) { memcpy(&w, c + i, 8); h = (h ^ w) * 0x100000001b3ull; }
-    for (; i < n; i++) h = (h ^ c[i]) * 0x100000001b3ull;
+    for (size_t o = 0; o < n; o += piece) {
+        size_t k = n - o < piece ? n - o : piece, i = 0;
+        m->be->to_host(c, (const char *)m->params + o, k);
+        for (; i + 8 <= k; i += 8) { memcpy(&w, c + i, 8); h = (h ^ w) * 0x100000001b3ull; }
+        for (; i < k; i++) h = (h ^ c[i]) * 0x100000001b3ull;
+    }
+    free(c);
     return h;
 }
 
+/* point to point and broadcast in pieces of at most CHUNK bytes (MPI counts are ints); buffers may be
+ * the backend's memory (runtime/comm.h) */
 static void send_big(const Comm *c, const void *buf, size_t n, int dst) {
-    for (size_t o = 0; o < n || o == 0; o += CHUNK) { comm_send(c, (const char *)buf + o, n - o < CHUNK ? n - o : CHUNK, dst); if (!n) break; }
+    size_t o = 0;
+    do { size_t k = n - o < CHUNK ? n - o : CHUNK; comm_send(c, (const char *)buf + o, k, dst); o += k; } while (o < n);
 }
 static void recv_big(const Comm *c, void *buf, size_t n, int src) {
-    for (size_t o = 0; o < n || o == 0; o += CHUNK) { comm_recv(c, (char *)buf + o, n - o < CHUNK ? n - o : CHUNK, src); if (!n) break; }
+    size_t o = 0;
+    do { size_t k = n - o < CHUNK ? n - o : CHUNK; comm_recv(c, (char *)buf + o, k, src); o += k; } while (o < n);
 }
 static void bcast_big(const Comm *c, void *buf, size_t n, int root) {
     for (size_t o = 0; o < n; o += CHUNK) comm_broadcast(c, (char *)buf + o, n - o < CHUNK ? n - o : CHUNK, root);
 }
 
-/* Weights version v from the actor's dp-rank-0 ranks to the rollout ranks (both sides call it). */
+/* Weights version v from the actor's dp-rank-0 ranks to the rollout ranks (both sides call it): the
+ * arena straight from the backend's memory into the other's, its checksum beside it. */
 static void sync_weights(AsyncPipe *a, Roles *rs, int v) {
     Role *A = &rs->role[R_ACTOR], *R = &rs->role[R_ROLLOUT];
     double t0 = now_seconds(), bytes = 0;
     if (A->member && A->mesh.dp_rank == 0) {   /* to the rollout rank of the same tp and pp, dp rank 0 */
         const Mesh *me = &A->mesh;
         int ro_dp = R->count / (me->tp * me->pp), dst = R->root + me->tp_rank + me->tp * ro_dp * me->pp_rank;
-        A->m.be->to_host(a->wbuf, A->m.params, a->wbytes);
-        uint64_t h[2] = {checksum(a->wbuf, a->wbytes), (uint64_t)a->wbytes};
+        uint64_t h[2] = {checksum(&A->m, a->wbytes), (uint64_t)a->wbytes};
+        t0 = now_seconds();   /* the transfer's time, without the checksum's pass */
         comm_send(&rs->job, h, sizeof h, dst);
-        send_big(&rs->job, a->wbuf, a->wbytes, dst);
+        send_big(&rs->job, A->m.params, a->wbytes, dst);
         bytes = (double)a->wbytes;
     }
     if (R->member) {
@@ -173,21 +180,20 @@ static void sync_weights(AsyncPipe *a, Roles *rs, int v) {
             int a_dp = A->count / (me->tp * me->pp), src = A->root + me->tp_rank + me->tp * a_dp * me->pp_rank;
             comm_recv(&rs->job, h, sizeof h, src);
             if (h[1] != a->wbytes)
-                rank_error("rollout: the actor's shard has %llu bytes, this rank's %zu: not the same layout",
+                rank_error("rollout: the actor's shard has %llu bytes, this rank's %zu: not the same layout or dtype",
                            (unsigned long long)h[1], a->wbytes);
-            recv_big(&rs->job, a->wbuf, a->wbytes, src);
+            recv_big(&rs->job, R->m.params, a->wbytes, src);
         }
         comm_broadcast(&me->dp_comm, h, sizeof h, 0);
-        bcast_big(&me->dp_comm, a->wbuf, a->wbytes, 0);
-        R->m.be->to_device(R->m.params, a->wbuf, a->wbytes);
-        R->m.be->to_host(a->wbuf, R->m.params, a->wbytes);   /* the check reads the arena itself */
-        uint64_t mine = checksum(a->wbuf, a->wbytes);
+        bcast_big(&me->dp_comm, R->m.params, a->wbytes, 0);
+        double t1 = now_seconds();
+        uint64_t mine = checksum(&R->m, a->wbytes);   /* the arena itself, as the forward reads it */
         if (mine != h[0])
             rank_error("rollout: weights version %d: checksum %016llx of this rank's copy, the actor's %016llx: the copy is "
                        "not exact", v, (unsigned long long)mine, (unsigned long long)h[0]);
         if (mesh_is_root(me))
             fprintf(stderr, "rollout: weights version %d: %zu bytes, checksum %016llx (the actor's %016llx), %.3f s\n", v,
-                    a->wbytes, (unsigned long long)mine, (unsigned long long)h[0], now_seconds() - t0);
+                    a->wbytes, (unsigned long long)mine, (unsigned long long)h[0], t1 - t0);
     }
     if (!R->member) {   /* the step's report: bytes of every sender, the slowest one's seconds */
         double s = now_seconds() - t0;

@@ -41,8 +41,7 @@ typedef struct {
     size_t blob_bytes;        /* a packed batch */
     char **q;                 /* (lag + 1) packed batches, batch j at j % (lag + 1) (trainer ranks) */
     int next;                 /* the next batch to receive (trainer) or generate (rollout) */
-    void *wbuf;               /* host copy of the actor's arena (senders and receivers) */
-    size_t wbytes;
+    size_t wbytes;            /* the actor's arena on this rank (senders and receivers) */
     AsyncStats st;
 } AsyncPipe;
 
