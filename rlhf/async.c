@@ -234,6 +234,12 @@ void async_take(AsyncPipe *a, const ExperienceMaker *x, const Roles *rs, int ste
     unpack(slot(a, step), a->max_len, b);
 }
 
+int async_fresh(const Experience *b, int step) {
+    int n = 0;
+    for (int s = 0; s < b->S; s++) n += b->version[s] == step;
+    return n;
+}
+
 void async_check(AsyncPipe *a, const Experience *b, int step) {
     double sum = 0, mx = 0, diff = 0;
     int fresh = 0;
@@ -241,7 +247,7 @@ void async_check(AsyncPipe *a, const Experience *b, int step) {
         int st = step - b->version[s];
         sum += st;
         mx = st > mx ? st : mx;
-        if (st != 0 || !b->prox_lp) continue;
+        if (st != 0 || !b->prox_lp || b->prox_self) continue;
         fresh++;
         for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++)
             if (b->targets[n] >= 0) {

@@ -478,9 +478,9 @@ int experience_minibatch(const Experience *b, const int *perm, int k0, int mini,
             mb->mbs[i] = (MicroBatch){mb->tok + (size_t)i * cap, mb->st + (size_t)i * (micro + 1), 0,
                                       mb->tgt + (size_t)i * cap, f, &mb->ctx[i]};
             mb->st[(size_t)i * (micro + 1)] = 0;
-            if (actor) mb->ctx[i] = (PpoCtx){f + cap, f + 2 * cap, f + 3 * cap, NULL, NULL, b->prox_lp ? f + 4 * cap : NULL,
-                                             check_logprobs};
-            else mb->ctx[i] = (PpoCtx){NULL, NULL, NULL, f + cap, f + 2 * cap, NULL, 0};
+            if (actor) mb->ctx[i] = (PpoCtx){f + cap, f + 2 * cap, f + 3 * cap, NULL, NULL, b->prox_lp && !b->prox_self ? f + 4 * cap
+                                             : NULL, check_logprobs, b->prox_self};
+            else mb->ctx[i] = (PpoCtx){NULL, NULL, NULL, f + cap, f + 2 * cap, NULL, 0, 0};
         }
         MicroBatch *m = &mb->mbs[i];
         int *sst = (int *)m->seq_start, n0 = sst[m->n_seqs], t0 = b->seq_start[s];
@@ -494,7 +494,7 @@ int experience_minibatch(const Experience *b, const int *perm, int k0, int mini,
                 f[cap + n0 + n] = b->old_lp[t0 + n];
                 f[2 * cap + n0 + n] = b->ref_lp ? b->ref_lp[t0 + n] : 0.0f;
                 f[3 * cap + n0 + n] = b->adv_f[t0 + n];
-                if (b->prox_lp) f[4 * cap + n0 + n] = b->prox_lp[t0 + n];
+                if (b->prox_lp && !b->prox_self) f[4 * cap + n0 + n] = b->prox_lp[t0 + n];
             } else {
                 f[cap + n0 + n] = b->values[t0 + n];
                 f[2 * cap + n0 + n] = b->ret_f[t0 + n];

@@ -42,6 +42,8 @@ typedef struct {
                                             sampled every token of it: the step itself unless --async-lag */
     float *prox_lp;                      /* (N) at actions: --async-lag's proximal logprobs (the weights before
                                             the update: rlhf/async.h); NULL: the rollout's are the proximal ones */
+    int prox_self;                       /* --async-lag, one mini-batch and epoch: the update's own forward gives
+                                            the proximal logprobs (PpoCtx.prox_self; prox_lp not filled) */
     int n_timed_out;                     /* --reward-fn: samples whose verification ran past its timeout */
     double *rewards, *kl, *adv, *ret;    /* (N) */
     float *adv_f, *ret_f;                /* (N) float copies for the hooks */

@@ -21,7 +21,9 @@
  *                    idle time); with --async-lag L >= 1 batch k came from version max(0, k - L)
  *     2. experience  as above, and with L >= 1 the actor's proximal logprobs (experience_prox, timed
  *                    with the reference's pass): decoupled PPO's, and the exactness check where the
- *                    batch is of version k (async_check)
+ *                    batch is of version k (async_check); with one mini-batch of one epoch the
+ *                    update's own forward is the proximal pass (Experience.prox_self), except at
+ *                    steps with sequences of version k, whose check needs the pass
  *     3-4.           as above
  *     end            async_end_step: batch k + L received (L >= 1), then version k + 1 sent to the
  *                    rollout ranks if a later batch needs it
@@ -328,7 +330,11 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so, Dy
         LAP(T_GEN);
         experience_ref(&p->x, rs, b);
         experience_teacher(&p->x, rs, b);   /* timed with the reference's pass */
-        if (b->prox_lp) experience_prox(&p->x, rs, b);   /* --async-lag: decoupled PPO's proximal policy, too */
+        /* --async-lag: decoupled PPO's proximal logprobs, a pass of their own unless the update is one
+         * mini-batch of one epoch (its forward gives them) and no sequence is of the current version
+         * (whose check, proximal == behaviour, needs the pass) */
+        if (b->prox_lp) b->prox_self = p->mini == b->S && p->ppo_epochs == 1 && !async_fresh(b, step);
+        if (b->prox_lp && !b->prox_self) experience_prox(&p->x, rs, b);
         LAP(T_REF);
         if (p->async.on) async_check(&p->async, b, step);
         experience_reward(&p->x, rs, b, pidx);

@@ -104,7 +104,7 @@ void rollout_dump_write(RolloutDump *d, const ExperienceMaker *x, const Experien
         put_array(f, "response_ids", b, s, 'i', NULL);
         fprintf(f, ", \"finish\": \"%s\"", b->finish[s] == FINISH_STOP ? "stop" : "length");
         put_array(f, "behaviour_logprobs", b, s, 'f', b->old_lp);
-        if (b->prox_lp) put_array(f, "proximal_logprobs", b, s, 'f', b->prox_lp);
+        if (b->prox_lp) put_array(f, "proximal_logprobs", b, s, 'f', b->prox_self ? d->train_lp : b->prox_lp);
         put_array(f, "training_logprobs", b, s, 'f', d->train_lp);
         if (b->ref_lp) put_array(f, "ref_logprobs", b, s, 'f', b->ref_lp);
         if (b->teacher_lp) put_array(f, "teacher_logprobs", b, s, 'f', b->teacher_lp);

@@ -122,6 +122,8 @@ typedef struct {
     const float *prox_lp;   /* actor, --async-lag: the proximal logprobs (decoupled PPO, below); NULL: off */
     int check;              /* actor: 1 = the weights are the rollout's (with prox_lp: the proximal pass's):
                                lp must equal old_lp (prox_lp) exactly */
+    int prox_self;          /* actor, --async-lag with one mini-batch and epoch: the proximal policy is the
+                               weights of this very forward, prox_lp = lp (detached; no extra pass) */
 } PpoCtx;
 
 typedef struct {
@@ -159,7 +161,9 @@ typedef struct {
  * d = lp - prox_lp, and each token's l and its gradient are multiplied by the behaviour importance
  * weight b = exp(prox_lp - old_lp) (old_lp: the behaviour policy, the rollout's), not
  * differentiated; b = 0 where b > behav_cap (AReaL's mask, not a clip) when behav_cap > 0. The KL
- * and entropy terms are not weighted. ppo_kl is then the proximal one. */
+ * and entropy terms are not weighted. ppo_kl is then the proximal one. ctx->prox_self: the same with
+ * prox_lp = lp itself (a constant): what the proximal pass gives when the update is one mini-batch of
+ * one epoch, whose forward runs on the weights before the update. */
 double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout, void *user);
 /* Critic hook (score head values at every position):
  *     v_c = clip(v, old - value_clip, old + value_clip)   (verl clip_by_value: max(min(v, hi), lo))

@@ -19,12 +19,13 @@ dump_core() { jq -c 'del(.version, .staleness)' "$1"; }
     run "$ROOT/build/tests/test_ppo_loss" "$DECFIX"
     echo "$output"
     [ "$status" -eq 0 ]
-    [[ "$output" == *"ok: 60 ppo cases match torch"* ]]
+    [[ "$output" == *"ok: 72 ppo cases match torch"* ]]
     [[ "$output" != *FAIL* ]]
-    # the cases reach the branches: clipped ratios, the dual clip, capped weights, weights of 1
-    [ "$(jq -c '[.actor[] | [.pg_clipfrac, .pg_clipfrac_lower, .behav_capped]]' "$DECFIX")" = "[[3,0,0],[3,1,0],[3,0,4],[3,1,4],[6,0,0]]" ]
+    # the cases reach the branches: clipped ratios, the dual clip, capped weights, weights of 1, the
+    # proximal policy taken from the hook's own input (prox_self)
+    [ "$(jq -c '[.actor[] | [.pg_clipfrac, .pg_clipfrac_lower, .behav_capped]]' "$DECFIX")" = "[[3,0,0],[3,1,0],[3,0,4],[3,1,4],[6,0,0],[0,0,4]]" ]
     # the check can fail: the ratio against the behaviour policy, or no cap, is caught
-    for edit in 'del(.actor[0].prox_lp)' '.actor[2].behav_cap = 0' '.actor[1].prox_lp = .actor[1].old_lp'; do
+    for edit in 'del(.actor[0].prox_lp)' '.actor[2].behav_cap = 0' '.actor[1].prox_lp = .actor[1].old_lp' '.actor[0].prox_self = 1'; do
         jq -c "$edit" "$DECFIX" > "$BATS_TEST_TMPDIR/bad.json"
         run "$ROOT/build/tests/test_ppo_loss" "$BATS_TEST_TMPDIR/bad.json"
         [ "$status" -ne 0 ] || { echo "not caught: $edit"; false; }
@@ -151,4 +152,24 @@ dump_core() { jq -c 'del(.version, .staleness)' "$1"; }
     done
     cmp "$BATS_TEST_TMPDIR/colo/checkpoint-3/actor/model-00001-of-00001.safetensors" "$BATS_TEST_TMPDIR/l0/checkpoint-3/actor/model-00001-of-00001.safetensors"
     [ "$(jq -s -c 'map([.["async/fresh_sequences"], .["async/behav_prox_diff_max"]])[0]' "$BATS_TEST_TMPDIR/l1/metrics.jsonl")" = "[8,0]" ]
+}
+
+@test "the weight transfer alone (test_weight_sync): every parameter of the shard, exact, at tp 1 fp32 and tp 2 bf16" {
+    need_story
+    # stories260K's parameters from its config: embedding (tied head), 5 layers, the final norm
+    C="$STORIES/config.json"
+    n=$(jq '.hidden_size as $d | .intermediate_size as $f | ($d / .num_attention_heads * .num_key_value_heads) as $kv
+            | .vocab_size * $d + .num_hidden_layers * (2 * $d * $d + 2 * $d * $kv + 3 * $d * $f + 2 * $d) + $d' "$C")
+    for cfg in "2 fp32 4" "4 bf16 2"; do
+        set -- $cfg
+        run_ranks 60 $1 "$ROOT/build/tests/test_weight_sync" "$STORIES" 3 $2
+        echo "$output"
+        [ "$status" -eq 0 ]
+        j=$(grep '^{"bench": "weight_sync"' <<<"$output")
+        # every element once over the shards (tp 2: the norms are on both ranks, counted twice)
+        want=$n; [ $1 -eq 4 ] && want=$((n + $(jq '.hidden_size * (2 * .num_hidden_layers + 1)' "$C")))
+        [ "$(jq .bytes <<<"$j")" -eq $((want * $3)) ]
+        # three transfers, each checked on the rollout root: its arena's checksum is the actor's
+        [ "$(grep -c '^rollout: weights version 0: .*checksum \([0-9a-f]*\) (the actor.s \1)' <<<"$output")" -eq 3 ]
+    done
 }

@@ -127,10 +127,11 @@ typedef struct {
  * halves' stats accumulate in one PpoHook. ctx_at(ctx, off) gives the context shifted by off tokens. */
 typedef PpoCtx (*CtxAt)(const PpoCtx *c, int off);
 static PpoCtx actor_at(const PpoCtx *c, int off) {
-    return (PpoCtx){c->old_lp + off, c->ref_lp + off, c->adv + off, NULL, NULL, c->prox_lp ? c->prox_lp + off : NULL, c->check};
+    return (PpoCtx){c->old_lp + off, c->ref_lp + off, c->adv + off, NULL, NULL, c->prox_lp ? c->prox_lp + off : NULL, c->check,
+                    c->prox_self};
 }
 static PpoCtx critic_at(const PpoCtx *c, int off) {
-    return (PpoCtx){NULL, NULL, NULL, c->old_values + off, c->returns + off, NULL, c->check};
+    return (PpoCtx){NULL, NULL, NULL, c->old_values + off, c->returns + off, NULL, c->check, 0};
 }
 static double run_hook(LossFn fn, const PpoBatch *b, const PpoCtx *ctx, CtxAt at, const float *out, PpoHook *h,
                        float *dout, int split) {
@@ -191,7 +192,8 @@ static void check_actor(const PpoBatch *b, const cJSON *c, int norm) {
     double *want = dbl(c, "dlp", b->N);
     const cJSON *has_prox = cJSON_GetObjectItemCaseSensitive(c, "prox_lp"), *cap = cJSON_GetObjectItemCaseSensitive(c, "behav_cap");
     float *prox = has_prox ? flt(c, "prox_lp", b->N) : NULL;   /* decoupled PPO (ppo_decoupled.json) */
-    PpoCtx ctx = {old, b->ref, b->adv, NULL, NULL, prox, 1};
+    const cJSON *self = cJSON_GetObjectItemCaseSensitive(c, "prox_self");
+    PpoCtx ctx = {old, b->ref, b->adv, NULL, NULL, self ? NULL : prox, 1, self != NULL};
     PpoBatch bw = *b;
     bw.weight = (float *)case_weights(b, c, norm, w);
     char what[160];
@@ -223,7 +225,7 @@ static void check_critic(const PpoBatch *b, const cJSON *c) {
     float *v = flt(c, "values", b->N), *ov = flt(c, "old_values", b->N), *R = flt(c, "returns", b->N);
     float *dout = xmalloc(sizeof(float) * b->N), *dout2 = xmalloc(sizeof(float) * b->N);
     double *want = dbl(c, "dv", b->N);
-    PpoCtx ctx = {NULL, NULL, NULL, ov, R, NULL, 0};
+    PpoCtx ctx = {NULL, NULL, NULL, ov, R, NULL, 0, 0};
     char what[160];
     for (int split = 0; split < 2; split++) {
         PpoHook h = {.value_clip = num(c, "value_clip")};
