@@ -1,7 +1,8 @@
 /* experience.h — one PPO step's experience: the prompts of the step, the actor's rollout, the
  * reference / reward / critic passes and the advantages, and its mini-batches for the updates.
  *   1. rollout     actor: each dp replica samples its share of the batch on the live training
- *                  shards (generate/engine.c); results to every rank
+ *                  shards (generate/engine.c); results to every rank (with --rollout-ranks the
+ *                  rollout role does, on its side: rlhf/async.h)
  *   2. passes      ref and teacher: logprobs at the temperature; reward: the score at each sequence's last token
  *                  (reward model) or the reward program (world rank 0); critic: values. Each
  *                  role's root broadcasts its results over the world (rlhf/roles.h)
@@ -9,8 +10,8 @@
  *                  whitening, or their discounted returns whitened (REINFORCE++), or GRPO / RLOO /
  *                  REINFORCE++-baseline group advantages
  * and, for step 4 (the updates, rlhf/ppo.c), the repacking of chosen sequences into micro-batches
- * with their hook contexts. Every rank runs the same control flow (the same collectives in the
- * same order).
+ * with their hook contexts. Every rank (of its side, with --rollout-ranks: roles.h) runs the same
+ * control flow (the same collectives in the same order).
  * Owns: Experience (the batch, the same on every rank), ExperienceMaker (what making it needs:
  * prompts, sampling, stops, the reward program, the advantage settings).
  * Does not own: placement (roles.h), the updates and their optimizers (ppo.c, train/learner.h),

@@ -77,9 +77,10 @@ void roles_place(Roles *p, const char *colocate) {
     /* the device, while world rank 0 still reports alone, and before the groups are cut (their links) */
     p->be = device_open_local(p->device, &p->world);
     RoleGroup mine;
-    group_split(&p->world, n_groups, names, counts, R[R_TEACHER].active ? "--actor-ranks/--critic-ranks/--ref-ranks/"
-                "--reward-ranks/--teacher-ranks/--rollout-ranks" : "--actor-ranks/--critic-ranks/--ref-ranks/--reward-ranks/"
-                "--rollout-ranks", &mine);
+    char flag[160];
+    snprintf(flag, sizeof flag, "--actor-ranks/--critic-ranks/--ref-ranks/--reward-ranks%s%s",
+             R[R_TEACHER].active ? "/--teacher-ranks" : "", R[R_ROLLOUT].active ? "/--rollout-ranks" : "");
+    group_split(&p->world, n_groups, names, counts, flag, &mine);
     int first = 0;
     for (int g = 0; g < n_groups; g++) {
         for (int r = 0; r < N_ROLES; r++)

@@ -94,18 +94,24 @@ dump_core() { jq -c 'del(.version, .staleness)' "$1"; }
     done
 }
 
-@test "--resume at --async-lag 1 and 2 (stop after step 2, resume to 5): the uninterrupted run's prompts, samples and weights, bit for bit" {
+@test "--resume at --async-lag 0, 1 and 2 (stopped after step 2, or from the uninterrupted run's checkpoint-2): the uninterrupted run's prompts, samples and weights, bit for bit" {
     need_story
     base
-    for L in 1 2; do
+    for L in 0 1 2; do
         R=(--actor-ranks 1 --rollout-ranks 1 --async-lag $L --steps 5)
-        run timeout 180 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" "${R[@]}" --out "$BATS_TEST_TMPDIR/u$L" --dump-rollouts "$BATS_TEST_TMPDIR/u$L.jsonl"
+        run timeout 180 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" "${R[@]}" --save-every 2 --out "$BATS_TEST_TMPDIR/u$L" --dump-rollouts "$BATS_TEST_TMPDIR/u$L.jsonl"
         [ "$status" -eq 0 ]
-        run timeout 180 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" "${R[@]}" --stop-after 2 --out "$BATS_TEST_TMPDIR/k$L" --dump-rollouts "$BATS_TEST_TMPDIR/k$L.jsonl"
-        [ "$status" -eq 0 ]
-        [ -f "$BATS_TEST_TMPDIR/k$L/checkpoint-2/inflight.bin" ]
-        run timeout 180 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" "${R[@]}" --resume "$BATS_TEST_TMPDIR/k$L/checkpoint-2" \
-            --out "$BATS_TEST_TMPDIR/k$L" --dump-rollouts "$BATS_TEST_TMPDIR/k$L.jsonl"
+        if [ $L -eq 1 ]; then   # stopped after step 2 (what the run has in flight then is generated, and saved)
+            run timeout 180 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" "${R[@]}" --stop-after 2 --out "$BATS_TEST_TMPDIR/k$L" --dump-rollouts "$BATS_TEST_TMPDIR/k$L.jsonl"
+            [ "$status" -eq 0 ]
+            CK="$BATS_TEST_TMPDIR/k$L/checkpoint-2"
+        else                    # the checkpoint the uninterrupted run wrote while its pipeline was full
+            CK="$BATS_TEST_TMPDIR/u$L/checkpoint-2"
+            cp "$BATS_TEST_TMPDIR/u$L.jsonl" "$BATS_TEST_TMPDIR/k$L.jsonl"
+        fi
+        [ $L -eq 0 ] || [ -f "$CK/inflight.bin" ]
+        run timeout 180 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" "${R[@]}" --resume "$CK" --out "$BATS_TEST_TMPDIR/k$L" \
+            --dump-rollouts "$BATS_TEST_TMPDIR/k$L.jsonl"
         [ "$status" -eq 0 ]
         [[ "$output" != *"generated again"* ]]
         cmp "$BATS_TEST_TMPDIR/u$L/checkpoint-5/actor/model-00001-of-00001.safetensors" "$BATS_TEST_TMPDIR/k$L/checkpoint-5/actor/model-00001-of-00001.safetensors"
@@ -113,7 +119,24 @@ dump_core() { jq -c 'del(.version, .staleness)' "$1"; }
         # each step's prompts once, as the uninterrupted run's
         diff <(jq -c '[.step, .prompt_line]' "$BATS_TEST_TMPDIR/u$L.jsonl" | sort -u) <(jq -c '[.step, .prompt_line]' "$BATS_TEST_TMPDIR/k$L.jsonl" | sort -u)
         [ "$(jq -s 'map(.step) | unique | length' "$BATS_TEST_TMPDIR/k$L.jsonl")" -eq 5 ]
+        [ "$(jq -s 'length' "$BATS_TEST_TMPDIR/k$L.jsonl")" -eq 40 ]
     done
+}
+
+@test "--resume at --async-lag 1 from a checkpoint without in-flight batches (a lag-0 run's): they are generated again, said in one line; the prompts stay the uninterrupted run's" {
+    need_story
+    base
+    run timeout 180 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --actor-ranks 1 --rollout-ranks 1 --steps 4 --stop-after 2 --out "$BATS_TEST_TMPDIR/z" \
+        --dump-rollouts "$BATS_TEST_TMPDIR/z.jsonl"
+    [ "$status" -eq 0 ]
+    run timeout 180 $MPIRUN 2 "$TANDEM" ppo "${A[@]}" --actor-ranks 1 --rollout-ranks 1 --async-lag 1 --steps 4 --resume "$BATS_TEST_TMPDIR/z/checkpoint-2" \
+        --out "$BATS_TEST_TMPDIR/z" --dump-rollouts "$BATS_TEST_TMPDIR/z.jsonl"
+    [ "$status" -eq 0 ]
+    [[ "$output" == *"resuming: 0 of the 1 batches in flight at step 2 are in"*"generated again from the resumed weights"* ]]
+    # step 3 from the resumed weights (version 2, staleness 0), step 4 from them too (lag 1)
+    [ "$(jq -s -c 'map([.step, .version]) | unique' "$BATS_TEST_TMPDIR/z.jsonl")" = "[[1,0],[2,1],[3,2],[4,2]]" ]
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --steps 4 --out "$BATS_TEST_TMPDIR/plain" --dump-rollouts "$BATS_TEST_TMPDIR/plain.jsonl"
+    diff <(jq -c '[.step, .prompt_line]' "$BATS_TEST_TMPDIR/plain.jsonl") <(jq -c '[.step, .prompt_line]' "$BATS_TEST_TMPDIR/z.jsonl")
 }
 
 @test "--rollout-ranks / --async-lag refusals: one line each" {
