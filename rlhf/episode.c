@@ -37,7 +37,7 @@ int episode_id(const ExperienceMaker *x, int step, int s) {
 }
 
 void episode_env_open(ExperienceMaker *x, const Roles *rs, int chat, const char *chat_template) {
-    const Role *a = &rs->role[R_ACTOR];
+    const Role *a = &rs->role[rollout_role(rs)];   /* the generating role: the actor, or --rollout-ranks */
     char err[1024];
     if (!(x->env_cmd || x->env_url)) return;
     if (chat && (x->env_chat = chat_format_resolve(x->tok, chat_template, err, sizeof err)) < 0)
@@ -253,7 +253,7 @@ static void run_episodes(ExperienceMaker *x, const Role *a, Episodes *ep, int st
 /* ---- packing ------------------------------------------------------------------------------------ */
 
 /* prompt ++ episode into b: actions are the positions before the model's tokens */
-static void pack(const ExperienceMaker *x, const Episodes *ep, const int *pidx, Experience *b) {
+static void pack(const ExperienceMaker *x, const Episodes *ep, int step, const int *pidx, Experience *b) {
     b->S = ep->S;
     b->N = 0;
     b->seq_start[0] = 0;
@@ -277,13 +277,14 @@ static void pack(const ExperienceMaker *x, const Episodes *ep, const int *pidx, 
         b->turns[s] = ep->turns[s];
         b->fault[s] = ep->fault[s];
         b->draw[s] = x->draw;
+        b->version[s] = step;   /* --async-lag: rlhf/async.c sets the version that sampled it */
         b->N += L;
         b->seq_start[s + 1] = b->N;
     }
 }
 
 void episode_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b) {
-    const Role *a = &rs->role[R_ACTOR];
+    const Role *a = &rs->role[rollout_role(rs)];   /* the generating role: the actor, or --rollout-ranks */
     Episodes ep = {.S = x->B * x->G, .E = x->max_ep_tokens, .M = x->max_new};
     size_t SE = (size_t)ep.S * ep.E;
     int *ints = xcalloc(3 * SE + 4 * (size_t)ep.S, sizeof(int));
@@ -302,6 +303,6 @@ void episode_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *p
     roles_share_i(rs, a, ints, 3 * SE + 4 * (size_t)ep.S);
     roles_share_f(rs, a, lp, SE);
     roles_share_d(rs, a, rw, SE);
-    pack(x, &ep, pidx, b);
+    pack(x, &ep, step, pidx, b);
     free(ints); free(lp); free(rw); free(ep.live);
 }

@@ -23,6 +23,7 @@ void experience_alloc(Experience *b, int S, int max_len, int with_ref) {
     b->ref_lp = with_ref ? xmalloc(sizeof(float) * maxN) : NULL;
     b->values = xmalloc(sizeof(float) * maxN);
     b->score = xmalloc(sizeof(double) * S); b->raw = xcalloc(S, sizeof(double)); b->draw = xcalloc(S, sizeof(int));
+    b->version = xcalloc(S, sizeof(int));
     b->rewards = xmalloc(sizeof(double) * maxN); b->kl = xmalloc(sizeof(double) * maxN);
     b->adv = xmalloc(sizeof(double) * maxN); b->ret = xmalloc(sizeof(double) * maxN);
     b->adv_f = xmalloc(sizeof(float) * maxN); b->ret_f = xmalloc(sizeof(float) * maxN);
@@ -32,7 +33,7 @@ void experience_alloc(Experience *b, int S, int max_len, int with_ref) {
 
 void experience_free(Experience *b) {
     free(b->tokens); free(b->targets); free(b->seq_start); free(b->prompt_len); free(b->resp_len); free(b->finish);
-    free(b->mask); free(b->old_lp); free(b->ref_lp); free(b->values); free(b->score); free(b->raw); free(b->draw); free(b->rewards); free(b->kl);
+    free(b->mask); free(b->old_lp); free(b->ref_lp); free(b->values); free(b->score); free(b->raw); free(b->draw); free(b->version); free(b->prox_lp); free(b->rewards); free(b->kl);
     free(b->adv); free(b->ret); free(b->adv_f); free(b->ret_f); free(b->teacher_lp);
     free(b->turn); free(b->turn_r); free(b->turns); free(b->fault);
 }
@@ -48,7 +49,7 @@ void experience_append(Experience *dst, const Experience *src, int s) {
     memcpy(dst->turn_r + n0, src->turn_r + t0, sizeof(double) * L);
     dst->turns[d] = src->turns[s]; dst->fault[d] = src->fault[s];
     dst->prompt_len[d] = src->prompt_len[s]; dst->resp_len[d] = src->resp_len[s]; dst->finish[d] = src->finish[s];
-    dst->score[d] = src->score[s]; dst->draw[d] = src->draw[s];
+    dst->score[d] = src->score[s]; dst->draw[d] = src->draw[s]; dst->version[d] = src->version[s];
     dst->N += L;
     dst->seq_start[++dst->S] = dst->N;
 }
@@ -170,7 +171,7 @@ int experience_stop_on_token(void *ctx, Seq *q) {
 
 void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b) {
     if (x->env_cmd || x->env_url) { episode_rollout(x, rs, step, pidx, b); return; }
-    const Role *a = &rs->role[R_ACTOR];
+    const Role *a = &rs->role[rollout_role(rs)];
     int S = x->B * x->G, M = x->max_new;
     int *out = xcalloc((size_t)S * M, sizeof(int)), *n_out = xcalloc(S, sizeof(int)), *fin = xcalloc(S, sizeof(int));
     float *lp = xcalloc((size_t)S * M, sizeof(float));
@@ -232,6 +233,7 @@ void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int
         b->resp_len[s] = n_out[s];
         b->finish[s] = fin[s];
         b->draw[s] = x->draw;
+        b->version[s] = step;   /* --async-lag: rlhf/async.c sets the version that sampled it */
         b->N += L;
         b->seq_start[s + 1] = b->N;
     }
@@ -355,6 +357,12 @@ void experience_teacher(ExperienceMaker *x, Roles *rs, Experience *b) {
     memset(b->teacher_lp, 0, sizeof(float) * b->N);
     if (r->member) chunks(x, rs, r, b, ref_chunk, b->teacher_lp);
     roles_share_f(rs, r, b->teacher_lp, b->N);
+}
+void experience_prox(ExperienceMaker *x, Roles *rs, Experience *b) {
+    Role *r = &rs->role[R_ACTOR];
+    memset(b->prox_lp, 0, sizeof(float) * b->N);
+    if (r->member) chunks(x, rs, r, b, ref_chunk, b->prox_lp);
+    roles_share_f(rs, r, b->prox_lp, b->N);
 }
 void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx) {
     Role *r = &rs->role[R_REWARD];
@@ -498,8 +506,9 @@ int experience_minibatch(const Experience *b, const int *perm, int k0, int mini,
             mb->mbs[i] = (MicroBatch){mb->tok + (size_t)i * cap, mb->st + (size_t)i * (micro + 1), 0,
                                       mb->tgt + (size_t)i * cap, f, &mb->ctx[i]};
             mb->st[(size_t)i * (micro + 1)] = 0;
-            if (actor) mb->ctx[i] = (PpoCtx){f + cap, f + 2 * cap, f + 3 * cap, NULL, NULL, check_logprobs};
-            else mb->ctx[i] = (PpoCtx){NULL, NULL, NULL, f + cap, f + 2 * cap, 0};
+            if (actor) mb->ctx[i] = (PpoCtx){f + cap, f + 2 * cap, f + 3 * cap, NULL, NULL, b->prox_lp && !b->prox_self ? f + 4 * cap
+                                             : NULL, check_logprobs, b->prox_self};
+            else mb->ctx[i] = (PpoCtx){NULL, NULL, NULL, f + cap, f + 2 * cap, NULL, 0, 0};
         }
         MicroBatch *m = &mb->mbs[i];
         int *sst = (int *)m->seq_start, n0 = sst[m->n_seqs], t0 = b->seq_start[s];
@@ -513,6 +522,7 @@ int experience_minibatch(const Experience *b, const int *perm, int k0, int mini,
                 f[cap + n0 + n] = b->old_lp[t0 + n];
                 f[2 * cap + n0 + n] = b->ref_lp ? b->ref_lp[t0 + n] : 0.0f;
                 f[3 * cap + n0 + n] = b->adv_f[t0 + n];
+                if (b->prox_lp && !b->prox_self) f[4 * cap + n0 + n] = b->prox_lp[t0 + n];
             } else {
                 f[cap + n0 + n] = b->values[t0 + n];
                 f[2 * cap + n0 + n] = b->ret_f[t0 + n];

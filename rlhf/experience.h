@@ -1,7 +1,8 @@
 /* experience.h — one PPO step's experience: the prompts of the step, the actor's rollout, the
  * reference / reward / critic passes and the advantages, and its mini-batches for the updates.
  *   1. rollout     actor: each dp replica samples its share of the batch on the live training
- *                  shards (generate/engine.c); results to every rank. With an environment
+ *                  shards (generate/engine.c); results to every rank (with --rollout-ranks the
+ *                  rollout role does, on its side: rlhf/async.h). With an environment
  *                  (--env-cmd / --env-url) each sample is a multi-turn episode (rlhf/episode.h)
  *   2. passes      ref and teacher: logprobs at the temperature; reward: the score at each sequence's last token
  *                  (reward model) or the reward program (world rank 0); critic: values. Each
@@ -10,8 +11,8 @@
  *                  whitening, or their discounted returns whitened (REINFORCE++), or GRPO / RLOO /
  *                  REINFORCE++-baseline group advantages
  * and, for step 4 (the updates, rlhf/ppo.c), the repacking of chosen sequences into micro-batches
- * with their hook contexts. Every rank runs the same control flow (the same collectives in the
- * same order).
+ * with their hook contexts. Every rank (of its side, with --rollout-ranks: roles.h) runs the same
+ * control flow (the same collectives in the same order).
  * Owns: Experience (the batch, the same on every rank), ExperienceMaker (what making it needs:
  * prompts, sampling, stops, the reward program, the advantage settings).
  * Does not own: placement (roles.h), the updates and their optimizers (ppo.c, train/learner.h),
@@ -46,6 +47,12 @@ typedef struct {
                                             the sum of its turns' rewards (experience_reward) */
     double *raw;                         /* (S) the reward model's or program's score, before shaping */
     int *draw;                           /* (S) --dynamic-sampling: the draw that sampled it (0: the step's own) */
+    int *version;                        /* (S) the weights version (the step whose weights, 0-based) that
+                                            sampled every token of it: the step itself unless --async-lag */
+    float *prox_lp;                      /* (N) at actions: --async-lag's proximal logprobs (the weights before
+                                            the update: rlhf/async.h); NULL: the rollout's are the proximal ones */
+    int prox_self;                       /* --async-lag, one mini-batch and epoch: the update's own forward gives
+                                            the proximal logprobs (PpoCtx.prox_self; prox_lp not filled) */
     int n_timed_out;                     /* --reward-fn: samples whose verification ran past its timeout */
     /* --env-cmd / --env-url (rlhf/episode.h): the sequence after the prompt is an episode, the model's
      * turns and the environment's tokens (observation, feedback) in order. Filled by the rollout. */
@@ -146,7 +153,8 @@ void experience_free(Experience *b);
  * fill (tokens, targets, mask, old logprobs, lengths, finish, score, draw). */
 void experience_append(Experience *dst, const Experience *src, int s);
 
-/* 1. rollout of the B prompts pidx x G samples at `step` (seeds are functions of seed and step) */
+/* 1. rollout of the B prompts pidx x G samples at `step` (seeds are functions of seed and step), by
+ * rollout_role(rs) (roles.h): its results to every rank of rs->world */
 void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b);
 /* 2. the passes; each leaves its result on every rank */
 void experience_ref(ExperienceMaker *x, Roles *rs, Experience *b);
@@ -157,6 +165,9 @@ void experience_teacher(ExperienceMaker *x, Roles *rs, Experience *b);
  * held to the same bound (REWARD_ABS_MAX) or stops the run naming the sample and its prompt. */
 void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx);
 void experience_values(ExperienceMaker *x, Roles *rs, Experience *b);
+/* --async-lag: the actor's own logprobs of b at the temperature, as the reference's pass, into
+ * b->prox_lp (allocated by the caller): the proximal policy of decoupled PPO (rlhf/async.h). */
+void experience_prox(ExperienceMaker *x, Roles *rs, Experience *b);
 /* The shaped score of sample s of b from its raw score: normalised (--normalize-reward), plus the
  * overlong penalty (DAPO, verl's overlong_buffer: with Lmax = max_new and n = resp_len[s],
  * min(-(n - (Lmax - L)) / L * F, 0)), minus the missing-EOS penalty, clipped (--reward-clip).

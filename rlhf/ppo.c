@@ -12,6 +12,23 @@
  * then the adaptive KL controller, the metrics (verl's names) and checkpoints. --device puts every
  * role's model on one backend (rlhf/roles.c, at any placement); results move between roles as host
  * copies.
+ * With --rollout-ranks (rlhf/async.h) the ranks are two sides with collectives of their own
+ * (Roles.world), and only the step's 1. differs on the trainer side:
+ *   rollout ranks   (after setup) receive weights version v0, then for each batch j: receive the
+ *                   versions up to max(j - L, v0), generate batch j (experience_rollout), send it
+ *   trainer ranks   (after setup) send version v0; then each step k:
+ *     1. rollout     async_take: batch k from the rollout ranks (received now if not yet: the trainer's
+ *                    idle time); with --async-lag L >= 1 batch k came from version max(0, k - L)
+ *     2. experience  as above, and with L >= 1 the actor's proximal logprobs (experience_prox, timed
+ *                    with the reference's pass): decoupled PPO's, and the exactness check where the
+ *                    batch is of version k (async_check); with one mini-batch of one epoch the
+ *                    update's own forward is the proximal pass (Experience.prox_self), except at
+ *                    steps with sequences of version k, whose check needs the pass
+ *     3-4.           as above
+ *     end            async_end_step: batch k + L received (L >= 1), then version k + 1 sent to the
+ *                    rollout ranks if a later batch needs it
+ * With L = 0 the batches and weights are the colocated run's, bit for bit; with L >= 1 the rollout
+ * ranks generate batch k + L while the trainer ranks train step k.
  * Owns: setup, the step loop, the adaptive KL, --bench-alone; the options and the Ppo struct:
  * rlhf/ppo_options.c; checkpoints and ppo_state.json: rlhf/ppo_checkpoint.c; the metrics line:
  * rlhf/ppo_log.c; --dump-rollouts' records: rlhf/ppo_dump.c. */
@@ -175,6 +192,8 @@ static void open_roles(Ppo *p, PpoOptions *o, const char **resume_dir) {
          * with --save-dtype fp32 are a bf16 run's exact upcast) */
         if (resume_dir[r] && !lora && R[r].member) dtype[r] = optim_state_dtype(resume_dir[r], dtype[r]);
     }
+    p->load_dir[R_ROLLOUT] = p->load_dir[R_ACTOR];   /* the actor's weights and dtype (then synced: rlhf/async.h) */
+    if (resume_dir[R_ACTOR] && !lora) dtype[R_ROLLOUT] = optim_state_dtype(resume_dir[R_ACTOR], dtype[R_ROLLOUT]);
     roles_load(rs, p->load_dir, dtype);
     const char *merged[N_ROLES];   /* adapters merged: the frozen roles', and a trained role's unless LoRA trains it */
     for (int r = 0; r < N_ROLES; r++)
@@ -235,7 +254,8 @@ static void init_learners(Ppo *p, const PpoOptions *o, const char *const *resume
             if (resume_dir[r]) lora_load(m, resume_dir[r]);
             else if (o->adapter[r]) lora_load(m, o->adapter[r]);   /* the adapters to continue training */
         }
-        if (r != R_ACTOR || x->lora_ref) model_alloc_state(m, x->fwd_tokens, x->max_len);
+        if ((r != R_ACTOR && r != R_ROLLOUT) || x->lora_ref || (r == R_ACTOR && p->lag > 0))   /* the forward-only passes' */
+            model_alloc_state(m, x->fwd_tokens, x->max_len);
         if (r != R_ACTOR && r != R_CRITIC) continue;
         if (p->mini % R[r].mesh.dp) user_error("--mini-batch-size %d: must be a multiple of the %s's dp %d", p->mini, ROLE_NAMES[r], R[r].mesh.dp);
         oc.lr = r == R_ACTOR ? o->actor_lr : o->critic_lr;
@@ -264,18 +284,19 @@ static void setup(Ppo *p, PpoOptions *o) {
     open_roles(p, o, resume_dir);
     read_inputs(p, o, &acfg);
     init_learners(p, o, resume_dir);
-    if (R[R_ACTOR].member) {
-        int share = (x->B * x->G + R[R_ACTOR].mesh.dp - 1) / R[R_ACTOR].mesh.dp;
-        EngineConfig ec = {share, 4096, 0, 16, acfg.max_pos, R[R_ACTOR].pp, 1, x->n_stops ? experience_stop_on_token : NULL,
+    int g = rollout_role(&p->roles);   /* the role that generates */
+    if (R[g].member) {
+        int share = (x->B * x->G + R[g].mesh.dp - 1) / R[g].mesh.dp;
+        EngineConfig ec = {share, 4096, 0, 16, acfg.max_pos, R[g].pp, 1, x->n_stops ? experience_stop_on_token : NULL,
                            NULL, x, NULL, share * ((x->max_len + 15) / 16 + 1), o->temperature, sampler_truncates(&x->sp)};
-        x->engine = engine_new(&R[R_ACTOR].m, &ec, x->max_len);
+        x->engine = engine_new(&R[g].m, &ec, x->max_len);
     }
     for (int r = 0; r < N_ROLES; r++) {   /* memory plan per role */
         if (!R[r].member) continue;
         MemPlan plan = model_mem_plan(&R[r].m);
         if (r == R_ACTOR || r == R_CRITIC) learner_mem_plan(&p->learner[r], &plan);
         plan.acts += sizeof(float) * (double)R[r].m.s.n_floats;
-        if (r == R_ACTOR) { EngineStats es = engine_stats(x->engine); plan.kv = es.kv_bytes; plan.acts += es.act_bytes; }
+        if (r == g) { EngineStats es = engine_stats(x->engine); plan.kv = es.kv_bytes; plan.acts += es.act_bytes; }
         if (mesh_is_root(&R[r].mesh)) fprintf(stderr, "%s: ", ROLE_NAMES[r]);
         model_print_memory_plan(&R[r].m, &plan);
     }
@@ -307,12 +328,18 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so, Dy
         experience_teacher(&p->x, rs, b);   /* timed with the reference's pass */
         LAP(T_REF);
     } else {
-        experience_step_prompts(&p->x, step, pidx);
-        experience_rollout(&p->x, rs, step, pidx, b);
+        if (p->async.on) async_take(&p->async, &p->x, rs, step, pidx, b);   /* from the rollout ranks (rlhf/async.h) */
+        else experience_step_prompts(&p->x, step, pidx), experience_rollout(&p->x, rs, step, pidx, b);
         LAP(T_GEN);
         experience_ref(&p->x, rs, b);
         experience_teacher(&p->x, rs, b);   /* timed with the reference's pass */
+        /* --async-lag: decoupled PPO's proximal logprobs, a pass of their own unless the update is one
+         * mini-batch of one epoch (its forward gives them) and no sequence is of the current version
+         * (whose check, proximal == behaviour, needs the pass) */
+        if (b->prox_lp) b->prox_self = p->mini == b->S && p->ppo_epochs == 1 && !async_fresh(b, step);
+        if (b->prox_lp && !b->prox_self) experience_prox(&p->x, rs, b);
         LAP(T_REF);
+        if (p->async.on) async_check(&p->async, b, step);
         experience_reward(&p->x, rs, b, pidx);
         LAP(T_REWARD);
     }
@@ -344,6 +371,9 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so, Dy
         roles_share_stats(rs, &R[R_CRITIC], &so->cs);
         comm_broadcast(&rs->world, &so->gn[1], sizeof(double), R[R_CRITIC].root);
     }
+    async_end_step(&p->async, rs, step);   /* --rollout-ranks: the next batches in, the new weights out */
+    so->async_on = p->async.on;
+    so->async = p->async.st;
     tm[T_STEP] = (float)(now_seconds() - t0);
     comm_all_reduce_max(&rs->world, tm, N_T);   /* a role's phase as long as its slowest rank */
     int actions = 0;   /* episodes all ended at reset (faults) have none: nothing to check */
@@ -376,6 +406,15 @@ static double kl_control(Ppo *p, const Experience *b) {
 
 /* ---- the command ------------------------------------------------------------------------------ */
 
+/* The checkpoint after `step` steps, with --async-lag's in-flight batches */
+static void save(Ppo *p, const PpoOptions *o, int step) {
+    int n;
+    size_t bytes = 0;
+    char *inflight = async_inflight(&p->async, step, &n, &bytes);
+    ppo_checkpoint_save(&p->roles, p->learner, p->load_dir, o->t.out, step, p->kl_coef, p->x.seed, o->t.save_limit, inflight, bytes);
+    free(inflight);
+}
+
 int ppo_main(int argc, char **argv) {
     Ppo p;
     PpoOptions o;
@@ -386,6 +425,18 @@ int ppo_main(int argc, char **argv) {
     setup(&p, &o);
     ExperienceMaker *x = &p.x;
     int S = x->B * x->G, world0 = p.roles.world_rank == 0;
+    int step0 = o.t.resume ? o.state.step : 0, last = o.t.stop_after > 0 && o.t.stop_after < o.steps ? o.t.stop_after : o.steps;
+    async_open(&p.async, &p.roles, p.lag, S, x->max_len, step0, last, o.steps, o.t.resume);
+    async_initial_sync(&p.async, &p.roles);
+    if (p.roles.role[R_ROLLOUT].member) {   /* the rollout ranks' run (rlhf/async.h) */
+        async_rollout_loop(&p.async, x, &p.roles);
+        comm_barrier(&p.roles.world);
+        async_close(&p.async);
+        free(opts);
+        teardown(&p);
+        comm_finalize();
+        return 0;
+    }
     if (world0) {
         args_print(opts, n_opts);
         fprintf(stderr, "%d prompts; %d steps of %d prompts x %d samples, %d mini-batch(es) x %d epoch(s)\n", x->n_prompts,
@@ -394,6 +445,7 @@ int ppo_main(int argc, char **argv) {
     Experience b;
     experience_alloc(&b, S, x->max_len, p.roles.role[R_REF].active || x->lora_ref);
     if (p.roles.role[R_TEACHER].active) b.teacher_lp = xmalloc(sizeof(float) * (size_t)S * x->max_len);
+    if (p.lag > 0) b.prox_lp = xmalloc(sizeof(float) * (size_t)S * x->max_len);
     int *pidx = xmalloc(sizeof(int) * x->B);
     if (world0) {
         mkdir_p(o.t.out);
@@ -405,7 +457,7 @@ int ppo_main(int argc, char **argv) {
     if (x->dynamic_sampling) dynamic_sampler_alloc(&dyn, x);
     RolloutDump dump;
     if (o.dump_path) rollout_dump_open(&dump, o.dump_path, o.t.resume ? o.state.step : -1, world0, &p.actor_hook, S, x->max_len);
-    int step0 = o.t.resume ? o.state.step : 0, last = o.t.stop_after > 0 && o.t.stop_after < o.steps ? o.t.stop_after : o.steps;
+    if (o.dump_path) dump.versions = p.async.on;
     double t_run = now_seconds();
     float *step_s = xcalloc(last + 1, sizeof(float));
     for (int step = step0; step < last; step++) {
@@ -415,11 +467,10 @@ int ppo_main(int argc, char **argv) {
         step_s[step] = so.tm[T_STEP];
         double kl_used = p.kl_coef, seq_kl = kl_control(&p, &b);
         if (world0) ppo_log_step(&ml, &p.roles, &p.x, p.entropy, step, o.steps, (step + 1) % o.t.log_every == 0 || step + 1 == last, &b, &so, seq_kl, kl_used);
-        if (o.t.save_every > 0 && (step + 1) % o.t.save_every == 0 && step + 1 != last)
-            ppo_checkpoint_save(&p.roles, p.learner, p.load_dir, o.t.out, step + 1, p.kl_coef, p.x.seed, o.t.save_limit);
+        if (o.t.save_every > 0 && (step + 1) % o.t.save_every == 0 && step + 1 != last) save(&p, &o, step + 1);
     }
     if (o.bench_alone > 0 && last > step0) bench_phases_alone(&p, last - 1, pidx, &b, o.bench_alone, step_s + step0, last - step0);
-    ppo_checkpoint_save(&p.roles, p.learner, p.load_dir, o.t.out, last, p.kl_coef, p.x.seed, o.t.save_limit);
+    save(&p, &o, last);
     if (o.t.merge) ppo_checkpoint_merge(&p.roles, p.load_dir, o.t.out, last, o.t.save_dtype);
     comm_barrier(&p.roles.world);
     if (world0)
@@ -428,6 +479,7 @@ int ppo_main(int argc, char **argv) {
     metrics_close(&ml);
     if (o.dump_path) rollout_dump_close(&dump);
     if (x->dynamic_sampling) dynamic_sampler_free(&dyn);
+    async_close(&p.async);
     free(step_s); free(pidx); free(opts);
     experience_free(&b);
     teardown(&p);

@@ -19,7 +19,7 @@
  * last: a checkpoint without it is incomplete). Prompt order, samples and mini-batch shuffles are
  * pure functions of (seed, step), so the step is the whole data and RNG position. */
 void ppo_checkpoint_save(const Roles *rs, Learner *learner, const char *const *load_dir, const char *out, int step,
-                         double kl_coef, uint64_t seed, int save_limit) {
+                         double kl_coef, uint64_t seed, int save_limit, const char *inflight, size_t inflight_bytes) {
     char dir[4096], path[4200], err[CHECKPOINT_ERR_CAP] = "";
     snprintf(dir, sizeof dir, "%s/checkpoint-%d", out, step);
     if (rs->world_rank == 0) mkdir_p(dir);
@@ -29,6 +29,11 @@ void ppo_checkpoint_save(const Roles *rs, Learner *learner, const char *const *l
         snprintf(path, sizeof path, "%s/%s", dir, ROLE_NAMES[r]);
         char e[CHECKPOINT_ERR_CAP];
         if (learner_save(&learner[r], load_dir[r], path, e) && !err[0]) snprintf(err, sizeof err, "%s", e);
+    }
+    if (inflight && rs->world_rank == 0) {
+        snprintf(path, sizeof path, "%s/inflight.bin", dir);
+        if (write_file_atomic(path, inflight, inflight_bytes) && !err[0])
+            snprintf(err, sizeof err, "%s: cannot write: %s", path, strerror(errno));
     }
     /* a failed save stops the run (all roles): what is on disk is the previous complete checkpoint */
     snprintf(path, sizeof path, "%s/ppo_state.json", dir);

@@ -98,13 +98,16 @@ void rollout_dump_write(RolloutDump *d, const ExperienceMaker *x, const Experien
         int p = pidx[s / x->G], t0 = b->seq_start[s];
         double ol, eos;
         experience_shape_score(x, b, s, b->raw[s], &ol, &eos);   /* the parts of b->score[s] */
-        fprintf(f, "{\"step\": %d, \"sample\": %d, \"draw\": %d, \"prompt_line\": %d, \"prompt_id\": %s, \"prompt_ids\": [",
-                step + 1, s, b->draw[s], x->prompt_line[p], x->prompt_id[p] ? x->prompt_id[p] : "null");
+        fprintf(f, "{\"step\": %d, \"sample\": %d, \"draw\": %d", step + 1, s, b->draw[s]);
+        if (d->versions) fprintf(f, ", \"version\": %d, \"staleness\": %d", b->version[s], step - b->version[s]);
+        fprintf(f, ", \"prompt_line\": %d, \"prompt_id\": %s, \"prompt_ids\": [", x->prompt_line[p],
+                x->prompt_id[p] ? x->prompt_id[p] : "null");
         for (int i = 0; i < b->prompt_len[s]; i++) fprintf(f, "%s%d", i ? ", " : "", b->tokens[t0 + i]);
         fputc(']', f);
         put_array(f, "response_ids", b, s, 'i', NULL);
         fprintf(f, ", \"finish\": \"%s\"", b->finish[s] == FINISH_STOP ? "stop" : "length");
         put_array(f, "behaviour_logprobs", b, s, 'f', b->old_lp);
+        if (b->prox_lp) put_array(f, "proximal_logprobs", b, s, 'f', b->prox_self ? d->train_lp : b->prox_lp);
         put_array(f, "training_logprobs", b, s, 'f', d->train_lp);
         if (b->ref_lp) put_array(f, "ref_logprobs", b, s, 'f', b->ref_lp);
         if (b->teacher_lp) put_array(f, "teacher_logprobs", b, s, 'f', b->teacher_lp);

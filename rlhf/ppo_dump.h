@@ -8,6 +8,8 @@
  *    "teacher_logprobs": [...] (with a reference, a teacher), "loss_mask": [...],
  *    "advantages": [...] (per response token), "score_raw": the reward model's or program's score,
  *    "overlong_penalty": ..., "missing_eos_penalty": ..., "reward": the shaped score}
+ *   with --rollout-ranks also "version" and "staleness" after "draw", and with --async-lag >= 1
+ *   "proximal_logprobs" (the trainer's before the update) after "behaviour_logprobs"
  * and with --env-cmd / --env-url (rlhf/episode.h) after "advantages": "env_token": [...] (1: the
  * environment's token (observation, feedback), loss mask 0; 0: the model's), "turn": [...] (the
  * model's turn of each token, or the turn an environment token answers, 0: the observation),
@@ -31,6 +33,8 @@ typedef struct {
     const MicroBatch *mbs;    /* the mini-batch being trained */
     int cap, *pos;            /* (n_mb, cap) each micro-batch token's position in the batch */
     float *train_lp;          /* (S * max_len) the training logprobs at the batch's actions */
+    int versions;             /* --rollout-ranks: each line has "version" (the weights version that sampled
+                                 it, 0-based: the step whose weights) and "staleness" (step - 1 - version) */
 } RolloutDump;
 
 /* Opens path on the writer (resume_step < 0: a new file; else trimmed past resume_step) and sizes

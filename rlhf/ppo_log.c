@@ -70,6 +70,22 @@ void ppo_log_step(MetricsLog *ml, const Roles *rs, const ExperienceMaker *x, con
         metrics_num(ml, "critic/overlong_penalty/mean", sum / S);
         metrics_num(ml, "response_length/overlong_ratio", hit / S);
     }
+    if (so->async_on) {   /* verl's fully async names where it has them (rlhf/async.h) */
+        const AsyncStats *a = &so->async;
+        metrics_num(ml, "async/staleness_mean", a->stale_mean);
+        metrics_num(ml, "async/staleness_max", a->stale_max);
+        metrics_num(ml, "async/behav_prox_diff_max", a->diff_max);
+        metrics_num(ml, "async/fresh_sequences", a->n_fresh);
+        metrics_num(ml, "async/behav_imp_weight_mean", as->behav_weight / na);
+        metrics_num(ml, "async/behav_imp_weight_capped", as->behav_capped / na);
+        metrics_fmt(ml, "timing/trainer_idle_s", "%.6f", a->wait_s);
+        metrics_fmt(ml, "timing/rollout_idle_s", "%.6f", a->idle_s);
+        metrics_fmt(ml, "timing/rollout_gen_s", "%.6f", a->gen_s);
+        metrics_fmt(ml, "trainer/idle_ratio", "%.6f", so->tm[T_STEP] > 0 ? a->wait_s / so->tm[T_STEP] : 0.0);
+        metrics_fmt(ml, "rollouter/idle_ratio", "%.6f", a->gen_s + a->idle_s > 0 ? a->idle_s / (a->gen_s + a->idle_s) : 0.0);
+        metrics_num(ml, "weight_sync/bytes", a->sync_bytes);
+        metrics_fmt(ml, "weight_sync/s", "%.6f", a->sync_s);
+    }
     char key[64];
     for (int k = 0; k < N_T; k++) {
         snprintf(key, sizeof key, "timing_s/%s", PPO_TIMING_NAMES[k]);

@@ -2,6 +2,7 @@
  * names) and progress line (rlhf/ppo_log.c). */
 #ifndef TANDEM_PPO_LOG_H
 #define TANDEM_PPO_LOG_H
+#include "rlhf/async.h"
 #include "rlhf/dynamic_sampling.h"
 #include "rlhf/experience.h"
 #include "rlhf/roles.h"
@@ -18,6 +19,8 @@ typedef struct {
     double gn[2];              /* their mean gradient norms */
     float tm[N_T];             /* seconds per phase (the slowest rank's) */
     DrawStats ds;              /* --dynamic-sampling's draws */
+    int async_on;              /* --rollout-ranks: the pipeline's report below (rlhf/async.h) */
+    AsyncStats async;
 } StepOut;
 
 /* On world rank 0: the step's metrics line, and with print its progress line. entropy: the actor's

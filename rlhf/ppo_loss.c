@@ -216,7 +216,8 @@ double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout
         for (int n = n0; n < n1; n++) {
             dout[n] = 0.0f;
             if (mb->targets[n] < 0) continue;
-            double lp = out[n], A = c->adv[n], w = mb->weight[n], d = lp - (double)c->old_lp[n], g;
+            double base = c->prox_lp ? (double)c->prox_lp[n] : c->prox_self ? (double)out[n] : (double)c->old_lp[n];
+            double lp = out[n], A = c->adv[n], w = mb->weight[n], d = lp - base, g;
             if (c->check) {   /* every action, also those out of the loss */
                 double ad = fabs(d);
                 if (!(ad <= st->logprob_diff_max)) st->logprob_diff_max = isnan(ad) ? INFINITY : ad;
@@ -224,6 +225,13 @@ double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout
             }
             if (w == 0) continue;   /* weight 0: out of the loss (--mask-truncated), and of the statistics */
             double l = h->policy == PL_GSPO ? token_gspo_loss(h, seq_lr, d, A, &g, st) : token_policy_loss(h, lp, d, A, &g, st);
+            if (c->prox_lp || c->prox_self) {   /* decoupled PPO: the behaviour importance weight, a constant */
+                double bw = exp(base - (double)c->old_lp[n]);
+                if (h->behav_cap > 0 && !(bw <= h->behav_cap)) bw = 0.0, st->behav_capped += 1;
+                l *= bw;
+                g *= bw;
+                st->behav_weight += bw;
+            }
             double kl = 0.0, dkl = 0.0;
             if (h->kl_loss_coef > 0) {
                 kl = kl_estimate(KL_K3, lp, c->ref_lp[n]);

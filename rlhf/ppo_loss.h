@@ -107,6 +107,8 @@ typedef struct {
     double n_checked;       /* tokens compared for logprob_diff_max */
     double vf_loss;         /* sum of per-token max((v - R)^2, (v_clipped - R)^2) (times 0.5 as verl) */
     double vf_clipfrac;     /* actions where the clipped value term was larger */
+    double behav_weight;    /* decoupled PPO: sum of the behaviour importance weights (0 where capped) */
+    double behav_capped;    /* actions whose weight was past --behav-imp-weight-cap (weight 0) */
 } PpoStats;
 enum { PPO_STATS_N = sizeof(PpoStats) / sizeof(double) };
 
@@ -117,7 +119,11 @@ typedef struct {
     const float *adv;       /* actor: advantages */
     const float *old_values;/* critic: the values at rollout */
     const float *returns;   /* critic: GAE returns */
-    int check;              /* actor: 1 = the weights are the rollout's: lp must equal old_lp exactly */
+    const float *prox_lp;   /* actor, --async-lag: the proximal logprobs (decoupled PPO, below); NULL: off */
+    int check;              /* actor: 1 = the weights are the rollout's (with prox_lp: the proximal pass's):
+                               lp must equal old_lp (prox_lp) exactly */
+    int prox_self;          /* actor, --async-lag with one mini-batch and epoch: the proximal policy is the
+                               weights of this very forward, prox_lp = lp (detached; no extra pass) */
 } PpoCtx;
 
 typedef struct {
@@ -126,6 +132,8 @@ typedef struct {
     double kl_loss_coef;         /* + coef * k3(lp, ref_lp) per action (GRPO's KL in loss); 0 = off */
     PolicyLoss policy;           /* ppo | gspo | cispo (clip_low / clip_high are each one's clip range) */
     double value_clip;           /* critic: values clipped to old +- value_clip */
+    double behav_cap;            /* decoupled PPO: behaviour weights above it count 0 (AReaL's
+                                    behav_imp_weight_cap); 0 = no cap */
     PpoStats stats;
 } PpoHook;
 
@@ -146,7 +154,16 @@ typedef struct {
  * (also when l1 == l2 inside the clip range), 0 through a clipped ratio, a dual clip or a clamped
  * log-ratio; on an exact tie of max / min between terms of different gradients torch splits it
  * evenly, and so does the hook. With ctx->check, lp must equal old_lp bit for bit; the max |diff|
- * goes into stats. */
+ * goes into stats.
+ * Decoupled PPO (ctx->prox_lp; ppo only): Hilton et al. 2022, "Batch size-invariance for policy
+ * optimization", eq. 3, in AReaL's form (areal/utils/functional.py ppo_actor_loss_fn with
+ * proximal_logprobs): the ratio (and its clip, and the dual clip) is against the proximal policy,
+ * d = lp - prox_lp, and each token's l and its gradient are multiplied by the behaviour importance
+ * weight b = exp(prox_lp - old_lp) (old_lp: the behaviour policy, the rollout's), not
+ * differentiated; b = 0 where b > behav_cap (AReaL's mask, not a clip) when behav_cap > 0. The KL
+ * and entropy terms are not weighted. ppo_kl is then the proximal one. ctx->prox_self: the same with
+ * prox_lp = lp itself (a constant): what the proximal pass gives when the update is one mini-batch of
+ * one epoch, whose forward runs on the weights before the update. */
 double loss_ppo_actor(const MicroBatch *mb, int N, const float *out, float *dout, void *user);
 /* Critic hook (score head values at every position):
  *     v_c = clip(v, old - value_clip, old + value_clip)   (verl clip_by_value: max(min(v, hi), lo))

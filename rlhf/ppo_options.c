@@ -125,6 +125,9 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--ref-ranks", OPT_INT, &R[R_REF].count, "0", "ranks of the reference's group"},
         {"--reward-ranks", OPT_INT, &R[R_REWARD].count, "0", "ranks of the reward model's group"},
         {"--teacher-ranks", OPT_INT, &R[R_TEACHER].count, "0", "ranks of the teacher's group"},
+        {"--rollout-ranks", OPT_INT, &R[R_ROLLOUT].count, "0", "ranks of their own that generate the rollouts on exact copies of the actor's weights (its tp and pp; 0 = the actor generates)"},
+        {"--async-lag", OPT_INT, &p->lag, "0", "--rollout-ranks: batch k + L is generated from weights version k while step k trains (0 = synchronous)"},
+        {"--behav-imp-weight-cap", OPT_FLOAT, &o->behav_cap, "0", "--async-lag: tokens whose behaviour weight pi_prox / pi_behav exceeds it count 0 (AReaL's; 0 = no cap)"},
         {"--actor-tp", OPT_INT, &R[R_ACTOR].tp, "1", ""}, {"--actor-pp", OPT_INT, &R[R_ACTOR].pp, "1", ""},
         SEQ_PARALLEL_OPTION(&t->sp), ZERO_OPTION(&t->zero), TRAIN_LORA_OPTIONS(t),
         {"--critic-tp", OPT_INT, &R[R_CRITIC].tp, "1", ""}, {"--critic-pp", OPT_INT, &R[R_CRITIC].pp, "1", ""},
@@ -227,6 +230,31 @@ static void env_options_check(Ppo *p, const PpoOptions *o, int n_rewards) {
     x->env_timeout = o->env_timeout;
 }
 
+/* --rollout-ranks, --async-lag, --behav-imp-weight-cap (rlhf/async.h) and what they do not go with */
+static void async_options_check(Ppo *p, PpoOptions *o) {
+    const Role *R = p->roles.role;
+    int n = R[R_ROLLOUT].count, lag = p->lag;
+    if (n < 0) user_error("--rollout-ranks %d: must be >= 0", n);
+    if (lag < 0) user_error("--async-lag %d: must be >= 0 (0 = synchronous)", lag);
+    if (lag > 0 && n == 0) user_error("--async-lag %d: needs --rollout-ranks (the rollouts run ahead on ranks of their own)", lag);
+    if (args_given(&o->behav_cap) && lag == 0) user_error("--behav-imp-weight-cap: only with --async-lag >= 1 (decoupled PPO)");
+    if (!(o->behav_cap == 0 || o->behav_cap >= 1)) user_error("--behav-imp-weight-cap %g: must be >= 1 (or 0 = no cap)", o->behav_cap);
+    p->actor_hook.behav_cap = o->behav_cap;
+    if (n == 0) return;
+    if (n % (R[R_ACTOR].tp * R[R_ACTOR].pp))
+        user_error("--rollout-ranks %d: must be a multiple of the actor's tp x pp = %d (the rollout ranks hold its shards one "
+                   "to one)", n, R[R_ACTOR].tp * R[R_ACTOR].pp);
+    if (o->t.lora_r) user_error("--rollout-ranks: not with --lora-r (the rollout ranks get the actor's weights, not its adapters)");
+    if (o->t.zero == 3) user_error("--rollout-ranks: not with --zero 3 (the actor's weights are sliced over dp; use --zero 2)");
+    if (p->x.dynamic_sampling) user_error("--rollout-ranks: not with --dynamic-sampling (its redraws need the trainer's rewards)");
+    if (o->bench_alone) user_error("--rollout-ranks: not with --bench-alone (it times the colocated step's phases)");
+    if (lag == 0) return;
+    if (p->actor_hook.policy != PL_PPO)
+        user_error("--async-lag %d: --policy-loss %s: decoupled PPO's correction is ppo's (use --policy-loss ppo)", lag, o->policy_name);
+    if (sampler_truncates(&p->x.sp))
+        user_error("--async-lag %d: not with --top-k / --top-p / --min-p (the proximal policy's logprobs are the full softmax's)", lag);
+}
+
 /* See ppo_options.h. */
 Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **argv) {
     Role *R = p->roles.role;
@@ -319,5 +347,6 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
     p->actor_hook = (PpoHook){.clip_low = o->clip_eps, .clip_high = o->clip_high > 0 ? o->clip_high : o->clip_eps, .clip_c = o->dual_clip,
                              .kl_loss_coef = o->kl_loss_coef, .policy = policy_loss_parse("--policy-loss", o->policy_name)};
     p->critic_hook = (PpoHook){.value_clip = o->value_clip};
+    async_options_check(p, o);
     return opts;
 }

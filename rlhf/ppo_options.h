@@ -4,6 +4,7 @@
  * optim_options_check. Does not own: setup, the step loop (rlhf/ppo.c). */
 #ifndef TANDEM_PPO_OPTIONS_H
 #define TANDEM_PPO_OPTIONS_H
+#include "rlhf/async.h"
 #include "rlhf/experience.h"
 #include "rlhf/ppo_checkpoint.h"
 #include "rlhf/ppo_loss.h"
@@ -29,6 +30,7 @@ typedef struct {
     float distill_coef;                  /* --distill-coef (--teacher) */
     float env_timeout;                   /* --env-timeout */
     int env_chat;                        /* --env-chat-template */
+    float behav_cap;                     /* --behav-imp-weight-cap (--async-lag >= 1) */
     LrSchedule sched, critic_sched;
     PpoState state;        /* --resume's ppo_state.json */
 } PpoOptions;
@@ -44,6 +46,8 @@ typedef struct {
     double entropy_coef, entropy[2];     /* the actor's entropy bonus; the step's entropy sum and count */
     double kl_coef, kl_target, kl_horizon;   /* the KL penalty and its adaptive controller */
     const char *load_dir[N_ROLES];       /* where each role's weights were read (--resume: the checkpoint's) */
+    int lag;                             /* --async-lag (rlhf/async.h) */
+    AsyncPipe async;                     /* --rollout-ranks' pipeline */
 } Ppo;
 
 /* comm_init, then parses argv into o and p and checks it (one user_error line each; the thread count

@@ -7,12 +7,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const ROLE_NAMES[N_ROLES] = {"actor", "critic", "ref", "reward", "teacher"};
+const char *const ROLE_NAMES[N_ROLES] = {"actor", "critic", "ref", "reward", "teacher", "rollout"};
 
 /* ---- placement ------------------------------------------------------------------------------ */
 
 static int role_of(const char *name, const char *spec) {
-    for (int r = 0; r < N_ROLES; r++) if (!strcmp(name, ROLE_NAMES[r])) return r;
+    if (!strcmp(name, "rollout")) user_error("--colocate %s: the rollout ranks are a group of their own (--rollout-ranks)", spec);
+    for (int r = 0; r < R_ROLLOUT; r++) if (!strcmp(name, ROLE_NAMES[r])) return r;
     user_error("--colocate %s: unknown role \"%s\" (actor, critic, ref, reward, teacher)", spec, name);
 }
 
@@ -23,7 +24,7 @@ void roles_place(Roles *p, const char *colocate) {
     for (int r = 0; r < N_ROLES; r++) { set_of[r] = -1; any_count |= R[r].active && R[r].count > 0; }
     if (!colocate && !any_count) colocate = "all";
     if (colocate && !strcmp(colocate, "all")) {
-        for (int r = 0; r < N_ROLES; r++) if (R[r].active) set_of[r] = 0;
+        for (int r = 0; r < R_ROLLOUT; r++) if (R[r].active) set_of[r] = 0;
         n_sets = 1;
     } else if (colocate) {
         char *spec = xstrdup(colocate), *save1 = NULL;
@@ -76,8 +77,10 @@ void roles_place(Roles *p, const char *colocate) {
     /* the device, while world rank 0 still reports alone, and before the groups are cut (their links) */
     p->be = device_open_local(p->device, &p->world);
     RoleGroup mine;
-    group_split(&p->world, n_groups, names, counts, R[R_TEACHER].active ? "--actor-ranks/--critic-ranks/--ref-ranks/"
-                "--reward-ranks/--teacher-ranks" : "--actor-ranks/--critic-ranks/--ref-ranks/--reward-ranks", &mine);
+    char flag[160];
+    snprintf(flag, sizeof flag, "--actor-ranks/--critic-ranks/--ref-ranks/--reward-ranks%s%s",
+             R[R_TEACHER].active ? "/--teacher-ranks" : "", R[R_ROLLOUT].active ? "/--rollout-ranks" : "");
+    group_split(&p->world, n_groups, names, counts, flag, &mine);
     int first = 0;
     for (int g = 0; g < n_groups; g++) {
         for (int r = 0; r < N_ROLES; r++)
@@ -102,13 +105,20 @@ void roles_place(Roles *p, const char *colocate) {
     p->group_root = mine.comm.rank == 0;
     snprintf(p->group_name, sizeof p->group_name, "%s", n_groups > 1 ? mine.name : "");
     group_free(&mine);
+    p->job = comm_dup(&p->world);
+    if (R[R_ROLLOUT].active) {   /* two sides: the step's collectives stay on this rank's own (roles.h) */
+        Comm side = comm_split(&p->job, R[R_ROLLOUT].member, p->world_rank);
+        comm_free(&p->world);
+        p->world = side;
+        if (R[R_ROLLOUT].member) R[R_ROLLOUT].root = 0;
+    }
 }
 
 /* Another role's model must read the actor's token ids. */
 void roles_check_vocab(const Roles *p) {
     ModelConfig a;
     config_load(&a, p->role[R_ACTOR].dir);
-    for (int r = R_CRITIC; r < N_ROLES; r++) {
+    for (int r = R_CRITIC; r < R_ROLLOUT; r++) {
         if (!p->role[r].active) continue;
         ModelConfig c;
         config_load(&c, p->role[r].dir);
@@ -144,6 +154,10 @@ void roles_open(Roles *rs, int has_ref, const char *colocate) {
     R[R_TEACHER].active = R[R_TEACHER].dir != NULL;
     R[R_REF].active = has_ref;
     if (R[R_REF].active && !R[R_REF].dir) R[R_REF].dir = R[R_ACTOR].dir;
+    R[R_ROLLOUT].active = R[R_ROLLOUT].count > 0;   /* the actor's model and layout (rlhf/async.h) */
+    R[R_ROLLOUT].dir = R[R_ACTOR].dir;
+    R[R_ROLLOUT].tp = R[R_ACTOR].tp;
+    R[R_ROLLOUT].pp = R[R_ACTOR].pp;
     for (int r = 0; r < N_ROLES; r++) {
         if (R[r].active && !dir_exists(R[r].dir)) user_error("--%s %s: not a directory", ROLE_NAMES[r], R[r].dir);
         if (!R[r].active && R[r].count > 0) user_error("--%s-ranks %d: this run has no %s", ROLE_NAMES[r], R[r].count, ROLE_NAMES[r]);
@@ -180,6 +194,7 @@ void roles_free(Roles *rs) {
     for (int r = 0; r < N_ROLES; r++)
         if (rs->role[r].member) { model_free(&rs->role[r].m); mesh_free(&rs->role[r].mesh); }
     comm_free(&rs->world);
+    comm_free(&rs->job);
 }
 
 /* ---- moving results between roles ------------------------------------------------------------ */

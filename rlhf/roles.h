@@ -13,13 +13,17 @@
 #include "rlhf/ppo_loss.h"
 #include "runtime/model.h"
 
-/* R_TEACHER: on-policy distillation's frozen teacher (--teacher), forward-only like the reference */
-enum { R_ACTOR, R_CRITIC, R_REF, R_REWARD, R_TEACHER, N_ROLES };
-extern const char *const ROLE_NAMES[N_ROLES];   /* "actor", "critic", "ref", "reward", "teacher" */
+/* R_TEACHER: on-policy distillation's frozen teacher (--teacher), forward-only like the reference.
+ * R_ROLLOUT (--rollout-ranks): forward-only ranks holding exact copies of the actor's weights (its tp
+ * and pp, any dp) that generate the rollouts (rlhf/async.h); always its own group, the last ranks of
+ * the job. Without it the actor generates on its own training shards. */
+enum { R_ACTOR, R_CRITIC, R_REF, R_REWARD, R_TEACHER, R_ROLLOUT, N_ROLES };
+extern const char *const ROLE_NAMES[N_ROLES];   /* "actor", "critic", "ref", "reward", "teacher", "rollout" */
 
 typedef struct {
     int active, member;        /* in this run; held by this rank */
-    int group, root;           /* its role group, and that group's first world rank */
+    int group, root;           /* its role group, and that group's first rank in Roles.world (with a
+                                  rollout role: the rollout's root is 0 on its own side) */
     int count, tp, pp;         /* --ROLE-ranks, --ROLE-tp, --ROLE-pp */
     const char *dir;
     Mesh mesh;                 /* members only */
@@ -28,8 +32,11 @@ typedef struct {
 
 typedef struct {
     Role role[N_ROLES];
-    Comm world;
-    int world_rank;
+    Comm world;                /* the ranks this rank's step runs its collectives over: every rank; with a
+                                  rollout role, this rank's side (the trainer ranks 0 .. T-1, numbered as in
+                                  the job, or the rollout ranks), cut by roles_place */
+    Comm job;                  /* every rank of the job (the exchanges between the two sides) */
+    int world_rank;            /* this rank in the job (0: the trainer side's root, the writer) */
     char placement[512];       /* the layout, as a checkpoint saves it: "actor@0+2:tp1:pp1,..." */
     char group_name[32];       /* this rank's role group ("" with one group), for error lines */
     int group_root;            /* this rank is its group's root */
@@ -52,6 +59,8 @@ void roles_merge_adapters(Roles *rs, const char *const *adapter);
  * the experience phases (generation, logprobs, values), as verl syncs the actor's weights into its
  * rollout engine; each update's learner_step releases them again. */
 void roles_gather_weights(Roles *rs);
+/* The role that generates the rollouts: R_ROLLOUT when the run has one, else the actor. */
+static inline int rollout_role(const Roles *rs) { return rs->role[R_ROLLOUT].active ? R_ROLLOUT : R_ACTOR; }
 /* This rank's models and meshes, and the world. */
 void roles_free(Roles *rs);
 /* Splits the world into role groups from the counts and --colocate ("all", or sets like

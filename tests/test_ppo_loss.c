@@ -127,10 +127,11 @@ typedef struct {
  * halves' stats accumulate in one PpoHook. ctx_at(ctx, off) gives the context shifted by off tokens. */
 typedef PpoCtx (*CtxAt)(const PpoCtx *c, int off);
 static PpoCtx actor_at(const PpoCtx *c, int off) {
-    return (PpoCtx){c->old_lp + off, c->ref_lp + off, c->adv + off, NULL, NULL, c->check};
+    return (PpoCtx){c->old_lp + off, c->ref_lp + off, c->adv + off, NULL, NULL, c->prox_lp ? c->prox_lp + off : NULL, c->check,
+                    c->prox_self};
 }
 static PpoCtx critic_at(const PpoCtx *c, int off) {
-    return (PpoCtx){NULL, NULL, NULL, c->old_values + off, c->returns + off, c->check};
+    return (PpoCtx){NULL, NULL, NULL, c->old_values + off, c->returns + off, NULL, c->check, 0};
 }
 static double run_hook(LossFn fn, const PpoBatch *b, const PpoCtx *ctx, CtxAt at, const float *out, PpoHook *h,
                        float *dout, int split) {
@@ -189,13 +190,17 @@ static void check_actor(const PpoBatch *b, const cJSON *c, int norm) {
     float *old = flt(c, "old_lp", b->N), *dout = xmalloc(sizeof(float) * b->N), *dout2 = xmalloc(sizeof(float) * b->N);
     float *w = xmalloc(sizeof(float) * b->N);
     double *want = dbl(c, "dlp", b->N);
-    PpoCtx ctx = {old, b->ref, b->adv, NULL, NULL, 1};
+    const cJSON *has_prox = cJSON_GetObjectItemCaseSensitive(c, "prox_lp"), *cap = cJSON_GetObjectItemCaseSensitive(c, "behav_cap");
+    float *prox = has_prox ? flt(c, "prox_lp", b->N) : NULL;   /* decoupled PPO (ppo_decoupled.json) */
+    const cJSON *self = cJSON_GetObjectItemCaseSensitive(c, "prox_self");
+    PpoCtx ctx = {old, b->ref, b->adv, NULL, NULL, self ? NULL : prox, 1, self != NULL};
     PpoBatch bw = *b;
     bw.weight = (float *)case_weights(b, c, norm, w);
     char what[160];
     for (int split = 0; split < 2; split++) {
         PpoHook h = {.clip_low = num(c, "clip_low"), .clip_high = num(c, "clip_high"), .clip_c = num(c, "clip_c"),
-                     .kl_loss_coef = num(c, "kl_loss_coef"), .policy = pl ? policy_loss_parse("policy", pl->valuestring) : PL_PPO};
+                     .kl_loss_coef = num(c, "kl_loss_coef"), .policy = pl ? policy_loss_parse("policy", pl->valuestring) : PL_PPO,
+                     .behav_cap = cap ? cap->valuedouble : 0.0};
         double loss = run_hook(loss_ppo_actor, &bw, &ctx, actor_at, b->lp, &h, split ? dout2 : dout, split);
         if (!split) {
             snprintf(what, sizeof what, "actor %s: loss", name);
@@ -206,8 +211,13 @@ static void check_actor(const PpoBatch *b, const cJSON *c, int norm) {
             cmp1("  in 2 micro-batches: dout bit for bit", !memcmp(dout, dout2, sizeof(float) * b->N), 1, 0);
         }
         cmp_stats(split ? "  in 2 micro-batches: " : "  ", c, &h.stats, 1);
+        if (prox) {   /* the behaviour weights' sum (to 1e-12 relative) and the capped count (exactly) */
+            double bw = num(c, "behav_weight");
+            cmp1("  stats behav_weight (relative)", h.stats.behav_weight / bw, 1.0, 1e-12);
+            cmp1("  stats behav_capped", h.stats.behav_capped, num(c, "behav_capped"), 0);
+        }
     }
-    free(old); free(dout); free(dout2); free(want); free(w);
+    free(old); free(dout); free(dout2); free(want); free(w); free(prox);
 }
 
 static void check_critic(const PpoBatch *b, const cJSON *c) {
@@ -215,7 +225,7 @@ static void check_critic(const PpoBatch *b, const cJSON *c) {
     float *v = flt(c, "values", b->N), *ov = flt(c, "old_values", b->N), *R = flt(c, "returns", b->N);
     float *dout = xmalloc(sizeof(float) * b->N), *dout2 = xmalloc(sizeof(float) * b->N);
     double *want = dbl(c, "dv", b->N);
-    PpoCtx ctx = {NULL, NULL, NULL, ov, R, 0};
+    PpoCtx ctx = {NULL, NULL, NULL, ov, R, NULL, 0, 0};
     char what[160];
     for (int split = 0; split < 2; split++) {
         PpoHook h = {.value_clip = num(c, "value_clip")};
