@@ -33,6 +33,10 @@ void episode_env_open(ExperienceMaker *x, const Roles *rs, int chat, const char 
 /* The episodes of the B prompts pidx x G samples at `step` into b (experience_rollout's contract;
  * every rank of the world calls it). */
 void episode_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b);
+/* The most model tokens one sample holds: --max-new-tokens, or with an environment
+ * min(--max-turns x --max-new-tokens, --max-episode-tokens) (--loss-agg seq-mean-token-sum-norm's
+ * divisor). */
+int episode_model_tokens_max(const ExperienceMaker *x);
 /* The environment's id of sample s at `step` (draw x->draw). */
 int episode_id(const ExperienceMaker *x, int step, int s);
 #endif

@@ -77,7 +77,7 @@ static double update(Ppo *p, int ri, int step, const int *pidx, Experience *b, R
     int micro = micro_size(p, r);
     Minibatch mb;
     minibatch_alloc(&mb, (p->mini / dp + micro - 1) / micro, micro, p->x.max_len);
-    if (actor) mb.agg = p->loss_agg, mb.agg_norm = p->x.max_new;   /* the critic: token-mean (verl's default) */
+    if (actor) mb.agg = p->loss_agg, mb.agg_norm = episode_model_tokens_max(&p->x);   /* the critic: token-mean (verl's default) */
     int *perm = xmalloc(sizeof(int) * S);
     double gsum = 0;
     int n_steps = 0;
