@@ -82,25 +82,29 @@ const char *env_fault_detail(const Env *e) { return e->detail; }
 
 /* ---- the messages ---- */
 
-/* The request bodies (malloc'd, one JSON object each, no newline). turn NULL: resets. */
+/* The request bodies (malloc'd, one JSON object each, no newline). turn NULL: resets, whose
+ * "prompt" is the line's own bytes (checked to be one JSON object; never re-serialised, so a number
+ * past 2^53 or a key's spelling reaches the program as the file has it). */
 static char **requests(int n, const int *episode, const char *const *prompt_line, const int *turn,
                        const char *const *action, const int *const *action_ids, const int *n_ids) {
     char **b = xmalloc(sizeof(char *) * (size_t)n);
     for (int i = 0; i < n; i++) {
         CHECK(episode[i] >= 0);
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "type", turn ? "step" : "reset");
-        cJSON_AddNumberToObject(o, "episode", episode[i]);
         if (!turn) {
-            cJSON *pl = cJSON_Parse(prompt_line[i]);
-            CHECK(pl != NULL);   /* the caller's prompt lines are JSON texts */
-            cJSON_AddItemToObject(o, "prompt", pl);
-        } else {
-            cJSON_AddNumberToObject(o, "turn", turn[i]);
-            cJSON_AddStringToObject(o, "action", action[i]);
-            cJSON *ids = cJSON_AddArrayToObject(o, "action_ids");
-            for (int k = 0; k < n_ids[i]; k++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(action_ids[i][k]));
+            cJSON *pl = cJSON_ParseWithOpts(prompt_line[i], NULL, 1);
+            CHECK(cJSON_IsObject(pl));   /* the caller's prompt lines are JSON objects */
+            cJSON_Delete(pl);
+            b[i] = xmalloc(strlen(prompt_line[i]) + 64);
+            sprintf(b[i], "{\"type\":\"reset\",\"episode\":%d,\"prompt\":%s}", episode[i], prompt_line[i]);
+            continue;
         }
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "type", "step");
+        cJSON_AddNumberToObject(o, "episode", episode[i]);
+        cJSON_AddNumberToObject(o, "turn", turn[i]);
+        cJSON_AddStringToObject(o, "action", action[i]);
+        cJSON *ids = cJSON_AddArrayToObject(o, "action_ids");
+        for (int k = 0; k < n_ids[i]; k++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(action_ids[i][k]));
         b[i] = cJSON_PrintUnformatted(o);
         CHECK(b[i] != NULL);
         cJSON_Delete(o);
@@ -231,9 +235,18 @@ static int take_lines(Env *e, Call *c, int at_eof, char *err, size_t errlen) {
 /* The program is gone (its output ended, or its input closed): what it wrote before still counts;
  * then the error, unless every episode has its reply (the next call will see the end). */
 static int gone(Env *e, Call *c, const char *closed, char *err, size_t errlen) {
-    ssize_t k;
-    while ((k = subproc_read(&e->p)) > 0) {}
+    ssize_t k = 0;
+    size_t got = 0;   /* read here: a program that keeps writing is cut at ENV_MAX_LINE */
+    while (got <= ENV_MAX_LINE && (k = subproc_read(&e->p)) > 0) {
+        got += (size_t)k;
+        if (take_lines(e, c, 0, err, errlen)) return -1;
+    }
     if (take_lines(e, c, k == 0, err, errlen)) return -1;
+    if (got > ENV_MAX_LINE) {
+        snprintf(err, errlen, ENV_WHAT " `%s`: its %s closed, it went on writing (over %d MiB read after)", e->p.name,
+                 closed, ENV_MAX_LINE >> 20);
+        return -1;
+    }
     if (c->waiting == 0) return 0;
     char why[256];
     subproc_describe_gone(&e->p, closed, why, sizeof why);

@@ -1,5 +1,6 @@
 /* episode.c — see episode.h. */
 #include "rlhf/episode.h"
+#include "runtime/comm.h"
 #include "runtime/util.h"
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,20 +43,31 @@ void episode_env_open(ExperienceMaker *x, const Roles *rs, int chat, const char 
     if (!(x->env_cmd || x->env_url)) return;
     if (chat && (x->env_chat = chat_format_resolve(x->tok, chat_template, err, sizeof err)) < 0)
         user_error("--env-chat-template: %s (the feedback is rendered as a user message of the actor's chat template)", err);
-    if (!a->member || !mesh_is_root(&a->mesh)) return;
+    if (!a->member || !mesh_is_root(&a->mesh)) {   /* only the root sends the resets' prompt lines */
+        for (int i = 0; x->lines && i < x->n_prompts; i++) free(x->lines[i]);
+        free(x->lines);
+        x->lines = NULL;
+        return;
+    }
     x->env = env_open(x->env_cmd, x->env_url, x->env_timeout, err, sizeof err);
     if (!x->env) rank_error("%s", err);
 }
 
 /* ---- the environment's text as ids (the actor's root) ------------------------------------------ */
 
+#define ASSISTANT_MARK "tandem-assistant-content"
+
 /* text tokenised once on its own (no BOS), or with --env-chat-template as a user message closing
  * the model's turn: what the template puts after an assistant turn's end-of-turn token (ChatML's
- * "\n"), the user message, the generation prompt; the turns before are never re-rendered. */
-static void env_ids(ExperienceMaker *x, const char *text, int chat, TokIds *out) {
+ * "\n"), the user message, the generation prompt; the turns before are never re-rendered. A turn
+ * whose last id (last) is not the template's end-of-turn token (it ended at a stop string or at
+ * --max-new-tokens) is closed first: the text the template puts after an assistant message's
+ * content up to that token (ChatML's "<|im_end|>", Llama 2's " </s>") comes first, the
+ * environment's tokens too, so the transcript is one the template renders. */
+static void env_ids(ExperienceMaker *x, const char *text, int chat, int last, TokIds *out) {
     out->n = 0;
     if (!chat || x->env_chat < 0) { tokenizer_encode(x->tok, text, strlen(text), 0, out, NULL); return; }
-    ChatMessage m[3] = {{"user", "u"}, {"assistant", "a"}, {"user", text}};
+    ChatMessage m[3] = {{"user", "u"}, {"assistant", ASSISTANT_MARK}, {"user", text}};
     unsigned char *bm0 = NULL, *bm1 = NULL;
     size_t n0 = 0, n1 = 0, e = 0;
     char err[256];
@@ -66,11 +78,19 @@ static void env_ids(ExperienceMaker *x, const char *text, int chat, TokIds *out)
         rank_error("--env-chat-template %s: the template renders a conversation's earlier turns differently once a "
                    "message follows, so feedback cannot be appended without re-rendering", chat_format_name((ChatFormat)x->env_chat));
     for (size_t i = 0; i < n0; i++) if (bm0[i]) e = i + 1;   /* just after the assistant's end-of-turn token */
-    size_t len = (n0 - e) + (n1 - n0);
+    size_t c = 0;   /* just after the assistant's content: [c, e) closes the turn */
+    for (const char *f = t0; (f = strstr(f, ASSISTANT_MARK)) && (size_t)(f - t0) < e; f++) c = (size_t)(f - t0) + strlen(ASSISTANT_MARK);
+    if (c == 0 || c > e) rank_error("--env-chat-template %s: no assistant content before its end-of-turn token",
+                                    chat_format_name((ChatFormat)x->env_chat));
+    TokIds close = {0};
+    tokenizer_encode(x->tok, t0 + c, e - c, 0, &close, NULL);
+    size_t from = close.n > 0 && (int)close.ids[close.n - 1] == last ? e : c;   /* closed by the model itself? */
+    size_t len = (n0 - from) + (n1 - n0);
     char *s = xmalloc(len + 1);
-    memcpy(s, t0 + e, n0 - e);
-    memcpy(s + (n0 - e), t1 + n0, n1 - n0);
+    memcpy(s, t0 + from, n0 - from);
+    memcpy(s + (n0 - from), t1 + n0, n1 - n0);
     tokenizer_encode(x->tok, s, len, 0, out, NULL);
+    tok_ids_free(&close);
     free(s); free(t0); free(t1); free(bm0); free(bm1);
 }
 
@@ -88,7 +108,8 @@ static int *share_replies(ExperienceMaker *x, const Role *a, const Episodes *ep,
             hdr[3 * s] = hdr[3 * s + 1] = hdr[3 * s + 2] = 0;
             rew[s] = 0;
             if (!ep->live[s]) continue;
-            env_ids(x, reply[s].text ? reply[s].text : "", chat, &t);
+            int last = ep->n[s] > 0 ? ep->after[(size_t)s * ep->E + ep->n[s] - 1] : -1;   /* the turn's last id */
+            env_ids(x, reply[s].text ? reply[s].text : "", chat, last, &t);
             hdr[3 * s] = t.n < (size_t)ep->E ? (int)t.n : ep->E;   /* more than E ends the episode anyway */
             for (int i = 0; i < hdr[3 * s]; i++) tok_ids_push(&all, t.ids[i]);
             hdr[3 * s + 1] = reply[s].done;
@@ -159,6 +180,19 @@ static void generate_turn(ExperienceMaker *x, const Role *a, const Episodes *ep,
     comm_all_reduce_sum(&a->mesh.dp_comm, lp, (size_t)S * M);
 }
 
+/* After a call of n episodes on the root (replies r): ENV_SILENT_MAX calls in a row in which no
+ * episode had a reply within --env-timeout stop the run (every episode of them scored 0: such a run
+ * trains on nothing; a program or server this slow or stuck is the user's to fix). */
+#define ENV_SILENT_MAX 3
+static void count_silent(ExperienceMaker *x, int n, const EnvReply *r) {
+    int silent = n > 0;
+    for (int i = 0; i < n; i++) silent &= r[i].fault == ENV_TIMEOUT;
+    x->env_silent = silent ? x->env_silent + 1 : 0;
+    if (x->env_silent >= ENV_SILENT_MAX)
+        rank_error("environment %s: %d calls in a row without one reply within --env-timeout %g s (too slow or stuck); stopping",
+                   x->env_cmd ? x->env_cmd : x->env_url, ENV_SILENT_MAX, x->env_timeout);
+}
+
 /* The environment's step of every live episode (the root asks; errors of the environment stop the
  * run), into reply (S). */
 static void step_env(ExperienceMaker *x, const Episodes *ep, int step, int t, const int *out, const int *n_out,
@@ -178,6 +212,7 @@ static void step_env(ExperienceMaker *x, const Episodes *ep, int step, int t, co
     char err[1024];
     if (n && env_step(x->env, n, id, turn, act, aid, nid, r, err, sizeof err)) rank_error("%s", err);
     if (n && env_fault_detail(x->env)[0]) fprintf(stderr, "env: step %d, turn %d: %s\n", step + 1, t, env_fault_detail(x->env));
+    count_silent(x, n, r);
     for (int i = 0; i < n; i++) { reply[who[i]] = r[i]; free((char *)act[i]); }
     free(r); free(id); free(turn); free(nid); free(who); free(act); free(aid);
 }
@@ -193,6 +228,7 @@ static void reset_env(ExperienceMaker *x, int S, int step, const int *pidx, EnvR
     char err[1024];
     if (env_reset(x->env, S, id, line, reply, err, sizeof err)) rank_error("%s", err);
     if (env_fault_detail(x->env)[0]) fprintf(stderr, "env: step %d, reset: %s\n", step + 1, env_fault_detail(x->env));
+    count_silent(x, S, reply);
     free(id); free(line);
 }
 
@@ -283,26 +319,49 @@ static void pack(const ExperienceMaker *x, const Episodes *ep, int step, const i
     }
 }
 
+int episode_model_tokens_max(const ExperienceMaker *x) {
+    if (!(x->env_cmd || x->env_url)) return x->max_new;
+    long turns = (long)x->max_turns * x->max_new;
+    return turns < x->max_ep_tokens ? (int)turns : x->max_ep_tokens;
+}
+
+/* The deadline of a wait in a communication call (runtime/comm.h) while the episodes run, on every
+ * rank: the actor's other ranks wait in a broadcast while the root waits on the environment (one
+ * call: --env-timeout at most), every other rank waits in roles_share for the whole rollout
+ * (--max-turns turns, each a generation and an environment's call, and the reset): so each of the
+ * --max-turns + 1 phases gets the deadline of a one-turn rollout plus --env-timeout. (episode.h) */
+double episode_deadline(const ExperienceMaker *x, double d) {
+    if (!(x->env_cmd || x->env_url)) return d;
+    double ext = (d + x->env_timeout) * (x->max_turns + 1);
+    return d == 0 ? 0 : ext < 1e9 ? ext : 1e9;
+}
+
 void episode_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b) {
     const Role *a = &rs->role[rollout_role(rs)];   /* the generating role: the actor, or --rollout-ranks */
     Episodes ep = {.S = x->B * x->G, .E = x->max_ep_tokens, .M = x->max_new};
-    size_t SE = (size_t)ep.S * ep.E;
-    int *ints = xcalloc(3 * SE + 4 * (size_t)ep.S, sizeof(int));
+    size_t SE = (size_t)ep.S * ep.E, n_ints = 3 * SE + 4 * (size_t)ep.S + 1;   /* + the replies dropped */
+    int *ints = xcalloc(n_ints, sizeof(int));
     float *lp = xcalloc(SE, sizeof(float));
     double *rw = xcalloc(SE, sizeof(double));
+    double deadline = comm_timeout();
+    comm_set_timeout(episode_deadline(x, deadline));
     episodes_view(&ep, ints, lp, rw);
     ep.live = xcalloc(ep.S, sizeof(int));
     if (a->member) {
+        long dropped = x->env ? env_dropped(x->env) : 0;
         run_episodes(x, a, &ep, step, pidx);
+        if (x->env) ints[n_ints - 1] = (int)(env_dropped(x->env) - dropped);
         if (a->mesh.dp_rank != 0) {   /* every dp replica has them all: one copy to the sum */
-            memset(ints, 0, sizeof(int) * (3 * SE + 4 * (size_t)ep.S));
+            memset(ints, 0, sizeof(int) * n_ints);
             memset(lp, 0, sizeof(float) * SE);
             memset(rw, 0, sizeof(double) * SE);
         }
     }
-    roles_share_i(rs, a, ints, 3 * SE + 4 * (size_t)ep.S);
+    roles_share_i(rs, a, ints, n_ints);
     roles_share_f(rs, a, lp, SE);
     roles_share_d(rs, a, rw, SE);
+    comm_set_timeout(deadline);
+    x->env_dropped = (x->draw == 0 ? 0 : x->env_dropped) + ints[n_ints - 1];
     pack(x, &ep, step, pidx, b);
     free(ints); free(lp); free(rw); free(ep.live);
 }

@@ -7,16 +7,19 @@
  *           --stop-token-ids id or a --stop string (part of the action), or after --max-new-tokens
  *   step    the environment sees the turn's text and ids; its reward of turn t lands at turn t's
  *           last action (Experience.turn_r); its feedback, tokenised once on its own (or rendered
- *           as a user message of the chat template: --env-chat-template), is appended as ids
+ *           as a user message of the chat template: --env-chat-template, after the template's
+ *           closing text when the turn did not end at its end-of-turn token), is appended as ids
  * until the environment says done, --max-turns turns, or --max-episode-tokens tokens after the
  * prompt (the model's and the environment's together). Nothing is re-tokenised: the ids the model
  * conditioned on are the ids trained on. An episode's reply that is a fault (rlhf/env.h EnvFault)
- * ends it with every turn's reward 0; an environment that fails as a whole stops the run
- * (rank_error naming it).
+ * ends it with every turn's reward 0; an environment that fails as a whole, or answers none of
+ * the episodes of 3 calls in a row within --env-timeout, stops the run (rank_error naming it).
  * Placement: the environment is opened and called by the actor's root (mesh rank 0) only; what
  * the actor's other ranks need (observations, feedback ids, rewards, ends) is broadcast over the
  * actor's mesh.group, each turn's tokens are summed over its dp replicas, and the finished
  * episodes go to every rank of the world as the one-turn rollout's results do (roles_share_*).
+ * Meanwhile every rank's communication deadline (runtime/comm.h) is (D + --env-timeout) x
+ * (--max-turns + 1), D after: the waits on the environment are a fault's, not the job's end.
  * Seeds: turn t of sample s of draw d at step k samples with splitmix64 of (seed, k, s, d, t).
  * Episode ids: (k * draws + d) * S + s, draws = --max-sample-draws with --dynamic-sampling, else 1:
  * unique over the run and the same on a resumed run.
@@ -33,6 +36,14 @@ void episode_env_open(ExperienceMaker *x, const Roles *rs, int chat, const char 
 /* The episodes of the B prompts pidx x G samples at `step` into b (experience_rollout's contract;
  * every rank of the world calls it). */
 void episode_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b);
+/* The most model tokens one sample holds: --max-new-tokens, or with an environment
+ * min(--max-turns x --max-new-tokens, --max-episode-tokens) (--loss-agg seq-mean-token-sum-norm's
+ * divisor). */
+int episode_model_tokens_max(const ExperienceMaker *x);
+/* The deadline of a communication wait (runtime/comm.h) that may span the episodes of a rollout,
+ * from the run's deadline d: (d + --env-timeout) x (--max-turns + 1), at most 1e9 s; d without an
+ * environment, 0 (none) when d is 0. */
+double episode_deadline(const ExperienceMaker *x, double d);
 /* The environment's id of sample s at `step` (draw x->draw). */
 int episode_id(const ExperienceMaker *x, int step, int s);
 #endif

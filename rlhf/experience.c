@@ -79,7 +79,7 @@ void experience_read_prompts(ExperienceMaker *x, const char *path, const char *k
         char where[600];
         snprintf(where, sizeof where, "%s:%d", path, r.line);
         prompt_fit(t, experience_resp_max(x), max_pos, truncate, where);
-        if (x->lines) x->lines[x->n_prompts] = cJSON_PrintUnformatted(o);
+        if (x->lines) x->lines[x->n_prompts] = xstrdup(r.buf);   /* the line's own bytes (rlhf/env.c sends them) */
         x->prompt_text[x->n_prompts] = x->tok ? tokenizer_decode(x->tok, t->ids, t->n, 1, NULL) : xstrdup("");
         if (x->reward_fn) {   /* the verifier's reference: the line itself ("answer" / "tests") */
             char err[300];

@@ -73,8 +73,8 @@ typedef struct {
     char **prompt_text, **labels;        /* decoded prompt; label JSON text or NULL */
     cJSON **refs;                        /* --reward-fn: each prompt line (its "answer" / "tests"), else NULL */
     char **prompt_id;                    /* the line's "id" as JSON text, or NULL */
-    char **lines;                        /* with an environment: each prompt line as JSON text (its reset's
-                                            "prompt"); else NULL */
+    char **lines;                        /* with an environment: each prompt line's own bytes (its reset's
+                                            "prompt"), on the actor's root only (episode_env_open); else NULL */
     Tokenizer *tok;
     /* rollout */
     int B, G, max_new, max_len;          /* prompts per step, samples per prompt, response and sequence length at most */
@@ -99,6 +99,7 @@ typedef struct {
     double env_timeout;                  /* --env-timeout: seconds per call */
     int max_turns, max_ep_tokens;        /* --max-turns, --max-episode-tokens (tokens after the prompt) */
     int env_chat;                        /* --env-chat-template: the ChatFormat feedback is rendered in, else -1 */
+    int env_dropped, env_silent;         /* the step's dropped replies (every rank); calls in a row with no reply (root) */
     Engine *engine;                      /* the actor's, on its training shards (actor ranks) */
     /* forward-only passes */
     int fwd_tokens;                      /* tokens per forward-only chunk */

@@ -94,7 +94,7 @@ static double update(Ppo *p, int ri, int step, const int *pidx, Experience *b, R
     int micro = micro_size(p, r);
     Minibatch mb;
     minibatch_alloc(&mb, (p->mini / dp + micro - 1) / micro, micro, p->x.max_len);
-    if (actor) mb.agg = p->loss_agg, mb.agg_norm = p->x.max_new;   /* the critic: token-mean (verl's default) */
+    if (actor) mb.agg = p->loss_agg, mb.agg_norm = episode_model_tokens_max(&p->x);   /* the critic: token-mean (verl's default) */
     int *perm = xmalloc(sizeof(int) * S);
     double gsum = 0;
     int n_steps = 0;
@@ -328,7 +328,12 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so, Dy
         experience_teacher(&p->x, rs, b);   /* timed with the reference's pass */
         LAP(T_REF);
     } else {
-        if (p->async.on) async_take(&p->async, &p->x, rs, step, pidx, b);   /* from the rollout ranks (rlhf/async.h) */
+        if (p->async.on) {   /* from the rollout ranks (rlhf/async.h): a wait that may span their episodes */
+            double d = comm_timeout();
+            comm_set_timeout(episode_deadline(&p->x, d));
+            async_take(&p->async, &p->x, rs, step, pidx, b);
+            comm_set_timeout(d);
+        }
         else experience_step_prompts(&p->x, step, pidx), experience_rollout(&p->x, rs, step, pidx, b);
         LAP(T_GEN);
         experience_ref(&p->x, rs, b);
@@ -371,7 +376,10 @@ static void ppo_step(Ppo *p, int step, int *pidx, Experience *b, StepOut *so, Dy
         roles_share_stats(rs, &R[R_CRITIC], &so->cs);
         comm_broadcast(&rs->world, &so->gn[1], sizeof(double), R[R_CRITIC].root);
     }
-    async_end_step(&p->async, rs, step);   /* --rollout-ranks: the next batches in, the new weights out */
+    double d = comm_timeout();   /* --rollout-ranks: the next batches in (a wait that may span episodes), the new weights out */
+    comm_set_timeout(episode_deadline(&p->x, d));
+    async_end_step(&p->async, rs, step);
+    comm_set_timeout(d);
     so->async_on = p->async.on;
     so->async = p->async.st;
     tm[T_STEP] = (float)(now_seconds() - t0);

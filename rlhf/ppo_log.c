@@ -57,6 +57,7 @@ void ppo_log_step(MetricsLog *ml, const Roles *rs, const ExperienceMaker *x, con
         metrics_num(ml, "env/model_tokens_mean", model / S);
         metrics_num(ml, "env/faults", faults);
         metrics_num(ml, "env/timeouts", timeouts);
+        metrics_num(ml, "env/dropped", x->env_dropped);   /* the step's replies dropped (late, second, stale) */
     }
     const DrawStats *ds = &so->ds;
     if (x->dynamic_sampling) {   /* verl's num_gen_batches; the groups of equal rewards dropped, and refilled at the cap */

@@ -220,9 +220,10 @@ static void env_options_check(Ppo *p, const PpoOptions *o, int n_rewards) {
     if (x->max_ep_tokens < 1 || x->max_ep_tokens > 1 << 20)
         user_error("--max-episode-tokens %d: must be in [1, %d] (and leave each prompt room: it counts in the model's positions)",
                    x->max_ep_tokens, 1 << 20);
-    if (x->overlong_buffer)
-        user_error("--overlong-buffer: DAPO's overlong shaping measures one response against --max-new-tokens; an "
-                   "episode is several turns and the environment's tokens");
+    if (x->overlong_buffer || x->mask_truncated || o->eos_penalty != 0)
+        user_error("%s: measures one response's end against --max-new-tokens; an episode is several turns and the "
+                   "environment's tokens, ended by done, --max-turns or --max-episode-tokens",
+                   x->overlong_buffer ? "--overlong-buffer (DAPO's overlong shaping)" : x->mask_truncated ? "--mask-truncated" : "--missing-eos-penalty");
     long draws = x->dynamic_sampling ? x->max_draws : 1, ids = (long)o->steps * draws * x->B * x->G;
     if (ids > 2147483647L)   /* an episode's id is (step x draws + draw) x S + sample (rlhf/episode.h) */
         user_error("ppo: --steps %d x --rollout-batch-size %d x --n-samples-per-prompt %d (x --max-sample-draws %ld) "

@@ -105,7 +105,7 @@ zero_diff() {
     check "$BATS_TEST_TMPDIR/bf.jsonl" "$BATS_TEST_TMPDIR/log.jsonl"
 }
 
-@test "--env-chat-template: the feedback is Llama 2's user message, tokenised alone (transformers' template text)" {
+@test "--env-chat-template: the feedback is Llama 2's user message, tokenised alone (transformers' rendering); a turn ended at a stop string or --max-new-tokens is closed first (' </s>')" {
     need_story
     need_hfpy
     base
@@ -115,7 +115,7 @@ zero_diff() {
     [ "$status" -eq 0 ]
     zero_diff "$o/metrics.jsonl"
     check "$o.jsonl" "$BATS_TEST_TMPDIR/log.jsonl" 3 120 --llama2
-    jq -e '.env_tokens > 100' <<<"$ref"
+    jq -e '.env_tokens > 100 and .open_turns > 0' <<<"$ref"
 }
 
 @test "--max-turns and --max-episode-tokens bound every episode (finish \"length\"); the feedback that does not fit is not appended" {
@@ -168,6 +168,54 @@ fault() {
     jq -s -e 'map(.env_fault == "bad_reply" and .response_ids == []) | all' "$o.jsonl"
 }
 
+@test "a hang with several ranks (the actor at dp 2, the reference on its own rank): the waits on the environment are within the deadline, the episode times out, the run goes on" {
+    need_story
+    base
+    # --env-timeout 3 > --comm-timeout 2: without the episodes' deadline (rlhf/episode.c: (2 + 3) x
+    # (3 turns + 1)) the actor's rank 1 (in a broadcast) and the reference's rank 2 (in roles_share)
+    # pass the deadline at every step and stop the run (each says so after lingering 10 s + 3 s x
+    # its local rank: runtime/comm_mpi.c, hence 6 steps of ~3 s)
+    o="$BATS_TEST_TMPDIR/o"
+    run_ranks 120 3 "$TANDEM" "${A[@]}" --steps 6 --actor-ranks 2 --ref-ranks 1 --comm-timeout 2 --env-timeout 3 \
+        --env-cmd "$ENV hang" --out "$o"
+    [ "$status" -eq 0 ] || { echo "$output"; false; }
+    [ "$(jq -s -c 'map([.["env/timeouts"], .rollout_logprob_diff_max]) | unique' "$o/metrics.jsonl")" = "[[2,0]]" ]
+    [ "$(jq -s length "$o/metrics.jsonl")" -eq 6 ]
+}
+
+@test "replies dropped are counted (env/dropped); an environment that never answers in time stops the run after 3 calls, one line" {
+    need_story
+    base
+    o="$BATS_TEST_TMPDIR/d"
+    run timeout 120 "$TANDEM" "${A[@]}" --env-cmd "$ENV dup" --out "$o"
+    [ "$status" -eq 0 ]
+    # episodes 3 and 7 of each step answer turn 1 twice: the second replies, dropped
+    [ "$(jq -s -c 'map([.["env/dropped"], .["env/faults"]])' "$o/metrics.jsonl")" = "[[2,0],[2,0]]" ]
+    # 1.5 s per reply, 1 s per call: every reset of steps 1, 2, 3 times out (then its replies are stale)
+    o="$BATS_TEST_TMPDIR/s"
+    run timeout 120 "$TANDEM" "${A[@]}" --steps 6 --env-timeout 1 --env-cmd "$ENV slow" --out "$o"
+    echo "$output"
+    [ "$status" -ne 0 ] && [ "$status" -ne 124 ]
+    [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
+    grep '^tandem: ' <<<"$output" | grep -q "mt_env.py slow: 3 calls in a row without one reply within --env-timeout 1 s"
+    [ "$(jq -s -c 'map(.["env/timeouts"])' "$o/metrics.jsonl")" = "[8,8]" ]
+}
+
+@test "--loss-agg seq-mean-token-sum-norm with episodes divides by the most model tokens of one (min(--max-turns x --max-new-tokens, --max-episode-tokens) = 36), not --max-new-tokens (torch)" {
+    need_story
+    need_hfpy
+    base
+    o="$BATS_TEST_TMPDIR/o"
+    run timeout 120 "$TANDEM" "${A[@]}" --loss-agg seq-mean-token-sum-norm --env-cmd "$ENV ok $BATS_TEST_TMPDIR/log.jsonl" --clip 0 \
+        --out "$o" --dump-rollouts "$o.jsonl"
+    [ "$status" -eq 0 ]
+    check "$o.jsonl" "$BATS_TEST_TMPDIR/log.jsonl" 3 72 --grad 4 --norm 36
+    gn=$(jq -s '.[0]["actor/grad_norm"]' "$o/metrics.jsonl")
+    echo "grad norm: tandem $gn, torch $(jq .grad_norm <<<"$ref") (norm 36)" >&3
+    # as the token-mean check (first test): fp32 sums in other orders, 1e-4 relative; norm 12 is 3x off
+    jq -e --argjson g "$gn" '(($g - .grad_norm) | fabs) < 1e-4 * .grad_norm' <<<"$ref"
+}
+
 # serve MODE LOG: mt_env.py over HTTP on 127.0.0.1 (killed by teardown); sets URL
 serve() {
     python3 "$FIX/env/mt_env.py" --http "$BATS_TEST_TMPDIR/port" "$@" 3>&- &
@@ -216,8 +264,11 @@ teardown() {
     base
     refuse() {
         run timeout 60 "$TANDEM" "${A[@]}" --out "$BATS_TEST_TMPDIR/r" "$@"
-        [ "$status" -ne 0 ] && [ "${#lines[@]}" -eq 1 ] && [[ "${lines[0]}" == "tandem: "* ]] || { echo "$* -> $output"; false; }
-        echo "${lines[0]}"
+        # one error line (after the placement line when the refusal needs the tokenizer); a failure
+        # prints nothing on stdout, so the caller's grep fails (not on the echoed flags)
+        [ "$status" -ne 0 ] && [[ "${lines[-1]}" == "tandem: "* ]] && [ "$(grep -vc '^placement ' <<<"$output")" -eq 1 ] ||
+            { echo "$* -> $output" >&2; return 1; }
+        echo "${lines[-1]}"
     }
     E=(--env-cmd "$ENV ok")
     refuse "${E[@]}" --env-url http://127.0.0.1:9/ | grep -q "not both"
@@ -229,6 +280,8 @@ teardown() {
     refuse "${E[@]}" --max-episode-tokens 0 | grep -q -- "--max-episode-tokens 0"
     refuse "${E[@]}" --env-chat-template | grep -q "no chat_template"
     refuse "${E[@]}" --overlong-buffer 4 | grep -q -- "--overlong-buffer"
+    refuse "${E[@]}" --mask-truncated | grep -q -- "--mask-truncated"
+    refuse "${E[@]}" --missing-eos-penalty 0.5 | grep -q -- "--missing-eos-penalty"
     # a prompt and the episode must fit the model's positions
     refuse "${E[@]}" --max-episode-tokens 600 | grep -q "max_position_embeddings"
     refuse --env-cmd "" | grep -q "empty"

@@ -2,7 +2,8 @@
  * environment and prints every reply, so the bats tests check the protocol from outside.
  *   test_env cmd CMD TIMEOUT_S WORD...   an --env-cmd program
  *   test_env url URL TIMEOUT_S WORD...   an --env-url server
- * WORD: reset:E,E,...  resets of those episodes (prompt line {"prompt": "p<E>"});
+ * WORD: reset:E,E,...  resets of those episodes (prompt line {"prompt": "p<E>", "n": 18446744073709551617},
+ *                      a number past 2^64 that a re-serialisation would change);
  *       step:E,E,...   a step of each (turn: that episode's count of steps so far + 1; action
  *                      "a<E>.<T>", action_ids [E, T]);
  *       bigstep:E,...  a step whose action is "a<E>.<T>" and 100000 letters 'x' (past a pipe's buffer);
@@ -47,7 +48,7 @@ int main(int argc, char **argv) {
             if (*s == ',') s++;
             CHECK(ep[n] >= 0 && ep[n] < 1024);
             turn[n] = turns[ep[n]] + 1;
-            snprintf(prompt[n], sizeof prompt[n], "{\"prompt\": \"p%d\"}", ep[n]);
+            snprintf(prompt[n], sizeof prompt[n], "{\"prompt\": \"p%d\", \"n\": 18446744073709551617}", ep[n]);
             size_t alen = big ? 100064 : 64;
             action[n] = xmalloc(alen);
             int k = snprintf(action[n], alen, "a%d.%d", ep[n], turn[n]);
