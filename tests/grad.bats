@@ -48,6 +48,12 @@ grad_run() {
     grad_run qwen2_swa 1 1
 }
 
+@test "grad qwen3_tiny (transformers 4.51's Qwen3ForCausalLM): q_norm / k_norm per head before RoPE, head_dim 32 != 64 / 4, tied, at 1x1, tp 2 x pp 2 and tp 4 (a kv head on two ranks)" {
+    grad_run qwen3_tiny 1 1
+    grad_run qwen3_tiny 2 2
+    grad_run qwen3_tiny 4 1
+}
+
 @test "grad 1x1 llama3_rope and llama_linear_rope: scaled RoPE frequencies in the backward" {
     grad_run llama3_rope 1 1
     grad_run llama_linear_rope 1 1
