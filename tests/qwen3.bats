@@ -97,3 +97,20 @@ tensor() { "$HFPY" -c "import sys, json; from safetensors.numpy import load_file
     [ "$status" -eq 0 ]
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/tp/metrics.jsonl" -c)" = "[0]" ]
 }
+
+@test "qwen3 bf16: sft at tp 2 x pp 2 follows 1x1 (1e-5, bf16.bats' reasoning), the packed bf16 activations give --recompute full's losses bit for bit; a GRPO step at actor tp 2 x pp 2 has rollout == training logprobs" {
+    need_assets
+    M="$BATS_FILE_TMPDIR/q3"
+    A="--data $BATS_FILE_TMPDIR/rev_train.jsonl --seq-len 32 --batch-size 8 --micro-batches 2 --max-steps 4 --lr 3e-3 --dtype bf16"
+    "$TANDEM" sft --model "$M" $A --out "$BATS_TEST_TMPDIR/one" 2>/dev/null
+    "$TANDEM" sft --model "$M" $A --recompute full --out "$BATS_TEST_TMPDIR/rc" 2>/dev/null
+    diff <(losses "$BATS_TEST_TMPDIR/one") <(losses "$BATS_TEST_TMPDIR/rc")
+    run timeout 180 $MPIRUN 4 "$TANDEM" sft --model "$M" $A --tp 2 --pp 2 --out "$BATS_TEST_TMPDIR/tp"
+    [ "$status" -eq 0 ]
+    echo "$(losses "$BATS_TEST_TMPDIR/one" | tr '\n' ' ') vs $(losses "$BATS_TEST_TMPDIR/tp" | tr '\n' ' ')"
+    close "$BATS_TEST_TMPDIR/one" "$BATS_TEST_TMPDIR/tp" 1e-5
+    run timeout 180 $MPIRUN 4 "$TANDEM" ppo --actor "$M" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 \
+        --rollout-batch-size 2 --max-new-tokens 8 --steps 1 --kl-coef 0 --actor-lr 3e-4 --dtype bf16 --actor-tp 2 --actor-pp 2 --out "$BATS_TEST_TMPDIR/ppo"
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/ppo/metrics.jsonl" -c)" = "[0]" ]
+}
