@@ -442,7 +442,7 @@ int generate_main(int argc, char **argv) {
         {"--stop", OPT_STR, &stop, NULL, "stop string, or a JSON list of them"},
         {"--stop-token-ids", OPT_STR, &stop_ids, NULL, "comma-separated ids that end a sequence"},
         {"--logprobs", OPT_INT, &d.logprobs, "0", "per generated token: its logprob and the top N"},
-        {"--chat-template", OPT_STR, &d.chat_template, NULL, "llama2 | mistral | chatml | chatml-think | llama3 (default: detected)"},
+        {"--chat-template", OPT_STR, &d.chat_template, NULL, "llama2 | mistral | chatml | chatml-think | llama3 | qwen3 | qwen3-nothink (default: detected)"},
         {"--ignore-eos", OPT_FLAG, &d.ignore_eos, NULL, "do not stop at EOS (parity runs against HF greedy)"},
         {"--no-bos", OPT_FLAG, &d.no_bos, NULL, "do not add BOS to text prompts"},
         {"--truncate", OPT_FLAG, &d.truncate, NULL, "keep the last tokens of prompts that are too long"},

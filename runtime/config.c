@@ -59,12 +59,14 @@ typedef struct {
     const char *model_type;
     int qkv_bias;        /* 1: q/k/v biases always; 0: as "attention_bias" says (default false) */
     WindowRule window;
+    int qk_norm;         /* 1: RMSNorm of each q and k head (q_norm / k_norm, (Dh) each) before RoPE */
 } Family;
 
 static const Family FAMILIES[] = {
-    {"llama",   0, WINDOW_NONE},
-    {"mistral", 0, WINDOW_ALL_LAYERS},
-    {"qwen2",   1, WINDOW_OPT_IN},
+    {"llama",   0, WINDOW_NONE,       0},
+    {"mistral", 0, WINDOW_ALL_LAYERS, 0},
+    {"qwen2",   1, WINDOW_OPT_IN,     0},
+    {"qwen3",   0, WINDOW_OPT_IN,     1},
 };
 enum { N_FAMILIES = (int)(sizeof(FAMILIES) / sizeof(FAMILIES[0])) };
 
@@ -214,6 +216,7 @@ void config_load(ModelConfig *c, const char *dir) {
     if (!(c->rope_theta > 0 && isfinite(c->rope_theta))) user_error("%s: rope_theta must be > 0", path);
     if (!(c->norm_eps >= 0 && isfinite(c->norm_eps))) user_error("%s: rms_norm_eps must be >= 0", path);
     c->qkv_bias = f->qkv_bias ? 1 : get_bool(&g, "attention_bias", 0);
+    c->qk_norm = f->qk_norm;
     c->tie_embeddings = get_bool(&g, "tie_word_embeddings", 0);
     read_window(&g, f, c);
     c->bos_id = get_int(&g, "bos_token_id", 0, -1);

@@ -1,5 +1,5 @@
 /* config.h — model hyperparameters from a Hugging Face config.json (never from flags).
- * Owns parsing and validation of config.json for model_type llama, mistral, qwen2; anything it
+ * Owns parsing and validation of config.json for model_type llama, mistral, qwen2, qwen3; anything it
  * does not support is a user_error naming the key, never silently ignored. */
 #ifndef TANDEM_CONFIG_H
 #define TANDEM_CONFIG_H
@@ -8,7 +8,7 @@ typedef enum { ROPE_DEFAULT = 0, ROPE_LINEAR, ROPE_LLAMA3 } RopeScaling;
 enum { MAX_EOS_IDS = 8 };
 
 typedef struct {
-    char model_type[16];   /* "llama" | "mistral" | "qwen2" */
+    char model_type[16];   /* "llama" | "mistral" | "qwen2" | "qwen3" */
     int dim;               /* D: hidden_size */
     int hidden_dim;        /* F: intermediate_size */
     int n_layers;          /* L */
@@ -25,7 +25,8 @@ typedef struct {
     float rope_high_freq_factor;   /* llama3 */
     int rope_orig_max_pos;         /* llama3 original_max_position_embeddings */
     int tie_embeddings;
-    int qkv_bias;          /* qwen2, or llama's attention_bias */
+    int qkv_bias;          /* qwen2, or llama's / qwen3's attention_bias */
+    int qk_norm;           /* qwen3: RMSNorm of each q and k head over Dh (q_norm, k_norm) before RoPE */
     int sliding_window;    /* W, 0 = full attention */
     int window_from_layer; /* layers >= this use the window (qwen2 max_window_layers; 0 for mistral) */
     int bos_id;            /* -1 if none */

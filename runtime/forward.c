@@ -21,8 +21,9 @@
  * the final xb, the attention output, silu(gate) * up), so each product of a matmul is a product of
  * two bf16 values, exact in fp32, summed in fp32: the function torch.autocast(bfloat16) computes,
  * and the one a bf16 GEMM on a GPU computes. Everything else stays fp32: the residual stream (x_in,
- * x_mid, the embedding's rows), RMSNorm's statistics, q/k/v and RoPE, attention scores, softmax
- * and the KV cache, the matmuls' outputs and their tp sums, logits, log-softmax, logprobs, values.
+ * x_mid, the embedding's rows), RMSNorm's statistics, q/k/v, Qwen3's per-head q/k norms and RoPE,
+ * attention scores, softmax and the KV cache, the matmuls' outputs and their tp sums, logits,
+ * log-softmax, logprobs, values.
  * Training keeps the rounded values (they are what each matmul read), so its gradients are those
  * of exactly this function; the rounding's own gradient is the identity (autocast's cast). */
 #include "runtime/model.h"
@@ -106,11 +107,16 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
     be->rmsnorm(a->xb1, a->x_in, w->attn_norm, wt, rows, D, c->norm_eps);
     be->round_to(a->xb1, RD, wt);                                                      /* matmul input */
     const float *xb = sp_gather(m, b, a->xb1);                                         /* (N, D) */
-    be->matmuls(xb, N, D, (MatmulOut[]){{a->q, w->wq, w->bq, qd}, {a->k, w->wk, w->bk, kvd}, {a->v, w->wv, w->bv, kvd}},
-                3, wt);                                                                  /* column-parallel */
-    lora_add(m, b, a, l, LORA_Q, xb, D, a->q, qd);
-    lora_add(m, b, a, l, LORA_K, xb, D, a->k, kvd);
+    float *q = c->qk_norm ? a->q_pre : a->q, *k = c->qk_norm ? a->k_pre : a->k;      /* the projections' outputs */
+    be->matmuls(xb, N, D, (MatmulOut[]){{q, w->wq, w->bq, qd}, {k, w->wk, w->bk, kvd}, {a->v, w->wv, w->bv, kvd}}, 3,
+                wt);                                                                     /* column-parallel */
+    lora_add(m, b, a, l, LORA_Q, xb, D, q, qd);
+    lora_add(m, b, a, l, LORA_K, xb, D, k, kvd);
     lora_add(m, b, a, l, LORA_V, xb, D, a->v, kvd);
+    if (c->qk_norm) {   /* qwen3: every q and k head RMS-normed over its Dh (rows of Dh), then RoPE */
+        be->rmsnorm(a->q, q, w->q_norm, wt, N * Hl, Dh, c->norm_eps);
+        be->rmsnorm(a->k, k, w->k_norm, wt, N * Hkvl, Dh, c->norm_eps);
+    }
     be->rope(a->q, b->rope, N, Hl, Dh);
     be->rope(a->k, b->rope, N, Hkvl, Dh);
     if (b->kv) {   /* keys: the paged cache, this step's rows stored into their slots first; every sequence at once */
@@ -167,14 +173,15 @@ void model_head(const Model *m, const LayerBatch *sp, float *out, float *xb, con
 
 /* ---- inference: the run state's one reused set of buffers ------------------------------------ */
 
-/* Layer buffers of RunState for the rows from g0: the residual updated in place. */
+/* Layer buffers of RunState for the rows from g0: the residual updated in place, q and k normed in place. */
 static LayerActs run_acts(const Model *m, const RunState *s, size_t g0) {
     size_t D = m->cfg.dim, qd = (size_t)m->n_heads_local * m->cfg.head_dim;
     size_t kvd = (size_t)m->n_heads_kv_local * m->cfg.head_dim, F = m->hidden_local;
     float *x = s->x + g0 * D, *xb = s->xb + g0 * D, *hb = s->hb + g0 * F;
     size_t lr = (size_t)m->lora_r;
-    return (LayerActs){x, xb, s->q + g0 * qd, s->k + g0 * kvd, s->v + g0 * kvd, s->att + g0 * qd, x, xb, hb,
-                       s->hb2 + g0 * F, hb, s->lora_u + g0 * LORA_TARGETS * lr};
+    float *q = s->q + g0 * qd, *k = s->k + g0 * kvd;   /* qwen3's q/k norms: in place */
+    return (LayerActs){x, xb, q, k, s->v + g0 * kvd, s->att + g0 * qd, x, xb, hb, s->hb2 + g0 * F, hb, q, k,
+                       s->lora_u + g0 * LORA_TARGETS * lr};
 }
 
 /* This stage's part of the forward for sequences [lo, hi) of the batch: receive (or embed), run

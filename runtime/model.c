@@ -13,7 +13,7 @@
 
 /* ---- the parameter spec table ------------------------------------------------------------ */
 
-typedef enum { DIM_1 = 0, DIM_D, DIM_F, DIM_V, DIM_QD, DIM_KVD, DIM_LABELS } Dim;   /* DIM_1: 1-D tensor */
+typedef enum { DIM_1 = 0, DIM_D, DIM_F, DIM_V, DIM_QD, DIM_KVD, DIM_LABELS, DIM_HD } Dim;   /* DIM_1: 1-D tensor */
 typedef enum {
     SHARD_NONE,     /* replicated on every tp rank */
     SHARD_VOCAB,    /* rows by vocab, V padded to a multiple of tp */
@@ -24,7 +24,7 @@ typedef enum {
     SHARD_F_COLS,   /* columns by intermediate dim (row-parallel down_proj) */
 } Shard;
 typedef enum { ON_LAYER, ON_FIRST, ON_LAST } Where;
-typedef enum { IF_ALWAYS, IF_QKV_BIAS, IF_LM, IF_SCORE } When;   /* ties: spec_aliased, spec_source_name */
+typedef enum { IF_ALWAYS, IF_QKV_BIAS, IF_QK_NORM, IF_LM, IF_SCORE } When;   /* ties: spec_aliased, spec_source_name */
 
 typedef struct {
     const char *hf_name;  /* %d = global layer index */
@@ -48,6 +48,9 @@ static const ParamSpec SPECS[] = {
     {"model.layers.%d.self_attn.v_proj.weight", ON_LAYER, IF_ALWAYS, LW(wv), DIM_KVD, DIM_D, SHARD_KV_ROWS, 1},
     {"model.layers.%d.self_attn.v_proj.bias", ON_LAYER, IF_QKV_BIAS, LW(bv), DIM_KVD, DIM_1, SHARD_KV_ROWS, 0},
     {"model.layers.%d.self_attn.o_proj.weight", ON_LAYER, IF_ALWAYS, LW(wo), DIM_D, DIM_QD, SHARD_Q_COLS, 1},
+    /* qwen3: one (Dh) weight shared by every head, so replicated over tp like the other norms */
+    {"model.layers.%d.self_attn.q_norm.weight", ON_LAYER, IF_QK_NORM, LW(q_norm), DIM_HD, DIM_1, SHARD_NONE, 0},
+    {"model.layers.%d.self_attn.k_norm.weight", ON_LAYER, IF_QK_NORM, LW(k_norm), DIM_HD, DIM_1, SHARD_NONE, 0},
     {"model.layers.%d.post_attention_layernorm.weight", ON_LAYER, IF_ALWAYS, LW(mlp_norm), DIM_D, DIM_1, SHARD_NONE, 0},
     {"model.layers.%d.mlp.gate_proj.weight", ON_LAYER, IF_ALWAYS, LW(w_gate), DIM_F, DIM_D, SHARD_F_ROWS, 1},
     {"model.layers.%d.mlp.up_proj.weight", ON_LAYER, IF_ALWAYS, LW(w_up), DIM_F, DIM_D, SHARD_F_ROWS, 1},
@@ -69,6 +72,7 @@ static int64_t dim_size(const Model *m, Dim d) {
     case DIM_QD: return (int64_t)c->n_heads * c->head_dim;
     case DIM_KVD: return (int64_t)c->n_heads_kv * c->head_dim;
     case DIM_LABELS: return 1;
+    case DIM_HD: return c->head_dim;
     default: return 0;
     }
 }
@@ -77,6 +81,7 @@ static int64_t dim_size(const Model *m, Dim d) {
 static int spec_in_model(const Model *m, const ParamSpec *p) {
     switch (p->when) {
     case IF_QKV_BIAS: return m->cfg.qkv_bias;
+    case IF_QK_NORM: return m->cfg.qk_norm;
     case IF_LM: return m->head == HEAD_LM;
     case IF_SCORE: return m->head == HEAD_SCORE;
     default: return 1;

@@ -32,6 +32,8 @@ typedef struct {
     void *wv;         /* (Hkv_local*Dh, D) */
     void *bv;         /* (Hkv_local*Dh) */
     void *wo;         /* (D, H_local*Dh)    row-parallel: partial sums, all-reduced over tp */
+    void *q_norm;     /* (Dh)               qwen3: RMSNorm weight of every q head (replicated), else NULL */
+    void *k_norm;     /* (Dh)               qwen3: of every k head (replicated), else NULL */
     void *mlp_norm;   /* (D) */
     void *w_gate;     /* (F_local, D)       column-parallel */
     void *w_up;       /* (F_local, D)       column-parallel, split separately from gate */
@@ -61,6 +63,9 @@ typedef struct {
     float *gate;   /* (N, F_local) gate pre-activation */
     float *up;     /* (N, F_local) up pre-activation */
     float *act;    /* (N, F_local) silu(gate) * up: input of down_proj */
+    float *q_pre;  /* with q_norm (qwen3): (N, H_local*Dh) q_proj's output before its per-head RMSNorm (training
+                    * keeps it for the norm's backward; inference points it at q: normed in place); else NULL */
+    float *k_pre;  /* with k_norm: (N, Hkv_local*Dh) the same for k; else NULL */
     float *lora_u; /* with LoRA: (LORA_TARGETS, N, r) each adapted projection's scale * x A^T (its tp sum for
                     * o/down), kept for the backward; NULL without */
 } LayerActs;

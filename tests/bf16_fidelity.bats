@@ -33,7 +33,7 @@
 load helpers
 
 LAMBDA=5
-TINY="llama_gqa mistral_swa qwen2_bias qwen2_swa llama3_rope llama_linear_rope llama_sharded llama_mqa llama_odd_vocab"
+TINY="llama_gqa mistral_swa qwen2_bias qwen2_swa qwen3_tiny llama3_rope llama_linear_rope llama_sharded llama_mqa llama_odd_vocab"
 REAL="stories260K:stories260K-hf tinystories-l2c:tinystories-l2c-64d-500it-hf aidreams260K:aidreams260K-hf"
 
 # fidelity MODEL REF [eval args]: tandem eval --dtype bf16 (through $LAUNCH) against REF, each greedy

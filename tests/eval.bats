@@ -3,7 +3,7 @@
 # 1x1 run, llama2.c import, perplexity, and one clear error per kind of bad input.
 load helpers
 
-FIXTURES="llama_gqa mistral_swa qwen2_bias qwen2_swa llama3_rope llama_linear_rope llama_sharded llama_mqa llama_odd_vocab"
+FIXTURES="llama_gqa mistral_swa qwen2_bias qwen2_swa qwen3_tiny llama3_rope llama_linear_rope llama_sharded llama_mqa llama_odd_vocab"
 
 # Every run here is --dtype fp32: the references are fp32 computations (eval/hf_reference.py), and
 # qwen2_bias's config.json says bfloat16, which --dtype auto would run in bf16 (tests/bf16.bats).
@@ -96,7 +96,7 @@ layouts_match_1x1() { # FIXTURE
 }
 
 @test "eval: tp=4 (kv-head replication when tp > n_kv_heads, vocab padding) and dp=2 match 1x1" {
-    for f in llama_gqa llama_mqa llama_odd_vocab qwen2_bias mistral_swa; do
+    for f in llama_gqa llama_mqa llama_odd_vocab qwen2_bias mistral_swa qwen3_tiny; do
         ref1="$BATS_TEST_TMPDIR/$f.1x1.jsonl"
         "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --reference "$FIX/refs/$f.jsonl" --write-reference "$ref1" --quiet
         run timeout 120 $MPIRUN 4 "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --reference "$ref1" --tp 4 --max-logprob-diff 0 --quiet

@@ -3,7 +3,7 @@
 # layout and KV-cache pressure, seeds, stops, logprobs, resume, and bad input.
 load helpers
 
-FIXTURES="llama_gqa mistral_swa qwen2_bias qwen2_swa llama3_rope llama_linear_rope llama_sharded llama_mqa llama_odd_vocab"
+FIXTURES="llama_gqa mistral_swa qwen2_bias qwen2_swa qwen3_tiny llama3_rope llama_linear_rope llama_sharded llama_mqa llama_odd_vocab"
 
 # prompts_from_ref REF OUT: one {"id","input_ids","max_new_tokens"} line per reference record
 prompts_from_ref() {

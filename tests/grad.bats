@@ -48,6 +48,12 @@ grad_run() {
     grad_run qwen2_swa 1 1
 }
 
+@test "grad qwen3_tiny (transformers 4.51's Qwen3ForCausalLM): q_norm / k_norm per head before RoPE, head_dim 32 != 64 / 4, tied, at 1x1, tp 2 x pp 2 and tp 4 (a kv head on two ranks)" {
+    grad_run qwen3_tiny 1 1
+    grad_run qwen3_tiny 2 2
+    grad_run qwen3_tiny 4 1
+}
+
 @test "grad 1x1 llama3_rope and llama_linear_rope: scaled RoPE frequencies in the backward" {
     grad_run llama3_rope 1 1
     grad_run llama_linear_rope 1 1
@@ -80,9 +86,9 @@ grad_run() {
     grad_run llama_mqa 2 2
 }
 
-@test "grad: fixture generator is present and the fixtures are small (< 2 MB together)" {
-    [ -f "$FIX/grad/make_grad_fixtures.py" ]
-    [ "$(cat "$FIX"/grad/*.json | wc -c)" -lt 2000000 ]   # eight models, 1.5 MB
+@test "grad: fixture generators are present and the fixtures are small (< 2.5 MB together)" {
+    [ -f "$FIX/grad/make_grad_fixtures.py" ] && [ -f "$FIX/qwen3/make_qwen3_refs.py" ]   # qwen3_tiny.json: the latter
+    [ "$(cat "$FIX"/grad/*.json | wc -c)" -lt 2500000 ]   # nine models, 2.0 MB (qwen3_tiny's hidden 64: 0.5 MB)
 }
 
 # 1F1B: the same batch as one micro-batch per sequence through train/schedule.c's 1F1B order;

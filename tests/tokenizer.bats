@@ -216,6 +216,23 @@ stage() {
     check_chat minimind "$TOKA/minimind"
 }
 
+@test "chat: Qwen3's hybrid template (think blocks only after the last user query, tool turns, enable_thinking unset and false) matches transformers" {
+    need_assets
+    d=$(stage qwen3 "$TOKA/minimind/tokenizer.json")   # fixtures: tests/fixtures/tokenizer/gen_qwen3_chat.py
+    check_chat qwen3 "$d"
+    run bash -c "'$TANDEM' tokenize --model '$d' --jsonl --add-generation-prompt --chat-template qwen3-nothink < '$TOKFIX/chat/qwen3-nothink-gen.in.jsonl'"
+    [ "$status" -eq 0 ]
+    [ "$output" = "$(cat "$TOKFIX/chat/qwen3-nothink-gen.out.jsonl")" ]
+    # the two prompts differ by the empty think block only
+    ! cmp -s "$TOKFIX/chat/qwen3-gen.out.jsonl" "$TOKFIX/chat/qwen3-nothink-gen.out.jsonl"
+    run "$TT" info "$d"
+    [ "$output" = "kind=bpe vocab=6400 bos=-1 eos=2 pad=0 add_bos=0 chat=qwen3" ]
+    # a role the template has no branch for is refused
+    run bash -c "echo '{\"messages\":[{\"role\":\"critic\",\"content\":\"x\"}]}' | '$TANDEM' tokenize --model '$d' --jsonl"
+    [ "$status" -eq 1 ]
+    [ "$output" = "tandem: stdin:1: messages[0]: role \"critic\" is not supported by the qwen3 template" ]
+}
+
 @test "chat: llama-3 header-token template matches transformers ids and masks" {
     check_chat llama3 "$TOKFIX/llama3"
 }

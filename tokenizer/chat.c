@@ -14,7 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *FORMAT_NAMES[] = {"llama2", "mistral", "chatml", "chatml-think", "llama3"};
+static const char *FORMAT_NAMES[] = {"llama2", "mistral", "chatml", "chatml-think", "llama3", "qwen3", "qwen3-nothink"};
+#define KNOWN "llama2, mistral, chatml, chatml-think, llama3, qwen3, qwen3-nothink"
 
 int chat_format_from_name(const char *name) {
     for (int i = 0; i < (int)(sizeof(FORMAT_NAMES) / sizeof(FORMAT_NAMES[0])); i++)
@@ -27,8 +28,11 @@ const char *chat_format_name(ChatFormat f) { return FORMAT_NAMES[f]; }
 int chat_format_detect(const char *tpl) {
     if (!tpl) return -1;
     if (strstr(tpl, "<|start_header_id|>") && strstr(tpl, "<|eot_id|>")) return CHAT_LLAMA3;
-    if (strstr(tpl, "<|im_start|>") && strstr(tpl, "<|im_end|>"))
+    if (strstr(tpl, "<|im_start|>") && strstr(tpl, "<|im_end|>")) {
+        /* Qwen3's hybrid template: thinking by default, as transformers renders it without enable_thinking */
+        if (strstr(tpl, "<think>") && strstr(tpl, "enable_thinking") && strstr(tpl, "last_query_index")) return CHAT_QWEN3;
         return strstr(tpl, "<think>") ? CHAT_CHATML_THINK : CHAT_CHATML;
+    }
     if (strstr(tpl, "[INST]") && strstr(tpl, "[/INST]"))
         return strstr(tpl, "<<SYS>>") ? CHAT_LLAMA2 : CHAT_MISTRAL;
     return -1;
@@ -38,19 +42,18 @@ int chat_format_resolve(const Tokenizer *t, const char *name, char *err, size_t 
     if (name) {
         int f = chat_format_from_name(name);
         if (f < 0)
-            snprintf(err, errlen, "unknown chat template \"%s\" (known: llama2, mistral, chatml, "
-                     "chatml-think, llama3)", name);
+            snprintf(err, errlen, "unknown chat template \"%s\" (known: " KNOWN ")", name);
         return f;
     }
     if (!t->chat_template) {
-        snprintf(err, errlen, "%s: no chat_template in tokenizer_config.json; pass --chat-template "
-                 "NAME (llama2, mistral, chatml, chatml-think, llama3)", t->path);
+        snprintf(err, errlen, "%s: no chat_template in tokenizer_config.json; pass --chat-template NAME (" KNOWN ")",
+                 t->path);
         return -1;
     }
     int f = chat_format_detect(t->chat_template);
     if (f < 0)
-        snprintf(err, errlen, "tokenizer_config.json: chat_template is not a known format (llama2, "
-                 "mistral, chatml, chatml-think, llama3); pass --chat-template NAME");
+        snprintf(err, errlen, "tokenizer_config.json: chat_template is not a known format (" KNOWN "); pass "
+                 "--chat-template NAME");
     return f;
 }
 
@@ -176,6 +179,33 @@ static int render_chatml(const Tokenizer *t, Builder *b, const ChatMessage *msgs
     return 0;
 }
 
+/* An assistant content with a "</think>" split as the Qwen3-family templates split it:
+ *   reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n')
+ *   content   = content.split('</think>')[-1].lstrip('\n')
+ * Without one: reasoning "" and the content as is. Spans point into s. Returns 1 when split. */
+static int split_think(const char *s, const char **r, size_t *rn, const char **c, size_t *cn) {
+    const char *end_think = strstr(s, "</think>"), *q;
+    *r = "";
+    *rn = 0;
+    *c = s;
+    *cn = strlen(s);
+    if (!end_think) return 0;
+    *r = s;
+    *rn = (size_t)(end_think - s);
+    strip_span(r, rn, 0, 1, "\n");
+    const char *p = *r; /* text after the last "<think>" */
+    while ((q = memmem(p, *rn - (size_t)(p - *r), "<think>", 7))) p = q + 7;
+    *rn -= (size_t)(p - *r);
+    *r = p;
+    strip_span(r, rn, 1, 0, "\n");
+    const char *last = end_think;
+    while ((q = strstr(last + 8, "</think>"))) last = q;
+    *c = last + 8;
+    *cn = strlen(*c);
+    strip_span(c, cn, 1, 0, "\n");
+    return 1;
+}
+
 /* MiniMind-2 / Qwen3-style ChatML: every assistant turn carries a <think> block, empty unless the
  * content has one. The generation prompt ends with the empty block, so an empty block is prompt
  * (mask 0) and a non-empty one is output (mask 1). */
@@ -194,25 +224,9 @@ static int render_chatml_think(Builder *b, const ChatMessage *msgs, int n, int g
             puts0(b, m->content);
             puts0(b, "<|im_end|>\n");
         } else if (role_is(m, "assistant")) {
-            const char *c = m->content, *r = "";
-            size_t cn = strlen(c), rn = 0;
-            const char *end_think = strstr(c, "</think>");
-            if (end_think) {
-                /* reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') */
-                r = c;
-                rn = (size_t)(end_think - c);
-                strip_span(&r, &rn, 0, 1, "\n");
-                const char *p = r, *q; /* text after the last "<think>" */
-                while ((q = memmem(p, rn - (size_t)(p - r), "<think>", 7))) p = q + 7;
-                rn -= (size_t)(p - r);
-                r = p;
-                strip_span(&r, &rn, 1, 0, "\n");
-                /* content = content.split('</think>')[-1].lstrip('\n') */
-                const char *last = end_think;
-                while ((q = strstr(last + 8, "</think>"))) last = q;
-                c = last + 8;
-                cn = strlen(c);
-            }
+            const char *c, *r;
+            size_t cn, rn;
+            split_think(m->content, &r, &rn, &c, &cn);
             strip_span(&r, &rn, 1, 1, "\n");
             strip_span(&c, &cn, 1, 0, "\n");
             puts0(b, "<|im_start|>assistant\n");
@@ -228,6 +242,59 @@ static int render_chatml_think(Builder *b, const ChatMessage *msgs, int n, int g
         }
     }
     if (gen) puts0(b, "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    return 0;
+}
+
+static int is_tool_response(const char *s) {
+    size_t n = strlen(s);
+    return !strncmp(s, "<tool_response>", 15) && n >= 16 && !strcmp(s + n - 16, "</tool_response>");
+}
+
+/* Qwen3's hybrid template (Qwen/Qwen3-0.6B's tokenizer_config.json; the text is in
+ * tests/fixtures/tokenizer/qwen3): ChatML where an assistant turn after the last user query (the last
+ * "user" message that is not a <tool_response> wrapper) carries <think>\nreasoning\n</think>\n\n when
+ * it is the last message or has reasoning, and the turns before it lose their reasoning; "tool"
+ * messages are <tool_response> blocks, consecutive ones in one user turn. The generation prompt is
+ * "<|im_start|>assistant\n", plus an empty think block with enable_thinking=False (nothink): the
+ * non-thinking mode. Masks: an assistant's content and <|im_end|>, its think block when it holds
+ * reasoning (an empty one is what the non-thinking prompt writes: prompt). */
+static int render_qwen3(Builder *b, const ChatMessage *msgs, int n, int gen, int nothink, char *err, size_t errlen) {
+    int last_query = n - 1;
+    for (int i = n - 1; i >= 0; i--)
+        if (role_is(&msgs[i], "user") && !is_tool_response(msgs[i].content)) { last_query = i; break; }
+    for (int i = 0; i < n; i++) {
+        const ChatMessage *m = &msgs[i];
+        if (role_is(m, "user") || role_is(m, "system")) {
+            puts0(b, "<|im_start|>");
+            puts0(b, m->role);
+            puts0(b, "\n");
+            puts0(b, m->content);
+            puts0(b, "<|im_end|>\n");
+        } else if (role_is(m, "assistant")) {
+            const char *c, *r;
+            size_t cn, rn;
+            split_think(m->content, &r, &rn, &c, &cn);
+            puts0(b, "<|im_start|>assistant\n");
+            if (i > last_query && (i == n - 1 || rn > 0)) {
+                put(b, "<think>\n", 8, rn > 0);
+                put(b, r, rn, rn > 0);
+                put(b, "\n</think>\n\n", 11, rn > 0);
+                strip_span(&c, &cn, 1, 0, "\n");
+            }
+            put(b, c, cn, 1);
+            puts1(b, "<|im_end|>");
+            puts0(b, "\n");
+        } else if (role_is(m, "tool")) {
+            if (i == 0 || !role_is(&msgs[i - 1], "tool")) puts0(b, "<|im_start|>user");
+            puts0(b, "\n<tool_response>\n");
+            puts0(b, m->content);
+            puts0(b, "\n</tool_response>");
+            if (i == n - 1 || !role_is(&msgs[i + 1], "tool")) puts0(b, "<|im_end|>\n");
+        } else {
+            return fail(err, errlen, "messages[%d]: role \"%s\" is not supported by the qwen3 template", i, m->role);
+        }
+    }
+    if (gen) puts0(b, nothink ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" : "<|im_start|>assistant\n");
     return 0;
 }
 
@@ -270,6 +337,10 @@ char *chat_render_text(const Tokenizer *t, ChatFormat f, const ChatMessage *msgs
     case CHAT_CHATML: rc = render_chatml(t, &b, clean, n_msgs, add_generation_prompt); break;
     case CHAT_CHATML_THINK: rc = render_chatml_think(&b, clean, n_msgs, add_generation_prompt, err, errlen); break;
     case CHAT_LLAMA3: rc = render_llama3(t, &b, clean, n_msgs, add_generation_prompt); break;
+    case CHAT_QWEN3:
+    case CHAT_QWEN3_NOTHINK:
+        rc = render_qwen3(&b, clean, n_msgs, add_generation_prompt, f == CHAT_QWEN3_NOTHINK, err, errlen);
+        break;
     default: rc = fail(err, errlen, "chat format %d out of range", (int)f);
     }
     for (int i = 0; i < n_msgs; i++) free(owned[i]);

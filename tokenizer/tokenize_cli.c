@@ -30,7 +30,7 @@ static void parse_args(int argc, char **argv, TokenizeArgs *a) {
         {"--no-bos", OPT_FLAG, &a->no_bos, NULL, "do not add BOS (default: as the tokenizer's config says)"},
         {"--add-eos", OPT_FLAG, &a->add_eos, NULL, "append EOS"},
         {"--chat-template", OPT_STR, &a->chat_template, NULL,
-         "llama2 | mistral | chatml | chatml-think | llama3 (default: recognised from tokenizer_config.json)"},
+         "llama2 | mistral | chatml | chatml-think | llama3 | qwen3 | qwen3-nothink (default: recognised from tokenizer_config.json)"},
         {"--add-generation-prompt", OPT_FLAG, &a->gen_prompt, NULL, "end rendered chats with the assistant header"},
         {"--skip-special-tokens", OPT_FLAG, &a->skip_special, NULL, "decode without special tokens (<s>, <|im_end|>, ...)"},
     };

@@ -98,14 +98,17 @@ typedef enum {
     CHAT_CHATML,       /* <|im_start|>role\ncontent<|im_end|>\n (Qwen2, MiniMind 1) */
     CHAT_CHATML_THINK, /* ChatML whose assistant turns carry <think>\n..\n</think>\n\n (MiniMind 2, Qwen3-style) */
     CHAT_LLAMA3,       /* <|begin_of_text|><|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
+    CHAT_QWEN3,        /* Qwen3's hybrid ChatML: think blocks after the last user query, tool turns; thinking mode */
+    CHAT_QWEN3_NOTHINK,/* the same with enable_thinking=False: the generation prompt closes an empty think block */
 } ChatFormat;
 
 typedef struct {
-    const char *role;    /* "system" | "user" | "assistant" */
+    const char *role;    /* "system" | "user" | "assistant" (| "tool": qwen3) */
     const char *content;
 } ChatMessage;
 
-/* Name -> format ("llama2", "mistral", "chatml", "chatml-think", "llama3"); -1 if unknown. */
+/* Name -> format ("llama2", "mistral", "chatml", "chatml-think", "llama3", "qwen3", "qwen3-nothink"); -1 if
+ * unknown. */
 int chat_format_from_name(const char *name);
 const char *chat_format_name(ChatFormat f);
 /* Recognise a tokenizer_config.json chat_template string; -1 if it matches no known format. */

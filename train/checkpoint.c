@@ -105,7 +105,7 @@ static char *config_text_score(char *text, const ModelConfig *c) {
     cJSON *root = cJSON_Parse(text);
     free(text);
     CHECK(cJSON_IsObject(root));
-    static const char *const FAMILY[][2] = {{"llama", "Llama"}, {"mistral", "Mistral"}, {"qwen2", "Qwen2"}};
+    static const char *const FAMILY[][2] = {{"llama", "Llama"}, {"mistral", "Mistral"}, {"qwen2", "Qwen2"}, {"qwen3", "Qwen3"}};
     const char *fam = "Llama";
     for (size_t i = 0; i < sizeof FAMILY / sizeof FAMILY[0]; i++)
         if (!strcmp(c->model_type, FAMILY[i][0])) fam = FAMILY[i][1];

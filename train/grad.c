@@ -53,7 +53,9 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     a->layers = xcalloc(Ll ? Ll : 1, sizeof(LayerActs));
 
     /* per layer, in LayerActs' field order */
-    size_t layer_sizes[] = {R * D, R * D, N * qd, N * kvd, N * kvd, N * qd, R * D, R * D, N * F, N * F, N * F};
+    size_t qkn = c->qk_norm ? 1 : 0;   /* qwen3: q and k before their norms */
+    size_t layer_sizes[] = {R * D, R * D, N * qd, N * kvd, N * kvd, N * qd, R * D, R * D, N * F, N * F, N * F,
+                            qkn * N * qd, qkn * N * kvd};
     enum { N_LAYER = sizeof(layer_sizes) / sizeof(layer_sizes[0]) };
     static const int PACKED[4] = {1, 5, 7, 10};   /* xb1, att, xb2, act: the matmul inputs */
     int packed = m->dtype == DTYPE_BF16 && !recompute;
@@ -62,11 +64,11 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     for (int j = 0; j < 4; j++) packed_floats += (layer_sizes[PACKED[j]] + 1) / 2;
     /* the rest, in TrainActs' field order */
     float **slots[] = {&a->x_final, &a->xb_final, &a->logits, &a->dx, &a->dxb, &a->dtmp, &a->dq, &a->datt,
-                       &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->out, &a->dout, &a->lse, &a->pick, &a->rope,
+                       &a->dk, &a->dv, &a->dgate, &a->dup, &a->dact, &a->dqk_norm, &a->out, &a->dout, &a->lse, &a->pick, &a->rope,
                        &a->scratch, &a->ent, &a->dent, &a->sp_x, &a->sp_xb};
     size_t NDs = a->sp ? N * D : 0;
     size_t sizes[] = {R * D, N * Dl, N * V, N * D, N * D, N * D, N * qd, N * qd, N * kvd, N * kvd, N * F, N * F,
-                      N * F, N, N, N, N, N * Dh, (size_t)backend_scratch_rows(m->be) * a->scratch_stride, N, N, NDs,
+                      N * F, qkn * 2 * Dh, N, N, N, N, N * Dh, (size_t)backend_scratch_rows(m->be) * a->scratch_stride, N, N, NDs,
                       NDs};
     enum { N_REST = sizeof(sizes) / sizeof(sizes[0]) };
     /* recompute: every layer keeps its input x_in; the other ten buffers are one shared set.
@@ -88,14 +90,14 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     for (size_t l = 0; l < Ll; l++) {
         LayerActs *la = &a->layers[l];
         float **lslots[] = {&la->x_in, &la->xb1, &la->q, &la->k, &la->v, &la->att, &la->x_mid, &la->xb2,
-                            &la->gate, &la->up, &la->act};
+                            &la->gate, &la->up, &la->act, &la->q_pre, &la->k_pre};
         for (int i = 0; i < N_LAYER; i++) {
             int is_packed = i == 1 || i == 5 || i == 7 || i == 10;
             if (l > 0 && ((recompute && i > 0) || (packed && is_packed))) {   /* layer 0's: shared */
                 *lslots[i] = *(&a->layers[0].x_in + i);
                 continue;
             }
-            *lslots[i] = p;
+            *lslots[i] = layer_sizes[i] ? p : NULL;
             p += layer_sizes[i];
         }
         for (int j = 0; packed && j < 4; j++) {
@@ -349,6 +351,28 @@ static void lora_backward(Model *m, TrainActs *a, GradSink *g, int l, int t, con
     if (rowp || m->mesh->tp_rank == 0) be->add_to(dx_in, dx_in, a->lora_dx, (size_t)N * n_in);
 }
 
+/* qwen3's per-head norms (runtime/forward.c): q = rmsnorm(q_pre) * q_norm over each head's Dh, k
+ * likewise. dq, dk (after RoPE's backward) become the gradients of q_pre, k_pre in place. The
+ * weights (Dh) are replicated over tp but each rank holds other heads, so a rank's d q_norm is a
+ * partial: the ranks' partials are added by the fixed tree (identical on every rank, as a replicated
+ * weight's gradient must be), a kv head shared by several ranks (tp > Hkv: dk already their sum)
+ * counted once, by the first of them. */
+static void qk_norm_backward(Model *m, TrainActs *a, const LayerActs *la, const LayerWeights *w, LayerWeights *g) {
+    const Backend *be = m->be;
+    const ModelConfig *c = &m->cfg;
+    int N = a->N, Dh = c->head_dim, frozen = !g->q_norm;   /* LoRA: the base's norms are frozen too */
+    float *dw = a->dqk_norm;                                /* (2 Dh) */
+    if (!frozen) be->zero(dw, sizeof(float) * 2 * Dh);
+    be->rmsnorm_backward(a->dq, frozen ? NULL : dw, a->dq, la->q_pre, w->q_norm, m->dtype, N * m->n_heads_local, Dh,
+                         c->norm_eps);
+    be->rmsnorm_backward(a->dk, frozen || a->kv_comm.rank ? NULL : dw + Dh, a->dk, la->k_pre, w->k_norm, m->dtype,
+                         N * m->n_heads_kv_local, Dh, c->norm_eps);
+    if (frozen) return;
+    model_tp_sum(m, dw, 2 * (size_t)Dh);
+    be->add_to(g->q_norm, g->q_norm, dw, Dh);
+    be->add_to(g->k_norm, g->k_norm, dw + Dh, Dh);
+}
+
 float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook, GradSink *sink) {
     ModelWeights *grads = &sink->w;
     const Backend *be = m->be;
@@ -433,6 +457,7 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         be->rope_backward(a->dk, a->rope, N, Hkvl, Dh);
         comm_all_reduce_sum(&a->kv_comm, a->dk, (size_t)N * kvd);                      /* replicated kv head: */
         comm_all_reduce_sum(&a->kv_comm, a->dv, (size_t)N * kvd);                      /* sum the query groups */
+        if (c->qk_norm) qk_norm_backward(m, a, la, w, g);                              /* dq, dk: before the norms */
         const float *xb1 = all_rows(m, a, la->xb1, a->sp_xb), *x_in = all_rows(m, a, la->x_in, a->sp_x);
         be->matmul_backward(dxb, g->wq, g->bq, a->dq, xb1, w->wq, wt, N, D, qd);
         be->matmul_backward(kv_lead ? dtmp : NULL, g->wk, g->bk, a->dk, xb1, w->wk, wt, N, D, kvd);

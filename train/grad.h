@@ -109,6 +109,7 @@ typedef struct {
     float *dq, *datt;          /* (N, H_local*Dh) */
     float *dk, *dv;            /* (N, Hkv_local*Dh) */
     float *dgate, *dup, *dact; /* (N, F_local) */
+    float *dqk_norm;           /* qwen3: (2 Dh) this rank's partial gradients of q_norm then k_norm; else empty */
     float *dlogits;            /* (N, V_local) last stage: the logits buffer, overwritten by the backward */
     float *out, *dout;         /* (N) the hook's per-token outputs (logprobs or values) and their gradient */
     float *ent, *dent;         /* (N) LM head with an entropy term: each row's entropy, d loss / d it */
