@@ -22,7 +22,7 @@
 
 typedef struct RewardCmd RewardCmd;
 
-/* Starts `sh -c cmd` (the program), in a session of its own, under a keeper (reward_cmd.c KEEPER)
+/* Starts `sh -c cmd` (the program), in a session of its own, under a keeper (rlhf/subproc.c KEEPER)
  * that kills it and all it started when it exits, when reward_cmd_stop says so, or when this
  * process ends, however it ends. Call from the main thread. NULL and a message in err when it
  * cannot be started. */
