@@ -1,6 +1,7 @@
 /* experience.c — see experience.h. */
 #include "rlhf/experience.h"
 #include "rlhf/distill.h"
+#include "rlhf/episode.h"
 #include "runtime/lora.h"
 #include "generate/request.h"
 #include "rlhf/reward_http.h"
@@ -25,12 +26,15 @@ void experience_alloc(Experience *b, int S, int max_len, int with_ref) {
     b->rewards = xmalloc(sizeof(double) * maxN); b->kl = xmalloc(sizeof(double) * maxN);
     b->adv = xmalloc(sizeof(double) * maxN); b->ret = xmalloc(sizeof(double) * maxN);
     b->adv_f = xmalloc(sizeof(float) * maxN); b->ret_f = xmalloc(sizeof(float) * maxN);
+    b->turn = xcalloc(maxN, sizeof(int)); b->turn_r = xcalloc(maxN, sizeof(double));
+    b->turns = xcalloc(S, sizeof(int)); b->fault = xcalloc(S, sizeof(int));
 }
 
 void experience_free(Experience *b) {
     free(b->tokens); free(b->targets); free(b->seq_start); free(b->prompt_len); free(b->resp_len); free(b->finish);
     free(b->mask); free(b->old_lp); free(b->ref_lp); free(b->values); free(b->score); free(b->raw); free(b->draw); free(b->rewards); free(b->kl);
     free(b->adv); free(b->ret); free(b->adv_f); free(b->ret_f); free(b->teacher_lp);
+    free(b->turn); free(b->turn_r); free(b->turns); free(b->fault);
 }
 
 void experience_append(Experience *dst, const Experience *src, int s) {
@@ -40,6 +44,9 @@ void experience_append(Experience *dst, const Experience *src, int s) {
     memcpy(dst->targets + n0, src->targets + t0, sizeof(int) * L);
     memcpy(dst->mask + n0, src->mask + t0, sizeof(float) * L);
     memcpy(dst->old_lp + n0, src->old_lp + t0, sizeof(float) * L);
+    memcpy(dst->turn + n0, src->turn + t0, sizeof(int) * L);
+    memcpy(dst->turn_r + n0, src->turn_r + t0, sizeof(double) * L);
+    dst->turns[d] = src->turns[s]; dst->fault[d] = src->fault[s];
     dst->prompt_len[d] = src->prompt_len[s]; dst->resp_len[d] = src->resp_len[s]; dst->finish[d] = src->finish[s];
     dst->score[d] = src->score[s]; dst->draw[d] = src->draw[s];
     dst->N += L;
@@ -62,6 +69,7 @@ void experience_read_prompts(ExperienceMaker *x, const char *path, const char *k
             x->labels = xrealloc(x->labels, sizeof(char *) * cap);
             x->prompt_line = xrealloc(x->prompt_line, sizeof(int) * cap);
             x->prompt_id = xrealloc(x->prompt_id, sizeof(char *) * cap);
+            if (x->env_cmd || x->env_url) x->lines = xrealloc(x->lines, sizeof(char *) * cap);
         }
         x->prompt_line[x->n_prompts] = r.line;
         TokIds *t = &x->prompts[x->n_prompts];
@@ -69,7 +77,8 @@ void experience_read_prompts(ExperienceMaker *x, const char *path, const char *k
         free(prompt_tokens(x->tok, o, key, chat_template, 0, vocab, path, r.line, t));
         char where[600];
         snprintf(where, sizeof where, "%s:%d", path, r.line);
-        prompt_fit(t, x->max_new, max_pos, truncate, where);
+        prompt_fit(t, experience_resp_max(x), max_pos, truncate, where);
+        if (x->lines) x->lines[x->n_prompts] = cJSON_PrintUnformatted(o);
         x->prompt_text[x->n_prompts] = x->tok ? tokenizer_decode(x->tok, t->ids, t->n, 1, NULL) : xstrdup("");
         if (x->reward_fn) {   /* the verifier's reference: the line itself ("answer" / "tests") */
             char err[300];
@@ -131,6 +140,9 @@ void experience_stops(ExperienceMaker *x, const char *model_dir, const ModelConf
 
 void experience_maker_free(ExperienceMaker *x) {
     reward_cmd_stop(x->rcmd);
+    env_close(x->env);
+    for (int i = 0; x->lines && i < x->n_prompts; i++) free(x->lines[i]);
+    free(x->lines);
     if (x->engine) engine_free(x->engine);
     for (int i = 0; i < x->n_prompts; i++) { tok_ids_free(&x->prompts[i]); free(x->prompt_text[i]); free(x->labels[i]); free(x->prompt_id[i]); }
     for (int i = 0; x->refs && i < x->n_prompts; i++) cJSON_Delete(x->refs[i]);
@@ -157,6 +169,7 @@ int experience_stop_on_token(void *ctx, Seq *q) {
 }
 
 void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int *pidx, Experience *b) {
+    if (x->env_cmd || x->env_url) { episode_rollout(x, rs, step, pidx, b); return; }
     const Role *a = &rs->role[R_ACTOR];
     int S = x->B * x->G, M = x->max_new;
     int *out = xcalloc((size_t)S * M, sizeof(int)), *n_out = xcalloc(S, sizeof(int)), *fin = xcalloc(S, sizeof(int));
@@ -346,6 +359,11 @@ void experience_teacher(ExperienceMaker *x, Roles *rs, Experience *b) {
 void experience_reward(ExperienceMaker *x, Roles *rs, Experience *b, const int *pidx) {
     Role *r = &rs->role[R_REWARD];
     memset(b->score, 0, sizeof(double) * b->S);
+    if (x->env_cmd || x->env_url) {   /* the episode's: the sum of its turns' rewards (every rank has them) */
+        for (int s = 0; s < b->S; s++)
+            for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++) b->score[s] += b->turn_r[n];
+        return;
+    }
     if (x->reward_cmd || x->n_urls || x->reward_fn) { reward_from_program(x, rs, b, pidx); return; }
     if (!r->active) return;   /* --teacher alone: no reward, the scores stay 0 */
     if (r->member) chunks(x, rs, r, b, value_chunk, b->score);
@@ -399,8 +417,18 @@ double experience_advantages(const ExperienceMaker *x, Experience *b, double kl_
     }
     /* grpo / rloo / reinforce++-baseline: outcome rewards, KL in the loss */
     double kl_pen = advantage_kl_in_reward(x->adv_kind) ? kl_coef : 0.0;
-    ppo_token_rewards(b->seq_start, S, b->mask, b->old_lp, b->ref_lp ? b->ref_lp : b->old_lp, b->score, x->kl_est,
+    /* episodes: each turn's reward at its last action, and the shaping (shaped - raw) at the last */
+    double *last = b->score;
+    if (x->env_cmd || x->env_url) {
+        last = xmalloc(sizeof(double) * S);
+        for (int s = 0; s < S; s++) last[s] = b->score[s] - raw[s];
+    }
+    ppo_token_rewards(b->seq_start, S, b->mask, b->old_lp, b->ref_lp ? b->ref_lp : b->old_lp, last, x->kl_est,
                       b->ref_lp ? kl_pen : 0.0, b->rewards, b->kl);
+    if (last != b->score) {
+        for (int n = 0; n < N; n++) if (b->mask[n] > 0) b->rewards[n] += b->turn_r[n];
+        free(last);
+    }
     if (x->adv_kind == ADV_GAE) {
         ppo_gae(b->seq_start, S, b->mask, b->rewards, b->values, x->gamma, x->lambda, b->adv, b->ret);
         if (x->whiten) ppo_whiten(b->adv, b->mask, N);

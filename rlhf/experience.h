@@ -18,6 +18,7 @@
 #ifndef TANDEM_EXPERIENCE_H
 #define TANDEM_EXPERIENCE_H
 #include "generate/engine.h"
+#include "rlhf/env.h"
 #include "rlhf/ppo_loss.h"
 #include "rlhf/reward_cmd.h"
 #include "rlhf/roles.h"
@@ -39,6 +40,12 @@ typedef struct {
     double *raw;                         /* (S) the reward model's or program's score, before shaping */
     int *draw;                           /* (S) --dynamic-sampling: the draw that sampled it (0: the step's own) */
     int n_timed_out;                     /* --reward-fn: samples whose verification ran past its timeout */
+    /* --env-cmd / --env-url (rlhf/episode.h): the sequence after the prompt is an episode, the model's
+     * turns and the environment's tokens (observation, feedback) in order. Filled by the rollout. */
+    int *turn;                           /* (N) the turn of each token after the prompt: the model's of turn t, or
+                                            the environment's answering turn t (0: the observation); 0 at the prompt */
+    double *turn_r;                      /* (N) the environment's reward of turn t at turn t's last action, else 0 */
+    int *turns, *fault;                  /* (S) the model's turns; the EnvFault that ended the episode (0: none) */
     double *rewards, *kl, *adv, *ret;    /* (N) */
     float *adv_f, *ret_f;                /* (N) float copies for the hooks */
 } Experience;
@@ -52,6 +59,8 @@ typedef struct {
     char **prompt_text, **labels;        /* decoded prompt; label JSON text or NULL */
     cJSON **refs;                        /* --reward-fn: each prompt line (its "answer" / "tests"), else NULL */
     char **prompt_id;                    /* the line's "id" as JSON text, or NULL */
+    char **lines;                        /* with an environment: each prompt line as JSON text (its reset's
+                                            "prompt"); else NULL */
     Tokenizer *tok;
     /* rollout */
     int B, G, max_new, max_len;          /* prompts per step, samples per prompt, response and sequence length at most */
@@ -70,6 +79,12 @@ typedef struct {
     int overlong_buffer;                 /* DAPO's overlong shaping: the buffer L (0 = off) and factor F */
     double overlong_factor;
     int mask_truncated;                  /* responses cut at --max-new-tokens weigh 0 in the loss */
+    /* multi-turn episodes (rlhf/episode.h): on when env_cmd or env_url is set */
+    const char *env_cmd, *env_url;       /* --env-cmd / --env-url */
+    Env *env;                            /* open on the actor's root only (NULL elsewhere) */
+    double env_timeout;                  /* --env-timeout: seconds per call */
+    int max_turns, max_ep_tokens;        /* --max-turns, --max-episode-tokens (tokens after the prompt) */
+    int env_chat;                        /* --env-chat-template: the ChatFormat feedback is rendered in, else -1 */
     Engine *engine;                      /* the actor's, on its training shards (actor ranks) */
     /* forward-only passes */
     int fwd_tokens;                      /* tokens per forward-only chunk */
@@ -92,6 +107,11 @@ typedef struct {
     int has_norm;                        /* --normalize-reward with the reward model's saved stats */
     double norm_mean, norm_std;
 } ExperienceMaker;
+
+/* The tokens after a prompt at most: --max-episode-tokens with an environment, else --max-new-tokens. */
+static inline int experience_resp_max(const ExperienceMaker *x) {
+    return x->env_cmd || x->env_url ? x->max_ep_tokens : x->max_new;
+}
 
 /* Reads the prompts (jsonl: "prompt" | "messages" | "input_ids", optional "label") on every rank;
  * a prompt longer than max_pos - max_new is an error, or keeps its last tokens with truncate; a

@@ -25,6 +25,7 @@
 #include "rlhf/ppo_log.h"
 #include "kernels/kernels.h"
 #include "rlhf/dynamic_sampling.h"
+#include "rlhf/episode.h"
 #include "rlhf/experience.h"
 #include "rlhf/ppo_dump.h"
 #include "rlhf/ppo_eval.h"
@@ -194,7 +195,9 @@ static void read_inputs(Ppo *p, const PpoOptions *o, ModelConfig *acfg) {
     experience_read_prompts(x, o->prompts_path, o->key, o->t.chat_template, o->truncate, acfg->vocab_size, acfg->max_pos);
     experience_stops(x, R[R_ACTOR].dir, acfg, o->stop_json, o->stop_ids);
     x->max_len = 0;
-    for (int i = 0; i < x->n_prompts; i++) if ((int)x->prompts[i].n + x->max_new > x->max_len) x->max_len = (int)x->prompts[i].n + x->max_new;
+    for (int i = 0; i < x->n_prompts; i++)
+        if ((int)x->prompts[i].n + experience_resp_max(x) > x->max_len) x->max_len = (int)x->prompts[i].n + experience_resp_max(x);
+    episode_env_open(x, &p->roles, o->env_chat, o->t.chat_template);
     if (x->reward_cmd && p->roles.world_rank == 0) {
         x->rcmd = reward_cmd_start(x->reward_cmd, err, sizeof err);
         if (!x->rcmd) rank_error("%s", err);

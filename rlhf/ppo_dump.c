@@ -74,7 +74,8 @@ void rollout_dump_share(RolloutDump *d, const Roles *rs, const Experience *b) {
 }
 
 /* "key": [v, ...] over the response's tokens: v at each action (fmt 'f': a float array, 'd': a
- * double array, 'i': the tokens after the actions) */
+ * double array, 'i': the tokens after the actions, 'e': 1 where the token is the environment's
+ * (the position before it is no action), 't': the int array v at the tokens) */
 static void put_array(FILE *f, const char *key, const Experience *b, int s, char fmt, const void *v) {
     int a0 = b->seq_start[s] + b->prompt_len[s] - 1;
     fprintf(f, ", \"%s\": [", key);
@@ -82,6 +83,8 @@ static void put_array(FILE *f, const char *key, const Experience *b, int s, char
         double x = fmt == 'f' ? ((const float *)v)[a0 + i] : fmt == 'd' ? ((const double *)v)[a0 + i] : 0.0;
         if (i) fputs(", ", f);
         if (fmt == 'i') fprintf(f, "%d", b->tokens[a0 + 1 + i]);
+        else if (fmt == 'e') fputc(b->targets[a0 + i] < 0 ? '1' : '0', f);
+        else if (fmt == 't') fprintf(f, "%d", ((const int *)v)[a0 + 1 + i]);
         else if (!isfinite(x)) fputs("null", f);
         else fprintf(f, fmt == 'f' ? "%.9g" : "%.17g", x);
     }
@@ -107,6 +110,12 @@ void rollout_dump_write(RolloutDump *d, const ExperienceMaker *x, const Experien
         if (b->teacher_lp) put_array(f, "teacher_logprobs", b, s, 'f', b->teacher_lp);
         put_array(f, "loss_mask", b, s, 'f', b->mask);
         put_array(f, "advantages", b, s, 'd', b->adv);
+        if (x->env_cmd || x->env_url) {   /* the episode: whose each token is, its turn, each turn's reward */
+            put_array(f, "env_token", b, s, 'e', NULL);
+            put_array(f, "turn", b, s, 't', b->turn);
+            put_array(f, "turn_rewards", b, s, 'd', b->turn_r);
+            fprintf(f, ", \"turns\": %d, \"env_fault\": \"%s\"", b->turns[s], ENV_FAULT_NAMES[b->fault[s]]);
+        }
         fprintf(f, ", \"score_raw\": %.17g, \"overlong_penalty\": %.17g, \"missing_eos_penalty\": %.17g, \"reward\": %.17g}\n",
                 b->raw[s], ol, eos, b->score[s]);
     }

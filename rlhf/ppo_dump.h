@@ -8,7 +8,13 @@
  *    "teacher_logprobs": [...] (with a reference, a teacher), "loss_mask": [...],
  *    "advantages": [...] (per response token), "score_raw": the reward model's or program's score,
  *    "overlong_penalty": ..., "missing_eos_penalty": ..., "reward": the shaped score}
- * Per-token arrays run over the response tokens (an action's value under the token it chose).
+ * and with --env-cmd / --env-url (rlhf/episode.h) after "advantages": "env_token": [...] (1: the
+ * environment's token (observation, feedback), loss mask 0; 0: the model's), "turn": [...] (the
+ * model's turn of each token, or the turn an environment token answers, 0: the observation),
+ * "turn_rewards": [...] (the environment's reward of each turn at its last token), "turns": the
+ * model's turns, "env_fault": "ok" | "bad_reply" | "wrong_episode" | "timeout".
+ * Per-token arrays run over the response tokens (an action's value under the token it chose); with
+ * an environment the "response" is everything after the prompt.
  * The training logprobs are caught by a hook wrapped around the actor's loss hook on its last
  * stage, then shared to every rank (roles_share_f). Resumed at step k, the file first loses its
  * lines of steps after k and a cut last line, so it ends as the uninterrupted run's.

@@ -44,6 +44,20 @@ void ppo_log_step(MetricsLog *ml, const Roles *rs, const ExperienceMaker *x, con
     metrics_num(ml, "response_length/clip_ratio", clipped / S);
     metrics_num(ml, "rollout_logprob_diff_max", as->logprob_diff_max);
     if (x->reward_fn) metrics_num(ml, "reward/timeouts", b->n_timed_out);
+    if (x->env_cmd || x->env_url) {   /* the batch's episodes (rlhf/episode.h) */
+        double turns = 0, model = 0, faults = 0, timeouts = 0;
+        for (int s = 0; s < S; s++) {
+            turns += b->turns[s];
+            faults += b->fault[s] != ENV_OK;
+            timeouts += b->fault[s] == ENV_TIMEOUT;
+            for (int n = b->seq_start[s]; n < b->seq_start[s + 1]; n++) model += b->targets[n] >= 0;
+        }
+        metrics_num(ml, "env/turns_mean", turns / S);
+        metrics_num(ml, "env/episode_tokens_mean", resp_len / S);
+        metrics_num(ml, "env/model_tokens_mean", model / S);
+        metrics_num(ml, "env/faults", faults);
+        metrics_num(ml, "env/timeouts", timeouts);
+    }
     const DrawStats *ds = &so->ds;
     if (x->dynamic_sampling) {   /* verl's num_gen_batches; the groups of equal rewards dropped, and refilled at the cap */
         metrics_num(ml, "dynamic_sampling/num_gen_batches", ds->draws);

@@ -50,6 +50,12 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--reward-fn-timeout", OPT_FLOAT, &o->fn_timeout, "10", "--reward-fn: seconds per sample (over it: reward 0, counted in reward/timeouts)"},
         {"--reward-timeout", OPT_FLOAT, &o->timeout, "600", "--reward-cmd / --reward-url: seconds to wait for a batch's replies (0 = no limit)"},
         {"--reward-retries", OPT_INT, &p->x.reward_retries, "3", "--reward-url: retries (with backoff) on connection errors, 429, 5xx"},
+        {"--env-cmd", OPT_STR, &p->x.env_cmd, NULL, "multi-turn episodes: an environment program speaking jsonl (rlhf/env.h); its rewards are the reward"},
+        {"--env-url", OPT_STR, &p->x.env_url, NULL, "instead: an environment server (POST URL/reset, URL/step)"},
+        {"--env-timeout", OPT_FLOAT, &o->env_timeout, "60", "--env-*: seconds to wait for one call's replies (over it: the episodes end, reward 0, env/timeouts)"},
+        {"--max-turns", OPT_INT, &p->x.max_turns, "3", "--env-*: the model's turns per episode at most"},
+        {"--max-episode-tokens", OPT_INT, &p->x.max_ep_tokens, "0", "--env-*: tokens after the prompt (model's and environment's) at most (0 = 2 x --max-turns x --max-new-tokens)"},
+        {"--env-chat-template", OPT_FLAG, &o->env_chat, NULL, "--env-*: feedback as a user message of the chat template (else its text tokenised alone)"},
         {"--ref", OPT_MODEL, &R[R_REF].dir, NULL, "reference for the KL (default: the actor's starting weights, frozen)"},
         {"--teacher", OPT_MODEL, &R[R_TEACHER].dir, NULL, "on-policy distillation: a frozen causal LM of the actor's tokenizer; its reverse KL per token in the advantage (alone without a reward)"},
         {"--distill-coef", OPT_FLOAT, &o->distill_coef, "1.0", "--teacher: advantage += coef (teacher_lp - old_lp) per token"},
@@ -188,6 +194,36 @@ static void dapo_options_check(Ppo *p, PpoOptions *o) {
     x->overlong_factor = o->overlong_penalty;
 }
 
+/* --env-cmd / --env-url (rlhf/episode.h): the environment's rewards are the run's reward, so the
+ * other rewards are refused; so is what measures a response by --max-new-tokens. */
+static void env_options_check(Ppo *p, const PpoOptions *o, int n_rewards) {
+    ExperienceMaker *x = &p->x;
+    int env = x->env_cmd || x->env_url;
+    x->env_chat = -1;
+    if (!env) {
+        if (args_given(&o->env_timeout) || args_given(&x->max_turns) || args_given(&x->max_ep_tokens) || o->env_chat)
+            user_error("ppo: --env-timeout, --max-turns, --max-episode-tokens and --env-chat-template: only with --env-cmd or --env-url");
+        return;
+    }
+    if (x->env_cmd && x->env_url) user_error("ppo: give one of --env-cmd and --env-url, not both");
+    if ((x->env_cmd && !x->env_cmd[0]) || (x->env_url && !x->env_url[0])) user_error("ppo: --env-cmd / --env-url: empty");
+    if (n_rewards)
+        user_error("ppo: --env-cmd / --env-url: the environment's rewards are the reward; --reward, --reward-cmd, "
+                   "--reward-url and --reward-fn are refused with it");
+    if (!(o->env_timeout > 0 && o->env_timeout <= 86400))
+        user_error("--env-timeout %g: must be in (0, 86400] seconds (a call that never answers must end)", o->env_timeout);
+    if (x->max_turns < 1 || x->max_turns > 1000) user_error("--max-turns %d: must be in [1, 1000]", x->max_turns);
+    if (!args_given(&x->max_ep_tokens)) x->max_ep_tokens = (int)((long)2 * x->max_turns * x->max_new < 1 << 20 ? 2 * x->max_turns * x->max_new : 1 << 20);
+    if (x->max_ep_tokens < 1 || x->max_ep_tokens > 1 << 20)
+        user_error("--max-episode-tokens %d: must be in [1, %d] (and leave each prompt room: it counts in the model's positions)",
+                   x->max_ep_tokens, 1 << 20);
+    if (x->overlong_buffer)
+        user_error("--overlong-buffer: DAPO's overlong shaping measures one response against --max-new-tokens; an "
+                   "episode is several turns and the environment's tokens");
+    if (x->dynamic_sampling && x->max_draws > 1000) user_error("--max-sample-draws %d: at most 1000 with --env-*", x->max_draws);
+    x->env_timeout = o->env_timeout;
+}
+
 /* See ppo_options.h. */
 Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **argv) {
     Role *R = p->roles.role;
@@ -199,6 +235,8 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
     comm_set_timeout(t->comm_timeout);
     if (!R[R_ACTOR].dir || !o->prompts_path || !t->out) user_error("ppo: --actor, --prompts and --out are required");
     int n_rewards = (R[R_REWARD].dir != NULL) + (p->x.reward_cmd != NULL) + (o->reward_urls != NULL) + (o->reward_fn != NULL);
+    env_options_check(p, o, n_rewards);
+    if (p->x.env_cmd || p->x.env_url) n_rewards = 1;   /* the environment's */
     if (n_rewards > 1 || (n_rewards == 0 && !R[R_TEACHER].dir))
         user_error("ppo: give exactly one of --reward DIR, --reward-cmd CMD, --reward-url URL[,URL...] and --reward-fn NAME "
                    "(or none with --teacher)");

@@ -27,6 +27,8 @@ typedef struct {
     float temperature, top_p, min_p, kl_coef, kl_target, kl_horizon, reward_clip, eos_penalty, gamma, lambda, clip_eps,
         clip_high, dual_clip, entropy_coef, kl_loss_coef, value_clip, actor_lr, critic_lr, timeout, fn_timeout;
     float distill_coef;                  /* --distill-coef (--teacher) */
+    float env_timeout;                   /* --env-timeout */
+    int env_chat;                        /* --env-chat-template */
     LrSchedule sched, critic_sched;
     PpoState state;        /* --resume's ppo_state.json */
 } PpoOptions;
