@@ -388,7 +388,7 @@ int ppo_main(int argc, char **argv) {
     if (o.t.eval_path) {
         ev = xmalloc(sizeof *ev);
         ppo_eval_init(ev, x, &p.roles.role[R_ACTOR], p.roles.role[R_REWARD].active && !x->reward_cmd && !x->n_urls &&
-                      !x->reward_fn, o.t.eval_path, o.key, o.t.chat_template, o.truncate, &acfg);
+                      !x->reward_fn, o.steps, o.t.eval_path, o.key, o.t.chat_template, o.truncate, &acfg);
     }
     int S = x->B * x->G, world0 = p.roles.world_rank == 0;
     if (world0) {

@@ -24,15 +24,17 @@ typedef struct {
     ExperienceMaker x;   /* the run's maker, copied: the eval's prompts, B (a chunk), G = 1, greedy, its engine */
     Experience b;        /* one chunk's batch */
     int *pidx;           /* (chunk) */
-    int chunk;           /* prompts per rollout at most */
+    int chunk, n_chunks; /* prompts per rollout, and rollouts per eval */
+    int step0, n_evals;  /* the rollouts' step argument: step0 + n_evals * n_chunks + chunk (episode ids apart
+                            from the training steps'; greedy draws no seed) */
     double before;       /* the "before" eval's mean, repeated in the "after" stderr line */
 } PpoEval;
 
 /* Reads path (with the run's --input-key, --chat-template and --truncate) into a copy of the run's
- * maker x; actor: the actor's role (its engine is built on members only). A prompt whose sequence
+ * maker x; actor: the actor's role (its engine is built on members only); steps: the run's (--steps). A prompt whose sequence
  * would not fit the run's max_len when a reward model scores it is a user_error naming the line.
  * Every rank calls it, after the run's setup. */
-void ppo_eval_init(PpoEval *e, const ExperienceMaker *x, const Role *actor, int reward_model, const char *path,
+void ppo_eval_init(PpoEval *e, const ExperienceMaker *x, const Role *actor, int reward_model, int steps, const char *path,
                    const char *key, const char *chat_template, int truncate, const ModelConfig *acfg);
 /* One pass over the eval prompts with the actor's current weights (gathered first, ZeRO-3), after
  * step `step` (0: before training); when: "before", "" or "after" (the stderr line's words). The
