@@ -18,16 +18,17 @@ Names are 3-8 lowercase letters, numbers 4 digits; a name is held out when the s
 places in the alphabet (a = 1) is a multiple of 5, a number when the sum of its digits is: training
 lines have a training name and number, held-out lines a held-out name and number, so none of the
 held-out names or numbers is ever seen in training (`check FILE` says whether a file is held out).
-  rl.jsonl       {"prompt", "name", "number"}  N_TRAIN training lines (the GRPO prompts)
-  val.jsonl      200 more training lines (SFT's stopping check)
-  heldout.jsonl  N_HELD held-out lines (default 200)
-  sft.jsonl      the demonstrations of rl.jsonl's lines, each as two prompt/response records, so that
+  sft.jsonl      demonstrations of N_TRAIN training lines (default 4000), each as two prompt/response records, so that
                  the environment's tokens are prompt (out of the loss) and the ids are a rollout's:
                    {"prompt": Q, "response": "<lookup>NAME</lookup>"}
                    {"prompt": Q + " <lookup>NAME</lookup> <result>NUMBER</result>", "response": "<answer>NUMBER</answer>"}
                  (SentencePiece encodes each space-separated word alone with its "\u2581", so `tandem sft`'s
                  [BOS] encode(prompt) encode(response) are exactly the ids of prompt, the model's turn
                  ending at the stop "</lookup>", the feedback tokenised on its own, and the next turn.)
+  val.jsonl      200 more training lines (SFT's stopping check)
+  heldout.jsonl  N_HELD held-out lines (default 200)
+  rl.jsonl       {"prompt", "name", "number"}  N_TRAIN more training lines, the GRPO prompts: names
+                 the demonstrations did not show (else GRPO can lean on what SFT memorised)
   turn1.jsonl, turn2.jsonl (of val.jsonl and heldout.jsonl: val_turn1.jsonl ...) the two turns'
                  prompts for a greedy check with `tandem generate` (score: `python3 lookup_env.py score`)
 """
@@ -114,14 +115,15 @@ def turns(lines):
 
 def data(d, seed=1, n_train=4000, n_held=200):
     rng, seen = random.Random(seed), set()
-    rl = [draw(rng, False, seen) for _ in range(n_train)]
+    demo = [draw(rng, False, seen) for _ in range(n_train)]
     val = [draw(rng, False, seen) for _ in range(200)]
     held = [draw(rng, True, seen) for _ in range(n_held)]
+    rl = [draw(rng, False, seen) for _ in range(n_train)]
     write(d + "/rl.jsonl", rl)
     write(d + "/val.jsonl", val)
     write(d + "/heldout.jsonl", held)
     sft = []
-    for x in rl:
+    for x in demo:
         sft.append({"prompt": x["prompt"], "response": "<lookup>%s</lookup>" % x["name"]})
         sft.append({"prompt": "%s <lookup>%s</lookup> <result>%s</result>" % (x["prompt"], x["name"], x["number"]),
                     "response": "<answer>%s</answer>" % x["number"]})
