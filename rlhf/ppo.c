@@ -31,7 +31,7 @@
  * ranks generate batch k + L while the trainer ranks train step k.
  * Owns: setup, the step loop, the adaptive KL, --bench-alone; the options and the Ppo struct:
  * rlhf/ppo_options.c; checkpoints and ppo_state.json: rlhf/ppo_checkpoint.c; the metrics line:
- * rlhf/ppo_log.c; --dump-rollouts' records: rlhf/ppo_dump.c. */
+ * rlhf/ppo_log.c; --dump-rollouts' records: rlhf/ppo_dump.c; --eval-prompts' held-out eval: rlhf/ppo_eval.c. */
 #include "rlhf/ppo.h"
 #include "rlhf/ppo_options.h"
 #include "train/optim_state.h"
@@ -45,6 +45,7 @@
 #include "rlhf/episode.h"
 #include "rlhf/experience.h"
 #include "rlhf/ppo_dump.h"
+#include "rlhf/ppo_eval.h"
 #include "rlhf/roles.h"
 #include "runtime/args.h"
 #include "runtime/util.h"
@@ -275,19 +276,18 @@ static void init_learners(Ppo *p, const PpoOptions *o, const char *const *resume
 }
 
 /* Everything before the first step: roles and models, inputs, learners, the actor's engine; prints
- * each role's memory plan. */
-static void setup(Ppo *p, PpoOptions *o) {
+ * each role's memory plan. acfg: the actor's config. */
+static void setup(Ppo *p, PpoOptions *o, ModelConfig *acfg) {
     Role *R = p->roles.role;
     ExperienceMaker *x = &p->x;
     const char *resume_dir[N_ROLES] = {0};
-    ModelConfig acfg;
     open_roles(p, o, resume_dir);
-    read_inputs(p, o, &acfg);
+    read_inputs(p, o, acfg);
     init_learners(p, o, resume_dir);
     int g = rollout_role(&p->roles);   /* the role that generates */
     if (R[g].member) {
         int share = (x->B * x->G + R[g].mesh.dp - 1) / R[g].mesh.dp;
-        EngineConfig ec = {share, 4096, 0, 16, acfg.max_pos, R[g].pp, 1, x->n_stops ? experience_stop_on_token : NULL,
+        EngineConfig ec = {share, 4096, 0, 16, acfg->max_pos, R[g].pp, 1, x->n_stops ? experience_stop_on_token : NULL,
                            NULL, x, NULL, share * ((x->max_len + 15) / 16 + 1), o->temperature, sampler_truncates(&x->sp)};
         x->engine = engine_new(&R[g].m, &ec, x->max_len);
     }
@@ -430,8 +430,15 @@ int ppo_main(int argc, char **argv) {
     memset(&o, 0, sizeof o);
     int n_opts;
     Option *opts = ppo_parse_options(&p, &o, &n_opts, argc, argv);
-    setup(&p, &o);
+    ModelConfig acfg;
+    setup(&p, &o, &acfg);
     ExperienceMaker *x = &p.x;
+    PpoEval *ev = NULL;   /* --eval-prompts */
+    if (o.t.eval_path) {
+        ev = xmalloc(sizeof *ev);
+        ppo_eval_init(ev, x, &p.roles.role[R_ACTOR], p.roles.role[R_REWARD].active && !x->reward_cmd && !x->n_urls &&
+                      !x->reward_fn, o.steps, o.t.eval_path, o.key, o.t.chat_template, o.truncate, &acfg);
+    }
     int S = x->B * x->G, world0 = p.roles.world_rank == 0;
     int step0 = o.t.resume ? o.state.step : 0, last = o.t.stop_after > 0 && o.t.stop_after < o.steps ? o.t.stop_after : o.steps;
     async_open(&p.async, &p.roles, p.lag, S, x->max_len, step0, last, o.steps, o.t.resume);
@@ -468,6 +475,9 @@ int ppo_main(int argc, char **argv) {
     if (o.dump_path) dump.versions = p.async.on;
     double t_run = now_seconds();
     float *step_s = xcalloc(last + 1, sizeof(float));
+    int every = o.t.eval_every;
+    /* resumed, the uninterrupted run has an eval line at step0 only as an --eval-every step (as trainer.c) */
+    if (ev) ppo_eval_run(ev, &p.roles, step0, "before", !o.t.resume || (every > 0 && step0 % every == 0 && step0 != last) ? &ml : NULL);
     for (int step = step0; step < last; step++) {
         StepOut so;
         ppo_step(&p, step, pidx, &b, &so, x->dynamic_sampling ? &dyn : NULL, o.dump_path ? &dump : NULL);
@@ -475,8 +485,10 @@ int ppo_main(int argc, char **argv) {
         step_s[step] = so.tm[T_STEP];
         double kl_used = p.kl_coef, seq_kl = kl_control(&p, &b);
         if (world0) ppo_log_step(&ml, &p.roles, &p.x, p.entropy, step, o.steps, (step + 1) % o.t.log_every == 0 || step + 1 == last, &b, &so, seq_kl, kl_used);
+        if (ev && every > 0 && (step + 1) % every == 0 && step + 1 != last) ppo_eval_run(ev, &p.roles, step + 1, "", &ml);
         if (o.t.save_every > 0 && (step + 1) % o.t.save_every == 0 && step + 1 != last) save(&p, &o, step + 1);
     }
+    if (ev) ppo_eval_run(ev, &p.roles, last, "after", &ml);
     if (o.bench_alone > 0 && last > step0) bench_phases_alone(&p, last - 1, pidx, &b, o.bench_alone, step_s + step0, last - step0);
     save(&p, &o, last);
     if (o.t.merge) ppo_checkpoint_merge(&p.roles, p.load_dir, o.t.out, last, o.t.save_dtype);
@@ -488,6 +500,7 @@ int ppo_main(int argc, char **argv) {
     if (o.dump_path) rollout_dump_close(&dump);
     if (x->dynamic_sampling) dynamic_sampler_free(&dyn);
     async_close(&p.async);
+    if (ev) ppo_eval_free(ev), free(ev);
     free(step_s); free(pidx); free(opts);
     experience_free(&b);
     teardown(&p);

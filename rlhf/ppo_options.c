@@ -61,6 +61,8 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--distill-coef", OPT_FLOAT, &o->distill_coef, "1.0", "--teacher: advantage += coef (teacher_lp - old_lp) per token"},
         {"--prompts", OPT_STR, &o->prompts_path, NULL, "jsonl: \"prompt\" | \"messages\" | \"input_ids\", optional \"label\""},
         {"--input-key", OPT_STR, &o->key, "prompt", "the text prompt's field"},
+        {"--eval-prompts", OPT_STR, &t->eval_path, NULL, "held-out prompts (the --prompts format): greedy, one sample each, scored by the run's reward (eval/reward_mean)"},
+        {"--eval-every", OPT_INT, &t->eval_every, "0", "--eval-prompts: steps between evals (0 = only before the first step and after the last)"},
         TRAIN_CHAT_OPTION(t),
         {"--truncate", OPT_FLAG, &o->truncate, NULL, "keep the last tokens of prompts too long for the positions"},
         {"--out", OPT_STR, &t->out, NULL, "output directory: actor/ and critic/ at the end, metrics.jsonl"},
@@ -249,6 +251,7 @@ static void async_options_check(Ppo *p, PpoOptions *o) {
     if (o->t.zero == 3) user_error("--rollout-ranks: not with --zero 3 (the actor's weights are sliced over dp; use --zero 2)");
     if (p->x.dynamic_sampling) user_error("--rollout-ranks: not with --dynamic-sampling (its redraws need the trainer's rewards)");
     if (o->bench_alone) user_error("--rollout-ranks: not with --bench-alone (it times the colocated step's phases)");
+    if (o->t.eval_path) user_error("--rollout-ranks: not with --eval-prompts (the eval runs on the actor's ranks, the episodes' environment on the rollout ranks)");
     if (lag == 0) return;
     if (p->actor_hook.policy != PL_PPO)
         user_error("--async-lag %d: --policy-loss %s: decoupled PPO's correction is ppo's (use --policy-loss ppo)", lag, o->policy_name);
@@ -283,6 +286,10 @@ Option *ppo_parse_options(Ppo *p, PpoOptions *o, int *n_opts, int argc, char **a
     if (p->x.reward_retries < 0) user_error("--reward-retries %d: must be >= 0", p->x.reward_retries);
     if (o->reward_urls) p->x.n_urls = reward_http_parse_urls(o->reward_urls, &p->x.urls);
     distill_options_check(p, o, n_rewards == 0);
+    if (o->t.eval_path && n_rewards == 0)
+        user_error("--eval-prompts %s: with --teacher alone there is no reward to score the eval by", o->t.eval_path);
+    if (args_given(&o->t.eval_every) && !o->t.eval_path) user_error("--eval-every: only with --eval-prompts");
+    if (o->t.eval_every < 0) user_error("--eval-every %d: must be >= 0 (0 = only before the first step and after the last)", o->t.eval_every);
     p->x.adv_kind = advantage_kind_parse("--advantage", o->adv_name);
     if (p->x.dynamic_sampling && n_rewards == 0)
         user_error("--dynamic-sampling: --teacher alone scores every sample 0, so every group would be dropped (give a reward)");
