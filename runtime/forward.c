@@ -142,6 +142,12 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
     be->rmsnorm(a->xb2, a->x_mid, w->mlp_norm, wt, rows, D, c->norm_eps);
     be->round_to(a->xb2, RD, wt);                                                      /* matmul input */
     xb = sp_gather(m, b, a->xb2);                                                      /* (N, D) */
+    if (c->moe != MOE_NONE) {   /* MoE (runtime/moe.c): the output summed over tp already */
+        CHECK(!b->sp_full && !m->lora);   /* training refuses MoE (train/grad.c), and with it these */
+        moe_forward(m, l, xb, N, xo);
+        be->add_to(x_out, a->x_mid, xo, RD);
+        return;
+    }
     be->matmuls(xb, N, D, (MatmulOut[]){{a->gate, w->w_gate, NULL, Fl}, {a->up, w->w_up, NULL, Fl}}, 2,
                 wt);                                                                     /* column-parallel */
     lora_add(m, b, a, l, LORA_GATE, xb, D, a->gate, Fl);

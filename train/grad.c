@@ -40,6 +40,9 @@ static void tp_copy_backward(const Model *m, float *dx, size_t n) { comm_all_red
 void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, int flags) {
     memset(a, 0, sizeof(*a));
     const ModelConfig *c = &m->cfg;
+    if (c->moe != MOE_NONE)   /* runtime/moe.c has the forward only */
+        user_error("model_type %s: training a Mixture-of-Experts model is not supported yet (its backward is not "
+                   "written); generate, eval and scoring run it", c->model_type);
     int recompute = flags & TRAIN_RECOMPUTE, tp = m->mesh->tp;
     size_t N = (size_t)max_tokens, D = c->dim, Dh = c->head_dim, Ll = (size_t)m->n_layers_local;
     size_t qd = (size_t)m->n_heads_local * Dh, kvd = (size_t)m->n_heads_kv_local * Dh, F = m->hidden_local;
