@@ -1,0 +1,110 @@
+#!/usr/bin/env bats
+# Mixture-of-Experts models (Mixtral, Qwen2-MoE, Qwen3-MoE; runtime/moe.c): logprobs and greedy
+# against transformers' own classes (tests/fixtures/moe/make_moe_refs.py), the same bits at every
+# tp x pp layout, batch invariance (dropless routing: a token's output never depends on the batch),
+# bf16, and the one-line refusals of what is not supported yet.
+load helpers
+
+MOE="mixtral_tiny qwen2_moe_tiny qwen3_moe_tiny"
+
+# fp32 against HF (fp32 both sides), limit 1e-4 as tests/eval.bats: a logprob is a chain of dot
+# products of <= 64 terms (D; the experts' 32-48) per matmul and a softmax over 128 logits of
+# magnitude <= ~20; with fp32's unit roundoff u = 6e-8 a different summation order (Tandem's fixed
+# trees against torch's BLAS, the experts' outputs combined by rank here and by expert id in HF)
+# moves a logprob by at most ~n u |x| = 64 x 6e-8 x 20 = 8e-5 and typically ~sqrt(n) u |x| = 1e-5.
+# The routing is exact: every fixture's smallest top-k margin is >= 1.6e-4 (the fixtures' report),
+# three orders above what rounding can move a probability, so both route every token alike.
+@test "moe: eval equals transformers' Mixtral / Qwen2-MoE / Qwen3-MoE (logprobs <= 1e-4, greedy exact)" {
+    for f in $MOE; do
+        run "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --reference "$FIX/refs/$f.jsonl" --max-logprob-diff 1e-4 --quiet
+        echo "$f: $output"
+        [ "$status" -eq 0 ]
+        grep '^{"records"' <<<"$output" | jq -e '.pass and .greedy_mismatches == 0 and .greedy_tokens == 32' >/dev/null
+    done
+}
+
+# The router is replicated and the experts' down outputs are tp-summed by the fixed tree before the
+# combine (runtime/moe.c), so tp 2 x pp 2, tp 2 and tp 4 give 1x1's bits (limit 0).
+@test "moe: tp 2 x pp 2, tp 2, tp 4 give the 1x1 run's logprobs bit for bit, greedy = HF" {
+    for f in $MOE; do
+        ref1="$BATS_TEST_TMPDIR/$f.1x1.jsonl"
+        "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --reference "$FIX/refs/$f.jsonl" --write-reference "$ref1" --quiet
+        for l in "4 2 2" "2 2 1" "4 4 1"; do
+            set -- $l
+            run timeout 120 $MPIRUN $1 "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --reference "$ref1" --tp $2 --pp $3 \
+                --max-logprob-diff 0 --quiet
+            echo "$f np=$1 tp=$2 pp=$3: $output"
+            [ "$status" -eq 0 ]
+            grep '^{"records"' <<<"$output" | jq -e --argjson tp $2 --argjson pp $3 \
+                '.max_abs_logprob_diff == 0 and .greedy_mismatches == 0 and .tp == $tp and .pp == $pp' >/dev/null
+        done
+    done
+}
+
+# generate's paged KV cache path; the same prompts one at a time, all at once and at tp 2 x pp 2:
+# the same tokens and logprobs, byte for byte (dropless routing, rows independent in every GEMM)
+@test "moe: generate's greedy = HF; batch 1 == batch 64 == tp 2 x pp 2, logprobs included, fp32 and bf16" {
+    for f in $MOE; do
+        jq -c '{id, input_ids, max_new_tokens: (.greedy_ids | length)}' "$FIX/refs/$f.jsonl" > "$BATS_TEST_TMPDIR/p.jsonl"
+        # prompts of several lengths sharing no batch structure: the references' and their prefixes
+        jq -c '{id: (.id + "-h"), input_ids: .input_ids[0:(.input_ids | length / 2 | floor)], max_new_tokens: 6}' \
+            "$FIX/refs/$f.jsonl" >> "$BATS_TEST_TMPDIR/p.jsonl"
+        gen() { "$TANDEM" generate --model "$FIX/models/$f" --input "$BATS_TEST_TMPDIR/p.jsonl" --greedy --ignore-eos --logprobs 3 "$@" 2>/dev/null; }
+        for dt in fp32 bf16; do
+            gen --dtype $dt --output "$BATS_TEST_TMPDIR/b1.jsonl" --max-batch 1 --block-size 2
+            gen --dtype $dt --output "$BATS_TEST_TMPDIR/b64.jsonl" --max-batch 64
+            cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/b64.jsonl"
+            timeout 120 $MPIRUN 4 "$TANDEM" generate --model "$FIX/models/$f" --input "$BATS_TEST_TMPDIR/p.jsonl" --greedy \
+                --ignore-eos --logprobs 3 --dtype $dt --tp 2 --pp 2 --output "$BATS_TEST_TMPDIR/l.jsonl" 2>/dev/null
+            cmp "$BATS_TEST_TMPDIR/b1.jsonl" "$BATS_TEST_TMPDIR/l.jsonl"
+            echo "$f $dt: batch 1 == 64 == tp2 x pp2"
+            [ $dt = bf16 ] || diff <(jq -c '[.id, .greedy_ids]' "$FIX/refs/$f.jsonl") \
+                                   <(jq -c 'select(.id | endswith("-h") | not) | [.id, .completion_ids]' "$BATS_TEST_TMPDIR/b1.jsonl")
+        done
+    done
+}
+
+# eval's logprobs of a record alone are those it has among the others (eval runs them together)
+@test "moe: a sequence's logprobs alone == in a batch of 4, bit for bit" {
+    for f in $MOE; do
+        jq -c 'del(.greedy_ids, .greedy_top_logprobs)' "$FIX/refs/$f.jsonl" > "$BATS_TEST_TMPDIR/all.jsonl"
+        "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --reference "$BATS_TEST_TMPDIR/all.jsonl" \
+            --write-reference "$BATS_TEST_TMPDIR/all.out" --quiet >/dev/null
+        for i in 1 2 3 4; do
+            sed -n "${i}p" "$BATS_TEST_TMPDIR/all.jsonl" > "$BATS_TEST_TMPDIR/one.jsonl"
+            "$TANDEM" eval --dtype fp32 --model "$FIX/models/$f" --reference "$BATS_TEST_TMPDIR/one.jsonl" \
+                --write-reference "$BATS_TEST_TMPDIR/one.out" --quiet >/dev/null
+            [ "$(jq -c .top_logprobs "$BATS_TEST_TMPDIR/one.out")" = "$(sed -n "${i}p" "$BATS_TEST_TMPDIR/all.out" | jq -c .top_logprobs)" ]
+        done
+    done
+}
+
+# what is not supported yet is one line naming it, never a silent difference
+@test "moe: unsupported configs and a tp that does not divide the experts' width are refused with one line" {
+    d="$BATS_TEST_TMPDIR/m"
+    refuse() { # KEY=JSON MESSAGE
+        rm -rf "$d"; cp -r "$FIX/models/qwen2_moe_tiny" "$d"
+        jq -c ". + $1" "$FIX/models/qwen2_moe_tiny/config.json" > "$d/config.json"
+        run "$TANDEM" eval --dtype fp32 --model "$d" --reference "$FIX/refs/qwen2_moe_tiny.jsonl" --quiet
+        echo "$output"
+        [ "$status" -ne 0 ]
+        [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
+        grep -q "$2" <<<"$output"
+    }
+    refuse '{"decoder_sparse_step": 2}' 'decoder_sparse_step != 1 (dense MLP layers between MoE layers) is not supported'
+    refuse '{"mlp_only_layers": [1]}' 'a non-empty mlp_only_layers'
+    refuse '{"num_experts_per_tok": 5}' 'num_experts_per_tok 5 must be in \[1, num_experts 4\]'
+    refuse '{"shared_expert_intermediate_size": 0}' 'shared_expert_intermediate_size must be positive'
+    rm -rf "$d"; cp -r "$FIX/models/mixtral_tiny" "$d"
+    jq -c '. + {"router_jitter_noise": 0.1}' "$FIX/models/mixtral_tiny/config.json" > "$d/config.json"
+    run "$TANDEM" eval --dtype fp32 --model "$d" --reference "$FIX/refs/mixtral_tiny.jsonl" --quiet
+    [ "$status" -ne 0 ]; grep -q 'router_jitter_noise != 0 is not supported' <<<"$output"
+    # the experts' width split over tp like the dense MLP's: 48 / 4 runs, 50 / 4 is refused
+    rm -rf "$d"; cp -r "$FIX/models/mixtral_tiny" "$d"
+    run timeout 60 $MPIRUN 4 "$TANDEM" eval --dtype fp32 --model "$FIX/models/mixtral_tiny" --reference "$FIX/refs/mixtral_tiny.jsonl" --tp 4 --quiet
+    [ "$status" -eq 0 ]   # 48 / 4: fine
+    jq -c '. + {"intermediate_size": 50}' "$FIX/models/mixtral_tiny/config.json" > "$d/config.json"
+    run timeout 60 $MPIRUN 4 "$TANDEM" eval --dtype fp32 --model "$d" --reference "$FIX/refs/mixtral_tiny.jsonl" --tp 4 --quiet
+    echo "$output"
+    [ "$status" -ne 0 ]; grep -q "tandem: --tp 4 does not divide the experts' intermediate size 50" <<<"$output"
+}
