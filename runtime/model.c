@@ -429,7 +429,7 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
     int tp = mesh->tp, pp = mesh->pp, s = mesh->pp_rank;
     m->n_heads_local = c->n_heads / tp;
     m->n_heads_kv_local = tp <= c->n_heads_kv ? c->n_heads_kv / tp : 1;
-    m->hidden_local = c->hidden_dim / tp;
+    m->hidden_local = c->moe == MOE_NONE ? c->hidden_dim / tp : 0;   /* MoE: no dense MLP */
     /* tp-invariant sums: a row-parallel layer's dot products and the vocabulary's sums run as leaves
      * whose boundaries every tp dividing TP_LEAVES shares (o_proj's at heads, down_proj's at F /
      * leaves; the vocabulary padded to a multiple of TP_LEAVES above tp 1, ceil(V / TP_LEAVES)

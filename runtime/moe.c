@@ -3,8 +3,8 @@
  * Qwen3-MoE's mlp (experts + router; qwen2_moe's sigmoid-gated shared expert).
  * Owns: routing (router logits, softmax and top-k in fp32, ties to the lower expert id, the top-k
  * renormalised when norm_topk), grouping the tokens by expert, the experts' grouped GEMMs and the
- * fixed-order combine. Does not own: the weights' layout (runtime/model.c's spec table), the
- * backward (not written yet: training refuses a MoE model, train/grad.c).
+ * fixed-order combine, and what a block's forward keeps for its backward (MoeRun, runtime/moe.h).
+ * Does not own: the weights' layout (runtime/model.c's spec table), the backward (train/moe_grad.c).
  *
  * Dropless and batch invariant: every token goes to its k experts, no capacity; an expert's rows are
  * its tokens gathered in token order and multiplied by one GEMM per expert (be->matmul's rows are
@@ -21,7 +21,7 @@
  * weights included: HF casts them to the model's dtype, autocast's function does not).
  * Memory: host code on the run's buffers (the CPU backend: model_load refuses a device for MoE);
  * its scratch is allocated per call. */
-#include "runtime/model.h"
+#include "runtime/moe.h"
 #include "runtime/util.h"
 #include <math.h>
 #include <stdlib.h>
@@ -51,72 +51,96 @@ static void route(const float *logits, int E, int k, int norm, float *p, int *se
 }
 
 /* The shared expert (qwen2_moe), added to out (N, D): out += sigmoid(xb s_router^T) * down(silu(gate) * up). */
-static void shared_expert(const Model *m, const LayerWeights *w, const float *xb, int N, float *out) {
+static void shared_expert(const Model *m, const LayerWeights *w, const float *xb, MoeRun *r, float *out) {
     const Backend *be = m->be;
-    int D = m->cfg.dim, Fs = m->shared_dim_local;
+    int N = r->N, D = m->cfg.dim, Fs = m->shared_dim_local;
     DType wt = m->dtype;
-    float *g = xmalloc(sizeof(float) * N * Fs), *u = xmalloc(sizeof(float) * N * Fs);   /* (N, Fs_local) */
-    float *y = xmalloc(sizeof(float) * N * D), *gl = xmalloc(sizeof(float) * N);        /* (N, D), (N) */
-    be->matmuls(xb, N, D, (MatmulOut[]){{g, w->s_gate, NULL, Fs}, {u, w->s_up, NULL, Fs}}, 2, wt);
-    be->swiglu(g, g, u, (size_t)N * Fs);
-    be->round_to(g, (size_t)N * Fs, wt);                                               /* matmul input */
-    be->matmul(y, g, w->s_down, NULL, wt, N, Fs, D, m->shared_leaves);                 /* row-parallel: partial */
-    model_tp_sum(m, y, (size_t)N * D);
-    be->matmul(gl, xb, w->s_router, NULL, wt, N, D, 1, 1);                             /* replicated */
+    be->matmuls(xb, N, D, (MatmulOut[]){{r->s_gate, w->s_gate, NULL, Fs}, {r->s_up, w->s_up, NULL, Fs}}, 2, wt);
+    be->swiglu(r->s_act, r->s_gate, r->s_up, (size_t)N * Fs);
+    be->round_to(r->s_act, (size_t)N * Fs, wt);                                       /* matmul input */
+    be->matmul(r->s_y, r->s_act, w->s_down, NULL, wt, N, Fs, D, m->shared_leaves);    /* row-parallel: partial */
+    model_tp_sum(m, r->s_y, (size_t)N * D);
+    be->matmul(r->s_logit, xb, w->s_router, NULL, wt, N, D, 1, 1);                    /* replicated */
     for (int t = 0; t < N; t++) {
-        float s = 1.0f / (1.0f + expf(-gl[t]));
-        for (int d = 0; d < D; d++) out[(size_t)t * D + d] += s * y[(size_t)t * D + d];
+        float s = 1.0f / (1.0f + expf(-r->s_logit[t]));
+        for (int d = 0; d < D; d++) out[(size_t)t * D + d] += s * r->s_y[(size_t)t * D + d];
     }
-    free(g); free(u); free(y); free(gl);
 }
 
-void moe_forward(const Model *m, int l, const float *xb, int N, float *out) {
+/* The routing of every token and the grouping by expert (r's routing fields) from xb. */
+static void route_all(const Model *m, const LayerWeights *w, const float *xb, MoeRun *r) {
+    const ModelConfig *c = &m->cfg;
+    int N = r->N, E = c->n_experts, k = c->n_experts_tok, NK = N * k;
+    float *logits = xmalloc(sizeof(float) * N * E);                                      /* (N, E) */
+    m->be->matmul(logits, xb, w->router, NULL, m->dtype, N, c->dim, E, 1);             /* replicated router */
+    for (int t = 0; t < N; t++)
+        route(logits + (size_t)t * E, E, k, c->norm_topk, r->p + (size_t)t * E, r->sel + t * k, r->w + t * k);
+    free(logits);
+    /* group by expert, tokens in order within each: expert e's rows are [start[e], start[e + 1]) */
+    memset(r->start, 0, sizeof(int) * (E + 1));
+    for (int i = 0; i < NK; i++) r->start[r->sel[i] + 1]++;
+    for (int e = 0; e < E; e++) r->start[e + 1] += r->start[e];
+    int *fill = xmalloc(sizeof(int) * E);
+    memcpy(fill, r->start, sizeof(int) * E);
+    for (int i = 0; i < NK; i++) { r->slot[i] = fill[r->sel[i]]++; r->rows[r->slot[i]] = i / k; }
+    free(fill);
+}
+
+void moe_run(const Model *m, int l, const float *xb, int N, MoeRun *r, float *out) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerWeights *w = &m->w.layers[l];
     DType wt = m->dtype;
-    int D = c->dim, E = c->n_experts, k = c->n_experts_tok, Fe = m->moe_dim_local, NK = N * k;
-    size_t ws = dtype_size(wt);
-    float *logits = xmalloc(sizeof(float) * N * E), *p = xmalloc(sizeof(float) * E);  /* (N, E), (E) */
-    float *wk = xmalloc(sizeof(float) * NK);                                             /* (N, k) routing weights */
-    int *sel = xmalloc(sizeof(int) * NK), *slot = xmalloc(sizeof(int) * NK);            /* (N, k) expert, grouped row */
-    int *rows = xmalloc(sizeof(int) * (NK + 1)), *start = xcalloc(E + 1, sizeof(int));   /* (N k) token; (E + 1) */
-    be->matmul(logits, xb, w->router, NULL, wt, N, D, E, 1);                           /* replicated router */
-    for (int t = 0; t < N; t++) route(logits + (size_t)t * E, E, k, c->norm_topk, p, sel + t * k, wk + t * k);
-    /* group by expert, tokens in order within each: expert e's rows are [start[e], start[e + 1]) */
-    for (int i = 0; i < NK; i++) start[sel[i] + 1]++;
-    for (int e = 0; e < E; e++) start[e + 1] += start[e];
-    int *fill = xmalloc(sizeof(int) * E);
-    memcpy(fill, start, sizeof(int) * E);
-    for (int i = 0; i < NK; i++) { slot[i] = fill[sel[i]]++; rows[slot[i]] = i / k; }
-    float *xg = xmalloc(sizeof(float) * NK * D), *y = xmalloc(sizeof(float) * NK * D);  /* (N k, D) each */
-    float *g = xmalloc(sizeof(float) * NK * Fe), *u = xmalloc(sizeof(float) * NK * Fe);  /* (N k, Fe_local) each */
-    be->gather_rows(xg, xb, rows, NK, D);
+    int D = c->dim, E = c->n_experts, k = c->n_experts_tok, Fe = m->moe_dim_local, Fs = m->shared_dim_local;
+    size_t NK = (size_t)N * k, ws = dtype_size(wt);
+    r->N = N;
+    float **f[] = {&r->p, &r->w, &r->xg, &r->gate, &r->up, &r->act, &r->y, &r->s_gate, &r->s_up, &r->s_act, &r->s_y,
+                   &r->s_logit};
+    size_t n[] = {(size_t)N * E, NK, NK * D, NK * Fe, NK * Fe, NK * Fe, NK * D, (size_t)N * Fs, (size_t)N * Fs,
+                  (size_t)N * Fs, Fs ? (size_t)N * D : 0, Fs ? (size_t)N : 0};
+    for (size_t i = 0; i < sizeof n / sizeof n[0]; i++) *f[i] = xmalloc(sizeof(float) * (n[i] ? n[i] : 1));
+    r->sel = xmalloc(sizeof(int) * NK);
+    r->slot = xmalloc(sizeof(int) * NK);
+    r->rows = xmalloc(sizeof(int) * (NK + 1));
+    r->start = xmalloc(sizeof(int) * (E + 1));
+    route_all(m, w, xb, r);
+    be->gather_rows(r->xg, xb, r->rows, (int)NK, D);
     for (int e = 0; e < E; e++) {   /* one grouped GEMM per expert over its tokens */
-        int r0 = start[e], n = start[e + 1] - r0;
-        if (!n) continue;
+        int r0 = r->start[e], ne = r->start[e + 1] - r0;
+        if (!ne) continue;
         size_t we = (size_t)e * Fe * D * ws;   /* bytes to expert e's (Fe_local, D) / (D, Fe_local) */
-        be->matmuls(xg + (size_t)r0 * D, n, D,
-                    (MatmulOut[]){{g + (size_t)r0 * Fe, (char *)w->e_gate + we, NULL, Fe},
-                                  {u + (size_t)r0 * Fe, (char *)w->e_up + we, NULL, Fe}}, 2, wt);   /* column-parallel */
+        be->matmuls(r->xg + (size_t)r0 * D, ne, D,
+                    (MatmulOut[]){{r->gate + (size_t)r0 * Fe, (char *)w->e_gate + we, NULL, Fe},
+                                  {r->up + (size_t)r0 * Fe, (char *)w->e_up + we, NULL, Fe}}, 2, wt);   /* column-parallel */
     }
-    be->swiglu(g, g, u, (size_t)NK * Fe);
-    be->round_to(g, (size_t)NK * Fe, wt);                                              /* matmul input */
+    be->swiglu(r->act, r->gate, r->up, NK * Fe);
+    be->round_to(r->act, NK * Fe, wt);                                                 /* matmul input */
     for (int e = 0; e < E; e++) {
-        int r0 = start[e], n = start[e + 1] - r0;
-        if (n) be->matmul(y + (size_t)r0 * D, g + (size_t)r0 * Fe, (char *)w->e_down + (size_t)e * D * Fe * ws, NULL,
-                          wt, n, Fe, D, m->moe_leaves);                                  /* row-parallel: partial */
+        int r0 = r->start[e], ne = r->start[e + 1] - r0;
+        if (ne) be->matmul(r->y + (size_t)r0 * D, r->act + (size_t)r0 * Fe, (char *)w->e_down + (size_t)e * D * Fe * ws,
+                           NULL, wt, ne, Fe, D, m->moe_leaves);                          /* row-parallel: partial */
     }
-    model_tp_sum(m, y, (size_t)NK * D);   /* before the combine: tp invariant (see the top) */
-    for (int t = 0; t < N; t++) {         /* each token's choices in rank order */
+    model_tp_sum(m, r->y, NK * D);   /* before the combine: tp invariant (see the top) */
+    for (int t = 0; t < N; t++) {    /* each token's choices in rank order */
         float *o = out + (size_t)t * D;
         for (int d = 0; d < D; d++) o[d] = 0.0f;
         for (int j = 0; j < k; j++) {
-            const float *yj = y + (size_t)slot[t * k + j] * D, wj = wk[t * k + j];
+            const float *yj = r->y + (size_t)r->slot[t * k + j] * D, wj = r->w[t * k + j];
             for (int d = 0; d < D; d++) o[d] += wj * yj[d];
         }
     }
-    if (c->shared_dim) shared_expert(m, w, xb, N, out);
-    free(logits); free(p); free(wk); free(sel); free(slot); free(rows); free(start); free(fill);
-    free(xg); free(y); free(g); free(u);
+    if (Fs) shared_expert(m, w, xb, r, out);
+}
+
+void moe_run_free(MoeRun *r) {
+    void *p[] = {r->p, r->w, r->xg, r->gate, r->up, r->act, r->y, r->s_gate, r->s_up, r->s_act, r->s_y, r->s_logit,
+                 r->sel, r->slot, r->rows, r->start};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
+    memset(r, 0, sizeof *r);
+}
+
+void moe_forward(const Model *m, int l, const float *xb, int N, float *out) {
+    MoeRun r = {0};
+    moe_run(m, l, xb, N, &r, out);
+    moe_run_free(&r);
 }
