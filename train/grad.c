@@ -40,10 +40,9 @@ static void tp_copy_backward(const Model *m, float *dx, size_t n) { comm_all_red
 void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, int flags) {
     memset(a, 0, sizeof(*a));
     const ModelConfig *c = &m->cfg;
-    if (c->moe != MOE_NONE)   /* runtime/moe.c has the forward only */
-        user_error("model_type %s: training a Mixture-of-Experts model is not supported yet (its backward is not "
-                   "written); generate, eval and scoring run it", c->model_type);
     int recompute = flags & TRAIN_RECOMPUTE, tp = m->mesh->tp;
+    if (c->moe != MOE_NONE && (flags & TRAIN_SEQ_PARALLEL) && tp > 1)   /* runtime/moe.c reads every row */
+        user_error("--sequence-parallel: not supported with a Mixture-of-Experts model (model_type %s) yet", c->model_type);
     size_t N = (size_t)max_tokens, D = c->dim, Dh = c->head_dim, Ll = (size_t)m->n_layers_local;
     size_t qd = (size_t)m->n_heads_local * Dh, kvd = (size_t)m->n_heads_kv_local * Dh, F = m->hidden_local;
     size_t V = !m->is_last ? 0 : m->head == HEAD_SCORE ? 1 : (size_t)m->vocab_local, Dl = m->is_last ? D : 0;
@@ -433,15 +432,19 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         /* dx enters as d(x_out) and leaves as d(x_in); the residual adds pass it through. */
         /* MLP block: x_out = x_mid + reduce(down(act)); reduce's backward is the identity: d(down's
          * output) is dx on every rank */
-        be->matmul_backward(a->dact, g->w_down, NULL, dx, la->act, w->w_down, wt, N, Fl, D);
-        lora_backward(m, a, sink, l, LORA_DOWN, dx, D, la->act, Fl, a->dact);
-        be->swiglu_backward(a->dgate, a->dup, a->dact, la->gate, la->up, (size_t)N * Fl);
         const float *xb2 = all_rows(m, a, la->xb2, a->sp_xb), *x_mid = all_rows(m, a, la->x_mid, a->sp_x);
-        be->matmul_backward(dxb, g->w_gate, NULL, a->dgate, xb2, w->w_gate, wt, N, D, Fl);
-        be->matmul_backward(dtmp, g->w_up, NULL, a->dup, xb2, w->w_up, wt, N, D, Fl);
-        be->add_to(dxb, dxb, dtmp, ND);
-        lora_backward(m, a, sink, l, LORA_GATE, a->dgate, Fl, xb2, D, dxb);
-        lora_backward(m, a, sink, l, LORA_UP, a->dup, Fl, xb2, D, dxb);
+        if (c->moe != MOE_NONE) {   /* train/moe_grad.c: this rank's partial d xb2 */
+            moe_backward(m, l, xb2, N, dx, dxb, g);
+        } else {
+            be->matmul_backward(a->dact, g->w_down, NULL, dx, la->act, w->w_down, wt, N, Fl, D);
+            lora_backward(m, a, sink, l, LORA_DOWN, dx, D, la->act, Fl, a->dact);
+            be->swiglu_backward(a->dgate, a->dup, a->dact, la->gate, la->up, (size_t)N * Fl);
+            be->matmul_backward(dxb, g->w_gate, NULL, a->dgate, xb2, w->w_gate, wt, N, D, Fl);
+            be->matmul_backward(dtmp, g->w_up, NULL, a->dup, xb2, w->w_up, wt, N, D, Fl);
+            be->add_to(dxb, dxb, dtmp, ND);
+            lora_backward(m, a, sink, l, LORA_GATE, a->dgate, Fl, xb2, D, dxb);
+            lora_backward(m, a, sink, l, LORA_UP, a->dup, Fl, xb2, D, dxb);
+        }
         tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
         be->rmsnorm_backward(dtmp, g->mlp_norm, dxb, x_mid, w->mlp_norm, wt, N, D, c->norm_eps);
         be->add_to(dx, dx, dtmp, ND);                                                           /* now d(x_mid) */

@@ -165,6 +165,12 @@ const float *train_outputs(Model *m, TrainActs *a, const int *targets, float tem
  * train_tied_embedding_all_reduce. */
 float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook, GradSink *grads);
 
+/* A MoE layer's MLP block backward (train/moe_grad.c): from dout (N, D), the gradient of the block's
+ * output (the same on every tp rank), and xb (N, D) its input, dxb (N, D) = this tp rank's partial of
+ * d xb (the caller sums it over tp) and the block's weight gradients added into g (a NULL tensor:
+ * frozen). Reruns the block's forward (the same bits). Host buffers (the CPU backend). */
+void moe_backward(const Model *m, int l, const float *xb, int N, const float *dout, float *dxb, LayerWeights *g);
+
 /* Forward only (after train_forward): the summed cross-entropy of every position with a target
  * (>= 0), unweighted, on the last stage (0 elsewhere: the caller shares a total once). */
 double train_eval_loss_sum(Model *m, TrainActs *a, const int *targets);
