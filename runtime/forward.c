@@ -21,8 +21,9 @@
  * the final xb, the attention output, silu(gate) * up), so each product of a matmul is a product of
  * two bf16 values, exact in fp32, summed in fp32: the function torch.autocast(bfloat16) computes,
  * and the one a bf16 GEMM on a GPU computes. Everything else stays fp32: the residual stream (x_in,
- * x_mid, the embedding's rows), RMSNorm's statistics, q/k/v and RoPE, attention scores, softmax
- * and the KV cache, the matmuls' outputs and their tp sums, logits, log-softmax, logprobs, values.
+ * x_mid, the embedding's rows), RMSNorm's statistics, q/k/v, Qwen3's per-head q/k norms and RoPE,
+ * attention scores, softmax and the KV cache, the matmuls' outputs and their tp sums, logits,
+ * log-softmax, logprobs, values.
  * Training keeps the rounded values (they are what each matmul read), so its gradients are those
  * of exactly this function; the rounding's own gradient is the identity (autocast's cast). */
 #include "runtime/model.h"

@@ -4,7 +4,7 @@
 # step. Parity with transformers' own Qwen3 (logprobs, greedy, gradients) is in eval.bats,
 # generate.bats, grad.bats and bf16_fidelity.bats on tests/fixtures/models/qwen3_tiny; here the model
 # is a random LLaMA of convert's with tok512 made Qwen3 by tests/fixtures/qwen3/to_qwen3.py (q_norm /
-# k_norm weights 1 + 0.3 N(0, 1), so a skipped norm changes every number).
+# k_norm weights 1 + 0.3 N(0, 1), so a skipped norm changes every number), and the window rule on qwen3_tiny.
 load helpers
 
 setup_file() {
@@ -113,4 +113,28 @@ tensor() { "$HFPY" -c "import sys, json; from safetensors.numpy import load_file
         --rollout-batch-size 2 --max-new-tokens 8 --steps 1 --kl-coef 0 --actor-lr 3e-4 --dtype bf16 --actor-tp 2 --actor-pp 2 --out "$BATS_TEST_TMPDIR/ppo"
     [ "$status" -eq 0 ]
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/ppo/metrics.jsonl" -c)" = "[0]" ]
+}
+
+@test "qwen3 sliding window: Qwen2's opt-in rule (use_sliding_window; layers >= max_window_layers); off by default even with sliding_window set" {
+    # qwen3_tiny's config.json has sliding_window 4096 with use_sliding_window false: full attention
+    # (its HF parity is eval.bats'). Opted in with a window of 4 from layer 1, the first 4 positions
+    # (inside every window) keep their logprobs to the bit and every later one moves.
+    d="$BATS_TEST_TMPDIR/w"; mkdir -p "$d"
+    cp "$FIX/models/qwen3_tiny/model.safetensors" "$d/"
+    jq '.use_sliding_window = true | .sliding_window = 4 | .max_window_layers = 1' "$FIX/models/qwen3_tiny/config.json" > "$d/config.json"
+    run "$TANDEM" eval --dtype fp32 --model "$FIX/models/qwen3_tiny" --reference "$FIX/refs/qwen3_tiny.jsonl" --write-reference "$BATS_TEST_TMPDIR/full.jsonl" --quiet
+    [ "$status" -eq 0 ]
+    jq -c 'del(.greedy_ids, .greedy_top_logprobs)' "$FIX/refs/qwen3_tiny.jsonl" > "$BATS_TEST_TMPDIR/nogreedy.jsonl"
+    run "$TANDEM" eval --dtype fp32 --model "$d" --reference "$BATS_TEST_TMPDIR/nogreedy.jsonl" --write-reference "$BATS_TEST_TMPDIR/win.jsonl" \
+        --max-logprob-diff 1e30 --quiet
+    [ "$status" -eq 0 ]
+    # per record and position: the top-1 logprob with and without the window
+    jq -n --slurpfile a "$BATS_TEST_TMPDIR/full.jsonl" --slurpfile b "$BATS_TEST_TMPDIR/win.jsonl" -e '
+        [range($a | length) as $r | range($a[$r].top_logprobs | length) as $t
+         | {t: $t, d: (($a[$r].top_logprobs[$t][0][1] - $b[$r].top_logprobs[$t][0][1]) | fabs)}]
+        | (map(select(.t < 4) | .d) | max == 0) and (map(select(.t >= 4) | .d) | min > 0)'
+    # max_window_layers = num_hidden_layers: no layer at or above it, full attention everywhere
+    jq '.max_window_layers = 2' "$d/config.json" > "$d/c2" && mv "$d/c2" "$d/config.json"
+    run "$TANDEM" eval --dtype fp32 --model "$d" --reference "$BATS_TEST_TMPDIR/full.jsonl" --max-logprob-diff 0 --quiet
+    [ "$status" -eq 0 ]
 }
