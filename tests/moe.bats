@@ -164,13 +164,16 @@ MOE="mixtral_tiny qwen2_moe_tiny qwen3_moe_tiny"
 # 1x1 (other summation orders of the same gradients), --recompute full bit for bit; the checkpoint
 # is an HF directory transformers loads (Mixtral, Qwen2-MoE in the .venv's 4.47.1) and computes
 # Tandem's logprobs from (1e-4, as eval's parity), so the experts' and routers' names go out as in.
-moe_sft() { # KIND
+moe_model() { # KIND: $BATS_TEST_TMPDIR/KIND, and the rev data beside it
     need_assets; need_hfpy
-    local t="$BATS_TEST_TMPDIR" M="$BATS_TEST_TMPDIR/$1"
-    make_rev_data "$t"
+    make_rev_data "$BATS_TEST_TMPDIR"
     "$TANDEM" convert --from random --shape 64,256,2,4,2,512,64 --tokenizer "$ASSETS/models/stories260K/tok512.model" \
-        --seed 1 --out "$t/llama" 2>/dev/null
-    "$HFPY" "$FIX/moe/to_moe.py" "$t/llama" "$M" $1
+        --seed 1 --out "$BATS_TEST_TMPDIR/llama" 2>/dev/null
+    "$HFPY" "$FIX/moe/to_moe.py" "$BATS_TEST_TMPDIR/llama" "$BATS_TEST_TMPDIR/$1" $1
+}
+moe_sft() { # KIND
+    moe_model $1
+    local t="$BATS_TEST_TMPDIR" M="$BATS_TEST_TMPDIR/$1"
     A="--data $t/rev_train.jsonl --seq-len 32 --batch-size 8 --micro-batches 2 --max-steps 4 --lr 3e-3"
     run timeout 120 "$TANDEM" sft --model "$M" $A --out "$t/one"
     [ "$status" -eq 0 ]
@@ -211,13 +214,25 @@ close() { # A B REL: the two loss columns within REL relative, same count
     moe_sft qwen3_moe
 }
 
+# The rollout's logprobs (generate's engine, the KV cache, batches of any shape) are the training
+# forward's bit for bit with a MoE actor: the routing is a function of the token alone (dropless,
+# fixed-order combine), the same in both, so no routing replay is needed
+@test "moe ppo: GRPO steps with a Qwen3-MoE actor: rollout logprobs == training logprobs (diff 0), fp32 at 1x1, bf16 at actor tp 2 x pp 2" {
+    moe_model qwen3_moe
+    A=(--actor "$BATS_TEST_TMPDIR/qwen3_moe" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2
+       --rollout-batch-size 2 --max-new-tokens 8 --steps 2 --kl-coef 0 --actor-lr 3e-4)
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --out "$BATS_TEST_TMPDIR/one"
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/one/metrics.jsonl" -c)" = "[0]" ]
+    run timeout 180 $MPIRUN 4 "$TANDEM" ppo "${A[@]}" --dtype bf16 --actor-tp 2 --actor-pp 2 --out "$BATS_TEST_TMPDIR/tp"
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/tp/metrics.jsonl" -c)" = "[0]" ]
+}
+
 @test "moe: sequence parallel and LoRA are refused with one line" {
-    need_assets
+    moe_model mixtral
     local t="$BATS_TEST_TMPDIR"
-    make_rev_data "$t"
-    "$TANDEM" convert --from random --shape 64,256,2,4,2,512,64 --tokenizer "$ASSETS/models/stories260K/tok512.model" \
-        --seed 1 --out "$t/llama" 2>/dev/null
-    "$HFPY" "$FIX/moe/to_moe.py" "$t/llama" "$t/m" mixtral
+    mv "$t/mixtral" "$t/m"
     run "$TANDEM" sft --model "$t/m" --data "$t/rev_train.jsonl" --seq-len 32 --batch-size 8 --max-steps 1 --lora-r 4 --out "$t/l"
     echo "$output"
     [ "$status" -ne 0 ]; grep -q '^tandem: model_type mixtral: LoRA adapters on a Mixture-of-Experts model are not supported yet$' <<<"$output"
