@@ -103,6 +103,8 @@ typedef struct {
     float *lora_tmp; /* with LoRA: (N, max(D, F_local, H_local Dh)) scratch: an adapter's term before it is added */
     uint64_t lora_key; /* LoRA dropout's key of this micro-batch (lora_micro_key), 0: none (inference, eval) */
     float *lora_xd;  /* with lora_key: (N, max(D, F_local, H_local Dh)) the dropped-out input */
+    double *moe_stats; /* MoE, training's forward: (2 E) += each expert's choices (N k in all) and its summed
+                        * routing probability over the rows, every local layer (the load-balancing loss); NULL */
 } LayerBatch;
 
 /* The buffers model_target_logprobs works in, the backend's memory, `rows` rows each: a run
@@ -283,8 +285,9 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
 void model_head(const Model *m, const LayerBatch *sp, float *out, float *xb, const float *x, int R);
 /* A MoE layer's MLP block (runtime/moe.c): out (N, D) = the routed experts' weighted outputs (+ the
  * shared expert's), summed over tp (the same on every tp rank), from xb (N, D) = the rounded
- * rmsnorm(x_mid) * mlp_norm of every row. Host buffers (the CPU backend). */
-void moe_forward(const Model *m, int l, const float *xb, int N, float *out);
+ * rmsnorm(x_mid) * mlp_norm of every row; stats (2 E) NULL or LayerBatch.moe_stats. Host buffers
+ * (the CPU backend). */
+void moe_forward(const Model *m, int l, const float *xb, int N, float *out, double *stats);
 /* The tp sum of a row-parallel output or any partials that feed a logprob, value or loss: the
  * ranks' partials added by one fixed tree (comm_all_reduce_sum_fixed), the same bits at any batch. */
 void model_tp_sum(const Model *m, float *buf, size_t n);

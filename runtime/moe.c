@@ -139,8 +139,12 @@ void moe_run_free(MoeRun *r) {
     memset(r, 0, sizeof *r);
 }
 
-void moe_forward(const Model *m, int l, const float *xb, int N, float *out) {
+void moe_forward(const Model *m, int l, const float *xb, int N, float *out, double *stats) {
     MoeRun r = {0};
     moe_run(m, l, xb, N, &r, out);
+    int E = m->cfg.n_experts, k = m->cfg.n_experts_tok;
+    for (int i = 0; stats && i < N * k; i++) stats[r.sel[i]] += 1.0;
+    for (int t = 0; stats && t < N; t++)
+        for (int e = 0; e < E; e++) stats[E + e] += r.p[(size_t)t * E + e];
     moe_run_free(&r);
 }

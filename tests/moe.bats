@@ -155,7 +155,7 @@ MOE="mixtral_tiny qwen2_moe_tiny qwen3_moe_tiny"
             grep -qE 'gate.weight .* max\|ref\| 0\.[1-9]' <<<"$output"   # the router's gradient is checked, not zero
         done
     done
-    [ "$(cat "$FIX"/moe/*.grad.json | wc -c)" -lt 2100000 ]   # three fixtures, 1.9 MB
+    [ "$(cat "$FIX"/moe/*.grad.json | wc -c)" -lt 2600000 ]   # four fixtures, 2.5 MB
 }
 
 # sft through the trainer on a MoE with a tokenizer: a random LLaMA of convert's with tok512 whose
@@ -240,4 +240,43 @@ close() { # A B REL: the two loss columns within REL relative, same count
         --tp 2 --sequence-parallel --out "$t/s"
     echo "$output"
     [ "$status" -ne 0 ]; grep -q 'tandem: --sequence-parallel: not supported with a Mixture-of-Experts model (model_type mixtral) yet' <<<"$output"
+}
+
+# HF's load-balancing loss (config.json's output_router_logits: transformers' *ForCausalLM adds
+# router_aux_loss_coef x load_balancing_loss_func to the loss): the fixture's loss and gradients are
+# transformers' own on the padded batch of both sequences (attention_mask: the padding counts in
+# neither), so the loss checks the aux value and every gradient its derivative through the routers'
+# softmax; without the term (the same fixture, moe_aux_coef removed) they must fail
+@test "moe: the load-balancing loss and its gradients equal transformers' Qwen2-MoE with output_router_logits, at 1x1 and tp 2" {
+    f=qwen2_moe_tiny fx="$FIX/moe/qwen2_moe_tiny.aux.grad.json"
+    [ "$(jq '.moe_aux_coef > 0 and .aux_loss > 1' "$fx")" = true ]
+    run timeout 60 "$ROOT/build/tests/test_grad" "$FIX/models/$f" "$fx"
+    echo "$output" | grep -E 'loss|worst|ok:'
+    [ "$status" -eq 0 ]; grep -q 'ok: grad' <<<"$output"
+    run_ranks 120 2 "$ROOT/build/tests/test_grad" "$FIX/models/$f" "$fx" 2 1
+    [ "$status" -eq 0 ]; [ "$(grep -c 'ok: grad' <<<"$output")" -eq 2 ]
+    jq -c 'del(.moe_aux_coef)' "$fx" > "$BATS_TEST_TMPDIR/noaux.json"
+    run timeout 60 "$ROOT/build/tests/test_grad" "$FIX/models/$f" "$BATS_TEST_TMPDIR/noaux.json"
+    [ "$status" -ne 0 ]; grep -q 'loss .* FAIL' <<<"$output"
+}
+
+# in sft: the step's loss is the cross-entropy + coef x the micro-batches' mean aux (step 1: the
+# same weights as without the term, so loss = the plain run's + coef x moe_aux_loss), reported as
+# moe_aux_loss; off without output_router_logits (the default of the released checkpoints); pp > 1
+# refused (HF's loss needs every layer's routing at once)
+@test "moe sft: output_router_logits adds router_aux_loss_coef x the load-balancing loss (moe_aux_loss in the metrics); pp 2 refused" {
+    moe_model qwen2_moe
+    local t="$BATS_TEST_TMPDIR"
+    cp -r "$t/qwen2_moe" "$t/qa"
+    jq '. + {"output_router_logits": true, "router_aux_loss_coef": 0.5}' "$t/qwen2_moe/config.json" > "$t/qa/config.json"
+    A="--data $t/rev_train.jsonl --seq-len 32 --batch-size 8 --micro-batches 2 --max-steps 2 --lr 3e-3"
+    "$TANDEM" sft --model "$t/qwen2_moe" $A --out "$t/plain" 2>/dev/null
+    "$TANDEM" sft --model "$t/qa" $A --out "$t/aux" 2>/dev/null
+    run ! grep -q moe_aux_loss "$t/plain/metrics.jsonl"
+    jq -e -n --slurpfile p "$t/plain/metrics.jsonl" --slurpfile a "$t/aux/metrics.jsonl" \
+        '($a[0].moe_aux_loss > 1.5) and (($a[0].loss - $p[0].loss - 0.5 * $a[0].moe_aux_loss) | fabs < 1e-5 * $a[0].loss)
+         and ($a[1].loss != $p[1].loss)'
+    run timeout 60 $MPIRUN 2 "$TANDEM" sft --model "$t/qa" $A --pp 2 --out "$t/pp"
+    echo "$output"
+    [ "$status" -ne 0 ]; grep -q "tandem: --pp 2: the router's load-balancing loss (config.json output_router_logits, model_type qwen2_moe) needs every layer's routing on one stage" <<<"$output"
 }

@@ -39,6 +39,9 @@ typedef struct {
                               some rank of the mesh, "the gradient norm") and the step was NOT applied
                               (weights, moments and the optimizer's step count are as before it):
                               the caller stops the run */
+    float moe_aux;         /* MoE with config.json's output_router_logits: the mean over this rank's
+                              micro-batches of HF's load-balancing loss (unscaled; TrainActs.moe_aux_coef),
+                              in the loss times router_aux_loss_coef; else 0 */
 } LearnerStep;
 
 /* Sizes everything up front: slots for micro-batches of up to max_tokens tokens (max_seq per

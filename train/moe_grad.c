@@ -15,6 +15,7 @@
  *                                          norm_topk w_j = p_ej / S, S = sum_i p_ei, so
  *                                          d p_ej = (d w_j - sum_i d w_i w_i) / S
  *   d logits = p * (d p - sum_e p_e d p_e)   (softmax), router: d R += d logits^T xb
+ * and the load-balancing loss (TrainActs.moe_aux_coef) adds its d p_e (aux_dp) for every token and e.
  * Tensor parallel: each expert's slice gets its gradient from d y_j (whole on every rank: the tp
  * sum's backward is the identity) and gives this rank's partial of d xb, which the caller sums over
  * tp (the "copy" backward). The router and the shared gate are replicated and their d logits are
@@ -28,7 +29,7 @@
 #include <string.h>
 
 /* d logits (N, E) of the router from d w (N, k) (see the top) */
-static void router_dlogits(const ModelConfig *c, const MoeRun *r, const float *dw, float *dlog) {
+static void router_dlogits(const ModelConfig *c, const MoeRun *r, const float *dw, const float *aux_dp, float *dlog) {
     int E = c->n_experts, k = c->n_experts_tok;
     for (int t = 0; t < r->N; t++) {
         const float *p = r->p + (size_t)t * E, *w = r->w + t * k, *dwt = dw + t * k;
@@ -42,6 +43,7 @@ static void router_dlogits(const ModelConfig *c, const MoeRun *r, const float *d
         } else {
             for (int j = 0; j < k; j++) dl[sel[j]] = dwt[j];
         }
+        for (int e = 0; aux_dp && e < E; e++) dl[e] += aux_dp[e];   /* the load-balancing loss's, every e */
         for (int e = 0; e < E; e++) dot += p[e] * dl[e];
         for (int e = 0; e < E; e++) dl[e] = p[e] * (dl[e] - dot);
     }
@@ -73,7 +75,8 @@ static void shared_backward(const Model *m, const LayerWeights *w, LayerWeights 
     free(dys); free(ds); free(da); free(dg); free(du); free(dx);
 }
 
-void moe_backward(const Model *m, int l, const float *xb, int N, const float *dout, float *dxb, LayerWeights *g) {
+void moe_backward(const Model *m, int l, const float *xb, int N, const float *dout, float *dxb, LayerWeights *g,
+                  const float *aux_dp) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerWeights *w = &m->w.layers[l];
@@ -118,7 +121,7 @@ void moe_backward(const Model *m, int l, const float *xb, int N, const float *do
             for (int x = 0; x < D; x++) d[x] += s[x];
         }
     }
-    router_dlogits(c, &r, dw, dlog);
+    router_dlogits(c, &r, dw, aux_dp, dlog);
     be->matmul_backward(tmp, g->router, NULL, dlog, xb, w->router, wt, N, D, E);        /* replicated */
     if (m->mesh->tp_rank == 0) be->add_to(dxb, dxb, tmp, ND);
     if (c->shared_dim) shared_backward(m, w, g, &r, xb, dout, dxb);
