@@ -186,6 +186,8 @@ moe_sft() { # KIND
     [ "$status" -eq 0 ]
     echo "1x1: $(losses "$t/one" | tr '\n' ' ')"
     for o in tp z3; do echo "$o: $(losses "$t/$o" | tr '\n' ' ')"; close "$t/one" "$t/$o" 1e-5; done
+    # step 1's routing is 1x1's at every layout (the same weights, the same bits): the same expert load
+    for o in tp z3; do [ "$(jq -s -c '.[0] | [.moe_load_max, .moe_load_min]' "$t/$o/metrics.jsonl")" = "$(jq -s -c '.[0] | [.moe_load_max, .moe_load_min]' "$t/one/metrics.jsonl")" ]; done
     [ "$(losses "$t/one" | tail -1 | awk '{ print ($1 < 6.0) }')" = 1 ]   # it learns (6.24 at step 1)
     ck="$t/one/checkpoint-4"
     [ "$(jq -r .model_type "$ck/config.json")" = $1 ]
@@ -264,7 +266,7 @@ close() { # A B REL: the two loss columns within REL relative, same count
 # same weights as without the term, so loss = the plain run's + coef x moe_aux_loss), reported as
 # moe_aux_loss; off without output_router_logits (the default of the released checkpoints); pp > 1
 # refused (HF's loss needs every layer's routing at once)
-@test "moe sft: output_router_logits adds router_aux_loss_coef x the load-balancing loss (moe_aux_loss in the metrics); pp 2 refused" {
+@test "moe sft: output_router_logits adds router_aux_loss_coef x the load-balancing loss (moe_aux_loss in the metrics); the experts' load in the metrics; pp 2 refused" {
     moe_model qwen2_moe
     local t="$BATS_TEST_TMPDIR"
     cp -r "$t/qwen2_moe" "$t/qa"
@@ -273,6 +275,8 @@ close() { # A B REL: the two loss columns within REL relative, same count
     "$TANDEM" sft --model "$t/qwen2_moe" $A --out "$t/plain" 2>/dev/null
     "$TANDEM" sft --model "$t/qa" $A --out "$t/aux" 2>/dev/null
     run ! grep -q moe_aux_loss "$t/plain/metrics.jsonl"
+    # the experts' load (every step, with or without the term): the busiest / idlest expert's share x E
+    jq -e -s 'map(.moe_load_max >= 1 and .moe_load_min <= 1 and .moe_load_min >= 0) | all and length == 2' "$t/plain/metrics.jsonl"
     jq -e -n --slurpfile p "$t/plain/metrics.jsonl" --slurpfile a "$t/aux/metrics.jsonl" \
         '($a[0].moe_aux_loss > 1.5) and (($a[0].loss - $p[0].loss - 0.5 * $a[0].moe_aux_loss) | fabs < 1e-5 * $a[0].loss)
          and ($a[1].loss != $p[1].loss)'

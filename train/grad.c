@@ -125,6 +125,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     if (c->moe != MOE_NONE) {
         a->moe_stats = xcalloc(2 * (size_t)c->n_experts, sizeof(double));
         a->moe_aux_dp = xcalloc((size_t)c->n_experts, sizeof(float));
+        a->moe_load = xcalloc((size_t)c->n_experts, sizeof(double));
     }
     a->ids = m->be->alloc(sizeof(int) * (N ? 3 * N : 1));
     a->iarena = xmalloc(sizeof(int) * (3 * N + 1));
@@ -162,6 +163,7 @@ void train_acts_free(TrainActs *a) {
     free(a->iarena);
     free(a->moe_stats);
     free(a->moe_aux_dp);
+    free(a->moe_load);
     free(a->layers);
     free(a->packed);
     memset(a, 0, sizeof(*a));
@@ -229,6 +231,7 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
         layer_forward(m, a, l, l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final);
     }
     a->lb.moe_stats = NULL;   /* counted once: not again by recompute's layer forwards */
+    for (int e = 0; a->moe_stats && e < c->n_experts; e++) a->moe_load[e] += a->moe_stats[e];
 
     if (!m->is_last) {
         comm_isend(pp, a->x_final, sizeof(float) * (hi - lo) * D, pp->rank + 1, &a->send_req);  /* to stage s+1 */

@@ -145,6 +145,8 @@ typedef struct {
      * moe_aux_sum: the aux losses (unscaled) of this slot's micro-batches since the caller zeroed it */
     float moe_aux_coef;
     double *moe_stats;
+    double *moe_load;          /* MoE (host, E): += each expert's choices in the local layers of every
+                                * train_forward (the step's routing statistics; the caller zeroes it) */
     float *moe_aux_dp;
     double moe_aux_sum;
 } TrainActs;

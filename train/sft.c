@@ -34,9 +34,12 @@ static int sft_step_metrics(void *ctx, const LearnerStep *r, const Step *st, Met
     double v[2] = {r->loss, r->moe_aux};
     comm_all_reduce_sum_f64(&mesh->dp_comm, v, 2);
     out[0] = (Metric){"loss", (float)(v[0] / mesh->dp), "loss %.4f"};
-    if (m->cfg.moe == MOE_NONE || !m->cfg.output_router_logits) return 1;
-    out[1] = (Metric){"moe_aux_loss", (float)(v[1] / mesh->dp), "aux %.4f"};
-    return 2;
+    if (m->cfg.moe == MOE_NONE) return 1;
+    int n = 1;   /* MoE: the experts' load (learner.h), and the balance loss when it is trained */
+    out[n++] = (Metric){"moe_load_max", r->moe_load_max, "load max %.2f"};
+    out[n++] = (Metric){"moe_load_min", r->moe_load_min, "min %.2f"};
+    if (m->cfg.output_router_logits) out[n++] = (Metric){"moe_aux_loss", (float)(v[1] / mesh->dp), "aux %.4f"};
+    return n;
 }
 
 /* Mean next-token loss over the whole eval set (forward only), spread over dp ranks. */
