@@ -60,13 +60,18 @@ typedef struct {
     int qkv_bias;        /* 1: q/k/v biases always; 0: as "attention_bias" says (default false) */
     WindowRule window;
     int qk_norm;         /* 1: RMSNorm of each q and k head (q_norm / k_norm, (Dh) each) before RoPE */
+    MoeKind moe;         /* the MoE MLP's kind (read_moe), MOE_NONE: dense */
+    int shared_expert;   /* 1: a sigmoid-gated shared expert beside the routed ones (qwen2_moe) */
 } Family;
 
 static const Family FAMILIES[] = {
-    {"llama",   0, WINDOW_NONE,       0},
-    {"mistral", 0, WINDOW_ALL_LAYERS, 0},
-    {"qwen2",   1, WINDOW_OPT_IN,     0},
-    {"qwen3",   0, WINDOW_OPT_IN,     1},
+    {"llama",     0, WINDOW_NONE,       0, MOE_NONE,    0},
+    {"mistral",   0, WINDOW_ALL_LAYERS, 0, MOE_NONE,    0},
+    {"qwen2",     1, WINDOW_OPT_IN,     0, MOE_NONE,    0},
+    {"qwen3",     0, WINDOW_OPT_IN,     1, MOE_NONE,    0},
+    {"mixtral",   0, WINDOW_ALL_LAYERS, 0, MOE_MIXTRAL, 0},
+    {"qwen2_moe", 1, WINDOW_OPT_IN,     0, MOE_QWEN,    1},
+    {"qwen3_moe", 0, WINDOW_OPT_IN,     1, MOE_QWEN,    0},
 };
 enum { N_FAMILIES = (int)(sizeof(FAMILIES) / sizeof(FAMILIES[0])) };
 
@@ -158,6 +163,34 @@ static void read_window(const Cfg *g, const Family *f, ModelConfig *c) {
     }
 }
 
+/* The MoE block's keys (Family.moe). Only models whose every layer is sparse are supported: Qwen's
+ * decoder_sparse_step != 1 or a non-empty mlp_only_layers (dense layers between sparse ones) are
+ * refused, as is Mixtral's training-time router_jitter_noise. */
+static void read_moe(const Cfg *g, const Family *f, ModelConfig *c) {
+    c->moe = f->moe;
+    if (f->moe == MOE_NONE) return;
+    int mixtral = f->moe == MOE_MIXTRAL;
+    c->n_experts = get_int(g, mixtral ? "num_local_experts" : "num_experts", 1, 0);
+    c->n_experts_tok = get_int(g, "num_experts_per_tok", 1, 0);
+    c->moe_dim = mixtral ? c->hidden_dim : get_int(g, "moe_intermediate_size", 1, 0);
+    c->shared_dim = f->shared_expert ? get_int(g, "shared_expert_intermediate_size", 1, 0) : 0;
+    c->norm_topk = mixtral ? 1 : get_bool(g, "norm_topk_prob", 0);
+    c->router_aux_coef = get_float(g, g->root, "router_aux_loss_coef", 0, 0.001f);
+    c->output_router_logits = get_bool(g, "output_router_logits", 0);
+    if (c->n_experts < 1 || c->n_experts_tok < 1 || c->n_experts_tok > c->n_experts || c->moe_dim < 1)
+        user_error("%s: num_experts_per_tok %d must be in [1, %s %d] and the experts' intermediate size %d positive",
+                   g->path, c->n_experts_tok, mixtral ? "num_local_experts" : "num_experts", c->n_experts, c->moe_dim);
+    if (f->shared_expert && c->shared_dim < 1)
+        user_error("%s: shared_expert_intermediate_size must be positive", g->path);
+    if (!mixtral && get_int(g, "decoder_sparse_step", 0, 1) != 1)
+        user_error("%s: decoder_sparse_step != 1 (dense MLP layers between MoE layers) is not supported", g->path);
+    cJSON *dense = get(g, "mlp_only_layers");
+    if (!mixtral && dense && (!cJSON_IsArray(dense) || cJSON_GetArraySize(dense) > 0))
+        user_error("%s: a non-empty mlp_only_layers (dense MLP layers in a MoE model) is not supported", g->path);
+    if (mixtral && get_float(g, g->root, "router_jitter_noise", 0, 0.0f) != 0.0f)
+        user_error("%s: router_jitter_noise != 0 is not supported", g->path);
+}
+
 /* "eos_token_id": one id or a list (the first MAX_EOS_IDS kept). */
 static void read_eos(const Cfg *g, ModelConfig *c) {
     cJSON *eos = get(g, "eos_token_id");
@@ -219,6 +252,7 @@ void config_load(ModelConfig *c, const char *dir) {
     c->qk_norm = f->qk_norm;
     c->tie_embeddings = get_bool(&g, "tie_word_embeddings", 0);
     read_window(&g, f, c);
+    read_moe(&g, f, c);
     c->bos_id = get_int(&g, "bos_token_id", 0, -1);
     read_eos(&g, c);
     read_score_head(&g, c);

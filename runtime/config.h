@@ -1,16 +1,20 @@
 /* config.h — model hyperparameters from a Hugging Face config.json (never from flags).
- * Owns parsing and validation of config.json for model_type llama, mistral, qwen2, qwen3; anything it
+ * Owns parsing and validation of config.json for model_type llama, mistral, qwen2, qwen3 and the
+ * Mixture-of-Experts families mixtral, qwen2_moe, qwen3_moe; anything it
  * does not support is a user_error naming the key, never silently ignored. */
 #ifndef TANDEM_CONFIG_H
 #define TANDEM_CONFIG_H
 
 typedef enum { ROPE_DEFAULT = 0, ROPE_LINEAR, ROPE_LLAMA3 } RopeScaling;
+/* Which MoE MLP a family has (its tensor names and keys): none (dense), Mixtral's block_sparse_moe
+ * (w1/w3/w2, top-k always renormalised), Qwen's mlp.gate + mlp.experts (qwen2_moe: + a shared expert) */
+typedef enum { MOE_NONE = 0, MOE_MIXTRAL, MOE_QWEN } MoeKind;
 enum { MAX_EOS_IDS = 8 };
 
 typedef struct {
-    char model_type[16];   /* "llama" | "mistral" | "qwen2" | "qwen3" */
+    char model_type[16];   /* "llama" | "mistral" | "qwen2" | "qwen3" | "mixtral" | "qwen2_moe" | "qwen3_moe" */
     int dim;               /* D: hidden_size */
-    int hidden_dim;        /* F: intermediate_size */
+    int hidden_dim;        /* F: intermediate_size (a MoE model's dense MLP width: unused, every layer is sparse) */
     int n_layers;          /* L */
     int n_heads;           /* H */
     int n_heads_kv;        /* Hkv */
@@ -27,6 +31,14 @@ typedef struct {
     int tie_embeddings;
     int qkv_bias;          /* qwen2, or llama's / qwen3's attention_bias */
     int qk_norm;           /* qwen3: RMSNorm of each q and k head over Dh (q_norm, k_norm) before RoPE */
+    MoeKind moe;           /* MOE_NONE: the dense MLP on every layer; else every layer's MLP is a MoE block */
+    int n_experts;         /* E: num_local_experts (mixtral) / num_experts (qwen); 0 dense */
+    int n_experts_tok;     /* k: num_experts_per_tok */
+    int moe_dim;           /* Fe: an expert's intermediate width (mixtral intermediate_size, qwen moe_intermediate_size) */
+    int shared_dim;        /* Fs: qwen2_moe shared_expert_intermediate_size (sigmoid-gated shared expert), 0 none */
+    int norm_topk;         /* renormalise the top-k probabilities (mixtral always; qwen norm_topk_prob) */
+    float router_aux_coef; /* router_aux_loss_coef (training's load-balancing loss; read, not yet used) */
+    int output_router_logits;
     int sliding_window;    /* W, 0 = full attention */
     int window_from_layer; /* layers >= this use the window (qwen2 max_window_layers; 0 for mistral) */
     int bos_id;            /* -1 if none */

@@ -143,6 +143,12 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
     be->rmsnorm(a->xb2, a->x_mid, w->mlp_norm, wt, rows, D, c->norm_eps);
     be->round_to(a->xb2, RD, wt);                                                      /* matmul input */
     xb = sp_gather(m, b, a->xb2);                                                      /* (N, D) */
+    if (c->moe != MOE_NONE) {   /* MoE (runtime/moe.c): the output summed over tp already */
+        CHECK(!b->sp_full && !m->lora);   /* refused with MoE: train_acts_init, lora_new */
+        moe_forward(m, l, xb, N, xo, b->moe_stats);
+        be->add_to(x_out, a->x_mid, xo, RD);
+        return;
+    }
     be->matmuls(xb, N, D, (MatmulOut[]){{a->gate, w->w_gate, NULL, Fl}, {a->up, w->w_up, NULL, Fl}}, 2,
                 wt);                                                                     /* column-parallel */
     lora_add(m, b, a, l, LORA_GATE, xb, D, a->gate, Fl);
@@ -198,7 +204,7 @@ static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, in
     LayerActs a = run_acts(m, s, g0);
     size_t lw = m->lora_width;
     LayerBatch lb = {N, hi - lo, start + lo, pos + g0, s->rope + g0 * Dh, b->tables ? kv : NULL, {0}, s->xo + g0 * D,
-                     s->scratch, (size_t)m->n_heads_local * s->max_seq, NULL, 0, 0, s->lora_tmp + g0 * lw, 0, NULL};
+                     s->scratch, (size_t)m->n_heads_local * s->max_seq, NULL, 0, 0, s->lora_tmp + g0 * lw, 0, NULL, NULL};
     if (b->tables)
         lb.paged = (PagedBatch){b->tables, b->table_stride, kv->block, seq + g0, pos + g0, N, hi - lo, lo, start + lo,
                                 s->ids_host + g0};

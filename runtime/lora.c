@@ -78,6 +78,8 @@ static void lora_free(Model *m) {
 
 Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_TARGETS], uint64_t seed) {
     CHECK(!m->lora);
+    if (m->cfg.moe != MOE_NONE)   /* runtime/moe.c has no adapter path: refused, never silently ignored */
+        user_error("model_type %s: LoRA adapters on a Mixture-of-Experts model are not supported yet", m->cfg.model_type);
     const Mesh *mesh = m->mesh;
     if (r < 1) user_error("--lora-r %d: must be >= 1", r);
     if (!(alpha > 0)) user_error("--lora-alpha %g: must be > 0", alpha);

@@ -13,18 +13,18 @@
 
 /* ---- the parameter spec table ------------------------------------------------------------ */
 
-typedef enum { DIM_1 = 0, DIM_D, DIM_F, DIM_V, DIM_QD, DIM_KVD, DIM_LABELS, DIM_HD } Dim;   /* DIM_1: 1-D tensor */
+typedef enum { DIM_1 = 0, DIM_D, DIM_F, DIM_V, DIM_QD, DIM_KVD, DIM_LABELS, DIM_HD, DIM_E, DIM_FE, DIM_FS } Dim; /* DIM_1: 1-D */
 typedef enum {
     SHARD_NONE,     /* replicated on every tp rank */
     SHARD_VOCAB,    /* rows by vocab, V padded to a multiple of tp */
     SHARD_Q_ROWS,   /* rows by query heads (column-parallel q) */
     SHARD_KV_ROWS,  /* rows by kv heads; one replicated head per rank when tp > Hkv */
-    SHARD_F_ROWS,   /* rows by intermediate dim (column-parallel gate / up) */
+    SHARD_F_ROWS,   /* rows by intermediate dim (column-parallel gate / up; an expert's, the shared expert's) */
     SHARD_Q_COLS,   /* columns by query heads (row-parallel o_proj) */
-    SHARD_F_COLS,   /* columns by intermediate dim (row-parallel down_proj) */
+    SHARD_F_COLS,   /* columns by intermediate dim (row-parallel down_proj; an expert's, the shared expert's) */
 } Shard;
 typedef enum { ON_LAYER, ON_FIRST, ON_LAST } Where;
-typedef enum { IF_ALWAYS, IF_QKV_BIAS, IF_QK_NORM, IF_LM, IF_SCORE } When;   /* ties: spec_aliased, spec_source_name */
+typedef enum { IF_ALWAYS, IF_QKV_BIAS, IF_QK_NORM, IF_LM, IF_SCORE, IF_DENSE, IF_MIXTRAL, IF_QWEN_MOE, IF_SHARED } When;   /* ties: spec_aliased, spec_source_name */
 
 typedef struct {
     const char *hf_name;  /* %d = global layer index */
@@ -34,32 +34,46 @@ typedef struct {
     Dim rows, cols;       /* global shape (rows) or (rows, cols) */
     Shard shard;
     int decay;            /* AdamW weight decay applies */
+    int per_expert;       /* one tensor per routed expert (a 2nd %d in hf_name): E back to back in the arena */
 } ParamSpec;
 
 #define LW(f) offsetof(LayerWeights, f)
 #define MW(f) offsetof(ModelWeights, f)
 static const ParamSpec SPECS[] = {
-    {"model.embed_tokens.weight", ON_FIRST, IF_ALWAYS, MW(embed), DIM_V, DIM_D, SHARD_VOCAB, 1},
-    {"model.layers.%d.input_layernorm.weight", ON_LAYER, IF_ALWAYS, LW(attn_norm), DIM_D, DIM_1, SHARD_NONE, 0},
-    {"model.layers.%d.self_attn.q_proj.weight", ON_LAYER, IF_ALWAYS, LW(wq), DIM_QD, DIM_D, SHARD_Q_ROWS, 1},
-    {"model.layers.%d.self_attn.q_proj.bias", ON_LAYER, IF_QKV_BIAS, LW(bq), DIM_QD, DIM_1, SHARD_Q_ROWS, 0},
-    {"model.layers.%d.self_attn.k_proj.weight", ON_LAYER, IF_ALWAYS, LW(wk), DIM_KVD, DIM_D, SHARD_KV_ROWS, 1},
-    {"model.layers.%d.self_attn.k_proj.bias", ON_LAYER, IF_QKV_BIAS, LW(bk), DIM_KVD, DIM_1, SHARD_KV_ROWS, 0},
-    {"model.layers.%d.self_attn.v_proj.weight", ON_LAYER, IF_ALWAYS, LW(wv), DIM_KVD, DIM_D, SHARD_KV_ROWS, 1},
-    {"model.layers.%d.self_attn.v_proj.bias", ON_LAYER, IF_QKV_BIAS, LW(bv), DIM_KVD, DIM_1, SHARD_KV_ROWS, 0},
-    {"model.layers.%d.self_attn.o_proj.weight", ON_LAYER, IF_ALWAYS, LW(wo), DIM_D, DIM_QD, SHARD_Q_COLS, 1},
+    {"model.embed_tokens.weight", ON_FIRST, IF_ALWAYS, MW(embed), DIM_V, DIM_D, SHARD_VOCAB, 1, 0},
+    {"model.layers.%d.input_layernorm.weight", ON_LAYER, IF_ALWAYS, LW(attn_norm), DIM_D, DIM_1, SHARD_NONE, 0, 0},
+    {"model.layers.%d.self_attn.q_proj.weight", ON_LAYER, IF_ALWAYS, LW(wq), DIM_QD, DIM_D, SHARD_Q_ROWS, 1, 0},
+    {"model.layers.%d.self_attn.q_proj.bias", ON_LAYER, IF_QKV_BIAS, LW(bq), DIM_QD, DIM_1, SHARD_Q_ROWS, 0, 0},
+    {"model.layers.%d.self_attn.k_proj.weight", ON_LAYER, IF_ALWAYS, LW(wk), DIM_KVD, DIM_D, SHARD_KV_ROWS, 1, 0},
+    {"model.layers.%d.self_attn.k_proj.bias", ON_LAYER, IF_QKV_BIAS, LW(bk), DIM_KVD, DIM_1, SHARD_KV_ROWS, 0, 0},
+    {"model.layers.%d.self_attn.v_proj.weight", ON_LAYER, IF_ALWAYS, LW(wv), DIM_KVD, DIM_D, SHARD_KV_ROWS, 1, 0},
+    {"model.layers.%d.self_attn.v_proj.bias", ON_LAYER, IF_QKV_BIAS, LW(bv), DIM_KVD, DIM_1, SHARD_KV_ROWS, 0, 0},
+    {"model.layers.%d.self_attn.o_proj.weight", ON_LAYER, IF_ALWAYS, LW(wo), DIM_D, DIM_QD, SHARD_Q_COLS, 1, 0},
     /* qwen3: one (Dh) weight shared by every head, so replicated over tp like the other norms */
-    {"model.layers.%d.self_attn.q_norm.weight", ON_LAYER, IF_QK_NORM, LW(q_norm), DIM_HD, DIM_1, SHARD_NONE, 0},
-    {"model.layers.%d.self_attn.k_norm.weight", ON_LAYER, IF_QK_NORM, LW(k_norm), DIM_HD, DIM_1, SHARD_NONE, 0},
-    {"model.layers.%d.post_attention_layernorm.weight", ON_LAYER, IF_ALWAYS, LW(mlp_norm), DIM_D, DIM_1, SHARD_NONE, 0},
-    {"model.layers.%d.mlp.gate_proj.weight", ON_LAYER, IF_ALWAYS, LW(w_gate), DIM_F, DIM_D, SHARD_F_ROWS, 1},
-    {"model.layers.%d.mlp.up_proj.weight", ON_LAYER, IF_ALWAYS, LW(w_up), DIM_F, DIM_D, SHARD_F_ROWS, 1},
-    {"model.layers.%d.mlp.down_proj.weight", ON_LAYER, IF_ALWAYS, LW(w_down), DIM_D, DIM_F, SHARD_F_COLS, 1},
-    {"model.norm.weight", ON_LAST, IF_ALWAYS, MW(final_norm), DIM_D, DIM_1, SHARD_NONE, 0},
+    {"model.layers.%d.self_attn.q_norm.weight", ON_LAYER, IF_QK_NORM, LW(q_norm), DIM_HD, DIM_1, SHARD_NONE, 0, 0},
+    {"model.layers.%d.self_attn.k_norm.weight", ON_LAYER, IF_QK_NORM, LW(k_norm), DIM_HD, DIM_1, SHARD_NONE, 0, 0},
+    {"model.layers.%d.post_attention_layernorm.weight", ON_LAYER, IF_ALWAYS, LW(mlp_norm), DIM_D, DIM_1, SHARD_NONE, 0, 0},
+    {"model.layers.%d.mlp.gate_proj.weight", ON_LAYER, IF_DENSE, LW(w_gate), DIM_F, DIM_D, SHARD_F_ROWS, 1, 0},
+    {"model.layers.%d.mlp.up_proj.weight", ON_LAYER, IF_DENSE, LW(w_up), DIM_F, DIM_D, SHARD_F_ROWS, 1, 0},
+    {"model.layers.%d.mlp.down_proj.weight", ON_LAYER, IF_DENSE, LW(w_down), DIM_D, DIM_F, SHARD_F_COLS, 1, 0},
+    /* MoE (cfg.moe): the router replicated, each expert split over tp like the dense MLP */
+    {"model.layers.%d.block_sparse_moe.gate.weight", ON_LAYER, IF_MIXTRAL, LW(router), DIM_E, DIM_D, SHARD_NONE, 1, 0},
+    {"model.layers.%d.block_sparse_moe.experts.%d.w1.weight", ON_LAYER, IF_MIXTRAL, LW(e_gate), DIM_FE, DIM_D, SHARD_F_ROWS, 1, 1},
+    {"model.layers.%d.block_sparse_moe.experts.%d.w3.weight", ON_LAYER, IF_MIXTRAL, LW(e_up), DIM_FE, DIM_D, SHARD_F_ROWS, 1, 1},
+    {"model.layers.%d.block_sparse_moe.experts.%d.w2.weight", ON_LAYER, IF_MIXTRAL, LW(e_down), DIM_D, DIM_FE, SHARD_F_COLS, 1, 1},
+    {"model.layers.%d.mlp.gate.weight", ON_LAYER, IF_QWEN_MOE, LW(router), DIM_E, DIM_D, SHARD_NONE, 1, 0},
+    {"model.layers.%d.mlp.experts.%d.gate_proj.weight", ON_LAYER, IF_QWEN_MOE, LW(e_gate), DIM_FE, DIM_D, SHARD_F_ROWS, 1, 1},
+    {"model.layers.%d.mlp.experts.%d.up_proj.weight", ON_LAYER, IF_QWEN_MOE, LW(e_up), DIM_FE, DIM_D, SHARD_F_ROWS, 1, 1},
+    {"model.layers.%d.mlp.experts.%d.down_proj.weight", ON_LAYER, IF_QWEN_MOE, LW(e_down), DIM_D, DIM_FE, SHARD_F_COLS, 1, 1},
+    {"model.layers.%d.mlp.shared_expert.gate_proj.weight", ON_LAYER, IF_SHARED, LW(s_gate), DIM_FS, DIM_D, SHARD_F_ROWS, 1, 0},
+    {"model.layers.%d.mlp.shared_expert.up_proj.weight", ON_LAYER, IF_SHARED, LW(s_up), DIM_FS, DIM_D, SHARD_F_ROWS, 1, 0},
+    {"model.layers.%d.mlp.shared_expert.down_proj.weight", ON_LAYER, IF_SHARED, LW(s_down), DIM_D, DIM_FS, SHARD_F_COLS, 1, 0},
+    {"model.layers.%d.mlp.shared_expert_gate.weight", ON_LAYER, IF_SHARED, LW(s_router), DIM_LABELS, DIM_D, SHARD_NONE, 1, 0},
+    {"model.norm.weight", ON_LAST, IF_ALWAYS, MW(final_norm), DIM_D, DIM_1, SHARD_NONE, 0, 0},
     /* tied: the last stage reads model.embed_tokens.weight here (see spec_source_name) */
-    {"lm_head.weight", ON_LAST, IF_LM, MW(lm_head), DIM_V, DIM_D, SHARD_VOCAB, 1},
+    {"lm_head.weight", ON_LAST, IF_LM, MW(lm_head), DIM_V, DIM_D, SHARD_VOCAB, 1, 0},
     /* *ForSequenceClassification: reward models and critics (a value at every position) */
-    {"score.weight", ON_LAST, IF_SCORE, MW(score), DIM_LABELS, DIM_D, SHARD_NONE, 1},
+    {"score.weight", ON_LAST, IF_SCORE, MW(score), DIM_LABELS, DIM_D, SHARD_NONE, 1, 0},
 };
 #define N_SPECS ((int)(sizeof(SPECS) / sizeof(SPECS[0])))
 
@@ -73,6 +87,9 @@ static int64_t dim_size(const Model *m, Dim d) {
     case DIM_KVD: return (int64_t)c->n_heads_kv * c->head_dim;
     case DIM_LABELS: return 1;
     case DIM_HD: return c->head_dim;
+    case DIM_E: return c->n_experts;
+    case DIM_FE: return c->moe_dim;
+    case DIM_FS: return c->shared_dim;
     default: return 0;
     }
 }
@@ -84,6 +101,10 @@ static int spec_in_model(const Model *m, const ParamSpec *p) {
     case IF_QK_NORM: return m->cfg.qk_norm;
     case IF_LM: return m->head == HEAD_LM;
     case IF_SCORE: return m->head == HEAD_SCORE;
+    case IF_DENSE: return m->cfg.moe == MOE_NONE;
+    case IF_MIXTRAL: return m->cfg.moe == MOE_MIXTRAL;
+    case IF_QWEN_MOE: return m->cfg.moe == MOE_QWEN;
+    case IF_SHARED: return m->cfg.shared_dim > 0;
     default: return 1;
     }
 }
@@ -121,14 +142,18 @@ static void spec_block(const Model *m, const ParamSpec *p, int64_t *r0, int64_t 
         *nr = (int64_t)m->n_heads_kv_local * Dh;
         break;
     }
-    case SHARD_F_ROWS: *nr = m->hidden_local; *r0 = (int64_t)tr * m->hidden_local; break;
+    case SHARD_F_ROWS: *nr /= m->mesh->tp; *r0 = tr * *nr; break;
     case SHARD_Q_COLS: *nc = (int64_t)m->n_heads_local * Dh; *c0 = tr * *nc; break;
-    case SHARD_F_COLS: *nc = m->hidden_local; *c0 = (int64_t)tr * m->hidden_local; break;
+    case SHARD_F_COLS: *nc /= m->mesh->tp; *c0 = tr * *nc; break;
     }
 }
 
-/* Calls fn for every (spec, local layer) present on this rank, in arena order. */
-typedef void (*SpecFn)(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx);
+/* tensors a spec has per layer: E for a per-expert spec, else 1 */
+static int spec_copies(const Model *m, const ParamSpec *p) { return p->per_expert ? m->cfg.n_experts : 1; }
+
+/* Calls fn for every (spec, local layer, expert) present on this rank, in arena order; expert -1 for
+ * a spec that is not per expert. A per-expert spec's slot is its expert 0's: the E follow it. */
+typedef void (*SpecFn)(Model *m, const ParamSpec *p, int layer, int expert, void **slot, size_t numel, void *ctx);
 static void for_each_param(Model *m, SpecFn fn, void *ctx) {
     for (int i = 0; i < N_SPECS; i++) {
         const ParamSpec *p = &SPECS[i];
@@ -137,23 +162,25 @@ static void for_each_param(Model *m, SpecFn fn, void *ctx) {
         spec_block(m, p, &r0, &nr, &c0, &nc);
         size_t numel = (size_t)nr * (size_t)nc;
         if (p->where != ON_LAYER) {
-            fn(m, p, -1, (void **)((char *)&m->w + p->offset), numel, ctx);
+            fn(m, p, -1, -1, (void **)((char *)&m->w + p->offset), numel, ctx);
             continue;
         }
         for (int l = 0; l < m->n_layers_local; l++)
-            fn(m, p, m->layer_start + l, (void **)((char *)&m->w.layers[l] + p->offset), numel, ctx);
+            for (int e = 0; e < spec_copies(m, p); e++)
+                fn(m, p, m->layer_start + l, p->per_expert ? e : -1, (void **)((char *)&m->w.layers[l] + p->offset),
+                   numel, ctx);
     }
 }
 
-static void count_param(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx) {
-    (void)layer; (void)slot;
+static void count_param(Model *m, const ParamSpec *p, int layer, int expert, void **slot, size_t numel, void *ctx) {
+    (void)layer; (void)expert; (void)slot;
     if (!spec_aliased(m, p)) *(size_t *)ctx += numel;
 }
-static void place_param(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx) {
+static void place_param(Model *m, const ParamSpec *p, int layer, int expert, void **slot, size_t numel, void *ctx) {
     (void)layer;
     size_t *off = ctx;
     if (spec_aliased(m, p)) { *slot = m->w.embed; return; }
-    *slot = (char *)m->params + *off * dtype_size(m->dtype);
+    if (expert <= 0) *slot = (char *)m->params + *off * dtype_size(m->dtype);
     *off += numel;
 }
 /* Every tensor of the whole model, all stages and all tp shards, by name and full shape, before
@@ -166,9 +193,9 @@ static void check_tensors(const Model *m, const SafeTensors *st) {
         const ParamSpec *p = &SPECS[i];
         if (!spec_in_model(m, p) || (p->when == IF_SCORE && m->score_seed)) continue;
         int64_t rows = dim_size(m, p->rows), cols = p->cols ? dim_size(m, p->cols) : 0;
-        for (int l = 0; l < (p->where == ON_LAYER ? m->cfg.n_layers : 1); l++) {
+        for (int le = 0; le < (p->where == ON_LAYER ? m->cfg.n_layers : 1) * spec_copies(m, p); le++) {
             char name[256];
-            snprintf(name, sizeof(name), spec_source_name(m, p), l);
+            snprintf(name, sizeof(name), spec_source_name(m, p), le / spec_copies(m, p), le % spec_copies(m, p));
             if (!st_find(st, name) && p->offset == MW(lm_head) && !m->cfg.tie_embeddings)
                 user_error("%s: tensor lm_head.weight not found and config.json says tie_word_embeddings is false",
                            st->files[0].path);
@@ -199,11 +226,11 @@ typedef struct {
     size_t cap;   /* bytes */
 } Loader;
 
-static void load_param(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx) {
+static void load_param(Model *m, const ParamSpec *p, int layer, int expert, void **slot, size_t numel, void *ctx) {
     if (spec_aliased(m, p)) return;
     Loader *ld = ctx;
     size_t bytes = numel * dtype_size(m->dtype);
-    void *dst = *slot;
+    void *at = (char *)*slot + (expert > 0 ? (size_t)expert * bytes : 0), *dst = at;   /* expert e: the e-th after the slot */
     if (m->be->owns) {   /* memory the host cannot touch */
         if (bytes > ld->cap) { free(ld->stage); ld->stage = xmalloc(bytes); ld->cap = bytes; }
         dst = ld->stage;
@@ -216,11 +243,11 @@ static void load_param(Model *m, const ParamSpec *p, int layer, void **slot, siz
             else ((float *)dst)[i] = w[i];
         }
         free(w);
-        m->be->to_device(*slot, dst, bytes);
+        m->be->to_device(at, dst, bytes);
         return;
     }
     char name[256];
-    snprintf(name, sizeof(name), spec_source_name(m, p), layer);
+    snprintf(name, sizeof(name), spec_source_name(m, p), layer, expert);
     int64_t r0, nr, c0, nc;
     spec_block(m, p, &r0, &nr, &c0, &nc);
     st_read_block(ld->st, name, dim_size(m, p->rows), p->cols ? dim_size(m, p->cols) : 0, r0, nr, c0, nc, dst,
@@ -239,7 +266,7 @@ static void load_param(Model *m, const ParamSpec *p, int layer, void **slot, siz
         rank_error("%s: tensor %s holds a non-finite value (%s%s = %g): refusing to load it (a diverged run's "
                    "checkpoint? use an earlier one)", st->files[st_find(st, name)->file].path, name, name, at, wi);
     }
-    m->be->to_device(*slot, dst, bytes);   /* nothing on the CPU: dst is the slot */
+    m->be->to_device(at, dst, bytes);   /* nothing on the CPU: dst is the slot */
 }
 
 typedef struct {
@@ -252,20 +279,22 @@ typedef struct {
     size_t layers_at;     /* arena offset of the first layer tensor (SIZE_MAX until met) */
 } ParamWalk;
 
-static void info_param(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx) {
+static void info_param(Model *m, const ParamSpec *p, int layer, int expert, void **slot, size_t numel, void *ctx) {
     (void)slot;
     ParamWalk *pw = ctx;
     if (spec_aliased(m, p)) return;
     if (pw->n < pw->max) {
         ParamInfo *in = &pw->infos[pw->n];
-        snprintf(in->name, sizeof in->name, p->hf_name, layer);
+        snprintf(in->name, sizeof in->name, p->hf_name, layer, expert);
         in->offset = pw->off;
         in->numel = numel;
         in->layer = layer < 0 ? -1 : layer - m->layer_start;
-        /* the arena holds each layer spec's tensors for every layer in a row, so the specs before
-         * this one take (its block's start - the first layer tensor's) / L_local of a layer */
+        /* the arena holds each layer spec's tensors (E of them per expert spec) for every layer in a
+         * row, so the specs before this one take (its block's start - the first layer tensor's) /
+         * L_local of a layer; expert e is e tensors after its spec's first */
         if (layer >= 0 && pw->layers_at == SIZE_MAX) pw->layers_at = pw->off;
-        in->layer_offset = layer < 0 ? 0 : (pw->off - (size_t)in->layer * numel - pw->layers_at) / m->n_layers_local;
+        size_t e = expert > 0 ? (size_t)expert : 0, before = ((size_t)in->layer * spec_copies(m, p) + e) * numel;
+        in->layer_offset = layer < 0 ? 0 : (pw->off - before - pw->layers_at) / m->n_layers_local + e * numel;
         in->decay = p->decay;
         in->tp_replicated = p->shard == SHARD_NONE;
         int64_t r0, nr, c0, nc;
@@ -291,14 +320,14 @@ int model_param_infos(const Model *m, ParamInfo *infos, int max) {
     return pw.n;
 }
 
-static void place_other(Model *m, const ParamSpec *p, int layer, void **slot, size_t numel, void *ctx) {
+static void place_other(Model *m, const ParamSpec *p, int layer, int expert, void **slot, size_t numel, void *ctx) {
     ParamWalk *pw = ctx;
     /* the same slot in the other struct: same offset from its base */
     char *base = layer < 0 ? (char *)&m->w : (char *)&m->w.layers[layer - m->layer_start];
     char *obase = layer < 0 ? (char *)pw->w : (char *)&pw->layers[layer - m->layer_start];
     void **oslot = (void **)(obase + ((char *)slot - base));
     if (spec_aliased(m, p)) { *oslot = pw->w->embed; return; }
-    *oslot = pw->arena + pw->off;
+    if (expert <= 0) *oslot = pw->arena + pw->off;
     pw->off += numel;
 }
 
@@ -320,7 +349,7 @@ void model_layer_place(const Model *m, void *buf, DType dt, LayerWeights *lw, si
         int64_t r0, nr, c0, nc;
         spec_block(m, p, &r0, &nr, &c0, &nc);
         *(void **)((char *)lw + p->offset) = buf ? (char *)buf + off * dtype_size(dt) : NULL;
-        off += (size_t)nr * (size_t)nc;
+        off += (size_t)nr * (size_t)nc * spec_copies(m, p);
     }
     if (n) *n = off;
 }
@@ -340,8 +369,11 @@ static void check_layout(const ModelConfig *c, const Mesh *mesh) {
         user_error("--tp %d does not divide num_attention_heads %d", tp, c->n_heads);
     if (c->n_heads_kv % tp && tp % c->n_heads_kv)
         user_error("--tp %d and num_key_value_heads %d: one must divide the other", tp, c->n_heads_kv);
-    if (c->hidden_dim % tp)
+    if (c->moe == MOE_NONE && c->hidden_dim % tp)
         user_error("--tp %d does not divide intermediate_size %d", tp, c->hidden_dim);
+    if (c->moe != MOE_NONE && (c->moe_dim % tp || c->shared_dim % tp))
+        user_error("--tp %d does not divide the experts' intermediate size %d%s", tp, c->moe_dim,
+                   c->shared_dim % tp ? " or shared_expert_intermediate_size" : "");
     if (pp > c->n_layers)
         user_error("--pp %d is larger than num_hidden_layers %d", pp, c->n_layers);
 }
@@ -391,10 +423,13 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
     m->head = m->cfg.score_head ? HEAD_SCORE : HEAD_LM;
     const ModelConfig *c = &m->cfg;
     check_layout(c, mesh);
+    if (c->moe != MOE_NONE && be->owns)
+        user_error("%s: model_type %s (Mixture-of-Experts) runs on the CPU backend only for now (--device cpu): the "
+                   "routing is host code", dir, c->model_type);
     int tp = mesh->tp, pp = mesh->pp, s = mesh->pp_rank;
     m->n_heads_local = c->n_heads / tp;
     m->n_heads_kv_local = tp <= c->n_heads_kv ? c->n_heads_kv / tp : 1;
-    m->hidden_local = c->hidden_dim / tp;
+    m->hidden_local = c->moe == MOE_NONE ? c->hidden_dim / tp : 0;   /* MoE: no dense MLP */
     /* tp-invariant sums: a row-parallel layer's dot products and the vocabulary's sums run as leaves
      * whose boundaries every tp dividing TP_LEAVES shares (o_proj's at heads, down_proj's at F /
      * leaves; the vocabulary padded to a multiple of TP_LEAVES above tp 1, ceil(V / TP_LEAVES)
@@ -402,6 +437,10 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
     int tree = TP_LEAVES % tp == 0;
     m->o_leaves = tree ? pow2_divisor(c->n_heads, TP_LEAVES) / tp : 1;
     m->down_leaves = tree ? pow2_divisor(c->hidden_dim, TP_LEAVES) / tp : 1;
+    m->moe_dim_local = c->moe_dim / tp;
+    m->shared_dim_local = c->shared_dim / tp;
+    m->moe_leaves = tree && c->moe_dim ? pow2_divisor(c->moe_dim, TP_LEAVES) / tp : 1;
+    m->shared_leaves = tree && c->shared_dim ? pow2_divisor(c->shared_dim, TP_LEAVES) / tp : 1;
     m->vocab_leaves = tree ? TP_LEAVES / tp : 1;
     int quantum = tp == 1 ? 1 : tree ? TP_LEAVES : tp;
     m->vocab_padded = (c->vocab_size + quantum - 1) / quantum * quantum;

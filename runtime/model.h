@@ -38,6 +38,16 @@ typedef struct {
     void *w_gate;     /* (F_local, D)       column-parallel */
     void *w_up;       /* (F_local, D)       column-parallel, split separately from gate */
     void *w_down;     /* (D, F_local)       row-parallel */
+    /* a MoE layer (cfg.moe) instead of gate/up/down (NULL then): E routed experts, each a SwiGLU MLP
+     * of width Fe split over tp like the dense one; qwen2_moe's shared expert of width Fs likewise */
+    void *router;     /* (E, D)             replicated: every tp rank routes every token identically */
+    void *e_gate;     /* (E, Fe_local, D)   column-parallel, the experts back to back */
+    void *e_up;       /* (E, Fe_local, D)   column-parallel */
+    void *e_down;     /* (E, D, Fe_local)   row-parallel */
+    void *s_gate;     /* (Fs_local, D)      shared expert (qwen2_moe), else NULL */
+    void *s_up;       /* (Fs_local, D) */
+    void *s_down;     /* (D, Fs_local)      row-parallel */
+    void *s_router;   /* (1, D)             the shared expert's sigmoid gate, replicated */
 } LayerWeights;
 
 typedef struct {
@@ -93,6 +103,8 @@ typedef struct {
     float *lora_tmp; /* with LoRA: (N, max(D, F_local, H_local Dh)) scratch: an adapter's term before it is added */
     uint64_t lora_key; /* LoRA dropout's key of this micro-batch (lora_micro_key), 0: none (inference, eval) */
     float *lora_xd;  /* with lora_key: (N, max(D, F_local, H_local Dh)) the dropped-out input */
+    double *moe_stats; /* MoE, training's forward: (2 E) += each expert's choices (N k in all) and its summed
+                        * routing probability over the rows, every local layer (the load-balancing loss); NULL */
 } LayerBatch;
 
 /* The buffers model_target_logprobs works in, the backend's memory, `rows` rows each: a run
@@ -143,6 +155,8 @@ typedef struct Model {
     /* tp-invariant sums (kernels.h TP_LEAVES): this rank's leaves of o_proj's and down_proj's dot
      * products and of the vocabulary's sums; 1 each where tp does not divide TP_LEAVES */
     int o_leaves, down_leaves, vocab_leaves;
+    int moe_dim_local, shared_dim_local;                 /* Fe_local, Fs_local (MoE; 0 dense) */
+    int moe_leaves, shared_leaves;                       /* the experts' and shared expert's down_proj leaves */
     int layer_start, n_layers_local;                     /* this pp stage's layers */
     int is_first, is_last;                               /* pp stage owns embedding / head */
     DType dtype;          /* the weights' storage dtype (F32 or BF16, never AUTO); matmul inputs are rounded
@@ -269,6 +283,11 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
  * sp: NULL, or a sequence-parallel batch of R rows, whose x holds its rows [sp_lo, sp_hi) only (xb
  * is still all R rows: the norm's rows are gathered before the matmul). */
 void model_head(const Model *m, const LayerBatch *sp, float *out, float *xb, const float *x, int R);
+/* A MoE layer's MLP block (runtime/moe.c): out (N, D) = the routed experts' weighted outputs (+ the
+ * shared expert's), summed over tp (the same on every tp rank), from xb (N, D) = the rounded
+ * rmsnorm(x_mid) * mlp_norm of every row; stats (2 E) NULL or LayerBatch.moe_stats. Host buffers
+ * (the CPU backend). */
+void moe_forward(const Model *m, int l, const float *xb, int N, float *out, double *stats);
 /* The tp sum of a row-parallel output or any partials that feed a logprob, value or loss: the
  * ranks' partials added by one fixed tree (comm_all_reduce_sum_fixed), the same bits at any batch. */
 void model_tp_sum(const Model *m, float *buf, size_t n);

@@ -297,6 +297,8 @@ int main(int argc, char **argv) {
     TrainActs a;
     train_acts_init(&a, &m, N, max_seq, recompute ? TRAIN_RECOMPUTE : 0);
     a.lora_key = dkey;
+    const cJSON *aux = cJSON_GetObjectItemCaseSensitive(fx, "moe_aux_coef");   /* MoE: + the load-balancing loss */
+    if (cJSON_IsNumber(aux)) a.moe_aux_coef = (float)aux->valuedouble;
 
     /* 1. logits: train_forward vs model_forward, bit for bit */
     model_forward(&m, tokens, seq_start, n_seqs);

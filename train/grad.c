@@ -41,6 +41,8 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     memset(a, 0, sizeof(*a));
     const ModelConfig *c = &m->cfg;
     int recompute = flags & TRAIN_RECOMPUTE, tp = m->mesh->tp;
+    if (c->moe != MOE_NONE && (flags & TRAIN_SEQ_PARALLEL) && tp > 1)   /* runtime/moe.c reads every row */
+        user_error("--sequence-parallel: not supported with a Mixture-of-Experts model (model_type %s) yet", c->model_type);
     size_t N = (size_t)max_tokens, D = c->dim, Dh = c->head_dim, Ll = (size_t)m->n_layers_local;
     size_t qd = (size_t)m->n_heads_local * Dh, kvd = (size_t)m->n_heads_kv_local * Dh, F = m->hidden_local;
     size_t V = !m->is_last ? 0 : m->head == HEAD_SCORE ? 1 : (size_t)m->vocab_local, Dl = m->is_last ? D : 0;
@@ -120,6 +122,11 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
         a->lora_du = q + N * w;
         a->lora_dx = a->lora_du + N * r;
     }
+    if (c->moe != MOE_NONE) {
+        a->moe_stats = xcalloc(2 * (size_t)c->n_experts, sizeof(double));
+        a->moe_aux_dp = xcalloc((size_t)c->n_experts, sizeof(float));
+        a->moe_load = xcalloc((size_t)c->n_experts, sizeof(double));
+    }
     a->ids = m->be->alloc(sizeof(int) * (N ? 3 * N : 1));
     a->iarena = xmalloc(sizeof(int) * (3 * N + 1));
     a->seq_start = a->iarena;
@@ -154,6 +161,9 @@ void train_acts_free(TrainActs *a) {
     free(a->host_out);
     free(a->host_dout);
     free(a->iarena);
+    free(a->moe_stats);
+    free(a->moe_aux_dp);
+    free(a->moe_load);
     free(a->layers);
     free(a->packed);
     memset(a, 0, sizeof(*a));
@@ -209,7 +219,8 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
     size_t lo = 0, hi = N;
     if (a->sp) comm_rows((size_t)N, m->mesh->tp, m->mesh->tp_rank, &lo, &hi);
     a->lb = (LayerBatch){N, n_seqs, a->seq_start, a->pos, a->rope, NULL, {0}, a->dtmp, a->scratch, a->scratch_stride,
-                         a->sp_xb, (int)lo, (int)hi, a->lora_tmp, a->lora_key, a->lora_dx};
+                         a->sp_xb, (int)lo, (int)hi, a->lora_tmp, a->lora_key, a->lora_dx, a->moe_stats};
+    if (a->moe_stats) memset(a->moe_stats, 0, sizeof(double) * 2 * c->n_experts);
     m->be->rope_table(a->rope, a->pos, m->inv_freq, N, c->head_dim);
     float *x0 = m->n_layers_local ? a->layers[0].x_in : a->x_final;
     model_end_weights(m, 0, 1);                                   /* ZeRO-3: the embedding for the lookup */
@@ -219,6 +230,8 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
         model_layer_weights(m, l, l + 1 < m->n_layers_local ? l + 1 : -1);   /* ZeRO-3: all-gathered */
         layer_forward(m, a, l, l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final);
     }
+    a->lb.moe_stats = NULL;   /* counted once: not again by recompute's layer forwards */
+    for (int e = 0; a->moe_stats && e < c->n_experts; e++) a->moe_load[e] += a->moe_stats[e];
 
     if (!m->is_last) {
         comm_isend(pp, a->x_final, sizeof(float) * (hi - lo) * D, pp->rank + 1, &a->send_req);  /* to stage s+1 */
@@ -373,6 +386,25 @@ static void qk_norm_backward(Model *m, TrainActs *a, const LayerActs *la, const 
     be->add_to(g->k_norm, g->k_norm, dw + Dh, Dh);
 }
 
+/* The load-balancing loss of the micro-batch of the last train_forward (TrainActs.moe_aux_coef), HF's
+ * E sum_e f_e P_e with f_e = choices of e / (L N), P_e = summed p_e / (L N) over every layer (pp 1:
+ * all local); leaves d (coef aux) / d p_e = coef E f_e / (L N) in a->moe_aux_dp and adds
+ * aux to a->moe_aux_sum. */
+static double moe_aux(const Model *m, TrainActs *a, float coef) {
+    const ModelConfig *c = &m->cfg;
+    CHECK(c->moe != MOE_NONE && m->mesh->pp == 1);
+    int E = c->n_experts;
+    double LN = (double)c->n_layers * a->N, aux = 0.0;
+    for (int e = 0; e < E; e++) {
+        double f = a->moe_stats[e] / LN, P = a->moe_stats[E + e] / LN;
+        aux += f * P;
+        a->moe_aux_dp[e] = (float)(coef * E * f / LN);
+    }
+    aux *= E;
+    a->moe_aux_sum += aux;
+    return aux;
+}
+
 float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook, GradSink *sink) {
     ModelWeights *grads = &sink->w;
     const Backend *be = m->be;
@@ -396,6 +428,7 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         double l = hook->fn(mb, N, out, a->host_dout, hook->user);                      /* the loss hook */
         int ent = m->head != HEAD_SCORE && (hook->entropy_coef != 0.0f || hook->entropy);
         if (ent) l += entropy_term(m, a, mb, hook);
+        if (a->moe_aux_coef != 0.0f) l += a->moe_aux_coef * moe_aux(m, a, a->moe_aux_coef);
         loss = (float)l;
         be->to_device(a->dout, a->host_dout, sizeof(float) * N);
         if (m->head == HEAD_SCORE) {
@@ -430,15 +463,19 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
         /* dx enters as d(x_out) and leaves as d(x_in); the residual adds pass it through. */
         /* MLP block: x_out = x_mid + reduce(down(act)); reduce's backward is the identity: d(down's
          * output) is dx on every rank */
-        be->matmul_backward(a->dact, g->w_down, NULL, dx, la->act, w->w_down, wt, N, Fl, D);
-        lora_backward(m, a, sink, l, LORA_DOWN, dx, D, la->act, Fl, a->dact);
-        be->swiglu_backward(a->dgate, a->dup, a->dact, la->gate, la->up, (size_t)N * Fl);
         const float *xb2 = all_rows(m, a, la->xb2, a->sp_xb), *x_mid = all_rows(m, a, la->x_mid, a->sp_x);
-        be->matmul_backward(dxb, g->w_gate, NULL, a->dgate, xb2, w->w_gate, wt, N, D, Fl);
-        be->matmul_backward(dtmp, g->w_up, NULL, a->dup, xb2, w->w_up, wt, N, D, Fl);
-        be->add_to(dxb, dxb, dtmp, ND);
-        lora_backward(m, a, sink, l, LORA_GATE, a->dgate, Fl, xb2, D, dxb);
-        lora_backward(m, a, sink, l, LORA_UP, a->dup, Fl, xb2, D, dxb);
+        if (c->moe != MOE_NONE) {   /* train/moe_grad.c: this rank's partial d xb2 */
+            moe_backward(m, l, xb2, N, dx, dxb, g, a->moe_aux_coef != 0.0f ? a->moe_aux_dp : NULL);
+        } else {
+            be->matmul_backward(a->dact, g->w_down, NULL, dx, la->act, w->w_down, wt, N, Fl, D);
+            lora_backward(m, a, sink, l, LORA_DOWN, dx, D, la->act, Fl, a->dact);
+            be->swiglu_backward(a->dgate, a->dup, a->dact, la->gate, la->up, (size_t)N * Fl);
+            be->matmul_backward(dxb, g->w_gate, NULL, a->dgate, xb2, w->w_gate, wt, N, D, Fl);
+            be->matmul_backward(dtmp, g->w_up, NULL, a->dup, xb2, w->w_up, wt, N, D, Fl);
+            be->add_to(dxb, dxb, dtmp, ND);
+            lora_backward(m, a, sink, l, LORA_GATE, a->dgate, Fl, xb2, D, dxb);
+            lora_backward(m, a, sink, l, LORA_UP, a->dup, Fl, xb2, D, dxb);
+        }
         tp_copy_backward(m, dxb, ND);                                                    /* "copy" backward */
         be->rmsnorm_backward(dtmp, g->mlp_norm, dxb, x_mid, w->mlp_norm, wt, N, D, c->norm_eps);
         be->add_to(dx, dx, dtmp, ND);                                                           /* now d(x_mid) */

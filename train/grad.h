@@ -132,6 +132,23 @@ typedef struct {
      * lora_tmp (N, m->lora_width), lora_du (N, r), lora_dx (N, m->lora_width) scratch */
     float *lora_arena, *lora_tmp, *lora_du, *lora_dx;
     uint64_t lora_key;         /* LoRA dropout's key of this slot's micro-batch (lora_micro_key; 0: none) */
+    /* MoE, optional (moe_aux_coef 0: none): HF's load-balancing loss (transformers'
+     * load_balancing_loss_func) of each micro-batch, times moe_aux_coef, added to the hook's loss:
+     * aux = E sum_e f_e P_e, f_e the share of the micro-batch's (token, choice) pairs routed to e over
+     * every layer (HF's tokens_per_expert summed over the k choices), P_e the mean routing probability
+     * of e over every layer and token; its gradient reaches each router through P (f is a count: a
+     * constant). pp 1 only (every layer's routing on one stage). learner_step sets the coefficient:
+     * router_aux_loss_coef / the step's micro-batches when config.json says output_router_logits (an
+     * LM head), so the step's loss is the CE mean + coef x the micro-batches' mean aux: HF's loss
+     * for one micro-batch. moe_stats: the micro-batch's routing statistics (LayerBatch.moe_stats;
+     * host, 2 E); moe_aux_dp: d (coef aux) / d p_e (host, E; the same for every layer and token);
+     * moe_aux_sum: the aux losses (unscaled) of this slot's micro-batches since the caller zeroed it */
+    float moe_aux_coef;
+    double *moe_stats;
+    double *moe_load;          /* MoE (host, E): += each expert's choices in the local layers of every
+                                * train_forward (the step's routing statistics; the caller zeroes it) */
+    float *moe_aux_dp;
+    double moe_aux_sum;
 } TrainActs;
 
 /* train_acts_init's flags: recompute each layer in the backward (keep only its input); sequence
@@ -164,6 +181,14 @@ const float *train_outputs(Model *m, TrainActs *a, const int *targets, float tem
  * stage gets only its own use: the caller sums the two once per step with
  * train_tied_embedding_all_reduce. */
 float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const LossHook *hook, GradSink *grads);
+
+/* A MoE layer's MLP block backward (train/moe_grad.c): from dout (N, D), the gradient of the block's
+ * output (the same on every tp rank), and xb (N, D) its input, dxb (N, D) = this tp rank's partial of
+ * d xb (the caller sums it over tp) and the block's weight gradients added into g (a NULL tensor:
+ * frozen). Reruns the block's forward (the same bits). Host buffers (the CPU backend). */
+void moe_backward(const Model *m, int l, const float *xb, int N, const float *dout, float *dxb, LayerWeights *g,
+                  const float *aux_dp);
+/* aux_dp (E): NULL, or the load-balancing loss's d loss / d p_e added for every token (TrainActs.moe_aux_coef). */
 
 /* Forward only (after train_forward): the summed cross-entropy of every position with a target
  * (>= 0), unweighted, on the last stage (0 elsewhere: the caller shares a total once). */

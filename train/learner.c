@@ -45,6 +45,28 @@ static void place_unit_grads(Learner *L) {
     L->sink.ctx = L->opt;
 }
 
+/* HF's load-balancing loss coefficient: an LM head of a MoE model whose config.json says
+ * output_router_logits (as transformers' *ForCausalLM adds it to the loss), else 0 */
+static float learner_moe_aux(const Model *m) {
+    const ModelConfig *c = &m->cfg;
+    return c->moe != MOE_NONE && c->output_router_logits && m->head == HEAD_LM ? c->router_aux_coef : 0.0f;
+}
+
+/* r's moe_load_max / _min from the slots' counts, summed over the mesh (collective; every tp rank counts
+ * the same routing, each pp stage its own layers: a common factor, which the shares do not see) */
+static void learner_moe_load(Learner *L, LearnerStep *r) {
+    r->moe_load_max = r->moe_load_min = 0.0f;
+    int E = L->m->cfg.n_experts;
+    if (L->m->cfg.moe == MOE_NONE) return;
+    double *n = xcalloc((size_t)E, sizeof(double)), tot = 0.0, mx = 0.0, mn = INFINITY;
+    for (int i = 0; i < L->n_slots; i++)
+        for (int e = 0; e < E; e++) n[e] += L->slots[i].moe_load[e];
+    comm_all_reduce_sum_f64(&L->m->mesh->group, n, (size_t)E);
+    for (int e = 0; e < E; e++) { tot += n[e]; mx = n[e] > mx ? n[e] : mx; mn = n[e] < mn ? n[e] : mn; }
+    if (tot > 0) { r->moe_load_max = (float)(mx * E / tot); r->moe_load_min = (float)(mn * E / tot); }
+    free(n);
+}
+
 void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_seq, int n_micro, int flags) {
     memset(L, 0, sizeof *L);
     L->m = m;
@@ -58,6 +80,9 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
     } else {
         L->opt = optim_new(m, m->mesh, oc);
     }
+    if (learner_moe_aux(m) != 0.0f && m->mesh->pp > 1)
+        user_error("--pp %d: the router's load-balancing loss (config.json output_router_logits, model_type %s) needs "
+                   "every layer's routing on one stage: pp 1 only for now", m->mesh->pp, m->cfg.model_type);
     L->n_slots = m->mesh->pp < n_micro ? m->mesh->pp : n_micro;
     L->slots = xcalloc(L->n_slots, sizeof(TrainActs));
     for (int i = 0; i < L->n_slots; i++) train_acts_init(&L->slots[i], m, max_tokens, max_seq, flags);
@@ -101,7 +126,16 @@ LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHoo
     optim_zero_grad(L->opt, L->grads);
     model_shards_step(L->m, 1);   /* ZeRO-3: each layer gathered where it is used */
     if (L->m->lora) L->m->lora->step = L->opt->step;   /* LoRA dropout's masks: this step's */
+    for (int i = 0; i < L->n_slots; i++) {   /* the load-balancing loss: the micro-batches' mean */
+        L->slots[i].moe_aux_coef = learner_moe_aux(L->m) / (float)M;
+        L->slots[i].moe_aux_sum = 0.0;
+        if (L->slots[i].moe_load) memset(L->slots[i].moe_load, 0, sizeof(double) * L->m->cfg.n_experts);
+    }
     r.loss = schedule_1f1b(L->m, L->slots, L->n_slots, mbs, M, hook, &L->sink);
+    double aux = 0.0;
+    for (int i = 0; i < L->n_slots; i++) aux += L->slots[i].moe_aux_sum;
+    r.moe_aux = (float)(aux / M);
+    learner_moe_load(L, &r);
     r.lr = (float)optim_lr(L->opt, L->opt->step);
     /* The loss is each dp replica's own (the same over tp and pp): every rank learns whether any
      * rank's loss is bad, so all take the same branch (the same collectives). */

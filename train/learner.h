@@ -39,6 +39,12 @@ typedef struct {
                               some rank of the mesh, "the gradient norm") and the step was NOT applied
                               (weights, moments and the optimizer's step count are as before it):
                               the caller stops the run */
+    float moe_aux;         /* MoE with config.json's output_router_logits: the mean over this rank's
+                              micro-batches of HF's load-balancing loss (unscaled; TrainActs.moe_aux_coef),
+                              in the loss times router_aux_loss_coef; else 0 */
+    float moe_load_max;    /* MoE: the busiest expert's share of the step's (token, choice) pairs over
+                              every layer and rank, times E (1: balanced; E: one expert takes all); else 0 */
+    float moe_load_min;    /* the idlest expert's, times E (0: an expert no token chose) */
 } LearnerStep;
 
 /* Sizes everything up front: slots for micro-batches of up to max_tokens tokens (max_seq per

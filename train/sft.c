@@ -24,14 +24,22 @@ static void sft_prepare_step(void *ctx, Step *st) {
     }
 }
 
-/* the step's loss: each dp rank's share of the token mean, summed over dp and divided by dp */
+/* the step's loss: each dp rank's share of the token mean, summed over dp and divided by dp; a MoE
+ * model with output_router_logits: the loss holds router_aux_loss_coef x the load-balancing loss,
+ * whose mean over the step's micro-batches is moe_aux_loss */
 static int sft_step_metrics(void *ctx, const LearnerStep *r, const Step *st, Metric *out) {
     (void)st;
-    const Mesh *mesh = ((Sft *)ctx)->m->mesh;
-    double lsum = r->loss;
-    comm_all_reduce_sum_f64(&mesh->dp_comm, &lsum, 1);
-    out[0] = (Metric){"loss", (float)(lsum / mesh->dp), "loss %.4f"};
-    return 1;
+    const Model *m = ((Sft *)ctx)->m;
+    const Mesh *mesh = m->mesh;
+    double v[2] = {r->loss, r->moe_aux};
+    comm_all_reduce_sum_f64(&mesh->dp_comm, v, 2);
+    out[0] = (Metric){"loss", (float)(v[0] / mesh->dp), "loss %.4f"};
+    if (m->cfg.moe == MOE_NONE) return 1;
+    int n = 1;   /* MoE: the experts' load (learner.h), and the balance loss when it is trained */
+    out[n++] = (Metric){"moe_load_max", r->moe_load_max, "load max %.2f"};
+    out[n++] = (Metric){"moe_load_min", r->moe_load_min, "min %.2f"};
+    if (m->cfg.output_router_logits) out[n++] = (Metric){"moe_aux_loss", (float)(v[1] / mesh->dp), "aux %.4f"};
+    return n;
 }
 
 /* Mean next-token loss over the whole eval set (forward only), spread over dp ranks. */
