@@ -8,7 +8,7 @@ stdout, several episodes interleaved (each message names its episode; one reply 
   {"type": "step", "episode": E, "turn": T, "action": "<the model's text of turn T>", ...}
       -> {"episode": E, "environment_feedback": F, "reward": R, "done": D}
   an action with <answer>N</answer>         ends the episode: reward 1 when N is the line's number, else 0
-  else one with <lookup>NAME</lookup>       F = "<result>NUMBER</result>" for the line's own name,
+  else one with <lookup>NAME</lookup>       (spaces around NAME ignored) F = "<result>NUMBER</result>" for the line's own name,
                                             "<result>unknown</result>" for any other; reward 0; done at turn 3
   else (no tool call, no answer)            ends the episode with reward 0
 An episode is at most 3 turns (done at the third whatever it holds).
@@ -20,8 +20,12 @@ lines have a training name and number, held-out lines a held-out name and number
 held-out names or numbers is ever seen in training (`check FILE` says whether a file is held out).
   sft.jsonl      demonstrations of N_TRAIN training lines (default 4000), each as two prompt/response records, so that
                  the environment's tokens are prompt (out of the loss) and the ids are a rollout's:
-                   {"prompt": Q, "response": "<lookup>NAME</lookup>"}
-                   {"prompt": Q + " <lookup>NAME</lookup> <result>NUMBER</result>", "response": "<answer>NUMBER</answer>"}
+                   {"prompt": Q, "response": "<lookup> NAME</lookup>"}
+                   {"prompt": Q + " <lookup> NAME</lookup> <result>NUMBER</result>", "response": "<answer>NUMBER</answer>"}
+                 The name is written after a space, as in the question, so that its pieces in the call are
+                 the question's ("\u2581t" "k" "z" ... both times): the model copies ids. Without the space
+                 every name's first piece differs from the question's (" tkzvdgt?" -> "\u2581t" ...; "<lookup>tkzvdgt"
+                 -> ">" "t" ...) and 6% of names are cut into other pieces too: GRPO then stalled near 0.7.
                  (SentencePiece encodes each space-separated word alone with its "\u2581", so `tandem sft`'s
                  [BOS] encode(prompt) encode(response) are exactly the ids of prompt, the model's turn
                  ending at the stop "</lookup>", the feedback tokenised on its own, and the next turn.)
@@ -108,7 +112,7 @@ def write(path, lines):
 def turns(lines):
     """The two turns' prompts: the question; the question, the right lookup and its result."""
     t1 = [{"id": i, "prompt": x["prompt"]} for i, x in enumerate(lines)]
-    t2 = [{"id": i, "prompt": "%s <lookup>%s</lookup> <result>%s</result>" % (x["prompt"], x["name"], x["number"])}
+    t2 = [{"id": i, "prompt": "%s <lookup> %s</lookup> <result>%s</result>" % (x["prompt"], x["name"], x["number"])}
           for i, x in enumerate(lines)]
     return t1, t2
 
@@ -124,8 +128,8 @@ def data(d, seed=1, n_train=4000, n_held=200):
     write(d + "/heldout.jsonl", held)
     sft = []
     for x in demo:
-        sft.append({"prompt": x["prompt"], "response": "<lookup>%s</lookup>" % x["name"]})
-        sft.append({"prompt": "%s <lookup>%s</lookup> <result>%s</result>" % (x["prompt"], x["name"], x["number"]),
+        sft.append({"prompt": x["prompt"], "response": "<lookup> %s</lookup>" % x["name"]})
+        sft.append({"prompt": "%s <lookup> %s</lookup> <result>%s</result>" % (x["prompt"], x["name"], x["number"]),
                     "response": "<answer>%s</answer>" % x["number"]})
     rng.shuffle(sft)
     write(d + "/sft.jsonl", sft)

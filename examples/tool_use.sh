@@ -9,14 +9,15 @@
 # HELDOUT lines: {"prompt": "What is the number of kivo?", "name": "kivo", "number": "4821"}, every
 # one from the held-out class (checked); without it (or with "-") OUT/heldout.jsonl, 200 such lines.
 # The last line printed is JSON: {"heldout_success_before": .., "heldout_success_after": .., ...}.
-# An episode: the question; the model's turn " <lookup>NAME</lookup>" (it ends at the stop string);
+# An episode: the question; the model's turn " <lookup> NAME</lookup>" (it ends at the stop string; the
+# space makes the name's pieces the question's, lookup_env.py says why);
 # the environment's " <result>NUMBER</result>" (its text tokenised on its own) or "<result>unknown</result>";
 # the model's " <answer>NUMBER</answer>"; reward 1 when it is the line's number (at most 3 turns).
 # SFT sees the same ids: each demonstration is two records, the lookup turn, and the answer turn
 # whose prompt holds the lookup and the result, so the environment's tokens are out of the loss.
-# Measured (seeds 1-3, 200 held-out lines, THREADS=1 on a loaded 2-core machine, 4.3-7.5 min): held-out
-# greedy success 0.59 -> 0.72, 0.495 -> 0.495, 0.46 -> 0.705. GRPO gains +0.15-0.25 in 40-60 steps from a
-# ~0.5 SFT model and then flattens near 0.7 (issue 41 asks for +0.25 to >= 0.8: not reached; tool.md).
+# Measured (seed 1, 200 held-out lines, THREADS=1, a loaded 2-core machine): held-out greedy success
+# 0.605 -> 0.91 (SFT 950 steps, then 60 GRPO steps; 4.5 min). Before the space (" <lookup>NAME"): seeds 1-3
+# 0.59 -> 0.72, 0.495 -> 0.495, 0.46 -> 0.705, GRPO flattening near 0.7.
 # Environment (defaults are the demonstration's recipe; tests/tool_use.bats shrinks them):
 #   OUT=runs/tool_use (under the repository) SEED=1 THREADS=1 (1 thread per process)
 #   SHAPE                                  dim, hidden, layers, heads, kv heads, vocab, positions
