@@ -197,18 +197,17 @@ setup_eval() {
     [ ! -d "$o/sft" ]
 }
 
-@test "tool_use.sh learns: GRPO over episodes with the lookup environment raises the greedy held-out success (names and numbers never trained on) by >= 0.08 in 30 steps" {
+@test "tool_use.sh learns: GRPO over episodes with the lookup environment raises the greedy held-out success (names and numbers never trained on) by >= 0.12 to >= 0.7 in 30 steps" {
     need_assets
-    # the example's recipe, seed 1, with 30 GRPO steps instead of 60 (~3-4 min on 2 idle cores). The full
-    # recipe, seed 1: 0.605 -> 0.91 in 60 steps (examples/tool_use.sh). The bar leaves room for another CPU's
-    # float rounding.
+    # the example's recipe, seed 1, with 30 GRPO steps instead of 150 (3 min on 2 idle cores): 0.605 -> 0.80
+    # here (150 steps: 0.92; examples/tool_use.sh). The bar leaves room for another CPU's float rounding.
     o="$BATS_TEST_TMPDIR/learn"
     OUT="$o" RL_STEPS=30 run timeout 1200 bash "$ROOT/examples/tool_use.sh" -
     echo "$output"
     [ "$status" -eq 0 ]
     last=${lines[${#lines[@]} - 1]}
-    echo "$last" | jq -e '.heldout_lines == 200 and .heldout_success_after - .heldout_success_before >= 0.08
-                          and .heldout_success_after >= 0.5'
+    echo "$last" | jq -e '.heldout_lines == 200 and .heldout_success_after - .heldout_success_before >= 0.12
+                          and .heldout_success_after >= 0.7'
     # every step's rollout logprobs were the training logprobs over the multi-turn episodes
     [ "$(jq -s 'map(select(has("eval/n") | not) | .rollout_logprob_diff_max) | unique' -c "$o/rl/metrics.jsonl")" = "[0]" ]
 }
