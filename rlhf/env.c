@@ -296,28 +296,17 @@ static int cmd_call(Env *e, Call *c, char **bodies, char *err, size_t errlen) {
 /* ---- a server ---- */
 
 typedef struct {
+    HttpText t;               /* the answer so far */
     CURL *h;
-    char *ans;                /* the answer so far, NUL-terminated */
-    size_t len, cap;
     CURLcode rc;
 } Post;
-
-static size_t on_data(char *d, size_t size, size_t nmemb, void *user) {
-    Post *q = user;
-    size_t k = size * nmemb;
-    if (q->len + k + 1 > q->cap) q->ans = xrealloc(q->ans, q->cap = 2 * (q->len + k) + 1024);
-    memcpy(q->ans + q->len, d, k);
-    q->len += k;
-    q->ans[q->len] = 0;
-    return k;
-}
 
 /* Episode i's reply from its POST's outcome: curl's failure (a timeout: ENV_TIMEOUT; any other:
  * ENV_BAD_REPLY), an HTTP status other than 200 (ENV_BAD_REPLY), or the body: a reply naming
  * another episode (ENV_WRONG_EPISODE), echoing another turn or no episode, or bad (ENV_BAD_REPLY). */
 static void take_answer(Env *e, Call *c, int i, const Post *q, long status) {
     char why[160];
-    const char *ans = q->ans ? q->ans : "";
+    const char *ans = q->t.ans ? q->t.ans : "";
     int ep = -1, turn = -1;
     if (q->rc != CURLE_OK) {
         snprintf(why, sizeof why, "%s", curl_easy_strerror(q->rc));
@@ -334,7 +323,7 @@ static void take_answer(Env *e, Call *c, int i, const Post *q, long status) {
     EnvFault f = c->reply[i].fault;
     if (!f && ep != c->episode[i]) f = ep >= 0 ? ENV_WRONG_EPISODE : ENV_BAD_REPLY;
     if (!f && c->step && turn >= 0 && turn != c->turn[i]) f = ENV_BAD_REPLY;
-    if (f) fault(e, &c->reply[i], f, c->episode[i], ans, q->len);
+    if (f) fault(e, &c->reply[i], f, c->episode[i], ans, q->t.len);
 }
 
 /* One POST per episode to URL/reset or URL/step, all at once; each reply checked by itself. */
@@ -349,8 +338,8 @@ static int url_call(Env *e, Call *c, char **bodies, char *err, size_t errlen) {
         curl_easy_setopt(q[i].h, CURLOPT_URL, url);
         curl_easy_setopt(q[i].h, CURLOPT_POSTFIELDS, bodies[i]);
         curl_easy_setopt(q[i].h, CURLOPT_HTTPHEADER, hdr);
-        curl_easy_setopt(q[i].h, CURLOPT_WRITEFUNCTION, on_data);
-        curl_easy_setopt(q[i].h, CURLOPT_WRITEDATA, &q[i]);
+        curl_easy_setopt(q[i].h, CURLOPT_WRITEFUNCTION, http_text_write);
+        curl_easy_setopt(q[i].h, CURLOPT_WRITEDATA, &q[i].t);
         curl_easy_setopt(q[i].h, CURLOPT_NOSIGNAL, 1L);
         if (e->timeout_s > 0) curl_easy_setopt(q[i].h, CURLOPT_TIMEOUT_MS, (long)ceil(e->timeout_s * 1000));
         curl_multi_add_handle(e->multi, q[i].h);
@@ -374,7 +363,7 @@ static int url_call(Env *e, Call *c, char **bodies, char *err, size_t errlen) {
             q[i].rc == CURLE_COULDNT_RESOLVE_PROXY) unreachable++;
         if (q[i].rc != CURLE_OK && first == CURLE_OK) first = q[i].rc;
         take_answer(e, c, i, &q[i], status);
-        free(q[i].ans);
+        free(q[i].t.ans);
     }
     free(q);
     free(url);

@@ -423,6 +423,26 @@ static void save(Ppo *p, const PpoOptions *o, int step) {
     free(inflight);
 }
 
+/* --eval-prompts' held-out eval on the actor's ranks (rlhf/ppo_eval.h), scored by the run's own
+ * reward (a reward model's buffers bound its sequences); NULL without the option. */
+static PpoEval *eval_open(Ppo *p, const PpoOptions *o, const ModelConfig *acfg) {
+    if (!o->t.eval_path) return NULL;
+    const ExperienceMaker *x = &p->x;
+    PpoEval *ev = xmalloc(sizeof *ev);
+    ppo_eval_init(ev, x, &p->roles.role[R_ACTOR], p->roles.role[R_REWARD].active && !x->reward_cmd && !x->n_urls &&
+                  !x->reward_fn, o->steps, o->t.eval_path, o->key, o->t.chat_template, o->truncate, acfg);
+    return ev;
+}
+
+/* The rollout ranks' whole run (--rollout-ranks, rlhf/async.h): batches until the last step, then out. */
+static void rollout_side(Ppo *p) {
+    async_rollout_loop(&p->async, &p->x, &p->roles);
+    comm_barrier(&p->roles.world);
+    async_close(&p->async);
+    teardown(p);
+    comm_finalize();
+}
+
 int ppo_main(int argc, char **argv) {
     Ppo p;
     PpoOptions o;
@@ -433,23 +453,14 @@ int ppo_main(int argc, char **argv) {
     ModelConfig acfg;
     setup(&p, &o, &acfg);
     ExperienceMaker *x = &p.x;
-    PpoEval *ev = NULL;   /* --eval-prompts */
-    if (o.t.eval_path) {
-        ev = xmalloc(sizeof *ev);
-        ppo_eval_init(ev, x, &p.roles.role[R_ACTOR], p.roles.role[R_REWARD].active && !x->reward_cmd && !x->n_urls &&
-                      !x->reward_fn, o.steps, o.t.eval_path, o.key, o.t.chat_template, o.truncate, &acfg);
-    }
+    PpoEval *ev = eval_open(&p, &o, &acfg);   /* --eval-prompts (NULL without) */
     int S = x->B * x->G, world0 = p.roles.world_rank == 0;
     int step0 = o.t.resume ? o.state.step : 0, last = o.t.stop_after > 0 && o.t.stop_after < o.steps ? o.t.stop_after : o.steps;
     async_open(&p.async, &p.roles, p.lag, S, x->max_len, step0, last, o.steps, o.t.resume);
     async_initial_sync(&p.async, &p.roles);
     if (p.roles.role[R_ROLLOUT].member) {   /* the rollout ranks' run (rlhf/async.h) */
-        async_rollout_loop(&p.async, x, &p.roles);
-        comm_barrier(&p.roles.world);
-        async_close(&p.async);
+        rollout_side(&p);
         free(opts);
-        teardown(&p);
-        comm_finalize();
         return 0;
     }
     if (world0) {

@@ -13,27 +13,16 @@
 #include <unistd.h>
 
 typedef struct {
+    HttpText t;                /* the answer so far */
     const char *url;
     char *url_shown;       /* url as messages show it (no user:password) */
     int first, n;              /* the part of the batch: items first .. first + n - 1 */
     char *body;                /* the request */
-    char *ans;                 /* the answer so far */
-    size_t len, cap;
     CURL *h;
     long status;
     CURLcode rc;
     int done;                  /* 1: rewards in place */
 } Part;
-
-static size_t on_data(char *p, size_t size, size_t nmemb, void *user) {
-    Part *q = user;
-    size_t k = size * nmemb;
-    if (q->len + k + 1 > q->cap) q->ans = xrealloc(q->ans, q->cap = 2 * (q->len + k) + 1024);
-    memcpy(q->ans + q->len, p, k);
-    q->len += k;
-    q->ans[q->len] = 0;
-    return k;
-}
 
 static char *request_body(int first, int n, const char *const *queries, const char *const *prompts,
                           const char *const *labels) {
@@ -52,15 +41,15 @@ static char *request_body(int first, int n, const char *const *queries, const ch
 }
 
 static void start(CURLM *multi, Part *q, double timeout_s, struct curl_slist *hdr) {
-    q->len = 0;
+    q->t.len = 0;
     q->status = 0;
     q->h = curl_easy_init();
     CHECK(q->h != NULL);
     curl_easy_setopt(q->h, CURLOPT_URL, q->url);
     curl_easy_setopt(q->h, CURLOPT_POSTFIELDS, q->body);
     curl_easy_setopt(q->h, CURLOPT_HTTPHEADER, hdr);
-    curl_easy_setopt(q->h, CURLOPT_WRITEFUNCTION, on_data);
-    curl_easy_setopt(q->h, CURLOPT_WRITEDATA, q);
+    curl_easy_setopt(q->h, CURLOPT_WRITEFUNCTION, http_text_write);
+    curl_easy_setopt(q->h, CURLOPT_WRITEDATA, &q->t);
     curl_easy_setopt(q->h, CURLOPT_NOSIGNAL, 1L);
     if (timeout_s > 0) curl_easy_setopt(q->h, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1000));
     curl_multi_add_handle(multi, q->h);
@@ -81,10 +70,10 @@ static int finish(Part *q, double *rewards, char *err, size_t errlen) {
     }
     if (q->status != 200) {
         char buf[256];
-        snprintf(err, errlen, "reward server %s: HTTP %ld: %s", q->url_shown, q->status, shown(q->ans, buf, sizeof buf));
+        snprintf(err, errlen, "reward server %s: HTTP %ld: %s", q->url_shown, q->status, shown(q->t.ans, buf, sizeof buf));
         return http_should_retry(CURLE_OK, q->status) ? 1 : -1;
     }
-    return reward_http_parse_answer(q->url_shown, q->ans, q->n, rewards + q->first, err, errlen);
+    return reward_http_parse_answer(q->url_shown, q->t.ans, q->n, rewards + q->first, err, errlen);
 }
 
 int reward_http_parse_urls(const char *list, char ***urls) {
@@ -182,7 +171,7 @@ int reward_http_score(const char *const *urls, int n_urls, int n, const char *co
     for (int u = 0; u < k; u++) {
         if (parts[u].h) { curl_multi_remove_handle(multi, parts[u].h); curl_easy_cleanup(parts[u].h); }
         free(parts[u].body);
-        free(parts[u].ans);
+        free(parts[u].t.ans);
         free(parts[u].url_shown);
     }
     curl_multi_cleanup(multi);

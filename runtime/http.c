@@ -189,3 +189,13 @@ void http_get(HttpXfer *x) {
     }
     curl_slist_free_all(hdr);
 }
+
+size_t http_text_write(char *d, size_t size, size_t nmemb, void *user) {
+    HttpText *q = user;
+    size_t k = size * nmemb;
+    if (q->len + k + 1 > q->cap) q->ans = xrealloc(q->ans, q->cap = 2 * (q->len + k) + 1024);
+    memcpy(q->ans + q->len, d, k);
+    q->len += k;
+    q->ans[q->len] = 0;
+    return k;
+}

@@ -64,4 +64,8 @@ char *http_one_line(char *s);   /* control bytes (newlines of an error page, esc
 /* url as a message may show it: without the user:password of its authority ("http://u:p@host/x" ->
  * "http://host/x"), malloc'd. Every line that names a URL shows this, never the URL itself. */
 char *http_url_shown(const char *url);
+/* A response body gathered in memory (the reward servers' and the environments' POSTs): ans grows,
+ * NUL-terminated; http_text_write is its CURLOPT_WRITEFUNCTION (CURLOPT_WRITEDATA: the HttpText). */
+typedef struct { char *ans; size_t len, cap; } HttpText;
+size_t http_text_write(char *d, size_t size, size_t nmemb, void *user);
 #endif
