@@ -206,23 +206,34 @@ static int split_think(const char *s, const char **r, size_t *rn, const char **c
     return 1;
 }
 
+/* A prompt-side ChatML turn (mask 0): <|im_start|>ROLE\nCONTENT<|im_end|>\n. */
+static void im_turn(Builder *b, const char *role, const char *content) {
+    puts0(b, "<|im_start|>");
+    puts0(b, role);
+    puts0(b, "\n");
+    puts0(b, content);
+    puts0(b, "<|im_end|>\n");
+}
+
+/* An assistant's think block <think>\nREASONING\n</think>\n\n: output (mask 1) when it holds
+ * reasoning, prompt when empty (what a non-thinking generation prompt writes). */
+static void think_block(Builder *b, const char *r, size_t rn) {
+    put(b, "<think>\n", 8, rn > 0);
+    put(b, r, rn, rn > 0);
+    put(b, "\n</think>\n\n", 11, rn > 0);
+}
+
 /* MiniMind-2 / Qwen3-style ChatML: every assistant turn carries a <think> block, empty unless the
  * content has one. The generation prompt ends with the empty block, so an empty block is prompt
  * (mask 0) and a non-empty one is output (mask 1). */
 static int render_chatml_think(Builder *b, const ChatMessage *msgs, int n, int gen, char *err, size_t errlen) {
     if (n > 0 && role_is(&msgs[0], "system")) {
-        puts0(b, "<|im_start|>system\n");
-        puts0(b, msgs[0].content);
-        puts0(b, "<|im_end|>\n");
+        im_turn(b, "system", msgs[0].content);
     }
     for (int i = 0; i < n; i++) {
         const ChatMessage *m = &msgs[i];
         if (role_is(m, "user") || (role_is(m, "system") && i > 0)) {
-            puts0(b, "<|im_start|>");
-            puts0(b, m->role);
-            puts0(b, "\n");
-            puts0(b, m->content);
-            puts0(b, "<|im_end|>\n");
+            im_turn(b, m->role, m->content);
         } else if (role_is(m, "assistant")) {
             const char *c, *r;
             size_t cn, rn;
@@ -230,10 +241,7 @@ static int render_chatml_think(Builder *b, const ChatMessage *msgs, int n, int g
             strip_span(&r, &rn, 1, 1, "\n");
             strip_span(&c, &cn, 1, 0, "\n");
             puts0(b, "<|im_start|>assistant\n");
-            int think_mask = rn > 0;
-            put(b, "<think>\n", 8, think_mask);
-            put(b, r, rn, think_mask);
-            put(b, "\n</think>\n\n", 11, think_mask);
+            think_block(b, r, rn);
             put(b, c, cn, 1);
             puts1(b, "<|im_end|>");
             puts0(b, "\n");
@@ -265,20 +273,14 @@ static int render_qwen3(Builder *b, const ChatMessage *msgs, int n, int gen, int
     for (int i = 0; i < n; i++) {
         const ChatMessage *m = &msgs[i];
         if (role_is(m, "user") || role_is(m, "system")) {
-            puts0(b, "<|im_start|>");
-            puts0(b, m->role);
-            puts0(b, "\n");
-            puts0(b, m->content);
-            puts0(b, "<|im_end|>\n");
+            im_turn(b, m->role, m->content);
         } else if (role_is(m, "assistant")) {
             const char *c, *r;
             size_t cn, rn;
             split_think(m->content, &r, &rn, &c, &cn);
             puts0(b, "<|im_start|>assistant\n");
             if (i > last_query && (i == n - 1 || rn > 0)) {
-                put(b, "<think>\n", 8, rn > 0);
-                put(b, r, rn, rn > 0);
-                put(b, "\n</think>\n\n", 11, rn > 0);
+                think_block(b, r, rn);
                 strip_span(&c, &cn, 1, 0, "\n");
             }
             put(b, c, cn, 1);
