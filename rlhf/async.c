@@ -11,7 +11,7 @@
 
 /* ---- a packed batch: header, then the arrays at full capacity (S sequences of max_len) ---------- */
 
-typedef struct { int S, N, step, pad; double gen_s, idle_s; } BlobHead;
+typedef struct { int S, N, step, env_dropped; double gen_s, idle_s; } BlobHead;   /* env_dropped: the batch's dropped replies */
 
 static size_t blob_size(int S, int max_len) {
     size_t cap = (size_t)S * max_len;
@@ -33,12 +33,12 @@ static void blob_layout(char *blob, int S, int max_len, int **ss, int **per, int
     *lp = (float *)p;
 }
 
-static void pack(const Experience *b, int max_len, int step, double gen_s, double idle_s, char *blob) {
+static void pack(const Experience *b, int max_len, int step, int env_dropped, double gen_s, double idle_s, char *blob) {
     int *ss, *per, *tok, *tgt, *turn, S = b->S;
     float *mask, *lp;
     double *turn_r;
     memset(blob, 0, blob_size(S, max_len));
-    *(BlobHead *)blob = (BlobHead){S, b->N, step, 0, gen_s, idle_s};
+    *(BlobHead *)blob = (BlobHead){S, b->N, step, env_dropped, gen_s, idle_s};
     blob_layout(blob, S, max_len, &ss, &per, &tok, &tgt, &mask, &lp, &turn, &turn_r);
     memcpy(ss, b->seq_start, sizeof(int) * (S + 1));
     memcpy(per, b->prompt_len, sizeof(int) * S); memcpy(per + S, b->resp_len, sizeof(int) * S);
@@ -235,12 +235,13 @@ static void receive_upto(AsyncPipe *a, const Roles *rs, int upto) {
     a->st.wait_s += now_seconds() - t0;
 }
 
-void async_take(AsyncPipe *a, const ExperienceMaker *x, const Roles *rs, int step, int *pidx, Experience *b) {
+void async_take(AsyncPipe *a, ExperienceMaker *x, const Roles *rs, int step, int *pidx, Experience *b) {
     a->st.wait_s = 0;
     a->st.sync_bytes = a->st.sync_s = 0;
     receive_upto(a, rs, step);
     experience_step_prompts(x, step, pidx);
     unpack(slot(a, step), a->max_len, b);
+    x->env_dropped = ((const BlobHead *)slot(a, step))->env_dropped;   /* the rollout root's count */
 }
 
 int async_fresh(const Experience *b, int step) {
@@ -295,7 +296,7 @@ void async_rollout_loop(AsyncPipe *a, ExperienceMaker *x, Roles *rs) {
         experience_rollout(x, rs, j, pidx, &b);
         for (int s = 0; s < b.S; s++) b.version[s] = version;
         if (rs->group_root) {
-            pack(&b, a->max_len, j, now_seconds() - t1, t1 - t0, blob);
+            pack(&b, a->max_len, j, x->env_dropped, now_seconds() - t1, t1 - t0, blob);
             send_big(&rs->job, blob, a->blob_bytes, 0);
         }
     }

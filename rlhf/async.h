@@ -56,7 +56,7 @@ void async_initial_sync(AsyncPipe *a, Roles *rs);
 /* The rollout ranks' whole run: receive weights, generate, send, until the last batch. */
 void async_rollout_loop(AsyncPipe *a, ExperienceMaker *x, Roles *rs);
 /* Trainer ranks, step k's start: batch k into b (pidx: its prompts); the waiting in a->st. */
-void async_take(AsyncPipe *a, const ExperienceMaker *x, const Roles *rs, int step, int *pidx, Experience *b);
+void async_take(AsyncPipe *a, ExperienceMaker *x, const Roles *rs, int step, int *pidx, Experience *b);
 /* The number of b's sequences sampled by the weights of `step` (staleness 0). */
 int async_fresh(const Experience *b, int step);
 /* Trainer ranks, after the prox pass: staleness and the exactness check where the batch is of the

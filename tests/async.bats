@@ -232,3 +232,16 @@ dump_core() { jq -c 'del(.version, .staleness)' "$1"; }
     cmp "$BATS_TEST_TMPDIR/l1/checkpoint-4/actor/model-00001-of-00001.safetensors" \
         "$BATS_TEST_TMPDIR/s/checkpoint-4/actor/model-00001-of-00001.safetensors"
 }
+
+@test "replies dropped by the environment on the rollout ranks reach the trainer's metrics (env/dropped): the colocated run's counts" {
+    need_story
+    E=(--actor "$STORIES" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 4 --rollout-batch-size 2 --steps 2
+       --max-new-tokens 12 --stop . --actor-lr 1e-3 --kl-coef 0 --threads 1 --env-cmd "python3 -u $FIX/env/mt_env.py dup")
+    run timeout 120 "$TANDEM" ppo "${E[@]}" --out "$BATS_TEST_TMPDIR/colo"
+    [ "$status" -eq 0 ]
+    run_ranks 180 2 "$TANDEM" ppo "${E[@]}" --actor-ranks 1 --rollout-ranks 1 --out "$BATS_TEST_TMPDIR/r"
+    [ "$status" -eq 0 ]
+    # episodes 3 and 7 of each step answer turn 1 twice: the second replies, dropped
+    [ "$(jq -s -c 'map(.["env/dropped"])' "$BATS_TEST_TMPDIR/colo/metrics.jsonl")" = "[2,2]" ]
+    [ "$(jq -s -c 'map(.["env/dropped"])' "$BATS_TEST_TMPDIR/r/metrics.jsonl")" = "[2,2]" ]
+}
