@@ -179,7 +179,7 @@ static int load_models(const TrainOptions *o, int dpo, const char *ref_dir, int 
     const char *start = o->resume && !o->lora_r ? o->resume : o->model_dir;   /* LoRA: the base */
     int own_ref = dpo && o->lora_r && !ref_dir;   /* LoRA's reference: the base, adapters off */
     Comm world = comm_world();
-    mesh_init(mesh, &world, o->tp, o->pp);
+    mesh_init_ep(mesh, &world, o->tp, o->pp, o->ep);
     if (dpo) {
         model_load(m, start, mesh, o->dtype, o->be);
         if (m->head != HEAD_LM) user_error("%s: a score-head model; dpo trains a causal LM", start);
@@ -187,7 +187,7 @@ static int load_models(const TrainOptions *o, int dpo, const char *ref_dir, int 
             comm_free(&world);
             return 1;
         }
-        mesh_init(ref_mesh, &world, o->tp, o->pp);   /* the reference: same ranks, its own communicators */
+        mesh_init_ep(ref_mesh, &world, o->tp, o->pp, o->ep);  /* the reference: same ranks, its own communicators */
         model_load(ref, ref_dir ? ref_dir : o->model_dir, ref_mesh, o->dtype, o->be);
         if (ref->head != HEAD_LM) user_error("%s: a score-head model; the DPO reference must be a causal LM", ref_dir ? ref_dir : o->model_dir);
         if (ref->cfg.vocab_size != m->cfg.vocab_size)
@@ -240,7 +240,7 @@ static int pref_main(int argc, char **argv, int dpo) {
     if (score) {
         if (o.seq_len < 2 || o.batch_size < 1 || o.threads < 0) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
         ModelOpen mo = {.dir = o.model_dir, .adapter = adapter, .dtype_name = o.dtype_name, .device = o.device, .tp = o.tp,
-                        .pp = o.pp, .threads = o.threads, .comm_timeout = o.comm_timeout, .score_head = 1};
+                        .pp = o.pp, .ep = o.ep, .threads = o.threads, .comm_timeout = o.comm_timeout, .score_head = 1};
         return rm_score_main(&mo, input, output, o.chat_template, o.seq_len, o.batch_size);
     }
     train_options_check(&o, cmd);

@@ -193,6 +193,9 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
 
 Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, OptimConfig cfg) {
     check_config(&cfg);
+    if (mesh->ep > 1 && cfg.zero)
+        user_error("--zero %d with --ep %d: the experts' optimizer state is not sharded over the expert-data-parallel "
+                   "ranks yet (use --zero 0)", cfg.zero, mesh->ep);
     const Backend *be = m->be;
     Optim *o = xcalloc(1, sizeof(Optim));
     o->cfg = cfg;
@@ -210,7 +213,8 @@ Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, Opti
     for (int i = 0; i < n_info; i++) {
         CHECK(infos[i].offset == end);   /* the infos tile the arena in order */
         o->ranges[i] = (OptimRange){infos[i].offset, infos[i].offset + infos[i].numel, infos[i].decay,
-                                    infos[i].norm_once, infos[i].layer};
+                                    infos[i].norm_once, infos[i].layer,
+                                    mesh->ep > 1 && set->params == m->params && infos[i].expert >= 0};
         end += infos[i].numel;
     }
     CHECK(end == o->n_params);
@@ -379,7 +383,8 @@ float optim_step(Optim *o, Model *m, float *grads) {
         comm_reduce_scatter_sum_fixed(&mesh->dp_comm, grads, o->slice, o->n_state);
         held = o->slice;
     } else {   /* the same tree as an all-reduce, by the bandwidth-optimal pattern at every size */
-        if (mesh->dp > 1) {
+        if (mesh->ep > 1) optim_ep_reduce(o, grads);   /* the experts over the edp group */
+        else if (mesh->dp > 1) {
             size_t S = o->n_grad / mesh->dp;
             float *mine = grads + (size_t)mesh->dp_rank * S;
             comm_reduce_scatter_sum_fixed(&mesh->dp_comm, grads, mine, S);   /* in place */
@@ -396,9 +401,10 @@ float optim_step(Optim *o, Model *m, float *grads) {
         if (o->ranges[pc->t].in_norm) be->sum_squares(o->sums + i, held + pc->held, pc->hi - pc->lo, o->partials);
     }
     be->to_host(o->sums_host, o->sums, sizeof(double) * o->n_pieces);
-    double sumsq = 0.0;   /* in held order */
-    for (int i = 0; i < o->n_pieces; i++)
+    double sumsq = 0.0;   /* in held order (ep > 1: ep 1's, the ep group's experts in place) */
+    for (int i = 0; i < o->n_pieces && mesh->ep == 1; i++)
         if (o->ranges[o->pieces[i].t].in_norm) sumsq += o->sums_host[i];
+    if (mesh->ep > 1) sumsq = optim_ep_sumsq(o, m, o->sums_host);
     comm_all_reduce_sum_f64(&mesh->tp_comm, &sumsq, 1);
     comm_all_reduce_sum_f64(&mesh->pp_comm, &sumsq, 1);
     if (c->zero) comm_all_reduce_sum_f64(&mesh->dp_comm, &sumsq, 1);

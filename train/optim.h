@@ -95,6 +95,7 @@ typedef struct {
     int decay;            /* weight decay applies */
     int in_norm;          /* counted in the global gradient norm on this rank */
     int layer;            /* ParamInfo.layer: the local layer, -1 embedding and head */
+    int expert;           /* 1: a routed expert's tensor at ep > 1 (reduced over the edp group: train/optim_ep.c) */
 } OptimRange;
 
 /* A unit of the partition of the state over dp: whole tensors packed in arena order, n floats,
@@ -229,4 +230,9 @@ double lr_schedule(const OptimConfig *cfg, int step);
 /* clip_grad_norm_'s factor: min(1, (1 / (norm + 1e-6)) * max_norm) in fp32; 1 when max_norm <= 0. */
 float clip_scale(float norm, double max_norm);
 
+/* train/optim_ep.c, at ep > 1 (plain dp): the dp reduction of grads (experts over the edp group, the
+ * rest over dp), and the norm's sum of squares in ep 1's order from this rank's pieces' sums (held
+ * order) and the ep group's (collective over ep) */
+void optim_ep_reduce(const Optim *o, float *grads);
+double optim_ep_sumsq(const Optim *o, const Model *m, const double *sums);
 #endif

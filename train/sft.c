@@ -94,7 +94,7 @@ int sft_main(int argc, char **argv) {
     train_options_check(&o, "sft");
 
     Mesh mesh;
-    mesh_init_world(&mesh, o.tp, o.pp);
+    mesh_init_world(&mesh, o.tp, o.pp, o.ep);
     Model m;
     model_load(&m, o.resume && !o.lora_r ? o.resume : o.model_dir, &mesh, o.dtype, o.be);   /* LoRA: the base */
     Sft s = {&m, NAN};
