@@ -40,10 +40,15 @@ static const float *state_shard(void *ctx, const ParamInfo *in) {
     const Optim *o = s->o;
     const Mesh *mesh = o->mesh;
     if (mesh->tp_rank % in->replicas != 0) return NULL;   /* another tp rank's identical copy is written */
-    if (!o->cfg.zero && mesh->dp_rank != 0) return NULL;  /* dp replicas: dp rank 0's is written */
+    if (!o->cfg.zero && mesh->dp_rank != in->ep_owner) return NULL;  /* dp replicas: dp rank 0's (an expert: its ep rank's) */
     if (!s->buf || in->numel > s->cap) s->buf = xrealloc(s->buf, sizeof(float) * (s->cap = in->numel ? in->numel : 1));
-    for (int r = 0; r < (o->cfg.zero ? mesh->dp : 1); r++) {
-        OptimPiece pc;
+    OptimPiece pc;
+    if (!o->cfg.zero) {   /* plain: its holder has all of it */
+        CHECK(optim_piece(o, 0, in->offset, &pc) == 1 && pc.lo == in->offset && pc.hi == in->offset + in->numel);
+        o->be->to_host(s->buf, s->section + pc.held, sizeof(float) * in->numel);
+        return s->buf;
+    }
+    for (int r = 0; r < mesh->dp; r++) {
         if (!optim_piece(o, r, in->offset, &pc)) continue;
         float *at = s->buf + (pc.lo - in->offset);
         size_t bytes = sizeof(float) * (pc.hi - pc.lo);
