@@ -63,7 +63,8 @@ static PrefStats evaluate(Pref *p, TrainActs *a, Data *d) {
     memset(&p->hook.stats, 0, sizeof p->hook.stats);
     double *ref = xmalloc(sizeof(double) * p->max_tokens);
     float *dout = xmalloc(sizeof(float) * p->max_tokens);
-    for (int k = 0; data_next_batch(d, &b); k++) {
+    int k = 0;
+    for (; data_next_batch(d, &b); k++) {
         if (k % mesh->dp != mesh->dp_rank) continue;
         PrefCtx ctx = {b.margin, ref};
         MicroBatch mb = {b.tokens, b.seq_start, b.n_seqs, b.targets, NULL, &ctx};
@@ -71,6 +72,10 @@ static PrefStats evaluate(Pref *p, TrainActs *a, Data *d) {
         train_forward(p->m, a, b.tokens, b.seq_start, b.n_seqs);
         const float *out = train_outputs(p->m, a, b.targets, 1.0f);
         if (out) p->lh.fn(&mb, b.n_tokens, out, dout, &p->hook);
+    }
+    if (k % mesh->dp && mesh->dp_rank >= k % mesh->dp) {   /* ep > 1: no batch in the last round: join its */
+        if (p->dpo) moe_idle_pass(p->ref);                  /* exchanges, the reference's and then the policy's */
+        moe_idle_pass(p->m);
     }
     free(ref);
     free(dout);

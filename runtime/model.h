@@ -303,6 +303,9 @@ void moe_forward(const Model *m, int l, const float *xb, int N, float *out, doub
  * different times) joins its ep group's MoE exchanges with 0 tokens until every rank of the group has
  * called it (runtime/moe_ep.c; no-op at ep 1 or dense). Call it before any other collective. */
 void moe_drain(const Model *m);
+/* At ep > 1: one forward pass's exchanges with 0 tokens (its stage's layers once), for a rank that
+ * sits out a round its ep group runs (no-op at ep 1 or dense). */
+void moe_idle_pass(const Model *m);
 /* Before the optimizer step at ep > 1: each local expert's gradient += the pairwise tree over the
  * source ranks of their contributions (moe_ep_src_grads), which are zeroed (no-op otherwise). */
 void moe_ep_fold_grads(const Model *m, ModelWeights *grads);

@@ -110,6 +110,14 @@ void moe_drain(const Model *m) {
         }
 }
 
+void moe_idle_pass(const Model *m) {
+    for (int l = 0; m->cfg.moe != MOE_NONE && m->mesh->ep > 1 && l < m->n_layers_local; l++) {
+        MoeRun r = {0};
+        moe_run_ep(m, l, NULL, 0, &r, NULL, 0);
+        moe_run_free(&r);
+    }
+}
+
 /* ---- training: the expert gradients of each source rank apart ------------------------------------
  * (sources, L_local, {gate, up, down}, E_local, Fe_local D) floats, host (MoE runs on the CPU) */
 static size_t per_source(const Model *m) {

@@ -55,6 +55,7 @@ static void sft_evaluate(void *ctx, TrainActs *a, Data *d, int step, const char 
         sum += train_eval_loss_sum(s->m, a, b.targets);
         n += b.n_loss;
     }
+    moe_drain(s->m);   /* ep > 1: the dp ranks ran different numbers of batches (runtime/moe_ep.c) */
     const Comm *pp = &mesh->pp_comm;
     comm_broadcast(pp, &sum, sizeof(sum), pp->size - 1);   /* the last stage's sum, once per eval */
     double v[2] = {sum, n};
