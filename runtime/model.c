@@ -282,7 +282,6 @@ typedef struct {
     LayerWeights *layers;
     size_t off;
     size_t layers_at;     /* arena offset of the first layer tensor (SIZE_MAX until met) */
-    int all;              /* model_param_infos_all: also the experts other ep ranks hold */
 } ParamWalk;
 
 static void info_param(Model *m, const ParamSpec *p, int layer, int expert, void **slot, size_t numel, void *ctx) {
@@ -325,12 +324,12 @@ static void info_param(Model *m, const ParamSpec *p, int layer, int expert, void
 }
 
 int model_param_infos(const Model *m, ParamInfo *infos, int max) {
-    ParamWalk pw = {infos, 0, max, NULL, NULL, NULL, 0, SIZE_MAX, 0};
+    ParamWalk pw = {infos, 0, max, NULL, NULL, NULL, 0, SIZE_MAX};
     for_each_param((Model *)m, info_param, &pw, 0);
     return pw.n;
 }
 int model_param_infos_all(const Model *m, ParamInfo *infos, int max) {
-    ParamWalk pw = {infos, 0, max, NULL, NULL, NULL, 0, SIZE_MAX, 1};
+    ParamWalk pw = {infos, 0, max, NULL, NULL, NULL, 0, SIZE_MAX};
     for_each_param((Model *)m, info_param, &pw, 1);
     return pw.n;
 }
@@ -350,7 +349,7 @@ void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWei
     memset(w, 0, sizeof(*w));
     memset(layers, 0, sizeof(LayerWeights) * m->n_layers_local);
     w->layers = layers;
-    ParamWalk pw = {NULL, 0, 0, arena, w, layers, 0, SIZE_MAX, 0};
+    ParamWalk pw = {NULL, 0, 0, arena, w, layers, 0, SIZE_MAX};
     for_each_param((Model *)m, place_other, &pw, 0);
     CHECK(pw.off == m->n_params);
 }
@@ -393,9 +392,8 @@ static void check_layout(const ModelConfig *c, const Mesh *mesh) {
         user_error("--pp %d is larger than num_hidden_layers %d", pp, c->n_layers);
     if (mesh->ep > 1 && c->moe == MOE_NONE)
         user_error("--ep %d: model_type %s is dense (no experts to split over ep ranks)", mesh->ep, c->model_type);
-    if (c->moe != MOE_NONE && c->n_experts % mesh->ep)
-        user_error("--ep %d does not divide the model's %s %d", mesh->ep,
-                   c->moe == MOE_MIXTRAL ? "num_local_experts" : "num_experts", c->n_experts);
+    const char *ek = c->moe == MOE_MIXTRAL ? "num_local_experts" : "num_experts";
+    if (c->moe != MOE_NONE && c->n_experts % mesh->ep) user_error("--ep %d does not divide the model's %s %d", mesh->ep, ek, c->n_experts);
 }
 
 static void rope_init(Model *m) {

@@ -102,11 +102,14 @@ typedef struct {
  * padded to a multiple of 16 dp; dp rank r holds its packed floats [r S, (r + 1) S), at held offset
  * `held` of every held array. Plain: one unit of every tensor, not split (S = n = n_params). ZeRO-1:
  * one unit of every tensor (packed = the arena). ZeRO-2: each local layer a unit (packed as
- * model_layer_place packs a layer: every layer alike), and each other tensor a unit of its own. */
+ * model_layer_place packs a layer: every layer alike), and each other tensor a unit of its own.
+ * ZeRO-1 at ep > 1: two units, the tensors but the routed experts' split over dp, the experts'
+ * split over the edp group (the dp / ep ranks holding the same experts: edp rank j holds [j S, ...)). */
 typedef struct {
     int layer;            /* the local layer, -1 for a unit of one non-layer tensor */
     int t0;               /* non-layer: its tensor (ranges index); layer: -1 */
     size_t n, S, held;
+    int kind;             /* 0: any tensor; ZeRO-1 at ep > 1: 1 the non-expert tensors, 2 the experts' */
 } OptimUnit;
 
 /* This rank's part of one tensor: arena floats [lo, hi) of ranges[t], held at offset held. */
@@ -234,5 +237,7 @@ float clip_scale(float norm, double max_norm);
  * rest over dp), and the norm's sum of squares in ep 1's order from this rank's pieces' sums (held
  * order) and the ep group's (collective over ep) */
 void optim_ep_reduce(const Optim *o, float *grads);
+/* ZeRO-1 at ep > 1: the two units' reduce-scatters into o->slice (the experts' over the edp group) */
+void optim_ep_reduce_zero(const Optim *o, float *grads);
 double optim_ep_sumsq(const Optim *o, const Model *m, const double *sums);
 #endif

@@ -1,7 +1,8 @@
 /* optim_ep.c — the optimizer's two steps that expert parallelism changes (train/optim.c calls them
- * at ep > 1, plain data parallel): the dp reduction, where the routed experts' gradients are summed
- * over the expert-data-parallel group only (the dp / ep ranks holding the same experts; the other
- * tensors over dp as before), and the global norm's sum of squares, taken in ep 1's order.
+ * at ep > 1): the dp reduction, where the routed experts' gradients are summed over the expert-data-
+ * parallel group only (the dp / ep ranks holding the same experts; the other tensors over dp as
+ * before), plain or ZeRO-1 (whose experts' unit is split over that group: optim.h OptimUnit), and
+ * plain's global norm's sum of squares, taken in ep 1's order (ZeRO-1's is summed over dp as at ep 1).
  * Does not own: the per-source sums that make an expert's gradient at ep > 1 equal to ep 1's dp sum
  * (runtime/moe_ep.c), the rest of the step (train/optim.c).
  *
@@ -32,7 +33,7 @@ static size_t pack_kind(const Optim *o, float *grads, float *buf, int expert, in
 
 void optim_ep_reduce(const Optim *o, float *grads) {
     const Mesh *mesh = o->mesh;
-    CHECK(!o->be->owns && !o->cfg.zero);   /* MoE runs on the CPU; ZeRO with ep is refused */
+    CHECK(!o->be->owns && !o->cfg.zero);   /* MoE runs on the CPU; ZeRO-1: optim_ep_reduce_zero */
     const Comm *groups[2] = {&mesh->dp_comm, &mesh->edp_comm};   /* the other tensors, the experts */
     for (int k = 0; k < 2; k++) {
         const Comm *c = groups[k];
@@ -45,6 +46,18 @@ void optim_ep_reduce(const Optim *o, float *grads) {
         comm_reduce_scatter_sum_fixed(c, buf, mine, S);   /* in place */
         comm_all_gather(c, mine, buf, S);
         pack_kind(o, grads, buf, k, 1);
+        free(buf);
+    }
+}
+
+void optim_ep_reduce_zero(const Optim *o, float *grads) {
+    CHECK(!o->be->owns);
+    for (int u = 0; u < o->n_units; u++) {
+        const OptimUnit *un = &o->units[u];
+        const Comm *c = un->kind == 2 ? &o->mesh->edp_comm : &o->mesh->dp_comm;
+        float *buf = xcalloc(un->S * c->size + 1, sizeof(float));   /* (P S) the unit packed, zero padding */
+        pack_kind(o, grads, buf, un->kind == 2, 0);
+        comm_reduce_scatter_sum_fixed(c, buf, o->slice + un->held, un->S);
         free(buf);
     }
 }
