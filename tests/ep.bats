@@ -11,7 +11,7 @@ load helpers
 
 MOE="mixtral_tiny qwen2_moe_tiny qwen3_moe_tiny"
 
-@test "ep: generate at ep 2 (dp 2) and tp 2 x ep 2 gives ep 1's bytes (greedy, logprobs, prompts finishing at different steps)" {
+@test "ep: generate at ep 2 (dp 2), tp 2 x ep 2 and pp 2 x ep 2 gives ep 1's bytes (greedy, logprobs, prompts finishing at different steps)" {
     for f in $MOE; do
         p="$BATS_TEST_TMPDIR/p.jsonl"
         jq -c '{id, input_ids, max_new_tokens: (.greedy_ids | length)}' "$FIX/refs/$f.jsonl" > "$p"
@@ -27,6 +27,8 @@ MOE="mixtral_tiny qwen2_moe_tiny qwen3_moe_tiny"
     done
     timeout 120 $MPIRUN 4 "$TANDEM" "${G[@]}" --tp 2 --ep 2 --output "$BATS_TEST_TMPDIR/tp2ep2.jsonl" 2>/dev/null
     cmp "$BATS_TEST_TMPDIR/one.jsonl" "$BATS_TEST_TMPDIR/tp2ep2.jsonl"
+    timeout 120 $MPIRUN 4 "$TANDEM" "${G[@]}" --pp 2 --ep 2 --output "$BATS_TEST_TMPDIR/pp2ep2.jsonl" 2>/dev/null
+    cmp "$BATS_TEST_TMPDIR/one.jsonl" "$BATS_TEST_TMPDIR/pp2ep2.jsonl"
     "$TANDEM" "${G[@]}" --dtype bf16 --output "$BATS_TEST_TMPDIR/bf1.jsonl" 2>/dev/null
     timeout 60 $MPIRUN 2 "$TANDEM" "${G[@]}" --dtype bf16 --ep 2 --output "$BATS_TEST_TMPDIR/bf2.jsonl" 2>/dev/null
     cmp "$BATS_TEST_TMPDIR/bf1.jsonl" "$BATS_TEST_TMPDIR/bf2.jsonl"
