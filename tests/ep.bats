@@ -135,6 +135,31 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
     same_ckpt "$t/u1/checkpoint-4" "$t/r2/checkpoint-4"
 }
 
+# rm (a score head on the MoE) and dpo (policy and reference both at ep 2) through 2 steps, their eval
+# over 5 pairs (an odd number of batches: the reference's and the policy's idle passes), and
+# rm --score over 3 batches: ep 1's files and numbers
+@test "ep: rm, dpo and rm --score at ep 2 == ep 1 bit for bit (eval and scoring over an odd number of batches)" {
+    ep_model qwen2_moe
+    local t="$BATS_TEST_TMPDIR"
+    head -5 "$PF/story_val.jsonl" > "$t/v5.jsonl"
+    for cmd in rm dpo; do
+        A=($cmd --model "$t/qwen2_moe" --data "$PF/story_train.jsonl" --eval-data "$t/v5.jsonl" --seq-len 64 --batch-size 2
+           --max-steps 2 --lr 1e-3)
+        run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --out "$t/${cmd}1"
+        [ "$status" -eq 0 ]
+        run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --ep 2 --out "$t/${cmd}2"
+        [ "$status" -eq 0 ]
+        same_ckpt "$t/${cmd}1/checkpoint-2" "$t/${cmd}2/checkpoint-2"
+        diff <(grep eval_ "$t/${cmd}1/metrics.jsonl") <(grep eval_ "$t/${cmd}2/metrics.jsonl")
+    done
+    jq -c '{prompt, response: .chosen}' "$t/v5.jsonl" > "$t/s.jsonl"
+    S=(rm --score --model "$t/rm1/checkpoint-2" --input "$t/s.jsonl" --batch-size 2)
+    timeout 60 $MPIRUN 2 "$TANDEM" "${S[@]}" --output "$t/s1.jsonl" 2>/dev/null
+    timeout 60 $MPIRUN 2 "$TANDEM" "${S[@]}" --ep 2 --output "$t/s2.jsonl" 2>/dev/null
+    [ "$(wc -l < "$t/s2.jsonl")" -eq 5 ]
+    cmp "$t/s1.jsonl" "$t/s2.jsonl"
+}
+
 # GRPO with a MoE actor at ep 2: a reward with variance (vowels mod 4) so the steps move the weights,
 # a stop string so the dp ranks' rollouts end at different steps; rollout logprobs == training
 # logprobs at every step, and every metric but the speed, the weights and the optimizer state are

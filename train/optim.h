@@ -15,6 +15,9 @@
  *           the step; the forward and backward gather a unit where it is used.
  * What it trains is an OptimSet: the model's own weights (optim_new), or LoRA's adapters beside the
  * frozen weights (runtime/lora.h; their state sharded as ZeRO-1 under ZeRO-2/3).
+ * Expert parallelism (--ep > 1, runtime/mesh.h): the routed experts' gradients are reduced over the
+ * expert-data-parallel group, the rest over dp, and ZeRO-1 shards the experts' state over that group
+ * (train/optim_ep.c); ZeRO-2/3 with ep are refused.
  * Every dp sum adds the ranks by one fixed pairwise tree (comm_all_reduce_sum_fixed and
  * comm_reduce_scatter_sum_fixed), so the stages agree bit for bit at any dp whenever each rank's
  * step is one micro-batch. With M > 1 micro-batches ZeRO-2/3 sum each micro-batch over dp before
