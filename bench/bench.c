@@ -285,10 +285,11 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
     peak_rss_reset();                          /* steps_peak_rss_mib: the steps' own peak */
     double *times = xmalloc(sizeof(double) * iters), loss = 0;
     MicroBatch mb = {tokens, start, B, targets, weight, NULL};
-    double dp0 = 0, tp0 = 0;   /* bytes sent before the timed steps */
+    double dp0 = 0, tp0 = 0, ep0 = 0, edp0 = 0;   /* bytes sent before the timed steps */
     for (int it = -1; it < iters; it++) {
         comm_barrier(&mesh->group);
         if (it == 0) dp0 = comm_bytes_sent(&mesh->dp_comm), tp0 = comm_bytes_sent(&mesh->tp_comm);
+        if (it == 0) ep0 = comm_bytes_sent(&mesh->ep_comm), edp0 = comm_bytes_sent(&mesh->edp_comm);
         double t0 = now_seconds();
         loss = learner_step(&L, &mb, 1, hook).loss;
         m->be->sync();   /* the update is queued after the norm came back */
@@ -300,6 +301,13 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
      * bytes (the ZeRO paper: plain DP and ZeRO-1/2 send 2 Psi (P-1)/P, ZeRO-3 3 Psi (P-1)/P) */
     double dp_b = (comm_bytes_sent(&mesh->dp_comm) - dp0) / iters, tp_b = (comm_bytes_sent(&mesh->tp_comm) - tp0) / iters;
     double psi = 4.0 * (double)m->n_params;
+    /* --ep > 1: the all-to-alls' bytes (the tokens out and back, forward and backward) and the
+     * experts' gradient reduction over the expert-data-parallel group, printed after the line's keys */
+    double ep_b = (comm_bytes_sent(&mesh->ep_comm) - ep0) / iters, edp_b = (comm_bytes_sent(&mesh->edp_comm) - edp0) / iters;
+    char ep_keys[160] = "";
+    if (mesh->ep > 1)
+        snprintf(ep_keys, sizeof ep_keys, ", \"ep\": %d, \"ep_mib_sent_per_step\": %.3f, \"edp_mib_sent_per_step\": %.3f",
+                 mesh->ep, ep_b / (1 << 20), edp_b / (1 << 20));
     float pk[2] = {(float)peak_rss_mib(), 0};
     pk[1] = pk[0];
     if (pk_before > pk[0]) pk[0] = pk_before;
@@ -308,10 +316,10 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
         printf("{\"bench\": \"train\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"recompute\": \"%s\", \"sequence_parallel\": %s, "
                "\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"activations_mib\": %.1f, \"peak_rss_mib\": %.1f, \"steps_peak_rss_mib\": %.1f, "
                "\"last_loss\": %.9g, \"tp\": %d, \"pp\": %d, \"dp\": %d, \"head\": \"%s\", \"zero\": %d, "
-               "\"dp_mib_sent_per_step\": %.3f, \"tp_mib_sent_per_step\": %.3f, \"psi_mib\": %.3f, \"dp_sent_per_psi\": %.4f}\n",
+               "\"dp_mib_sent_per_step\": %.3f, \"tp_mib_sent_per_step\": %.3f, \"psi_mib\": %.3f, \"dp_sent_per_psi\": %.4f%s}\n",
                B, T, threads, flags & TRAIN_RECOMPUTE ? "full" : "none", L.slots[0].sp ? "true" : "false", N * mesh->dp / med, med, L.slots[0].n_arena * 4.0 / (1 << 20), pk[0], pk[1], loss,
                mesh->tp, mesh->pp, mesh->dp, m->head == HEAD_SCORE ? "score" : "lm", zero, dp_b / (1 << 20),
-               tp_b / (1 << 20), psi / (1 << 20), dp_b / psi);
+               tp_b / (1 << 20), psi / (1 << 20), dp_b / psi, ep_keys);
     learner_free(&L);
     free(tokens); free(start); free(targets); free(weight); free(times);
     return 0;

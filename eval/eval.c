@@ -297,6 +297,7 @@ static void greedy_check(Model *m, Record *recs, int n, const int *own, int n_ow
         who[s++] = own[k];
     }
     engine_run(e);
+    moe_drain(m);   /* ep > 1: dp groups run different numbers of steps (runtime/moe_ep.c) */
     for (int i = 0; i < n_seqs; i++) {
         Seq *q = &seqs[i];
         Record *r = &recs[who[i]];
@@ -485,6 +486,7 @@ static double score_records(Model *m, Record *recs, int n, int reference, int re
         while (m->mesh->dp == 1 && k < n_own && tokens + recs[own[k]].T <= batch_tokens) { tokens += recs[own[k]].T; b++; k++; }
         score_group(m, recs, a, b, res, reference, ours, relative);
     }
+    moe_drain(m);   /* ep > 1: dp groups score different numbers of batches (runtime/moe_ep.c) */
     if (reference) greedy_check(m, recs, n, own, n_own, res, tie_gap);
     double elapsed = now_seconds() - t0;
     free(own);

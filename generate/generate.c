@@ -323,6 +323,7 @@ static void run_all(Run *run, int resume) {
     for (;;) {
         refill(run);
         engine_run(run->e);
+        moe_drain(run->m);   /* ep > 1: the ep group's exchanges until its every rank is done (runtime/moe_ep.c) */
         if (!run->n_held) break;
         /* twice the size, or the line's if more (a few drains at most); the line alone decides,
          * so every rank of the group (rank 0 may have read further) sizes it the same */

@@ -196,6 +196,7 @@ void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int
             if (engine_add(x->engine, q, err, sizeof err)) user_error("rollout: %s", err);
         }
         engine_run(x->engine);
+        moe_drain(&a->m);   /* --actor-ep > 1: dp ranks finish their rollouts at different steps (runtime/moe_ep.c) */
         for (int s = 0; s < S; s++) {
             if (s % a->mesh.dp != a->mesh.dp_rank) continue;
             Seq *q = &seqs[s];
@@ -246,12 +247,14 @@ void experience_rollout(ExperienceMaker *x, const Roles *rs, int step, const int
  * in turn: calls fn for this replica's chunks. */
 typedef void (*ChunkFn)(ExperienceMaker *x, Roles *rs, Role *r, Experience *b, int s0, int s1, void *out);
 static void chunks(ExperienceMaker *x, Roles *rs, Role *r, Experience *b, ChunkFn fn, void *out) {
-    for (int s0 = 0, k = 0; s0 < b->S; k++) {
+    int k = 0;
+    for (int s0 = 0; s0 < b->S; k++) {
         int s1 = s0 + 1;
         while (s1 < b->S && b->seq_start[s1 + 1] - b->seq_start[s0] <= x->fwd_tokens) s1++;
         if (k % r->mesh.dp == r->mesh.dp_rank) fn(x, rs, r, b, s0, s1, out);
         s0 = s1;
     }
+    if (k % r->mesh.dp && r->mesh.dp_rank >= k % r->mesh.dp) moe_idle_pass(&r->m);   /* ep > 1: the last round's */
 }
 
 /* model_forward of sequences [s0, s1) of b, from their own positions 0 */

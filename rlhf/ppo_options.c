@@ -131,6 +131,7 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--async-lag", OPT_INT, &p->lag, "0", "--rollout-ranks: batch k + L is generated from weights version k while step k trains (0 = synchronous)"},
         {"--behav-imp-weight-cap", OPT_FLOAT, &o->behav_cap, "0", "--async-lag: tokens whose behaviour weight pi_prox / pi_behav exceeds it count 0 (AReaL's; 0 = no cap)"},
         {"--actor-tp", OPT_INT, &R[R_ACTOR].tp, "1", ""}, {"--actor-pp", OPT_INT, &R[R_ACTOR].pp, "1", ""},
+        {"--actor-ep", OPT_INT, &R[R_ACTOR].ep, "1", "a Mixture-of-Experts actor: its experts split over this many of its dp ranks"},
         SEQ_PARALLEL_OPTION(&t->sp), ZERO_OPTION(&t->zero), TRAIN_LORA_OPTIONS(t),
         {"--critic-tp", OPT_INT, &R[R_CRITIC].tp, "1", ""}, {"--critic-pp", OPT_INT, &R[R_CRITIC].pp, "1", ""},
         {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
@@ -243,6 +244,10 @@ static void async_options_check(Ppo *p, PpoOptions *o) {
     if (args_given(&o->behav_cap) && lag == 0) user_error("--behav-imp-weight-cap: only with --async-lag >= 1 (decoupled PPO)");
     if (!(o->behav_cap == 0 || o->behav_cap >= 1)) user_error("--behav-imp-weight-cap %g: must be >= 1 (or 0 = no cap)", o->behav_cap);
     p->actor_hook.behav_cap = o->behav_cap;
+    int ep = R[R_ACTOR].ep;
+    if (ep > 1 && n) user_error("--actor-ep %d: not with --rollout-ranks (the rollout ranks hold the actor's tp x pp shards, not its ep blocks)", ep);
+    if (ep > 1 && (p->x.env_cmd || p->x.env_url))
+        user_error("--actor-ep %d: not with --env-cmd / --env-url yet (the episodes' turns would need the ep ranks in step)", ep);
     if (n == 0) return;
     if (n % (R[R_ACTOR].tp * R[R_ACTOR].pp))
         user_error("--rollout-ranks %d: must be a multiple of the actor's tp x pp = %d (the rollout ranks hold its shards one "

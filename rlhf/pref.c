@@ -63,7 +63,8 @@ static PrefStats evaluate(Pref *p, TrainActs *a, Data *d) {
     memset(&p->hook.stats, 0, sizeof p->hook.stats);
     double *ref = xmalloc(sizeof(double) * p->max_tokens);
     float *dout = xmalloc(sizeof(float) * p->max_tokens);
-    for (int k = 0; data_next_batch(d, &b); k++) {
+    int k = 0;
+    for (; data_next_batch(d, &b); k++) {
         if (k % mesh->dp != mesh->dp_rank) continue;
         PrefCtx ctx = {b.margin, ref};
         MicroBatch mb = {b.tokens, b.seq_start, b.n_seqs, b.targets, NULL, &ctx};
@@ -71,6 +72,10 @@ static PrefStats evaluate(Pref *p, TrainActs *a, Data *d) {
         train_forward(p->m, a, b.tokens, b.seq_start, b.n_seqs);
         const float *out = train_outputs(p->m, a, b.targets, 1.0f);
         if (out) p->lh.fn(&mb, b.n_tokens, out, dout, &p->hook);
+    }
+    if (k % mesh->dp && mesh->dp_rank >= k % mesh->dp) {   /* ep > 1: no batch in the last round: join its */
+        if (p->dpo) moe_idle_pass(p->ref);                  /* exchanges, the reference's and then the policy's */
+        moe_idle_pass(p->m);
     }
     free(ref);
     free(dout);
@@ -179,7 +184,7 @@ static int load_models(const TrainOptions *o, int dpo, const char *ref_dir, int 
     const char *start = o->resume && !o->lora_r ? o->resume : o->model_dir;   /* LoRA: the base */
     int own_ref = dpo && o->lora_r && !ref_dir;   /* LoRA's reference: the base, adapters off */
     Comm world = comm_world();
-    mesh_init(mesh, &world, o->tp, o->pp);
+    mesh_init_ep(mesh, &world, o->tp, o->pp, o->ep);
     if (dpo) {
         model_load(m, start, mesh, o->dtype, o->be);
         if (m->head != HEAD_LM) user_error("%s: a score-head model; dpo trains a causal LM", start);
@@ -187,7 +192,7 @@ static int load_models(const TrainOptions *o, int dpo, const char *ref_dir, int 
             comm_free(&world);
             return 1;
         }
-        mesh_init(ref_mesh, &world, o->tp, o->pp);   /* the reference: same ranks, its own communicators */
+        mesh_init_ep(ref_mesh, &world, o->tp, o->pp, o->ep);  /* the reference: same ranks, its own communicators */
         model_load(ref, ref_dir ? ref_dir : o->model_dir, ref_mesh, o->dtype, o->be);
         if (ref->head != HEAD_LM) user_error("%s: a score-head model; the DPO reference must be a causal LM", ref_dir ? ref_dir : o->model_dir);
         if (ref->cfg.vocab_size != m->cfg.vocab_size)
@@ -240,7 +245,7 @@ static int pref_main(int argc, char **argv, int dpo) {
     if (score) {
         if (o.seq_len < 2 || o.batch_size < 1 || o.threads < 0) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
         ModelOpen mo = {.dir = o.model_dir, .adapter = adapter, .dtype_name = o.dtype_name, .device = o.device, .tp = o.tp,
-                        .pp = o.pp, .threads = o.threads, .comm_timeout = o.comm_timeout, .score_head = 1};
+                        .pp = o.pp, .ep = o.ep, .threads = o.threads, .comm_timeout = o.comm_timeout, .score_head = 1};
         return rm_score_main(&mo, input, output, o.chat_template, o.seq_len, o.batch_size);
     }
     train_options_check(&o, cmd);

@@ -88,11 +88,14 @@ void roles_place(Roles *p, const char *colocate) {
         first += counts[g];
     }
     for (int r = 0; r < N_ROLES; r++)
-        if (R[r].member) mesh_init(&R[r].mesh, &mine.comm, R[r].tp, R[r].pp);
+        if (R[r].member) mesh_init_ep(&R[r].mesh, &mine.comm, R[r].tp, R[r].pp, r == R_ACTOR && R[r].ep ? R[r].ep : 1);
     for (int r = 0; r < N_ROLES; r++)
-        if (R[r].active)
-            snprintf(p->placement + strlen(p->placement), sizeof p->placement - strlen(p->placement), "%s%s@%d+%d:tp%d:pp%d",
-                     p->placement[0] ? "," : "", ROLE_NAMES[r], R[r].root, counts[R[r].group], R[r].tp, R[r].pp);
+        if (R[r].active) {
+            char ep[16] = "";   /* the actor's --ep, when not 1 */
+            if (r == R_ACTOR && R[r].ep > 1) snprintf(ep, sizeof ep, ":ep%d", R[r].ep);
+            snprintf(p->placement + strlen(p->placement), sizeof p->placement - strlen(p->placement), "%s%s@%d+%d:tp%d:pp%d%s",
+                     p->placement[0] ? "," : "", ROLE_NAMES[r], R[r].root, counts[R[r].group], R[r].tp, R[r].pp, ep);
+        }
     if (p->world_rank == 0) {
         fprintf(stderr, "placement (%d ranks):", p->world.size);
         for (int r = 0; r < N_ROLES; r++)

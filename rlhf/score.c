@@ -109,6 +109,7 @@ static void score_lines(Model *m, const Mesh *mesh, const TokIds *ids, int n, in
         comm_broadcast(&mesh->pp_comm, vals, sizeof(float) * N, mesh->pp_comm.size - 1);
         for (int i = 0; i < nb; i++) rew[b0 + i] = vals[start[i + 1] - 1];   /* the value at EOS */
     }
+    moe_drain(m);   /* --ep > 1: the replicas ran different numbers of batches (runtime/moe_ep.c) */
     comm_all_reduce_sum_f64(&mesh->dp_comm, rew, n);   /* each line was scored by one dp replica */
     free(tok); free(start); free(vals);
 }

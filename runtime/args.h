@@ -45,9 +45,10 @@ typedef struct {
 /* the inference commands' (const char **dir; runtime/adapter.h: adapter_merge after model_load) */
 #define ADAPTER_OPTION(dir)                                                                             \
     {"--adapter", OPT_STR, dir, NULL, "PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors), merged into the weights"}
-#define MESH_OPTIONS(tp, pp, threads, dtype)                                      \
+#define MESH_OPTIONS(tp, pp, ep, threads, dtype)                                  \
     {"--tp", OPT_INT, tp, "1", "tensor-parallel size"},                           \
     {"--pp", OPT_INT, pp, "1", "pipeline-parallel size"},                         \
+    {"--ep", OPT_INT, ep, "1", "expert-parallel size (MoE: experts split over ep of the dp ranks)"}, \
     THREADS_OPTION(threads), DTYPE_OPTION(dtype)
 
 /* Parses argv (argv[0] is the subcommand). --help prints usage and exits 0. */

@@ -186,6 +186,26 @@ void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n
     else comm_mpi_all_gather_rows(c, mine, all, n, unit);
     sent(c, (double)(n - (hi - lo)) * unit * sizeof(float));
 }
+void comm_all_to_allv(const Comm *c, const float *send, const int *send_n, const int *send_off, float *recv,
+                      const int *recv_n, const int *recv_off) {
+    if (c->size == 1 || is_alone(c)) {
+        CHECK(send_n[0] == recv_n[0]);
+        if (send_n[0]) memmove(recv + recv_off[0], send + send_off[0], sizeof(float) * (size_t)send_n[0]);
+        return;
+    }
+    comm_mpi_all_to_allv(c, send, send_n, send_off, recv, recv_n, recv_off);
+    double out = 0.0;
+    for (int q = 0; q < c->size; q++) out += q == c->rank ? 0.0 : (double)send_n[q] * sizeof(float);
+    sent(c, out);
+}
+void comm_all_to_all_int(const Comm *c, const int *send, int *recv, int n_each) {
+    if (c->size == 1 || is_alone(c)) {
+        memmove(recv, send, sizeof(int) * (size_t)n_each);
+        return;
+    }
+    comm_mpi_all_to_all_int(c, send, recv, n_each);
+    sent(c, (double)sizeof(int) * n_each * (c->size - 1));
+}
 void comm_reduce_scatter_sum_fixed(const Comm *c, const float *in, float *out, size_t n_each) {
     if (c->size == 1) {   /* alone, or a group of one: a copy */
         if (in != out) local_copy(c, out, in, sizeof(float) * n_each);

@@ -423,6 +423,14 @@ void comm_mpi_iall_gather(const Comm *c, const float *in, float *out, size_t n_e
     req->handle = r;
 }
 
+void comm_mpi_all_to_allv(const Comm *c, const float *send, const int *send_n, const int *send_off, float *recv,
+                          const int *recv_n, const int *recv_off) {
+    MPI_CHECK(MPI_Alltoallv(send, send_n, send_off, MPI_FLOAT, recv, recv_n, recv_off, MPI_FLOAT, HANDLE(c)));
+}
+void comm_mpi_all_to_all_int(const Comm *c, const int *send, int *recv, int n_each) {
+    MPI_CHECK(MPI_Alltoall(send, n_each, MPI_INT, recv, n_each, MPI_INT, HANDLE(c)));
+}
+
 void comm_mpi_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n, size_t unit) {
     int P = c->size;
     size_t lo, hi;

@@ -8,7 +8,9 @@ int mesh_rank_of(const Mesh *m, int tp_rank, int dp_rank, int pp_rank) {
     return tp_rank + m->tp * (dp_rank + m->dp * pp_rank);
 }
 
-void mesh_init(Mesh *m, const Comm *parent, int tp, int pp) {
+void mesh_init(Mesh *m, const Comm *parent, int tp, int pp) { mesh_init_ep(m, parent, tp, pp, 1); }
+
+void mesh_init_ep(Mesh *m, const Comm *parent, int tp, int pp, int ep) {
     memset(m, 0, sizeof(*m));
     m->group = comm_dup(parent);
     m->rank = m->group.rank;
@@ -28,11 +30,22 @@ void mesh_init(Mesh *m, const Comm *parent, int tp, int pp) {
     m->dp_comm = comm_split(&m->group, m->tp_rank + tp * m->pp_rank, m->dp_rank);
     m->pp_comm = comm_split(&m->group, m->tp_rank + tp * m->dp_rank, m->pp_rank);
     CHECK(m->tp_comm.rank == m->tp_rank && m->dp_comm.rank == m->dp_rank && m->pp_comm.rank == m->pp_rank);
+    if (ep < 1 || m->dp % ep)
+        user_error("--ep %d must divide the data-parallel size dp = %d (%d ranks / (tp %d x pp %d))", ep, m->dp, m->size,
+                   tp, pp);
+    m->ep = ep;
+    m->edp = m->dp / ep;
+    m->ep_rank = m->dp_rank % ep;
+    m->edp_rank = m->dp_rank / ep;
+    int line = m->tp_rank + tp * m->pp_rank;   /* the dp line this rank is on */
+    m->ep_comm = comm_split(&m->group, line * m->edp + m->edp_rank, m->ep_rank);
+    m->edp_comm = comm_split(&m->group, line * ep + m->ep_rank, m->edp_rank);
+    CHECK(m->ep_comm.rank == m->ep_rank && m->edp_comm.rank == m->edp_rank);
 }
 
-void mesh_init_world(Mesh *m, int tp, int pp) {
+void mesh_init_world(Mesh *m, int tp, int pp, int ep) {
     Comm world = comm_world();
-    mesh_init(m, &world, tp, pp);
+    mesh_init_ep(m, &world, tp, pp, ep);
     comm_free(&world);
 }
 
@@ -40,6 +53,8 @@ void mesh_free(Mesh *m) {
     comm_free(&m->tp_comm);
     comm_free(&m->dp_comm);
     comm_free(&m->pp_comm);
+    comm_free(&m->ep_comm);
+    comm_free(&m->edp_comm);
     comm_free(&m->group);
 }
 

@@ -7,6 +7,11 @@
  *     TP groups {0,1} {2,3} {4,5} {6,7}      (same dp, pp)
  *     DP groups {0,2} {1,3} {4,6} {5,7}      (same tp, pp)
  *     PP groups {0,4} {1,5} {2,6} {3,7}      (same tp, dp); pp stage s = pp_rank
+ * Expert parallelism (--ep E, Megatron's layout: EP inside DP): E divides dp; an ep group is E
+ * consecutive dp ranks of the same tp and pp coordinates, ep_rank = dp_rank % E; the expert-data-
+ * parallel (edp) group is the dp / E ranks of the same tp, pp and ep_rank, which hold the same
+ * experts (edp_rank = dp_rank / E). 8 ranks, tp=2 dp=4 ep=2: ep groups {0,2} {4,6} {1,3} {5,7},
+ * edp groups {0,4} {2,6} {1,5} {3,7}. ep 1: each rank its own ep group, edp = dp.
  * Role groups, e.g. a world of 6 split as actor 4, critic 2 (group_split): the actor's ranks are
  * world 0-3 and its mesh (tp=2 pp=2) numbers them 0-3 as above; the critic's are world 4-5, its
  * own ranks 0-1 (tp=2). Each group's rank 0 is its root: it writes, logs and reports errors. Two
@@ -23,13 +28,17 @@ typedef struct {
     int tp, dp, pp;                 /* axis sizes */
     int tp_rank, dp_rank, pp_rank;  /* this rank's coordinates */
     Comm group, tp_comm, dp_comm, pp_comm;   /* group: a duplicate of the parent communicator */
+    int ep, ep_rank, edp, edp_rank; /* expert parallelism (above): ep divides dp, edp = dp / ep */
+    Comm ep_comm, edp_comm;         /* the ep group (its all-to-alls) and the expert-data-parallel group */
 } Mesh;
 
 /* Cuts the ranks of parent into a tp x pp x dp mesh (collective over parent); an impossible layout
  * is a user_error (reported by the group's root). */
 void mesh_init(Mesh *m, const Comm *parent, int tp, int pp);
+/* mesh_init with --ep (above): ep must divide dp, else one user_error naming --ep */
+void mesh_init_ep(Mesh *m, const Comm *parent, int tp, int pp, int ep);
 /* mesh_init over every rank of the job (collective over the world): a command whose model spans it. */
-void mesh_init_world(Mesh *m, int tp, int pp);
+void mesh_init_world(Mesh *m, int tp, int pp, int ep);
 void mesh_free(Mesh *m);
 int mesh_rank_of(const Mesh *m, int tp_rank, int dp_rank, int pp_rank);
 static inline int mesh_is_root(const Mesh *m) { return m->rank == 0; }

@@ -148,13 +148,16 @@ static void spec_block(const Model *m, const ParamSpec *p, int64_t *r0, int64_t 
     }
 }
 
-/* tensors a spec has per layer: E for a per-expert spec, else 1 */
-static int spec_copies(const Model *m, const ParamSpec *p) { return p->per_expert ? m->cfg.n_experts : 1; }
+/* tensors a spec has per layer on this rank: the E / ep local experts for a per-expert spec, else 1 */
+static int spec_copies(const Model *m, const ParamSpec *p) { return p->per_expert ? m->n_experts_local : 1; }
+/* a global expert id's place among this rank's (0 for a spec that is not per expert) */
+static size_t local_expert(const Model *m, int expert) { return expert < 0 ? 0 : (size_t)(expert - m->expert_start); }
 
-/* Calls fn for every (spec, local layer, expert) present on this rank, in arena order; expert -1 for
- * a spec that is not per expert. A per-expert spec's slot is its expert 0's: the E follow it. */
+/* Calls fn for every (spec, local layer, expert) present on this rank, in arena order; expert: the
+ * global id, -1 for a spec that is not per expert (all_experts: every expert of the model, also those
+ * other ep ranks hold). A per-expert spec's slot is its first local expert's: the E / ep follow it. */
 typedef void (*SpecFn)(Model *m, const ParamSpec *p, int layer, int expert, void **slot, size_t numel, void *ctx);
-static void for_each_param(Model *m, SpecFn fn, void *ctx) {
+static void for_each_param(Model *m, SpecFn fn, void *ctx, int all_experts) {
     for (int i = 0; i < N_SPECS; i++) {
         const ParamSpec *p = &SPECS[i];
         if (!spec_present(m, p)) continue;
@@ -165,10 +168,11 @@ static void for_each_param(Model *m, SpecFn fn, void *ctx) {
             fn(m, p, -1, -1, (void **)((char *)&m->w + p->offset), numel, ctx);
             continue;
         }
+        int e0 = !p->per_expert ? -1 : all_experts ? 0 : m->expert_start;
+        int e1 = !p->per_expert ? 0 : all_experts ? m->cfg.n_experts : m->expert_start + m->n_experts_local;
         for (int l = 0; l < m->n_layers_local; l++)
-            for (int e = 0; e < spec_copies(m, p); e++)
-                fn(m, p, m->layer_start + l, p->per_expert ? e : -1, (void **)((char *)&m->w.layers[l] + p->offset),
-                   numel, ctx);
+            for (int e = e0; e < e1; e++)
+                fn(m, p, m->layer_start + l, e, (void **)((char *)&m->w.layers[l] + p->offset), numel, ctx);
     }
 }
 
@@ -180,7 +184,7 @@ static void place_param(Model *m, const ParamSpec *p, int layer, int expert, voi
     (void)layer;
     size_t *off = ctx;
     if (spec_aliased(m, p)) { *slot = m->w.embed; return; }
-    if (expert <= 0) *slot = (char *)m->params + *off * dtype_size(m->dtype);
+    if (local_expert(m, expert) == 0) *slot = (char *)m->params + *off * dtype_size(m->dtype);
     *off += numel;
 }
 /* Every tensor of the whole model, all stages and all tp shards, by name and full shape, before
@@ -193,9 +197,10 @@ static void check_tensors(const Model *m, const SafeTensors *st) {
         const ParamSpec *p = &SPECS[i];
         if (!spec_in_model(m, p) || (p->when == IF_SCORE && m->score_seed)) continue;
         int64_t rows = dim_size(m, p->rows), cols = p->cols ? dim_size(m, p->cols) : 0;
-        for (int le = 0; le < (p->where == ON_LAYER ? m->cfg.n_layers : 1) * spec_copies(m, p); le++) {
+        int copies = p->per_expert ? m->cfg.n_experts : 1;
+        for (int le = 0; le < (p->where == ON_LAYER ? m->cfg.n_layers : 1) * copies; le++) {
             char name[256];
-            snprintf(name, sizeof(name), spec_source_name(m, p), le / spec_copies(m, p), le % spec_copies(m, p));
+            snprintf(name, sizeof(name), spec_source_name(m, p), le / copies, le % copies);
             if (!st_find(st, name) && p->offset == MW(lm_head) && !m->cfg.tie_embeddings)
                 user_error("%s: tensor lm_head.weight not found and config.json says tie_word_embeddings is false",
                            st->files[0].path);
@@ -230,7 +235,7 @@ static void load_param(Model *m, const ParamSpec *p, int layer, int expert, void
     if (spec_aliased(m, p)) return;
     Loader *ld = ctx;
     size_t bytes = numel * dtype_size(m->dtype);
-    void *at = (char *)*slot + (expert > 0 ? (size_t)expert * bytes : 0), *dst = at;   /* expert e: the e-th after the slot */
+    void *at = (char *)*slot + local_expert(m, expert) * bytes, *dst = at;   /* the e-th local expert: e after the slot */
     if (m->be->owns) {   /* memory the host cannot touch */
         if (bytes > ld->cap) { free(ld->stage); ld->stage = xmalloc(bytes); ld->cap = bytes; }
         dst = ld->stage;
@@ -283,9 +288,13 @@ static void info_param(Model *m, const ParamSpec *p, int layer, int expert, void
     (void)slot;
     ParamWalk *pw = ctx;
     if (spec_aliased(m, p)) return;
+    int El = m->n_experts_local, held = expert < 0 || (expert >= m->expert_start && expert < m->expert_start + El);
     if (pw->n < pw->max) {
         ParamInfo *in = &pw->infos[pw->n];
         snprintf(in->name, sizeof in->name, p->hf_name, layer, expert);
+        in->expert = expert;
+        in->ep_owner = expert < 0 ? 0 : expert / El;
+        in->held = held;
         in->offset = pw->off;
         in->numel = numel;
         in->layer = layer < 0 ? -1 : layer - m->layer_start;
@@ -293,7 +302,7 @@ static void info_param(Model *m, const ParamSpec *p, int layer, int expert, void
          * row, so the specs before this one take (its block's start - the first layer tensor's) /
          * L_local of a layer; expert e is e tensors after its spec's first */
         if (layer >= 0 && pw->layers_at == SIZE_MAX) pw->layers_at = pw->off;
-        size_t e = expert > 0 ? (size_t)expert : 0, before = ((size_t)in->layer * spec_copies(m, p) + e) * numel;
+        size_t e = held ? local_expert(m, expert) : 0, before = ((size_t)in->layer * spec_copies(m, p) + e) * numel;
         in->layer_offset = layer < 0 ? 0 : (pw->off - before - pw->layers_at) / m->n_layers_local + e * numel;
         in->decay = p->decay;
         in->tp_replicated = p->shard == SHARD_NONE;
@@ -311,12 +320,17 @@ static void info_param(Model *m, const ParamSpec *p, int layer, int expert, void
         if (p->offset == MW(lm_head) && p->where == ON_LAST && m->cfg.tie_embeddings) in->norm_once = 0; /* the table's 2nd copy */
     }
     pw->n++;
-    pw->off += numel;
+    pw->off += held ? numel : 0;
 }
 
 int model_param_infos(const Model *m, ParamInfo *infos, int max) {
     ParamWalk pw = {infos, 0, max, NULL, NULL, NULL, 0, SIZE_MAX};
-    for_each_param((Model *)m, info_param, &pw);
+    for_each_param((Model *)m, info_param, &pw, 0);
+    return pw.n;
+}
+int model_param_infos_all(const Model *m, ParamInfo *infos, int max) {
+    ParamWalk pw = {infos, 0, max, NULL, NULL, NULL, 0, SIZE_MAX};
+    for_each_param((Model *)m, info_param, &pw, 1);
     return pw.n;
 }
 
@@ -327,7 +341,7 @@ static void place_other(Model *m, const ParamSpec *p, int layer, int expert, voi
     char *obase = layer < 0 ? (char *)pw->w : (char *)&pw->layers[layer - m->layer_start];
     void **oslot = (void **)(obase + ((char *)slot - base));
     if (spec_aliased(m, p)) { *oslot = pw->w->embed; return; }
-    if (expert <= 0) *oslot = pw->arena + pw->off;
+    if (local_expert(m, expert) == 0) *oslot = pw->arena + pw->off;
     pw->off += numel;
 }
 
@@ -336,7 +350,7 @@ void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWei
     memset(layers, 0, sizeof(LayerWeights) * m->n_layers_local);
     w->layers = layers;
     ParamWalk pw = {NULL, 0, 0, arena, w, layers, 0, SIZE_MAX};
-    for_each_param((Model *)m, place_other, &pw);
+    for_each_param((Model *)m, place_other, &pw, 0);
     CHECK(pw.off == m->n_params);
 }
 
@@ -376,6 +390,10 @@ static void check_layout(const ModelConfig *c, const Mesh *mesh) {
                    c->shared_dim % tp ? " or shared_expert_intermediate_size" : "");
     if (pp > c->n_layers)
         user_error("--pp %d is larger than num_hidden_layers %d", pp, c->n_layers);
+    if (mesh->ep > 1 && c->moe == MOE_NONE)
+        user_error("--ep %d: model_type %s is dense (no experts to split over ep ranks)", mesh->ep, c->model_type);
+    const char *ek = c->moe == MOE_MIXTRAL ? "num_local_experts" : "num_experts";
+    if (c->moe != MOE_NONE && c->n_experts % mesh->ep) user_error("--ep %d does not divide the model's %s %d", mesh->ep, ek, c->n_experts);
 }
 
 static void rope_init(Model *m) {
@@ -438,6 +456,8 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
     m->o_leaves = tree ? pow2_divisor(c->n_heads, TP_LEAVES) / tp : 1;
     m->down_leaves = tree ? pow2_divisor(c->hidden_dim, TP_LEAVES) / tp : 1;
     m->moe_dim_local = c->moe_dim / tp;
+    m->n_experts_local = c->n_experts / mesh->ep;   /* contiguous ids, the ep_rank-th block */
+    m->expert_start = mesh->ep_rank * m->n_experts_local;
     m->shared_dim_local = c->shared_dim / tp;
     m->moe_leaves = tree && c->moe_dim ? pow2_divisor(c->moe_dim, TP_LEAVES) / tp : 1;
     m->shared_leaves = tree && c->shared_dim ? pow2_divisor(c->shared_dim, TP_LEAVES) / tp : 1;
@@ -457,14 +477,14 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
     SafeTensors *st = st_open_dir(dir);
     check_tensors(m, st);
     size_t n = 0, off = 0;
-    for_each_param(m, count_param, &n);
+    for_each_param(m, count_param, &n, 0);
     m->n_params = n;
     m->params = be->alloc(dtype_size(m->dtype) * n);
     m->weight_bytes = (double)n * dtype_size(m->dtype);
-    for_each_param(m, place_param, &off);
+    for_each_param(m, place_param, &off, 0);
     CHECK(off == n);
     Loader ld = {st, NULL, 0};
-    for_each_param(m, load_param, &ld);
+    for_each_param(m, load_param, &ld, 0);
     free(ld.stage);
     st_close(st);
     rope_init(m);
@@ -521,6 +541,7 @@ void model_free(Model *m) {
     if (m->free_z3) m->free_z3(m);       /* NULLs m->params where the slicing freed the arena */
     if (m->free_lora) m->free_lora(m);
     m->be->free(m->params);
+    free(m->moe_src_grads);
     run_state_free(&m->s);
     free(m->w.layers);
     m->be->free(m->inv_freq);
@@ -568,6 +589,9 @@ void model_print_memory_plan(const Model *m, const MemPlan *p) {
             const float *v = all + K * r;
             double mib[K], tot = 0;
             for (int k = 0; k < K; k++) tot += mib[k] = v[k] / 1048576.0;
+            int er = r / mesh->tp % mesh->dp % mesh->ep, El = m->n_experts_local;   /* its experts (MoE) */
+            if (El) fprintf(stderr, "  rank %-3d experts %d-%d of %d (ep %d)\n", r, er * El, er * El + El - 1,
+                            m->cfg.n_experts, mesh->ep);
             fprintf(stderr, "  rank %-3d (tp %d pp %d) %13.2f %12.2f %11.2f %13.2f %17.2f %14.2f %9.2f\n", r,
                     r % mesh->tp, r / (mesh->tp * mesh->dp), mib[0], mib[1], mib[2], mib[3], mib[4], mib[5], tot);
         }

@@ -41,9 +41,9 @@ typedef struct {
     /* a MoE layer (cfg.moe) instead of gate/up/down (NULL then): E routed experts, each a SwiGLU MLP
      * of width Fe split over tp like the dense one; qwen2_moe's shared expert of width Fs likewise */
     void *router;     /* (E, D)             replicated: every tp rank routes every token identically */
-    void *e_gate;     /* (E, Fe_local, D)   column-parallel, the experts back to back */
-    void *e_up;       /* (E, Fe_local, D)   column-parallel */
-    void *e_down;     /* (E, D, Fe_local)   row-parallel */
+    void *e_gate;     /* (E_local, Fe_local, D) column-parallel, this rank's experts back to back (E / ep) */
+    void *e_up;       /* (E_local, Fe_local, D) column-parallel */
+    void *e_down;     /* (E_local, D, Fe_local) row-parallel */
     void *s_gate;     /* (Fs_local, D)      shared expert (qwen2_moe), else NULL */
     void *s_up;       /* (Fs_local, D) */
     void *s_down;     /* (D, Fs_local)      row-parallel */
@@ -157,6 +157,8 @@ typedef struct Model {
     int o_leaves, down_leaves, vocab_leaves;
     int moe_dim_local, shared_dim_local;                 /* Fe_local, Fs_local (MoE; 0 dense) */
     int moe_leaves, shared_leaves;                       /* the experts' and shared expert's down_proj leaves */
+    int n_experts_local, expert_start;                   /* MoE: this rank's experts, E / ep from expert_start
+                                                          * (mesh ep_rank's block); E and 0 at ep 1 */
     int layer_start, n_layers_local;                     /* this pp stage's layers */
     int is_first, is_last;                               /* pp stage owns embedding / head */
     DType dtype;          /* the weights' storage dtype (F32 or BF16, never AUTO); matmul inputs are rounded
@@ -174,6 +176,8 @@ typedef struct Model {
     struct Lora *lora;      /* trainable LoRA adapters beside the frozen weights (runtime/lora.h); NULL */
     void (*free_lora)(struct Model *m);  /* lora_new's */
     int lora_r;             /* their rank r, 0 without (lora_new sets it; the run state's LoRA buffers) */
+    float *moe_src_grads;   /* training at ep > 1: each source rank's expert gradients apart (runtime/moe_ep.c);
+                             * NULL until used, freed by model_free */
     size_t lora_width;      /* floats per row of an adapter's scratch: its widest output or input,
                              * max(D, F_local, H_local Dh) with adapters, else 0 (lora_new sets it) */
 } Model;
@@ -195,11 +199,18 @@ typedef struct {
     int rows, cols;       /* local shape; cols 0 for 1-D */
     int row0, col0;       /* where this shard starts in the HF tensor (rows past rows_global: vocab padding) */
     int rows_global, cols_global; /* the HF tensor's shape (vocab unpadded); cols_global 0 for 1-D */
+    int expert;           /* a routed expert's tensor: its global id; -1 otherwise */
+    int ep_owner;         /* the ep rank holding it (0 but for experts at ep > 1) */
+    int held;             /* this rank holds it (always, but model_param_infos_all's other ep ranks' experts:
+                           * offset and layer_offset are then meaningless) */
 } ParamInfo;
 
 /* Fills infos (capacity max) in arena order; returns how many. A tied lm_head that aliases the
  * embedding on the same stage is listed once. */
 int model_param_infos(const Model *m, ParamInfo *infos, int max);
+/* The same list with every routed expert of the model (the ep ranks' blocks in order, those of other
+ * ep ranks not held): what a checkpoint holds (saving, train/checkpoint.c). At ep 1 the same. */
+int model_param_infos_all(const Model *m, ParamInfo *infos, int max);
 /* Points a ModelWeights at another (fp32) arena with the parameter layout (gradients, Adam moments). */
 void model_weights_place(const Model *m, float *arena, ModelWeights *w, LayerWeights *layers);
 /* One layer's tensors packed in buf (elements of dt), in arena order (the order of model_param_infos
@@ -288,6 +299,16 @@ void model_head(const Model *m, const LayerBatch *sp, float *out, float *xb, con
  * rmsnorm(x_mid) * mlp_norm of every row; stats (2 E) NULL or LayerBatch.moe_stats. Host buffers
  * (the CPU backend). */
 void moe_forward(const Model *m, int l, const float *xb, int N, float *out, double *stats);
+/* A rank with no forward work left at ep > 1 (generate's, eval's, a rollout's dp ranks finishing at
+ * different times) joins its ep group's MoE exchanges with 0 tokens until every rank of the group has
+ * called it (runtime/moe_ep.c; no-op at ep 1 or dense). Call it before any other collective. */
+void moe_drain(const Model *m);
+/* At ep > 1: one forward pass's exchanges with 0 tokens (its stage's layers once), for a rank that
+ * sits out a round its ep group runs (no-op at ep 1 or dense). */
+void moe_idle_pass(const Model *m);
+/* Before the optimizer step at ep > 1: each local expert's gradient += the pairwise tree over the
+ * source ranks of their contributions (moe_ep_src_grads), which are zeroed (no-op otherwise). */
+void moe_ep_fold_grads(const Model *m, ModelWeights *grads);
 /* The tp sum of a row-parallel output or any partials that feed a logprob, value or loss: the
  * ranks' partials added by one fixed tree (comm_all_reduce_sum_fixed), the same bits at any batch. */
 void model_tp_sum(const Model *m, float *buf, size_t n);

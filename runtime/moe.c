@@ -11,6 +11,9 @@
  * independent: a row's bits do not depend on the other rows), and each token's output is
  * sum_j w_j y_j added in the rank order j = 0 .. k-1 of its choices. So a token's output depends on
  * that token only: the same bits alone, in any batch, in generation and in scoring.
+ * Expert parallelism (--ep): each rank holds E / ep experts; the rows go to their experts' ranks and
+ * back by all-to-all (runtime/moe_ep.c, where the tp sum of the down outputs happens and why), the
+ * same rows through the same GEMMs: ep 1's bits.
  * Tensor parallel: each expert (and the shared expert) is split over tp like the dense MLP (gate/up
  * column-parallel, down row-parallel with moe_leaves leaves); the router is replicated, so every tp
  * rank routes identically. The experts' (N k, D) down outputs are tp-summed BEFORE the weighted
@@ -71,8 +74,8 @@ static void shared_expert(const Model *m, const LayerWeights *w, const float *xb
 static void route_all(const Model *m, const LayerWeights *w, const float *xb, MoeRun *r) {
     const ModelConfig *c = &m->cfg;
     int N = r->N, E = c->n_experts, k = c->n_experts_tok, NK = N * k;
-    float *logits = xmalloc(sizeof(float) * N * E);                                      /* (N, E) */
-    m->be->matmul(logits, xb, w->router, NULL, m->dtype, N, c->dim, E, 1);             /* replicated router */
+    float *logits = xmalloc(sizeof(float) * ((size_t)N * E + 1));                        /* (N, E) */
+    if (N) m->be->matmul(logits, xb, w->router, NULL, m->dtype, N, c->dim, E, 1);      /* replicated router */
     for (int t = 0; t < N; t++)
         route(logits + (size_t)t * E, E, k, c->norm_topk, r->p + (size_t)t * E, r->sel + t * k, r->w + t * k);
     free(logits);
@@ -86,42 +89,51 @@ static void route_all(const Model *m, const LayerWeights *w, const float *xb, Mo
     free(fill);
 }
 
-void moe_run(const Model *m, int l, const float *xb, int N, MoeRun *r, float *out) {
+int moe_run_ep(const Model *m, int l, const float *xb, int N, MoeRun *r, float *out, int idle) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerWeights *w = &m->w.layers[l];
     DType wt = m->dtype;
     int D = c->dim, E = c->n_experts, k = c->n_experts_tok, Fe = m->moe_dim_local, Fs = m->shared_dim_local;
+    int P = m->mesh->ep, El = m->n_experts_local;
     size_t NK = (size_t)N * k, ws = dtype_size(wt);
     r->N = N;
-    float **f[] = {&r->p, &r->w, &r->xg, &r->gate, &r->up, &r->act, &r->y, &r->s_gate, &r->s_up, &r->s_act, &r->s_y,
-                   &r->s_logit};
-    size_t n[] = {(size_t)N * E, NK, NK * D, NK * Fe, NK * Fe, NK * Fe, NK * D, (size_t)N * Fs, (size_t)N * Fs,
-                  (size_t)N * Fs, Fs ? (size_t)N * D : 0, Fs ? (size_t)N : 0};
-    for (size_t i = 0; i < sizeof n / sizeof n[0]; i++) *f[i] = xmalloc(sizeof(float) * (n[i] ? n[i] : 1));
-    r->sel = xmalloc(sizeof(int) * NK);
-    r->slot = xmalloc(sizeof(int) * NK);
+    r->sel = xmalloc(sizeof(int) * (NK + 1));
+    r->slot = xmalloc(sizeof(int) * (NK + 1));
     r->rows = xmalloc(sizeof(int) * (NK + 1));
     r->start = xmalloc(sizeof(int) * (E + 1));
+    r->p = xmalloc(sizeof(float) * ((size_t)N * E + 1));
+    r->w = xmalloc(sizeof(float) * (NK + 1));
     route_all(m, w, xb, r);
-    be->gather_rows(r->xg, xb, r->rows, (int)NK, D);
-    for (int e = 0; e < E; e++) {   /* one grouped GEMM per expert over its tokens */
-        int r0 = r->start[e], ne = r->start[e + 1] - r0;
+    float *home = xmalloc(sizeof(float) * (NK * D + 1));                               /* (NK, D) grouped */
+    if (N) be->gather_rows(home, xb, r->rows, (int)NK, D);
+    int all_idle = moe_ep_plan(m, r, idle);   /* runtime/moe_ep.c: every source's rows for my experts */
+    size_t R = (size_t)r->R;
+    float **f[] = {&r->xg, &r->gate, &r->up, &r->act, &r->yl, &r->y, &r->s_gate, &r->s_up, &r->s_act, &r->s_y,
+                   &r->s_logit};
+    size_t n[] = {R * D, R * Fe, R * Fe, R * Fe, R * D, NK * D, (size_t)N * Fs, (size_t)N * Fs, (size_t)N * Fs,
+                  Fs ? (size_t)N * D : 0, Fs ? (size_t)N : 0};
+    for (size_t i = 0; i < sizeof n / sizeof n[0]; i++) *f[i] = xmalloc(sizeof(float) * (n[i] ? n[i] : 1));
+    moe_ep_dispatch(m, r, home, r->xg, D);
+    free(home);
+    for (int e = 0; e < El; e++) {   /* one grouped GEMM per local expert over its rows from every source */
+        int r0 = r->loff[e * P], ne = r->loff[(e + 1) * P] - r0;
         if (!ne) continue;
-        size_t we = (size_t)e * Fe * D * ws;   /* bytes to expert e's (Fe_local, D) / (D, Fe_local) */
+        size_t we = (size_t)e * Fe * D * ws;   /* bytes to local expert e's (Fe_local, D) / (D, Fe_local) */
         be->matmuls(r->xg + (size_t)r0 * D, ne, D,
                     (MatmulOut[]){{r->gate + (size_t)r0 * Fe, (char *)w->e_gate + we, NULL, Fe},
                                   {r->up + (size_t)r0 * Fe, (char *)w->e_up + we, NULL, Fe}}, 2, wt);   /* column-parallel */
     }
-    be->swiglu(r->act, r->gate, r->up, NK * Fe);
-    be->round_to(r->act, NK * Fe, wt);                                                 /* matmul input */
-    for (int e = 0; e < E; e++) {
-        int r0 = r->start[e], ne = r->start[e + 1] - r0;
-        if (ne) be->matmul(r->y + (size_t)r0 * D, r->act + (size_t)r0 * Fe, (char *)w->e_down + (size_t)e * D * Fe * ws,
+    be->swiglu(r->act, r->gate, r->up, R * Fe);
+    be->round_to(r->act, R * Fe, wt);                                                  /* matmul input */
+    for (int e = 0; e < El; e++) {
+        int r0 = r->loff[e * P], ne = r->loff[(e + 1) * P] - r0;
+        if (ne) be->matmul(r->yl + (size_t)r0 * D, r->act + (size_t)r0 * Fe, (char *)w->e_down + (size_t)e * D * Fe * ws,
                            NULL, wt, ne, Fe, D, m->moe_leaves);                          /* row-parallel: partial */
     }
-    model_tp_sum(m, r->y, NK * D);   /* before the combine: tp invariant (see the top) */
-    for (int t = 0; t < N; t++) {    /* each token's choices in rank order */
+    model_tp_sum(m, r->yl, R * D);   /* on the experts' side, before the combine: tp invariant (see the top) */
+    moe_ep_return(m, r, r->yl, r->y, D);
+    for (int t = 0; out && t < N; t++) {    /* each token's choices in rank order */
         float *o = out + (size_t)t * D;
         for (int d = 0; d < D; d++) o[d] = 0.0f;
         for (int j = 0; j < k; j++) {
@@ -129,12 +141,17 @@ void moe_run(const Model *m, int l, const float *xb, int N, MoeRun *r, float *ou
             for (int d = 0; d < D; d++) o[d] += wj * yj[d];
         }
     }
-    if (Fs) shared_expert(m, w, xb, r, out);
+    if (Fs && N) shared_expert(m, w, xb, r, out);   /* N 0: every tp peer idle too, no tp sum to join */
+    return all_idle;
+}
+
+void moe_run(const Model *m, int l, const float *xb, int N, MoeRun *r, float *out) {
+    moe_run_ep(m, l, xb, N, r, out, 0);
 }
 
 void moe_run_free(MoeRun *r) {
-    void *p[] = {r->p, r->w, r->xg, r->gate, r->up, r->act, r->y, r->s_gate, r->s_up, r->s_act, r->s_y, r->s_logit,
-                 r->sel, r->slot, r->rows, r->start};
+    void *p[] = {r->p, r->w, r->xg, r->gate, r->up, r->act, r->yl, r->y, r->s_gate, r->s_up, r->s_act, r->s_y,
+                 r->s_logit, r->sel, r->slot, r->rows, r->start, r->cnt, r->loff};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     memset(r, 0, sizeof *r);
 }

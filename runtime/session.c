@@ -10,7 +10,7 @@ void model_open(ModelOpen *s, Mesh *mesh, Model *m) {
     s->threads = backend_set_threads(s->threads);
     DType dtype = dtype_parse("--dtype", s->dtype_name);
     const Backend *be = device_open(s->device);
-    mesh_init_world(mesh, s->tp, s->pp);
+    mesh_init_world(mesh, s->tp, s->pp, s->ep);
     if (s->score_head) model_load_score(m, s->dir, mesh, 1, dtype, be);   /* a directory's own head is kept */
     else model_load(m, s->dir, mesh, dtype, be);
     if (s->adapter) adapter_merge(m, s->adapter);

@@ -14,14 +14,14 @@ typedef struct {
     const char *dir;               /* --model (a directory once parsed) */
     const char *adapter;           /* --adapter: merged into the weights after the load (NULL: none) */
     const char *dtype_name, *device;   /* --dtype (runtime/device.h dtype_parse), --device */
-    int tp, pp, threads;           /* threads: 0 = the cores available; model_open sets the count in use */
+    int tp, pp, ep, threads;           /* threads: 0 = the cores available; model_open sets the count in use */
     float comm_timeout;            /* --comm-timeout */
     int score_head;                /* a reward model: the directory's score head, else a new one (seed 1) */
 } ModelOpen;
 
-/* The rows --tp, --pp, --threads, --dtype, --device, --comm-timeout (ModelOpen *s) */
+/* The rows --tp, --pp, --ep, --threads, --dtype, --device, --comm-timeout (ModelOpen *s) */
 #define MODEL_OPEN_OPTIONS(s)                                                                     \
-    MESH_OPTIONS(&(s)->tp, &(s)->pp, &(s)->threads, &(s)->dtype_name), DEVICE_OPTION(&(s)->device), \
+    MESH_OPTIONS(&(s)->tp, &(s)->pp, &(s)->ep, &(s)->threads, &(s)->dtype_name), DEVICE_OPTION(&(s)->device), \
         COMM_TIMEOUT_OPTION(&(s)->comm_timeout)
 
 /* After comm_init, args_parse and the command's checks: sets the communication deadline and the

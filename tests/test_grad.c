@@ -194,16 +194,19 @@ static void compare_outputs(const char *what, const float *got, const float *wan
 int main(int argc, char **argv) {
     comm_init(&argc, &argv);
     if (argc != 3 && argc != 5 && argc != 6) {
-        fprintf(stderr, "usage: test_grad MODEL_DIR FIXTURE.json [TP PP [1f1b]]\n");
+        fprintf(stderr, "usage: test_grad MODEL_DIR FIXTURE.json [TP PP [1f1b | epE]]\n");
         return 2;
     }
     int tp = argc >= 5 ? atoi(argv[3]) : 1, pp = argc >= 5 ? atoi(argv[4]) : 1;
     int one_f_one_b = argc == 6 && !strcmp(argv[5], "1f1b");  /* each sequence its own micro-batch, 1F1B */
+    /* epE (MoE): the experts over E of the dp ranks, each of which runs the whole batch: an expert's
+     * gradient is then the sum of E identical contributions, E times torch's (exact: x + x = 2x) */
+    int ep = argc == 6 && !strncmp(argv[5], "ep", 2) ? atoi(argv[5] + 2) : 1;
     int recompute = getenv("TANDEM_TEST_RECOMPUTE") != NULL;   /* --recompute full: the same numbers */
     backend_set_threads(getenv("OMPI_COMM_WORLD_SIZE") ? 1 : 2);   /* 1 per rank under mpirun */
     Mesh mesh;
     Comm world = comm_world();   /* this command's meshes span the job */
-    mesh_init(&mesh, &world, tp, pp);
+    mesh_init_ep(&mesh, &world, tp, pp, ep);
     comm_free(&world);
     snprintf(g_tag, sizeof g_tag, "[tp %d/%d pp %d/%d]", mesh.tp_rank, tp, mesh.pp_rank, pp);
 
@@ -336,6 +339,7 @@ int main(int argc, char **argv) {
             }
         }
         train_tied_embedding_all_reduce(&m, &a, &gs.w);
+        moe_ep_fold_grads(&m, &gs.w);   /* ep > 1: the sources' expert gradients (schedule_1f1b's does it) */
     } else {
         /* the same batch as micro-batches of one sequence (of one pair for the preference losses)
          * through schedule_1f1b: same loss and gradients up to summation order */
@@ -404,6 +408,7 @@ int main(int argc, char **argv) {
         }
         r0 = p->row0;
         c0 = p->col0;
+        for (size_t k = 0; ep > 1 && p->expert >= 0 && k < p->numel; k++) garena[p->offset + k] /= (float)ep;
         compare(p->name, garena + p->offset, p->rows, p->cols ? p->cols : 1, ref, R, C, r0, c0, &worst);
         if (p->tp_replicated) same_across(&mesh.tp_comm, p->name, garena + p->offset, p->numel);
         if (ends_with(p->name, "k_proj.weight") || ends_with(p->name, "v_proj.weight") ||

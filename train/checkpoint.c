@@ -11,7 +11,10 @@
  *                       rank 0 (over the pp group: those writers are exactly one pp group).
  *   tp rank r > 0, dp 0 sends (ParamInfo, shard) of each tensor to its tp rank 0, unless its copy
  *                       is a replica (norms; a kv head shared by several tp ranks): only the first
- *                       rank of each replica group sends, every copy being identical. */
+ *                       rank of each replica group sends, every copy being identical.
+ *   dp q, 0 < q < ep    expert parallelism: the first ep group's rank q holds experts [q E/ep, ...):
+ *                       it sends each of their shards to its dp rank 0 (same tp rank) over the ep
+ *                       group, in tensor order, which then sends or writes it as its own. */
 #include "train/checkpoint.h"
 #include "runtime/comm.h"
 #include "runtime/safetensors.h"
@@ -263,7 +266,7 @@ static const float *weight_shard(void *ctx, const ParamInfo *in) {
     WeightSource *s = ctx;
     const Model *m = s->m;
     const Mesh *mesh = m->mesh;
-    if (mesh->dp_rank != 0 || mesh->tp_rank % in->replicas != 0) return NULL;
+    if (mesh->dp_rank != in->ep_owner || mesh->tp_rank % in->replicas != 0) return NULL;   /* ep: its holder */
     size_t es = dtype_size(m->dtype);
     if (!s->raw || in->numel > s->cap) {
         s->cap = in->numel ? in->numel : 1;
@@ -283,9 +286,9 @@ static void save_stage(const Model *m, const ShardSource *src, DType dt, const c
     const Mesh *mesh = m->mesh;
     const Comm *tpc = &mesh->tp_comm;
     int tp = mesh->tp, writer = mesh->tp_rank == 0 && mesh->dp_rank == 0;
-    int n = model_param_infos(m, NULL, 0);
+    int n = model_param_infos_all(m, NULL, 0);   /* every expert, those other ep ranks hold too */
     ParamInfo *infos = xmalloc(sizeof(ParamInfo) * (size_t)n);
-    CHECK(model_param_infos(m, infos, n) == n);
+    CHECK(model_param_infos_all(m, infos, n) == n);
 
     /* the writer streams the stage file: header from the shapes, then each tensor as it is gathered,
      * so it never holds more than one full tensor */
@@ -311,13 +314,24 @@ static void save_stage(const Model *m, const ShardSource *src, DType dt, const c
             snprintf(err, CHECKPOINT_ERR_CAP, "%s%s: cannot write: %s", who, path, strerror(errno));
         free(hdr);
     }
-    size_t cap = 0, names_cap = 0;
+    size_t cap = 0, names_cap = 0, relay_cap = 0;
     float *recv_buf = NULL;     /* one shard from another tp rank */
+    float *relay = NULL;        /* ep > 1: an expert's shard from the ep rank holding it */
     for (int i = 0; i < n; i++) {
         const ParamInfo *in = &infos[i];
         if (skip_tensor(m, in)) continue;
-        const float *shard = src->shard(src->ctx, in);   /* on every rank, in tensor order */
+        const float *shard = in->held ? src->shard(src->ctx, in) : NULL;   /* on every rank, in tensor order */
+        /* an expert of ep rank q > 0: dp rank q (the first ep group's) sends its shard to dp rank 0 */
+        if (in->ep_owner && mesh->dp_rank == in->ep_owner) {
+            CHECK(shard != NULL);
+            comm_send(&mesh->ep_comm, shard, sizeof(float) * in->numel, 0);
+        }
         if (mesh->dp_rank != 0) continue;
+        if (in->ep_owner) {
+            if (in->numel > relay_cap) relay = xrealloc(relay, sizeof(float) * (relay_cap = in->numel));
+            comm_recv(&mesh->ep_comm, relay, sizeof(float) * in->numel, in->ep_owner);
+            shard = relay;
+        }
         /* replicas: consecutive tp ranks holding the same copy (all tp for norms); the first of each
          * group stands for it */
         if (!writer) {
@@ -352,6 +366,7 @@ static void save_stage(const Model *m, const ShardSource *src, DType dt, const c
         list->bytes += (int64_t)(dtype_size(dt) * numel_global);
     }
     free(recv_buf);
+    free(relay);
     if (w && st_writer_close(w) != 0 && !err[0])
         snprintf(err, CHECKPOINT_ERR_CAP, "%s%s: cannot write: %s", who, path, strerror(errno));
     free(path);

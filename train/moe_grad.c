@@ -20,7 +20,9 @@
  * sum's backward is the identity) and gives this rank's partial of d xb, which the caller sums over
  * tp (the "copy" backward). The router and the shared gate are replicated and their d logits are
  * the same on every rank, so their weight gradients are too, and their term of d xb is added by tp
- * rank 0 alone (the caller's tp sum then counts it once). */
+ * rank 0 alone (the caller's tp sum then counts it once).
+ * Expert parallelism: d y goes to the experts' ranks and d x_g comes back by the forward's all-to-alls
+ * (runtime/moe_ep.c); experts_backward says how the expert weights' gradients keep ep 1's bits. */
 #include "train/grad.h"
 #include "runtime/moe.h"
 #include "runtime/util.h"
@@ -75,20 +77,59 @@ static void shared_backward(const Model *m, const LayerWeights *w, LayerWeights 
     free(dys); free(ds); free(da); free(dg); free(du); free(dx);
 }
 
+/* The local experts' backward: dy (NK, D) home's grouped rows to the experts' ranks, each local
+ * expert's down / swiglu / gate / up backward over its rows, dxg (NK, D) back home (grouped). The
+ * weight gradients: at ep 1 into g, one matmul_backward per expert over its rows; at ep > 1 into
+ * each source rank's own buffer (moe_ep_src_grads), one call per (expert, source): the rows rank s
+ * would have at ep 1, so moe_ep_fold_grads's tree over the sources adds what dp's tree adds at ep 1. */
+static void experts_backward(const Model *m, int l, LayerWeights *g, const MoeRun *r, float *dy, float *dxg) {
+    const Backend *be = m->be;
+    DType wt = m->dtype;
+    const LayerWeights *w = &m->w.layers[l];
+    int D = m->cfg.dim, Fe = m->moe_dim_local, P = m->mesh->ep, El = m->n_experts_local;
+    size_t R = (size_t)r->R, ws = dtype_size(wt), FeD = (size_t)Fe * D;
+    float *dyl = xmalloc(sizeof(float) * (R * D + 1)), *dxl = xmalloc(sizeof(float) * (R * D + 1));   /* (R, D) */
+    float *tmp = xmalloc(sizeof(float) * (R * D + 1)), *dact = xmalloc(sizeof(float) * (R * Fe + 1)); /* (R, Fe) */
+    float *dg = xmalloc(sizeof(float) * (R * Fe + 1)), *du = xmalloc(sizeof(float) * (R * Fe + 1));
+    moe_ep_dispatch(m, r, dy, dyl, D);
+    for (int e = 0; e < El; e++)
+        for (int s = 0; s < P; s++) {   /* at ep 1: each expert over all its rows */
+            size_t r0 = (size_t)r->loff[e * P + s];
+            int ne = r->loff[e * P + s + 1] - r->loff[e * P + s];
+            if (!ne) continue;
+            float *gw[3];   /* the gradients of local expert e's gate, up, down (fp32) */
+            for (int t = 0; t < 3; t++) {
+                float *ge = t == 0 ? g->e_gate : t == 1 ? g->e_up : g->e_down;
+                gw[t] = !ge ? NULL : P == 1 ? ge + e * FeD : moe_ep_src_grads(m, l, t, s) + e * FeD;
+            }
+            size_t we = (size_t)e * FeD * ws;   /* bytes to local expert e's weights */
+            be->matmul_backward(dact + r0 * Fe, gw[2], NULL, dyl + r0 * D, r->act + r0 * Fe, (char *)w->e_down + we, wt,
+                                ne, Fe, D);
+            be->swiglu_backward(dg + r0 * Fe, du + r0 * Fe, dact + r0 * Fe, r->gate + r0 * Fe, r->up + r0 * Fe,
+                                (size_t)ne * Fe);
+            be->matmul_backward(dxl + r0 * D, gw[0], NULL, dg + r0 * Fe, r->xg + r0 * D, (char *)w->e_gate + we, wt, ne,
+                                D, Fe);
+            be->matmul_backward(tmp + r0 * D, gw[1], NULL, du + r0 * Fe, r->xg + r0 * D, (char *)w->e_up + we, wt, ne,
+                                D, Fe);
+        }
+    be->add_to(dxl, dxl, tmp, R * D);
+    moe_ep_return(m, r, dxl, dxg, D);
+    free(dyl); free(dxl); free(tmp); free(dact); free(dg); free(du);
+}
+
 void moe_backward(const Model *m, int l, const float *xb, int N, const float *dout, float *dxb, LayerWeights *g,
                   const float *aux_dp) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerWeights *w = &m->w.layers[l];
     DType wt = m->dtype;
-    int D = c->dim, E = c->n_experts, k = c->n_experts_tok, Fe = m->moe_dim_local;
+    int D = c->dim, E = c->n_experts, k = c->n_experts_tok;
     size_t NK = (size_t)N * k, ND = (size_t)N * D;
     MoeRun r = {0};
     float *out = xmalloc(sizeof(float) * ND);   /* (N, D) the block's output again: unused */
     moe_run(m, l, xb, N, &r, out);
-    float *dy = xmalloc(sizeof(float) * NK * D), *dxg = xmalloc(sizeof(float) * NK * D);   /* (NK, D) */
-    float *dact = xmalloc(sizeof(float) * NK * Fe), *dg = xmalloc(sizeof(float) * NK * Fe); /* (NK, Fe) */
-    float *du = xmalloc(sizeof(float) * NK * Fe), *tmp = xmalloc(sizeof(float) * NK * D);
+    float *dy = xmalloc(sizeof(float) * (NK * D + 1)), *dxg = xmalloc(sizeof(float) * (NK * D + 1)); /* (NK, D) */
+    float *tmp = xmalloc(sizeof(float) * (ND + 1));                                                   /* (N, D) */
     float *dw = xmalloc(sizeof(float) * NK), *dlog = xmalloc(sizeof(float) * N * E);      /* (N, k), (N, E) */
     for (int t = 0; t < N; t++)
         for (int j = 0; j < k; j++) {
@@ -98,21 +139,7 @@ void moe_backward(const Model *m, int l, const float *xb, int N, const float *do
             for (int x = 0; x < D; x++) { d[x] = r.w[i] * o[x]; dot += o[x] * y[x]; }
             dw[i] = dot;
         }
-    size_t ws = dtype_size(wt);
-    for (int e = 0; e < E; e++) {   /* each expert over its grouped rows */
-        size_t r0 = (size_t)r.start[e];
-        int ne = r.start[e + 1] - r.start[e];
-        if (!ne) continue;
-        size_t we = (size_t)e * Fe * D;   /* elements to expert e's matrices (gradients: fp32) */
-        be->matmul_backward(dact + r0 * Fe, g->e_down ? (float *)g->e_down + we : NULL, NULL, dy + r0 * D,
-                            r.act + r0 * Fe, (char *)w->e_down + we * ws, wt, ne, Fe, D);
-        be->swiglu_backward(dg + r0 * Fe, du + r0 * Fe, dact + r0 * Fe, r.gate + r0 * Fe, r.up + r0 * Fe, (size_t)ne * Fe);
-        be->matmul_backward(dxg + r0 * D, g->e_gate ? (float *)g->e_gate + we : NULL, NULL, dg + r0 * Fe, r.xg + r0 * D,
-                            (char *)w->e_gate + we * ws, wt, ne, D, Fe);
-        be->matmul_backward(tmp + r0 * D, g->e_up ? (float *)g->e_up + we : NULL, NULL, du + r0 * Fe, r.xg + r0 * D,
-                            (char *)w->e_up + we * ws, wt, ne, D, Fe);
-    }
-    be->add_to(dxg, dxg, tmp, NK * D);
+    experts_backward(m, l, g, &r, dy, dxg);
     for (int t = 0; t < N; t++) {   /* back to the tokens, choices in rank order */
         float *d = dxb + (size_t)t * D;
         for (int x = 0; x < D; x++) d[x] = 0.0f;
@@ -125,6 +152,6 @@ void moe_backward(const Model *m, int l, const float *xb, int N, const float *do
     be->matmul_backward(tmp, g->router, NULL, dlog, xb, w->router, wt, N, D, E);        /* replicated */
     if (m->mesh->tp_rank == 0) be->add_to(dxb, dxb, tmp, ND);
     if (c->shared_dim) shared_backward(m, w, g, &r, xb, dout, dxb);
-    free(out); free(dy); free(dxg); free(dact); free(dg); free(du); free(tmp); free(dw); free(dlog);
+    free(out); free(dy); free(dxg); free(tmp); free(dw); free(dlog);
     moe_run_free(&r);
 }

@@ -110,6 +110,7 @@ _Static_assert(sizeof(OptimHeader) == 64, "OptimHeader is the 64-byte file heade
 static int optim_sections(const Optim *o) { return o->dtype == DTYPE_BF16 ? 3 : 2; }
 
 static int in_unit(const Optim *o, const OptimUnit *un, int t) {
+    if (un->kind && o->ranges[t].expert != (un->kind == 2)) return 0;
     return un->t0 >= 0 ? t == un->t0 : un->layer < 0 || o->ranges[t].layer == un->layer;
 }
 /* dp rank r's pieces (of tensor `only`, or all when -1): each unit's tensors in packed order, cut to
@@ -118,7 +119,8 @@ static int pieces_of(const Optim *o, int r, int only, OptimPiece *out) {
     int n = 0;
     for (int u = 0; u < o->n_units; u++) {
         const OptimUnit *un = &o->units[u];
-        size_t at = 0, lo = (size_t)r * un->S, hi = lo + un->S;   /* packed */
+        int ur = un->kind == 2 ? r / o->mesh->ep : r;   /* the experts' unit: dp rank r's edp rank */
+        size_t at = 0, lo = (size_t)ur * un->S, hi = lo + un->S;   /* packed */
         for (int t = 0; t < o->n_ranges; t++) {
             const OptimRange *rg = &o->ranges[t];
             if (!in_unit(o, un, t)) continue;
@@ -146,23 +148,28 @@ static void build_partition(Optim *o) {
     for (int t = 0; t < o->n_ranges; t++) if (o->ranges[t].layer + 1 > L) L = o->ranges[t].layer + 1;
     o->units = xcalloc((size_t)o->n_ranges + 1, sizeof(OptimUnit));
     o->n_units = 0;
-    if (o->cfg.zero < 2) {
-        o->units[o->n_units++] = (OptimUnit){-1, -1, o->n_params, 0, 0};
+    if (o->cfg.zero == 1 && mesh->ep > 1) {   /* the experts apart, over the edp group */
+        size_t n[2] = {0, 0};
+        for (int t = 0; t < o->n_ranges; t++) n[o->ranges[t].expert] += o->ranges[t].hi - o->ranges[t].lo;
+        for (int k = 0; k < 2; k++) o->units[o->n_units++] = (OptimUnit){-1, -1, n[k], 0, 0, k + 1};
+    } else if (o->cfg.zero < 2) {
+        o->units[o->n_units++] = (OptimUnit){-1, -1, o->n_params, 0, 0, 0};
     } else {   /* in arena order of each unit's first tensor: the embedding, layers 0 .. L-1, the head */
         for (int t = 0; t < o->n_ranges; t++) {
             const OptimRange *rg = &o->ranges[t];
-            if (rg->layer < 0) o->units[o->n_units++] = (OptimUnit){-1, t, rg->hi - rg->lo, 0, 0};
+            if (rg->layer < 0) o->units[o->n_units++] = (OptimUnit){-1, t, rg->hi - rg->lo, 0, 0, 0};
             else if (t == 0 || o->ranges[t - 1].layer < 0) {   /* the first layer tensor: all the layers here */
                 size_t n = 0;
                 for (int k = 0; k < o->n_ranges; k++) if (o->ranges[k].layer == 0) n += o->ranges[k].hi - o->ranges[k].lo;
-                for (int l = 0; l < L; l++) o->units[o->n_units++] = (OptimUnit){l, -1, n, 0, 0};
+                for (int l = 0; l < L; l++) o->units[o->n_units++] = (OptimUnit){l, -1, n, 0, 0, 0};
             }
         }
     }
-    size_t quantum = (size_t)ARENA_ALIGN * dp, held = 0;
+    size_t held = 0;
     for (int u = 0; u < o->n_units; u++) {
         OptimUnit *un = &o->units[u];
-        un->S = o->cfg.zero ? (un->n + quantum - 1) / quantum * quantum / dp : un->n;
+        size_t P = un->kind == 2 ? (size_t)mesh->edp : (size_t)dp, quantum = ARENA_ALIGN * P;
+        un->S = o->cfg.zero ? (un->n + quantum - 1) / quantum * quantum / P : un->n;
         un->held = held;
         held += un->S;
     }
@@ -193,6 +200,9 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
 
 Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, OptimConfig cfg) {
     check_config(&cfg);
+    if (mesh->ep > 1 && cfg.zero >= 2)
+        user_error("--zero %d with --ep %d: the experts' gradients are complete only at the step's end (each source "
+                   "rank's apart until then), not after each layer: use --zero 1 or 0", cfg.zero, mesh->ep);
     const Backend *be = m->be;
     Optim *o = xcalloc(1, sizeof(Optim));
     o->cfg = cfg;
@@ -210,7 +220,8 @@ Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, Opti
     for (int i = 0; i < n_info; i++) {
         CHECK(infos[i].offset == end);   /* the infos tile the arena in order */
         o->ranges[i] = (OptimRange){infos[i].offset, infos[i].offset + infos[i].numel, infos[i].decay,
-                                    infos[i].norm_once, infos[i].layer};
+                                    infos[i].norm_once, infos[i].layer,
+                                    mesh->ep > 1 && set->params == m->params && infos[i].expert >= 0};
         end += infos[i].numel;
     }
     CHECK(end == o->n_params);
@@ -319,7 +330,6 @@ void optim_print_summary(const Optim *o) {
  * sends half the bytes; S is a multiple of 16). ZeRO-1: the grads arena is the gather buffer; ZeRO-2:
  * each unit's gradient buffer (spent: its gradient is reduced). */
 static void gather_params(Optim *o, Model *m, float *grads) {
-    const Comm *dp = &o->mesh->dp_comm;
     const Backend *be = o->be;
     size_t es = dtype_size(o->dtype);
     int p = 0;
@@ -333,8 +343,10 @@ static void gather_params(Optim *o, Model *m, float *grads) {
             const OptimPiece *pc = &o->pieces[p];
             be->copy_bytes(mine + (pc->held - un->held) * es, (char *)o->params + pc->lo * es, es * (pc->hi - pc->lo));
         }
+        const Comm *dp = un->kind == 2 ? &o->mesh->edp_comm : &o->mesh->dp_comm;   /* the experts': edp */
+        CHECK(o->cfg.zero >= 2 || un->S * dp->size <= o->n_grad);
         comm_all_gather(dp, (float *)mine, (float *)all, un->S * es / sizeof(float));
-        if (o->cfg.zero < 2) {   /* one unit, packed = the arena */
+        if (o->cfg.zero < 2 && !un->kind) {   /* one unit, packed = the arena */
             be->copy_bytes(o->params, all, es * o->n_params);
             continue;
         }
@@ -346,7 +358,7 @@ static void gather_params(Optim *o, Model *m, float *grads) {
             be->copy_bytes((char *)o->params + rg->lo * es, all + at * es, es * (rg->hi - rg->lo));
             at += rg->hi - rg->lo;
         }
-        be->zero(all, sizeof(float) * un->S * o->mesh->dp);   /* the unit's gradient buffer again */
+        be->zero(all, sizeof(float) * un->S * dp->size);   /* the unit's gradient buffer again */
     }
 }
 
@@ -375,11 +387,15 @@ float optim_step(Optim *o, Model *m, float *grads) {
     if (c->zero >= 2) {   /* the layers were reduced after each micro-batch's backward; the rest now */
         for (int u = 0; u < o->n_units; u++) if (o->units[u].layer < 0) optim_reduce_unit(o, u);
         held = o->slice;
+    } else if (c->zero && mesh->ep > 1) {
+        optim_ep_reduce_zero(o, grads);   /* the experts over the edp group */
+        held = o->slice;
     } else if (c->zero) {
         comm_reduce_scatter_sum_fixed(&mesh->dp_comm, grads, o->slice, o->n_state);
         held = o->slice;
     } else {   /* the same tree as an all-reduce, by the bandwidth-optimal pattern at every size */
-        if (mesh->dp > 1) {
+        if (mesh->ep > 1) optim_ep_reduce(o, grads);   /* the experts over the edp group */
+        else if (mesh->dp > 1) {
             size_t S = o->n_grad / mesh->dp;
             float *mine = grads + (size_t)mesh->dp_rank * S;
             comm_reduce_scatter_sum_fixed(&mesh->dp_comm, grads, mine, S);   /* in place */
@@ -396,9 +412,11 @@ float optim_step(Optim *o, Model *m, float *grads) {
         if (o->ranges[pc->t].in_norm) be->sum_squares(o->sums + i, held + pc->held, pc->hi - pc->lo, o->partials);
     }
     be->to_host(o->sums_host, o->sums, sizeof(double) * o->n_pieces);
-    double sumsq = 0.0;   /* in held order */
-    for (int i = 0; i < o->n_pieces; i++)
+    double sumsq = 0.0;   /* in held order (ep > 1: ep 1's, the ep group's experts in place) */
+    int ep_order = mesh->ep > 1 && !c->zero;
+    for (int i = 0; i < o->n_pieces && !ep_order; i++)
         if (o->ranges[o->pieces[i].t].in_norm) sumsq += o->sums_host[i];
+    if (ep_order) sumsq = optim_ep_sumsq(o, m, o->sums_host);
     comm_all_reduce_sum_f64(&mesh->tp_comm, &sumsq, 1);
     comm_all_reduce_sum_f64(&mesh->pp_comm, &sumsq, 1);
     if (c->zero) comm_all_reduce_sum_f64(&mesh->dp_comm, &sumsq, 1);

@@ -15,6 +15,9 @@
  *           the step; the forward and backward gather a unit where it is used.
  * What it trains is an OptimSet: the model's own weights (optim_new), or LoRA's adapters beside the
  * frozen weights (runtime/lora.h; their state sharded as ZeRO-1 under ZeRO-2/3).
+ * Expert parallelism (--ep > 1, runtime/mesh.h): the routed experts' gradients are reduced over the
+ * expert-data-parallel group, the rest over dp, and ZeRO-1 shards the experts' state over that group
+ * (train/optim_ep.c); ZeRO-2/3 with ep are refused.
  * Every dp sum adds the ranks by one fixed pairwise tree (comm_all_reduce_sum_fixed and
  * comm_reduce_scatter_sum_fixed), so the stages agree bit for bit at any dp whenever each rank's
  * step is one micro-batch. With M > 1 micro-batches ZeRO-2/3 sum each micro-batch over dp before
@@ -95,17 +98,21 @@ typedef struct {
     int decay;            /* weight decay applies */
     int in_norm;          /* counted in the global gradient norm on this rank */
     int layer;            /* ParamInfo.layer: the local layer, -1 embedding and head */
+    int expert;           /* 1: a routed expert's tensor at ep > 1 (reduced over the edp group: train/optim_ep.c) */
 } OptimRange;
 
 /* A unit of the partition of the state over dp: whole tensors packed in arena order, n floats,
  * padded to a multiple of 16 dp; dp rank r holds its packed floats [r S, (r + 1) S), at held offset
  * `held` of every held array. Plain: one unit of every tensor, not split (S = n = n_params). ZeRO-1:
  * one unit of every tensor (packed = the arena). ZeRO-2: each local layer a unit (packed as
- * model_layer_place packs a layer: every layer alike), and each other tensor a unit of its own. */
+ * model_layer_place packs a layer: every layer alike), and each other tensor a unit of its own.
+ * ZeRO-1 at ep > 1: two units, the tensors but the routed experts' split over dp, the experts'
+ * split over the edp group (the dp / ep ranks holding the same experts: edp rank j holds [j S, ...)). */
 typedef struct {
     int layer;            /* the local layer, -1 for a unit of one non-layer tensor */
     int t0;               /* non-layer: its tensor (ranges index); layer: -1 */
     size_t n, S, held;
+    int kind;             /* 0: any tensor; ZeRO-1 at ep > 1: 1 the non-expert tensors, 2 the experts' */
 } OptimUnit;
 
 /* This rank's part of one tensor: arena floats [lo, hi) of ranges[t], held at offset held. */
@@ -229,4 +236,11 @@ double lr_schedule(const OptimConfig *cfg, int step);
 /* clip_grad_norm_'s factor: min(1, (1 / (norm + 1e-6)) * max_norm) in fp32; 1 when max_norm <= 0. */
 float clip_scale(float norm, double max_norm);
 
+/* train/optim_ep.c, at ep > 1 (plain dp): the dp reduction of grads (experts over the edp group, the
+ * rest over dp), and the norm's sum of squares in ep 1's order from this rank's pieces' sums (held
+ * order) and the ep group's (collective over ep) */
+void optim_ep_reduce(const Optim *o, float *grads);
+/* ZeRO-1 at ep > 1: the two units' reduce-scatters into o->slice (the experts' over the edp group) */
+void optim_ep_reduce_zero(const Optim *o, float *grads);
+double optim_ep_sumsq(const Optim *o, const Model *m, const double *sums);
 #endif

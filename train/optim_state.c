@@ -40,21 +40,30 @@ static const float *state_shard(void *ctx, const ParamInfo *in) {
     const Optim *o = s->o;
     const Mesh *mesh = o->mesh;
     if (mesh->tp_rank % in->replicas != 0) return NULL;   /* another tp rank's identical copy is written */
-    if (!o->cfg.zero && mesh->dp_rank != 0) return NULL;  /* dp replicas: dp rank 0's is written */
+    if (!o->cfg.zero && mesh->dp_rank != in->ep_owner) return NULL;  /* dp replicas: dp rank 0's (an expert: its ep rank's) */
     if (!s->buf || in->numel > s->cap) s->buf = xrealloc(s->buf, sizeof(float) * (s->cap = in->numel ? in->numel : 1));
-    for (int r = 0; r < (o->cfg.zero ? mesh->dp : 1); r++) {
-        OptimPiece pc;
-        if (!optim_piece(o, r, in->offset, &pc)) continue;
+    OptimPiece pc;
+    if (!o->cfg.zero) {   /* plain: its holder has all of it */
+        CHECK(optim_piece(o, 0, in->offset, &pc) == 1 && pc.lo == in->offset && pc.hi == in->offset + in->numel);
+        o->be->to_host(s->buf, s->section + pc.held, sizeof(float) * in->numel);
+        return s->buf;
+    }
+    /* ZeRO-1 at ep > 1: an expert's state is split over the edp group of its holders, gathered onto
+     * edp rank 0 (the first ep group's rank ep_owner: checkpoint.c relays it to dp rank 0 from there) */
+    int ex = mesh->ep > 1 && in->expert >= 0, me = ex ? mesh->edp_rank : mesh->dp_rank;
+    const Comm *c = ex ? &mesh->edp_comm : &mesh->dp_comm;
+    for (int r = 0; r < c->size; r++) {
+        if (!optim_piece(o, ex ? r * mesh->ep : r, in->offset, &pc)) continue;   /* a dp rank of edp rank r */
         float *at = s->buf + (pc.lo - in->offset);
         size_t bytes = sizeof(float) * (pc.hi - pc.lo);
-        if (r == mesh->dp_rank) {
+        if (r == me) {
             o->be->to_host(at, s->section + pc.held, bytes);
-            if (r != 0) comm_send(&mesh->dp_comm, at, bytes, 0);
-        } else if (mesh->dp_rank == 0) {
-            comm_recv(&mesh->dp_comm, at, bytes, r);
+            if (r != 0) comm_send(c, at, bytes, 0);
+        } else if (me == 0) {
+            comm_recv(c, at, bytes, r);
         }
     }
-    return mesh->dp_rank == 0 ? s->buf : NULL;
+    return me == 0 ? s->buf : NULL;
 }
 
 /* LoRA (OptimSet of the adapters): section k laid out as the adapters' arena on the host, every dp

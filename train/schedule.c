@@ -31,5 +31,6 @@ float schedule_1f1b(Model *m, TrainActs *slots, int n_slots, const MicroBatch *m
         slots[i].lora_key = 0;   /* eval's forwards: no dropout */
     }
     train_tied_embedding_all_reduce(m, &slots[0], &grads->w);    /* tied table used on two stages */
+    moe_ep_fold_grads(m, &grads->w);                             /* ep > 1: the sources' expert gradients */
     return train_loss_share(m, (float)loss);
 }

@@ -55,6 +55,7 @@ static void sft_evaluate(void *ctx, TrainActs *a, Data *d, int step, const char 
         sum += train_eval_loss_sum(s->m, a, b.targets);
         n += b.n_loss;
     }
+    moe_drain(s->m);   /* ep > 1: the dp ranks ran different numbers of batches (runtime/moe_ep.c) */
     const Comm *pp = &mesh->pp_comm;
     comm_broadcast(pp, &sum, sizeof(sum), pp->size - 1);   /* the last stage's sum, once per eval */
     double v[2] = {sum, n};
@@ -94,7 +95,7 @@ int sft_main(int argc, char **argv) {
     train_options_check(&o, "sft");
 
     Mesh mesh;
-    mesh_init_world(&mesh, o.tp, o.pp);
+    mesh_init_world(&mesh, o.tp, o.pp, o.ep);
     Model m;
     model_load(&m, o.resume && !o.lora_r ? o.resume : o.model_dir, &mesh, o.dtype, o.be);   /* LoRA: the base */
     Sft s = {&m, NAN};

@@ -90,7 +90,7 @@ typedef struct {
     const char *dtype_name, *save_dtype_name, *device;
     DType dtype, save_dtype;   /* parsed by run_options_check (DTYPE_AUTO: the checkpoint's / the model's) */
     const Backend *be;         /* --device, opened by train_options_check: load the models onto it */
-    int tp, pp, threads, seq_len, batch_size, M, epochs, max_steps, stop_after, warmup, zero, skip_bad, overwrite, sp;
+    int tp, pp, ep, threads, seq_len, batch_size, M, epochs, max_steps, stop_after, warmup, zero, skip_bad, overwrite, sp;
     int seed, eval_every, save_every, save_limit, log_every;
     int lora_r, lora_rslora, merge;  /* LoRA (runtime/lora.h): rank (0 = off), rsLoRA's scale; --merge */
     float lora_alpha, lora_dropout;
@@ -151,7 +151,7 @@ typedef struct {
     {"--eval-every", OPT_INT, &(o)->eval_every, "0", "steps between evals (0 = only before and after)"},           \
     {"--save-every", OPT_INT, &(o)->save_every, "0", "steps between checkpoints (0 = only at the end)"},           \
     TRAIN_SAVE_LIMIT_OPTION(o), TRAIN_LOG_EVERY_OPTION(o),                                                        \
-    MESH_OPTIONS(&(o)->tp, &(o)->pp, &(o)->threads, &(o)->dtype_name),                                            \
+    MESH_OPTIONS(&(o)->tp, &(o)->pp, &(o)->ep, &(o)->threads, &(o)->dtype_name),                                            \
     DEVICE_OPTION(&(o)->device), COMM_TIMEOUT_OPTION(&(o)->comm_timeout)
 
 /* The checks every trainer shares (sft, rm, dpo and ppo, whose TrainOptions holds its run and
