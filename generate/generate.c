@@ -324,16 +324,22 @@ static void run_all(Run *run, int resume) {
         refill(run);
         engine_run(run->e);
         moe_drain(run->m);   /* ep > 1: the ep group's exchanges until its every rank is done (runtime/moe_ep.c) */
-        if (!run->n_held) break;
         /* twice the size, or the line's if more (a few drains at most); the line alone decides,
-         * so every rank of the group (rank 0 may have read further) sizes it the same */
-        int need = 2 * run->max_len < run->ec->max_ctx ? 2 * run->max_len : run->ec->max_ctx;
-        if (line_len(run->held[0]) > need) need = line_len(run->held[0]);
+         * so every rank of the group (rank 0 may have read further) sizes it the same. The engine's
+         * making is collective over every rank (the KV pool's sizing): when any group holds a line,
+         * every group makes the largest size asked (a group without one runs it empty) */
+        float need = 0;
+        if (run->n_held) {
+            need = 2 * run->max_len < run->ec->max_ctx ? 2 * run->max_len : run->ec->max_ctx;
+            if (line_len(run->held[0]) > need) need = line_len(run->held[0]);
+        }
+        comm_all_reduce_max(&run->mesh->group, &need, 1);   /* exact: a length < 2^24 */
+        if (need == 0) break;
         EngineStats st = engine_stats(run->e);
         stats_add(&run->past, &st);
         engine_free(run->e);
-        run->max_len = need;
-        run->e = engine_new(run->m, run->ec, need);
+        run->max_len = (int)need;
+        run->e = engine_new(run->m, run->ec, run->max_len);
     }
     CHECK(run->rd.eof && run->inflight == 0);
     if (mesh_is_root(run->mesh)) collect_lines(run, run->n_remote);   /* the other groups' last lines */

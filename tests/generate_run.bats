@@ -299,19 +299,20 @@ load helpers
     cmp "$BATS_TEST_TMPDIR/before.jsonl" <(head -n 3 "$O")
 }
 
-@test "generate streams its input: a line longer than every one before it, read late, drains and resizes the engine; the same bytes at 1x1 and dp 2, and as the whole input read first" {
+@test "generate streams its input: a line longer than every one before it, read late, drains and resizes the engine; the same bytes at 1x1 and dp 2 (where one group holds it: both remake their engines), and as the whole input read first" {
     need_assets
-    for i in $(seq 1 300); do echo "{\"id\": $i, \"prompt\": \"Once upon a time $i\", \"max_new_tokens\": $((1 + i % 5))}"; done > "$BATS_TEST_TMPDIR/p.jsonl"
+    # line 561: after the 2 x 256 lines the dp groups read first, so only its group holds it
+    for i in $(seq 1 560); do echo "{\"id\": $i, \"prompt\": \"Once upon a time $i\", \"max_new_tokens\": $((1 + i % 3))}"; done > "$BATS_TEST_TMPDIR/p.jsonl"
     echo "{\"id\": \"long\", \"prompt\": \"$(printf 'Lily and Tom went to the park. %.0s' $(seq 1 20))\", \"max_new_tokens\": 40}" >> "$BATS_TEST_TMPDIR/p.jsonl"
-    for i in $(seq 301 320); do echo "{\"id\": $i, \"prompt\": \"Once upon a time $i\"}"; done >> "$BATS_TEST_TMPDIR/p.jsonl"
+    for i in $(seq 561 580); do echo "{\"id\": $i, \"prompt\": \"Once upon a time $i\"}"; done >> "$BATS_TEST_TMPDIR/p.jsonl"
     A=(generate --model "$STORIES" --input "$BATS_TEST_TMPDIR/p.jsonl" --max-new-tokens 3 --max-batch 2 --temperature 0.8 --seed 3 --logprobs 1)
     timeout 300 "$TANDEM" "${A[@]}" --output "$BATS_TEST_TMPDIR/one.jsonl" 2>/dev/null
     timeout 300 $MPIRUN 2 "$TANDEM" "${A[@]}" --output "$BATS_TEST_TMPDIR/dp.jsonl" 2>/dev/null
-    [ "$(wc -l < "$BATS_TEST_TMPDIR/one.jsonl")" -eq 321 ]
+    [ "$(wc -l < "$BATS_TEST_TMPDIR/one.jsonl")" -eq 581 ]
     [ "$(jq -r 'select(.id == "long") | .completion_tokens' "$BATS_TEST_TMPDIR/one.jsonl")" -eq 40 ]
     cmp "$BATS_TEST_TMPDIR/one.jsonl" "$BATS_TEST_TMPDIR/dp.jsonl"
-    # --max-batch 200: 400 lines in flight, the whole input read first and the engine sized for the
+    # --max-batch 300: 600 lines in flight, the whole input read first and the engine sized for the
     # long line from the start (tokens do not depend on the batch): the same bytes
-    timeout 300 "$TANDEM" "${A[@]}" --max-batch 200 --output "$BATS_TEST_TMPDIR/wide.jsonl" 2>/dev/null
+    timeout 300 "$TANDEM" "${A[@]}" --max-batch 300 --output "$BATS_TEST_TMPDIR/wide.jsonl" 2>/dev/null
     cmp "$BATS_TEST_TMPDIR/one.jsonl" "$BATS_TEST_TMPDIR/wide.jsonl"
 }
