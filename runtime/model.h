@@ -238,7 +238,10 @@ void model_free(Model *m);
 /* Prints the parameter/value table and arena sizes (rank 0). */
 void model_print_summary(const Model *m);
 /* Bytes one rank holds, by kind: what each command prints as its memory plan. */
-typedef struct { double weights, master, grads, moments, acts, kv; } MemPlan;
+typedef struct {
+    double weights, master, grads, moments, acts, kv;
+    int expert_zero;   /* training at ep > 1: the ZeRO stage, whose sharding of the experts (over edp) the plan names */
+} MemPlan;
 /* The plan of a model's rank before the command's own parts: weights, and the run state's
  * activations when allocated. */
 MemPlan model_mem_plan(const Model *m);
@@ -309,6 +312,8 @@ void moe_idle_pass(const Model *m);
 /* Before the optimizer step at ep > 1: each local expert's gradient += the pairwise tree over the
  * source ranks of their contributions (moe_ep_src_grads), which are zeroed (no-op otherwise). */
 void moe_ep_fold_grads(const Model *m, ModelWeights *grads);
+/* The bytes of those per-source buffers at ep > 1 in training (ep x the local experts' fp32 gradients); 0 else */
+size_t moe_ep_src_bytes(const Model *m);
 /* The tp sum of a row-parallel output or any partials that feed a logprob, value or loss: the
  * ranks' partials added by one fixed tree (comm_all_reduce_sum_fixed), the same bits at any batch. */
 void model_tp_sum(const Model *m, float *buf, size_t n);
