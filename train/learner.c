@@ -20,8 +20,8 @@ static void reduce_layer(GradSink *g, int l) {
 }
 
 /* ZeRO-2: the gradients as tensors in the optimizer's unit buffers: every layer in the layers' one
- * buffer (model_layer_place's packing; at ep > 1 without the routed experts, which are in the experts'
- * unit's buffer: moe_ep_fold_grads adds the step's sources there, reduced over edp by optim_step),
+ * buffer (model_layer_place's packing; at ep > 1 without the routed experts, which are in the layer's
+ * experts' unit's buffer: moe_ep_fold_grads adds the step's sources there, reduced by optim_step),
  * each other tensor in its own unit's */
 static void place_unit_grads(Learner *L) {
     const Optim *o = L->opt;
@@ -101,7 +101,9 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
         place_unit_grads(L);
         if (oc.zero == 3) {   /* the optimizer has its master: the weights to slices */
             model_shard_weights(m, &m->mesh->dp_comm);
-            CHECK(m->n_layers_local == 0 || m->z3->S == L->opt->units[optim_layer_unit(L->opt, 0)].S);
+            size_t S0 = 0;   /* layer 0's units (ep > 1: two) are its slice */
+            for (int u = 0; u < L->opt->n_units; u++) S0 += L->opt->units[u].layer == 0 ? L->opt->units[u].S : 0;
+            CHECK(m->n_layers_local == 0 || m->z3->S == S0);
         }
     } else {
         L->grads = m->be->alloc(sizeof(float) * optim_grad_floats(L->opt));   /* zero */

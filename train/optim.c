@@ -151,7 +151,7 @@ static void build_partition(Optim *o) {
     const Mesh *mesh = o->mesh;
     int dp = o->cfg.zero ? mesh->dp : 1, L = 0;
     for (int t = 0; t < o->n_ranges; t++) if (o->ranges[t].layer + 1 > L) L = o->ranges[t].layer + 1;
-    o->units = xcalloc((size_t)o->n_ranges + 2, sizeof(OptimUnit));
+    o->units = xcalloc(2 * (size_t)o->n_ranges + 1, sizeof(OptimUnit));
     o->n_units = 0;
     if (o->cfg.zero == 1 && mesh->ep > 1) {   /* the experts apart, over the edp group */
         size_t n[2] = {0, 0};
@@ -160,8 +160,8 @@ static void build_partition(Optim *o) {
     } else if (o->cfg.zero < 2) {
         o->units[o->n_units++] = (OptimUnit){-1, -1, o->n_params, 0, 0, 0};
     } else {   /* in arena order of each unit's first tensor: the embedding, layers 0 .. L-1, the head; at
-                * ep > 1 each layer's unit without its experts, and the experts of every layer one unit
-                * after the layers' (over the edp group, reduced once the step's sources are folded) */
+                * ep > 1 each layer two units: without its experts, and its experts (over the edp group,
+                * reduced once the step's sources are folded; runtime/shards.c slices a layer so) */
         int ep = mesh->ep > 1;
         for (int t = 0; t < o->n_ranges; t++) {
             const OptimRange *rg = &o->ranges[t];
@@ -173,8 +173,10 @@ static void build_partition(Optim *o) {
                     if (ep && o->ranges[k].expert) nx += len;
                     else if (o->ranges[k].layer == 0) n += len;
                 }
-                for (int l = 0; l < L; l++) o->units[o->n_units++] = (OptimUnit){l, -1, n, 0, 0, ep};
-                if (ep) o->units[o->n_units++] = (OptimUnit){-1, -1, nx, 0, 0, 2};
+                for (int l = 0; l < L; l++) {
+                    o->units[o->n_units++] = (OptimUnit){l, -1, n, 0, 0, ep};
+                    if (ep) o->units[o->n_units++] = (OptimUnit){l, -1, nx / L, 0, 0, 2};
+                }
             }
         }
     }
@@ -196,7 +198,7 @@ static void build_partition(Optim *o) {
 static void *piece_params(const Optim *o, const Model *m, const OptimPiece *pc) {
     const OptimUnit *un = &o->units[pc->u];
     size_t es = dtype_size(o->dtype);
-    char *slice = o->params == m->params ? model_shard_slice(m, un->layer, un->t0 >= 0 ? o->ranges[un->t0].lo : 0) : NULL;
+    char *slice = o->params == m->params ? model_shard_slice(m, un->layer, un->t0 >= 0 ? o->ranges[un->t0].lo : 0, un->kind == 2) : NULL;
     if (slice) return slice + (pc->held - un->held) * es;
     return (char *)o->params + pc->lo * es;
 }
@@ -213,9 +215,6 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
 
 Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, OptimConfig cfg) {
     check_config(&cfg);
-    if (mesh->ep > 1 && cfg.zero == 3)
-        user_error("--zero 3 with --ep %d: the experts' weights are not sliced over the expert-data-parallel group "
-                   "yet (ZeRO-3 slices each layer whole over dp): use --zero 2, 1 or 0", mesh->ep);
     const Backend *be = m->be;
     Optim *o = xcalloc(1, sizeof(Optim));
     o->cfg = cfg;
@@ -248,9 +247,10 @@ Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, Opti
         size_t layer_at = SIZE_MAX;
         for (int u = 0; u < o->n_units; u++) {
             const OptimUnit *un = &o->units[u];
-            if (un->layer >= 0 && layer_at != SIZE_MAX) { o->ubuf_off[u] = layer_at; continue; }
+            int shared = un->layer >= 0 && un->kind != 2;   /* a layer's experts (ep > 1): a buffer of their own */
+            if (shared && layer_at != SIZE_MAX) { o->ubuf_off[u] = layer_at; continue; }
             o->ubuf_off[u] = o->n_ubuf;
-            if (un->layer >= 0) layer_at = o->n_ubuf;
+            if (shared) layer_at = o->n_ubuf;
             o->n_ubuf += un->S * unit_comm(o, un)->size;
         }
         o->ubuf = be->alloc(sizeof(float) * o->n_ubuf);
@@ -325,9 +325,7 @@ float *optim_layer_tensor_grads(const Optim *o, int l, size_t layer_off) {
         if (o->ranges[t].layer == l) at += o->ranges[t].hi - o->ranges[t].lo;
     CHECK(t < o->n_ranges);
     int u = 0;
-    while (u < o->n_units && !(o->units[u].layer == (o->ranges[t].expert ? -1 : l) && o->units[u].t0 < 0 &&
-                               in_unit(o, &o->units[u], t)))
-        u++;
+    while (u < o->n_units && !(o->units[u].layer == l && in_unit(o, &o->units[u], t))) u++;
     CHECK(u < o->n_units);
     size_t pos = 0;   /* t's place in its unit's packed order */
     for (int k = 0; k < t; k++) pos += in_unit(o, &o->units[u], k) ? o->ranges[k].hi - o->ranges[k].lo : 0;
@@ -415,7 +413,7 @@ float optim_step(Optim *o, Model *m, float *grads) {
      * gives plain's bits; held[i] is then the reduced gradient of held float i */
     float *held;
     if (c->zero >= 2) {   /* the layers were reduced after each micro-batch's backward; the rest now */
-        for (int u = 0; u < o->n_units; u++) if (o->units[u].layer < 0) optim_reduce_unit(o, u);
+        for (int u = 0; u < o->n_units; u++) if (o->units[u].layer < 0 || o->units[u].kind == 2) optim_reduce_unit(o, u);
         held = o->slice;
     } else if (c->zero && mesh->ep > 1) {
         optim_ep_reduce_zero(o, grads);   /* the experts over the edp group */

@@ -17,11 +17,11 @@
  * frozen weights (runtime/lora.h; their state sharded as ZeRO-1 under ZeRO-2/3).
  * Expert parallelism (--ep > 1, runtime/mesh.h): the routed experts' gradients are reduced over the
  * expert-data-parallel group, the rest over dp, and ZeRO-1 shards the experts' state over that group
- * (train/optim_ep.c). ZeRO-2 with ep: each layer's unit without its experts is reduce-scattered over
- * dp after the layer's backward as at ep 1; the routed experts of every layer are one unit over the
- * edp group, whose buffer moe_ep_fold_grads fills with the step's folded sources at the step's end
- * (an expert's gradient is complete only then), reduced by optim_step. ZeRO-3 with ep is refused
- * (runtime/shards.c slices each layer whole over dp).
+ * (train/optim_ep.c). ZeRO-2/3 with ep: each layer is two units, its non-expert tensors over dp,
+ * reduce-scattered after the layer's backward as at ep 1, and its routed experts over the edp group,
+ * whose buffer (its own, for the step) moe_ep_fold_grads fills with the step's folded sources at the
+ * step's end (an expert's gradient is complete only then), reduced by optim_step; ZeRO-3 slices the
+ * weights by the same units (runtime/shards.c).
  * Every dp sum adds the ranks by one fixed pairwise tree (comm_all_reduce_sum_fixed and
  * comm_reduce_scatter_sum_fixed), so the stages agree bit for bit at any dp whenever each rank's
  * step is one micro-batch. With M > 1 micro-batches ZeRO-2/3 sum each micro-batch over dp before
@@ -112,8 +112,8 @@ typedef struct {
  * model_layer_place packs a layer: every layer alike), and each other tensor a unit of its own.
  * ZeRO-1 at ep > 1: two units, the tensors but the routed experts' split over dp, the experts'
  * split over the edp group (the dp / ep ranks holding the same experts: edp rank j holds [j S, ...)).
- * ZeRO-2 at ep > 1: each layer's unit holds its non-expert tensors (kind 1), and one more unit after
- * the layers' holds every layer's routed experts (kind 2, layer -1, t0 -1), split over the edp group. */
+ * ZeRO-2/3 at ep > 1: two units per layer, its non-expert tensors (kind 1) and its routed experts
+ * (kind 2, split over the edp group, with a gradient buffer of its own). */
 typedef struct {
     int layer;            /* the local layer, -1 for a unit of one non-layer tensor */
     int t0;               /* non-layer: its tensor (ranges index); layer: -1 */
@@ -194,7 +194,8 @@ void optim_zero_grad(const Optim *o, float *grads);   /* zeroes grads (optim_gra
 float *optim_unit_grads(const Optim *o, int u);
 int optim_layer_unit(const Optim *o, int l);
 /* ZeRO-2: where the gradient of local layer l's tensor at layer_off (its place in model_layer_place's
- * packing) lives: in the layer's unit's buffer, or at ep > 1 for a routed expert's in the experts' unit's */
+ * packing) lives: in the layer's unit's buffer, or at ep > 1 for a routed expert's in the layer's
+ * experts' unit's */
 float *optim_layer_tensor_grads(const Optim *o, int l, size_t layer_off);
 /* dp rank r's piece of the tensor at arena offset `offset` (plain: rank 0's, the whole tensor):
  * 1 and *pc, or 0 when r holds none of it. */
