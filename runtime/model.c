@@ -570,9 +570,7 @@ void model_print_summary(const Model *m) {
     fprintf(stderr, "+----------------------+------------+\n");
 }
 
-MemPlan model_mem_plan(const Model *m) {
-    return (MemPlan){m->weight_bytes, 0, 0, 0, m->s.n_floats * sizeof(float), 0};
-}
+MemPlan model_mem_plan(const Model *m) { return (MemPlan){m->weight_bytes, 0, 0, 0, m->s.n_floats * sizeof(float), 0, 0}; }
 
 void model_print_memory_plan(const Model *m, const MemPlan *p) {
     const Mesh *mesh = m->mesh;
@@ -589,9 +587,11 @@ void model_print_memory_plan(const Model *m, const MemPlan *p) {
             const float *v = all + K * r;
             double mib[K], tot = 0;
             for (int k = 0; k < K; k++) tot += mib[k] = v[k] / 1048576.0;
+            static const char *zn[] = {"", "optimizer state", "gradients and optimizer state", "weights, gradients and optimizer state"};
+            char zs[80] = "";   /* ZeRO at ep > 1: what is sharded over the edp group (zn) */
+            if (p->expert_zero) snprintf(zs, sizeof zs, "; %s over edp %d", zn[p->expert_zero], mesh->edp);
             int er = r / mesh->tp % mesh->dp % mesh->ep, El = m->n_experts_local;   /* its experts (MoE) */
-            if (El) fprintf(stderr, "  rank %-3d experts %d-%d of %d (ep %d)\n", r, er * El, er * El + El - 1,
-                            m->cfg.n_experts, mesh->ep);
+            if (El) fprintf(stderr, "  rank %-3d experts %d-%d of %d (ep %d%s)\n", r, er * El, er * El + El - 1, m->cfg.n_experts, mesh->ep, zs);
             fprintf(stderr, "  rank %-3d (tp %d pp %d) %13.2f %12.2f %11.2f %13.2f %17.2f %14.2f %9.2f\n", r,
                     r % mesh->tp, r / (mesh->tp * mesh->dp), mib[0], mib[1], mib[2], mib[3], mib[4], mib[5], tot);
         }

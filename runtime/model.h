@@ -238,7 +238,10 @@ void model_free(Model *m);
 /* Prints the parameter/value table and arena sizes (rank 0). */
 void model_print_summary(const Model *m);
 /* Bytes one rank holds, by kind: what each command prints as its memory plan. */
-typedef struct { double weights, master, grads, moments, acts, kv; } MemPlan;
+typedef struct {
+    double weights, master, grads, moments, acts, kv;
+    int expert_zero;   /* training at ep > 1: the ZeRO stage, whose sharding of the experts (over edp) the plan names */
+} MemPlan;
 /* The plan of a model's rank before the command's own parts: weights, and the run state's
  * activations when allocated. */
 MemPlan model_mem_plan(const Model *m);
@@ -309,6 +312,8 @@ void moe_idle_pass(const Model *m);
 /* Before the optimizer step at ep > 1: each local expert's gradient += the pairwise tree over the
  * source ranks of their contributions (moe_ep_src_grads), which are zeroed (no-op otherwise). */
 void moe_ep_fold_grads(const Model *m, ModelWeights *grads);
+/* The bytes of those per-source buffers at ep > 1 in training (ep x the local experts' fp32 gradients); 0 else */
+size_t moe_ep_src_bytes(const Model *m);
 /* The tp sum of a row-parallel output or any partials that feed a logprob, value or loss: the
  * ranks' partials added by one fixed tree (comm_all_reduce_sum_fixed), the same bits at any batch. */
 void model_tp_sum(const Model *m, float *buf, size_t n);
@@ -325,7 +330,11 @@ void model_tp_sum(const Model *m, float *buf, size_t n);
  * runs between model_shards_gather_all and model_shards_release, which hold every unit whole (FSDP's
  * summon_full_params, verl's weight sync before a rollout): dp ranks may run different numbers of
  * eval batches or decode steps, which per-unit collectives could not allow. Collective over the dp
- * group. ------------------------------------------------------------------------------------------ */
+ * group. At ep > 1 a layer is two units: its non-expert tensors over dp (Sa per rank) and its routed
+ * experts over the expert-data-parallel group (Sx per rank), each packed in arena order; layer l's
+ * slice is the two back to back (S = Sa + Sx), and a gathered layer is unpacked into
+ * model_layer_place's packing (the gathers are then synchronous: none is started ahead). ------------ */
+typedef struct { size_t layer_off, part_off, n; int x; } ShardPart;   /* ep > 1: a layer tensor's place in its part (x 1: the experts') */
 typedef struct {               /* an embedding or head tensor, sliced */
     size_t offset, n, S;       /* its arena offset, elements, elements per dp rank */
     size_t field;              /* offsetof(ModelWeights, ...) of its pointer */
@@ -349,6 +358,13 @@ typedef struct ModelShards {
     int n_t;
     int stepping;              /* 1 inside a training step */
     int arena_freed;           /* a device's parameter arena, freed whole once sliced */
+    size_t stride;             /* a gathered layer's elements in slot / full: dp S (ep > 1: n) */
+    const Comm *edp;           /* ep > 1: the experts' group (above); NULL otherwise */
+    size_t Sa, Sx;             /* ep > 1: the two units' elements per rank */
+    ShardPart *lt;             /* (n_lt) ep > 1: every layer's tensors, as layer 0's */
+    int n_lt;
+    void *stage;               /* (dp Sa + edp Sx) ep > 1: the two parts gathered, before unpacking */
+    int last_slot;             /* the slot of the last layer used (ep > 1: the next gather takes the other) */
 } ModelShards;
 /* Slices m's weights over dp (collective): each rank keeps its slices (the model's backend memory,
  * as every buffer here), the parameter arena goes back to the OS (madvise; a device's is freed whole,
@@ -365,9 +381,9 @@ void model_end_weights(Model *m, int head, int on);
 void model_shards_step(Model *m, int on);   /* entering (1) / leaving (0) a training step */
 void model_shards_gather_all(Model *m);     /* every weight whole (collective); idempotent */
 void model_shards_release(Model *m);        /* back to the slices only */
-/* ZeRO-3: where the slice of local layer `layer` (>= 0) or of the non-layer tensor at arena offset
- * `offset` (layer -1) starts; NULL when m is not sliced */
-void *model_shard_slice(const Model *m, int layer, size_t offset);
+/* ZeRO-3: where the slice of local layer `layer` (>= 0; ep > 1: its experts' unit when experts) or of
+ * the non-layer tensor at arena offset `offset` (layer -1) starts; NULL when m is not sliced */
+void *model_shard_slice(const Model *m, int layer, size_t offset, int experts);
 /* where tensor `in`'s data is (ZeRO-3: gathered): what saving reads */
 const void *model_tensor_data(const Model *m, const ParamInfo *in);
 

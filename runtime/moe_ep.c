@@ -130,6 +130,10 @@ float *moe_ep_src_grads(const Model *m, int l, int t, int s) {
     return mm->moe_src_grads + (size_t)s * per_source(m) + ((size_t)l * 3 + t) * m->n_experts_local * FeD;
 }
 
+size_t moe_ep_src_bytes(const Model *m) {
+    return m->cfg.moe == MOE_NONE || m->mesh->ep == 1 ? 0 : sizeof(float) * per_source(m) * m->mesh->ep;
+}
+
 void moe_ep_fold_grads(const Model *m, ModelWeights *grads) {
     if (!m->moe_src_grads) return;
     size_t n = per_source(m), FeD = (size_t)m->moe_dim_local * m->cfg.dim, El = (size_t)m->n_experts_local;

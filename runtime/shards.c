@@ -3,7 +3,8 @@
  * head's gathers, and the whole-model gather for eval, generation and saving. Owns the layout of a
  * slice: a unit (a layer packed as model_layer_place packs it, or one other tensor) padded to 16 dp
  * elements and cut in dp equal slices, which is how the optimizer's ZeRO-2/3 units (train/optim.c)
- * cut it.
+ * cut it; at ep > 1 a layer's two units (its non-expert tensors over dp, its routed experts over the
+ * edp group: runtime/model.h).
  * Does not own: updating the slices (the optimizer writes them), which commands shard (learner). */
 #include "runtime/model.h"
 #include "runtime/lora.h"
@@ -39,6 +40,8 @@ static void shards_free(Model *m) {
     be->free(z->slot[0]);
     be->free(z->slot[1]);
     be->free(z->full);
+    be->free(z->stage);
+    free(z->lt);
     if (z->arena_freed) m->params = NULL;
     free(z);
     m->z3 = NULL;
@@ -54,19 +57,37 @@ void model_shard_weights(Model *m, const Comm *dp) {
     z->dtype = m->dtype;
     LayerWeights probe;
     model_layer_place(m, NULL, z->dtype, &probe, &z->n);
+    int n_info = model_param_infos(m, NULL, 0);
+    ParamInfo *infos = xmalloc(sizeof(ParamInfo) * n_info);
+    model_param_infos(m, infos, n_info);
     z->S = per_rank(z->n, dp->size);
-    size_t es = es_of(z), full = z->S * dp->size;
+    z->stride = z->S * dp->size;
+    if (m->mesh->ep > 1 && m->cfg.moe != MOE_NONE && !m->lora) {   /* a layer's two units (model.h) */
+        z->edp = &m->mesh->edp_comm;
+        z->lt = xcalloc((size_t)n_info + 1, sizeof(ShardPart));
+        size_t at[2] = {0, 0};
+        for (int i = 0; i < n_info; i++) {
+            if (infos[i].layer != 0) continue;
+            int x = infos[i].expert >= 0;
+            z->lt[z->n_lt++] = (ShardPart){infos[i].layer_offset, at[x], infos[i].numel, x};
+            at[x] += infos[i].numel;
+        }
+        z->Sa = per_rank(at[0], dp->size);
+        z->Sx = per_rank(at[1], z->edp->size);
+        z->S = z->Sa + z->Sx;
+        z->stride = z->n;
+        z->stage = be->alloc((z->Sa * dp->size + z->Sx * z->edp->size) * es_of(z));
+    }
+    size_t es = es_of(z), full = z->stride;
     z->shard = be->alloc((size_t)z->L * z->S * es);
     for (int k = 0; k < 2; k++) {
         z->slot[k] = be->alloc(full * es);
         z->slot_layer[k] = -1;
     }
     z->pending_layer = -1;
+    z->last_slot = 1;
 
     /* each layer packed from the arena into a slot, then this rank's slice kept */
-    int n_info = model_param_infos(m, NULL, 0);
-    ParamInfo *infos = xmalloc(sizeof(ParamInfo) * n_info);
-    model_param_infos(m, infos, n_info);
     char *packed = z->slot[0];
     for (int l = 0; l < z->L; l++) {
         be->zero(packed, es * full);
@@ -74,7 +95,16 @@ void model_shard_weights(Model *m, const Comm *dp) {
             if (infos[i].layer == l)
                 be->copy_bytes(packed + infos[i].layer_offset * es, (char *)m->params + infos[i].offset * es,
                                infos[i].numel * es);
-        be->copy_bytes(slice_of(z, l), packed + (size_t)dp->rank * z->S * es, z->S * es);
+        if (!z->edp) {
+            be->copy_bytes(slice_of(z, l), packed + (size_t)dp->rank * z->S * es, z->S * es);
+            continue;
+        }
+        char *a = z->stage, *x = a + z->Sa * dp->size * es;   /* the two parts packed, then my slices */
+        be->zero(a, (z->Sa * dp->size + z->Sx * z->edp->size) * es);
+        for (int i = 0; i < z->n_lt; i++)
+            be->copy_bytes((z->lt[i].x ? x : a) + z->lt[i].part_off * es, packed + z->lt[i].layer_off * es, z->lt[i].n * es);
+        be->copy_bytes(slice_of(z, l), a + (size_t)dp->rank * z->Sa * es, z->Sa * es);
+        be->copy_bytes(slice_of(z, l) + z->Sa * es, x + (size_t)z->edp->rank * z->Sx * es, z->Sx * es);
     }
     /* the embedding and head tensors: each its own unit */
     z->t = xcalloc(4, sizeof(ShardTensor));
@@ -120,7 +150,23 @@ void model_shard_weights(Model *m, const Comm *dp) {
         if (z->t[i].head || z->t[i].tied) head += (double)z->t[i].S * dp->size;
         else emb += (double)z->t[i].S * dp->size;
     }
-    m->weight_bytes = (slices + 2.0 * z->S * dp->size + (emb > head ? emb : head)) * es;
+    double stage = z->edp ? (double)(z->Sa * dp->size + z->Sx * z->edp->size) : 0.0;
+    m->weight_bytes = (slices + 2.0 * z->stride + stage + (emb > head ? emb : head)) * es;
+}
+
+/* layer l whole into dst (stride elements): one all-gather of its slice over dp; at ep > 1 one per
+ * unit (dp, edp), unpacked into model_layer_place's packing */
+static void gather_layer(Model *m, ModelShards *z, int l, char *dst) {
+    if (!z->edp) {
+        comm_all_gather(z->dp, (const float *)slice_of(z, l), (float *)dst, floats(z, z->S));
+        return;
+    }
+    size_t es = es_of(z);
+    char *a = z->stage, *x = a + z->Sa * z->dp->size * es;
+    comm_all_gather(z->dp, (const float *)slice_of(z, l), (float *)a, floats(z, z->Sa));
+    comm_all_gather(z->edp, (const float *)(slice_of(z, l) + z->Sa * es), (float *)x, floats(z, z->Sx));
+    for (int i = 0; i < z->n_lt; i++)
+        m->be->copy_bytes(dst + z->lt[i].layer_off * es, (z->lt[i].x ? x : a) + z->lt[i].part_off * es, z->lt[i].n * es);
 }
 
 static void release_tensor(Model *m, ShardTensor *t) {
@@ -145,13 +191,14 @@ void model_layer_weights(Model *m, int l, int next) {
     int k = z->slot_layer[0] == l ? 0 : z->slot_layer[1] == l ? 1 : -1;
     if (k < 0) {   /* not there: gather it now, into a slot that does not hold `next` */
         land(z);
-        k = z->slot_layer[0] == next ? 1 : 0;
-        comm_all_gather(z->dp, (const float *)slice_of(z, l), (float *)z->slot[k], floats(z, z->S));
+        k = z->edp ? z->last_slot ^ 1 : z->slot_layer[0] == next ? 1 : 0;   /* ep > 1: the slots in turn */
+        gather_layer(m, z, l, z->slot[k]);
         z->slot_layer[k] = l;
     }
+    z->last_slot = k;
     model_layer_place(m, z->slot[k], z->dtype, &m->w.layers[l], NULL);
-    /* the next layer into the other slot while this one computes */
-    if (next < 0 || next == l || z->slot_layer[k ^ 1] == next || z->pending_layer == next) return;
+    /* the next layer into the other slot while this one computes (ep > 1: not ahead) */
+    if (z->edp || next < 0 || next == l || z->slot_layer[k ^ 1] == next || z->pending_layer == next) return;
     land(z);
     z->slot_layer[k ^ 1] = -1;
     z->pending_slot = k ^ 1;
@@ -196,11 +243,11 @@ void model_shards_gather_all(Model *m) {
     if (!z || z->full) return;
     comm_wait(&z->pending);
     z->pending_layer = -1;
-    size_t es = es_of(z), full = z->S * z->dp->size;
+    size_t es = es_of(z), full = z->stride;
     z->full = m->be->alloc(es * full * z->L);
     for (int l = 0; l < z->L; l++) {
         char *all = (char *)z->full + (size_t)l * full * es;
-        comm_all_gather(z->dp, (const float *)slice_of(z, l), (float *)all, floats(z, z->S));
+        gather_layer(m, z, l, all);
         model_layer_place(m, all, z->dtype, &m->w.layers[l], NULL);
     }
     for (int i = 0; i < z->n_t; i++) gather_tensor(m, &z->t[i]);
@@ -215,10 +262,10 @@ void model_shards_release(Model *m) {
     for (int i = 0; i < z->n_t; i++) release_tensor(m, &z->t[i]);
 }
 
-void *model_shard_slice(const Model *m, int layer, size_t offset) {
+void *model_shard_slice(const Model *m, int layer, size_t offset, int experts) {
     const ModelShards *z = m->z3;
     if (!z) return NULL;
-    if (layer >= 0) return slice_of(z, layer);
+    if (layer >= 0) return slice_of(z, layer) + (experts ? z->Sa * es_of(z) : 0);
     for (int i = 0; i < z->n_t; i++) if (z->t[i].offset == offset) return z->t[i].shard;
     CHECK(0);   /* every non-layer tensor of the stage is sliced */
     return NULL;
@@ -229,7 +276,7 @@ const void *model_tensor_data(const Model *m, const ParamInfo *in) {
     size_t es = dtype_size(m->dtype);
     if (!z) return (const char *)m->params + in->offset * es;
     CHECK(z->full);
-    if (in->layer >= 0) return (const char *)z->full + ((size_t)in->layer * z->S * z->dp->size + in->layer_offset) * es;
+    if (in->layer >= 0) return (const char *)z->full + ((size_t)in->layer * z->stride + in->layer_offset) * es;
     for (int i = 0; i < z->n_t; i++) if (z->t[i].offset == in->offset) return z->t[i].buf;
     CHECK(0);
     return NULL;

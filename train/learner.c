@@ -20,7 +20,9 @@ static void reduce_layer(GradSink *g, int l) {
 }
 
 /* ZeRO-2: the gradients as tensors in the optimizer's unit buffers: every layer in the layers' one
- * buffer (model_layer_place's packing), each other tensor in its own unit's */
+ * buffer (model_layer_place's packing; at ep > 1 without the routed experts, which are in the layer's
+ * experts' unit's buffer: moe_ep_fold_grads adds the step's sources there, reduced by optim_step),
+ * each other tensor in its own unit's */
 static void place_unit_grads(Learner *L) {
     const Optim *o = L->opt;
     Model *m = L->m;
@@ -35,11 +37,12 @@ static void place_unit_grads(Learner *L) {
         CHECK(u < o->n_units);
         *field[f] = optim_unit_grads(o, u);   /* a tied lm_head on the embedding's stage: the same unit */
     }
-    for (int l = 0; l < m->n_layers_local; l++) {
-        int u = optim_layer_unit(o, l);
-        size_t n;
-        model_layer_place(m, optim_unit_grads(o, u), DTYPE_F32, &L->gl[l], &n);
-        CHECK(n == o->units[u].n);
+    for (int l = 0; l < m->n_layers_local; l++) {   /* each tensor to its unit's buffer (ep > 1: the experts') */
+        float *base = optim_unit_grads(o, optim_layer_unit(o, l));
+        model_layer_place(m, base, DTYPE_F32, &L->gl[l], NULL);
+        void **f = (void **)&L->gl[l];
+        for (size_t k = 0; k < sizeof(LayerWeights) / sizeof(void *); k++)
+            if (f[k]) f[k] = optim_layer_tensor_grads(o, l, (size_t)((float *)f[k] - base));
     }
     L->sink.layer_done = reduce_layer;
     L->sink.ctx = L->opt;
@@ -98,7 +101,9 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
         place_unit_grads(L);
         if (oc.zero == 3) {   /* the optimizer has its master: the weights to slices */
             model_shard_weights(m, &m->mesh->dp_comm);
-            CHECK(m->n_layers_local == 0 || m->z3->S == L->opt->units[optim_layer_unit(L->opt, 0)].S);
+            size_t S0 = 0;   /* layer 0's units (ep > 1: two) are its slice */
+            for (int u = 0; u < L->opt->n_units; u++) S0 += L->opt->units[u].layer == 0 ? L->opt->units[u].S : 0;
+            CHECK(m->n_layers_local == 0 || m->z3->S == S0);
         }
     } else {
         L->grads = m->be->alloc(sizeof(float) * optim_grad_floats(L->opt));   /* zero */
@@ -154,7 +159,8 @@ LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHoo
 }
 
 void learner_mem_plan(const Learner *L, MemPlan *plan) {
-    plan->grads = (double)optim_grad_bytes(L->opt);
+    plan->grads = (double)optim_grad_bytes(L->opt) + (double)moe_ep_src_bytes(L->m);   /* ep > 1: the sources' */
+    plan->expert_zero = L->m->mesh->ep > 1 ? L->opt->cfg.zero : 0;
     plan->moments = 2.0 * sizeof(float) * L->opt->n_state;
     plan->master = (double)optim_master_bytes(L->opt);
     for (int i = 0; i < L->n_slots; i++) plan->acts += sizeof(float) * (double)L->slots[i].n_arena;

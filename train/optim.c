@@ -109,6 +109,11 @@ _Static_assert(sizeof(OptimHeader) == 64, "OptimHeader is the 64-byte file heade
 /* fp32 sections after the header: m, v, and the master with BF16 weights */
 static int optim_sections(const Optim *o) { return o->dtype == DTYPE_BF16 ? 3 : 2; }
 
+/* the group a unit is split over: the experts' unit at ep > 1 over the edp group, the others over dp */
+static const Comm *unit_comm(const Optim *o, const OptimUnit *un) {
+    return un->kind == 2 ? &o->mesh->edp_comm : &o->mesh->dp_comm;
+}
+
 static int in_unit(const Optim *o, const OptimUnit *un, int t) {
     if (un->kind && o->ranges[t].expert != (un->kind == 2)) return 0;
     return un->t0 >= 0 ? t == un->t0 : un->layer < 0 || o->ranges[t].layer == un->layer;
@@ -146,7 +151,7 @@ static void build_partition(Optim *o) {
     const Mesh *mesh = o->mesh;
     int dp = o->cfg.zero ? mesh->dp : 1, L = 0;
     for (int t = 0; t < o->n_ranges; t++) if (o->ranges[t].layer + 1 > L) L = o->ranges[t].layer + 1;
-    o->units = xcalloc((size_t)o->n_ranges + 1, sizeof(OptimUnit));
+    o->units = xcalloc(2 * (size_t)o->n_ranges + 1, sizeof(OptimUnit));
     o->n_units = 0;
     if (o->cfg.zero == 1 && mesh->ep > 1) {   /* the experts apart, over the edp group */
         size_t n[2] = {0, 0};
@@ -154,14 +159,24 @@ static void build_partition(Optim *o) {
         for (int k = 0; k < 2; k++) o->units[o->n_units++] = (OptimUnit){-1, -1, n[k], 0, 0, k + 1};
     } else if (o->cfg.zero < 2) {
         o->units[o->n_units++] = (OptimUnit){-1, -1, o->n_params, 0, 0, 0};
-    } else {   /* in arena order of each unit's first tensor: the embedding, layers 0 .. L-1, the head */
+    } else {   /* in arena order of each unit's first tensor: the embedding, layers 0 .. L-1, the head; at
+                * ep > 1 each layer two units: without its experts, and its experts (over the edp group,
+                * reduced once the step's sources are folded; runtime/shards.c slices a layer so) */
+        int ep = mesh->ep > 1;
         for (int t = 0; t < o->n_ranges; t++) {
             const OptimRange *rg = &o->ranges[t];
             if (rg->layer < 0) o->units[o->n_units++] = (OptimUnit){-1, t, rg->hi - rg->lo, 0, 0, 0};
             else if (t == 0 || o->ranges[t - 1].layer < 0) {   /* the first layer tensor: all the layers here */
-                size_t n = 0;
-                for (int k = 0; k < o->n_ranges; k++) if (o->ranges[k].layer == 0) n += o->ranges[k].hi - o->ranges[k].lo;
-                for (int l = 0; l < L; l++) o->units[o->n_units++] = (OptimUnit){l, -1, n, 0, 0, 0};
+                size_t n = 0, nx = 0;
+                for (int k = 0; k < o->n_ranges; k++) {
+                    size_t len = o->ranges[k].hi - o->ranges[k].lo;
+                    if (ep && o->ranges[k].expert) nx += len;
+                    else if (o->ranges[k].layer == 0) n += len;
+                }
+                for (int l = 0; l < L; l++) {
+                    o->units[o->n_units++] = (OptimUnit){l, -1, n, 0, 0, ep};
+                    if (ep) o->units[o->n_units++] = (OptimUnit){l, -1, nx / L, 0, 0, 2};
+                }
             }
         }
     }
@@ -183,7 +198,7 @@ static void build_partition(Optim *o) {
 static void *piece_params(const Optim *o, const Model *m, const OptimPiece *pc) {
     const OptimUnit *un = &o->units[pc->u];
     size_t es = dtype_size(o->dtype);
-    char *slice = o->params == m->params ? model_shard_slice(m, un->layer, un->t0 >= 0 ? o->ranges[un->t0].lo : 0) : NULL;
+    char *slice = o->params == m->params ? model_shard_slice(m, un->layer, un->t0 >= 0 ? o->ranges[un->t0].lo : 0, un->kind == 2) : NULL;
     if (slice) return slice + (pc->held - un->held) * es;
     return (char *)o->params + pc->lo * es;
 }
@@ -200,9 +215,6 @@ Optim *optim_new(const Model *m, const Mesh *mesh, OptimConfig cfg) {
 
 Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, OptimConfig cfg) {
     check_config(&cfg);
-    if (mesh->ep > 1 && cfg.zero >= 2)
-        user_error("--zero %d with --ep %d: the experts' gradients are complete only at the step's end (each source "
-                   "rank's apart until then), not after each layer: use --zero 1 or 0", cfg.zero, mesh->ep);
     const Backend *be = m->be;
     Optim *o = xcalloc(1, sizeof(Optim));
     o->cfg = cfg;
@@ -235,10 +247,11 @@ Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, Opti
         size_t layer_at = SIZE_MAX;
         for (int u = 0; u < o->n_units; u++) {
             const OptimUnit *un = &o->units[u];
-            if (un->layer >= 0 && layer_at != SIZE_MAX) { o->ubuf_off[u] = layer_at; continue; }
+            int shared = un->layer >= 0 && un->kind != 2;   /* a layer's experts (ep > 1): a buffer of their own */
+            if (shared && layer_at != SIZE_MAX) { o->ubuf_off[u] = layer_at; continue; }
             o->ubuf_off[u] = o->n_ubuf;
-            if (un->layer >= 0) layer_at = o->n_ubuf;
-            o->n_ubuf += un->S * mesh->dp;
+            if (shared) layer_at = o->n_ubuf;
+            o->n_ubuf += un->S * unit_comm(o, un)->size;
         }
         o->ubuf = be->alloc(sizeof(float) * o->n_ubuf);
         size_t S = 1;
@@ -299,9 +312,24 @@ float *optim_unit_grads(const Optim *o, int u) { return o->ubuf + o->ubuf_off[u]
 void optim_reduce_unit(Optim *o, int u) {
     const OptimUnit *un = &o->units[u];
     float *buf = optim_unit_grads(o, u), *acc = o->slice + un->held;
-    comm_reduce_scatter_sum_fixed(&o->mesh->dp_comm, buf, o->rbuf, un->S);
+    const Comm *c = unit_comm(o, un);
+    comm_reduce_scatter_sum_fixed(c, buf, o->rbuf, un->S);
     o->be->add_to(acc, acc, o->rbuf, un->S);
-    o->be->zero(buf, sizeof(float) * un->S * o->mesh->dp);
+    o->be->zero(buf, sizeof(float) * un->S * c->size);
+}
+
+float *optim_layer_tensor_grads(const Optim *o, int l, size_t layer_off) {
+    size_t at = 0;
+    int t = 0;
+    for (; t < o->n_ranges && !(o->ranges[t].layer == l && at == layer_off); t++)
+        if (o->ranges[t].layer == l) at += o->ranges[t].hi - o->ranges[t].lo;
+    CHECK(t < o->n_ranges);
+    int u = 0;
+    while (u < o->n_units && !(o->units[u].layer == l && in_unit(o, &o->units[u], t))) u++;
+    CHECK(u < o->n_units);
+    size_t pos = 0;   /* t's place in its unit's packed order */
+    for (int k = 0; k < t; k++) pos += in_unit(o, &o->units[u], k) ? o->ranges[k].hi - o->ranges[k].lo : 0;
+    return optim_unit_grads(o, u) + pos;
 }
 
 void optim_print_summary(const Optim *o) {
@@ -343,7 +371,7 @@ static void gather_params(Optim *o, Model *m, float *grads) {
             const OptimPiece *pc = &o->pieces[p];
             be->copy_bytes(mine + (pc->held - un->held) * es, (char *)o->params + pc->lo * es, es * (pc->hi - pc->lo));
         }
-        const Comm *dp = un->kind == 2 ? &o->mesh->edp_comm : &o->mesh->dp_comm;   /* the experts': edp */
+        const Comm *dp = unit_comm(o, un);   /* the experts': edp */
         CHECK(o->cfg.zero >= 2 || un->S * dp->size <= o->n_grad);
         comm_all_gather(dp, (float *)mine, (float *)all, un->S * es / sizeof(float));
         if (o->cfg.zero < 2 && !un->kind) {   /* one unit, packed = the arena */
@@ -385,7 +413,7 @@ float optim_step(Optim *o, Model *m, float *grads) {
      * gives plain's bits; held[i] is then the reduced gradient of held float i */
     float *held;
     if (c->zero >= 2) {   /* the layers were reduced after each micro-batch's backward; the rest now */
-        for (int u = 0; u < o->n_units; u++) if (o->units[u].layer < 0) optim_reduce_unit(o, u);
+        for (int u = 0; u < o->n_units; u++) if (o->units[u].layer < 0 || o->units[u].kind == 2) optim_reduce_unit(o, u);
         held = o->slice;
     } else if (c->zero && mesh->ep > 1) {
         optim_ep_reduce_zero(o, grads);   /* the experts over the edp group */

@@ -17,7 +17,11 @@
  * frozen weights (runtime/lora.h; their state sharded as ZeRO-1 under ZeRO-2/3).
  * Expert parallelism (--ep > 1, runtime/mesh.h): the routed experts' gradients are reduced over the
  * expert-data-parallel group, the rest over dp, and ZeRO-1 shards the experts' state over that group
- * (train/optim_ep.c); ZeRO-2/3 with ep are refused.
+ * (train/optim_ep.c). ZeRO-2/3 with ep: each layer is two units, its non-expert tensors over dp,
+ * reduce-scattered after the layer's backward as at ep 1, and its routed experts over the edp group,
+ * whose buffer (its own, for the step) moe_ep_fold_grads fills with the step's folded sources at the
+ * step's end (an expert's gradient is complete only then), reduced by optim_step; ZeRO-3 slices the
+ * weights by the same units (runtime/shards.c).
  * Every dp sum adds the ranks by one fixed pairwise tree (comm_all_reduce_sum_fixed and
  * comm_reduce_scatter_sum_fixed), so the stages agree bit for bit at any dp whenever each rank's
  * step is one micro-batch. With M > 1 micro-batches ZeRO-2/3 sum each micro-batch over dp before
@@ -107,12 +111,14 @@ typedef struct {
  * one unit of every tensor (packed = the arena). ZeRO-2: each local layer a unit (packed as
  * model_layer_place packs a layer: every layer alike), and each other tensor a unit of its own.
  * ZeRO-1 at ep > 1: two units, the tensors but the routed experts' split over dp, the experts'
- * split over the edp group (the dp / ep ranks holding the same experts: edp rank j holds [j S, ...)). */
+ * split over the edp group (the dp / ep ranks holding the same experts: edp rank j holds [j S, ...)).
+ * ZeRO-2/3 at ep > 1: two units per layer, its non-expert tensors (kind 1) and its routed experts
+ * (kind 2, split over the edp group, with a gradient buffer of its own). */
 typedef struct {
     int layer;            /* the local layer, -1 for a unit of one non-layer tensor */
     int t0;               /* non-layer: its tensor (ranges index); layer: -1 */
     size_t n, S, held;
-    int kind;             /* 0: any tensor; ZeRO-1 at ep > 1: 1 the non-expert tensors, 2 the experts' */
+    int kind;             /* 0: any tensor; ZeRO-1/2 at ep > 1: 1 the non-expert tensors, 2 the experts' */
 } OptimUnit;
 
 /* This rank's part of one tensor: arena floats [lo, hi) of ranges[t], held at offset held. */
@@ -187,6 +193,10 @@ void optim_zero_grad(const Optim *o, float *grads);   /* zeroes grads (optim_gra
  * empties; every other unit has its own for the whole step. optim_layer_unit: local layer l's unit. */
 float *optim_unit_grads(const Optim *o, int u);
 int optim_layer_unit(const Optim *o, int l);
+/* ZeRO-2: where the gradient of local layer l's tensor at layer_off (its place in model_layer_place's
+ * packing) lives: in the layer's unit's buffer, or at ep > 1 for a routed expert's in the layer's
+ * experts' unit's */
+float *optim_layer_tensor_grads(const Optim *o, int l, size_t layer_off);
 /* dp rank r's piece of the tensor at arena offset `offset` (plain: rank 0's, the whole tensor):
  * 1 and *pc, or 0 when r holds none of it. */
 int optim_piece(const Optim *o, int r, size_t offset, OptimPiece *pc);

@@ -1,7 +1,8 @@
 /* optim_ep.c — the optimizer's two steps that expert parallelism changes (train/optim.c calls them
  * at ep > 1): the dp reduction, where the routed experts' gradients are summed over the expert-data-
  * parallel group only (the dp / ep ranks holding the same experts; the other tensors over dp as
- * before), plain or ZeRO-1 (whose experts' unit is split over that group: optim.h OptimUnit), and
+ * before), plain or ZeRO-1 (whose experts' unit is split over that group: optim.h OptimUnit; ZeRO-2's
+ * units are reduced by optim.c's optim_reduce_unit over their own group), and
  * plain's global norm's sum of squares, taken in ep 1's order (ZeRO-1's is summed over dp as at ep 1).
  * Does not own: the per-source sums that make an expert's gradient at ep > 1 equal to ep 1's dp sum
  * (runtime/moe_ep.c), the rest of the step (train/optim.c).
