@@ -74,7 +74,8 @@ float cpu_dpbf16_lane(float acc, uint32_t a, uint32_t b) {
 
 /* ---- the tile: 4 rows of x by 4 rows of w over one run, 16 results ------------------------------
  * xr[r], wr[j] point at the run's first element (bf16); r[4 i + j] = the native dot of row i and
- * output j. Rows or outputs past the tile's edge repeat the last one (computed, not stored). */
+ * output j. Rows or outputs past the tile's edge repeat the last one (computed, not stored; the
+ * instruction's tile computes only rows 0 .. rn - 1 of 1 or 2: decode). */
 static void tile_emulated(float *r, const uint16_t *const *xr, const uint16_t *const *wr, int K) {
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++) {
@@ -91,37 +92,63 @@ static void tile_emulated(float *r, const uint16_t *const *xr, const uint16_t *c
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f,avx512bf16"))) static void tile_vdpbf16ps(float *r, const uint16_t *const *xr,
-                                                                         const uint16_t *const *wr, int K) {
-    __m512 a[16];
-    for (int t = 0; t < 16; t++) a[t] = _mm512_setzero_ps();
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512bf16")))
+/* R rows (1 or 2: a constant after inlining) by 4 outputs, a[4 i + j] for row i, output j */
+static inline __attribute__((always_inline)) BF16_TARGET void tile_rows(float *r, const uint16_t *const *xr,
+                                                                     const uint16_t *const *wr, int K, const int R) {
+    __m512 a[8];
+    for (int t = 0; t < 4 * R; t++) a[t] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += 32) {
         __mmask32 m = K - k >= 32 ? 0xffffffffu : (1u << (K - k)) - 1;   /* the zero-padded last chunk */
-        __m512i x0 = _mm512_maskz_loadu_epi16(m, xr[0] + k), x1 = _mm512_maskz_loadu_epi16(m, xr[1] + k);
-        __m512i x2 = _mm512_maskz_loadu_epi16(m, xr[2] + k), x3 = _mm512_maskz_loadu_epi16(m, xr[3] + k);
         __m512i w0 = _mm512_maskz_loadu_epi16(m, wr[0] + k), w1 = _mm512_maskz_loadu_epi16(m, wr[1] + k);
         __m512i w2 = _mm512_maskz_loadu_epi16(m, wr[2] + k), w3 = _mm512_maskz_loadu_epi16(m, wr[3] + k);
-#define DP(t, x, w) a[t] = _mm512_dpbf16_ps(a[t], (__m512bh)(x), (__m512bh)(w))
-        DP(0, x0, w0); DP(1, x0, w1); DP(2, x0, w2); DP(3, x0, w3);
-        DP(4, x1, w0); DP(5, x1, w1); DP(6, x1, w2); DP(7, x1, w3);
-        DP(8, x2, w0); DP(9, x2, w1); DP(10, x2, w2); DP(11, x2, w3);
-        DP(12, x3, w0); DP(13, x3, w1); DP(14, x3, w2); DP(15, x3, w3);
-#undef DP
+        for (int i = 0; i < R; i++) {
+            __m512i x = _mm512_maskz_loadu_epi16(m, xr[i] + k);
+            a[4 * i] = _mm512_dpbf16_ps(a[4 * i], (__m512bh)x, (__m512bh)w0);
+            a[4 * i + 1] = _mm512_dpbf16_ps(a[4 * i + 1], (__m512bh)x, (__m512bh)w1);
+            a[4 * i + 2] = _mm512_dpbf16_ps(a[4 * i + 2], (__m512bh)x, (__m512bh)w2);
+            a[4 * i + 3] = _mm512_dpbf16_ps(a[4 * i + 3], (__m512bh)x, (__m512bh)w3);
+        }
     }
-    for (int t = 0; t < 16; t++) {
-        v16 v;
-        memcpy(&v, &a[t], sizeof v);
-        r[t] = hsum16(v);
+    for (int t = 0; t < 4 * R; t++) r[t] = hsum16((v16)a[t]);
+}
+/* R = 4 written out: 16 named accumulators stay in registers (GCC keeps tile_rows' array of 16 in
+ * memory) */
+BF16_TARGET static void tile_4x4(float *r, const uint16_t *const *xr, const uint16_t *const *wr, int K) {
+    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    __m512 a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+    const uint16_t *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3], *v0 = wr[0], *v1 = wr[1], *v2 = wr[2], *v3 = wr[3];
+    for (int k = 0; k < K; k += 32) {
+        __mmask32 m = K - k >= 32 ? 0xffffffffu : (1u << (K - k)) - 1;   /* the zero-padded last chunk */
+        __m512bh w0 = (__m512bh)_mm512_maskz_loadu_epi16(m, v0 + k), w1 = (__m512bh)_mm512_maskz_loadu_epi16(m, v1 + k);
+        __m512bh w2 = (__m512bh)_mm512_maskz_loadu_epi16(m, v2 + k), w3 = (__m512bh)_mm512_maskz_loadu_epi16(m, v3 + k);
+        __m512bh p = (__m512bh)_mm512_maskz_loadu_epi16(m, x0 + k);
+        a00 = _mm512_dpbf16_ps(a00, p, w0); a01 = _mm512_dpbf16_ps(a01, p, w1); a02 = _mm512_dpbf16_ps(a02, p, w2); a03 = _mm512_dpbf16_ps(a03, p, w3);
+        p = (__m512bh)_mm512_maskz_loadu_epi16(m, x1 + k);
+        a10 = _mm512_dpbf16_ps(a10, p, w0); a11 = _mm512_dpbf16_ps(a11, p, w1); a12 = _mm512_dpbf16_ps(a12, p, w2); a13 = _mm512_dpbf16_ps(a13, p, w3);
+        p = (__m512bh)_mm512_maskz_loadu_epi16(m, x2 + k);
+        a20 = _mm512_dpbf16_ps(a20, p, w0); a21 = _mm512_dpbf16_ps(a21, p, w1); a22 = _mm512_dpbf16_ps(a22, p, w2); a23 = _mm512_dpbf16_ps(a23, p, w3);
+        p = (__m512bh)_mm512_maskz_loadu_epi16(m, x3 + k);
+        a30 = _mm512_dpbf16_ps(a30, p, w0); a31 = _mm512_dpbf16_ps(a31, p, w1); a32 = _mm512_dpbf16_ps(a32, p, w2); a33 = _mm512_dpbf16_ps(a33, p, w3);
     }
+    v16 s = hsum16x16((v16)a00, (v16)a01, (v16)a02, (v16)a03, (v16)a10, (v16)a11, (v16)a12, (v16)a13, (v16)a20, (v16)a21,
+                      (v16)a22, (v16)a23, (v16)a30, (v16)a31, (v16)a32, (v16)a33);
+    memcpy(r, &s, sizeof s);
+}
+BF16_TARGET static void tile_vdpbf16ps(float *r, const uint16_t *const *xr, const uint16_t *const *wr, int K, int rn) {
+    if (rn >= 3) tile_4x4(r, xr, wr, K);   /* 3 rows: the fourth repeats the third */
+    else if (rn == 1) tile_rows(r, xr, wr, K, 1);
+    else tile_rows(r, xr, wr, K, 2);
 }
 /* lane i of the result = cpu_dpbf16_lane(acc[i], a[i], b[i]) by the instruction (the tests) */
-__attribute__((target("avx512f,avx512bf16"))) void cpu_dpbf16_hw(float *acc, const uint32_t *a, const uint32_t *b) {
+BF16_TARGET void cpu_dpbf16_hw(float *acc, const uint32_t *a, const uint32_t *b) {
     __m512 c = _mm512_loadu_ps(acc);
     c = _mm512_dpbf16_ps(c, (__m512bh)_mm512_loadu_si512(a), (__m512bh)_mm512_loadu_si512(b));
     _mm512_storeu_ps(acc, c);
 }
 #else
-static void tile_vdpbf16ps(float *r, const uint16_t *const *xr, const uint16_t *const *wr, int K) {
+static void tile_vdpbf16ps(float *r, const uint16_t *const *xr, const uint16_t *const *wr, int K, int rn) {
+    (void)rn;
     tile_emulated(r, xr, wr, K);
 }
 void cpu_dpbf16_hw(float *acc, const uint32_t *a, const uint32_t *b) {
@@ -168,7 +195,8 @@ void cpu_matmul_native(const float *x, int N, int n_in, const MatmulOut *outs, i
                 const uint16_t *xr[4], *wr[4];
                 for (int i = 0; i < 4; i++) xr[i] = xb + (size_t)(n0 + (i < rn ? i : rn - 1)) * n_in + (size_t)l * Kl;
                 for (int i = 0; i < 4; i++) wr[i] = w + (size_t)(j0 + (i < ro ? i : ro - 1)) * n_in + (size_t)l * Kl;
-                (hw ? tile_vdpbf16ps : tile_emulated)(part + 16 * l, xr, wr, Kl);
+                if (hw) tile_vdpbf16ps(part + 16 * l, xr, wr, Kl, rn);
+                else tile_emulated(part + 16 * l, xr, wr, Kl);
             }
             tree_sum(part, leaves, 16);
             for (int i = 0; i < rn; i++)
