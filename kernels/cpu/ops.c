@@ -369,9 +369,22 @@ static void pv_block(float *o, const float *p, const float *v, size_t row, int j
         for (int d = d0; d < Dh; d++) o[d] = fmaf(p[j], v[d], o[d]);
 }
 
-/* d (n) = the exact fp32 values of the bf16 s (n): one shift each, vectorised */
-static inline void upcast_row(float *d, const uint16_t *s, int n) {
-    for (int i = 0; i < n; i++) d[i] = bf16_to_f32(s[i]);
+/* d (m, Dh) = the exact fp32 values of m rows of Dh bf16 at s, `row` elements apart: a zero-extend and
+ * a shift per element, 16 at a time (the paged cache's rows of one head are contiguous: row == Dh) */
+typedef unsigned short vu16x16 __attribute__((vector_size(32)));
+typedef unsigned int vu32x16 __attribute__((vector_size(64)));
+static inline void upcast_rows(float *d, const uint16_t *s, size_t row, int m, int Dh) {
+    size_t n = row == (size_t)Dh ? (size_t)m * Dh : (size_t)Dh;
+    for (int r = 0; r < (row == (size_t)Dh ? 1 : m); r++, s += row, d += Dh) {
+        size_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            vu16x16 h;
+            memcpy(&h, s + i, sizeof h);
+            vu32x16 u = __builtin_convertvector(h, vu32x16) << 16;
+            memcpy(d + i, &u, sizeof u);
+        }
+        for (; i < n; i++) d[i] = bf16_to_f32(s[i]);
+    }
 }
 
 static void pv_span(float *o, const float *p, const void *v, DType vt, size_t off, size_t row, int ja, int jb, int Dh,
@@ -379,7 +392,7 @@ static void pv_span(float *o, const float *p, const void *v, DType vt, size_t of
     if (vt == DTYPE_F32) { pv_block(o, p, (const float *)v + off, row, ja, jb, Dh); return; }
     for (int j = ja; j <= jb; j += 16) {
         int m = jb - j + 1 < 16 ? jb - j + 1 : 16;
-        for (int t = 0; t < m; t++) upcast_row(buf + (size_t)t * Dh, (const uint16_t *)v + off + (size_t)(j - ja + t) * row, Dh);
+        upcast_rows(buf, (const uint16_t *)v + off + (size_t)(j - ja) * row, row, m, Dh);
         pv_block(o, p, buf, Dh, j, j + m - 1, Dh);
     }
 }
@@ -394,7 +407,7 @@ static void scores_span(float *p, const float *qh, const void *k, DType kt, size
     if (kt == DTYPE_F32) { attention_scores(p, qh, (const float *)k + off, row, ja, jb, Dh); return; }
     for (int j = ja; j <= jb; j += 16) {
         int m = jb - j + 1 < 16 ? jb - j + 1 : 16;
-        for (int t = 0; t < m; t++) upcast_row(buf + (size_t)t * Dh, (const uint16_t *)k + off + (size_t)(j - ja + t) * row, Dh);
+        upcast_rows(buf, (const uint16_t *)k + off + (size_t)(j - ja) * row, row, m, Dh);
         attention_scores(p, qh, buf, Dh, j, j + m - 1, Dh);
     }
 }
