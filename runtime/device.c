@@ -16,7 +16,9 @@ DType dtype_parse(const char *flag, const char *value) {
 }
 
 static DType kv_dtype = DTYPE_F32;
+static int bf16_dot_native;
 DType kv_dtype_default(void) { return kv_dtype; }
+int bf16_dot_native_requested(void) { return bf16_dot_native; }
 
 void kernel_options_set(const char *kv, const char *dot, const char *device) {
     int cpu = !strcmp(device, "cpu") || !strcmp(device, "cpu-guarded");
@@ -29,6 +31,7 @@ void kernel_options_set(const char *kv, const char *dot, const char *device) {
     if (!native && strcmp(dot, "exact")) user_error("--cpu-bf16-dot %s: expected exact or native", dot);
     if (native && !cpu) user_error("--cpu-bf16-dot native: a CPU kernel; --device %s has its own matmul", device);
     backend_set_bf16_dot(native);
+    bf16_dot_native = native;
 }
 
 /* backend_named's, or one user_error line: unknown, not in this build */

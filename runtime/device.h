@@ -30,5 +30,7 @@ const Backend *device_open(const char *name);
  * its own tensor-core matmul). */
 void kernel_options_set(const char *kv_dtype, const char *bf16_dot, const char *device);
 DType kv_dtype_default(void);
+/* whether --cpu-bf16-dot native was given: model_load refuses it for fp32 weights (nothing to do) */
+int bf16_dot_native_requested(void);
 const Backend *device_open_local(const char *name, const Comm *world);
 #endif

@@ -415,6 +415,8 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
     config_load(&m->cfg, dir);
     m->dtype = dtype == DTYPE_AUTO ? model_dtype_auto(&m->cfg) : dtype;
     m->kv_dtype = kv_dtype_default();
+    if (bf16_dot_native_requested() && m->dtype != DTYPE_BF16)
+        user_error("--cpu-bf16-dot native: %s loads as fp32 weights, whose matmul has no bf16 dot product (give --dtype bf16)", dir);
     if (score && !m->cfg.score_head) {   /* a score head on a causal LM: lm_head unused, nothing tied */
         m->cfg.score_head = 1;
         m->cfg.num_labels = 1;

@@ -33,7 +33,8 @@ setup_file() {
     b16=$(grep -o 'KV [0-9]* blocks' <<<"$output" | awk '{ print $2 }')
     echo "blocks in 512 MiB: fp32 $b32, bf16 $b16"
     [ "$b16" -eq $((2 * b32)) ]
-    for bad in "--kv-dtype fp16" "--kv-dtype bf16 --device cuda" "--cpu-bf16-dot fast" "--cpu-bf16-dot native --device cuda"; do
+    for bad in "--kv-dtype fp16" "--kv-dtype bf16 --device cuda" "--cpu-bf16-dot fast" "--cpu-bf16-dot native --device cuda" \
+        "--cpu-bf16-dot native" "--cpu-bf16-dot native --dtype fp32"; do
         run g $bad
         echo "$bad: $output"
         [ "$status" -ne 0 ]
