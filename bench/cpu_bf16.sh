@@ -9,10 +9,12 @@
 #         --seq CTX`), and decode at batch 1 and 4 after CTX-token prompts (`bench --generate`)
 # Every row prints each round's numbers, their medians and the median ratio.
 # Usage: bench/cpu_bf16.sh [THREADS] [ROUNDS] [SHAPES] [CONTEXTS]
-#   SHAPES: default "110M 1.1B" (dot); CONTEXTS: default "1024 2000" (kv)
+#   SHAPES: default "110M 1.1B" (dot; "none" skips it); CONTEXTS: default "1024 2000" (kv; "none" skips it)
+#   KITERS (environment): `bench --kernels --iters`, default 3
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TH=${1:-2}; R=${2:-3}; SHAPES=${3:-"110M 1.1B"}; CTXS=${4:-"1024 2000"}
+TH=${1:-2}; R=${2:-3}; SHAPES=${3:-"110M 1.1B"}; CTXS=${4:-"1024 2000"}; KITERS=${KITERS:-3}
+[ "$SHAPES" = none ] && SHAPES=""
 TOK=../shared/assets/tokenizers/llama2/tokenizer.model
 mkdir -p build/bench
 shape_of() { case $1 in 1.1B) echo 2048,5632,22,32,4,32000,2048 ;; 110M-2k) echo 768,2048,12,12,12,32000,2048 ;; *) echo "$1" ;; esac; }
@@ -37,7 +39,7 @@ for s in $SHAPES; do
     out=build/bench/cpu_bf16_dot_$s.txt; : > $out
     for r in $(seq 1 "$R"); do
         for dot in exact native; do
-            bin/tandem bench --kernels --model $dir --dtype bf16 --cpu-bf16-dot $dot --threads "$TH" --iters 3 2>/dev/null |
+            bin/tandem bench --kernels --model $dir --dtype bf16 --cpu-bf16-dot $dot --threads "$TH" --iters "$KITERS" 2>/dev/null |
                 jq -r --arg d $dot 'select(.kernel != null and (.kernel | test("proj|lm_head"))) | "\($d) matmul GFLOP/s \(.kernel) N=\(.N) \(.tflop_s * 1000)"' >> $out
             new=32; [ $s = 1.1B ] && new=16
             g=$(bin/tandem bench --generate --model $dir --dtype bf16 --cpu-bf16-dot $dot --seq 16 --new-tokens $new --threads "$TH" --iters 1 2>/dev/null | tail -1)
@@ -48,12 +50,13 @@ for s in $SHAPES; do
     summary $out exact native
 done
 
+[ "$CTXS" = none ] && exit 0
 dir=$(model 110M-2k)
 out=build/bench/cpu_bf16_kv.txt; : > $out
 for r in $(seq 1 "$R"); do
     for kv in fp32 bf16; do
         for ctx in $CTXS; do
-            bin/tandem bench --kernels --model $dir --kv-dtype $kv --seq $ctx --threads "$TH" --iters 3 2>/dev/null |
+            bin/tandem bench --kernels --model $dir --kv-dtype $kv --seq $ctx --threads "$TH" --iters "$KITERS" 2>/dev/null |
                 jq -r --arg d $kv --arg c $ctx 'select(.kernel == "attention_decode") | "\($d) attention_decode ctx=\($c) N=\(.N) us \(.us)"' >> $out
             g=$(bin/tandem bench --generate --model $dir --kv-dtype $kv --seq $ctx --new-tokens 16 --big-batch 4 --threads "$TH" --iters 1 2>/dev/null | tail -1)
             jq -r --arg d $kv --arg c $ctx '"\($d) decode ctx=\($c) batch 1 tok/s \(.decode_b1_tokens_per_s)", "\($d) decode ctx=\($c) batch 4 tok/s \(.decode_b4_tokens_per_s)"' <<<"$g" >> $out
