@@ -1,6 +1,6 @@
 /* mm_bf16.c — cpu_matmul on bf16 weights, --cpu-bf16-dot exact vs native, 6 alternating rounds of 3 calls,
  * best of each (best, not median: on a shared VM other jobs only ever slow a round down).
- * Not part of the build (bench/*.c is; bench/micro/ is not). Build and run from the repository root:
+ * Not part of the build (the Makefile compiles bench/ but not bench/micro/). Build and run from the repository root:
  *   gcc -O2 -march=native -fopenmp -I. -Ibuild/gen bench/micro/mm_bf16.c build/libtandem.a -o build/mm_bf16 -lm \
  *       -L/usr/lib/x86_64-linux-gnu/openblas-openmp -lopenblas && build/mm_bf16 N K O THREADS */
 #include "kernels/cpu/cpu.h"
