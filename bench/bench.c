@@ -389,7 +389,7 @@ int bench_main(int argc, char **argv) {
         {"--plan", OPT_FLAG, &plan_only, NULL, "--train: print the memory plan and stop before the first step (no state touched)"},
         {"--lora-r", OPT_INT, &lora_r, "0", "--train: LoRA adapters of this rank on every projection, the base frozen"},
         {"--batch", OPT_INT, &batch, "4", "sequences per forward"},
-        {"--seq", OPT_INT, &seq, "128", "tokens per sequence"},
+        {"--seq", OPT_INT, &seq, "128", "tokens per sequence (--kernels: attention_decode's context, default 1024)"},
         {"--iters", OPT_INT, &iters, "5", "timed forwards, or --generate rounds (median reported)"},
         MODEL_OPEN_OPTIONS(&mo),
     };
@@ -419,7 +419,7 @@ int bench_main(int argc, char **argv) {
         rc = bench_train(&m, &mesh, load_rss, batch, seq, iters, recompute, sp, zero, mo.threads, plan_only, lora_r);
     } else {
         print_load(&m, load_rss);
-        rc = kernels ? bench_kernels(&m, iters) : generate ? bench_generate(&m, mo.threads, seq, new_tokens, big, iters)
+        rc = kernels ? bench_kernels(&m, iters, args_given(&seq) ? seq : 1024) : generate ? bench_generate(&m, mo.threads, seq, new_tokens, big, iters)
                                                             : bench_prefill(&m, &mesh, batch, seq, iters, mo.threads, opts, n_opts);
     }
     model_free(&m);

@@ -8,5 +8,5 @@ int bench_main(int argc, char **argv);
 
 /* inside bench/: kernels.c's --kernels (the probes both use: bench/probe.h) */
 #include "runtime/model.h"
-int bench_kernels(Model *m, int iters);
+int bench_kernels(Model *m, int iters, int context);
 #endif

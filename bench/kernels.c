@@ -5,6 +5,7 @@
 #include "runtime/mesh.h"
 #include "runtime/model.h"
 #include "runtime/util.h"
+#include "kernels/cpu/cpu.h"   /* cpu_bf16_dot_native: the report names the matmul's arithmetic */
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +29,7 @@ typedef struct {
 } KernelCase;
 
 static double time_kernel(const Model *m, const KernelCase *k, int N, float *x, float *y, float *kc, float *vc,
-                          const PagedBatch *pb, float *scratch, int iters) {
+                          const void *kcache, const void *vcache, const PagedBatch *pb, float *scratch, int iters) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     int Hl = m->n_heads_local, Hkvl = m->n_heads_kv_local, Dh = c->head_dim, D = c->dim;
@@ -44,7 +45,7 @@ static double time_kernel(const Model *m, const KernelCase *k, int N, float *x, 
             case K_ATTN_DECODE: {   /* N sequences of n_in cached keys, one query each: one call (as the forward) */
                 PagedBatch b = *pb;
                 b.N = b.n_seqs = N;
-                be->attention_batch(y, x, kc, vc, &b, Hl, Hkvl, Dh, 0, scratch, (size_t)Hl * (k->n_in > 512 ? k->n_in : 512));
+                be->attention_batch(y, x, kcache, vcache, &b, Hl, Hkvl, Dh, 0, scratch, (size_t)Hl * (k->n_in > 512 ? k->n_in : 512));
                 break;
             }
             case K_ATTN_PREFILL: {  /* one sequence of N tokens, its own keys */
@@ -67,12 +68,12 @@ static double time_kernel(const Model *m, const KernelCase *k, int N, float *x, 
 extern void cuda_matmul_set_simt_bf16(int on) __attribute__((weak));
 extern int cuda_matmul_simt_bf16(void) __attribute__((weak));
 
-int bench_kernels(Model *m, int iters) {
+int bench_kernels(Model *m, int iters, int context) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerWeights *w = &m->w.layers[0];
     int D = c->dim, F = m->hidden_local, Dh = c->head_dim, qd = m->n_heads_local * Dh, kvd = m->n_heads_kv_local * Dh;
-    int ctx = 1024 < c->max_pos ? 1024 : c->max_pos, Ns[] = {1, 32, 512};
+    int ctx = context < c->max_pos ? context : c->max_pos, Ns[] = {1, 32, 512};
     size_t widest = (size_t)(F > m->vocab_local ? F : m->vocab_local) + D + qd;
     size_t n_buf = 512 * widest;
     size_t n_kv = (size_t)((ctx / 16 + 1) * 16 > 512 ? (ctx / 16 + 1) * 16 : 512) * kvd;   /* whole 16-position blocks */
@@ -81,9 +82,12 @@ int bench_kernels(Model *m, int iters) {
     for (size_t i = 0; i < n_buf; i++) { rng = rng * 1103515245u + 12345u; h[i] = (float)((rng >> 9) & 1023) / 1024.0f - 0.5f; }
     float *x = be->alloc(sizeof(float) * n_buf), *y = be->alloc(sizeof(float) * n_buf);
     float *kc = be->alloc(sizeof(float) * n_kv), *vc = be->alloc(sizeof(float) * n_kv);
+    void *kcache = be->alloc(dtype_size(m->kv_dtype) * n_kv), *vcache = be->alloc(dtype_size(m->kv_dtype) * n_kv);   /* --kv-dtype */
     be->to_device(x, h, sizeof(float) * n_buf);
     be->to_device(kc, h, sizeof(float) * n_kv);
     be->to_device(vc, h, sizeof(float) * n_kv);
+    be->pack(kcache, m->kv_dtype, kc, n_kv);
+    be->pack(vcache, m->kv_dtype, vc, n_kv);
     be->round_to(x, n_buf, m->dtype);   /* what every matmul reads in this dtype */
     /* decode: 32 sequences whose caches are one and the same (table stride 0), each at position ctx - 1 */
     int nt = ctx / 16 + 1, *ht = xmalloc(sizeof(int) * (nt + 2 * 32 + 33)), *table = be->alloc(sizeof(int) * (nt + 2 * 32));
@@ -91,7 +95,7 @@ int bench_kernels(Model *m, int iters) {
     for (int r = 0; r < 32; r++) ht[nt + r] = r, ht[nt + 32 + r] = ctx - 1, ht[nt + 64 + r] = r;
     ht[nt + 96] = 32;
     be->to_device(table, ht, sizeof(int) * (nt + 2 * 32));
-    PagedBatch pb = {table, 0, 16, table + nt, table + nt + 32, 32, 32, 0, ht + nt + 64, ht + nt + 32};
+    PagedBatch pb = {table, 0, 16, table + nt, table + nt + 32, 32, 32, 0, ht + nt + 64, ht + nt + 32, m->kv_dtype};
     /* the CPU attention's scratch: a thread's scores for every head and key */
     float *scratch = be->alloc(sizeof(float) * omp_get_max_threads() * m->n_heads_local * (ctx > 512 ? ctx : 512));
     double bw = be->owns ? bench_device_copy_gbs(be) : bench_read_bandwidth_gbs();   /* owns NULL: host memory */
@@ -103,8 +107,9 @@ int bench_kernels(Model *m, int iters) {
         {"attention_prefill", K_ATTN_PREFILL, NULL, 0, 0, 1}, {"launch (add 1 float)", K_ADD, NULL, 0, 0, 1},
     };
     if (mesh_is_root(m->mesh))
-        printf("{\"bench\": \"kernels\", \"device\": \"%s\", \"dtype\": \"%s\", \"bandwidth_gb_s\": %.1f, \"context\": %d}\n",
-               be->name, dtype_name(m->dtype), bw, ctx);
+        printf("{\"bench\": \"kernels\", \"device\": \"%s\", \"dtype\": \"%s\", \"kv_dtype\": \"%s\", \"bf16_dot\": \"%s\", "
+               "\"bandwidth_gb_s\": %.1f, \"context\": %d}\n", be->name, dtype_name(m->dtype), dtype_name(m->kv_dtype),
+               cpu_bf16_dot_native() ? "native" : "exact", bw, ctx);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         for (int j = 0; j < 3; j++) {
             const KernelCase *k = &cases[i];
@@ -118,12 +123,12 @@ int bench_kernels(Model *m, int iters) {
             int was = both ? cuda_matmul_simt_bf16() : 0;
             for (int simt = 0; simt <= both; simt++) {
                 if (both) cuda_matmul_set_simt_bf16(simt);
-                double us = time_kernel(m, k, N, x, y, kc, vc, &pb, scratch, iters) * 1e6;
+                double us = time_kernel(m, k, N, x, y, kc, vc, kcache, vcache, &pb, scratch, iters) * 1e6;
                 if (both) cuda_matmul_set_simt_bf16(was);
                 double wbytes = k->op == K_MATMUL ? (double)k->n_in * k->n_out * dtype_size(m->dtype) : 0;
                 double flops = k->op == K_MATMUL ? 2.0 * N * k->n_in * k->n_out : 0;
                 if (k->op == K_ATTN_DECODE) {
-                    wbytes = 2.0 * N * ctx * kvd * sizeof(float);                 /* the keys and values read */
+                    wbytes = 2.0 * N * ctx * kvd * dtype_size(m->kv_dtype);       /* the keys and values read */
                     flops = 4.0 * N * ctx * qd;
                 }
                 if (k->op == K_ATTN_PREFILL) flops = 2.0 * N * N * qd;           /* causal: half of 4 N^2 qd */
@@ -132,7 +137,7 @@ int bench_kernels(Model *m, int iters) {
                            k->name, simt ? " (simt)" : "", N, us, wbytes / us / 1e3, wbytes / us / 1e3 / bw, flops / us / 1e6);
             }
         }
-    be->free(x); be->free(y); be->free(kc); be->free(vc); be->free(table); be->free(scratch);
+    be->free(x); be->free(y); be->free(kc); be->free(vc); be->free(kcache); be->free(vcache); be->free(table); be->free(scratch);
     free(h); free(ht);
     return 0;
 }

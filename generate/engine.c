@@ -108,7 +108,7 @@ Engine *engine_new(Model *m, const EngineConfig *cfg, int max_len) {
     e->scratch = xmalloc(sampler_scratch_bytes(m->vocab_padded));
     e->st.kv_blocks = e->kv.n_blocks;
     e->st.kv_block_tokens = e->kv.block;
-    e->st.kv_bytes = 2.0 * sizeof(float) * e->kv.layer_stride * m->n_layers_local;
+    e->st.kv_bytes = 2.0 * dtype_size(e->kv.dtype) * e->kv.layer_stride * m->n_layers_local;
     e->st.act_bytes = sizeof(float) * (double)e->rs.n_floats;
     return e;
 }

@@ -7,7 +7,7 @@
 
 size_t kv_block_bytes(const Model *m, int block) {
     size_t kvd = (size_t)m->n_heads_kv_local * m->cfg.head_dim;
-    return 2 * (size_t)m->n_layers_local * block * kvd * sizeof(float);
+    return 2 * (size_t)m->n_layers_local * block * kvd * dtype_size(m->kv_dtype);
 }
 
 void kv_init(KVCache *kv, const Model *m, size_t bytes, int block) {
@@ -22,9 +22,10 @@ void kv_init(KVCache *kv, const Model *m, size_t bytes, int block) {
                    bytes / 1048576.0, block, per_block / 1048576.0);
     kv->be = m->be;
     kv->block = block;
+    kv->dtype = m->kv_dtype;
     kv->layer_stride = (size_t)kv->n_blocks * block * kvd;
-    kv->k = m->be->alloc(sizeof(float) * kv->layer_stride * m->n_layers_local);   /* (L_local, n_blocks, Hkv_local, block, Dh) */
-    kv->v = m->be->alloc(sizeof(float) * kv->layer_stride * m->n_layers_local);   /* (L_local, n_blocks, Hkv_local, block, Dh) */
+    kv->k = m->be->alloc(dtype_size(kv->dtype) * kv->layer_stride * m->n_layers_local);   /* (L_local, n_blocks, Hkv_local, block, Dh) */
+    kv->v = m->be->alloc(dtype_size(kv->dtype) * kv->layer_stride * m->n_layers_local);   /* (L_local, n_blocks, Hkv_local, block, Dh) */
     kv->free_ids = xmalloc(sizeof(int) * kv->n_blocks);
     for (int i = 0; i < kv->n_blocks; i++) kv->free_ids[i] = kv->n_blocks - 1 - i;
     kv->n_free = kv->n_blocks;

@@ -9,7 +9,7 @@
 #include "runtime/model.h"
 
 /* Bytes one block of `block` token slots takes on this rank: keys and values of its pp stage's
- * layers and its tp rank's kv heads. */
+ * layers and its tp rank's kv heads, m->kv_dtype's 4 or 2 bytes each. */
 size_t kv_block_bytes(const Model *m, int block);
 /* Sizes the pool from a byte budget per rank; n_blocks is the minimum over all ranks so every
  * rank's scheduler makes the same decisions. user_error if not even one block fits. */

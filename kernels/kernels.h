@@ -24,7 +24,10 @@
  * function of the same inputs, batch-invariant like every matmul, within a derived bound of the F32
  * kernel's result but not its bits (tests/cuda/cuda_vs_cpu.c). Activations, gradients, the KV cache and optimizer
  * state are fp32 buffers; in BF16 mode the matmul inputs are rounded to bf16 values in place
- * (Backend.round_to) where runtime/forward.c says so. DTYPE_AUTO is a request only (--dtype auto:
+ * (Backend.round_to) where runtime/forward.c says so. Two CPU-only choices change that: --kv-dtype
+ * bf16 rounds keys and values where they are produced and stores the cache as bf16 (PagedBatch.kv_dtype;
+ * read through the exact upcast, so attention keeps its bits on those values), and --cpu-bf16-dot
+ * native computes the BF16 forward matmul with vdpbf16ps's arithmetic (backend_set_bf16_dot). DTYPE_AUTO is a request only (--dtype auto:
  * the checkpoint's torch_dtype), never a tensor's dtype. */
 typedef enum { DTYPE_AUTO = -1, DTYPE_F32 = 0, DTYPE_BF16 = 1 } DType;
 static inline size_t dtype_size(DType t) { return t == DTYPE_BF16 ? 2 : 4; }
@@ -103,7 +106,7 @@ static inline KVLayout kv_paged(const int *table, int block, int Dh) {
  * position order; sequence s's block table is tables + s * table_stride. seq, pos, tables are the
  * backend's memory; seq_start and pos_host are host copies for a backend that loops on the host:
  * sequence seq0 + i has rows [seq_start[i], seq_start[i + 1]) - seq_start[0], at positions
- * pos_host[r] (the same as pos). */
+ * pos_host[r] (the same as pos). The cache pools kc, vc hold elements of kv_dtype. */
 typedef struct {
     const int *tables;      /* (sequences, table_stride) block ids */
     int table_stride, block;
@@ -111,6 +114,7 @@ typedef struct {
     int N, n_seqs, seq0;
     const int *seq_start;   /* (n_seqs + 1) host */
     const int *pos_host;    /* (N) host */
+    DType kv_dtype;         /* the cache's elements (--kv-dtype): F32, or BF16 (2 bytes; CPU backends only) */
 } PagedBatch;
 
 /* Offset of position j's kv head 0 in k or v (head hk: + hk * kv->head); kvd = Hkv * Dh */
@@ -159,8 +163,8 @@ typedef struct Backend {
     void (*attention)(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,
                       int q_pos0, int H, int Hkv, int Dh, int window, float *scratch);
     /* every sequence of a batch against the paged cache in one call (PagedBatch below) */
-    void (*kv_store_batch)(float *kc, float *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv, int Dh);
-    void (*attention_batch)(float *out, const float *q, const float *kc, const float *vc, const PagedBatch *pb, int H,
+    void (*kv_store_batch)(void *kc, void *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv, int Dh);
+    void (*attention_batch)(float *out, const float *q, const void *kc, const void *vc, const PagedBatch *pb, int H,
                             int Hkv, int Dh, int window, float *scratch, size_t scratch_stride);
     void (*swiglu)(float *out, const float *gate, const float *up, size_t n);
     void (*add_to)(float *out, const float *a, const float *b, size_t n);
@@ -268,4 +272,6 @@ const Backend *backend_named(const char *name);
 /* Threads for the kernels and OpenBLAS; n <= 0: the cores this rank may use (its CPU affinity, shared
  * among the node's ranks). Returns the count set. */
 int backend_set_threads(int n);
+/* --cpu-bf16-dot: 1 = native (the CPU's bf16 dot-product arithmetic, kernels/cpu/bf16dot.c), 0 = exact */
+void backend_set_bf16_dot(int native);
 #endif

@@ -138,6 +138,7 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
         {"--teacher-tp", OPT_INT, &R[R_TEACHER].tp, "1", ""}, {"--teacher-pp", OPT_INT, &R[R_TEACHER].pp, "1", ""},
         THREADS_OPTION(&t->threads), DTYPE_OPTION(&t->dtype_name), SAVE_DTYPE_OPTION(&t->save_dtype_name),
+        KERNEL_OPTIONS(&t->kv_dtype_name, &t->bf16_dot_name),
         DEVICE_OPTION(&t->device), COMM_TIMEOUT_OPTION(&t->comm_timeout),
     };
     *n_opts = sizeof(opts) / sizeof(opts[0]);

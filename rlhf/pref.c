@@ -245,7 +245,8 @@ static int pref_main(int argc, char **argv, int dpo) {
     if (score) {
         if (o.seq_len < 2 || o.batch_size < 1 || o.threads < 0) user_error("rm --score: --seq-len >= 2, --batch-size >= 1");
         ModelOpen mo = {.dir = o.model_dir, .adapter = adapter, .dtype_name = o.dtype_name, .device = o.device, .tp = o.tp,
-                        .pp = o.pp, .ep = o.ep, .threads = o.threads, .comm_timeout = o.comm_timeout, .score_head = 1};
+                        .pp = o.pp, .ep = o.ep, .threads = o.threads, .comm_timeout = o.comm_timeout, .score_head = 1,
+                        .kv_dtype_name = o.kv_dtype_name, .bf16_dot_name = o.bf16_dot_name};
         return rm_score_main(&mo, input, output, o.chat_template, o.seq_len, o.batch_size);
     }
     train_options_check(&o, cmd);

@@ -45,11 +45,17 @@ typedef struct {
 /* the inference commands' (const char **dir; runtime/adapter.h: adapter_merge after model_load) */
 #define ADAPTER_OPTION(dir)                                                                             \
     {"--adapter", OPT_STR, dir, NULL, "PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors), merged into the weights"}
-#define MESH_OPTIONS(tp, pp, ep, threads, dtype)                                  \
+/* every model-running command's (const char **kv, **dot; runtime/device.h kernel_options_set) */
+#define KERNEL_OPTIONS(kv, dot)                                                                         \
+    {"--kv-dtype", OPT_STR, kv, "fp32",                                                                  \
+     "keys and values: fp32 | bf16 (rounded to bf16 where produced, after RoPE, in generation and training alike; the KV cache at 2 bytes an element; CPU only)"}, \
+    {"--cpu-bf16-dot", OPT_STR, dot, "exact",                                                            \
+     "bf16 weights' forward matmul on the CPU: exact (fp32 multiply-adds on the upcast, the same bits on every ISA) | native (AVX512_BF16's vdpbf16ps arithmetic, emulated where the CPU lacks it)"}
+#define MESH_OPTIONS(tp, pp, ep, threads, dtype, kv, dot)                         \
     {"--tp", OPT_INT, tp, "1", "tensor-parallel size"},                           \
     {"--pp", OPT_INT, pp, "1", "pipeline-parallel size"},                         \
     {"--ep", OPT_INT, ep, "1", "expert-parallel size (MoE: experts split over ep of the dp ranks)"}, \
-    THREADS_OPTION(threads), DTYPE_OPTION(dtype)
+    THREADS_OPTION(threads), DTYPE_OPTION(dtype), KERNEL_OPTIONS(kv, dot)
 
 /* Parses argv (argv[0] is the subcommand). --help prints usage and exits 0. */
 void args_parse(const char *usage, Option *opts, int n_opts, int argc, char **argv);

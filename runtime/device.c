@@ -15,6 +15,25 @@ DType dtype_parse(const char *flag, const char *value) {
     user_error("%s %s: expected auto, bf16 or fp32 (fp16 checkpoints load as bf16 or fp32)", flag, value);
 }
 
+static DType kv_dtype = DTYPE_F32;
+static int bf16_dot_native;
+DType kv_dtype_default(void) { return kv_dtype; }
+int bf16_dot_native_requested(void) { return bf16_dot_native; }
+
+void kernel_options_set(const char *kv, const char *dot, const char *device) {
+    int cpu = !strcmp(device, "cpu") || !strcmp(device, "cpu-guarded");
+    if (!strcmp(kv, "bf16") || !strcmp(kv, "bfloat16")) kv_dtype = DTYPE_BF16;
+    else if (!strcmp(kv, "fp32") || !strcmp(kv, "float32")) kv_dtype = DTYPE_F32;
+    else user_error("--kv-dtype %s: expected fp32 or bf16", kv);
+    if (kv_dtype == DTYPE_BF16 && !cpu)
+        user_error("--kv-dtype bf16: --device %s keeps an fp32 KV cache (bf16 keys and values are CPU-only for now)", device);
+    int native = !strcmp(dot, "native");
+    if (!native && strcmp(dot, "exact")) user_error("--cpu-bf16-dot %s: expected exact or native", dot);
+    if (native && !cpu) user_error("--cpu-bf16-dot native: a CPU kernel; --device %s has its own matmul", device);
+    backend_set_bf16_dot(native);
+    bf16_dot_native = native;
+}
+
 /* backend_named's, or one user_error line: unknown, not in this build */
 static const Backend *device_named(const char *name) {
     const Backend *be = backend_named(name);

@@ -23,5 +23,14 @@ DType dtype_parse(const char *flag, const char *value);
  * (comm_use_backend), so call it before cutting meshes. Collective over the world when NAME is not
  * cpu. device_open_local: the same over the ranks of world. */
 const Backend *device_open(const char *name);
+/* --kv-dtype fp32 | bf16 and --cpu-bf16-dot exact | native, for every model this process loads
+ * afterwards (model_load copies kv_dtype_default() into Model.kv_dtype; the dot product is the CPU
+ * kernels' one setting, backend_set_bf16_dot). One user_error line for an unknown value, and for
+ * bf16 keys or the native dot on a device other than the CPU (--device cuda keeps an fp32 cache and
+ * its own tensor-core matmul). */
+void kernel_options_set(const char *kv_dtype, const char *bf16_dot, const char *device);
+DType kv_dtype_default(void);
+/* whether --cpu-bf16-dot native was given: model_load refuses it for fp32 weights (nothing to do) */
+int bf16_dot_native_requested(void);
 const Backend *device_open_local(const char *name, const Comm *world);
 #endif

@@ -119,8 +119,11 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
     }
     be->rope(a->q, b->rope, N, Hl, Dh);
     be->rope(a->k, b->rope, N, Hkvl, Dh);
+    be->round_to(a->k, (size_t)N * kvd, m->kv_dtype);                                 /* --kv-dtype: where produced */
+    be->round_to(a->v, (size_t)N * kvd, m->kv_dtype);
     if (b->kv) {   /* keys: the paged cache, this step's rows stored into their slots first; every sequence at once */
-        float *kc = b->kv->k + l * b->kv->layer_stride, *vc = b->kv->v + l * b->kv->layer_stride; /* (n_blocks, Hkvl, block, Dh) */
+        size_t off = dtype_size(b->kv->dtype) * l * b->kv->layer_stride;
+        void *kc = (char *)b->kv->k + off, *vc = (char *)b->kv->v + off;   /* (n_blocks, Hkvl, block, Dh) of kv dtype */
         be->kv_store_batch(kc, vc, a->k, a->v, &b->paged, Hkvl, Dh);
         be->attention_batch(a->att, a->q, kc, vc, &b->paged, Hl, Hkvl, Dh, window, b->scratch, b->scratch_stride);
     } else {       /* keys: each sequence's own rows; sequences in parallel where the backend allows it, a lone
@@ -207,7 +210,7 @@ static void stage_forward(Model *m, RunState *s, KVCache *kv, const Batch *b, in
                      s->scratch, (size_t)m->n_heads_local * s->max_seq, NULL, 0, 0, s->lora_tmp + g0 * lw, 0, NULL, NULL};
     if (b->tables)
         lb.paged = (PagedBatch){b->tables, b->table_stride, kv->block, seq + g0, pos + g0, N, hi - lo, lo, start + lo,
-                                s->ids_host + g0};
+                                s->ids_host + g0, kv->dtype};
     m->be->rope_table(s->rope + g0 * Dh, lb.pos, m->inv_freq, N, Dh);
     model_stage_input(m, &lb, tokens + g0, a.x_in);
     for (int l = 0; l < m->n_layers_local; l++) model_layer_forward(m, l, &lb, &a, a.x_in);

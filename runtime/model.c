@@ -432,6 +432,9 @@ static void load(Model *m, const char *dir, const Mesh *mesh, int score, uint64_
     m->be = be;
     config_load(&m->cfg, dir);
     m->dtype = dtype == DTYPE_AUTO ? model_dtype_auto(&m->cfg) : dtype;
+    m->kv_dtype = kv_dtype_default();
+    if (bf16_dot_native_requested() && m->dtype != DTYPE_BF16)
+        user_error("--cpu-bf16-dot native: %s loads as fp32 weights, whose matmul has no bf16 dot product (give --dtype bf16)", dir);
     if (score && !m->cfg.score_head) {   /* a score head on a causal LM: lm_head unused, nothing tied */
         m->cfg.score_head = 1;
         m->cfg.num_labels = 1;
@@ -580,9 +583,9 @@ void model_print_memory_plan(const Model *m, const MemPlan *p) {
     float *all = xmalloc(sizeof(float) * K * mesh->size);
     comm_all_gather(&mesh->group, mine, all, K);
     if (mesh->rank == 0) {
-        /* each part's dtype in its heading: only the weights change with --dtype */
+        /* each part's dtype in its heading: the weights change with --dtype, the cache with --kv-dtype */
         fprintf(stderr, "memory plan (MiB)     weights(%s) master(fp32) grads(fp32) moments(fp32) activations(fp32) "
-                "kv_cache(fp32)     total\n", dtype_name(m->dtype));
+                "kv_cache(%s)     total\n", dtype_name(m->dtype), dtype_name(m->kv_dtype));
         for (int r = 0; r < mesh->size; r++) {
             const float *v = all + K * r;
             double mib[K], tot = 0;

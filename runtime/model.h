@@ -163,6 +163,8 @@ typedef struct Model {
     int is_first, is_last;                               /* pp stage owns embedding / head */
     DType dtype;          /* the weights' storage dtype (F32 or BF16, never AUTO); matmul inputs are rounded
                            * to it (runtime/forward.c) */
+    DType kv_dtype;       /* --kv-dtype: keys (after RoPE) and values rounded to it where produced, and the
+                           * KV cache's elements (runtime/forward.c; F32: no rounding) */
     ModelWeights w;       /* pointers into params */
     void *params;         /* the parameter arena, n_params elements of dtype, the backend's memory */
     size_t n_params;      /* elements in it */
@@ -255,8 +257,9 @@ typedef struct KVCache {
     const Backend *be;    /* whose memory k and v are */
     int block;            /* token slots per block */
     int n_blocks;         /* blocks in the pool (the same on every rank) */
-    size_t layer_stride;  /* floats per layer: n_blocks * block * Hkv_local * Dh */
-    float *k, *v;         /* (L_local, n_blocks, Hkv_local, block, Dh): head-major blocks (kv_paged) */
+    size_t layer_stride;  /* elements per layer: n_blocks * block * Hkv_local * Dh */
+    DType dtype;          /* the elements' (Model.kv_dtype): fp32, or bf16 (2 bytes) */
+    void *k, *v;          /* (L_local, n_blocks, Hkv_local, block, Dh) of dtype: head-major blocks (kv_paged) */
     int *free_ids;        /* (n_blocks) stack of free block ids */
     int n_free;
 } KVCache;

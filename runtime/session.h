@@ -14,6 +14,7 @@ typedef struct {
     const char *dir;               /* --model (a directory once parsed) */
     const char *adapter;           /* --adapter: merged into the weights after the load (NULL: none) */
     const char *dtype_name, *device;   /* --dtype (runtime/device.h dtype_parse), --device */
+    const char *kv_dtype_name, *bf16_dot_name;   /* --kv-dtype, --cpu-bf16-dot (kernel_options_set) */
     int tp, pp, ep, threads;           /* threads: 0 = the cores available; model_open sets the count in use */
     float comm_timeout;            /* --comm-timeout */
     int score_head;                /* a reward model: the directory's score head, else a new one (seed 1) */
@@ -21,7 +22,8 @@ typedef struct {
 
 /* The rows --tp, --pp, --ep, --threads, --dtype, --device, --comm-timeout (ModelOpen *s) */
 #define MODEL_OPEN_OPTIONS(s)                                                                     \
-    MESH_OPTIONS(&(s)->tp, &(s)->pp, &(s)->ep, &(s)->threads, &(s)->dtype_name), DEVICE_OPTION(&(s)->device), \
+    MESH_OPTIONS(&(s)->tp, &(s)->pp, &(s)->ep, &(s)->threads, &(s)->dtype_name, &(s)->kv_dtype_name, &(s)->bf16_dot_name), \
+        DEVICE_OPTION(&(s)->device),                                                                  \
         COMM_TIMEOUT_OPTION(&(s)->comm_timeout)
 
 /* After comm_init, args_parse and the command's checks: sets the communication deadline and the

@@ -65,24 +65,25 @@ need_story() {
 }
 
 # generate's sampled tokens and logprobs (paged decode, two sequences per step) against eval's
-# whole-sequence forward of the same tokens: equal bit for bit. DTYPE (default auto) for both.
+# whole-sequence forward of the same tokens: equal bit for bit. DTYPE (default auto), KV (--kv-dtype,
+# default fp32) and DOT (--cpu-bf16-dot, default exact) for both.
 paged_vs_eval() { # MODEL [generate flags]
     local m="$1"
     printf '{"input_ids":[1,5,9,13,2,7]}\n{"input_ids":[1,9,13]}\n{"input_ids":[1,3]}\n' > "$BATS_TEST_TMPDIR/p.jsonl"
-    "$TANDEM" generate --dtype "${DTYPE:-auto}" --model "$m" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/g.jsonl" \
+    "$TANDEM" generate --dtype "${DTYPE:-auto}" --kv-dtype "${KV:-fp32}" --cpu-bf16-dot "${DOT:-exact}" --model "$m" --input "$BATS_TEST_TMPDIR/p.jsonl" --output "$BATS_TEST_TMPDIR/g.jsonl" \
         --max-new-tokens 24 --ignore-eos --logprobs 1 --temperature 0.9 --seed 5 --max-batch 2 "${@:2}" 2>/dev/null
     # reference records: the sampled token and its logprob at each generated position
     jq -c '{input_ids: (.prompt + .completion_ids),
             top_logprobs: (([range(0; (.prompt | length) - 1)] | map([])) + [.logprobs[] | [[.token, .logprob]]] + [[]])}' \
         "$BATS_TEST_TMPDIR/g.jsonl" > "$BATS_TEST_TMPDIR/ref.jsonl"
-    run "$TANDEM" eval --dtype "${DTYPE:-auto}" --model "$m" --reference "$BATS_TEST_TMPDIR/ref.jsonl" --max-logprob-diff 0
+    run "$TANDEM" eval --dtype "${DTYPE:-auto}" --kv-dtype "${KV:-fp32}" --cpu-bf16-dot "${DOT:-exact}" --model "$m" --reference "$BATS_TEST_TMPDIR/ref.jsonl" --max-logprob-diff 0
     echo "$m: $output"
     [ "$status" -eq 0 ]
     echo "$output" | tail -1 | jq -e '.records == 3 and .max_abs_logprob_diff == 0'
     # the comparison is live: the same records with every logprob moved by 1e-6 fail it
     jq -c '.top_logprobs |= (to_entries | map(if .value != [] then .value[0][1] += 1e-6 else . end | .value))' \
         "$BATS_TEST_TMPDIR/ref.jsonl" > "$BATS_TEST_TMPDIR/bad.jsonl"
-    run "$TANDEM" eval --dtype "${DTYPE:-auto}" --model "$m" --reference "$BATS_TEST_TMPDIR/bad.jsonl" --max-logprob-diff 0
+    run "$TANDEM" eval --dtype "${DTYPE:-auto}" --kv-dtype "${KV:-fp32}" --cpu-bf16-dot "${DOT:-exact}" --model "$m" --reference "$BATS_TEST_TMPDIR/bad.jsonl" --max-logprob-diff 0
     [ "$status" -eq 1 ]
     echo "$output" | tail -1 | jq -e '.pass == false and .max_abs_logprob_diff > 0'
 }

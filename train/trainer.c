@@ -259,6 +259,7 @@ void trainer_check_same_model(const char *model_dir, const char *resume_dir) {
 void run_options_check(TrainOptions *o) {
     o->dtype = dtype_parse("--dtype", o->dtype_name);
     o->save_dtype = dtype_parse("--save-dtype", o->save_dtype_name);
+    kernel_options_set(o->kv_dtype_name, o->bf16_dot_name, o->device);
     if (o->save_limit < 0) user_error("--save-total-limit %d: must be >= 0", o->save_limit);
     if (!o->overwrite && !o->resume) trainer_check_new_out(o->out, o->tensorboard);
     if (o->tensorboard) tensorboard_check_dir(o->tensorboard);

@@ -88,6 +88,7 @@ void trainer_check_same_model(const char *model_dir, const char *resume_dir);
 typedef struct {
     const char *model_dir, *data_path, *eval_path, *out, *resume, *schedule_name, *chat_template, *recompute_name, *tensorboard;
     const char *dtype_name, *save_dtype_name, *device;
+    const char *kv_dtype_name, *bf16_dot_name;   /* --kv-dtype, --cpu-bf16-dot (runtime/device.h kernel_options_set) */
     DType dtype, save_dtype;   /* parsed by run_options_check (DTYPE_AUTO: the checkpoint's / the model's) */
     const Backend *be;         /* --device, opened by train_options_check: load the models onto it */
     int tp, pp, ep, threads, seq_len, batch_size, M, epochs, max_steps, stop_after, warmup, zero, skip_bad, overwrite, sp;
@@ -151,7 +152,7 @@ typedef struct {
     {"--eval-every", OPT_INT, &(o)->eval_every, "0", "steps between evals (0 = only before and after)"},           \
     {"--save-every", OPT_INT, &(o)->save_every, "0", "steps between checkpoints (0 = only at the end)"},           \
     TRAIN_SAVE_LIMIT_OPTION(o), TRAIN_LOG_EVERY_OPTION(o),                                                        \
-    MESH_OPTIONS(&(o)->tp, &(o)->pp, &(o)->ep, &(o)->threads, &(o)->dtype_name),                                            \
+    MESH_OPTIONS(&(o)->tp, &(o)->pp, &(o)->ep, &(o)->threads, &(o)->dtype_name, &(o)->kv_dtype_name, &(o)->bf16_dot_name), \
     DEVICE_OPTION(&(o)->device), COMM_TIMEOUT_OPTION(&(o)->comm_timeout)
 
 /* The checks every trainer shares (sft, rm, dpo and ppo, whose TrainOptions holds its run and

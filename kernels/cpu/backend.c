@@ -179,3 +179,4 @@ const char *backend_check(const Backend *be) {
     return NULL;
 }
 int backend_set_threads(int n) { return cpu_set_threads(n); }
+void backend_set_bf16_dot(int native) { cpu_set_bf16_dot(native); }

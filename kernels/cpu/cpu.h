@@ -33,6 +33,25 @@ int cpu_fma_chains(long iters, float *sink); /* FMAs per thread and iteration */
 void cpu_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out,
                 int leaves);
 
+/* --cpu-bf16-dot (bf16dot.c): native 1 makes cpu_matmul / cpu_matmuls on BF16 weights round x to
+ * bf16 and compute each run's dot product with AVX512_BF16's vdpbf16ps arithmetic (pairs of
+ * products, each step rounded to nearest even, denormals flushed; 16 lanes over 32-element chunks,
+ * zero-padded, then hsum16; runs combined by tree_sum as in the exact path): batch-invariant and
+ * tp-leaf-invariant like it, not its bits. The instruction where the CPU has it, else its emulation
+ * (cpu_dpbf16_lane), which gives the same bits; cpu_bf16_dot_emulate(1) forces the emulation (the
+ * tests). 0 (the default): the exact path. */
+void cpu_set_bf16_dot(int native);
+int cpu_bf16_dot_native(void);
+void cpu_bf16_dot_emulate(int on);
+int cpu_has_avx512bf16(void);
+/* one fp32 lane of vdpbf16ps: acc + a.hi * b.hi, then + a.lo * b.lo (a, b: two bf16 each, element
+ * 2i in the low half), as the Intel SDM states it; cpu_dpbf16_hw: 16 lanes by the instruction itself
+ * (only where cpu_has_avx512bf16) */
+float cpu_dpbf16_lane(float acc, uint32_t a, uint32_t b);
+void cpu_dpbf16_hw(float *acc, const uint32_t *a, const uint32_t *b);
+/* matmuls_leaves' native path: every output over `leaves` runs of n_in, weights BF16 */
+void cpu_matmul_native(const float *x, int N, int n_in, const MatmulOut *outs, int n, int leaves);
+
 /* cpu_matmul for several weights that read the same x (q, k, v; gate, up), in one parallel region:
  * one wake-up and one barrier instead of one each. Every out gets exactly cpu_matmul's bits. */
 void cpu_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt);
@@ -72,9 +91,12 @@ void cpu_attention(float *out, const float *q, const float *k, const float *v, c
 
 /* The whole batch against the paged cache (kernels.h PagedBatch): cpu_kv_store, then cpu_attention,
  * per sequence, sequences in parallel (each thread its own scratch_stride floats of scratch; a lone
- * sequence parallelises over heads inside cpu_attention). The bits of per-sequence calls. */
-void cpu_kv_store_batch(float *kc, float *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv, int Dh);
-void cpu_attention_batch(float *out, const float *q, const float *kc, const float *vc, const PagedBatch *pb, int H,
+ * sequence parallelises over heads inside cpu_attention). The bits of per-sequence calls. kc, vc
+ * hold elements of pb->kv_dtype: BF16 stores each key and value rounded to nearest even and reads it
+ * through the exact upcast, so attention on a bf16 cache has the bits of cpu_attention on fp32 rows
+ * holding the same bf16 values (--kv-dtype bf16 rounds them where they are produced). */
+void cpu_kv_store_batch(void *kc, void *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv, int Dh);
+void cpu_attention_batch(float *out, const float *q, const void *kc, const void *vc, const PagedBatch *pb, int H,
                          int Hkv, int Dh, int window, float *scratch, size_t scratch_stride);
 
 /* out (n) = silu(gate) * up */

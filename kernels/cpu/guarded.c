@@ -272,13 +272,13 @@ static void g_attention(float *out, const float *q, const float *k, const float 
             P(out, nf(Tq, H * Dh)), P(q, nf(Tq, H * Dh)), P(k, kv_bytes(kv, n, Hkv, Dh)), P(v, kv_bytes(kv, n, Hkv, Dh)),
             OPT(kv->table, ni(n > 0 ? (n - 1) / kv->block + 1 : 0)), P(scratch, nf(scratch_rows() * H, n)));
 }
-static void g_kv_store_batch(float *kc, float *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv,
+static void g_kv_store_batch(void *kc, void *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv,
                              int Dh) {
     GUARDED("kv_store_batch", cpu_kv_store_batch(kc, vc, k, v, pb, Hkv, Dh), P(kc, 4), P(vc, 4),
             P(k, nf(pb->N, Hkv * Dh)), P(v, nf(pb->N, Hkv * Dh)), P(pb->tables, ni(1)), P(pb->seq, ni(pb->N)),
             P(pb->pos, ni(pb->N)));
 }
-static void g_attention_batch(float *out, const float *q, const float *kc, const float *vc, const PagedBatch *pb, int H,
+static void g_attention_batch(float *out, const float *q, const void *kc, const void *vc, const PagedBatch *pb, int H,
                               int Hkv, int Dh, int window, float *scratch, size_t scratch_stride) {
     GUARDED("attention_batch", cpu_attention_batch(out, q, kc, vc, pb, H, Hkv, Dh, window, scratch, scratch_stride),
             P(out, nf(pb->N, H * Dh)), P(q, nf(pb->N, H * Dh)), P(kc, 4), P(vc, 4), P(pb->tables, ni(1)),

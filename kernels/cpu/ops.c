@@ -232,6 +232,7 @@ static void matmuls_leaves(const float *x, int N, int n_in, const MatmulOut *out
      * leaf's length is the same at every tp). */
     enum { MM_BLOCK = 512 };
     while (leaves < 64 && n_in % (2 * leaves) == 0 && n_in / (2 * leaves) >= MM_BLOCK) leaves *= 2;
+    if (wt == DTYPE_BF16 && cpu_bf16_dot_native()) { cpu_matmul_native(x, N, n_in, outs, n, leaves); return; }
     /* decode with bf16 weights: x split once for every weight row (dot_split_bf16), run by run */
     int split = wt == DTYPE_BF16 && N <= 4, Kl = n_in / leaves;
     float xs[split ? (size_t)N * n_in : 1];   /* (N, n_in): at most 4 rows, on this thread's stack */
@@ -368,25 +369,74 @@ static void pv_block(float *o, const float *p, const float *v, size_t row, int j
         for (int d = d0; d < Dh; d++) o[d] = fmaf(p[j], v[d], o[d]);
 }
 
+/* d (m, Dh) = the exact fp32 values of m rows of Dh bf16 at s, `row` elements apart: a zero-extend and
+ * a shift per element, 16 at a time (the paged cache's rows of one head are contiguous: row == Dh) */
+typedef unsigned short vu16x16 __attribute__((vector_size(32)));
+typedef unsigned int vu32x16 __attribute__((vector_size(64)));
+static inline void upcast_rows(float *d, const uint16_t *s, size_t row, int m, int Dh) {
+    size_t n = row == (size_t)Dh ? (size_t)m * Dh : (size_t)Dh;
+    for (int r = 0; r < (row == (size_t)Dh ? 1 : m); r++, s += row, d += Dh) {
+        size_t i = 0;
+        for (; i + 16 <= n; i += 16) {
+            vu16x16 h;
+            memcpy(&h, s + i, sizeof h);
+            vu32x16 u = __builtin_convertvector(h, vu32x16) << 16;
+            memcpy(d + i, &u, sizeof u);
+        }
+        for (; i < n; i++) d[i] = bf16_to_f32(s[i]);
+    }
+}
+
+static void pv_span(float *o, const float *p, const void *v, DType vt, size_t off, size_t row, int ja, int jb, int Dh,
+                    float *buf) {
+    if (vt == DTYPE_F32) { pv_block(o, p, (const float *)v + off, row, ja, jb, Dh); return; }
+    for (int j = ja; j <= jb; j += 16) {
+        int m = jb - j + 1 < 16 ? jb - j + 1 : 16;
+        upcast_rows(buf, (const uint16_t *)v + off + (size_t)(j - ja) * row, row, m, Dh);
+        pv_block(o, p, buf, Dh, j, j + m - 1, Dh);
+    }
+}
+
+/* The keys ja..jb of one head in one block (at `off` elements of k, `row` elements between keys) as
+ * fp32 for attention_scores / pv_block: an fp32 cache is read in place; a bf16 one (--kv-dtype bf16)
+ * is upcast exactly, up to 16 keys at a time, into buf (16 * Dh floats, rows of Dh). Every score and
+ * every P.V multiply-add is per key and in increasing j either way, so a bf16 cache gives the bits of
+ * an fp32 one holding the same (bf16-valued) numbers: training's rows, rounded where produced. */
+static void scores_span(float *p, const float *qh, const void *k, DType kt, size_t off, size_t row, int ja, int jb,
+                        int Dh, float *buf) {
+    if (kt == DTYPE_F32) { attention_scores(p, qh, (const float *)k + off, row, ja, jb, Dh); return; }
+    for (int j = ja; j <= jb; j += 16) {
+        int m = jb - j + 1 < 16 ? jb - j + 1 : 16;
+        upcast_rows(buf, (const uint16_t *)k + off + (size_t)(j - ja) * row, row, m, Dh);
+        attention_scores(p, qh, buf, Dh, j, j + m - 1, Dh);
+    }
+}
+static void pv_span(float *o, const float *p, const void *v, DType vt, size_t off, size_t row, int ja, int jb, int Dh,
+                    float *buf);
+
 /* One query row (position i, keys j0..i) for kv heads [hk0, hk1) and their query heads: qi, oi
  * (H * Dh) point at the row; sc (heads of the slice, n_keys) holds their scores. Keys and values
  * are swept block by block, every head of the slice in each block: in the paged cache a block's
  * heads are one contiguous run, so the memory streams instead of restarting per head (decode at
  * batch 32 spends a quarter of its step here, bound by DRAM), and the next block is fetched into L2
  * while this one is computed (the hardware prefetcher does not cross to another block). Every
- * element gets attention_row_exp's arithmetic: the order of blocks and heads changes no bits. */
-static void attention_query(float *oi, const float *qi, const float *k, const float *v, const KVLayout *kv, int Hkv,
-                            int hk0, int hk1, int group, int Dh, int j0, int i, float scale, float *sc, int n_keys) {
-    size_t kvd = (size_t)Hkv * Dh, block_bytes = (size_t)kv->block * kvd * sizeof(float);
+ * element gets attention_row_exp's arithmetic: the order of blocks and heads changes no bits.
+ * k, v: elements of dtype kt (scores_span). */
+static void attention_query(float *oi, const float *qi, const void *k, const void *v, DType kt, const KVLayout *kv,
+                            int Hkv, int hk0, int hk1, int group, int Dh, int j0, int i, float scale, float *sc,
+                            int n_keys) {
+    size_t kvd = (size_t)Hkv * Dh, es = dtype_size(kt), block_bytes = (size_t)kv->block * kvd * es;
+    const char *kb = k, *vb = v;   /* for the prefetches */
     int h0 = hk0 * group, h1 = hk1 * group, b0 = j0 / kv->block, b1 = i / kv->block, ja, jb;
+    float buf[kt == DTYPE_F32 ? 1 : 16 * Dh];   /* (16, Dh) upcast keys or values */
     /* 1. raw scores; the last block fetches the values' first block */
     for (int b = b0; b <= b1; b++) {
         block_span(kv, b, j0, i, &ja, &jb);
-        const float *next = b < b1 ? k + kv_offset(kv, kvd, (b + 1) * kv->block) : v + kv_offset(kv, kvd, j0);
+        const char *next = b < b1 ? kb + es * kv_offset(kv, kvd, (b + 1) * kv->block) : vb + es * kv_offset(kv, kvd, j0);
         for (int h = h0; h < h1; h++) {
             prefetch_part(next, block_bytes, h - h0, h1 - h0);
-            attention_scores(sc + (size_t)(h - h0) * n_keys, qi + (size_t)h * Dh,
-                             k + kv_offset(kv, kvd, ja) + (size_t)(h / group) * kv->head, kv->row, ja, jb, Dh);
+            scores_span(sc + (size_t)(h - h0) * n_keys, qi + (size_t)h * Dh, k,
+                        kt, kv_offset(kv, kvd, ja) + (size_t)(h / group) * kv->head, kv->row, ja, jb, Dh, buf);
         }
     }
     /* 2. probabilities (the division is exact per element: vectorised) */
@@ -400,15 +450,16 @@ static void attention_query(float *oi, const float *qi, const float *k, const fl
     for (int b = b0; b <= b1; b++) {
         block_span(kv, b, j0, i, &ja, &jb);
         for (int h = h0; h < h1; h++) {
-            if (b < b1) prefetch_part(v + kv_offset(kv, kvd, (b + 1) * kv->block), block_bytes, h - h0, h1 - h0);
-            pv_block(oi + (size_t)h * Dh, sc + (size_t)(h - h0) * n_keys,
-                     v + kv_offset(kv, kvd, ja) + (size_t)(h / group) * kv->head, kv->row, ja, jb, Dh);
+            if (b < b1) prefetch_part(vb + es * kv_offset(kv, kvd, (b + 1) * kv->block), block_bytes, h - h0, h1 - h0);
+            pv_span(oi + (size_t)h * Dh, sc + (size_t)(h - h0) * n_keys, v, kt,
+                    kv_offset(kv, kvd, ja) + (size_t)(h / group) * kv->head, kv->row, ja, jb, Dh, buf);
         }
     }
 }
 
-void cpu_attention(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,
-                   int q_pos0, int H, int Hkv, int Dh, int window, float *scratch) {
+/* cpu_attention on keys and values of dtype kt */
+static void attention_typed(float *out, const float *q, const void *k, const void *v, DType kt, const KVLayout *kv,
+                            int Tq, int q_pos0, int H, int Hkv, int Dh, int window, float *scratch) {
     int group = H / Hkv, n_keys = q_pos0 + Tq;
     float scale = 1.0f / sqrtf((float)Dh);
     size_t qs = (size_t)H * Dh;
@@ -421,30 +472,60 @@ void cpu_attention(float *out, const float *q, const float *k, const float *v, c
         int t = task / slices, sl = task % slices, i = q_pos0 + t;
         int j0 = (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
         float *sc = scratch + (size_t)omp_get_thread_num() * H * n_keys;   /* this thread's scores */
-        attention_query(out + t * qs, q + t * qs, k, v, kv, Hkv, Hkv * sl / slices, Hkv * (sl + 1) / slices, group,
-                        Dh, j0, i, scale, sc, n_keys);
+        attention_query(out + t * qs, q + t * qs, k, v, kt, kv, Hkv, Hkv * sl / slices, Hkv * (sl + 1) / slices,
+                        group, Dh, j0, i, scale, sc, n_keys);
     }
 }
 
-void cpu_kv_store_batch(float *kc, float *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv, int Dh) {
+void cpu_attention(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,
+                   int q_pos0, int H, int Hkv, int Dh, int window, float *scratch) {
+    attention_typed(out, q, k, v, DTYPE_F32, kv, Tq, q_pos0, H, Hkv, Dh, window, scratch);
+}
+
+/* cpu_kv_store into a cache of dtype kt (BF16: each element rounded to nearest even; exact on the
+ * bf16-valued keys and values that --kv-dtype bf16 produces) */
+static void kv_store_typed(void *kc, void *vc, DType kt, const float *k, const float *v, const KVLayout *kv,
+                           const int *pos, int T, int Hkv, int Dh) {
+    size_t kvd = (size_t)Hkv * Dh;
+    for (int t = 0; t < T; t++) {
+        size_t slot = kv_offset(kv, kvd, pos[t]);
+        for (int h = 0; h < Hkv; h++) {
+            const float *kr = k + t * kvd + (size_t)h * Dh, *vr = v + t * kvd + (size_t)h * Dh;   /* (Dh) */
+            if (kt == DTYPE_F32) {
+                memcpy((float *)kc + slot + h * kv->head, kr, sizeof(float) * Dh);
+                memcpy((float *)vc + slot + h * kv->head, vr, sizeof(float) * Dh);
+                continue;
+            }
+            uint16_t *kd = (uint16_t *)kc + slot + h * kv->head, *vd = (uint16_t *)vc + slot + h * kv->head;
+            for (int d = 0; d < Dh; d++) kd[d] = f32_to_bf16(kr[d]), vd[d] = f32_to_bf16(vr[d]);
+        }
+    }
+}
+
+void cpu_kv_store(float *kc, float *vc, const float *k, const float *v, const KVLayout *kv, const int *pos, int T,
+                  int Hkv, int Dh) {
+    kv_store_typed(kc, vc, DTYPE_F32, k, v, kv, pos, T, Hkv, Dh);
+}
+
+void cpu_kv_store_batch(void *kc, void *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv, int Dh) {
     size_t kvd = (size_t)Hkv * Dh;
     for (int i = 0; i < pb->n_seqs; i++) {
         int t0 = pb->seq_start[i] - pb->seq_start[0];
         KVLayout paged = kv_paged(pb->tables + (size_t)(pb->seq0 + i) * pb->table_stride, pb->block, Dh);
-        cpu_kv_store(kc, vc, k + t0 * kvd, v + t0 * kvd, &paged, pb->pos + t0, pb->seq_start[i + 1] - pb->seq_start[i],
-                     Hkv, Dh);
+        kv_store_typed(kc, vc, pb->kv_dtype, k + t0 * kvd, v + t0 * kvd, &paged, pb->pos + t0,
+                       pb->seq_start[i + 1] - pb->seq_start[i], Hkv, Dh);
     }
 }
 
-void cpu_attention_batch(float *out, const float *q, const float *kc, const float *vc, const PagedBatch *pb, int H,
+void cpu_attention_batch(float *out, const float *q, const void *kc, const void *vc, const PagedBatch *pb, int H,
                          int Hkv, int Dh, int window, float *scratch, size_t scratch_stride) {
     size_t qd = (size_t)H * Dh;
 #pragma omp parallel for schedule(dynamic) if (pb->n_seqs > 1)
     for (int i = 0; i < pb->n_seqs; i++) {
         int t0 = pb->seq_start[i] - pb->seq_start[0];
         KVLayout paged = kv_paged(pb->tables + (size_t)(pb->seq0 + i) * pb->table_stride, pb->block, Dh);
-        cpu_attention(out + t0 * qd, q + t0 * qd, kc, vc, &paged, pb->seq_start[i + 1] - pb->seq_start[i],
-                      pb->pos_host[t0], H, Hkv, Dh, window, scratch + (size_t)omp_get_thread_num() * scratch_stride);
+        attention_typed(out + t0 * qd, q + t0 * qd, kc, vc, pb->kv_dtype, &paged, pb->seq_start[i + 1] - pb->seq_start[i],
+                        pb->pos_host[t0], H, Hkv, Dh, window, scratch + (size_t)omp_get_thread_num() * scratch_stride);
     }
 }
 
@@ -501,14 +582,3 @@ void cpu_gather_rows(float *out, const float *x, const int *rows, int R, int D) 
     for (int r = 0; r < R; r++) memcpy(out + (size_t)r * D, x + (size_t)rows[r] * D, sizeof(float) * D);
 }
 
-void cpu_kv_store(float *kc, float *vc, const float *k, const float *v, const KVLayout *kv, const int *pos, int T,
-                  int Hkv, int Dh) {
-    size_t kvd = (size_t)Hkv * Dh;
-    for (int t = 0; t < T; t++) {
-        size_t slot = kv_offset(kv, kvd, pos[t]);
-        for (int h = 0; h < Hkv; h++) {
-            memcpy(kc + slot + h * kv->head, k + t * kvd + (size_t)h * Dh, sizeof(float) * Dh);
-            memcpy(vc + slot + h * kv->head, v + t * kvd + (size_t)h * Dh, sizeof(float) * Dh);
-        }
-    }
-}

@@ -88,8 +88,8 @@ void cuda_kv_store(float *kc, float *vc, const float *k, const float *v, const K
                    int Hkv, int Dh);
 void cuda_attention(float *out, const float *q, const float *k, const float *v, const KVLayout *kv, int Tq,
                     int q_pos0, int H, int Hkv, int Dh, int window, float *scratch);
-void cuda_kv_store_batch(float *kc, float *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv, int Dh);
-void cuda_attention_batch(float *out, const float *q, const float *kc, const float *vc, const PagedBatch *pb, int H,
+void cuda_kv_store_batch(void *kc, void *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv, int Dh);
+void cuda_attention_batch(float *out, const float *q, const void *kc, const void *vc, const PagedBatch *pb, int H,
                           int Hkv, int Dh, int window, float *scratch, size_t scratch_stride);
 void cuda_swiglu(float *out, const float *gate, const float *up, size_t n);
 void cuda_add_to(float *out, const float *a, const float *b, size_t n);

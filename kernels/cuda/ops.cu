@@ -289,10 +289,11 @@ __global__ void kv_store_batch_kernel(float *kc, float *vc, const float *k, cons
         vc[slot] = v[e];
     }
 }
-extern "C" void cuda_kv_store_batch(float *kc, float *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv,
+extern "C" void cuda_kv_store_batch(void *kc, void *vc, const float *k, const float *v, const PagedBatch *pb, int Hkv,
                                     int Dh) {
     if (pb->N == 0) return;
-    kv_store_batch_kernel<<<blocks_for((size_t)pb->N * Hkv * Dh), THREADS>>>(kc, vc, k, v, pb->tables, pb->table_stride,
+    if (pb->kv_dtype != DTYPE_F32) backend_fatal("internal error: the cuda KV cache is fp32 (--kv-dtype is refused on cuda)");
+    kv_store_batch_kernel<<<blocks_for((size_t)pb->N * Hkv * Dh), THREADS>>>((float *)kc, (float *)vc, k, v, pb->tables, pb->table_stride,
                                                                              pb->block, pb->seq, pb->pos, pb->N, Hkv, Dh);
     CUDA_CHECK_LAUNCH();
 }
@@ -375,10 +376,12 @@ extern "C" void cuda_attention(float *out, const float *q, const float *k, const
 
 /* every row of a batch of sequences in one launch: the kernel above, each row's table and position
  * from the batch (the same arithmetic: a row's bits do not depend on how it was launched) */
-extern "C" void cuda_attention_batch(float *out, const float *q, const float *kc, const float *vc, const PagedBatch *pb,
+extern "C" void cuda_attention_batch(float *out, const float *q, const void *kcv, const void *vcv, const PagedBatch *pb,
                                      int H, int Hkv, int Dh, int window, float *scratch, size_t scratch_stride) {
     (void)scratch, (void)scratch_stride;
     if (pb->N == 0 || H == 0) return;
+    if (pb->kv_dtype != DTYPE_F32) backend_fatal("internal error: the cuda KV cache is fp32 (--kv-dtype is refused on cuda)");
+    const float *kc = (const float *)kcv, *vc = (const float *)vcv;
     if (Dh > ATT_MAX_DH) backend_fatal("internal error: cuda_attention supports head_dim <= %d (got %d)", ATT_MAX_DH, Dh);
     KVLayout kv = kv_paged(pb->tables, pb->block, Dh);
     int vec4 = Dh % 4 == 0 && (uintptr_t)kc % 16 == 0;

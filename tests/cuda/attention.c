@@ -252,7 +252,7 @@ static void batch_paged_case(int window) {
         const float *dq = dput(&d, q, fb((size_t)N * qd)), *dk = dput(&d, k, fb((size_t)N * kvd));
         const float *dv = dput(&d, v, fb((size_t)N * kvd));
         float *sc = dput(&d, NULL, nf(threads() * H, 64));
-        PagedBatch pb = {dt, STRIDE, BLOCK, ds, dp, N, S, 0, seq_start, pos};
+        PagedBatch pb = {dt, STRIDE, BLOCK, ds, dp, N, S, 0, seq_start, pos, DTYPE_F32};
         float *kc1 = dput(&d, pool_k, fb(pn)), *vc1 = dput(&d, pool_v, fb(pn)), *o1 = dput(&d, NULL, fb((size_t)N * qd));
         be[b]->kv_store_batch(kc1, vc1, dk, dv, &pb, Hkv, Dh);
         be[b]->attention_batch(o1, dq, kc1, vc1, &pb, H, Hkv, Dh, window, sc, (size_t)H * 64);
