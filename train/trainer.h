@@ -96,6 +96,7 @@ typedef struct {
     float lora_alpha, lora_dropout;
     const char *lora_target;
     float lr, min_lr, wd, beta1, beta2, eps, clip, comm_timeout;
+    float moe_z_coef;      /* --moe-z-loss-coef: the router z-loss (Learner.moe_z_coef; MoE only) */
     const Option *opts;    /* the command's whole table, echoed in the summary */
     int n_opts;
 } TrainOptions;
@@ -125,7 +126,9 @@ typedef struct {
     {"--clip", OPT_FLOAT, &(o)->clip, "1.0", "global gradient-norm clipping (0 = off)"},                           \
     {"--recompute", OPT_STR, &(o)->recompute_name, "none", "full: keep only layer inputs, recompute in backward (less memory)"}, \
     SEQ_PARALLEL_OPTION(&(o)->sp),                                                                                 \
-    ZERO_OPTION(&(o)->zero)
+    ZERO_OPTION(&(o)->zero),                                                                                       \
+    {"--moe-z-loss-coef", OPT_FLOAT, &(o)->moe_z_coef, "0",                                                        \
+     "MoE: + coef x mean_t logsumexp(router logits)^2 per MoE layer (ST-MoE's router z-loss; 0 = off)"}
 /* LoRA adapters (runtime/lora.h; sft): the base frozen, A and B trained, PEFT's adapter saved */
 #define TRAIN_LORA_OPTIONS(o)                                                                                      \
     {"--lora-r", OPT_INT, &(o)->lora_r, "0", "LoRA rank: train adapters on the frozen model (0 = full training)"},   \
