@@ -219,7 +219,7 @@ close() { # A B REL: the two loss columns within REL relative, same count
 # The rollout's logprobs (generate's engine, the KV cache, batches of any shape) are the training
 # forward's bit for bit with a MoE actor: the routing is a function of the token alone (dropless,
 # fixed-order combine), the same in both, so no routing replay is needed
-@test "moe ppo: GRPO steps with a Qwen3-MoE actor: rollout logprobs == training logprobs (diff 0), fp32 at 1x1, bf16 at actor tp 2 x pp 2" {
+@test "moe ppo: GRPO steps with a Qwen3-MoE actor: rollout logprobs == training logprobs (diff 0), fp32 at 1x1, bf16 at actor tp 2 x pp 2, with the router z-loss" {
     moe_model qwen3_moe
     A=(--actor "$BATS_TEST_TMPDIR/qwen3_moe" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2
        --rollout-batch-size 2 --max-new-tokens 8 --steps 2 --kl-coef 0 --actor-lr 3e-4)
@@ -229,6 +229,17 @@ close() { # A B REL: the two loss columns within REL relative, same count
     run timeout 180 $MPIRUN 4 "$TANDEM" ppo "${A[@]}" --dtype bf16 --actor-tp 2 --actor-pp 2 --out "$BATS_TEST_TMPDIR/tp"
     [ "$status" -eq 0 ]
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/tp/metrics.jsonl" -c)" = "[0]" ]
+    # the router z-loss on the actor (--moe-z-loss-coef): step 1's gradient gains its term (the same
+    # rollouts: rewards and advantages unchanged), the rollouts stay exact; a dense actor refused
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --moe-z-loss-coef 0.05 --out "$BATS_TEST_TMPDIR/z"
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/z/metrics.jsonl" -c)" = "[0]" ]
+    jq -e -n --slurpfile a "$BATS_TEST_TMPDIR/one/metrics.jsonl" --slurpfile z "$BATS_TEST_TMPDIR/z/metrics.jsonl" \
+        '$a[0]["critic/score/mean"] == $z[0]["critic/score/mean"] and $a[0]["actor/grad_norm"] != $z[0]["actor/grad_norm"]'
+    run "$TANDEM" ppo "${A[@]/$BATS_TEST_TMPDIR\/qwen3_moe/$BATS_TEST_TMPDIR/llama}" --moe-z-loss-coef 0.05 --out "$BATS_TEST_TMPDIR/d"
+    echo "$output"   # (after the placement line: the actor's config is read with its model)
+    [ "$status" -ne 0 ]; [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
+    grep -q '^tandem: --moe-z-loss-coef 0.05: the router z-loss needs a Mixture-of-Experts model (model_type llama has no router)$' <<<"$output"
 }
 
 @test "moe: sequence parallel and LoRA are refused with one line" {

@@ -274,6 +274,13 @@ void optim_options_check(const TrainOptions *o, int tp, const char *sp_refusal) 
     if (o->merge && o->zero == 3) user_error("--merge with --zero 3: the merge needs the whole weights (merge from the checkpoint with --adapter)");
 }
 
+void train_moe_z_check(float coef, const ModelConfig *c) {
+    if (!(coef >= 0 && isfinite(coef))) user_error("--moe-z-loss-coef %g: must be a finite number >= 0 (0 = off)", coef);
+    if (c && coef != 0.0f && c->moe == MOE_NONE)
+        user_error("--moe-z-loss-coef %g: the router z-loss needs a Mixture-of-Experts model (model_type %s has no "
+                   "router)", coef, c->model_type);
+}
+
 void train_options_check(TrainOptions *o, const char *cmd) {
     comm_set_timeout(o->comm_timeout);
     if (!o->model_dir || !o->data_path || !o->out) user_error("%s: --model, --data and --out are required", cmd);
@@ -283,8 +290,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
         !(o->beta2 >= 0 && o->beta2 < 1) || !(o->eps > 0))
         user_error("%s: invalid optimizer setting (--lr > 0, --min-lr/--weight-decay/--clip >= 0, betas in [0, 1), --eps > 0)", cmd);
     lr_schedule_parse("--lr-schedule", o->schedule_name);
-    if (!(o->moe_z_coef >= 0 && isfinite(o->moe_z_coef)))
-        user_error("--moe-z-loss-coef %g: must be a finite number >= 0 (0 = off)", o->moe_z_coef);
+    train_moe_z_check(o->moe_z_coef, NULL);
     if (strcmp(o->recompute_name, "none") && strcmp(o->recompute_name, "full"))
         user_error("--recompute %s: expected full or none", o->recompute_name);
     lora_options_check(&o->lora_r, &o->lora_alpha, &o->lora_target, &o->lora_rslora, &o->lora_dropout, o->resume, NULL);
@@ -420,9 +426,7 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
         if (root) fprintf(stderr, "LoRA: r %d, alpha %g, scale %g, %s; %zu trained parameters on rank 0\n", o->lora_r,
                           o->lora_alpha, m->lora->scale, o->lora_target, m->lora->n);
     }
-    if (o->moe_z_coef != 0.0f && m->cfg.moe == MOE_NONE)
-        user_error("--moe-z-loss-coef %g: the router z-loss needs a Mixture-of-Experts model (model_type %s has no "
-                   "router)", o->moe_z_coef, m->cfg.model_type);
+    train_moe_z_check(o->moe_z_coef, &m->cfg);
     Learner L;
     learner_init(&L, m, oc, max_tokens, o->seq_len, o->M,
                  (!strcmp(o->recompute_name, "full") ? TRAIN_RECOMPUTE : 0) | (o->sp ? TRAIN_SEQ_PARALLEL : 0));

@@ -167,6 +167,9 @@ typedef struct {
  *   sp_refusal: the line's text after "--sequence-parallel: " when it is below 2), --lora-r,
  *   --lora-dropout and --merge. */
 void run_options_check(TrainOptions *o);
+/* --moe-z-loss-coef: a finite number >= 0, and (c: the trained model's config, NULL: not yet known)
+ * non-zero only on a Mixture-of-Experts model; a user_error line otherwise */
+void train_moe_z_check(float coef, const ModelConfig *c);
 void optim_options_check(const TrainOptions *o, int tp, const char *sp_refusal);
 /* sft's, rm's and dpo's: the required flags, the step and optimizer settings, the two above, a
  * --resume that fits --model (and --lora-r), then the device (o->be, runtime/device.h device_open: any
