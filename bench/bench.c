@@ -227,6 +227,39 @@ static void print_load(const Model *m, double load_rss) {
  * none in separate processes to compare peaks). The loss is the hook's: LOSS_XENT (next-token loss
  * on every position, LM head) or loss_bt (score head, sequences 2i / 2i+1 a pair, as `tandem rm`
  * trains). targets and weight are the LM's; a score head ignores them. */
+/* A MoE model's grouped GEMMs, counted: one training step through a copy of the backend whose
+ * matmul, matmuls and matmul_backward count their calls. runtime/moe.c and train/moe_grad.c call
+ * them per expert (over all its tokens), so the count per layer is bounded by a few calls per
+ * expert whatever the batch; one GEMM per token would be N k per projection. */
+static const Backend *count_be;
+static long count_calls;
+static void count_matmul(float *out, const float *x, const void *w, const void *bias, DType wt, int N, int n_in, int n_out,
+                         int leaves) {
+    count_calls++;
+    count_be->matmul(out, x, w, bias, wt, N, n_in, n_out, leaves);
+}
+static void count_matmuls(const float *x, int N, int n_in, const MatmulOut *outs, int n, DType wt) {
+    count_calls++;
+    count_be->matmuls(x, N, n_in, outs, n, wt);
+}
+static void count_matmul_backward(float *dx, float *dw, float *db, const float *dout, const float *x, const void *w,
+                                  DType wt, int N, int n_in, int n_out) {
+    count_calls++;
+    count_be->matmul_backward(dx, dw, db, dout, x, w, wt, N, n_in, n_out);
+}
+static double moe_matmul_calls_per_layer(Learner *L, Model *m, const MicroBatch *mb, const LossHook *hook) {
+    Backend counting = *m->be;
+    counting.matmul = count_matmul;
+    counting.matmuls = count_matmuls;
+    counting.matmul_backward = count_matmul_backward;
+    count_be = m->be;
+    count_calls = 0;
+    m->be = &counting;
+    learner_step(L, mb, 1, hook);
+    m->be = count_be;
+    return m->n_layers_local ? (double)count_calls / m->n_layers_local : 0.0;
+}
+
 static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T, int iters, const char *recompute,
                        int sp, int zero, int threads, int plan_only, int lora_r) {
     if (strcmp(recompute, "none") && strcmp(recompute, "full")) user_error("--recompute: none or full");
@@ -312,6 +345,8 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
     pk[1] = pk[0];
     if (pk_before > pk[0]) pk[0] = pk_before;
     comm_all_reduce_max(&mesh->group, pk, 2);
+    /* after the timing, the bytes and the peaks: one more step, counted */
+    double calls = m->cfg.moe != MOE_NONE ? moe_matmul_calls_per_layer(&L, m, &mb, hook) : 0.0;
     if (mesh_is_root(mesh))
         printf("{\"bench\": \"train\", \"batch\": %d, \"seq\": %d, \"threads\": %d, \"recompute\": \"%s\", \"sequence_parallel\": %s, "
                "\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"activations_mib\": %.1f, \"peak_rss_mib\": %.1f, \"steps_peak_rss_mib\": %.1f, "
@@ -320,6 +355,9 @@ static int bench_train(Model *m, const Mesh *mesh, double load_rss, int B, int T
                B, T, threads, flags & TRAIN_RECOMPUTE ? "full" : "none", L.slots[0].sp ? "true" : "false", N * mesh->dp / med, med, L.slots[0].n_arena * 4.0 / (1 << 20), pk[0], pk[1], loss,
                mesh->tp, mesh->pp, mesh->dp, m->head == HEAD_SCORE ? "score" : "lm", zero, dp_b / (1 << 20),
                tp_b / (1 << 20), psi / (1 << 20), dp_b / psi, ep_keys);
+    if (mesh_is_root(mesh) && m->cfg.moe != MOE_NONE)   /* rank 0's layers: one step's matmul calls each, and N k */
+        printf("{\"bench\": \"moe_gemms\", \"experts\": %d, \"top_k\": %d, \"tokens_x_k\": %d, "
+               "\"matmul_calls_per_layer\": %.1f}\n", m->cfg.n_experts, m->cfg.n_experts_tok, N * m->cfg.n_experts_tok, calls);
     learner_free(&L);
     free(tokens); free(start); free(targets); free(weight); free(times);
     return 0;

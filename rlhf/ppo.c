@@ -264,6 +264,8 @@ static void init_learners(Ppo *p, const PpoOptions *o, const char *const *resume
         int micro = micro_size(p, &R[r]), n_mb = (p->mini / R[r].mesh.dp + micro - 1) / micro;
         learner_init(&p->learner[r], m, oc, micro * x->max_len, x->max_len, n_mb, o->t.sp ? TRAIN_SEQ_PARALLEL : 0);
         p->learner[r].save_dtype = o->t.save_dtype;
+        if (r == R_ACTOR) train_moe_z_check(o->t.moe_z_coef, &m->cfg);   /* the actor's routers */
+        if (r == R_ACTOR) p->learner[r].moe_z_coef = o->t.moe_z_coef;
     }
     if (!o->t.resume) return;
     p->kl_coef = o->state.kl_coef;

@@ -133,6 +133,7 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
         {"--actor-tp", OPT_INT, &R[R_ACTOR].tp, "1", ""}, {"--actor-pp", OPT_INT, &R[R_ACTOR].pp, "1", ""},
         {"--actor-ep", OPT_INT, &R[R_ACTOR].ep, "1", "a Mixture-of-Experts actor: its experts split over this many of its dp ranks"},
         SEQ_PARALLEL_OPTION(&t->sp), ZERO_OPTION(&t->zero), TRAIN_LORA_OPTIONS(t),
+        {"--moe-z-loss-coef", OPT_FLOAT, &t->moe_z_coef, "0", "a MoE actor: + coef x mean_t logsumexp(router logits)^2 per MoE layer (ST-MoE's router z-loss; 0 = off)"},
         {"--critic-tp", OPT_INT, &R[R_CRITIC].tp, "1", ""}, {"--critic-pp", OPT_INT, &R[R_CRITIC].pp, "1", ""},
         {"--ref-tp", OPT_INT, &R[R_REF].tp, "1", ""}, {"--ref-pp", OPT_INT, &R[R_REF].pp, "1", ""},
         {"--reward-tp", OPT_INT, &R[R_REWARD].tp, "1", ""}, {"--reward-pp", OPT_INT, &R[R_REWARD].pp, "1", ""},
@@ -149,6 +150,7 @@ static Option *option_table(Ppo *p, PpoOptions *o, int *n_opts) {
  * 4e-4) unless --clip-eps / --clip-eps-high are given. */
 static void policy_options_check(Ppo *p, PpoOptions *o) {
     AdvantageKind a = p->x.adv_kind;
+    train_moe_z_check(o->t.moe_z_coef, NULL);
     PolicyLoss pl = policy_loss_parse("--policy-loss", o->policy_name);
     p->loss_agg = loss_agg_parse("--loss-agg", o->loss_agg_name);
     if (a == ADV_RPP_BASELINE && p->x.G < 2)

@@ -31,8 +31,9 @@
 #include <string.h>
 
 /* Routes one token: p (E) = softmax(logits) in fp32, then the k largest (ties: lower id first, in
- * descending order: rank 0 is the largest), their weights renormalised to sum 1 when norm. */
-static void route(const float *logits, int E, int k, int norm, float *p, int *sel, float *w) {
+ * descending order: rank 0 is the largest), their weights renormalised to sum 1 when norm.
+ * Returns logsumexp(logits) = max + log(sum exp(logits - max)). */
+static float route(const float *logits, int E, int k, int norm, float *p, int *sel, float *w) {
     float mx = logits[0], sum = 0.0f;
     for (int e = 1; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
     for (int e = 0; e < E; e++) sum += p[e] = expf(logits[e] - mx);
@@ -47,10 +48,10 @@ static void route(const float *logits, int E, int k, int norm, float *p, int *se
         sel[j] = best;
         w[j] = p[best];
     }
-    if (!norm) return;
     float s = 0.0f;
-    for (int j = 0; j < k; j++) s += w[j];
-    for (int j = 0; j < k; j++) w[j] /= s;
+    for (int j = 0; norm && j < k; j++) s += w[j];
+    for (int j = 0; norm && j < k; j++) w[j] /= s;
+    return mx + logf(sum);
 }
 
 /* The shared expert (qwen2_moe), added to out (N, D): out += sigmoid(xb s_router^T) * down(silu(gate) * up). */
@@ -77,7 +78,7 @@ static void route_all(const Model *m, const LayerWeights *w, const float *xb, Mo
     float *logits = xmalloc(sizeof(float) * ((size_t)N * E + 1));                        /* (N, E) */
     if (N) m->be->matmul(logits, xb, w->router, NULL, m->dtype, N, c->dim, E, 1);      /* replicated router */
     for (int t = 0; t < N; t++)
-        route(logits + (size_t)t * E, E, k, c->norm_topk, r->p + (size_t)t * E, r->sel + t * k, r->w + t * k);
+        r->lse[t] = route(logits + (size_t)t * E, E, k, c->norm_topk, r->p + (size_t)t * E, r->sel + t * k, r->w + t * k);
     free(logits);
     /* group by expert, tokens in order within each: expert e's rows are [start[e], start[e + 1]) */
     memset(r->start, 0, sizeof(int) * (E + 1));
@@ -103,6 +104,7 @@ int moe_run_ep(const Model *m, int l, const float *xb, int N, MoeRun *r, float *
     r->rows = xmalloc(sizeof(int) * (NK + 1));
     r->start = xmalloc(sizeof(int) * (E + 1));
     r->p = xmalloc(sizeof(float) * ((size_t)N * E + 1));
+    r->lse = xmalloc(sizeof(float) * ((size_t)N + 1));
     r->w = xmalloc(sizeof(float) * (NK + 1));
     route_all(m, w, xb, r);
     float *home = xmalloc(sizeof(float) * (NK * D + 1));                               /* (NK, D) grouped */
@@ -150,7 +152,7 @@ void moe_run(const Model *m, int l, const float *xb, int N, MoeRun *r, float *ou
 }
 
 void moe_run_free(MoeRun *r) {
-    void *p[] = {r->p, r->w, r->xg, r->gate, r->up, r->act, r->yl, r->y, r->s_gate, r->s_up, r->s_act, r->s_y,
+    void *p[] = {r->p, r->lse, r->w, r->xg, r->gate, r->up, r->act, r->yl, r->y, r->s_gate, r->s_up, r->s_act, r->s_y,
                  r->s_logit, r->sel, r->slot, r->rows, r->start, r->cnt, r->loff};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     memset(r, 0, sizeof *r);

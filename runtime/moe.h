@@ -12,6 +12,7 @@
 typedef struct {
     int N;
     float *p;        /* (N, E) each token's routing probabilities softmax(router logits), fp32 */
+    float *lse;      /* (N) each token's logsumexp of its router logits, fp32 (the router z-loss) */
     int *sel;        /* (N, k) its experts in rank order (descending p, ties to the lower id) */
     float *w;        /* (N, k) their weights (p, renormalised over the k when norm_topk) */
     int *slot;       /* (N, k) the grouped row of each choice */

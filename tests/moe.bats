@@ -155,7 +155,7 @@ MOE="mixtral_tiny qwen2_moe_tiny qwen3_moe_tiny"
             grep -qE 'gate.weight .* max\|ref\| 0\.[1-9]' <<<"$output"   # the router's gradient is checked, not zero
         done
     done
-    [ "$(cat "$FIX"/moe/*.grad.json | wc -c)" -lt 2600000 ]   # four fixtures, 2.5 MB
+    [ "$(cat "$FIX"/moe/*.grad.json | wc -c)" -lt 3200000 ]   # five fixtures (the z-loss's too), 3.1 MB
 }
 
 # sft through the trainer on a MoE with a tokenizer: a random LLaMA of convert's with tok512 whose
@@ -219,7 +219,7 @@ close() { # A B REL: the two loss columns within REL relative, same count
 # The rollout's logprobs (generate's engine, the KV cache, batches of any shape) are the training
 # forward's bit for bit with a MoE actor: the routing is a function of the token alone (dropless,
 # fixed-order combine), the same in both, so no routing replay is needed
-@test "moe ppo: GRPO steps with a Qwen3-MoE actor: rollout logprobs == training logprobs (diff 0), fp32 at 1x1, bf16 at actor tp 2 x pp 2" {
+@test "moe ppo: GRPO steps with a Qwen3-MoE actor: rollout logprobs == training logprobs (diff 0), fp32 at 1x1, bf16 at actor tp 2 x pp 2, with the router z-loss" {
     moe_model qwen3_moe
     A=(--actor "$BATS_TEST_TMPDIR/qwen3_moe" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2
        --rollout-batch-size 2 --max-new-tokens 8 --steps 2 --kl-coef 0 --actor-lr 3e-4)
@@ -229,6 +229,17 @@ close() { # A B REL: the two loss columns within REL relative, same count
     run timeout 180 $MPIRUN 4 "$TANDEM" ppo "${A[@]}" --dtype bf16 --actor-tp 2 --actor-pp 2 --out "$BATS_TEST_TMPDIR/tp"
     [ "$status" -eq 0 ]
     [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/tp/metrics.jsonl" -c)" = "[0]" ]
+    # the router z-loss on the actor (--moe-z-loss-coef): step 1's gradient gains its term (the same
+    # rollouts: rewards and advantages unchanged), the rollouts stay exact; a dense actor refused
+    run timeout 120 "$TANDEM" ppo "${A[@]}" --moe-z-loss-coef 0.05 --out "$BATS_TEST_TMPDIR/z"
+    [ "$status" -eq 0 ]
+    [ "$(jq -s 'map(.rollout_logprob_diff_max) | unique' "$BATS_TEST_TMPDIR/z/metrics.jsonl" -c)" = "[0]" ]
+    jq -e -n --slurpfile a "$BATS_TEST_TMPDIR/one/metrics.jsonl" --slurpfile z "$BATS_TEST_TMPDIR/z/metrics.jsonl" \
+        '$a[0]["critic/score/mean"] == $z[0]["critic/score/mean"] and $a[0]["actor/grad_norm"] != $z[0]["actor/grad_norm"]'
+    run "$TANDEM" ppo "${A[@]/$BATS_TEST_TMPDIR\/qwen3_moe/$BATS_TEST_TMPDIR/llama}" --moe-z-loss-coef 0.05 --out "$BATS_TEST_TMPDIR/d"
+    echo "$output"   # (after the placement line: the actor's config is read with its model)
+    [ "$status" -ne 0 ]; [ "$(grep -c '^tandem: ' <<<"$output")" -eq 1 ]
+    grep -q '^tandem: --moe-z-loss-coef 0.05: the router z-loss needs a Mixture-of-Experts model (model_type llama has no router)$' <<<"$output"
 }
 
 @test "moe: sequence parallel and LoRA are refused with one line" {
@@ -283,4 +294,94 @@ close() { # A B REL: the two loss columns within REL relative, same count
     run timeout 60 $MPIRUN 2 "$TANDEM" sft --model "$t/qa" $A --pp 2 --out "$t/pp"
     echo "$output"
     [ "$status" -ne 0 ]; grep -q "tandem: --pp 2: the router's load-balancing loss (config.json output_router_logits, model_type qwen2_moe) needs every layer's routing on one stage" <<<"$output"
+}
+
+# The router z-loss (--moe-z-loss-coef; ST-MoE): tests/fixtures/moe/make_zloss_fixture.py transcribes
+# Megatron-Core's z_loss_func (coef x mean over the tokens of logsumexp(router logits)^2, each layer's
+# term summed) in torch on transformers' MixtralForCausalLM (coef 0.1) and differentiates it by
+# autograd: the z value (summed over the pp stages' layers) and every gradient within test_grad's
+# 1e-5 x max(1, |ref|). The z value is a sum of 2 x 25 squares of fp32 logsumexps (|lse| ~ 2, each
+# a few ulps: ~1e-6 absolute on 9.7), far inside 1e-5 x 9.7; the gradients' error is the plain
+# fixture's (measured worst 3.1e-6). Without the term the same fixture fails (the embedding's
+# gradient moves by 0.4).
+@test "moe: the router z-loss and its gradients equal a torch transcription of Megatron-Core's z_loss_func on transformers' Mixtral, at 1x1, tp 2 x pp 2 and tp 2; without it they fail" {
+    f=mixtral_tiny fx="$FIX/moe/mixtral_tiny.z.grad.json"
+    [ "$(jq '.moe_z_coef > 0 and .z_loss > 1' "$fx")" = true ]
+    for l in "1 1" "2 2" "2 1"; do
+        set -- $l
+        run_ranks 120 $(($1 * $2)) "$ROOT/build/tests/test_grad" "$FIX/models/$f" "$fx" $1 $2
+        echo "tp $1 pp $2: $(grep -E 'z_loss|worst' <<<"$output")"
+        [ "$status" -eq 0 ]
+        [ "$(grep -c 'ok: grad' <<<"$output")" -eq $(($1 * $2)) ]
+        [ "$(grep -c 'z_loss .* torch' <<<"$output")" -eq $(($1 * $2)) ]
+    done
+    jq -c 'del(.moe_z_coef)' "$fx" > "$BATS_TEST_TMPDIR/noz.json"
+    run timeout 60 "$ROOT/build/tests/test_grad" "$FIX/models/$f" "$BATS_TEST_TMPDIR/noz.json"
+    [ "$status" -ne 0 ]; grep -q 'embed_tokens.weight .* FAIL' <<<"$output"
+}
+
+# sft: --moe-z-loss-coef 0 (the default) keeps every byte (metrics but the timing, the checkpoint);
+# a large coefficient drives the routers' logsumexp down (moe_z_loss, the mean over layers of
+# mean_t lse_t^2: step 1 is the same weights in both runs, so the same z, 29; by step 6 the
+# cross-entropy alone has grown the routers' logits (measured z 142) while coef 0.05 took it to 0.6);
+# the routing statistics: moe_balance_loss equals HF's aux loss (moe_aux_loss) with
+# one micro-batch, moe_tokens/E sum to the step's tokens x k x layers, and TensorBoard holds them;
+# the option refused with one line when negative, not finite or on a dense model
+@test "moe sft --moe-z-loss-coef: 0 keeps every byte, a large one lowers the routers' logsumexp; moe_balance_loss, moe_tokens/E in metrics and TensorBoard; refusals" {
+    moe_model qwen2_moe
+    local t="$BATS_TEST_TMPDIR" M="$BATS_TEST_TMPDIR/qwen2_moe"
+    A="--data $t/rev_train.jsonl --seq-len 32 --batch-size 8 --micro-batches 2 --max-steps 6 --lr 3e-3"
+    "$TANDEM" sft --model "$M" $A --out "$t/plain" 2>/dev/null
+    "$TANDEM" sft --model "$M" $A --out "$t/z0" --moe-z-loss-coef 0 2>/dev/null
+    diff <(numbers "$t/plain/metrics.jsonl") <(numbers "$t/z0/metrics.jsonl")
+    cmp "$t/plain/checkpoint-6/model-00001-of-00001.safetensors" "$t/z0/checkpoint-6/model-00001-of-00001.safetensors"
+    run ! grep -q moe_z_loss "$t/plain/metrics.jsonl"
+    "$TANDEM" sft --model "$M" $A --out "$t/zs" --moe-z-loss-coef 1e-9 2>/dev/null
+    "$TANDEM" sft --model "$M" $A --out "$t/zl" --moe-z-loss-coef 0.05 --tensorboard "$t/tb" 2>/dev/null
+    echo "z small: $(jq -r .moe_z_loss "$t/zs/metrics.jsonl" | tr '\n' ' ')"
+    echo "z large: $(jq -r .moe_z_loss "$t/zl/metrics.jsonl" | tr '\n' ' ')"
+    jq -e -n --slurpfile s "$t/zs/metrics.jsonl" --slurpfile l "$t/zl/metrics.jsonl" \
+        '($s[0].moe_z_loss == $l[0].moe_z_loss) and ($l[0].moe_z_loss > 10) and ($l[5].moe_z_loss < 0.1 * $l[0].moe_z_loss)
+         and ($l[5].moe_z_loss < 0.1 * $s[5].moe_z_loss)'
+    # per layer, so any pp (unlike HF's load-balancing loss): tp 2 x pp 2's step 1 is 1x1's
+    run timeout 120 $MPIRUN 4 "$TANDEM" sft --model "$M" ${A/--max-steps 6/--max-steps 1} --moe-z-loss-coef 0.05 --tp 2 --pp 2 --out "$t/zp"
+    [ "$status" -eq 0 ]
+    jq -e -n --slurpfile p "$t/zp/metrics.jsonl" --slurpfile l "$t/zl/metrics.jsonl" \
+        '(($p[0].moe_z_loss - $l[0].moe_z_loss) | fabs) < 1e-6 * $l[0].moe_z_loss and $p[0].moe_balance_loss == $l[0].moe_balance_loss'
+    # tokens per expert: every step's sum = its tokens x k (2) x layers (2)
+    jq -e -s 'map([to_entries[] | select(.key | startswith("moe_tokens/")) | .value] as $n
+                  | ($n | length) == 4 and ($n | add) == .tokens * 4 and .moe_balance_loss >= 2) | all' "$t/zl/metrics.jsonl"
+    run "$HFPY" "$ROOT/tests/fixtures/check_tensorboard.py" scalars "$t/tb" "$t/zl/metrics.jsonl"
+    echo "$output"; [ "$status" -eq 0 ]
+    "$HFPY" -c 'import sys; from tensorboard.backend.event_processing import event_accumulator as ea
+a = ea.EventAccumulator(sys.argv[1]); a.Reload(); t = set(a.Tags()["scalars"])
+sys.exit(0 if {"moe_z_loss", "moe_balance_loss", "moe_tokens/0", "moe_tokens/3"} <= t else 1)' "$t/tb"
+    # one micro-batch, dp 1: the balance statistic is HF's load-balancing loss of that batch
+    cp -r "$M" "$t/qa"
+    jq '. + {"output_router_logits": true, "router_aux_loss_coef": 0.5}' "$M/config.json" > "$t/qa/config.json"
+    "$TANDEM" sft --model "$t/qa" --data "$t/rev_train.jsonl" --seq-len 32 --batch-size 8 --max-steps 2 --lr 3e-3 --out "$t/aux" 2>/dev/null
+    jq -e -s 'map((.moe_balance_loss - .moe_aux_loss) | fabs < 1e-5) | all' "$t/aux/metrics.jsonl"
+    run_one_line "tandem: --moe-z-loss-coef -1: must be a finite number >= 0 (0 = off)" \
+        "$TANDEM" sft --model "$M" $A --out "$t/bad" --moe-z-loss-coef -1
+    for v in nan inf 1e39; do   # the option parser's own check (a finite float)
+        run_one_line "tandem: --moe-z-loss-coef: expected a number, got \"$v\"" "$TANDEM" sft --model "$M" $A --out "$t/bad" --moe-z-loss-coef $v
+    done
+    run_one_line "tandem: --moe-z-loss-coef 0.1: the router z-loss needs a Mixture-of-Experts model (model_type llama has no router)" \
+        "$TANDEM" sft --model "$t/llama" $A --out "$t/bad" --moe-z-loss-coef 0.1
+}
+
+# The experts' matmuls run as grouped GEMMs (runtime/moe.c, train/moe_grad.c): bench --train counts
+# the backend's matmul calls of one step per layer (forward, the backward's rerun of the block, the
+# backward): 7 per expert (gate+up in one call, down; again in the rerun; 3 backward: 28 at E 4) + 6
+# for the attention (qkv in one call, o; o, q, k, v backward) + 3 for the router (forward, rerun,
+# backward) + the lm_head's 2 shared by the 2 layers = 38; the same at 2 x 16 and 16 x 16 tokens
+# (64 and 512 (token, choice) pairs): one GEMM per token would grow with them
+@test "moe: a training step's expert matmuls are grouped GEMMs (bench --train's call count per layer does not grow with the tokens)" {
+    for b in "2 16" "16 16"; do
+        set -- $b
+        "$TANDEM" bench --train --model "$FIX/models/mixtral_tiny" --iters 1 --batch $1 --seq $2 2>/dev/null | grep moe_gemms
+    done > "$BATS_TEST_TMPDIR/g.jsonl"
+    cat "$BATS_TEST_TMPDIR/g.jsonl"
+    jq -e -s 'length == 2 and .[0].tokens_x_k == 64 and .[1].tokens_x_k == 512 and
+              (map(.matmul_calls_per_layer) | unique) == [38]' "$BATS_TEST_TMPDIR/g.jsonl"
 }

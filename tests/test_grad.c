@@ -302,6 +302,8 @@ int main(int argc, char **argv) {
     a.lora_key = dkey;
     const cJSON *aux = cJSON_GetObjectItemCaseSensitive(fx, "moe_aux_coef");   /* MoE: + the load-balancing loss */
     if (cJSON_IsNumber(aux)) a.moe_aux_coef = (float)aux->valuedouble;
+    const cJSON *zc = cJSON_GetObjectItemCaseSensitive(fx, "moe_z_coef");    /* MoE: + the router z-loss */
+    if (cJSON_IsNumber(zc)) a.moe_z_coef = (float)zc->valuedouble;
 
     /* 1. logits: train_forward vs model_forward, bit for bit */
     model_forward(&m, tokens, seq_start, n_seqs);
@@ -387,6 +389,13 @@ int main(int argc, char **argv) {
     double dl = fabs(loss - ref_loss), ltol = TOL * (fabs(ref_loss) > 1.0 ? fabs(ref_loss) : 1.0);
     printf("%s loss %.7f torch %.7f |diff| %.3g tol %.2g%s\n", g_tag, loss, ref_loss, dl, ltol, dl <= ltol ? "" : "  FAIL");
     g_fail |= !(dl <= ltol);
+    if (cJSON_IsNumber(zc) && !one_f_one_b) {   /* the z-loss's value: each stage's layers, summed over pp */
+        double z = a.moe_z_sum, zw = item(fx, "z_loss")->valuedouble, zt = TOL * (fabs(zw) > 1.0 ? fabs(zw) : 1.0);
+        comm_all_reduce_sum_f64(&mesh.pp_comm, &z, 1);
+        printf("%s z_loss %.7f torch %.7f |diff| %.3g tol %.2g%s\n", g_tag, z, zw, fabs(z - zw), zt,
+               fabs(z - zw) <= zt ? "" : "  FAIL");
+        g_fail |= !(fabs(z - zw) <= zt);
+    }
 
     /* 3. every gradient shard of this rank vs the slice of torch's; 4. replicas identical */
     int n_info = m.lora ? m.lora->n_infos : model_param_infos(&m, NULL, 0);

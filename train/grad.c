@@ -125,7 +125,7 @@ void train_acts_init(TrainActs *a, const Model *m, int max_tokens, int max_seq, 
     if (c->moe != MOE_NONE) {
         a->moe_stats = xcalloc(2 * (size_t)c->n_experts, sizeof(double));
         a->moe_aux_dp = xcalloc((size_t)c->n_experts, sizeof(float));
-        a->moe_load = xcalloc((size_t)c->n_experts, sizeof(double));
+        a->moe_load = xcalloc(2 * (size_t)c->n_experts, sizeof(double));
     }
     a->ids = m->be->alloc(sizeof(int) * (N ? 3 * N : 1));
     a->iarena = xmalloc(sizeof(int) * (3 * N + 1));
@@ -231,7 +231,7 @@ void train_forward(Model *m, TrainActs *a, const int *tokens, const int *seq_sta
         layer_forward(m, a, l, l + 1 < m->n_layers_local ? a->layers[l + 1].x_in : a->x_final);
     }
     a->lb.moe_stats = NULL;   /* counted once: not again by recompute's layer forwards */
-    for (int e = 0; a->moe_stats && e < c->n_experts; e++) a->moe_load[e] += a->moe_stats[e];
+    for (int e = 0; a->moe_stats && e < 2 * c->n_experts; e++) a->moe_load[e] += a->moe_stats[e];
 
     if (!m->is_last) {
         comm_isend(pp, a->x_final, sizeof(float) * (hi - lo) * D, pp->rank + 1, &a->send_req);  /* to stage s+1 */
@@ -465,7 +465,8 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
          * output) is dx on every rank */
         const float *xb2 = all_rows(m, a, la->xb2, a->sp_xb), *x_mid = all_rows(m, a, la->x_mid, a->sp_x);
         if (c->moe != MOE_NONE) {   /* train/moe_grad.c: this rank's partial d xb2 */
-            moe_backward(m, l, xb2, N, dx, dxb, g, a->moe_aux_coef != 0.0f ? a->moe_aux_dp : NULL);
+            moe_backward(m, l, xb2, N, dx, dxb, g, a->moe_aux_coef != 0.0f ? a->moe_aux_dp : NULL, a->moe_z_coef,
+                         &a->moe_z_sum);
         } else {
             be->matmul_backward(a->dact, g->w_down, NULL, dx, la->act, w->w_down, wt, N, Fl, D);
             lora_backward(m, a, sink, l, LORA_DOWN, dx, D, la->act, Fl, a->dact);

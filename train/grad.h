@@ -145,10 +145,19 @@ typedef struct {
      * moe_aux_sum: the aux losses (unscaled) of this slot's micro-batches since the caller zeroed it */
     float moe_aux_coef;
     double *moe_stats;
-    double *moe_load;          /* MoE (host, E): += each expert's choices in the local layers of every
-                                * train_forward (the step's routing statistics; the caller zeroes it) */
+    double *moe_load;          /* MoE (host, 2 E): += each expert's choices, then its summed routing
+                                * probability, in the local layers of every train_forward (the step's
+                                * routing statistics; the caller zeroes it) */
     float *moe_aux_dp;
     double moe_aux_sum;
+    /* MoE, optional (0: none): the router z-loss (ST-MoE, Zoph et al. 2022; Megatron-Core's
+     * --moe-z-loss-coeff): moe_z_coef x mean over the micro-batch's tokens of logsumexp(router
+     * logits)^2, for each local MoE layer, its gradient into the routers (train/moe_grad.c), not in
+     * the hook's loss; learner_step sets the coefficient (--moe-z-loss-coef / the step's
+     * micro-batches, as Megatron scales it). moe_z_sum: += each local layer's unscaled mean in the
+     * backward of every micro-batch since the caller zeroed it */
+    float moe_z_coef;
+    double moe_z_sum;
 } TrainActs;
 
 /* train_acts_init's flags: recompute each layer in the backward (keep only its input); sequence
@@ -187,8 +196,10 @@ float train_loss_backward(Model *m, TrainActs *a, const MicroBatch *mb, const Lo
  * d xb (the caller sums it over tp) and the block's weight gradients added into g (a NULL tensor:
  * frozen). Reruns the block's forward (the same bits). Host buffers (the CPU backend). */
 void moe_backward(const Model *m, int l, const float *xb, int N, const float *dout, float *dxb, LayerWeights *g,
-                  const float *aux_dp);
-/* aux_dp (E): NULL, or the load-balancing loss's d loss / d p_e added for every token (TrainActs.moe_aux_coef). */
+                  const float *aux_dp, float z_coef, double *z_sum);
+/* aux_dp (E): NULL, or the load-balancing loss's d loss / d p_e added for every token (TrainActs.moe_aux_coef).
+ * z_coef: the router z-loss's coefficient (TrainActs.moe_z_coef; 0: none): adds z_coef x mean over
+ * the N tokens of logsumexp(router logits)^2 to the loss's gradient, and that mean (unscaled) to *z_sum. */
 
 /* Forward only (after train_forward): the summed cross-entropy of every position with a target
  * (>= 0), unweighted, on the last stage (0 elsewhere: the caller shares a total once). */

@@ -55,18 +55,36 @@ static float learner_moe_aux(const Model *m) {
     return c->moe != MOE_NONE && c->output_router_logits && m->head == HEAD_LM ? c->router_aux_coef : 0.0f;
 }
 
-/* r's moe_load_max / _min from the slots' counts, summed over the mesh (collective; every tp rank counts
- * the same routing, each pp stage its own layers: a common factor, which the shares do not see) */
-static void learner_moe_load(Learner *L, LearnerStep *r) {
-    r->moe_load_max = r->moe_load_min = 0.0f;
-    int E = L->m->cfg.n_experts;
-    if (L->m->cfg.moe == MOE_NONE) return;
-    double *n = xcalloc((size_t)E, sizeof(double)), tot = 0.0, mx = 0.0, mn = INFINITY;
-    for (int i = 0; i < L->n_slots; i++)
-        for (int e = 0; e < E; e++) n[e] += L->slots[i].moe_load[e];
-    comm_all_reduce_sum_f64(&L->m->mesh->group, n, (size_t)E);
+/* r's routing statistics (learner.h: moe_load_max / _min, moe_balance, moe_tokens, moe_z) from the
+ * slots' sums, summed over the mesh (collective; every tp rank counts the same routing, a factor tp
+ * taken out; each pp stage its own layers). The balance loss E sum_e f_e P_e with f_e = n_e / T,
+ * P_e = S_e / T, T = sum_e n_e / k (tokens x layers), n_e the choices of e, S_e its summed
+ * probability: HF's load_balancing_loss_func over the step's routing at once. */
+static void learner_moe_load(Learner *L, LearnerStep *r, int M) {
+    r->moe_load_max = r->moe_load_min = r->moe_balance = r->moe_z = 0.0f;
+    r->moe_tokens = NULL;
+    r->moe_n_experts = 0;
+    const Model *m = L->m;
+    int E = m->cfg.n_experts, k = m->cfg.n_experts_tok;
+    if (m->cfg.moe == MOE_NONE) return;
+    double *n = xcalloc(2 * (size_t)E + 1, sizeof(double)), tot = 0.0, mx = 0.0, mn = INFINITY, bal = 0.0;
+    for (int i = 0; i < L->n_slots; i++) {
+        for (int e = 0; e < 2 * E; e++) n[e] += L->slots[i].moe_load[e];
+        n[2 * E] += L->slots[i].moe_z_sum;
+    }
+    comm_all_reduce_sum_f64(&m->mesh->group, n, 2 * (size_t)E + 1);
     for (int e = 0; e < E; e++) { tot += n[e]; mx = n[e] > mx ? n[e] : mx; mn = n[e] < mn ? n[e] : mn; }
-    if (tot > 0) { r->moe_load_max = (float)(mx * E / tot); r->moe_load_min = (float)(mn * E / tot); }
+    for (int e = 0; e < E; e++) bal += n[e] * n[E + e];
+    for (int e = 0; e < E; e++) L->moe_tokens[e] = n[e] / m->mesh->tp;
+    if (tot > 0) {
+        r->moe_load_max = (float)(mx * E / tot);
+        r->moe_load_min = (float)(mn * E / tot);
+        r->moe_balance = (float)(E * bal / ((tot / k) * (tot / k)));
+    }
+    r->moe_tokens = L->moe_tokens;
+    r->moe_n_experts = E;
+    if (L->moe_z_coef != 0.0f)   /* the mean over layers and micro-batches of each dp rank, then over dp */
+        r->moe_z = (float)(n[2 * E] / ((double)m->mesh->tp * m->mesh->dp * M * m->cfg.n_layers));
     free(n);
 }
 
@@ -90,6 +108,7 @@ void learner_init(Learner *L, Model *m, OptimConfig oc, int max_tokens, int max_
     L->slots = xcalloc(L->n_slots, sizeof(TrainActs));
     for (int i = 0; i < L->n_slots; i++) train_acts_init(&L->slots[i], m, max_tokens, max_seq, flags);
     L->gl = xcalloc(m->n_layers_local, sizeof(LayerWeights));
+    if (m->cfg.moe != MOE_NONE) L->moe_tokens = xcalloc((size_t)m->cfg.n_experts, sizeof(double));
     if (m->lora) {   /* every base tensor NULL: frozen; a score head trained in full, in the adapters' arena */
         L->grads = m->be->alloc(sizeof(float) * optim_grad_floats(L->opt));
         L->sink.w.layers = L->gl;
@@ -116,6 +135,7 @@ void learner_free(Learner *L) {
     free(L->slots);
     if (L->m && L->grads) L->m->be->free(L->grads);
     free(L->gl);
+    free(L->moe_tokens);
     if (L->opt) optim_free(L->opt);
     memset(L, 0, sizeof *L);
 }
@@ -131,16 +151,18 @@ LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHoo
     optim_zero_grad(L->opt, L->grads);
     model_shards_step(L->m, 1);   /* ZeRO-3: each layer gathered where it is used */
     if (L->m->lora) L->m->lora->step = L->opt->step;   /* LoRA dropout's masks: this step's */
-    for (int i = 0; i < L->n_slots; i++) {   /* the load-balancing loss: the micro-batches' mean */
+    for (int i = 0; i < L->n_slots; i++) {   /* the load-balancing loss and the z-loss: the micro-batches' mean */
         L->slots[i].moe_aux_coef = learner_moe_aux(L->m) / (float)M;
         L->slots[i].moe_aux_sum = 0.0;
-        if (L->slots[i].moe_load) memset(L->slots[i].moe_load, 0, sizeof(double) * L->m->cfg.n_experts);
+        L->slots[i].moe_z_coef = L->moe_z_coef / (float)M;
+        L->slots[i].moe_z_sum = 0.0;
+        if (L->slots[i].moe_load) memset(L->slots[i].moe_load, 0, sizeof(double) * 2 * L->m->cfg.n_experts);
     }
     r.loss = schedule_1f1b(L->m, L->slots, L->n_slots, mbs, M, hook, &L->sink);
     double aux = 0.0;
     for (int i = 0; i < L->n_slots; i++) aux += L->slots[i].moe_aux_sum;
     r.moe_aux = (float)(aux / M);
-    learner_moe_load(L, &r);
+    learner_moe_load(L, &r, M);
     r.lr = (float)optim_lr(L->opt, L->opt->step);
     /* The loss is each dp replica's own (the same over tp and pp): every rank learns whether any
      * rank's loss is bad, so all take the same branch (the same collectives). */

@@ -27,6 +27,9 @@ typedef struct {
     TrainActs *slots;      /* (n_slots) one per micro-batch in flight: min(pp, micro-batches) */
     int n_slots;
     DType save_dtype;      /* learner_save's weights (DTYPE_AUTO, learner_init's default: the model's) */
+    float moe_z_coef;      /* MoE: the router z-loss's coefficient (--moe-z-loss-coef; 0, learner_init's
+                              default: none; TrainActs.moe_z_coef) */
+    double *moe_tokens;    /* MoE: (E) LearnerStep.moe_tokens' buffer; else NULL */
 } Learner;
 
 /* What one step gives back, the same on every rank of the mesh. */
@@ -45,6 +48,16 @@ typedef struct {
     float moe_load_max;    /* MoE: the busiest expert's share of the step's (token, choice) pairs over
                               every layer and rank, times E (1: balanced; E: one expert takes all); else 0 */
     float moe_load_min;    /* the idlest expert's, times E (0: an expert no token chose) */
+    float moe_balance;     /* MoE: HF's load-balancing loss of the step's routing taken as one batch,
+                              E sum_e f_e P_e over every layer, micro-batch and dp rank (one micro-batch
+                              at dp 1: moe_aux exactly); else 0 */
+    float moe_z;           /* MoE with Learner.moe_z_coef: the router z-loss (unscaled) of the step, the
+                              mean over the layers, micro-batches and dp ranks of mean_t lse_t^2, as
+                              Megatron-Core logs z_loss; else 0 */
+    const double *moe_tokens; /* MoE: (E) the (token, choice) pairs routed to each expert in the step,
+                              summed over every layer, micro-batch and dp rank (Learner-owned; valid
+                              until the next step); else NULL */
+    int moe_n_experts;     /* E (MoE), else 0 */
 } LearnerStep;
 
 /* Sizes everything up front: slots for micro-batches of up to max_tokens tokens (max_seq per

@@ -15,7 +15,9 @@
  *                                          norm_topk w_j = p_ej / S, S = sum_i p_ei, so
  *                                          d p_ej = (d w_j - sum_i d w_i w_i) / S
  *   d logits = p * (d p - sum_e p_e d p_e)   (softmax), router: d R += d logits^T xb
- * and the load-balancing loss (TrainActs.moe_aux_coef) adds its d p_e (aux_dp) for every token and e.
+ * and the load-balancing loss (TrainActs.moe_aux_coef) adds its d p_e (aux_dp) for every token and e;
+ * the router z-loss (ST-MoE; TrainActs.moe_z_coef) c mean_t lse_t^2 adds c 2 lse_t p_te / N to each
+ * d logit (d lse / d logits = p).
  * Tensor parallel: each expert's slice gets its gradient from d y_j (whole on every rank: the tp
  * sum's backward is the identity) and gives this rank's partial of d xb, which the caller sums over
  * tp (the "copy" backward). The router and the shared gate are replicated and their d logits are
@@ -49,6 +51,19 @@ static void router_dlogits(const ModelConfig *c, const MoeRun *r, const float *d
         for (int e = 0; e < E; e++) dot += p[e] * dl[e];
         for (int e = 0; e < E; e++) dl[e] = p[e] * (dl[e] - dot);
     }
+}
+
+/* The router z-loss of this block (ST-MoE, Zoph et al. 2022; Megatron-Core's z_loss_func):
+ * z = mean over the N tokens of lse_t^2, lse_t = logsumexp of token t's router logits. Adds
+ * coef d z / d logits = coef 2 lse_t p_te / N to dlog (N, E) and returns z (unscaled). */
+static double zloss_dlogits(const MoeRun *r, int E, float coef, float *dlog) {
+    double z = 0.0;
+    for (int t = 0; t < r->N; t++) {
+        float lse = r->lse[t], g = coef * 2.0f * lse / (float)r->N;
+        z += (double)lse * lse;
+        for (int e = 0; e < E; e++) dlog[(size_t)t * E + e] += g * r->p[(size_t)t * E + e];
+    }
+    return r->N ? z / r->N : 0.0;
 }
 
 /* The shared expert's backward: dxb (N, D) += its partial d xb (+ the gate's term on tp rank 0). */
@@ -118,7 +133,7 @@ static void experts_backward(const Model *m, int l, LayerWeights *g, const MoeRu
 }
 
 void moe_backward(const Model *m, int l, const float *xb, int N, const float *dout, float *dxb, LayerWeights *g,
-                  const float *aux_dp) {
+                  const float *aux_dp, float z_coef, double *z_sum) {
     const Backend *be = m->be;
     const ModelConfig *c = &m->cfg;
     const LayerWeights *w = &m->w.layers[l];
@@ -149,6 +164,7 @@ void moe_backward(const Model *m, int l, const float *xb, int N, const float *do
         }
     }
     router_dlogits(c, &r, dw, aux_dp, dlog);
+    if (z_coef != 0.0f) *z_sum += zloss_dlogits(&r, E, z_coef, dlog);
     be->matmul_backward(tmp, g->router, NULL, dlog, xb, w->router, wt, N, D, E);        /* replicated */
     if (m->mesh->tp_rank == 0) be->add_to(dxb, dxb, tmp, ND);
     if (c->shared_dim) shared_backward(m, w, g, &r, xb, dout, dxb);

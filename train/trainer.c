@@ -275,6 +275,13 @@ void optim_options_check(const TrainOptions *o, int tp, const char *sp_refusal) 
     if (o->merge && o->zero == 3) user_error("--merge with --zero 3: the merge needs the whole weights (merge from the checkpoint with --adapter)");
 }
 
+void train_moe_z_check(float coef, const ModelConfig *c) {
+    if (!(coef >= 0 && isfinite(coef))) user_error("--moe-z-loss-coef %g: must be a finite number >= 0 (0 = off)", coef);
+    if (c && coef != 0.0f && c->moe == MOE_NONE)
+        user_error("--moe-z-loss-coef %g: the router z-loss needs a Mixture-of-Experts model (model_type %s has no "
+                   "router)", coef, c->model_type);
+}
+
 void train_options_check(TrainOptions *o, const char *cmd) {
     comm_set_timeout(o->comm_timeout);
     if (!o->model_dir || !o->data_path || !o->out) user_error("%s: --model, --data and --out are required", cmd);
@@ -284,6 +291,7 @@ void train_options_check(TrainOptions *o, const char *cmd) {
         !(o->beta2 >= 0 && o->beta2 < 1) || !(o->eps > 0))
         user_error("%s: invalid optimizer setting (--lr > 0, --min-lr/--weight-decay/--clip >= 0, betas in [0, 1), --eps > 0)", cmd);
     lr_schedule_parse("--lr-schedule", o->schedule_name);
+    train_moe_z_check(o->moe_z_coef, NULL);
     if (strcmp(o->recompute_name, "none") && strcmp(o->recompute_name, "full"))
         user_error("--recompute %s: expected full or none", o->recompute_name);
     lora_options_check(&o->lora_r, &o->lora_alpha, &o->lora_target, &o->lora_rslora, &o->lora_dropout, o->resume, NULL);
@@ -350,6 +358,19 @@ static int resume_from(const TrainOptions *o, Learner *L, Data *train) {
     return ts.step;
 }
 
+/* A MoE model's routing statistics of the step (learner.h), in the metrics line and so in TensorBoard:
+ * moe_balance_loss, moe_z_loss (with --moe-z-loss-coef) and moe_tokens/E for every expert E (its
+ * (token, choice) pairs summed over every layer, micro-batch and dp rank: one TensorBoard section) */
+static void log_moe(const TrainOptions *o, MetricsLog *ml, const LearnerStep *r) {
+    metrics_num(ml, "moe_balance_loss", r->moe_balance);
+    if (o->moe_z_coef != 0.0f) metrics_num(ml, "moe_z_loss", r->moe_z);
+    char key[32];
+    for (int e = 0; r->moe_tokens && e < r->moe_n_experts; e++) {
+        snprintf(key, sizeof key, "moe_tokens/%d", e);
+        metrics_fmt(ml, key, "%.0f", r->moe_tokens[e]);
+    }
+}
+
 /* The progress line and the metrics line of one step (the writer only). */
 static void log_step(const TrainOptions *o, MetricsLog *ml, int step, int steps_total, int last, const Metric *met, int n,
                      const LearnerStep *r, const Step *st, double dt, double eta) {
@@ -361,6 +382,7 @@ static void log_step(const TrainOptions *o, MetricsLog *ml, int step, int steps_
     }
     metrics_begin(ml, step);
     for (int i = 0; i < n; i++) metrics_num(ml, met[i].key, met[i].value);
+    if (r->moe_tokens) log_moe(o, ml, r);
     metrics_num(ml, "lr", r->lr);
     metrics_num(ml, "grad_norm", r->grad_norm);
     metrics_fmt(ml, "tokens", "%.0f", (double)st->n_tokens);
@@ -405,10 +427,12 @@ void train_run(const TrainOptions *o, Model *m, const TrainTask *t) {
         if (root) fprintf(stderr, "LoRA: r %d, alpha %g, scale %g, %s; %zu trained parameters on rank 0\n", o->lora_r,
                           o->lora_alpha, m->lora->scale, o->lora_target, m->lora->n);
     }
+    train_moe_z_check(o->moe_z_coef, &m->cfg);
     Learner L;
     learner_init(&L, m, oc, max_tokens, o->seq_len, o->M,
                  (!strcmp(o->recompute_name, "full") ? TRAIN_RECOMPUTE : 0) | (o->sp ? TRAIN_SEQ_PARALLEL : 0));
     L.save_dtype = o->save_dtype;
+    L.moe_z_coef = o->moe_z_coef;
     int step0 = o->resume ? resume_from(o, &L, &train) : 0;
     mkdir_p(o->out);
     if (root) trainer_remove_stale_tmp(o->out);

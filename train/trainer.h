@@ -97,6 +97,7 @@ typedef struct {
     float lora_alpha, lora_dropout;
     const char *lora_target;
     float lr, min_lr, wd, beta1, beta2, eps, clip, comm_timeout;
+    float moe_z_coef;      /* --moe-z-loss-coef: the router z-loss (Learner.moe_z_coef; MoE only) */
     const Option *opts;    /* the command's whole table, echoed in the summary */
     int n_opts;
 } TrainOptions;
@@ -126,7 +127,9 @@ typedef struct {
     {"--clip", OPT_FLOAT, &(o)->clip, "1.0", "global gradient-norm clipping (0 = off)"},                           \
     {"--recompute", OPT_STR, &(o)->recompute_name, "none", "full: keep only layer inputs, recompute in backward (less memory)"}, \
     SEQ_PARALLEL_OPTION(&(o)->sp),                                                                                 \
-    ZERO_OPTION(&(o)->zero)
+    ZERO_OPTION(&(o)->zero),                                                                                       \
+    {"--moe-z-loss-coef", OPT_FLOAT, &(o)->moe_z_coef, "0",                                                        \
+     "MoE: + coef x mean_t logsumexp(router logits)^2 per MoE layer (ST-MoE's router z-loss; 0 = off)"}
 /* LoRA adapters (runtime/lora.h; sft): the base frozen, A and B trained, PEFT's adapter saved */
 #define TRAIN_LORA_OPTIONS(o)                                                                                      \
     {"--lora-r", OPT_INT, &(o)->lora_r, "0", "LoRA rank: train adapters on the frozen model (0 = full training)"},   \
@@ -165,6 +168,9 @@ typedef struct {
  *   sp_refusal: the line's text after "--sequence-parallel: " when it is below 2), --lora-r,
  *   --lora-dropout and --merge. */
 void run_options_check(TrainOptions *o);
+/* --moe-z-loss-coef: a finite number >= 0, and (c: the trained model's config, NULL: not yet known)
+ * non-zero only on a Mixture-of-Experts model; a user_error line otherwise */
+void train_moe_z_check(float coef, const ModelConfig *c);
 void optim_options_check(const TrainOptions *o, int tp, const char *sp_refusal);
 /* sft's, rm's and dpo's: the required flags, the step and optimizer settings, the two above, a
  * --resume that fits --model (and --lora-r), then the device (o->be, runtime/device.h device_open: any
