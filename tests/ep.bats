@@ -80,17 +80,18 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
     while read -r f; do cmp "$1/$f" "$2/$f"; done < "$BATS_TEST_TMPDIR/files"
 }
 
-@test "ep: sft at dp 2 ep 2 == dp 2 ep 1 bit for bit (weights, optimizer state, eval loss over an odd number of batches); tp 2 x ep 2 too" {
+@test "ep: sft at dp 2 ep 2 == dp 2 ep 1 bit for bit (weights, optimizer state, eval loss over an odd number of batches, the z-loss and routing statistics); tp 2 x ep 2 too" {
     ep_model qwen2_moe
     local t="$BATS_TEST_TMPDIR" M="$BATS_TEST_TMPDIR/qwen2_moe"
     head -5 "$t/rev_val.jsonl" > "$t/val5.jsonl"   # 3 eval batches of 2: dp rank 1 runs one fewer
     A=(sft --model "$M" --data "$t/rev_train.jsonl" --eval-data "$t/val5.jsonl" --seq-len 32 --batch-size 4
        --micro-batches 2 --max-steps 3 --lr 3e-3)
-    run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --out "$t/e1"
+    run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --moe-z-loss-coef 0.01 --out "$t/e1"
     [ "$status" -eq 0 ]
-    run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --ep 2 --out "$t/e2"
+    run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --moe-z-loss-coef 0.01 --ep 2 --out "$t/e2"
     [ "$status" -eq 0 ]
     same_ckpt "$t/e1/checkpoint-3" "$t/e2/checkpoint-3"
+    jq -s -e 'map(select(has("moe_z_loss")) | .moe_z_loss > 0 and .["moe_tokens/0"] > 0) | length == 3 and all' "$t/e2/metrics.jsonl"
     diff <(jq -c 'del(.tokens_per_s)' "$t/e1/metrics.jsonl") <(jq -c 'del(.tokens_per_s)' "$t/e2/metrics.jsonl")
     [ "$(grep -c eval_loss "$t/e2/metrics.jsonl")" -eq 2 ]
     run timeout 180 $MPIRUN 4 "$TANDEM" "${A[@]}" --tp 2 --out "$t/t1"
