@@ -29,8 +29,7 @@ held-out names or numbers is ever seen in training (`check FILE` says whether a 
                  (SentencePiece encodes each space-separated word alone with its "\u2581", so `tandem sft`'s
                  [BOS] encode(prompt) encode(response) are exactly the ids of prompt, the model's turn
                  ending at the stop "</lookup>", the feedback tokenised on its own, and the next turn.)
-  sft_call.jsonl the lookup records of sft.jsonl alone (tool_use.sh's first SFT stage: the call)
-  val.jsonl      200 more training lines (SFT's stopping checks)
+  val.jsonl      200 more training lines (SFT's stopping check)
   heldout.jsonl  N_HELD held-out lines (default 200)
   rl.jsonl       {"prompt", "name", "number"}  N_TRAIN more training lines, the GRPO prompts: names
                  the demonstrations did not show (else GRPO can lean on what SFT memorised)
@@ -134,7 +133,6 @@ def data(d, seed=1, n_train=4000, n_held=200):
                     "response": "<answer>%s</answer>" % x["number"]})
     rng.shuffle(sft)
     write(d + "/sft.jsonl", sft)
-    write(d + "/sft_call.jsonl", [r for r in sft if r["response"].startswith("<lookup>")])
     for name, lines in (("val", val), ("heldout", held)):
         t1, t2 = turns(lines)
         write("%s/%s_turn1.jsonl" % (d, name), t1)
@@ -157,11 +155,10 @@ def check(path):
             sys.exit("%s:%d: %s" % (path, i, why))
 
 
-def score(lines_path, gen1, gen2=None):
+def score(lines_path, gen1, gen2):
     """The greedy success rate of two `tandem generate` outputs (turn 1 from the question, turn 2 given
     the right lookup): an episode succeeds when turn 1 calls <lookup> of the line's name (and nothing
-    else first) and turn 2 answers its number; what the environment would score when turn 1 is right.
-    Without gen2: the rate of turn 1's right calls alone."""
+    else first) and turn 2 answers its number; what the environment would score when turn 1 is right."""
     lines = [json.loads(r) for r in open(lines_path)]
     def text(path, stop):   # generate leaves the stop string out of "completion": put it back
         out = {}
@@ -169,13 +166,13 @@ def score(lines_path, gen1, gen2=None):
             at_stop = o["finish_reason"] == "stop" and o["completion_ids"][-1] not in (1, 2)   # not BOS / EOS
             out[o["id"]] = o["completion"] + (stop if at_stop else "")
         return out
-    c1, c2 = text(gen1, "</lookup>"), gen2 and text(gen2, "</answer>")
+    c1, c2 = text(gen1, "</lookup>"), text(gen2, "</answer>")
     ok = 0
     for i, x in enumerate(lines):
         fb, _, done = step(x, 1, c1[i])
         if done or fb != "<result>%s</result>" % x["number"]:
             continue
-        ok += not c2 or step(x, 2, c2[i])[1] == 1.0
+        ok += step(x, 2, c2[i])[1] == 1.0
     print("%.4f" % (ok / len(lines)))
 
 
@@ -187,7 +184,7 @@ if __name__ == "__main__":
         data(a[1], *map(int, a[2:]))
     elif a[0] == "check" and len(a) == 2:
         check(a[1])
-    elif a[0] == "score" and len(a) in (3, 4):
+    elif a[0] == "score" and len(a) == 4:
         score(*a[1:])
     else:
-        sys.exit("usage: lookup_env.py | lookup_env.py data DIR [SEED [N_TRAIN [N_HELD]]] | check FILE | score LINES GEN1 [GEN2]")
+        sys.exit("usage: lookup_env.py | lookup_env.py data DIR [SEED [N_TRAIN [N_HELD]]] | check FILE | score LINES GEN1 GEN2")

@@ -175,18 +175,16 @@ setup_eval() {
 @test "tool_use.sh end to end on a tiny budget: the JSON line, success rates in [0, 1], refusals" {
     need_assets
     o="$BATS_TEST_TMPDIR/run"
-    OUT="$o" N_TRAIN=200 SFT_MAX=20 SFT_CHUNK=10 SFT_CALL_TARGET=2 SFT2_MAX=20 SFT2_CHUNK=10 SFT_TARGET=2 RL_STEPS=2 RL_PROMPTS=4 RL_G=2 \
+    OUT="$o" N_TRAIN=200 SFT_MAX=20 SFT_CHUNK=10 SFT_TARGET=2 RL_STEPS=2 RL_PROMPTS=4 RL_G=2 \
         run timeout 300 bash "$ROOT/examples/tool_use.sh" -
     echo "$output"
     [ "$status" -eq 0 ]
     last=${lines[${#lines[@]} - 1]}
-    echo "$last" | jq -e '.heldout_lines == 200 and .sft_steps == 40
+    echo "$last" | jq -e '.heldout_lines == 200 and .sft_steps == 20
         and (.heldout_success_before | type == "number" and . >= 0 and . <= 1)
         and (.heldout_success_after | type == "number" and . >= 0 and . <= 1)
         and (.seconds | has("sft") and has("rl"))'
-    # the two SFT stages, two chunks each: the call alone, then both turns from its weights
-    [ "$(grep -c '^sft_call step' <<<"$output")" = 2 ] && [ "$(grep -c '^sft step' <<<"$output")" = 2 ]
-    grep -qE -- "^\| --model +\| $o/sft_call/checkpoint-20 " "$o/sft_10.log"
+    [ "$(grep -c '^sft step' <<<"$output")" = 2 ]
     # 2 GRPO steps over episodes of the environment, the held-out eval before and after
     [ "$(jq -s 'map(select(has("eval/n") | not)) | length' "$o/rl/metrics.jsonl")" = 2 ]
     [ "$(jq -s -c 'map(select(has("eval/n")) | [.step, .["eval/n"]])' "$o/rl/metrics.jsonl")" = "[[0,200],[2,200]]" ]
@@ -202,19 +200,18 @@ setup_eval() {
     [[ "$output" == *"SFT_MODEL=$BATS_TEST_TMPDIR: not a model directory"* ]]
 }
 
-@test "tool_use.sh learns: GRPO over episodes with the lookup environment raises the greedy held-out success (names and numbers never trained on) by >= 0.12 to >= 0.68 in 20 steps" {
+@test "tool_use.sh learns: GRPO over episodes with the lookup environment raises the greedy held-out success (names and numbers never trained on) by >= 0.12 to >= 0.7 in 30 steps" {
     need_assets
-    # GRPO alone (the example's recipe, 20 steps) from tests/fixtures/tool_use/sft, the example's seed-2 SFT
-    # (both stages; the SFT is what takes minutes): 0.56 -> 0.87 here (steps 5, 10: 0.535, 0.58); with ppo's
-    # seed 1 instead, a rounding's worth of another path: 0.675, 0.685, 0.61 at steps 5, 10, 15. The bar
-    # asks for learning on any such path; without it the greedy success stays near 0.56.
+    # GRPO alone (the example's recipe, seed 1, 30 steps instead of 150) from tests/fixtures/tool_use/sft,
+    # the example's seed-1 SFT (the SFT is what took 2 of the 3 minutes): 0.605 -> 0.80 here (150 steps:
+    # 0.92; examples/tool_use.sh). The bar leaves room for another CPU's float rounding.
     o="$BATS_TEST_TMPDIR/learn"
-    OUT="$o" SEED=2 SFT_MODEL="$ROOT/tests/fixtures/tool_use/sft" RL_STEPS=20 run timeout 600 bash "$ROOT/examples/tool_use.sh" -
+    OUT="$o" SEED=1 SFT_MODEL="$ROOT/tests/fixtures/tool_use/sft" RL_STEPS=30 run timeout 600 bash "$ROOT/examples/tool_use.sh" -
     echo "$output"
     [ "$status" -eq 0 ]
     last=${lines[${#lines[@]} - 1]}
     echo "$last" | jq -e '.heldout_lines == 200 and .sft_steps == 0 and .heldout_success_after - .heldout_success_before >= 0.12
-                          and .heldout_success_after >= 0.68'
+                          and .heldout_success_after >= 0.7'
     # every step's rollout logprobs were the training logprobs over the multi-turn episodes
     [ "$(jq -s 'map(select(has("eval/n") | not) | .rollout_logprob_diff_max) | unique' -c "$o/rl/metrics.jsonl")" = "[0]" ]
 }
