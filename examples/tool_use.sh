@@ -24,7 +24,7 @@
 # with the call learned and the answer's digits partial (greedy 0.64), seed 3 with the answer learned and
 # the call partial for every kind of name; seed 2 with the answer learned and names holding a multi-letter
 # piece ("▁b s an w h": "an", "ll", "st"; 26% of names) never copied (greedy 0.00, 2% of samples at T 0.3):
-# 95% of its failed episodes are a wrong name in the call, 23% of its groups are all 0 and GRPO never
+# 90-97% of its failed episodes are a wrong name in the call, 23% of its groups are all 0 and GRPO never
 # finds those pieces (T 0.6: 0.59 -> 0.71; T 1.0, lr 1e-3: worse). Two SFT stages (the call alone to 0.9,
 # then both turns to 0.45) make every seed's partial success the digits, but the digits' copy then forms
 # late or not at all: seed 1 stays at 0.000 for 910 steps of stage 2, seed 3 reaches 0.48 -> 0.745 (seed
