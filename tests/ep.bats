@@ -53,14 +53,18 @@ MOE="mixtral_tiny qwen2_moe_tiny qwen3_moe_tiny"
 }
 
 # torch autograd's gradients (tests/fixtures/moe/*.grad.json, the fixtures of tests/moe.bats) at ep 2:
-# both dp ranks run the whole batch, so an expert's gradient is two identical contributions (test_grad
-# halves it: exact), the rest as at 1x1; tolerance as tests/moe.bats
+# each dp rank runs its own one of the two sequences, so an expert's folded gradient is the union's only
+# if every source's rows went to and came back from the right ranks (test_grad sums the other tensors
+# and the loss over dp); tolerance as tests/moe.bats. With --recompute full, bit for bit the run that
+# keeps every activation, each folded over its sources
 @test "ep: gradients at ep 2 and tp 2 x ep 2 match torch autograd of Mixtral / Qwen2-MoE / Qwen3-MoE" {
     for f in $MOE; do
         run_ranks 60 2 "$ROOT/build/tests/test_grad" "$FIX/models/$f" "$FIX/moe/$f.grad.json" 1 1 ep2
         echo "$output" | grep -E 'worst|FAIL' || true
         [ "$status" -eq 0 ]; [ "$(grep -c 'ok: grad' <<<"$output")" -eq 2 ]
     done
+    TANDEM_TEST_RECOMPUTE=1 run_ranks 60 2 "$ROOT/build/tests/test_grad" "$FIX/models/mixtral_tiny" "$FIX/moe/mixtral_tiny.grad.json" 1 1 ep2
+    [ "$status" -eq 0 ]; [ "$(grep -c 'recompute: gradients and loss bit-identical' <<<"$output")" -eq 2 ]
     run_ranks 120 4 "$ROOT/build/tests/test_grad" "$FIX/models/qwen2_moe_tiny" "$FIX/moe/qwen2_moe_tiny.grad.json" 2 1 ep2
     [ "$status" -eq 0 ]; [ "$(grep -c 'ok: grad' <<<"$output")" -eq 4 ]
 }
