@@ -181,7 +181,7 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
 
 # rm (a score head on the MoE) and dpo (policy and reference both at ep 2) through 2 steps, their eval
 # over 5 pairs (an odd number of batches: the reference's and the policy's idle passes), and
-# rm --score over 3 batches: ep 1's files and numbers
+# rm --score over 3 batches: ep 1's files and numbers; dpo with a dense --ref (held at ep 1) too
 @test "ep: rm, dpo and rm --score at ep 2 == ep 1 bit for bit (eval and scoring over an odd number of batches)" {
     ep_model qwen2_moe
     local t="$BATS_TEST_TMPDIR"
@@ -196,6 +196,12 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
         same_ckpt "$t/${cmd}1/checkpoint-2" "$t/${cmd}2/checkpoint-2"
         diff <(grep eval_ "$t/${cmd}1/metrics.jsonl") <(grep eval_ "$t/${cmd}2/metrics.jsonl")
     done
+    for e in 1 2; do
+        run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --ref "$t/llama" --ep $e --out "$t/dense$e"
+        [ "$status" -eq 0 ]
+    done
+    same_ckpt "$t/dense1/checkpoint-2" "$t/dense2/checkpoint-2"
+    ! cmp -s "$t/dense2/checkpoint-2/model.safetensors" "$t/dpo2/checkpoint-2/model.safetensors"   # the reference mattered
     jq -c '{prompt, response: .chosen}' "$t/v5.jsonl" > "$t/s.jsonl"
     S=(rm --score --model "$t/rm1/checkpoint-2" --input "$t/s.jsonl" --batch-size 2)
     timeout 60 $MPIRUN 2 "$TANDEM" "${S[@]}" --output "$t/s1.jsonl" 2>/dev/null
@@ -245,4 +251,11 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
         --n-samples-per-prompt 2 --rollout-batch-size 2 --max-new-tokens 4 --steps 1 --actor-ranks 2 --rollout-ranks 1 \
         --actor-ep 2 --out "$t/p"
     one_line '^tandem: --actor-ep 2: not with --rollout-ranks'
+    P=(ppo --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2
+       --max-new-tokens 4 --steps 1 --out "$t/p")
+    run timeout 60 $MPIRUN 2 "$TANDEM" "${P[@]}" --actor "$t/mixtral" --actor-ep 3
+    one_line '^tandem: --actor-ep 3 must divide the data-parallel size dp = 2'
+    run timeout 60 $MPIRUN 2 "$TANDEM" "${P[@]}" --actor "$t/llama" --actor-ep 2
+    [ "$status" -ne 0 ]   # after the placement line; the model's checks name their role
+    grep -q '^tandem: \[actor\] --actor-ep 2: model_type llama is dense (no experts to split over ep ranks)$' <<<"$output"
 }
