@@ -192,9 +192,14 @@ static int load_models(const TrainOptions *o, int dpo, const char *ref_dir, int 
             comm_free(&world);
             return 1;
         }
-        mesh_init_ep(ref_mesh, &world, o->tp, o->pp, o->ep);  /* the reference: same ranks, its own communicators */
-        model_load(ref, ref_dir ? ref_dir : o->model_dir, ref_mesh, o->dtype, o->be);
-        if (ref->head != HEAD_LM) user_error("%s: a score-head model; the DPO reference must be a causal LM", ref_dir ? ref_dir : o->model_dir);
+        /* the reference: same ranks, its own communicators; the policy's --ep when it has experts, ep 1
+         * when dense (nothing to split: a dense reference for a MoE policy is allowed) */
+        const char *ref_path = ref_dir ? ref_dir : o->model_dir;
+        ModelConfig rc;
+        config_load(&rc, ref_path);
+        mesh_init_ep(ref_mesh, &world, o->tp, o->pp, rc.moe == MOE_NONE ? 1 : o->ep);
+        model_load(ref, ref_path, ref_mesh, o->dtype, o->be);
+        if (ref->head != HEAD_LM) user_error("%s: a score-head model; the DPO reference must be a causal LM", ref_path);
         if (ref->cfg.vocab_size != m->cfg.vocab_size)
             user_error("--ref %s: vocabulary %d, the policy's is %d", ref_dir, ref->cfg.vocab_size, m->cfg.vocab_size);
     } else {

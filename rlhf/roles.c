@@ -88,7 +88,7 @@ void roles_place(Roles *p, const char *colocate) {
         first += counts[g];
     }
     for (int r = 0; r < N_ROLES; r++)
-        if (R[r].member) mesh_init_ep(&R[r].mesh, &mine.comm, R[r].tp, R[r].pp, r == R_ACTOR && R[r].ep ? R[r].ep : 1);
+        if (R[r].member) mesh_init_ep_flag(&R[r].mesh, &mine.comm, R[r].tp, R[r].pp, r == R_ACTOR && R[r].ep ? R[r].ep : 1, "--actor-ep");
     for (int r = 0; r < N_ROLES; r++)
         if (R[r].active) {
             char ep[16] = "";   /* the actor's --ep, when not 1 */

@@ -187,15 +187,15 @@ void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n
     sent(c, (double)(n - (hi - lo)) * unit * sizeof(float));
 }
 void comm_all_to_allv(const Comm *c, const float *send, const int *send_n, const int *send_off, float *recv,
-                      const int *recv_n, const int *recv_off) {
+                      const int *recv_n, const int *recv_off, size_t w) {
     if (c->size == 1 || is_alone(c)) {
         CHECK(send_n[0] == recv_n[0]);
-        if (send_n[0]) memmove(recv + recv_off[0], send + send_off[0], sizeof(float) * (size_t)send_n[0]);
+        if (send_n[0]) memmove(recv + (size_t)recv_off[0] * w, send + (size_t)send_off[0] * w, sizeof(float) * (size_t)send_n[0] * w);
         return;
     }
-    comm_mpi_all_to_allv(c, send, send_n, send_off, recv, recv_n, recv_off);
+    comm_mpi_all_to_allv(c, send, send_n, send_off, recv, recv_n, recv_off, w);
     double out = 0.0;
-    for (int q = 0; q < c->size; q++) out += q == c->rank ? 0.0 : (double)send_n[q] * sizeof(float);
+    for (int q = 0; q < c->size; q++) out += q == c->rank ? 0.0 : (double)send_n[q] * w * sizeof(float);
     sent(c, out);
 }
 void comm_all_to_all_int(const Comm *c, const int *send, int *recv, int n_each) {

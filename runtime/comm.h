@@ -97,12 +97,14 @@ void comm_all_gather_rows(const Comm *c, const float *mine, float *all, size_t n
 /* buf (n, unit): each rank's partial sums in; its own rows' sums out in buf's first rows, each element
  * comm_all_reduce_sum_fixed's (the same tree): the reduce-scatter of Megatron's sequence parallelism */
 void comm_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t unit);
-/* The all-to-all of variable sizes (MPI_Alltoallv) of host buffers, counts and offsets in floats:
- * send_n[q] floats from send + send_off[q] go to rank q, which receives them at its recv +
- * recv_off[r] (recv_n[r] floats). Expert parallelism's dispatch and return (runtime/moe_ep.c); a
- * group of one copies its own block. comm_all_to_all_int: n_each ints to every rank, recv (P n_each). */
+/* The all-to-all of variable sizes (MPI_Alltoallv) of host buffers of rows of w floats, counts and
+ * offsets in rows (one MPI datatype of w floats, so a count stays an int however wide the rows:
+ * 65k rows of 4096 floats are 2^28 floats past INT_MAX): send_n[q] rows from send + send_off[q] w go
+ * to rank q, which receives them at its recv + recv_off[r] w (recv_n[r] rows). Expert parallelism's
+ * dispatch and return (runtime/moe_ep.c); a group of one copies its own block.
+ * comm_all_to_all_int: n_each ints to every rank, recv (P n_each). */
 void comm_all_to_allv(const Comm *c, const float *send, const int *send_n, const int *send_off, float *recv,
-                      const int *recv_n, const int *recv_off);
+                      const int *recv_n, const int *recv_off, size_t w);
 void comm_all_to_all_int(const Comm *c, const int *send, int *recv, int n_each);
 /* Bytes this rank has sent on c so far, counted from the calls' sizes by the bandwidth-optimal
  * algorithms' volumes (all-reduce 2 n (P-1)/P, all-gather / reduce-scatter n (P-1)/P of n in all):

@@ -424,8 +424,12 @@ void comm_mpi_iall_gather(const Comm *c, const float *in, float *out, size_t n_e
 }
 
 void comm_mpi_all_to_allv(const Comm *c, const float *send, const int *send_n, const int *send_off, float *recv,
-                          const int *recv_n, const int *recv_off) {
-    MPI_CHECK(MPI_Alltoallv(send, send_n, send_off, MPI_FLOAT, recv, recv_n, recv_off, MPI_FLOAT, HANDLE(c)));
+                          const int *recv_n, const int *recv_off, size_t w) {
+    MPI_Datatype row;   /* w floats: counts and offsets in rows */
+    MPI_CHECK(MPI_Type_contiguous(count(w), MPI_FLOAT, &row));
+    MPI_CHECK(MPI_Type_commit(&row));
+    MPI_CHECK(MPI_Alltoallv(send, send_n, send_off, row, recv, recv_n, recv_off, row, HANDLE(c)));
+    MPI_CHECK(MPI_Type_free(&row));
 }
 void comm_mpi_all_to_all_int(const Comm *c, const int *send, int *recv, int n_each) {
     MPI_CHECK(MPI_Alltoall(send, n_each, MPI_INT, recv, n_each, MPI_INT, HANDLE(c)));

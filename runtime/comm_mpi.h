@@ -36,7 +36,7 @@ void comm_mpi_all_gather_rows(const Comm *c, const float *mine, float *all, size
 void comm_mpi_reduce_scatter_sum_fixed(const Comm *c, const float *in, float *out, size_t n_each);
 void comm_mpi_reduce_scatter_rows_fixed(const Comm *c, float *buf, size_t n, size_t unit);   /* n > 0 */
 void comm_mpi_all_to_allv(const Comm *c, const float *send, const int *send_n, const int *send_off, float *recv,
-                          const int *recv_n, const int *recv_off);
+                          const int *recv_n, const int *recv_off, size_t w);
 void comm_mpi_all_to_all_int(const Comm *c, const int *send, int *recv, int n_each);
 void comm_mpi_broadcast(const Comm *c, void *buf, size_t bytes, int root);
 /* Point to point: abort (CHECK) when MPI is not running (alone, nothing is sent or received).

@@ -10,8 +10,11 @@ int mesh_rank_of(const Mesh *m, int tp_rank, int dp_rank, int pp_rank) {
 
 void mesh_init(Mesh *m, const Comm *parent, int tp, int pp) { mesh_init_ep(m, parent, tp, pp, 1); }
 
-void mesh_init_ep(Mesh *m, const Comm *parent, int tp, int pp, int ep) {
+void mesh_init_ep(Mesh *m, const Comm *parent, int tp, int pp, int ep) { mesh_init_ep_flag(m, parent, tp, pp, ep, "--ep"); }
+
+void mesh_init_ep_flag(Mesh *m, const Comm *parent, int tp, int pp, int ep, const char *flag) {
     memset(m, 0, sizeof(*m));
+    m->ep_flag = flag;
     m->group = comm_dup(parent);
     m->rank = m->group.rank;
     m->size = m->group.size;
@@ -31,7 +34,7 @@ void mesh_init_ep(Mesh *m, const Comm *parent, int tp, int pp, int ep) {
     m->pp_comm = comm_split(&m->group, m->tp_rank + tp * m->dp_rank, m->pp_rank);
     CHECK(m->tp_comm.rank == m->tp_rank && m->dp_comm.rank == m->dp_rank && m->pp_comm.rank == m->pp_rank);
     if (ep < 1 || m->dp % ep)
-        user_error("--ep %d must divide the data-parallel size dp = %d (%d ranks / (tp %d x pp %d))", ep, m->dp, m->size,
+        user_error("%s %d must divide the data-parallel size dp = %d (%d ranks / (tp %d x pp %d))", flag, ep, m->dp, m->size,
                    tp, pp);
     m->ep = ep;
     m->edp = m->dp / ep;

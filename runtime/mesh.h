@@ -30,13 +30,16 @@ typedef struct {
     Comm group, tp_comm, dp_comm, pp_comm;   /* group: a duplicate of the parent communicator */
     int ep, ep_rank, edp, edp_rank; /* expert parallelism (above): ep divides dp, edp = dp / ep */
     Comm ep_comm, edp_comm;         /* the ep group (its all-to-alls) and the expert-data-parallel group */
+    const char *ep_flag;            /* the option that set ep, named in its errors: "--ep", ppo's "--actor-ep" */
 } Mesh;
 
 /* Cuts the ranks of parent into a tp x pp x dp mesh (collective over parent); an impossible layout
  * is a user_error (reported by the group's root). */
 void mesh_init(Mesh *m, const Comm *parent, int tp, int pp);
-/* mesh_init with --ep (above): ep must divide dp, else one user_error naming --ep */
+/* mesh_init with --ep (above): ep must divide dp, else one user_error naming --ep (mesh_init_ep_flag:
+ * naming flag, which the model's checks of ep name too) */
 void mesh_init_ep(Mesh *m, const Comm *parent, int tp, int pp, int ep);
+void mesh_init_ep_flag(Mesh *m, const Comm *parent, int tp, int pp, int ep, const char *flag);
 /* mesh_init over every rank of the job (collective over the world): a command whose model spans it. */
 void mesh_init_world(Mesh *m, int tp, int pp, int ep);
 void mesh_free(Mesh *m);

@@ -391,9 +391,9 @@ static void check_layout(const ModelConfig *c, const Mesh *mesh) {
     if (pp > c->n_layers)
         user_error("--pp %d is larger than num_hidden_layers %d", pp, c->n_layers);
     if (mesh->ep > 1 && c->moe == MOE_NONE)
-        user_error("--ep %d: model_type %s is dense (no experts to split over ep ranks)", mesh->ep, c->model_type);
+        user_error("%s %d: model_type %s is dense (no experts to split over ep ranks)", mesh->ep_flag, mesh->ep, c->model_type);
     const char *ek = c->moe == MOE_MIXTRAL ? "num_local_experts" : "num_experts";
-    if (c->moe != MOE_NONE && c->n_experts % mesh->ep) user_error("--ep %d does not divide the model's %s %d", mesh->ep, ek, c->n_experts);
+    if (c->moe != MOE_NONE && c->n_experts % mesh->ep) user_error("%s %d does not divide the model's %s %d", mesh->ep_flag, mesh->ep, ek, c->n_experts);
 }
 
 static void rope_init(Model *m) {

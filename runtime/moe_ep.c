@@ -65,27 +65,27 @@ static void exchange(const Model *m, const MoeRun *r, float *home, float *local,
         else memcpy(local, home, sizeof(float) * NK * w);
         return;
     }
+    /* counts and offsets in rows (an int: a rank has at most N k rows; in floats they could pass
+     * INT_MAX), the floats' offsets in size_t */
     int *hn = xmalloc(sizeof(int) * 4 * P), *ho = hn + P, *ln = hn + 2 * P, *lo = hn + 3 * P;
     for (int q = 0, at = 0; q < P; q++) {
-        hn[q] = (r->start[(q + 1) * El] - r->start[q * El]) * w;
-        ho[q] = r->start[q * El] * w;
+        hn[q] = r->start[(q + 1) * El] - r->start[q * El];
+        ho[q] = r->start[q * El];
         ln[q] = 0;
-        for (int j = 0; j < El; j++) ln[q] += r->cnt[q * El + j] * w;
+        for (int j = 0; j < El; j++) ln[q] += r->cnt[q * El + j];
         lo[q] = at;
         at += ln[q];
     }
     float *stage = xmalloc(sizeof(float) * ((size_t)r->R * w + 1));   /* (R, w) by source, then expert */
-    if (back) {
-        for (int s = 0; s < P; s++)
-            for (int j = 0, at = lo[s]; j < El; at += r->cnt[s * El + j++] * w)
-                memcpy(stage + at, local + (size_t)r->loff[j * P + s] * w, sizeof(float) * r->cnt[s * El + j] * w);
-        comm_all_to_allv(&m->mesh->ep_comm, stage, ln, lo, home, hn, ho);
-    } else {
-        comm_all_to_allv(&m->mesh->ep_comm, home, hn, ho, stage, ln, lo);
-        for (int s = 0; s < P; s++)
-            for (int j = 0, at = lo[s]; j < El; at += r->cnt[s * El + j++] * w)
-                memcpy(local + (size_t)r->loff[j * P + s] * w, stage + at, sizeof(float) * r->cnt[s * El + j] * w);
-    }
+    if (!back) comm_all_to_allv(&m->mesh->ep_comm, home, hn, ho, stage, ln, lo, w);
+    for (int s = 0; s < P; s++)
+        for (int j = 0, at = lo[s]; j < El; at += r->cnt[s * El + j++]) {
+            float *st = stage + (size_t)at * w, *lc = local + (size_t)r->loff[j * P + s] * w;
+            size_t bytes = sizeof(float) * (size_t)r->cnt[s * El + j] * w;
+            if (back) memcpy(st, lc, bytes);
+            else memcpy(lc, st, bytes);
+        }
+    if (back) comm_all_to_allv(&m->mesh->ep_comm, stage, ln, lo, home, hn, ho, w);
     free(stage);
     free(hn);
 }

@@ -53,14 +53,18 @@ MOE="mixtral_tiny qwen2_moe_tiny qwen3_moe_tiny"
 }
 
 # torch autograd's gradients (tests/fixtures/moe/*.grad.json, the fixtures of tests/moe.bats) at ep 2:
-# both dp ranks run the whole batch, so an expert's gradient is two identical contributions (test_grad
-# halves it: exact), the rest as at 1x1; tolerance as tests/moe.bats
+# each dp rank runs its own one of the two sequences, so an expert's folded gradient is the union's only
+# if every source's rows went to and came back from the right ranks (test_grad sums the other tensors
+# and the loss over dp); tolerance as tests/moe.bats. With --recompute full, bit for bit the run that
+# keeps every activation, each folded over its sources
 @test "ep: gradients at ep 2 and tp 2 x ep 2 match torch autograd of Mixtral / Qwen2-MoE / Qwen3-MoE" {
     for f in $MOE; do
         run_ranks 60 2 "$ROOT/build/tests/test_grad" "$FIX/models/$f" "$FIX/moe/$f.grad.json" 1 1 ep2
         echo "$output" | grep -E 'worst|FAIL' || true
         [ "$status" -eq 0 ]; [ "$(grep -c 'ok: grad' <<<"$output")" -eq 2 ]
     done
+    TANDEM_TEST_RECOMPUTE=1 run_ranks 60 2 "$ROOT/build/tests/test_grad" "$FIX/models/mixtral_tiny" "$FIX/moe/mixtral_tiny.grad.json" 1 1 ep2
+    [ "$status" -eq 0 ]; [ "$(grep -c 'recompute: gradients and loss bit-identical' <<<"$output")" -eq 2 ]
     run_ranks 120 4 "$ROOT/build/tests/test_grad" "$FIX/models/qwen2_moe_tiny" "$FIX/moe/qwen2_moe_tiny.grad.json" 2 1 ep2
     [ "$status" -eq 0 ]; [ "$(grep -c 'ok: grad' <<<"$output")" -eq 4 ]
 }
@@ -178,7 +182,7 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
 
 # rm (a score head on the MoE) and dpo (policy and reference both at ep 2) through 2 steps, their eval
 # over 5 pairs (an odd number of batches: the reference's and the policy's idle passes), and
-# rm --score over 3 batches: ep 1's files and numbers
+# rm --score over 3 batches: ep 1's files and numbers; dpo with a dense --ref (held at ep 1) too
 @test "ep: rm, dpo and rm --score at ep 2 == ep 1 bit for bit (eval and scoring over an odd number of batches)" {
     ep_model qwen2_moe
     local t="$BATS_TEST_TMPDIR"
@@ -193,6 +197,12 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
         same_ckpt "$t/${cmd}1/checkpoint-2" "$t/${cmd}2/checkpoint-2"
         diff <(grep eval_ "$t/${cmd}1/metrics.jsonl") <(grep eval_ "$t/${cmd}2/metrics.jsonl")
     done
+    for e in 1 2; do
+        run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --ref "$t/llama" --ep $e --out "$t/dense$e"
+        [ "$status" -eq 0 ]
+    done
+    same_ckpt "$t/dense1/checkpoint-2" "$t/dense2/checkpoint-2"
+    ! cmp -s "$t/dense2/checkpoint-2/model.safetensors" "$t/dpo2/checkpoint-2/model.safetensors"   # the reference mattered
     jq -c '{prompt, response: .chosen}' "$t/v5.jsonl" > "$t/s.jsonl"
     S=(rm --score --model "$t/rm1/checkpoint-2" --input "$t/s.jsonl" --batch-size 2)
     timeout 60 $MPIRUN 2 "$TANDEM" "${S[@]}" --output "$t/s1.jsonl" 2>/dev/null
@@ -242,4 +252,11 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
         --n-samples-per-prompt 2 --rollout-batch-size 2 --max-new-tokens 4 --steps 1 --actor-ranks 2 --rollout-ranks 1 \
         --actor-ep 2 --out "$t/p"
     one_line '^tandem: --actor-ep 2: not with --rollout-ranks'
+    P=(ppo --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2
+       --max-new-tokens 4 --steps 1 --out "$t/p")
+    run timeout 60 $MPIRUN 2 "$TANDEM" "${P[@]}" --actor "$t/mixtral" --actor-ep 3
+    one_line '^tandem: --actor-ep 3 must divide the data-parallel size dp = 2'
+    run timeout 60 $MPIRUN 2 "$TANDEM" "${P[@]}" --actor "$t/llama" --actor-ep 2
+    [ "$status" -ne 0 ]   # after the placement line; the model's checks name their role
+    grep -q '^tandem: \[actor\] --actor-ep 2: model_type llama is dense (no experts to split over ep ranks)$' <<<"$output"
 }

@@ -199,8 +199,11 @@ int main(int argc, char **argv) {
     }
     int tp = argc >= 5 ? atoi(argv[3]) : 1, pp = argc >= 5 ? atoi(argv[4]) : 1;
     int one_f_one_b = argc == 6 && !strcmp(argv[5], "1f1b");  /* each sequence its own micro-batch, 1F1B */
-    /* epE (MoE): the experts over E of the dp ranks, each of which runs the whole batch: an expert's
-     * gradient is then the sum of E identical contributions, E times torch's (exact: x + x = 2x) */
+    /* epE (MoE, cross-entropy without the aux loss): the experts over E of the dp ranks, each of which
+     * runs its own block of the fixture's sequences (dp rank d the d-th of dp, n_seqs % dp == 0): an
+     * expert's gradient, folded over its sources, is then the union's, the other tensors' and the loss
+     * the sum over dp of each rank's (what the optimizer's dp reduction adds). A source's rows sent to
+     * or returned from the wrong rank, or paired with another source's in the backward, changes it. */
     int ep = argc == 6 && !strncmp(argv[5], "ep", 2) ? atoi(argv[5] + 2) : 1;
     int recompute = getenv("TANDEM_TEST_RECOMPUTE") != NULL;   /* --recompute full: the same numbers */
     backend_set_threads(getenv("OMPI_COMM_WORLD_SIZE") ? 1 : 2);   /* 1 per rank under mpirun */
@@ -241,6 +244,23 @@ int main(int argc, char **argv) {
     }
     if (!value_mse && !pref)
         for (int n = 0; n < N; n++) weight[n] = (float)item(fx, "weight")->valuedouble;
+    if (ep > 1) {   /* this dp rank's block of sequences (the loss is a sum of per-token terms) */
+        const cJSON *aux = cJSON_GetObjectItemCaseSensitive(fx, "moe_aux_coef");
+        if (strcmp(kind, "xent") || aux || n_seqs % mesh.dp) {
+            fprintf(stderr, "test_grad: ep > 1 takes a cross-entropy fixture without moe_aux_coef (the aux loss is "
+                            "each rank's, not the union's) and a multiple of dp sequences\n");
+            return 1;
+        }
+        int per = n_seqs / mesh.dp, s0 = mesh.dp_rank * per, t0 = seq_start[s0];
+        N = seq_start[s0 + per] - t0;
+        memmove(tokens, tokens + t0, sizeof(int) * N);
+        memmove(targets, targets + t0, sizeof(int) * N);
+        max_seq = 0;
+        for (int i = 0; i <= per; i++) seq_start[i] = seq_start[s0 + i] - t0;
+        for (int i = 0; i < per; i++)
+            if (seq_start[i + 1] - seq_start[i] > max_seq) max_seq = seq_start[i + 1] - seq_start[i];
+        n_seqs = per;
+    }
     LossHook hook = LOSS_XENT;
     if (reinforce) {
         hook = (LossHook){hook_reinforce, NULL, (float)item(fx, "temperature")->valuedouble, entropy_coef, NULL,
@@ -379,6 +399,7 @@ int main(int argc, char **argv) {
         train_forward(&m, &full, tokens, seq_start, n_seqs);
         float loss2 = train_loss_share(&m, train_loss_backward(&m, &full, &mb, &hook, &gs2));
         train_tied_embedding_all_reduce(&m, &full, &gs2.w);
+        moe_ep_fold_grads(&m, &gs2.w);
         int same = memcmp(garena, g2, sizeof(float) * gn) == 0 && loss2 == loss;
         printf("%s recompute: gradients and loss %s the run that keeps every activation%s\n", g_tag,
                same ? "bit-identical to" : "DIFFER from", same ? "" : "  FAIL");
@@ -386,6 +407,7 @@ int main(int argc, char **argv) {
         train_acts_free(&full);
         free(g2); free(gl2);
     }
+    if (ep > 1) comm_all_reduce_sum(&mesh.dp_comm, &loss, 1);   /* the union's */
     double dl = fabs(loss - ref_loss), ltol = TOL * (fabs(ref_loss) > 1.0 ? fabs(ref_loss) : 1.0);
     printf("%s loss %.7f torch %.7f |diff| %.3g tol %.2g%s\n", g_tag, loss, ref_loss, dl, ltol, dl <= ltol ? "" : "  FAIL");
     g_fail |= !(dl <= ltol);
@@ -417,7 +439,7 @@ int main(int argc, char **argv) {
         }
         r0 = p->row0;
         c0 = p->col0;
-        for (size_t k = 0; ep > 1 && p->expert >= 0 && k < p->numel; k++) garena[p->offset + k] /= (float)ep;
+        if (ep > 1 && p->expert < 0) comm_all_reduce_sum(&mesh.dp_comm, garena + p->offset, p->numel);   /* the union's */
         compare(p->name, garena + p->offset, p->rows, p->cols ? p->cols : 1, ref, R, C, r0, c0, &worst);
         if (p->tp_replicated) same_across(&mesh.tp_comm, p->name, garena + p->offset, p->numel);
         if (ends_with(p->name, "k_proj.weight") || ends_with(p->name, "v_proj.weight") ||

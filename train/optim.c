@@ -258,6 +258,8 @@ Optim *optim_new_set(const Model *m, const OptimSet *set, const Mesh *mesh, Opti
         for (int u = 0; u < o->n_units; u++) if (o->units[u].S > S) S = o->units[u].S;
         o->rbuf = be->alloc(sizeof(float) * S);
     }
+    o->n_epbuf = optim_ep_buf_floats(o);
+    o->epbuf = o->n_epbuf ? xmalloc(sizeof(float) * o->n_epbuf) : NULL;
     o->m = be->alloc(optim_sections(o) * sizeof(float) * o->n_state);   /* zero */
     o->v = o->m + o->n_state;
     if (o->dtype == DTYPE_BF16) {   /* the master starts as the loaded weights (exact upcast) */
@@ -286,6 +288,7 @@ void optim_free(Optim *o) {
     o->be->free(o->ubuf);
     free(o->ubuf_off);
     o->be->free(o->rbuf);
+    free(o->epbuf);
     free(o);
 }
 
@@ -294,7 +297,7 @@ size_t optim_state_bytes(const Optim *o) { return sizeof(float) * o->n_state * o
 size_t optim_master_bytes(const Optim *o) { return o->master ? sizeof(float) * o->n_state : 0; }
 size_t optim_grad_bytes(const Optim *o) {
     size_t slice = o->cfg.zero ? o->n_state : 0;
-    return sizeof(float) * (o->cfg.zero >= 2 ? o->n_ubuf + slice : o->n_grad + slice);
+    return sizeof(float) * (o->cfg.zero >= 2 ? o->n_ubuf + slice : o->n_grad + slice + o->n_epbuf);
 }
 void optim_zero_grad(const Optim *o, float *grads) {
     if (grads) o->be->zero(grads, sizeof(float) * o->n_grad);

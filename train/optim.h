@@ -157,6 +157,9 @@ typedef struct {
     size_t *ubuf_off;         /* (n_units) offset of unit u's buffer in ubuf */
     size_t n_ubuf;
     float *rbuf;              /* (max S) ZeRO-2: one reduce-scatter's result, added into slice */
+    float *epbuf;             /* (n_epbuf) host, ep > 1 plain / ZeRO-1: one kind's gradients (experts or
+                                 not) packed for its reduction (optim_ep.c), made once here */
+    size_t n_epbuf;
     double *sums;             /* (n_pieces) backend: each piece's sum of squares (Backend.sum_squares) */
     double *sums_host;        /* (n_pieces) host: the same, copied back once per step */
     double *partials;         /* (n_state / 65536 + 2) backend: sum_squares' chunk sums */
@@ -253,4 +256,6 @@ void optim_ep_reduce(const Optim *o, float *grads);
 /* ZeRO-1 at ep > 1: the two units' reduce-scatters into o->slice (the experts' over the edp group) */
 void optim_ep_reduce_zero(const Optim *o, float *grads);
 double optim_ep_sumsq(const Optim *o, const Model *m, const double *sums);
+/* the floats of o->epbuf those two need (the larger kind or unit, padded); 0 at ep 1 and ZeRO-2/3 */
+size_t optim_ep_buf_floats(const Optim *o);
 #endif

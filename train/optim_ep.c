@@ -32,22 +32,46 @@ static size_t pack_kind(const Optim *o, float *grads, float *buf, int expert, in
     return at;
 }
 
+/* the reductions' groups and padded sizes: kind k (1: the experts) over groups[k], P S floats */
+static const Comm *kind_comm(const Optim *o, int k) { return k ? &o->mesh->edp_comm : &o->mesh->dp_comm; }
+static size_t kind_S(const Optim *o, int k) {
+    size_t n = 0, P = (size_t)kind_comm(o, k)->size, q = 16 * P;   /* a slice: whole 64-byte lines, as optim.c's */
+    for (int t = 0; t < o->n_ranges; t++) n += o->ranges[t].expert == k ? o->ranges[t].hi - o->ranges[t].lo : 0;
+    return (n + q - 1) / q * q / P;
+}
+
+size_t optim_ep_buf_floats(const Optim *o) {
+    size_t n = 0;
+    if (o->mesh->ep == 1 || o->cfg.zero >= 2) return 0;
+    if (o->cfg.zero)
+        for (int u = 0; u < o->n_units; u++) {
+            size_t f = o->units[u].S * kind_comm(o, o->units[u].kind == 2)->size;
+            if (f > n) n = f;
+        }
+    else
+        for (int k = 0; k < 2; k++)
+            if (kind_comm(o, k)->size > 1 && kind_S(o, k) * kind_comm(o, k)->size > n) n = kind_S(o, k) * kind_comm(o, k)->size;
+    return n + 1;
+}
+
+/* packs kind k of grads into o->epbuf, (P S) floats with zero padding */
+static void pack(const Optim *o, float *grads, int k, size_t P, size_t S) {
+    size_t at = pack_kind(o, grads, o->epbuf, k, 0);
+    CHECK(P * S < o->n_epbuf);
+    memset(o->epbuf + at, 0, sizeof(float) * (P * S - at));
+}
+
 void optim_ep_reduce(const Optim *o, float *grads) {
-    const Mesh *mesh = o->mesh;
     CHECK(!o->be->owns && !o->cfg.zero);   /* MoE runs on the CPU; ZeRO-1: optim_ep_reduce_zero */
-    const Comm *groups[2] = {&mesh->dp_comm, &mesh->edp_comm};   /* the other tensors, the experts */
-    for (int k = 0; k < 2; k++) {
-        const Comm *c = groups[k];
+    for (int k = 0; k < 2; k++) {   /* the other tensors over dp, the experts over edp */
+        const Comm *c = kind_comm(o, k);
         if (c->size == 1) continue;
-        size_t n = 0, q = (size_t)16 * c->size;   /* a slice: whole 64-byte lines, as optim.c's */
-        for (int t = 0; t < o->n_ranges; t++) n += o->ranges[t].expert == k ? o->ranges[t].hi - o->ranges[t].lo : 0;
-        size_t S = (n + q - 1) / q * q / c->size;
-        float *buf = xcalloc(S * c->size + 1, sizeof(float)), *mine = buf + (size_t)c->rank * S;
-        pack_kind(o, grads, buf, k, 0);
-        comm_reduce_scatter_sum_fixed(c, buf, mine, S);   /* in place */
-        comm_all_gather(c, mine, buf, S);
-        pack_kind(o, grads, buf, k, 1);
-        free(buf);
+        size_t S = kind_S(o, k);
+        float *mine = o->epbuf + (size_t)c->rank * S;
+        pack(o, grads, k, c->size, S);
+        comm_reduce_scatter_sum_fixed(c, o->epbuf, mine, S);   /* in place */
+        comm_all_gather(c, mine, o->epbuf, S);
+        pack_kind(o, grads, o->epbuf, k, 1);
     }
 }
 
@@ -55,11 +79,9 @@ void optim_ep_reduce_zero(const Optim *o, float *grads) {
     CHECK(!o->be->owns);
     for (int u = 0; u < o->n_units; u++) {
         const OptimUnit *un = &o->units[u];
-        const Comm *c = un->kind == 2 ? &o->mesh->edp_comm : &o->mesh->dp_comm;
-        float *buf = xcalloc(un->S * c->size + 1, sizeof(float));   /* (P S) the unit packed, zero padding */
-        pack_kind(o, grads, buf, un->kind == 2, 0);
-        comm_reduce_scatter_sum_fixed(c, buf, o->slice + un->held, un->S);
-        free(buf);
+        const Comm *c = kind_comm(o, un->kind == 2);
+        pack(o, grads, un->kind == 2, c->size, un->S);
+        comm_reduce_scatter_sum_fixed(c, o->epbuf, o->slice + un->held, un->S);
     }
 }
 
