@@ -87,12 +87,13 @@ void roles_place(Roles *p, const char *colocate) {
             if (R[r].active && R[r].group == g) { R[r].root = first; R[r].member = g == mine.index; }
         first += counts[g];
     }
-    for (int r = 0; r < N_ROLES; r++)
-        if (R[r].member) mesh_init_ep_flag(&R[r].mesh, &mine.comm, R[r].tp, R[r].pp, r == R_ACTOR && R[r].ep ? R[r].ep : 1, "--actor-ep");
+    static const char *const EP_FLAGS[N_ROLES] = {"--actor-ep", "--critic-ep", "--ref-ep", "--reward-ep", "--teacher-ep", "--actor-ep"};
+    for (int r = 0; r < N_ROLES; r++)   /* the rollout ranks hold the actor's tp x pp shards: ep 1 (--actor-ep > 1 refuses them) */
+        if (R[r].member) mesh_init_ep_flag(&R[r].mesh, &mine.comm, R[r].tp, R[r].pp, r != R_ROLLOUT && R[r].ep ? R[r].ep : 1, EP_FLAGS[r]);
     for (int r = 0; r < N_ROLES; r++)
         if (R[r].active) {
-            char ep[16] = "";   /* the actor's --ep, when not 1 */
-            if (r == R_ACTOR && R[r].ep > 1) snprintf(ep, sizeof ep, ":ep%d", R[r].ep);
+            char ep[16] = "";   /* the role's --X-ep, when not 1 */
+            if (r != R_ROLLOUT && R[r].ep > 1) snprintf(ep, sizeof ep, ":ep%d", R[r].ep);
             snprintf(p->placement + strlen(p->placement), sizeof p->placement - strlen(p->placement), "%s%s@%d+%d:tp%d:pp%d%s",
                      p->placement[0] ? "," : "", ROLE_NAMES[r], R[r].root, counts[R[r].group], R[r].tp, R[r].pp, ep);
         }

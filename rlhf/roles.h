@@ -25,7 +25,7 @@ typedef struct {
     int group, root;           /* its role group, and that group's first rank in Roles.world (with a
                                   rollout role: the rollout's root is 0 on its own side) */
     int count, tp, pp;         /* --ROLE-ranks, --ROLE-tp, --ROLE-pp */
-    int ep;                    /* --actor-ep (a MoE actor's experts over its dp ranks); 1 for the other roles */
+    int ep;                    /* --actor-ep, --ref-ep, ... (a MoE model's experts over its dp ranks); 1 for the rollout ranks */
     const char *dir;
     Mesh mesh;                 /* members only */
     Model m;                   /* members only */

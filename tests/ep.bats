@@ -215,7 +215,7 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
 # a stop string so the dp ranks' rollouts end at different steps; rollout logprobs == training
 # logprobs at every step, and every metric but the speed, the weights and the optimizer state are
 # ep 1's
-@test "ep: GRPO with a Qwen3-MoE actor at --actor-ep 2: rollout_logprob_diff_max 0 every step, ep 1's metrics and weights" {
+@test "ep: GRPO with a Qwen3-MoE actor at --actor-ep 2 (and its reference at --ref-ep 2): rollout_logprob_diff_max 0 every step, ep 1's metrics and weights" {
     ep_model qwen3_moe
     local t="$BATS_TEST_TMPDIR"
     printf '%s\n' 'import json, sys' 'for line in sys.stdin:' \
@@ -233,6 +233,12 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
     F='del(.samples_per_s) | with_entries(select(.key | startswith("timing") | not))'
     diff <(jq -c "$F" "$t/p1/metrics.jsonl") <(jq -c "$F" "$t/p2/metrics.jsonl")
     same_ckpt "$t/p1/checkpoint-3/actor" "$t/p2/checkpoint-3/actor"
+    # the MoE reference (kl 0.01) at --ref-ep 2 too: the same again
+    run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --actor-ep 2 --ref-ep 2 --out "$t/p3"
+    [ "$status" -eq 0 ]
+    grep -q 'ref@0+2:tp1:pp1:ep2' "$t/p3/checkpoint-3/ppo_state.json"
+    diff <(jq -c "$F" "$t/p1/metrics.jsonl") <(jq -c "$F" "$t/p3/metrics.jsonl")
+    same_ckpt "$t/p1/checkpoint-3/actor" "$t/p3/checkpoint-3/actor"
 }
 
 @test "ep: --ep not dividing dp, not dividing the experts, on a dense model, with LoRA, or rollout ranks: one line each" {
