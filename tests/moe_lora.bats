@@ -23,17 +23,19 @@ same_dir() { # A B: every file of two checkpoints byte for byte
 }
 ATT="--lora-r 4 --lora-alpha 8 --lora-target q_proj,k_proj,v_proj,o_proj"
 
-@test "moe lora: sft on Qwen2-MoE's attention at dp 2 ep 2 == ep 1 bit for bit (adapter, moments, metrics), fp32, and bf16 with ZeRO-3 (the frozen base sliced as two units); GRPO's actor too" {
+@test "moe lora: sft on Qwen2-MoE's attention at dp 2 ep 2 == ep 1 bit for bit (adapter, moments, metrics), eval loss, fp32, and bf16 with ZeRO-3 (the frozen base sliced as two units); GRPO's actor too" {
     lora_moe_model qwen2_moe
     local t="$BATS_TEST_TMPDIR"
-    A=(sft --model "$t/qwen2_moe" --data "$t/rev_train.jsonl" --seq-len 32 --batch-size 4 --micro-batches 2 --max-steps 3
-       --lr 3e-3 $ATT)
+    head -5 "$t/rev_val.jsonl" > "$t/val5.jsonl"   # 3 eval batches of 2: dp rank 1 runs one fewer (the lockstep)
+    A=(sft --model "$t/qwen2_moe" --data "$t/rev_train.jsonl" --eval-data "$t/val5.jsonl" --seq-len 32 --batch-size 4
+       --micro-batches 2 --max-steps 3 --lr 3e-3 $ATT)
     for e in 1 2; do
         run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --ep $e --out "$t/e$e"
         [ "$status" -eq 0 ]
     done
     same_dir "$t/e1/checkpoint-3" "$t/e2/checkpoint-3"
     diff <(jq -c 'del(.tokens_per_s)' "$t/e1/metrics.jsonl") <(jq -c 'del(.tokens_per_s)' "$t/e2/metrics.jsonl")
+    [ "$(grep -c eval_loss "$t/e2/metrics.jsonl")" -eq 2 ]
     # the adapters learn: the loss moves off the base's (step 1 is the base's: B = 0)
     [ "$(losses "$t/e1" | awk 'NR == 1 { a = $1 } END { print (a != $1) }')" = 1 ]
     timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --dtype bf16 --out "$t/b1" 2>/dev/null
@@ -42,6 +44,7 @@ ATT="--lora-r 4 --lora-alpha 8 --lora-target q_proj,k_proj,v_proj,o_proj"
     for f in adapter_model.safetensors optimizer/exp_avg/adapter_model.safetensors optimizer/exp_avg_sq/adapter_model.safetensors; do
         cmp "$t/b1/checkpoint-3/$f" "$t/b2/checkpoint-3/$f"   # optimizer.json names the zero stage
     done
+    diff <(grep eval_ "$t/b1/metrics.jsonl") <(grep eval_ "$t/b2/metrics.jsonl")
     printf '%s\n' 'import json, sys' 'for line in sys.stdin:' \
         '    if line.strip(): print(json.dumps({"reward": float(sum(c in "aeiou" for c in json.loads(line)["response"]) % 4)}), flush=True)' \
         > "$t/vowels.py"
