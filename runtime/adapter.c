@@ -106,7 +106,8 @@ static void config_read(Adapter *a) {
             int t = cJSON_IsString(s) ? target_named(s->valuestring) : -1;
             if (t < 0)
                 user_error("%s: field \"target_modules\" names %s: supported are the LLaMA-family projections q_proj "
-                           "k_proj v_proj o_proj gate_proj up_proj down_proj", cp,
+                           "k_proj v_proj o_proj gate_proj up_proj down_proj (a Mixture-of-Experts model's q_proj "
+                           "k_proj v_proj o_proj only: its routed experts and router are excluded)", cp,
                            cJSON_IsString(s) ? s->valuestring : "a non-string");
             a->target[t] = 1;
         }
@@ -325,6 +326,7 @@ void adapter_merge(Model *m, const char *dir) {
     Adapter a = {0};
     adapter_paths(&a, dir);
     config_read(&a);
+    lora_moe_check(&m->cfg, a.target, a.config_path);   /* before the tensors: the names would not parse */
     if (!file_exists(a.weights_path)) {
         char *bin = path_join(dir, "adapter_model.bin");
         int pickle = file_exists(bin);

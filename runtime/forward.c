@@ -147,7 +147,7 @@ void model_layer_forward(const Model *m, int l, const LayerBatch *b, const Layer
     be->round_to(a->xb2, RD, wt);                                                      /* matmul input */
     xb = sp_gather(m, b, a->xb2);                                                      /* (N, D) */
     if (c->moe != MOE_NONE) {   /* MoE (runtime/moe.c): the output summed over tp already */
-        CHECK(!b->sp_full && !m->lora);   /* refused with MoE: train_acts_init, lora_new */
+        CHECK(!b->sp_full);   /* refused with MoE: train_acts_init (adapters: the attention's only, lora_new) */
         moe_forward(m, l, xb, N, xo, b->moe_stats);
         be->add_to(x_out, a->x_mid, xo, RD);
         return;

@@ -44,6 +44,13 @@ void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARG
                    "up_proj,down_proj)", flag, list);
 }
 
+void lora_moe_check(const ModelConfig *c, const int target[LORA_TARGETS], const char *what) {
+    if (c->moe == MOE_NONE || !(target[LORA_GATE] || target[LORA_UP] || target[LORA_DOWN])) return;
+    user_error("%s: model_type %s is a Mixture-of-Experts model: only q_proj,k_proj,v_proj,o_proj may be targeted (the "
+               "routed experts and the router are excluded: PEFT's suffix match would adapt every expert, and "
+               "per-expert adapters under --ep are left for later)", what, c->model_type);
+}
+
 /* the base weight of projection t: its ParamInfo name ends so */
 static int base_target(const ParamInfo *in) {
     for (int t = 0; t < LORA_TARGETS; t++) {
@@ -78,8 +85,7 @@ static void lora_free(Model *m) {
 
 Lora *lora_new(Model *m, int r, double alpha, int rslora, const int target[LORA_TARGETS], uint64_t seed) {
     CHECK(!m->lora);
-    if (m->cfg.moe != MOE_NONE)   /* runtime/moe.c has no adapter path: refused, never silently ignored */
-        user_error("model_type %s: LoRA adapters on a Mixture-of-Experts model are not supported yet", m->cfg.model_type);
+    lora_moe_check(&m->cfg, target, "--lora-target");
     const Mesh *mesh = m->mesh;
     if (r < 1) user_error("--lora-r %d: must be >= 1", r);
     if (!(alpha > 0)) user_error("--lora-alpha %g: must be > 0", alpha);

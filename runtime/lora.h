@@ -43,6 +43,10 @@ typedef struct Lora {
 /* --lora-target: "all-linear" or a comma list of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,
  * down_proj; anything else is a user_error naming flag */
 void lora_targets_parse(const char *flag, const char *list, int target[LORA_TARGETS]);
+/* A Mixture-of-Experts model (cfg.moe) has no dense MLP: gate/up/down targeted is a user_error naming
+ * `what` (the flag or the adapter's config file) that says which projections may be (the attention's:
+ * runtime/moe.c's experts and router take no adapters) */
+void lora_moe_check(const ModelConfig *c, const int target[LORA_TARGETS], const char *what);
 /* Adapters for m (this rank's layers and tp shard), initialised as PEFT does: A ~ U(-1/sqrt(in),
  * 1/sqrt(in)) (kaiming_uniform with a = sqrt(5)), drawn for the whole tensor from `seed`, the layer
  * and the projection (every layout the same values), B = 0. A user_error when the layout cannot

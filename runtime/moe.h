@@ -47,6 +47,7 @@ void moe_ep_dispatch(const Model *m, const MoeRun *r, float *home, float *local,
 /* the reverse: local (R, w) back to each row's home, home (NK, w) grouped */
 void moe_ep_return(const Model *m, const MoeRun *r, float *local, float *home, int w);
 /* training at ep > 1: source s's gradient of tensor t (0 gate, 1 up, 2 down) of local layer l's
- * local experts, (El, Fe D) floats, accumulated over the step's micro-batches */
+ * local experts, (El, Fe D) floats, accumulated over the step's micro-batches; never with LoRA (frozen
+ * experts: the buffer is not made) */
 float *moe_ep_src_grads(const Model *m, int l, int t, int s);
 #endif

@@ -124,6 +124,7 @@ static size_t per_source(const Model *m) {
     return (size_t)m->n_layers_local * 3 * m->n_experts_local * m->moe_dim_local * m->cfg.dim;
 }
 float *moe_ep_src_grads(const Model *m, int l, int t, int s) {
+    CHECK(!m->lora);          /* LoRA: frozen experts, no weight gradient (train/moe_grad.c), no buffer */
     Model *mm = (Model *)m;   /* the buffer is the model's optional part, made on first use */
     if (!mm->moe_src_grads) mm->moe_src_grads = xcalloc(per_source(m) * m->mesh->ep, sizeof(float));
     size_t FeD = (size_t)m->moe_dim_local * m->cfg.dim;
@@ -131,7 +132,8 @@ float *moe_ep_src_grads(const Model *m, int l, int t, int s) {
 }
 
 size_t moe_ep_src_bytes(const Model *m) {
-    return m->cfg.moe == MOE_NONE || m->mesh->ep == 1 ? 0 : sizeof(float) * per_source(m) * m->mesh->ep;
+    /* LoRA: the experts are frozen (experts_backward computes no weight gradient), nothing is made */
+    return m->cfg.moe == MOE_NONE || m->mesh->ep == 1 || m->lora ? 0 : sizeof(float) * per_source(m) * m->mesh->ep;
 }
 
 void moe_ep_fold_grads(const Model *m, ModelWeights *grads) {

@@ -62,7 +62,7 @@ void model_shard_weights(Model *m, const Comm *dp) {
     model_param_infos(m, infos, n_info);
     z->S = per_rank(z->n, dp->size);
     z->stride = z->S * dp->size;
-    if (m->mesh->ep > 1 && m->cfg.moe != MOE_NONE && !m->lora) {   /* a layer's two units (model.h) */
+    if (m->mesh->ep > 1 && m->cfg.moe != MOE_NONE) {   /* a layer's two units (model.h; LoRA's frozen base too) */
         z->edp = &m->mesh->edp_comm;
         z->lt = xcalloc((size_t)n_info + 1, sizeof(ShardPart));
         size_t at[2] = {0, 0};

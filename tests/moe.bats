@@ -242,13 +242,13 @@ close() { # A B REL: the two loss columns within REL relative, same count
     grep -q '^tandem: --moe-z-loss-coef 0.05: the router z-loss needs a Mixture-of-Experts model (model_type llama has no router)$' <<<"$output"
 }
 
-@test "moe: sequence parallel and LoRA are refused with one line" {
+@test "moe: sequence parallel and LoRA on the experts (all-linear, the default) are refused with one line" {
     moe_model mixtral
     local t="$BATS_TEST_TMPDIR"
     mv "$t/mixtral" "$t/m"
     run "$TANDEM" sft --model "$t/m" --data "$t/rev_train.jsonl" --seq-len 32 --batch-size 8 --max-steps 1 --lora-r 4 --out "$t/l"
     echo "$output"
-    [ "$status" -ne 0 ]; grep -q '^tandem: model_type mixtral: LoRA adapters on a Mixture-of-Experts model are not supported yet$' <<<"$output"
+    [ "$status" -ne 0 ]; grep -q '^tandem: --lora-target: model_type mixtral is a Mixture-of-Experts model: only q_proj,k_proj,v_proj,o_proj may be targeted' <<<"$output"
     run timeout 60 $MPIRUN 2 "$TANDEM" sft --model "$t/m" --data "$t/rev_train.jsonl" --seq-len 32 --batch-size 8 --max-steps 1 \
         --tp 2 --sequence-parallel --out "$t/s"
     echo "$output"

@@ -182,7 +182,7 @@ LearnerStep learner_step(Learner *L, const MicroBatch *mbs, int M, const LossHoo
 
 void learner_mem_plan(const Learner *L, MemPlan *plan) {
     plan->grads = (double)optim_grad_bytes(L->opt) + (double)moe_ep_src_bytes(L->m);   /* ep > 1: the sources' */
-    plan->expert_zero = L->m->mesh->ep > 1 ? L->opt->cfg.zero : 0;
+    plan->expert_zero = L->m->mesh->ep > 1 && !L->m->lora ? L->opt->cfg.zero : 0;   /* LoRA: frozen experts */
     plan->moments = 2.0 * sizeof(float) * L->opt->n_state;
     plan->master = (double)optim_master_bytes(L->opt);
     for (int i = 0; i < L->n_slots; i++) plan->acts += sizeof(float) * (double)L->slots[i].n_arena;

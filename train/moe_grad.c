@@ -24,7 +24,11 @@
  * the same on every rank, so their weight gradients are too, and their term of d xb is added by tp
  * rank 0 alone (the caller's tp sum then counts it once).
  * Expert parallelism: d y goes to the experts' ranks and d x_g comes back by the forward's all-to-alls
- * (runtime/moe_ep.c); experts_backward says how the expert weights' gradients keep ep 1's bits. */
+ * (runtime/moe_ep.c); experts_backward says how the expert weights' gradients keep ep 1's bits.
+ * LoRA (adapters on the attention only, runtime/lora.c): the base is frozen, g's expert, router and
+ * shared-expert tensors are NULL, and every weight-gradient GEMM is skipped (matmul_backward's NULL
+ * dW): what remains is d xb through the experts, router and shared expert, which the adapters of the
+ * layers below need; no per-source buffer is made and moe_ep_fold_grads has nothing to fold. */
 #include "train/grad.h"
 #include "runtime/moe.h"
 #include "runtime/util.h"
