@@ -379,17 +379,14 @@ static int pow2_divisor(int n, int cap) {
 
 static void check_layout(const ModelConfig *c, const Mesh *mesh) {
     int tp = mesh->tp, pp = mesh->pp;
-    if (c->n_heads % tp)
-        user_error("--tp %d does not divide num_attention_heads %d", tp, c->n_heads);
+    if (c->n_heads % tp) user_error("--tp %d does not divide num_attention_heads %d", tp, c->n_heads);
     if (c->n_heads_kv % tp && tp % c->n_heads_kv)
         user_error("--tp %d and num_key_value_heads %d: one must divide the other", tp, c->n_heads_kv);
-    if (c->moe == MOE_NONE && c->hidden_dim % tp)
-        user_error("--tp %d does not divide intermediate_size %d", tp, c->hidden_dim);
+    if (c->moe == MOE_NONE && c->hidden_dim % tp) user_error("--tp %d does not divide intermediate_size %d", tp, c->hidden_dim);
     if (c->moe != MOE_NONE && (c->moe_dim % tp || c->shared_dim % tp))
         user_error("--tp %d does not divide the experts' intermediate size %d%s", tp, c->moe_dim,
                    c->shared_dim % tp ? " or shared_expert_intermediate_size" : "");
-    if (pp > c->n_layers)
-        user_error("--pp %d is larger than num_hidden_layers %d", pp, c->n_layers);
+    if (pp > c->n_layers) user_error("--pp %d is larger than num_hidden_layers %d", pp, c->n_layers);
     if (mesh->ep > 1 && c->moe == MOE_NONE)
         user_error("%s %d: model_type %s is dense (no experts to split over ep ranks)", mesh->ep_flag, mesh->ep, c->model_type);
     const char *ek = c->moe == MOE_MIXTRAL ? "num_local_experts" : "num_experts";
