@@ -215,7 +215,7 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
 # a stop string so the dp ranks' rollouts end at different steps; rollout logprobs == training
 # logprobs at every step, and every metric but the speed, the weights and the optimizer state are
 # ep 1's
-@test "ep: GRPO with a Qwen3-MoE actor at --actor-ep 2 (and its reference at --ref-ep 2): rollout_logprob_diff_max 0 every step, ep 1's metrics and weights" {
+@test "ep: GRPO with a Qwen3-MoE actor at --actor-ep 2 (its reference at --ref-ep 2; PPO with a MoE critic at --critic-ep 2): rollout_logprob_diff_max 0 every step, ep 1's metrics and weights" {
     ep_model qwen3_moe
     local t="$BATS_TEST_TMPDIR"
     printf '%s\n' 'import json, sys' 'for line in sys.stdin:' \
@@ -239,6 +239,15 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
     grep -q 'ref@0+2:tp1:pp1:ep2' "$t/p3/checkpoint-3/ppo_state.json"
     diff <(jq -c "$F" "$t/p1/metrics.jsonl") <(jq -c "$F" "$t/p3/metrics.jsonl")
     same_ckpt "$t/p1/checkpoint-3/actor" "$t/p3/checkpoint-3/actor"
+    # PPO with a MoE critic (a score head on the same model, GAE) at --critic-ep 2: ep 1's metrics, critic and actor
+    C=(--advantage gae --critic "$t/qwen3_moe" --critic-lr 1e-3 --steps 2)
+    run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" "${C[@]}" --out "$t/c1"
+    [ "$status" -eq 0 ]
+    run timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" "${C[@]}" --actor-ep 2 --ref-ep 2 --critic-ep 2 --out "$t/c2"
+    [ "$status" -eq 0 ]
+    jq -e -s 'map(."critic/grad_norm" > 0) | all and length == 2' "$t/c2/metrics.jsonl"
+    diff <(jq -c "$F" "$t/c1/metrics.jsonl") <(jq -c "$F" "$t/c2/metrics.jsonl")
+    same_ckpt "$t/c1/checkpoint-2/critic" "$t/c2/checkpoint-2/critic"
 }
 
 @test "ep: --ep not dividing dp, not dividing the experts, on a dense model, LoRA on the experts, or rollout ranks: one line each" {
