@@ -13,7 +13,7 @@
  * rounding mode is used when doing each accumulation of the FMA"), input denormals treated as zero
  * and output denormals flushed to zero, MXCSR neither read nor written. A product of two bf16
  * values is exact in fp32 (8 x 8 significand bits), so each step is fmaf's rounding of the exact
- * sum, then the flush. (tests/test_kernels.c checks this model against the instruction where the
+ * sum, then the flush (dp_step: save one case at 2^-126). (tests/test_bf16_kernels.c checks this model against the instruction where the
  * CPU has it, bit for bit, on random and on denormal, overflowing and signed-zero inputs.)
  *
  * The native dot product of a run of K inputs (x rounded to bf16 first: exact in --dtype bf16,
@@ -65,11 +65,23 @@ static inline float flush(float f) {
     return (u & 0x7f800000u) == 0 ? f32_of(u & 0x80000000u) : f;
 }
 
+/* One step: x y + acc rounded as the instruction rounds, then flushed. The instruction rounds to 24
+ * bits with an unbounded exponent and flushes a result below 2^-126; fmaf rounds with gradual
+ * underflow, so an exact sum within 2^-150 below 2^-126 comes out as 2^-126 from fmaf but 0 from the
+ * instruction. That case alone is redone scaled by 2^24 (exact: a power of two on the smaller factor
+ * and on acc), far from the denormals. */
+static inline float dp_step(float x, float y, float acc) {
+    float r = fmaf(x, y, acc);
+    if (fabsf(r) != 0x1p-126f) return flush(r);
+    float r2 = fabsf(x) < fabsf(y) ? fmaf(x * 0x1p24f, y, acc * 0x1p24f) : fmaf(x, y * 0x1p24f, acc * 0x1p24f);
+    return fabsf(r2) < 0x1p-102f ? copysignf(0.0f, r2) : r;
+}
+
 float cpu_dpbf16_lane(float acc, uint32_t a, uint32_t b) {
     float a1 = flush(f32_of(a & 0xffff0000u)), b1 = flush(f32_of(b & 0xffff0000u));
     float a0 = flush(f32_of(a << 16)), b0 = flush(f32_of(b << 16));
-    acc = flush(fmaf(a1, b1, flush(acc)));
-    return flush(fmaf(a0, b0, acc));
+    acc = dp_step(a1, b1, flush(acc));
+    return dp_step(a0, b0, acc);
 }
 
 /* ---- the tile: 4 rows of x by 4 rows of w over one run, 16 results ------------------------------
