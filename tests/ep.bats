@@ -251,26 +251,25 @@ same_ckpt() { # A B [PATTERN]: every file of two checkpoints (named PATTERN)
 }
 
 @test "ep: --ep not dividing dp, not dividing the experts, on a dense model, LoRA on the experts, or rollout ranks: one line each" {
-    one_line() { [ "$status" -ne 0 ]; [ "${#lines[@]}" -eq 1 ]; grep -q "$1" <<<"$output"; }
     run timeout 60 $MPIRUN 2 "$TANDEM" eval --model "$FIX/models/qwen3_moe_tiny" --reference "$FIX/refs/qwen3_moe_tiny.jsonl" --ep 3
-    one_line '^tandem: --ep 3 must divide the data-parallel size dp = 2'
+    one_line_re '^tandem: --ep 3 must divide the data-parallel size dp = 2'
     run timeout 60 $MPIRUN 4 "$TANDEM" eval --model "$FIX/models/qwen3_moe_tiny" --reference "$FIX/refs/qwen3_moe_tiny.jsonl" --ep 4
-    one_line "^tandem: --ep 4 does not divide the model's num_experts 6$"
+    one_line_re "^tandem: --ep 4 does not divide the model's num_experts 6$"
     run timeout 60 $MPIRUN 2 "$TANDEM" eval --model "$FIX/models/qwen3_tiny" --reference "$FIX/refs/qwen3_tiny.jsonl" --ep 2
-    one_line '^tandem: --ep 2: model_type qwen3 is dense (no experts to split over ep ranks)$'
+    one_line_re '^tandem: --ep 2: model_type qwen3 is dense (no experts to split over ep ranks)$'
     ep_model mixtral
     local t="$BATS_TEST_TMPDIR"
     A=(sft --model "$t/mixtral" --data "$t/rev_train.jsonl" --seq-len 32 --batch-size 4 --max-steps 1 --ep 2)
     run timeout 60 $MPIRUN 2 "$TANDEM" "${A[@]}" --lora-r 4 --out "$t/l"
-    one_line '^tandem: --lora-target: model_type mixtral is a Mixture-of-Experts model: only q_proj,k_proj,v_proj,o_proj'
+    one_line_re '^tandem: --lora-target: model_type mixtral is a Mixture-of-Experts model: only q_proj,k_proj,v_proj,o_proj'
     run timeout 60 $MPIRUN 3 "$TANDEM" ppo --actor "$t/mixtral" --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo \
         --n-samples-per-prompt 2 --rollout-batch-size 2 --max-new-tokens 4 --steps 1 --actor-ranks 2 --rollout-ranks 1 \
         --actor-ep 2 --out "$t/p"
-    one_line '^tandem: --actor-ep 2: not with --rollout-ranks'
+    one_line_re '^tandem: --actor-ep 2: not with --rollout-ranks'
     P=(ppo --reward-cmd "$RULE" --prompts "$TRAIN" --advantage grpo --n-samples-per-prompt 2 --rollout-batch-size 2
        --max-new-tokens 4 --steps 1 --out "$t/p")
     run timeout 60 $MPIRUN 2 "$TANDEM" "${P[@]}" --actor "$t/mixtral" --actor-ep 3
-    one_line '^tandem: --actor-ep 3 must divide the data-parallel size dp = 2'
+    one_line_re '^tandem: --actor-ep 3 must divide the data-parallel size dp = 2'
     run timeout 60 $MPIRUN 2 "$TANDEM" "${P[@]}" --actor "$t/llama" --actor-ep 2
     [ "$status" -ne 0 ]   # after the placement line; the model's checks name their role
     grep -q '^tandem: \[actor\] --actor-ep 2: model_type llama is dense (no experts to split over ep ranks)$' <<<"$output"

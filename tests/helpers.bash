@@ -115,6 +115,9 @@ run_one_line() {
     [[ "$output" == *"$want"* ]]
 }
 
+# one_line_re REGEX: the command run last failed with exactly one line of output, matching REGEX (grep)
+one_line_re() { echo "$output"; [ "$status" -ne 0 ]; [ "${#lines[@]}" -eq 1 ]; grep -q "$1" <<<"$output"; }
+
 # the numbers of a run's metrics.jsonl FILE without its timings (what must be equal between runs)
 numbers() { jq -c 'del(.tokens_per_s, .samples_per_s) | with_entries(select(.key | startswith("timing_s/") | not))' "$1"; }
 # losses DIR: the training loss of each step of DIR/metrics.jsonl

@@ -93,20 +93,19 @@ ATT="--lora-r 4 --lora-alpha 8 --lora-target q_proj,k_proj,v_proj,o_proj"
 @test "moe lora: the routed experts and the router may not be targeted: --lora-target (all-linear, the default, too) and an adapter's target_modules, one line each" {
     lora_moe_model mixtral
     local t="$BATS_TEST_TMPDIR"
-    one_line() { [ "$status" -ne 0 ]; [ "${#lines[@]}" -eq 1 ]; grep -q "$1" <<<"$output"; }
     W='is a Mixture-of-Experts model: only q_proj,k_proj,v_proj,o_proj may be targeted (the routed experts and the router are excluded'
     A=(sft --model "$t/mixtral" --data "$t/rev_train.jsonl" --seq-len 32 --batch-size 8 --max-steps 1 --lora-r 4)
     for tg in "" "--lora-target all-linear" "--lora-target q_proj,gate_proj"; do
         run "$TANDEM" "${A[@]}" $tg --out "$t/x"
-        one_line "^tandem: --lora-target: model_type mixtral $W"
+        one_line_re "^tandem: --lora-target: model_type mixtral $W"
     done
     timeout 120 $MPIRUN 2 "$TANDEM" "${A[@]}" --lora-target q_proj --ep 2 --out "$t/ok" 2>/dev/null   # allowed at ep 2
     cp -r "$t/ok/checkpoint-1" "$t/bad"
     echo '{"prompt": "1234="}' > "$t/p.jsonl"
     jq '.target_modules = ["q_proj", "down_proj"]' "$t/ok/checkpoint-1/adapter_config.json" > "$t/bad/adapter_config.json"
     run "$TANDEM" generate --model "$t/mixtral" --adapter "$t/bad" --input "$t/p.jsonl" --output "$t/g.jsonl"
-    one_line "^tandem: $t/bad/adapter_config.json: model_type mixtral $W"
+    one_line_re "^tandem: $t/bad/adapter_config.json: model_type mixtral $W"
     jq '.target_modules = ["q_proj", "w1"]' "$t/ok/checkpoint-1/adapter_config.json" > "$t/bad/adapter_config.json"
     run "$TANDEM" generate --model "$t/mixtral" --adapter "$t/bad" --input "$t/p.jsonl" --output "$t/g.jsonl"
-    one_line 'names w1: .*Mixture-of-Experts model.s q_proj k_proj v_proj o_proj only: its routed experts and router are excluded'
+    one_line_re 'names w1: .*Mixture-of-Experts model.s q_proj k_proj v_proj o_proj only: its routed experts and router are excluded'
 }

@@ -49,21 +49,8 @@ int cpu_has_avx512bf16(void) {
 #endif
 }
 
-static inline float f32_of(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static inline uint32_t bits_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-/* a denormal (exponent 0, nonzero fraction) to the zero of its sign */
-static inline float flush(float f) {
-    uint32_t u = bits_of(f);
-    return (u & 0x7f800000u) == 0 ? f32_of(u & 0x80000000u) : f;
-}
+/* a denormal to the zero of its sign */
+static inline float flush(float f) { return fpclassify(f) == FP_SUBNORMAL ? copysignf(0.0f, f) : f; }
 
 /* One step: x y + acc rounded as the instruction rounds, then flushed. The instruction rounds to 24
  * bits with an unbounded exponent and flushes a result below 2^-126; fmaf rounds with gradual
@@ -78,8 +65,8 @@ static inline float dp_step(float x, float y, float acc) {
 }
 
 float cpu_dpbf16_lane(float acc, uint32_t a, uint32_t b) {
-    float a1 = flush(f32_of(a & 0xffff0000u)), b1 = flush(f32_of(b & 0xffff0000u));
-    float a0 = flush(f32_of(a << 16)), b0 = flush(f32_of(b << 16));
+    float a1 = flush(bf16_to_f32((uint16_t)(a >> 16))), b1 = flush(bf16_to_f32((uint16_t)(b >> 16)));
+    float a0 = flush(bf16_to_f32((uint16_t)a)), b0 = flush(bf16_to_f32((uint16_t)b));
     acc = dp_step(a1, b1, flush(acc));
     return dp_step(a0, b0, acc);
 }
